@@ -1,0 +1,51 @@
+"""The embedded scheduler: periodic sweeps inside the web process when there is no Celery (§2).
+
+Started as an asyncio task once daphne is ready. Each tick runs a sweep function — the very
+same plain function the Celery task wraps — in Django's sync thread, so on SQLite it queues
+behind request writes instead of contending with them for the write lock.
+"""
+
+import asyncio
+import logging
+
+from asgiref.sync import sync_to_async
+from django.db import close_old_connections
+
+log = logging.getLogger("switchboard.scheduler")
+
+
+def _run_sweep(sweep):
+    # A long-lived loop must not keep a connection past CONN_MAX_AGE or across a DB restart.
+    close_old_connections()
+    try:
+        return sweep()
+    finally:
+        close_old_connections()
+
+
+async def run_every(sweep, interval_seconds: float):
+    """Call ``sweep`` every ``interval_seconds`` until cancelled; a failing run is logged and
+    the next one still happens."""
+    name = getattr(sweep, "__qualname__", repr(sweep))
+    while True:
+        try:
+            moved = await sync_to_async(_run_sweep, thread_sensitive=True)(sweep)
+            if moved:
+                log.info("sweep moved todos", extra={"sweep": name, "moved": moved})
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("sweep failed", extra={"sweep": name})
+        await asyncio.sleep(interval_seconds)
+
+
+def embedded_sweeps():
+    """Every (sweep, interval) pair the embedded scheduler runs. Apps list their own."""
+    from todos import sweeps as todo_sweeps
+
+    return list(todo_sweeps.EMBEDDED_SWEEPS)
+
+
+def start(loop=None) -> list:
+    loop = loop or asyncio.get_event_loop()
+    return [loop.create_task(run_every(sweep, interval)) for sweep, interval in embedded_sweeps()]

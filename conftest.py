@@ -1,0 +1,46 @@
+import pytest
+
+from tests.factories import EndpointFactory, UserFactory
+from todos import transitions
+
+
+@pytest.fixture
+def operator(db):
+    return UserFactory(username="alice")
+
+
+@pytest.fixture
+def endpoint(db, operator):
+    return EndpointFactory(slug="agent", owner=operator)
+
+
+@pytest.fixture
+def agent(endpoint):
+    """An agent session on ``endpoint`` (scope '*')."""
+    return transitions.Caller.agent(endpoint, "session-a")
+
+
+@pytest.fixture
+def make_todo(endpoint):
+    def make(queue="inbox", title="a todo", *, on=None, **kwargs):
+        todo, _ = transitions.create_todo(
+            endpoint=on or endpoint, queue=queue, title=title, actor="test", **kwargs
+        )
+        return todo
+
+    return make
+
+
+@pytest.fixture
+def published():
+    """Every change announced after commit, in order."""
+    from channels_push import publish
+
+    seen = []
+
+    def listener(todo, change):
+        seen.append(change)
+
+    publish.add_listener(listener)
+    yield seen
+    publish.remove_listener(listener)

@@ -1,0 +1,45 @@
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.management.base import CommandError
+from django.db import IntegrityError
+
+from endpoints import transitions
+from endpoints.models import ALL_QUEUES
+from switchboard.commands import JsonCommand, csv_list, get_user
+
+
+class Command(JsonCommand):
+    help = "Vend an endpoint to an agent and print its MCP URL and credential (shown once)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("slug")
+        parser.add_argument("--owner", required=True, help="username of the operator who owns it")
+        parser.add_argument("--queues", default=ALL_QUEUES,
+                            help="comma-separated queue names, or '*' for all (default)")
+        parser.add_argument("--verbs", help="comma-separated verb allowlist (default: all)")
+        parser.add_argument("--lease-seconds", type=int, help="default lease (server default if unset)")
+        parser.add_argument("--max-attempts", type=int, default=5)
+
+    def handle(self, *args, **options):
+        owner = get_user(options["owner"])
+        queues = csv_list(options["queues"])
+        if ALL_QUEUES in queues:
+            queues = [ALL_QUEUES]
+        try:
+            endpoint, credential = transitions.vend_endpoint(
+                slug=options["slug"], owner=owner, scope=queues,
+                verbs=csv_list(options["verbs"]) if options["verbs"] else None,
+                default_lease_seconds=options["lease_seconds"],
+                max_attempts=options["max_attempts"],
+            )
+        except ValidationError as exc:
+            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()))
+        except IntegrityError:
+            raise CommandError(f"endpoint {options['slug']!r} already exists")
+        mcp_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{endpoint.slug}"
+        self.emit(
+            options,
+            {"slug": endpoint.slug, "mcp_url": mcp_url, "credential": credential},
+            f"endpoint {endpoint.slug}\n  MCP URL:    {mcp_url}\n  credential: {credential}\n"
+            "  (the credential is shown only now; store it in your agent's config)",
+        )

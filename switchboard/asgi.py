@@ -1,0 +1,22 @@
+"""The one routing file for HTTP, SSE and MCP (CONTRACT §1; STYLE "Where things live").
+
+Long-lived streams (the MCP endpoint, the board's SSE) are Channels consumers; everything else
+is Django's ASGI handler.
+"""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import re_path  # noqa: E402
+
+http_routes = [
+    re_path(r"", django_asgi_app),
+]
+
+application = ProtocolTypeRouter({"http": URLRouter(http_routes)})

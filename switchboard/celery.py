@@ -1,0 +1,25 @@
+"""Celery app: the worker runs the periodic sweeps that beat schedules (production mode).
+
+The tasks are thin wrappers (``*/tasks.py``) around the same plain sweep functions the embedded
+scheduler calls under ``manage.py serve``.
+"""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+
+app = Celery("switchboard")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+# One beat schedule. Each entry runs one bounded sweep; overlapping runs are safe (every sweep
+# claims its rows with a guarded statement), so a slow run never needs a lock.
+app.conf.beat_schedule = {
+    # §4: a lapsed lease must return to pending within ~5 s.
+    "return-lapsed-leases": {"task": "todos.tasks.expire_lapsed_leases", "schedule": 5.0},
+    # §4: failed todos whose backoff has passed go back to pending; 5 s keeps the 30 s
+    # first retry within a sixth of its interval.
+    "promote-due-retries": {"task": "todos.tasks.promote_due_retries", "schedule": 5.0},
+}

@@ -1,0 +1,191 @@
+"""switchboard settings: read only from the environment (CONTRACT §2).
+
+Two runtime modes fall out of two variables:
+
+* ``DATABASE_URL`` unset -> SQLite under ``var/`` (WAL, IMMEDIATE transactions, busy timeout);
+  set -> that database (PostgreSQL in production).
+* ``REDIS_URL`` unset -> in-memory channel layer and sweeps inside the web process;
+  set -> Redis channel layer and Celery broker (worker + beat run the sweeps).
+
+A malformed value fails at import time with a message naming the variable.
+"""
+
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("SWITCHBOARD_VAR_DIR", default=str(BASE_DIR / "var")))
+
+env = environ.Env()
+
+
+def _typed(name, cast, default, *, minimum=None):
+    """Read one variable through django-environ; any bad value names the variable."""
+    try:
+        value = cast(name, default=default)
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+def _dev_secret_key():
+    """Generated once into var/ so sessions survive restarts of the embedded default."""
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    key_file = VAR_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+DEBUG = _typed("DEBUG", env.bool, False)
+SECRET_KEY = env.str("SECRET_KEY", default="") or _dev_secret_key()
+ALLOWED_HOSTS = _typed("ALLOWED_HOSTS", env.list, ["localhost", "127.0.0.1", "[::1]"])
+SWITCHBOARD_PUBLIC_URL = env.str("SWITCHBOARD_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip(
+    "/"
+)
+CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
+
+# -- the queue -------------------------------------------------------------------------------
+SWITCHBOARD_DEFAULT_LEASE = timedelta(
+    seconds=_typed("SWITCHBOARD_DEFAULT_LEASE_SECONDS", env.int, 300, minimum=1)
+)
+SWITCHBOARD_MAX_BODY_BYTES = _typed("SWITCHBOARD_MAX_BODY_BYTES", env.int, 1024 * 1024, minimum=1)
+# Token-bucket rate limits, requests per minute per webhook (ingest) / per credential (MCP).
+SWITCHBOARD_INGEST_RATE_PER_MINUTE = _typed(
+    "SWITCHBOARD_INGEST_RATE_PER_MINUTE", env.int, 600, minimum=1
+)
+SWITCHBOARD_MCP_RATE_PER_MINUTE = _typed("SWITCHBOARD_MCP_RATE_PER_MINUTE", env.int, 6000, minimum=1)
+# Fernet key for operator-supplied secrets (§5); derived from SECRET_KEY when unset.
+SWITCHBOARD_SECRETS_KEY = env.str("SWITCHBOARD_SECRETS_KEY", default="")
+
+# -- apps ------------------------------------------------------------------------------------
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "endpoints",
+    "todos",
+    "ingest",
+    "channels_push",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "switchboard.urls"
+ASGI_APPLICATION = "switchboard.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# -- database --------------------------------------------------------------------------------
+# SQLite (the embedded default, or any sqlite:// URL) always runs with these options.
+SQLITE_OPTIONS = {
+    # IMMEDIATE: a writing transaction takes the write lock at BEGIN, so two writers queue on
+    # the busy timeout instead of deadlocking on a lock upgrade.
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+EMBEDDED = not env.str("DATABASE_URL", default="")
+if EMBEDDED:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": VAR_DIR / "switchboard.sqlite3"}
+    }
+else:
+    try:
+        DATABASES = {"default": env.db("DATABASE_URL")}
+    except (ImproperlyConfigured, ValueError, KeyError) as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL: {exc}") from None
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = str(VAR_DIR / "test.sqlite3")
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = _typed("CONN_MAX_AGE", env.int, 60, minimum=0)
+    # A restarted PostgreSQL leaves dead persistent connections behind; check before reuse.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# -- redis: channel layer and Celery ---------------------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="")
+if REDIS_URL:
+    if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        raise ImproperlyConfigured("REDIS_URL must start with redis://, rediss:// or unix://")
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env.str("CHANNEL_PREFIX", default="sb")},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TIMEZONE = "UTC"
+
+# -- auth, i18n, static ----------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/admin/login/"
+LOGIN_REDIRECT_URL = "/todos/"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+
+# -- logging: key=value lines; never a bearer, secret or body (CONTRACT §10) ----------------
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"kv": {"()": "switchboard.logfmt.KeyValueFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "kv"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # daphne's access log prints full URLs; ours carry no secrets, but keep it quiet.
+        "django.channels.server": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,10 @@
+from django.contrib import admin
+from django.urls import path
+
+from . import health
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+]

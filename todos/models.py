@@ -1,0 +1,136 @@
+"""The todo, its lifecycle table and its audit trail (CONTRACT §3, §4)."""
+
+from django.db import models
+from django.db.models import Q
+
+
+class State(models.TextChoices):
+    PENDING = "pending"
+    CLAIMED = "claimed"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class Trust(models.TextChoices):
+    SIGNED = "signed"
+    OPERATOR = "operator"
+    UNVERIFIED = "unverified"
+
+
+# The legal edges, written down once. ``todos/tests/test_state_table.py`` drives every
+# transition function and checks that each edge it takes is in this table and every edge here
+# is taken by some transition.
+EDGES = {
+    "create": (None, State.PENDING),
+    "claim": (State.PENDING, State.CLAIMED),
+    "heartbeat": (State.CLAIMED, State.CLAIMED),
+    "complete": (State.CLAIMED, State.DONE),
+    "fail": (State.CLAIMED, State.FAILED),
+    "dead_letter": (State.CLAIMED, State.FAILED),
+    "release": (State.CLAIMED, State.PENDING),
+    "lease_lapsed": (State.CLAIMED, State.PENDING),
+    "lease_lapsed_dead_letter": (State.CLAIMED, State.FAILED),
+    "retry": (State.FAILED, State.PENDING),
+    "requeue": (State.FAILED, State.PENDING),
+}
+
+# Idempotency keys collapse while a todo is live: pending, claimed, or failed and waiting to
+# retry. Done and dead-lettered todos free their key (§4).
+LIVE_FOR_IDEMPOTENCY = Q(state__in=[State.PENDING, State.CLAIMED]) | Q(
+    state=State.FAILED, dead_lettered_at__isnull=True
+)
+
+
+class Todo(models.Model):
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.PROTECT, related_name="todos")
+    queue = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    title = models.CharField(max_length=500)
+    kind = models.CharField(max_length=200, blank=True, default="")
+    source = models.CharField(max_length=64, blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=300, null=True, blank=True)
+    delivery_event = models.ForeignKey(
+        "ingest.DeliveryEvent", null=True, blank=True, on_delete=models.PROTECT, related_name="todos"
+    )
+    # Copied from the delivery event at create and never changed: the doorbell gate and every
+    # board row need it, and a join on each would cost more than the 10 bytes.
+    trust = models.CharField(max_length=16, choices=Trust.choices, default=Trust.UNVERIFIED)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=5)
+    lease_id = models.CharField(max_length=64, null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    retry_at = models.DateTimeField(null=True, blank=True)
+    dead_lettered_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    ring_attempts = models.PositiveSmallIntegerField(default=0)
+    last_ringed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # claim_next over an explicit list of queues: one ordered probe per granted queue
+            # (LATERAL … LIMIT 1), merged by age. Partial on pending, so done rows (millions,
+            # kept as audit) never enter it and the claim cost does not grow with history.
+            models.Index(
+                fields=["endpoint", "queue", "created_at", "id"],
+                condition=Q(state="pending"),
+                name="todo_claim_by_queue",
+            ),
+            # claim_next when the endpoint's scope is "*": one ordered scan of the endpoint's
+            # pending todos, no queue filter to defeat the index order.
+            models.Index(
+                fields=["endpoint", "created_at", "id"],
+                condition=Q(state="pending"),
+                name="todo_claim_any_queue",
+            ),
+            # expire_lapsed_leases (the reaper): claimed todos by lease expiry.
+            models.Index(
+                fields=["lease_expires_at"], condition=Q(state="claimed"), name="todo_reaper"
+            ),
+            # promote_due_retries: failed todos that will retry (dead letters have no retry_at).
+            models.Index(
+                fields=["retry_at"],
+                condition=Q(state="failed", retry_at__isnull=False),
+                name="todo_retry_promoter",
+            ),
+            # Board and list_todos: an endpoint's todos by state, newest first.
+            models.Index(fields=["endpoint", "state", "queue"], name="todo_by_state"),
+        ]
+        constraints = [
+            # Concurrent creates with one key collapse here: the loser's INSERT conflicts and
+            # create_todo returns the winner's row (§4).
+            models.UniqueConstraint(
+                fields=["endpoint", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False) & LIVE_FOR_IDEMPOTENCY,
+                name="todo_live_idempotency_key",
+            ),
+        ]
+
+    def __str__(self):
+        return f"#{self.pk} {self.title}"
+
+    @property
+    def is_dead_letter(self) -> bool:
+        return self.state == State.FAILED and self.dead_lettered_at is not None
+
+
+class TodoEvent(models.Model):
+    """One row per transition: the audit trail the board and admin show."""
+
+    todo = models.ForeignKey(Todo, on_delete=models.CASCADE, related_name="events")
+    action = models.CharField(max_length=32)
+    from_state = models.CharField(max_length=16, null=True, blank=True)
+    to_state = models.CharField(max_length=16)
+    actor = models.CharField(max_length=200)
+    at = models.DateTimeField()
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["todo", "at"], name="todoevent_history")]
+
+    def __str__(self):
+        return f"{self.action} {self.from_state}->{self.to_state} by {self.actor}"

@@ -1,0 +1,15 @@
+"""Celery wrappers: each task calls one sweep function and nothing else."""
+
+from celery import shared_task
+
+from . import sweeps
+
+
+@shared_task(name="todos.tasks.expire_lapsed_leases")
+def expire_lapsed_leases():
+    return sweeps.expire_lapsed_leases()
+
+
+@shared_task(name="todos.tasks.promote_due_retries")
+def promote_due_retries():
+    return sweeps.promote_due_retries()
