@@ -17,8 +17,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from channels_push import publish  # noqa: E402
+from channels_push.mcp_transport import McpEndpoint  # noqa: E402
 
 http_routes = [
+    # MCP Streamable HTTP (§6). An optional trailing slash is served as is: this route never
+    # redirects (clients must not follow redirects on POST).
+    re_path(r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$", McpEndpoint()),
     re_path(r"", django_asgi_app),
 ]
 
