@@ -181,6 +181,7 @@ def initialize_result(endpoint, protocol_version: str) -> types.InitializeResult
         protocol_version=protocol_version,
         capabilities=types.ServerCapabilities(
             tools=types.ToolsCapability(),
+            logging=types.LoggingCapability(),  # setLevel accepted; no log messages are sent
             # Claude Code's channel extension: the doorbell arrives as
             # notifications/claude/channel on the session's stream (CONTRACT §7).
             experimental={"claude/channel": {}},

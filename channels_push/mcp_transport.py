@@ -54,6 +54,7 @@ TERMINATE_MESSAGE_TYPE = "mcp.terminate"
 # Mcp-Session-Id values we mint are 43 URL-safe characters; anything that is not visible ASCII
 # or is longer than the column cannot be one of ours.
 SESSION_ID_RE = re.compile(r"^[\x21-\x7e]{1,64}$")
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
@@ -238,6 +239,15 @@ def _dispatch(endpoint, session_id: str, message) -> dict:
         return mcp_framing.result_envelope(message.id, {})
     if message.method == "tools/list":
         return mcp_framing.result_envelope(message.id, mcp_tools.list_tools_result(endpoint))
+    if message.method == "logging/setLevel":
+        # Accepted so generic clients can set it; this server sends no log notifications (its
+        # logs are operator-side, key=value, and never carry agent data), so there is nothing
+        # to filter and no level to keep.
+        level = (message.params or {}).get("level")
+        if level not in LOG_LEVELS:
+            return mcp_framing.error_envelope(message.id, mcp_framing.INVALID_PARAMS,
+                                              f"Invalid params: level must be one of {list(LOG_LEVELS)}")
+        return mcp_framing.result_envelope(message.id, {})
     if message.method == "tools/call":
         try:
             result = mcp_tools.call_tool(endpoint=endpoint, session_id=session_id,

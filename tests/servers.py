@@ -86,17 +86,23 @@ class DaphneServer:
         return self
 
     def wait_ready(self):
+        self.wait_ready_at(self.url, self.process, log=self.log_text)
+
+    @staticmethod
+    def wait_ready_at(url, process, *, log=lambda: ""):
+        """Poll ``url``/healthz until it answers 200, with a deadline; fail early if
+        ``process`` exits."""
         deadline = time.monotonic() + READY_DEADLINE_SECONDS
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"daphne exited with {self.process.returncode}:\n{self.log_text()}")
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode}:\n{log()}")
             try:
-                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)  # poll interval, bounded by the deadline above
-        raise RuntimeError(f"daphne not ready after {READY_DEADLINE_SECONDS}s:\n{self.log_text()}")
+        raise RuntimeError(f"server not ready after {READY_DEADLINE_SECONDS}s:\n{log()}")
 
     def stop(self):
         if self.process is None or self.process.poll() is not None:

@@ -27,6 +27,7 @@ def test_initialize_mints_a_session_row_and_answers_per_contract(mcp):
     assert reply.status == 200
     assert result["protocolVersion"] == "2025-11-25"
     assert result["capabilities"]["tools"] == {}
+    assert result["capabilities"]["logging"] == {}
     assert result["capabilities"]["experimental"] == {"claude/channel": {}}
     assert result["serverInfo"]["name"] == "switchboard"
     instructions = result["instructions"]
@@ -71,6 +72,12 @@ def test_ping_and_tools_list(mcp):
     assert names == ["list_todos", "claim", "claim_next", "heartbeat", "complete", "fail",
                      "release", "read_secret"]
     assert all(tool["inputSchema"]["type"] == "object" and tool["description"] for tool in tools)
+
+
+def test_logging_set_level_is_accepted_and_validated(mcp):
+    mcp.initialize()
+    assert mcp.rpc("logging/setLevel", {"level": "warning"}).json["result"] == {}
+    assert error_code(mcp.rpc("logging/setLevel", {"level": "loud"})) == -32602
 
 
 def test_tools_list_shows_only_allowed_verbs(vend):
