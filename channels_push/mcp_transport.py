@@ -24,6 +24,7 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 from asgiref.sync import async_to_sync
@@ -40,6 +41,9 @@ from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
 
+# /mcp/<endpoint_slug>, with an optional trailing slash served as is: never a redirect
+# (clients must not follow redirects on POST).
+ROUTE_PATTERN = r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$"
 SUPPORTED_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_PROTOCOL_VERSION = SUPPORTED_PROTOCOL_VERSIONS[0]
 ALLOWED_METHODS = "GET, POST, DELETE"
@@ -47,6 +51,9 @@ ALLOWED_METHODS = "GET, POST, DELETE"
 KEEPALIVE_SECONDS = 15.0
 # Reconnect hint sent on every stream: long enough not to hammer a restarting server.
 RETRY_HINT_MS = 3000
+# A request refreshes its session's last-seen time at most this often (the idle limit is an
+# hour; see transitions.touch_session for why not on every call).
+SESSION_TOUCH_INTERVAL = timedelta(seconds=30)
 # Channel-layer group per session; the doorbell (any process) sends to it.
 SESSION_GROUP_PREFIX = "mcp.session."
 NOTIFY_MESSAGE_TYPE = "mcp.notify"
@@ -208,7 +215,7 @@ def _live_session(request: Request, endpoint):
         return None, _fault(400, "Bad Request: Mcp-Session-Id header is required; "
                                  "send initialize first")
     if not SESSION_ID_RE.match(session_id) or not session_transitions.touch_session(
-            endpoint=endpoint, session_id=session_id):
+            endpoint=endpoint, session_id=session_id, min_interval=SESSION_TOUCH_INTERVAL):
         return None, _fault(404, "Not Found: unknown or terminated session; initialize again")
     return session_id, None
 
@@ -340,8 +347,17 @@ class McpEndpoint:
     channel for every request, a Redis round trip a POST never needs; only streams join the
     layer, here, by hand."""
 
-    def __init__(self, *, keepalive_seconds: float = KEEPALIVE_SECONDS):
+    def __init__(self, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
+                 thread_sensitive: bool = False):
         self.keepalive_seconds = keepalive_seconds
+        # Requests run their sync handler in the thread pool, not Django's one shared sync
+        # thread: they share no state but the database, and one thread would queue every
+        # agent's tool call behind the others' database round trips. In-process tests pass
+        # True so the handler sees the test's uncommitted transaction on the main thread.
+        self.thread_sensitive = thread_sensitive
+
+    def _sync(self, function):
+        return database_sync_to_async(function, thread_sensitive=self.thread_sensitive)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -361,14 +377,14 @@ class McpEndpoint:
                 await _send_answer(send, _fault(413, "Payload Too Large"))
                 return
             if request.method == "POST":
-                await _send_answer(send, await database_sync_to_async(answer_post)(request))
+                await _send_answer(send, await self._sync(answer_post)(request))
             elif request.method == "DELETE":
-                answer = await database_sync_to_async(answer_delete)(request)
+                answer = await self._sync(answer_delete)(request)
                 await _send_answer(send, answer)
                 if answer.terminated_session:
                     await _close_session_streams(answer.terminated_session)
             else:
-                answer = await database_sync_to_async(open_stream)(request)
+                answer = await self._sync(open_stream)(request)
                 if answer.stream_session is None:
                     await _send_answer(send, answer)
                 else:
@@ -412,7 +428,7 @@ class McpEndpoint:
                     await layer.group_discard(group, channel)
                 except Exception:
                     pass
-            await database_sync_to_async(close_stream)(session_id)
+            await self._sync(close_stream)(session_id)
 
     async def _pump(self, session_id, endpoint_id, layer, channel, receive, send):
         disconnect = asyncio.ensure_future(receive())
@@ -445,7 +461,7 @@ class McpEndpoint:
                     continue
                 await send({"type": "http.response.body", "more_body": True,
                             "body": mcp_framing.sse_comment("keep-alive")})
-                if not await database_sync_to_async(keep_stream_alive)(endpoint_id, session_id):
+                if not await self._sync(keep_stream_alive)(endpoint_id, session_id):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
         finally:

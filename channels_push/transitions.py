@@ -27,9 +27,18 @@ def _live(endpoint, session_id: str):
     return McpSession.objects.filter(pk=session_id, endpoint=endpoint, terminated_at__isnull=True)
 
 
-def touch_session(*, endpoint, session_id: str, now=None) -> bool:
-    """Record activity on a live session of ``endpoint``. False: no such live session."""
+def touch_session(*, endpoint, session_id: str, now=None, min_interval=None) -> bool:
+    """Record activity on a live session of ``endpoint``. False: no such live session.
+
+    With ``min_interval``, a session already seen within it is only read, not written: every
+    tool call checks its session, and a write per call would double the commits of the hot
+    path for a timestamp the idle sweep reads at minute granularity. A DELETE racing the read
+    lets one in-flight call through, exactly as if it had arrived a moment earlier.
+    """
     now = now or timezone.now()
+    if min_interval is not None and _live(endpoint, session_id).filter(
+            last_seen_at__gte=now - min_interval).exists():
+        return True
     return _live(endpoint, session_id).update(last_seen_at=now) == 1
 
 

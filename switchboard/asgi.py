@@ -16,13 +16,11 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from channels_push import publish  # noqa: E402
-from channels_push.mcp_transport import McpEndpoint  # noqa: E402
+from channels_push import mcp_transport, publish  # noqa: E402
 
 http_routes = [
-    # MCP Streamable HTTP (§6). An optional trailing slash is served as is: this route never
-    # redirects (clients must not follow redirects on POST).
-    re_path(r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$", McpEndpoint()),
+    # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
+    re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
     re_path(r"", django_asgi_app),
 ]
 

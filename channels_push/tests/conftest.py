@@ -8,7 +8,16 @@ from asgiref.sync import async_to_sync
 from channels.testing import HttpCommunicator
 
 from endpoints import transitions as endpoint_transitions
-from switchboard.asgi import application
+from channels.routing import URLRouter
+from django.urls import re_path
+
+from channels_push import mcp_transport
+
+# The production route, with the handler on the test's thread so it sees the test transaction
+# (McpEndpoint's thread_sensitive; production runs handlers in the pool).
+application = URLRouter([
+    re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(thread_sensitive=True)),
+])
 from tests.factories import UserFactory
 
 INIT_PARAMS = {"protocolVersion": "2025-11-25", "capabilities": {},

@@ -21,8 +21,8 @@ from channels_push.models import McpSession
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KEEPALIVE_SECONDS = 0.2
-app = URLRouter([re_path(r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$",
-                         mcp_transport.McpEndpoint(keepalive_seconds=KEEPALIVE_SECONDS))])
+app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(
+    keepalive_seconds=KEEPALIVE_SECONDS, thread_sensitive=True))])
 
 
 def stream_scope(driver, **overrides):

@@ -330,3 +330,12 @@ def test_rate_limit_fails_open_when_redis_is_down(monkeypatch, settings):
                         dead.register_script(rate_limits._TAKE_TOKEN_LUA))
     for _ in range(3):
         assert rate_limits.take_token("mcp", "k", per_minute=1).allowed
+
+
+def test_the_asgi_application_routes_mcp_to_the_endpoint_in_the_thread_pool():
+    from switchboard.asgi import http_routes
+
+    route = http_routes[0]
+    assert route.pattern.regex.pattern == mcp_transport.ROUTE_PATTERN
+    assert isinstance(route.callback, mcp_transport.McpEndpoint)
+    assert route.callback.thread_sensitive is False
