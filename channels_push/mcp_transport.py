@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from urllib.parse import urlsplit
 
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -36,7 +35,7 @@ from django.http.request import validate_host
 from endpoints import queries as endpoint_queries
 from endpoints.models import hash_credential
 
-from . import mcp_framing, mcp_tools, rate_limits
+from . import mcp_framing, mcp_tools, publish, rate_limits
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
@@ -69,13 +68,14 @@ def session_group(session_id: str) -> str:
     return SESSION_GROUP_PREFIX + session_id
 
 
-def notify_session(session_id: str, method: str, params: dict | None = None) -> None:
-    """Send a JSON-RPC notification to the session's open stream(s), from any process (sync
-    callers; the doorbell). Lossy by design: no stream, no delivery."""
+def notify_session(session_id: str, method: str, params: dict | None = None) -> bool:
+    """Send a JSON-RPC notification to the session's open stream(s), from any process, without
+    waiting (sync callers; the doorbell). Lossy by design: no stream, no delivery; False when
+    the send was dropped at once."""
     message = mcp_framing.notification_envelope(method, params)
-    async_to_sync(get_channel_layer().group_send)(
-        session_group(session_id), {"type": NOTIFY_MESSAGE_TYPE, "message": message}
-    )
+    return publish.send_to_group(session_group(session_id),
+                                 {"type": NOTIFY_MESSAGE_TYPE, "message": message},
+                                 context={"session": session_id[:8], "method": method})
 
 
 @dataclass

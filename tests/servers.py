@@ -26,10 +26,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import quote
 
 import httpx
 import pytest
+
+from tests import processes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_DEADLINE_SECONDS = 30.0
@@ -42,21 +43,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def live_database_url() -> str:
-    """The URL of the database pytest-django set up, for another process to connect to."""
-    from django.db import connection
-
-    conf = connection.settings_dict
-    if conf["ENGINE"] == "django.db.backends.sqlite3":
-        return f"sqlite:///{conf['NAME']}"
-    auth = quote(conf.get("USER") or "")
-    if conf.get("PASSWORD"):
-        auth += ":" + quote(conf["PASSWORD"])
-    host = conf.get("HOST") or "127.0.0.1"
-    port = conf.get("PORT") or 5432
-    return f"postgres://{auth}@{host}:{port}/{conf['NAME']}"
-
-
 class DaphneServer:
     def __init__(self, *, env=None, port=None):
         self.port = port or free_port()
@@ -64,7 +50,7 @@ class DaphneServer:
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "switchboard.settings",
-            "DATABASE_URL": live_database_url(),
+            "DATABASE_URL": processes.children_database_url(),
             "SECRET_KEY": os.environ.get("SECRET_KEY", "test-secret-key-not-for-production"),
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
