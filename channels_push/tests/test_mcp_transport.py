@@ -301,10 +301,9 @@ sessions = st.sampled_from([None, "unknown-session", "x" * 80, "\u00e9t\u00e9"])
 @hypothesis_settings(max_examples=120, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies, session=sessions)
-def test_random_jsonrpc_bodies_never_500_and_change_nothing_without_a_session(mcp, make_todo,
-                                                                               body, session):
+def test_random_jsonrpc_bodies_never_500_and_change_nothing_without_a_session(mcp, body, session):
     if not Todo.objects.filter(endpoint=mcp.endpoint).exists():
-        todo, _ = transitions.create_todo(endpoint=mcp.endpoint, queue="inbox", title="t",
+        transitions.create_todo(endpoint=mcp.endpoint, queue="inbox", title="t",
                                           actor="test")
     events_before = TodoEvent.objects.count()
     sessions_before = McpSession.objects.count()
