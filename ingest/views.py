@@ -231,7 +231,7 @@ def receive_hook(request, webhook_slug):
         return problem.response()
     log.info("webhook delivery accepted", extra={
         "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),
-        "created": sum(1 for _, created in arrival.todos if created),
+        "todos_created": sum(1 for _, created in arrival.todos if created),
     })
     return JsonResponse(_arrival_answer(arrival), status=202)
 
