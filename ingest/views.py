@@ -207,7 +207,7 @@ def receive_hook(request, webhook_slug):
         if request.method != "POST":
             raise Problem(405, "method_not_allowed", "POST a webhook delivery here")
         _check_declared_length(request)
-        webhook = queries.find_webhook(webhook_slug)
+        webhook, routes = queries.find_webhook_with_routes(webhook_slug)
         if webhook is None:
             raise Problem(404, "unknown_webhook", f"no active webhook {webhook_slug!r}")
         _check_rate(f"ingest:{webhook.pk}")
@@ -222,7 +222,7 @@ def receive_hook(request, webhook_slug):
         payload = _parse_delivery_body(webhook, request, body)
         kind = titles.derive_kind(webhook.source, envelope.event, payload)
         arrival = transitions.ingest_delivery(
-            webhook=webhook, routes=list(webhook.routes.all()), trust=envelope.trust,
+            webhook=webhook, routes=routes, trust=envelope.trust,
             delivery_id=_delivery_id(webhook, envelope, payload), kind=kind,
             title=titles.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),
             payload=payload, body_sha256=transitions.body_digest(body), now=now,

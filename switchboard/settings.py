@@ -138,9 +138,20 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
     DATABASES["default"].setdefault("TEST", {})["NAME"] = str(VAR_DIR / "test.sqlite3")
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = _typed("CONN_MAX_AGE", env.int, 60, minimum=0)
-    # A restarted PostgreSQL leaves dead persistent connections behind; check before reuse.
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Under ASGI every request runs its sync code in a thread of its own, so persistent
+    # per-thread connections (CONN_MAX_AGE > 0) pile up until PostgreSQL refuses clients
+    # (measured: "too many clients" at 16 concurrent ingests). Django's documented answer is
+    # psycopg's connection pool with CONN_MAX_AGE = 0; DATABASE_POOL_MAX_SIZE=0 turns it off.
+    _pool_max = _typed("DATABASE_POOL_MAX_SIZE", env.int, 10, minimum=0)
+    if _pool_max:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(2, _pool_max), "max_size": _pool_max, "timeout": 10,
+        }
+    else:
+        DATABASES["default"]["CONN_MAX_AGE"] = _typed("CONN_MAX_AGE", env.int, 60, minimum=0)
+        # A restarted PostgreSQL leaves dead persistent connections behind; check before reuse.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -404,3 +404,17 @@ def test_operator_api_queue_outside_scope_is_400(client, operator, token):
     narrow = EndpointFactory(slug="narrow", owner=operator, scope=["inbox"])
     answer = hand(client, narrow.slug, {"queue": "reviews", "title": "x"}, **bearer(token))
     assert answer.status_code == 400 and "scope" in answer.json()["error"]["message"]
+
+
+def test_delivery_query_count_is_pinned(client, make_webhook, endpoint, other_endpoints,
+                                        django_assert_num_queries):
+    """The hot path: one read (routes + webhook + endpoints), then savepoint, the delivery
+    event, one INSERT … RETURNING per route (its todo event rides in the same statement)."""
+    one_route = make_webhook("github")
+    with django_assert_num_queries(5):
+        assert deliver(client, one_route).status_code == 202
+    three_routes = make_webhook("gitea", routes=[(endpoint, "inbox", None),
+                                                 (other_endpoints[0], "inbox", None),
+                                                 (other_endpoints[1], "inbox", None)])
+    with django_assert_num_queries(7):
+        assert deliver(client, three_routes).status_code == 202
