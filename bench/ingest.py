@@ -253,12 +253,19 @@ def main():
         warm, measured = requests[:args.warmup], requests[args.warmup:]
         warmed = {name: asyncio.run(drive(ports[name], warm, args.concurrency, args.max_seconds))
                   for name in ("floor", "switchboard")}
-        results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}} for name in ports}
+        # A diagnostic third line: Django's own cost for a request that does nothing (GET
+        # /healthz on the same switchboard daphne), to tell the framework's share of the gap
+        # from ingest's. Not part of the ratio.
+        healthz = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        targets = {"floor": ports["floor"], "switchboard": ports["switchboard"],
+                   "django-noop": ports["switchboard"]}
+        results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}} for name in targets}
         for round_number in range(args.rounds):
             batch = measured[round_number * args.deliveries:(round_number + 1) * args.deliveries]
-            for name in ("floor", "switchboard"):
+            for name, port in targets.items():
+                requests_now = [healthz] * len(batch) if name == "django-noop" else batch
                 elapsed, latencies, statuses = asyncio.run(
-                    drive(ports[name], batch, args.concurrency, args.max_seconds))
+                    drive(port, requests_now, args.concurrency, args.max_seconds))
                 result = results[name]
                 result["elapsed"] += elapsed
                 result["latencies"] += latencies
@@ -275,13 +282,16 @@ def main():
     for name, result in results.items():
         done = len(result["latencies"])
         rates[name] = done / result["elapsed"] if result["elapsed"] else 0.0
-        print(f"  {name:<12} {done:>6} deliveries  {rates[name]:8.1f} deliveries/s  "
+        print(f"  {name:<12} {done:>6} sent  {rates[name]:8.1f} deliveries/s  "
               f"p50 {percentile(result['latencies'], 0.50) * 1000:7.2f} ms  "
               f"p99 {percentile(result['latencies'], 0.99) * 1000:7.2f} ms  "
+              f"mean {statistics.fmean(result['latencies']) * 1000:7.2f} ms  "
               f"statuses {dict(sorted(result['statuses'].items()))}")
-        print(f"  {'':<12} mean {statistics.fmean(result['latencies']) * 1000:.2f} ms")
     ratio = rates["switchboard"] / rates["floor"] if rates["floor"] else 0.0
     print(f"  ratio switchboard/floor = {ratio:.2f} (target >= 0.5)")
+    if rates["django-noop"]:
+        print(f"  (diagnostic) switchboard/django-noop = {rates['switchboard'] / rates['django-noop']:.2f}, "
+              f"django-noop/floor = {rates['django-noop'] / rates['floor']:.2f}")
     sent = len(warmed["switchboard"][1]) + len(results["switchboard"]["latencies"])
     todos = count_bench_todos(env)
     print(f"  todos created {todos} for {sent} deliveries sent (one per delivery: {todos == sent})")
