@@ -409,7 +409,12 @@ def test_operator_api_queue_outside_scope_is_400(client, operator, token):
 def test_delivery_query_count_is_pinned(client, make_webhook, endpoint, other_endpoints,
                                         django_assert_num_queries):
     """The hot path: one read (routes + webhook + endpoints), then savepoint, the delivery
-    event, one INSERT … RETURNING per route (its todo event rides in the same statement)."""
+    event, one INSERT … RETURNING per route (its todo event rides in the same statement on
+    PostgreSQL; SQLite needs a second statement per todo, so the pin is PostgreSQL's)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("query count pinned for PostgreSQL")
     one_route = make_webhook("github")
     with django_assert_num_queries(5):
         assert deliver(client, one_route).status_code == 202
