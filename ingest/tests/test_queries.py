@@ -79,3 +79,21 @@ def test_operator_token_lookup(operator):
     operator.is_active = False
     operator.save()
     assert queries.find_operator_for_token(token) is None
+
+
+def test_find_webhook_with_routes(make_webhook, endpoint, other_endpoints):
+    bare = make_webhook("gitlab", routes=[])
+    assert queries.find_webhook_with_routes(bare.slug) == (bare, [])
+    hook = make_webhook("github", routes=[(endpoint, "inbox", ["issues"]),
+                                          (other_endpoints[0], "reviews", None)])
+    found, routes = queries.find_webhook_with_routes(hook.slug)
+    assert found == hook and found.secret == hook.secret and found.source == "github"
+    assert found.previous_secret_expires_at is None and found.created_at == hook.created_at
+    assert [(r.endpoint.slug, r.queue, r.kinds) for r in routes] == [
+        ("agent", "inbox", ["issues"]), ("agent-0", "reviews", [])]
+    assert routes[0].endpoint.scope == ["*"]
+    assert routes[0].endpoint.effective_lease  # a deferred field loads on access
+    hook.active = False
+    hook.save()
+    assert queries.find_webhook_with_routes(hook.slug) == (None, [])
+    assert queries.find_webhook_with_routes("nope") == (None, [])
