@@ -18,8 +18,16 @@ both numbers and flatter the ratio. Bounded: at most ``--deliveries`` per round 
 count does not match the deliveries (exactly once per delivery).
 """
 
-import argparse
-import asyncio
+import sys
+from pathlib import Path
+
+# Run as a script, this folder is sys.path[0], and bench/queue.py would shadow the standard
+# library's queue module (psycopg and concurrent.futures import it).
+sys.path[:] = [entry for entry in sys.path
+               if Path(entry or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
 import hashlib
 import hmac
 import json
@@ -28,10 +36,8 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
