@@ -12,6 +12,7 @@ import logging
 from urllib.parse import parse_qs
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.http import JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
@@ -146,6 +147,15 @@ def _decode_utf8(body: bytes) -> str:
         raise Problem(400, "malformed_body", "body is not UTF-8") from None
 
 
+def _storage_unavailable(exc, **context) -> JsonResponse:
+    """The database failed: nothing was committed, so the sender should retry (every source
+    retries on 5xx). Only the error's type is logged: a driver's message can quote row values,
+    which here means the body."""
+    log.error("ingest write failed", extra={**context, "error": type(exc).__name__})
+    return Problem(503, "unavailable", "could not store the delivery; nothing was kept, retry",
+                   headers={"Retry-After": "5"}).response()
+
+
 def _one_line(value: str, limit: int) -> str:
     return "".join(ch for ch in value if ch.isprintable()).strip()[:limit]
 
@@ -229,6 +239,8 @@ def receive_hook(request, webhook_slug):
         )
     except Problem as problem:
         return problem.response()
+    except DatabaseError as exc:
+        return _storage_unavailable(exc, webhook=webhook_slug)
     log.info("webhook delivery accepted", extra={
         "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),
         "todos_created": sum(1 for _, created in arrival.todos if created),
@@ -340,6 +352,8 @@ def hand_over(request, endpoint_slug):
         )
     except Problem as problem:
         return problem.response()
+    except DatabaseError as exc:
+        return _storage_unavailable(exc, endpoint=endpoint_slug)
     log.info("operator hand-over", extra={
         "endpoint": endpoint.slug, "operator": operator.get_username(), "todo_id": todo.pk,
         "duplicate": not created,

@@ -167,3 +167,23 @@ def _database_url() -> str:
     settings = connection.settings_dict
     return (f"postgres://{settings['USER']}@{settings['HOST'] or '127.0.0.1'}:"
             f"{settings['PORT'] or 5432}/{settings['NAME']}")
+
+
+@pytest.mark.django_db
+def test_a_database_failure_answers_503_json_and_keeps_nothing(make_webhook, monkeypatch, caplog):
+    from django.db import OperationalError
+
+    webhook = make_webhook("github")
+
+    def fail(**kwargs):
+        raise OperationalError("server closed the connection; DETAIL: the body was {secret}")
+
+    monkeypatch.setattr(todo_transitions, "create_todo", fail)
+    body = json.dumps(ISSUE).encode()
+    answer = Client().post(f"/hooks/{webhook.slug}", data=body, content_type="application/json",
+                           **signing.github(SECRETS["github"], body))
+    assert answer.status_code == 503 and answer["Retry-After"] == "5"
+    assert answer.json()["error"]["code"] == "unavailable"
+    assert Todo.objects.count() == 0 and DeliveryEvent.objects.count() == 0
+    assert "{secret}" not in caplog.text and "OperationalError" in " ".join(
+        str(getattr(r, "error", "")) for r in caplog.records)
