@@ -146,7 +146,10 @@ else:
     if _pool_max:
         DATABASES["default"]["CONN_MAX_AGE"] = 0
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": min(2, _pool_max), "max_size": _pool_max, "timeout": 10,
+            # A request waits at most this long for a connection (PostgreSQL down: a 503/500
+            # after 5 s instead of at once — the price of pooling; Celery's prefork fixup
+            # closes the inherited pool in each child).
+            "min_size": min(2, _pool_max), "max_size": _pool_max, "timeout": 5,
         }
     else:
         DATABASES["default"]["CONN_MAX_AGE"] = _typed("CONN_MAX_AGE", env.int, 60, minimum=0)
