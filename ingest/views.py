@@ -85,7 +85,8 @@ def _read_body(request) -> bytes:
 
 
 def _check_rate(scope: str) -> None:
-    verdict = ratelimit.hit(scope, limit_per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+    verdict = ratelimit.take_token("ingest", scope,
+                                   per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
     if not verdict.allowed:
         raise Problem(429, "rate_limited",
                       f"more than {settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE} requests a minute; "

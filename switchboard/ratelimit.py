@@ -1,14 +1,23 @@
-"""Fixed-window request limits shared by every web process (ingest per webhook; reusable for
-MCP per credential).
+"""Per-key token buckets shared by every web process: ingest per webhook, MCP per credential.
 
-With ``REDIS_URL`` set, each window is one Redis counter (INCR + EXPIRE in one round trip), so
-any number of daphne processes share the limit. Without Redis — or while Redis is unreachable —
-the count falls back to this process: a limit must never fail or stall the request it guards
-(ingest has to answer 202 with Redis down), so Redis errors open a short circuit breaker and
-are logged, not raised. A fixed window admits up to 2x the rate across a window edge; that is
-accepted for a flood guard (a sliding log would cost a sorted set per key).
+A bucket holds up to ``per_minute`` tokens and refills continuously at ``per_minute`` per
+minute; each request takes one. A denied request learns how long until the next token
+(``Retry-After``).
+
+Where the buckets live:
+
+* ``REDIS_URL`` set (production, several web processes): in Redis, updated by one Lua script
+  so concurrent processes never double-spend a token, timed by Redis's own clock so process
+  clocks do not matter.
+* unset (embedded default, one process): in this process's memory.
+
+Redis down or slow: the bucket falls back to this process (a limit must never fail or stall
+the request it guards: ingest answers 202 with Redis down) and the failure is logged once; a
+short circuit breaker keeps later requests off Redis until it is worth trying again, so a dead
+Redis costs one failed call per interval rather than a timeout per request.
 """
 
+import hashlib
 import logging
 import math
 import threading
@@ -20,81 +29,121 @@ from django.conf import settings
 
 log = logging.getLogger("switchboard.ratelimit")
 
-WINDOW_SECONDS = 60
-# A rate check is on every request's path: never wait on Redis for longer than this.
-REDIS_TIMEOUT_SECONDS = 0.2
-# After a Redis failure, count in-process for this long before trying Redis again, so a dead
-# Redis costs one failed call per interval rather than a timeout per request.
+# One round trip must not hold a request up for long when Redis is unreachable.
+REDIS_TIMEOUT_SECONDS = 0.25
+# After a Redis failure, use in-process buckets for this long before trying Redis again.
 REDIS_RETRY_AFTER_FAILURE_SECONDS = 5.0
-KEY_PREFIX = "switchboard:ratelimit"
+# Cap on in-process buckets: keys are credential digests, so this is a memory bound, not a
+# policy; the least recently used are forgotten (a forgotten bucket starts full again).
+MAX_LOCAL_BUCKETS = 10_000
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Decision:
     allowed: bool
-    retry_after_seconds: int  # until the window ends; meaningful when not allowed
+    retry_after_seconds: int = 0
 
 
-_clients: dict[str, redis.Redis] = {}
+def refill_bucket(tokens: float, last_ms: float, now_ms: float, *, per_minute: int):
+    """Pure token-bucket step: returns (allowed, tokens_after, wait_ms)."""
+    capacity = float(per_minute)
+    rate_per_ms = per_minute / 60_000.0
+    tokens = min(capacity, tokens + max(0.0, now_ms - last_ms) * rate_per_ms)
+    if tokens >= 1.0:
+        return True, tokens - 1.0, 0.0
+    return False, tokens, (1.0 - tokens) / rate_per_ms
+
+
+def _decision(allowed: bool, wait_ms: float) -> Decision:
+    return Decision(allowed, 0 if allowed else max(1, math.ceil(wait_ms / 1000.0)))
+
+
+# -- Redis -------------------------------------------------------------------------------------
+
+# KEYS[1] bucket hash; ARGV[1] per_minute. Returns {allowed, wait_ms}. The same arithmetic as
+# refill_bucket, in one atomic script.
+_TAKE_TOKEN_LUA = """
+local capacity = tonumber(ARGV[1])
+local rate = capacity / 60000.0
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
+local allowed = 0
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+else
+  wait = math.ceil((1 - tokens) / rate)
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(60000 * (capacity - tokens) / capacity) + 1000)
+return {allowed, wait}
+"""
+
+_redis_lock = threading.Lock()
+_redis_client = None
+_take_token_script = None
 _redis_down_until = 0.0
-_local_counts: dict[tuple[str, int], int] = {}
-_lock = threading.Lock()
 
 
-def _redis_client(url: str) -> redis.Redis:
-    client = _clients.get(url)
-    if client is None:
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=REDIS_TIMEOUT_SECONDS, socket_timeout=REDIS_TIMEOUT_SECONDS
-        )
-        _clients[url] = client
-    return client
+def _redis():
+    global _redis_client, _take_token_script
+    with _redis_lock:
+        if _redis_client is None:
+            _redis_client = redis.Redis.from_url(
+                settings.REDIS_URL, socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+                socket_timeout=REDIS_TIMEOUT_SECONDS,
+            )
+            _take_token_script = _redis_client.register_script(_TAKE_TOKEN_LUA)
+        return _take_token_script
 
 
-def _count_in_redis(url: str, key: str) -> int | None:
-    global _redis_down_until
-    if time.monotonic() < _redis_down_until:
-        return None
-    try:
-        pipe = _redis_client(url).pipeline(transaction=False)
-        pipe.incr(key)
-        pipe.expire(key, WINDOW_SECONDS + 1)
-        count, _ = pipe.execute()
-        return int(count)
-    except redis.RedisError as exc:
-        _redis_down_until = time.monotonic() + REDIS_RETRY_AFTER_FAILURE_SECONDS
-        log.warning("rate limit counting in-process: redis unavailable",
-                    extra={"error": type(exc).__name__})
-        return None
+def _redis_key(scope: str, key: str) -> str:
+    prefix = getattr(settings, "CHANNEL_LAYERS", {}).get("default", {}).get("CONFIG", {}).get(
+        "prefix", "sb")
+    return f"{prefix}:ratelimit:{scope}:{key}"
 
 
-def _count_locally(key: str, window: int) -> int:
-    with _lock:
-        for stale in [k for k in _local_counts if k[1] < window]:
-            del _local_counts[stale]
-        count = _local_counts.get((key, window), 0) + 1
-        _local_counts[(key, window)] = count
-        return count
+# -- in-process --------------------------------------------------------------------------------
+
+_local_lock = threading.Lock()
+_local_buckets: dict[str, tuple[float, float]] = {}
 
 
-def hit(scope: str, *, limit_per_minute: int, now: float | None = None) -> Verdict:
-    """Count one request against ``scope`` (e.g. ``ingest:<webhook id>``) and say whether it is
-    within ``limit_per_minute``."""
-    now = time.time() if now is None else now
-    window = int(now // WINDOW_SECONDS)
-    key = f"{KEY_PREFIX}:{scope}:{window}"
-    count = None
-    if settings.REDIS_URL:
-        count = _count_in_redis(settings.REDIS_URL, key)
-    if count is None:
-        count = _count_locally(key, window)
-    retry_after = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
-    return Verdict(allowed=count <= limit_per_minute, retry_after_seconds=retry_after)
+def _take_local(bucket_key: str, per_minute: int) -> Decision:
+    now_ms = time.monotonic() * 1000.0
+    with _local_lock:
+        tokens, last_ms = _local_buckets.pop(bucket_key, (float(per_minute), now_ms))
+        allowed, tokens, wait_ms = refill_bucket(tokens, last_ms, now_ms, per_minute=per_minute)
+        _local_buckets[bucket_key] = (tokens, now_ms)  # re-insert: dict order is recency
+        while len(_local_buckets) > MAX_LOCAL_BUCKETS:
+            _local_buckets.pop(next(iter(_local_buckets)))
+    return _decision(allowed, wait_ms)
 
 
 def reset_local_state() -> None:
-    """Forget in-process counts and the breaker (tests)."""
+    """Forget in-process buckets and the breaker (tests)."""
     global _redis_down_until
-    with _lock:
-        _local_counts.clear()
+    with _local_lock:
+        _local_buckets.clear()
     _redis_down_until = 0.0
+
+
+def take_token(scope: str, key: str, *, per_minute: int) -> Decision:
+    """Spend one request of ``key``'s budget in ``scope`` (e.g. "mcp" + credential digest,
+    "ingest" + webhook id). ``key`` is hashed again so a secret never becomes a Redis key."""
+    global _redis_down_until
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    if settings.REDIS_URL and time.monotonic() >= _redis_down_until:
+        try:
+            allowed, wait_ms = _redis()(keys=[_redis_key(scope, digest)], args=[per_minute])
+            return _decision(bool(allowed), float(wait_ms))
+        except redis.RedisError as exc:
+            _redis_down_until = time.monotonic() + REDIS_RETRY_AFTER_FAILURE_SECONDS
+            log.warning("rate limit counting in-process: redis unavailable",
+                        extra={"scope": scope, "error": type(exc).__name__})
+    return _take_local(f"{scope}:{digest}", per_minute)

@@ -20,11 +20,11 @@ SECRETS = {
 
 @pytest.fixture(autouse=True)
 def fresh_rate_limits():
-    """Rate-limit windows live in Redis for a minute; start every test with none."""
+    """Rate-limit buckets live in Redis for a minute; start every test with none."""
     ratelimit.reset_local_state()
     if settings.REDIS_URL:
         client = redis.Redis.from_url(settings.REDIS_URL)
-        keys = list(client.scan_iter(f"{ratelimit.KEY_PREFIX}:*"))
+        keys = list(client.scan_iter(ratelimit._redis_key("ingest", "*")))
         if keys:
             client.delete(*keys)
         client.close()

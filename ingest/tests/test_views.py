@@ -146,11 +146,14 @@ SIGNATURE_HEADER = {"github": "HTTP_X_HUB_SIGNATURE_256", "gitea": "HTTP_X_GITEA
                     "standard": "HTTP_WEBHOOK_SIGNATURE"}
 
 
-@pytest.mark.parametrize("source", list(SIGNATURE_HEADER))
-@pytest.mark.parametrize("spoil", ["tampered body", "missing header"])
+# GitLab's shared token does not cover the body, so a tampered body is undetectable there by
+# design (test_verification says so); every other pairing must be refused.
+SPOILED = [(source, spoil) for source in SIGNATURE_HEADER for spoil in ("tampered body", "missing header")
+           if (source, spoil) != ("gitlab", "tampered body")]
+
+
+@pytest.mark.parametrize("source, spoil", SPOILED)
 def test_spoiled_delivery_is_401_and_writes_nothing(client, make_webhook, source, spoil):
-    if source == "gitlab" and spoil == "tampered body":
-        pytest.skip("GitLab's token does not cover the body (see test_verification)")
     webhook = make_webhook(source)
     body = signing.body_of({"id": "evt_1", "type": "x", "action": "opened"})
     meta = signing.SIGNERS[source](SECRETS[source], body)
