@@ -12,10 +12,15 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
+from channels_push import board_stream  # noqa: E402
+
 http_routes = [
+    # The Todos board's live stream (issue 7): session-authenticated like the board itself.
+    re_path(r"^todos/events$", AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi())),
     re_path(r"", django_asgi_app),
 ]
 

@@ -59,3 +59,74 @@ def dead_letters(*, endpoint, queue=None):
     if queue is not None:
         todos = todos.filter(queue=queue)
     return todos.order_by("created_at", "id")
+
+
+# The board shows the newest rows only; older ones are reached through the filters or admin.
+BOARD_LIMIT = 200
+
+
+def with_board_version(todos):
+    """Annotate ``version``: the id of the todo's latest event.
+
+    Per todo this grows in commit order — every transition holds the todo's row lock from its
+    UPDATE until commit and inserts its event inside that window — so the board can tell an
+    older snapshot of a row from a newer one, whichever reaches the browser first.
+    """
+    from django.db.models import OuterRef, Subquery
+
+    from .models import TodoEvent
+
+    latest = TodoEvent.objects.filter(todo=OuterRef("pk")).order_by("-id").values("id")[:1]
+    return todos.annotate(version=Subquery(latest))
+
+
+def board_todos(endpoints, *, endpoint_slug=None, queue=None, state=None, limit=BOARD_LIMIT):
+    """The newest todos of ``endpoints`` (a queryset the caller may see), filtered."""
+    todos = Todo.objects.filter(endpoint__in=endpoints).select_related("endpoint")
+    if endpoint_slug:
+        todos = todos.filter(endpoint__slug=endpoint_slug)
+    if queue:
+        todos = todos.filter(queue=queue)
+    if state:
+        todos = todos.filter(state=state)
+    return list(with_board_version(todos).order_by("-id")[:limit])
+
+
+def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None) -> bool:
+    return (
+        (not endpoint_slug or todo.endpoint.slug == endpoint_slug)
+        and (not queue or todo.queue == queue)
+        and (not state or todo.state == state)
+    )
+
+
+def board_filters_from(params) -> dict:
+    """The board's filters from a query mapping; an unknown state is ignored, not an error."""
+    state = params.get("state") or None
+    return {
+        "endpoint_slug": (params.get("endpoint") or "").strip() or None,
+        "queue": (params.get("queue") or "").strip() or None,
+        "state": state if state in State.values else None,
+    }
+
+
+def count_todos_by_state():
+    """``(endpoint slug, queue, state, count)`` for every group: one grouped COUNT, which the
+    ``todo_by_state`` index (endpoint, state, queue) can answer without touching the rows."""
+    from django.db.models import Count
+
+    return list(
+        Todo.objects.values_list("endpoint__slug", "queue", "state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+
+
+def count_todo_events():
+    """``(action, to_state, count)`` over the audit trail: every transition ever committed, in
+    any process, so counters derived from it agree whichever web process is scraped."""
+    from django.db.models import Count
+
+    from .models import TodoEvent
+
+    return list(TodoEvent.objects.values_list("action", "to_state").annotate(n=Count("id")).order_by())
