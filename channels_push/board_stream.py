@@ -123,7 +123,8 @@ class BoardStreamConsumer(AsyncConsumer):
     """A long-lived HTTP response. Not ``AsyncHttpConsumer``: that one stops after ``handle``
     returns, and looping inside ``handle`` would starve the channel-layer messages."""
 
-    keepalive_interval = KEEPALIVE_INTERVAL
+    def __init__(self, keepalive_interval: timedelta = KEEPALIVE_INTERVAL):
+        self.keepalive_interval = keepalive_interval
 
     async def http_request(self, message):
         if message.get("more_body"):
