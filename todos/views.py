@@ -111,9 +111,13 @@ def board_script(request):
 @never_cache
 def todo_detail(request, todo_id):
     todo = get_visible_todo(request.user, todo_id)
+    events = list(todo.events.order_by("at", "id"))
+    for event in events:
+        details = {key: value for key, value in (event.detail or {}).items() if value is not None}
+        event.detail_json = json.dumps(details, sort_keys=True) if details else ""
     return render(request, "todos/detail.html", {
         "todo": todo,
-        "events": list(todo.events.order_by("at", "id")),
+        "events": events,
         "payload_json": json.dumps(todo.payload, indent=2, sort_keys=True),
         "result_json": json.dumps(todo.result, indent=2, sort_keys=True) if todo.result is not None else None,
         "next_url": request.get_full_path(),

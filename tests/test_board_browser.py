@@ -1,0 +1,118 @@
+"""The Todos board in a real browser (Debian's chromium through Playwright) against daphne.
+
+A todo created by the test appears live with its trust badge, changes made by an agent show
+without a reload, the operator claims and completes it with the buttons, and the todo page
+shows the history. Screenshots land in the test's tmp dir.
+
+The todo is created with ``transitions.create_todo(trust="signed")`` while the webhook ingest
+is built in parallel; once ``/hooks/<slug>`` exists this should deliver a signed webhook.
+"""
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from tests.factories import EndpointFactory, UserFactory
+from todos import transitions
+from todos.models import Trust
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+WAIT_MS = 15_000
+
+if not CHROMIUM.exists():
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must install Debian's chromium (apt-get install -y chromium)")
+    pytest.skip("Debian's chromium is not installed here", allow_module_level=True)
+
+sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+
+
+def in_thread(fn, *args, **kwargs):
+    """Run ORM work off the thread Playwright's event loop lives on, and commit it."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the test thread
+            box["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_daphne, tmp_path):
+    alice = UserFactory(username="alice")
+    endpoint = EndpointFactory(slug="agent", owner=alice)
+    bob = UserFactory(username="bob")
+    bobs = EndpointFactory(slug="bobs", owner=bob)
+    agent = transitions.Caller.agent(endpoint, "session-a")
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 800})
+            page.set_default_timeout(WAIT_MS)
+
+            page.goto(live_daphne.url + "/todos/")
+            assert "/accounts/login/" in page.url
+            page.fill("input[name=username]", "alice")
+            page.fill("input[name=password]", "pw-for-tests")
+            page.click("button[type=submit]")
+            page.wait_for_url("**/todos/")
+            page.wait_for_selector("#live.on")
+            page.wait_for_selector("#board[data-synced]")  # first re-sync done: subscribed
+            page.evaluate("window.__sameDocument = true")
+
+            in_thread(transitions.create_todo, endpoint=bobs, queue="inbox",
+                      title="bob's todo must not show", actor="test", trust=Trust.SIGNED)
+            todo, _ = in_thread(transitions.create_todo, endpoint=endpoint, queue="inbox",
+                                title="Deploy the release", actor="test", trust=Trust.SIGNED,
+                                payload={"ref": "v1.2.3", "token": {"$secret": "sec_1"}})
+            row = page.locator(f"#todo-{todo.pk}")
+            row.wait_for()
+            assert row.locator(".badge.trust").inner_text() == "signed"
+            assert row.locator(".badge.state").inner_text() == "pending"
+            assert page.evaluate("window.__sameDocument") is True  # no reload happened
+            assert page.locator("text=bob's todo must not show").count() == 0
+
+            # An agent's claim and release show up live too.
+            in_thread(transitions.claim_todo, agent, todo.pk)
+            page.wait_for_selector(f"#todo-{todo.pk} .badge.state.state-claimed")
+            assert row.locator("td").nth(7).inner_text().startswith("session-a")
+            in_thread(transitions.release_todo, agent, todo.pk)
+            page.wait_for_selector(f"#todo-{todo.pk} .badge.state.state-pending")
+            assert page.evaluate("window.__sameDocument") is True
+            page.screenshot(path=str(tmp_path / "board-live.png"), full_page=True)
+
+            # The operator's buttons (streamed rows get the page's CSRF token).
+            row.get_by_role("button", name="claim").click()
+            page.wait_for_selector(f"#todo-{todo.pk} .badge.state.state-claimed")
+            assert "alice" in row.locator("td").nth(7).inner_text()
+            row.get_by_role("button", name="complete").click()
+            page.wait_for_selector(f"#todo-{todo.pk} .badge.state.state-done")
+            assert page.locator(".messages .success").first.inner_text() == f"completed #{todo.pk}"
+            page.screenshot(path=str(tmp_path / "board.png"), full_page=True)
+
+            row.get_by_role("link", name=f"#{todo.pk}").click()
+            page.wait_for_url(f"**/todos/{todo.pk}/")
+            history = page.locator("#history tbody tr")
+            actions = [history.nth(i).locator("td").nth(1).inner_text() for i in range(history.count())]
+            assert actions == ["create", "claim", "release", "claim", "complete"]
+            assert history.nth(4).locator("td").nth(4).inner_text() == "alice"
+            assert '"$secret": "sec_1"' in page.locator("#payload").inner_text()
+            page.screenshot(path=str(tmp_path / "todo.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (tmp_path / "board.png").stat().st_size > 0
