@@ -1,14 +1,20 @@
 """The one after-commit publish helper: every todo change leaves the request through here.
 
 ``publish_on_commit`` registers the announcement with ``transaction.on_commit`` so a row that
-rolls back is never announced (Zulip's rule). Delivery is best effort: the channel layer may be
-Redis, which may be down; a failure is logged with context and dropped, because the durable
-queue is the record and every consumer can re-read it.
+rolls back is never announced (Zulip's rule). After commit, in-process listeners run at once
+(cheap, synchronous), and the channel-layer send is handed to an event loop without waiting for
+it: the web server's own loop when we run inside it, else one background loop per process. A
+transition therefore never waits on Redis, and a Redis that is down or slow costs a log line,
+not a request: the durable queue is the record and every consumer can re-read it.
+
+The hand-off is bounded (``MAX_PENDING_SENDS``); beyond it a send is dropped and logged rather
+than queued without limit.
 """
 
+import asyncio
 import logging
+import threading
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
@@ -17,6 +23,9 @@ log = logging.getLogger("switchboard.publish")
 BOARD_GROUP = "todos.board"
 # Changes after which a todo is ready for an agent to pick up: the doorbell's triggers (§7).
 READY_ACTIONS = frozenset({"create", "retry", "requeue"})
+# Sends in flight per process before we start dropping. A healthy Redis drains thousands per
+# second; this only bites when the layer hangs, and then memory stays bounded.
+MAX_PENDING_SENDS = 10_000
 
 # In-process listeners (called after commit with each change). The doorbell and tests hook in
 # here; a listener that raises is logged and does not stop the others.
@@ -56,13 +65,71 @@ def deliver(todo, change: dict) -> None:
             listener(todo, change)
         except Exception:
             log.exception("publish listener failed", extra={"todo_id": change["todo_id"]})
+    send_to_group(BOARD_GROUP, change, context={"todo_id": change["todo_id"]})
+
+
+# -- fire-and-forget channel-layer sends ---------------------------------------------------------
+
+
+class _Sender:
+    """Runs channel-layer coroutines on an event loop without blocking the caller."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._server_loop = None
+        self._own_loop = None
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+
+    def bind_server_loop(self, loop):
+        """Inside daphne, send from the server's loop: the in-memory layer's queues live there."""
+        self._server_loop = loop
+
+    def _loop(self):
+        if self._server_loop is not None and not self._server_loop.is_closed():
+            return self._server_loop
+        with self._lock:
+            if self._own_loop is None:
+                self._own_loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=self._own_loop.run_forever, name="switchboard-publish", daemon=True
+                ).start()
+            return self._own_loop
+
+    def submit(self, make_coroutine, context: dict) -> bool:
+        with self._lock:
+            if self._pending >= MAX_PENDING_SENDS:
+                log.warning("publish dropped: too many sends in flight", extra=context)
+                return False
+            self._pending += 1
+        asyncio.run_coroutine_threadsafe(self._run(make_coroutine, context), self._loop())
+        return True
+
+    async def _run(self, make_coroutine, context):
+        try:
+            await make_coroutine()
+        except Exception as exc:
+            log.warning("publish dropped", extra={**context, "error": type(exc).__name__})
+        finally:
+            with self._lock:
+                self._pending -= 1
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """For tests and shutdown: wait until every submitted send has finished."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+
+
+_sender = _Sender()
+bind_server_loop = _sender.bind_server_loop
+wait_for_sends = _sender.wait_idle
+
+
+def send_to_group(group: str, message: dict, *, context: dict) -> bool:
+    """Send ``message`` to a channel-layer group, fire-and-forget. ``context`` (ids only, never
+    a secret) goes into the log line if the send is dropped."""
     layer = get_channel_layer()
     if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(BOARD_GROUP, change)
-    except Exception as exc:  # Redis down or slow: drop, the board re-syncs from the database.
-        log.warning(
-            "board publish dropped",
-            extra={"todo_id": change["todo_id"], "action": change["action"], "error": type(exc).__name__},
-        )
+        return False
+    return _sender.submit(lambda: layer.group_send(group, message), {"group": group, **context})

@@ -1,6 +1,7 @@
 """Endpoints: what an operator vends to one agent (CONTRACT §3)."""
 
 import hashlib
+import re
 import hmac
 import secrets
 from datetime import timedelta
@@ -67,9 +68,9 @@ class Endpoint(models.Model):
     def clean(self):
         if not isinstance(self.scope, list) or not self.scope:
             raise ValidationError({"scope": 'a non-empty list of queue names, or ["*"]'})
-        for name in self.scope:
-            if name != ALL_QUEUES:
-                queue_name_validator(name)
+        bad = [n for n in self.scope if n != ALL_QUEUES and not re.match(QUEUE_NAME_RE, str(n))]
+        if bad:
+            raise ValidationError({"scope": f"bad queue names {bad}: {queue_name_validator.message}"})
         unknown = set(self.verbs or []) - set(AGENT_VERBS)
         if not isinstance(self.verbs, list) or unknown:
             raise ValidationError({"verbs": f"unknown verbs: {sorted(unknown)}"})

@@ -4,6 +4,7 @@ Long-lived streams (the MCP endpoint, the board's SSE) are Channels consumers; e
 is Django's ASGI handler.
 """
 
+import asyncio
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
@@ -16,7 +17,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from channels_push import board_stream  # noqa: E402
+from channels_push import board_stream, publish  # noqa: E402
 
 http_routes = [
     # The Todos board's live stream (issue 7): session-authenticated like the board itself.
@@ -24,4 +25,10 @@ http_routes = [
     re_path(r"", django_asgi_app),
 ]
 
-application = ProtocolTypeRouter({"http": URLRouter(http_routes)})
+router = ProtocolTypeRouter({"http": URLRouter(http_routes)})
+
+
+async def application(scope, receive, send):
+    # After-commit publishes from request threads are handed to this (the server's) loop.
+    publish.bind_server_loop(asyncio.get_running_loop())
+    return await router(scope, receive, send)

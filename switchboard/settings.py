@@ -132,6 +132,10 @@ else:
         DATABASES = {"default": env.db("DATABASE_URL")}
     except (ImproperlyConfigured, ValueError, KeyError) as exc:
         raise ImproperlyConfigured(f"DATABASE_URL: {exc}") from None
+    if DATABASES["default"]["ENGINE"] not in (
+        "django.db.backends.postgresql", "django.db.backends.sqlite3"
+    ):
+        raise ImproperlyConfigured("DATABASE_URL must be postgres://… (or sqlite:///path)")
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
     DATABASES["default"].setdefault("TEST", {})["NAME"] = str(VAR_DIR / "test.sqlite3")

@@ -1,108 +1,110 @@
-"""manage.py reap and requeue: happy paths, bad arguments, --json shapes (§11), --help."""
+"""The queue's management commands, with the exact CONTRACT §11 signatures and --json output."""
 
-from datetime import timedelta
+import json
 
 import pytest
-from django.utils import timezone
+from django.core.management import CommandError, call_command
 
-from tests.cli import run_manage
-from tests.factories import EndpointFactory
+from endpoints.models import Credential, Endpoint, hash_credential
 from todos import transitions
 from todos.models import State
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def dead_letter(operator):
-    endpoint = EndpointFactory(slug="once", owner=operator, max_attempts=1)
-
-    def make(queue="inbox"):
-        todo, _ = transitions.create_todo(endpoint=endpoint, queue=queue, title="t", actor="t")
-        caller = transitions.Caller.operator(endpoint, "alice")
-        transitions.claim_todo(caller, todo.pk)
-        transitions.fail_todo(caller, todo.pk, error="x")
-        return todo
-
-    return make
+def run_json(capsys, *args):
+    call_command(*args, "--json")
+    out = capsys.readouterr().out
+    return json.loads(out)
 
 
-@pytest.mark.parametrize("command", ["reap", "requeue"])
-def test_help(capsys, command):
-    run = run_manage(capsys, command, "--help")
-    assert run.code == 0 and "usage:" in run.out and "--json" in run.out
+def test_vend_endpoint_prints_the_credential_once_and_stores_its_hash(capsys, operator, settings):
+    settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
+    data = run_json(capsys, "vend_endpoint", "reviewer", "--owner", operator.username,
+                    "--queues", "inbox,reviews", "--verbs", "list_todos,claim_next,complete",
+                    "--lease-seconds", "120", "--max-attempts", "3")
+    assert set(data) == {"slug", "mcp_url", "credential"}
+    assert data["mcp_url"] == "https://sb.example/mcp/reviewer"
+    endpoint = Endpoint.objects.get(slug="reviewer")
+    assert endpoint.scope == ["inbox", "reviews"] and endpoint.max_attempts == 3
+    assert endpoint.verbs == ["list_todos", "claim_next", "complete"]
+    assert endpoint.default_lease_seconds == 120
+    stored = Credential.objects.get(endpoint=endpoint)
+    assert stored.digest == hash_credential(data["credential"])
+    assert data["credential"] not in stored.digest + stored.hint
 
 
-def test_reap_moves_lapsed_leases_and_due_retries(capsys, make_todo, agent):
-    lapsed, retrying = make_todo(), make_todo()
-    past = timezone.now() - timedelta(hours=1)
-    transitions.claim_todo(agent, lapsed.pk, lease_ttl_seconds=1, now=past)
-    transitions.claim_todo(agent, retrying.pk, now=past)
-    transitions.fail_todo(agent, retrying.pk, now=past)
-    run = run_manage(capsys, "reap", "--json")
-    assert run.code == 0 and run.err == ""
-    assert run.json() == {"moved": 2}
-    assert run_manage(capsys, "reap").out.strip() == "moved 0 todos"
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["x", "--owner", "nobody"], "no user"),
+        (["bad slug!", "--owner", "alice"], "slug"),
+        (["x", "--owner", "alice", "--verbs", "claim,fly"], "unknown verbs"),
+        (["x", "--owner", "alice", "--queues", "in box"], "scope"),
+        (["x", "--owner", "alice", "--lease-seconds", "0"], "default_lease_seconds"),
+        (["agent", "--owner", "alice"], "already exists"),
+    ],
+)
+def test_vend_endpoint_rejects_bad_arguments(endpoint, args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("vend_endpoint", *args)
 
 
-def test_reap_rejects_arguments(capsys):
-    run = run_manage(capsys, "reap", "extra")
-    assert run.code != 0 and "unrecognized arguments" in run.err
+def test_rotate_credential_keeps_the_old_one_for_the_grace(capsys, operator):
+    from endpoints import queries
+
+    first = run_json(capsys, "vend_endpoint", "rot", "--owner", operator.username)["credential"]
+    second = run_json(capsys, "rotate_credential", "rot", "--grace-seconds", "3600")
+    assert set(second) == {"slug", "credential"} and second["credential"] != first
+    assert queries.find_endpoint_for_credential("rot", first) is not None
+    assert queries.find_endpoint_for_credential("rot", second["credential"]) is not None
+    run_json(capsys, "rotate_credential", "rot", "--grace-seconds", "0")
+    assert queries.find_endpoint_for_credential("rot", first) is None
+    with pytest.raises(CommandError, match="no endpoint"):
+        call_command("rotate_credential", "nope")
 
 
-def test_requeue_by_ids(capsys, dead_letter):
-    first, second = dead_letter(), dead_letter()
-    run = run_manage(capsys, "requeue", str(first.pk), str(second.pk), "--json")
-    assert run.code == 0
-    assert run.json() == {"requeued": [str(first.pk), str(second.pk)]}
-    first.refresh_from_db()
-    assert first.state == State.PENDING and first.attempts == 0
+def dead_letter(agent, todo):
+    transitions.claim_todo(agent, todo.pk)
+    return transitions.fail_todo(agent, todo.pk, error="x")
 
 
-def test_requeue_dead_letters_of_an_endpoint_and_queue_with_dry_run(capsys, dead_letter):
-    inbox, reviews = dead_letter("inbox"), dead_letter("reviews")
-    run = run_manage(capsys, "requeue", "--dead-letters", "--endpoint", "once", "--queue", "reviews",
-                     "--dry-run", "--json")
-    assert run.json() == {"requeued": [str(reviews.pk)]}
-    reviews.refresh_from_db()
-    assert reviews.is_dead_letter  # dry run changed nothing
-    run = run_manage(capsys, "requeue", "--dead-letters", "--endpoint", "once", "--json")
-    assert run.json() == {"requeued": [str(inbox.pk), str(reviews.pk)]}
-    assert "requeued 0" in run_manage(capsys, "requeue", "--dead-letters", "--endpoint", "once").out
+def test_requeue_by_id_and_dead_letters_with_dry_run(capsys, agent, endpoint, make_todo):
+    endpoint.max_attempts = 1
+    endpoint.save()
+    a, b, c = (dead_letter(agent, make_todo(q)) for q in ("inbox", "inbox", "other"))
+    assert run_json(capsys, "requeue", "--dead-letters", "--endpoint", "agent", "--dry-run") == {
+        "requeued": [str(a.pk), str(b.pk), str(c.pk)]}
+    assert a.__class__.objects.get(pk=a.pk).state == State.FAILED  # dry run changed nothing
+    assert run_json(capsys, "requeue", "--dead-letters", "--endpoint", "agent", "--queue", "other") == {
+        "requeued": [str(c.pk)]}
+    assert run_json(capsys, "requeue", str(a.pk)) == {"requeued": [str(a.pk)]}
+    assert a.__class__.objects.get(pk=a.pk).state == State.PENDING
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "give todo ids, or --dead-letters"),
-    (["1", "--dead-letters", "--endpoint", "once"], "give todo ids, or --dead-letters"),
-    (["--dead-letters"], "--dead-letters needs --endpoint"),
-    (["--dead-letters", "--endpoint", "nope"], "no endpoint 'nope'"),
-    (["1", "--endpoint", "once"], "--endpoint/--queue go with --dead-letters"),
-    (["abc"], "not todo ids"),
-    (["999999999"], "no such todos"),
-])
-def test_requeue_bad_arguments_exit_non_zero_on_stderr(capsys, dead_letter, argv, message):
-    run = run_manage(capsys, "requeue", *argv, "--json")
-    assert run.code != 0 and message in run.err and run.out == ""
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "give todo ids"),
+        (["1", "--dead-letters", "--endpoint", "agent"], "give todo ids"),
+        (["--dead-letters"], "needs --endpoint"),
+        (["--dead-letters", "--endpoint", "nope"], "no endpoint"),
+        (["abc"], "not todo ids"),
+        (["999999"], "no such todos"),
+        (["1", "--queue", "x"], "go with --dead-letters"),
+    ],
+)
+def test_requeue_rejects_bad_arguments(endpoint, args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("requeue", *args)
 
 
-def test_requeue_of_a_todo_that_is_not_failed_is_refused(capsys, make_todo):
+def test_requeue_of_a_pending_todo_fails_loudly(capsys, make_todo):
     todo = make_todo()
-    run = run_manage(capsys, "requeue", str(todo.pk), "--json")
-    assert run.code != 0
-    assert "not failed" in run.err and "nothing requeued" in run.err
+    with pytest.raises(CommandError, match="nothing requeued"):
+        call_command("requeue", str(todo.pk))
+    assert "not failed" in capsys.readouterr().err
 
 
-def test_a_real_manage_py_process_exits_non_zero_with_the_error_on_stderr():
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from django.conf import settings
-
-    result = subprocess.run(
-        [sys.executable, "manage.py", "requeue", "--json"], cwd=Path(settings.BASE_DIR),
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 1
-    assert result.stdout == ""
-    assert "CommandError: give todo ids" in result.stderr
+def test_reap_runs_the_sweeps_once(capsys):
+    assert run_json(capsys, "reap") == {"moved": 0}

@@ -1,0 +1,47 @@
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from endpoints import queries, transitions
+from endpoints.models import Credential
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_credential_opens_only_its_own_active_endpoint(operator):
+    endpoint, credential = transitions.vend_endpoint(slug="one", owner=operator)
+    other, other_credential = transitions.vend_endpoint(slug="two", owner=operator)
+    assert queries.find_endpoint_for_credential("one", credential) == endpoint
+    assert queries.find_endpoint_for_credential("two", credential) is None
+    assert queries.find_endpoint_for_credential("one", other_credential) is None
+    assert queries.find_endpoint_for_credential("one", credential + "x") is None
+    assert queries.find_endpoint_for_credential("one", "") is None
+    endpoint.active = False
+    endpoint.save()
+    assert queries.find_endpoint_for_credential("one", credential) is None
+
+
+def test_only_the_digest_is_stored(operator):
+    _, credential = transitions.vend_endpoint(slug="one", owner=operator)
+    assert credential.startswith("sbk_") and len(credential) > 40
+    row = Credential.objects.get()
+    assert credential not in (row.digest, row.hint) and len(row.hint) < len(credential)
+
+
+def test_rotation_grace_expires_the_old_credential(operator):
+    endpoint, old = transitions.vend_endpoint(slug="one", owner=operator)
+    now = timezone.now()
+    new = transitions.rotate_credential(endpoint, grace=timedelta(minutes=10), now=now)
+    later = now + timedelta(minutes=9)
+    assert queries.find_endpoint_for_credential("one", old, now=later) == endpoint
+    expired = now + timedelta(minutes=11)
+    assert queries.find_endpoint_for_credential("one", old, now=expired) is None
+    assert queries.find_endpoint_for_credential("one", new, now=expired) == endpoint
+
+
+def test_effective_lease_prefers_the_endpoint_default(operator, settings):
+    endpoint, _ = transitions.vend_endpoint(slug="one", owner=operator)
+    assert endpoint.effective_lease == settings.SWITCHBOARD_DEFAULT_LEASE
+    endpoint.default_lease_seconds = 90
+    assert endpoint.effective_lease == timedelta(seconds=90)

@@ -1,0 +1,42 @@
+import os
+import subprocess
+
+import pytest
+from django.test import override_settings
+
+from tests.processes import PYTHON, ROOT
+
+
+@pytest.mark.django_db
+def test_healthz_and_readyz_answer_json(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ok", "checks": {"database": "ok", "redis": "ok"}}
+
+
+@pytest.mark.django_db
+@override_settings(REDIS_URL="redis://127.0.0.1:6390/0")  # nothing listens there
+def test_readyz_is_503_when_redis_is_unreachable(client):
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["redis"].startswith("error")
+    assert ready.json()["checks"]["database"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("SWITCHBOARD_DEFAULT_LEASE_SECONDS", "five minutes"),
+        ("SWITCHBOARD_DEFAULT_LEASE_SECONDS", "0"),
+        ("SWITCHBOARD_MAX_BODY_BYTES", "-1"),
+        ("DATABASE_URL", "nosuchdb://x"),
+        ("REDIS_URL", "http://127.0.0.1:6379"),
+    ],
+)
+def test_a_bad_setting_fails_at_start_naming_the_variable(variable, value):
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="switchboard.settings", **{variable: value})
+    result = subprocess.run([PYTHON, "-c", "import django; django.setup()"], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert variable in result.stderr

@@ -1,0 +1,179 @@
+"""Races on purpose: many workers, separate connections, real database (PostgreSQL in the main
+run, SQLite in the embedded run), and a worker process killed with SIGKILL mid-lease."""
+
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import pytest
+from django.core.management import call_command
+from django.db import connection, connections
+from django.utils import timezone
+
+from tests.factories import EndpointFactory, UserFactory
+from tests.processes import PYTHON, ROOT, child_env
+from todos import sweeps, transitions
+from todos.models import State, Todo, TodoEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TODOS = 2000
+WORKERS = 8
+
+
+def bulk_create_todos(endpoint, count, queues=("inbox",)):
+    now = timezone.now()
+    Todo.objects.bulk_create(
+        Todo(endpoint=endpoint, queue=queues[i % len(queues)], title=f"t{i}",
+             max_attempts=endpoint.max_attempts, created_at=now, updated_at=now)
+        for i in range(count)
+    )
+
+
+def run_threads(count, target):
+    errors = []
+
+    def guarded(i):
+        try:
+            target(i)
+        except BaseException as exc:  # surface thread failures in the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    assert not any(t.is_alive() for t in threads), "a worker hung"
+    assert not errors, errors
+
+
+def test_eight_workers_drain_2000_todos_each_exactly_once():
+    endpoint = EndpointFactory(owner=UserFactory(), scope=["a", "b", "c"])
+    bulk_create_todos(endpoint, TODOS, queues=("a", "b", "c"))
+    claimed = [[] for _ in range(WORKERS)]
+
+    def work(i):
+        caller = transitions.Caller.agent(endpoint, f"worker-{i}")
+        while (todo := transitions.claim_next_todo(caller)) is not None:
+            claimed[i].append(todo.pk)
+            transitions.complete_todo(caller, todo.pk, lease_id=todo.lease_id)
+
+    run_threads(WORKERS, work)
+    every_claim = [pk for worker in claimed for pk in worker]
+    assert len(every_claim) == TODOS
+    assert len(set(every_claim)) == TODOS, "a todo was handed out twice"
+    assert Todo.objects.filter(state=State.DONE).count() == TODOS
+    per_action = Counter(TodoEvent.objects.values_list("action", flat=True))
+    assert per_action == {"claim": TODOS, "complete": TODOS}
+    if connection.vendor == "postgresql":
+        # With 2000 todos and 8 workers every worker gets a share (no lock convoy).
+        assert all(worker for worker in claimed)
+
+
+def test_twenty_concurrent_creates_with_one_key_make_one_todo():
+    endpoint = EndpointFactory(owner=UserFactory())
+    barrier = threading.Barrier(20)
+    results = [None] * 20
+
+    def create(i):
+        barrier.wait()
+        results[i] = transitions.create_todo(
+            endpoint=endpoint, queue="inbox", title="dup", actor="t", idempotency_key="hook:42")
+
+    run_threads(20, create)
+    assert len({todo.pk for todo, _ in results}) == 1
+    assert sum(created for _, created in results) == 1
+    assert Todo.objects.filter(idempotency_key="hook:42").count() == 1
+
+    # Once that todo is done, the same key makes a new one.
+    caller = transitions.Caller.agent(endpoint, "s")
+    first = results[0][0]
+    transitions.claim_todo(caller, first.pk)
+    transitions.complete_todo(caller, first.pk)
+    again, created = transitions.create_todo(
+        endpoint=endpoint, queue="inbox", title="dup", actor="t", idempotency_key="hook:42")
+    assert created and again.pk != first.pk
+
+
+def spawn_worker(endpoint, *args):
+    return subprocess.Popen(
+        [PYTHON, "-m", "tests.drain_worker", endpoint.slug, *args],
+        cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def read_until(process, marker, deadline_seconds=60):
+    lines = []
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        line = line.strip()
+        if line == marker:
+            return lines
+        if line.isdigit():
+            lines.append(int(line))
+    raise AssertionError(f"worker never printed {marker!r}: {process.stderr.read()[-2000:]}")
+
+
+def test_sigkilled_worker_leases_lapse_and_survivors_finish_everything():
+    endpoint = EndpointFactory(owner=UserFactory())
+    bulk_create_todos(endpoint, 200)
+    victim = spawn_worker(endpoint, "--mode", "hold", "--hold", "7", "--lease-seconds", "2")
+    held = read_until(victim, "holding")
+    assert len(held) == 7
+    victim.kill()  # SIGKILL: no clean-up, the leases stay held
+    victim.wait(timeout=10)
+    assert Todo.objects.filter(pk__in=held, state=State.CLAIMED).count() == 7
+
+    # Survivors drain what they can now; the 7 held todos come back only through the reaper.
+    survivors = [spawn_worker(endpoint, "--mode", "drain") for _ in range(3)]
+    finished = []
+    for survivor in survivors:
+        finished += read_until(survivor, "done")
+        assert survivor.wait(timeout=30) == 0
+    assert Todo.objects.filter(state=State.DONE).count() == 200 - 7
+
+    deadline = time.monotonic() + 30
+    returned = 0
+    while returned < 7 and time.monotonic() < deadline:
+        returned += sweeps.expire_lapsed_leases()
+        time.sleep(0.2)
+    assert returned == 7
+    assert list(TodoEvent.objects.filter(action="lease_lapsed").values_list("todo_id", flat=True)
+                .order_by("todo_id")) == sorted(held)
+
+    last = spawn_worker(endpoint, "--mode", "drain")
+    finished += read_until(last, "done")
+    assert last.wait(timeout=30) == 0
+    assert sorted(finished) == sorted(Todo.objects.values_list("pk", flat=True))
+    assert Todo.objects.filter(state=State.DONE).count() == 200
+    # Attempts: one for every todo, one more for each of the 7 whose holder died.
+    attempts = Counter(Todo.objects.values_list("attempts", flat=True))
+    assert attempts == {1: 193, 2: 7}
+
+
+def test_fifth_lapse_dead_letters_and_the_requeue_command_revives_it(capsys):
+    endpoint = EndpointFactory(owner=UserFactory())
+    bulk_create_todos(endpoint, 1)
+    (todo,) = Todo.objects.filter(endpoint=endpoint)
+    for attempt in range(5):
+        victim = spawn_worker(endpoint, "--mode", "hold", "--hold", "1", "--lease-seconds", "1")
+        assert read_until(victim, "holding") == [todo.pk]
+        victim.kill()
+        victim.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while not sweeps.expire_lapsed_leases() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    todo.refresh_from_db()
+    assert todo.is_dead_letter and todo.attempts == 5
+
+    call_command("requeue", "--dead-letters", "--endpoint", endpoint.slug, "--json")
+    assert f'"requeued": ["{todo.pk}"]' in capsys.readouterr().out
+    todo.refresh_from_db()
+    assert todo.state == State.PENDING and todo.attempts == 0 and todo.dead_lettered_at is None

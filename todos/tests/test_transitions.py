@@ -1,0 +1,375 @@
+"""Every transition and every refusal of the todo lifecycle (CONTRACT §4), on the configured
+database (PostgreSQL in CI; the SQLite run of .ci covers the embedded path)."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.factories import EndpointFactory
+from todos import queries, sweeps, transitions
+from todos.models import State, Todo, TodoEvent
+from todos.transitions import Caller, Refusal
+
+pytestmark = pytest.mark.django_db
+
+
+def refusal_code(call, *args, **kwargs):
+    with pytest.raises(Refusal) as info:
+        call(*args, **kwargs)
+    return info.value.code
+
+
+def history(todo):
+    return list(
+        TodoEvent.objects.filter(todo=todo).order_by("id").values_list("action", "from_state", "to_state")
+    )
+
+
+# -- create and idempotency ---------------------------------------------------------------------
+
+
+def test_create_makes_a_pending_todo_with_its_event(agent, make_todo):
+    todo = make_todo("inbox", "  fix   the\nbuild  ", payload={"n": 1}, kind="issues.opened")
+    assert todo.state == State.PENDING
+    assert todo.title == "fix the build"  # one line
+    assert todo.payload == {"n": 1}
+    assert todo.max_attempts == agent.endpoint.max_attempts
+    assert history(todo) == [("create", None, "pending")]
+
+
+def test_same_idempotency_key_returns_the_live_todo(endpoint, make_todo):
+    first = make_todo(idempotency_key="hook:1")
+    again, created = transitions.create_todo(
+        endpoint=endpoint, queue="inbox", title="again", actor="t", idempotency_key="hook:1"
+    )
+    assert not created and again.pk == first.pk
+    assert Todo.objects.count() == 1
+
+
+def test_idempotency_key_is_per_endpoint(endpoint, make_todo):
+    other = EndpointFactory(slug="other", owner=endpoint.owner)
+    a = make_todo(idempotency_key="k")
+    b = make_todo(idempotency_key="k", on=other)
+    assert a.pk != b.pk
+
+
+@pytest.mark.parametrize("finish", ["complete", "dead_letter"])
+def test_key_is_free_again_once_done_or_dead(agent, endpoint, make_todo, finish):
+    endpoint.max_attempts = 1
+    endpoint.save()
+    first = make_todo(idempotency_key="k")
+    transitions.claim_todo(agent, first.pk)
+    if finish == "complete":
+        transitions.complete_todo(agent, first.pk)
+    else:
+        assert transitions.fail_todo(agent, first.pk).is_dead_letter
+    second = make_todo(idempotency_key="k")
+    assert second.pk != first.pk and second.state == State.PENDING
+
+
+def test_key_stays_taken_while_failed_waiting_to_retry(agent, make_todo):
+    first = make_todo(idempotency_key="k")
+    transitions.claim_todo(agent, first.pk)
+    transitions.fail_todo(agent, first.pk, error="flaky")
+    assert make_todo(idempotency_key="k").pk == first.pk
+
+
+# -- claim ---------------------------------------------------------------------------------------
+
+
+def test_claim_sets_a_fresh_lease_and_counts_an_attempt(agent, make_todo):
+    now = timezone.now()
+    todo = transitions.claim_todo(agent, make_todo().pk, now=now)
+    assert todo.state == State.CLAIMED
+    assert todo.attempts == 1
+    assert todo.lease_owner == "session-a"
+    assert len(todo.lease_id) >= 16
+    assert todo.lease_expires_at == now + timedelta(seconds=300)
+
+
+def test_claim_uses_lease_ttl_or_the_endpoint_default(agent, endpoint, make_todo):
+    now = timezone.now()
+    assert transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=5, now=now
+                                  ).lease_expires_at == now + timedelta(seconds=5)
+    endpoint.default_lease_seconds = 42
+    endpoint.save()
+    assert transitions.claim_todo(agent, make_todo().pk, now=now
+                                  ).lease_expires_at == now + timedelta(seconds=42)
+
+
+@pytest.mark.parametrize("ttl", [0, 0.5, -1, 86401, "60", True, None.__class__])
+def test_lease_ttl_outside_one_second_to_a_day_is_refused(agent, make_todo, ttl):
+    todo = make_todo()
+    assert refusal_code(transitions.claim_todo, agent, todo.pk, lease_ttl_seconds=ttl) == "invalid_argument"
+    assert refusal_code(transitions.claim_next_todo, agent, lease_ttl_seconds=ttl) == "invalid_argument"
+    assert Todo.objects.get(pk=todo.pk).state == State.PENDING
+
+
+@pytest.mark.parametrize("ttl", [1, 86400])
+def test_lease_ttl_bounds_are_inclusive(agent, make_todo, ttl):
+    assert transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=ttl).state == State.CLAIMED
+
+
+def test_claim_of_claimed_or_done_todo_is_not_claimable(agent, make_todo):
+    todo = make_todo()
+    transitions.claim_todo(agent, todo.pk)
+    other = Caller.agent(agent.endpoint, "session-b")
+    assert refusal_code(transitions.claim_todo, other, todo.pk) == "not_claimable"
+    transitions.complete_todo(agent, todo.pk)
+    assert refusal_code(transitions.claim_todo, other, todo.pk) == "not_claimable"
+
+
+@pytest.mark.parametrize("todo_id", [999999, "nope", -3, None, 2**70])
+def test_unknown_todo_is_not_found(agent, todo_id):
+    assert refusal_code(transitions.claim_todo, agent, todo_id) == "not_found"
+    assert refusal_code(transitions.complete_todo, agent, todo_id) == "not_found"
+
+
+def test_todo_outside_endpoint_or_scope_looks_missing(agent, endpoint, make_todo):
+    other = EndpointFactory(slug="other", owner=endpoint.owner)
+    foreign = make_todo(on=other)
+    assert refusal_code(transitions.claim_todo, agent, foreign.pk) == "not_found"
+    endpoint.scope = ["inbox"]
+    endpoint.save()
+    narrow = Caller.agent(endpoint, "s")
+    hidden = make_todo("secret-queue")
+    assert refusal_code(transitions.claim_todo, narrow, hidden.pk) == "not_found"
+    assert refusal_code(transitions.complete_todo, narrow, hidden.pk) == "not_found"
+    assert transitions.claim_next_todo(narrow) is None
+
+
+def test_claim_next_takes_oldest_first_across_granted_queues(agent, make_todo):
+    now = timezone.now()
+    b = make_todo("b", now=now - timedelta(seconds=5))
+    a = make_todo("a", now=now - timedelta(seconds=10))
+    c = make_todo("c", now=now - timedelta(seconds=1))
+    order = [transitions.claim_next_todo(agent).pk for _ in range(3)]
+    assert order == [a.pk, b.pk, c.pk]
+    assert transitions.claim_next_todo(agent) is None
+
+
+def test_claim_next_with_a_list_of_queues_keeps_age_order(endpoint, make_todo):
+    endpoint.scope = ["a", "b", "c"]
+    endpoint.save()
+    caller = Caller.agent(endpoint, "s")
+    now = timezone.now()
+    ids = {}
+    for i, queue in enumerate(["b", "a", "c", "a", "b"]):
+        ids[i] = make_todo(queue, f"t{i}", now=now + timedelta(seconds=i)).pk
+    got = [transitions.claim_next_todo(caller).pk for _ in range(5)]
+    assert got == [ids[i] for i in range(5)]
+
+
+def test_claim_next_subset_and_out_of_scope_queues(endpoint, make_todo):
+    endpoint.scope = ["a", "b"]
+    endpoint.save()
+    caller = Caller.agent(endpoint, "s")
+    make_todo("a")
+    only_b = make_todo("b")
+    assert transitions.claim_next_todo(caller, queues=["b"]).pk == only_b.pk
+    assert refusal_code(transitions.claim_next_todo, caller, queues=["b", "zzz"]) == "not_in_scope"
+    assert refusal_code(transitions.claim_next_todo, caller, queues=[]) == "invalid_argument"
+    assert refusal_code(transitions.claim_next_todo, caller, queues="a") == "invalid_argument"
+
+
+def test_claim_next_empty_is_none_not_an_error(agent):
+    assert transitions.claim_next_todo(agent) is None
+
+
+# -- fenced verbs --------------------------------------------------------------------------------
+
+
+def test_heartbeat_extends_only_the_current_lease(agent, make_todo):
+    now = timezone.now()
+    todo = transitions.claim_todo(agent, make_todo().pk, now=now)
+    later = now + timedelta(seconds=100)
+    extended = transitions.heartbeat_todo(agent, todo.pk, lease_id=todo.lease_id,
+                                          lease_ttl_seconds=600, now=later)
+    assert extended.lease_expires_at == later + timedelta(seconds=600)
+    assert extended.lease_id == todo.lease_id and extended.attempts == 1
+    by_owner = transitions.heartbeat_todo(agent, todo.pk, now=later)  # no lease_id: by session
+    assert by_owner.lease_expires_at == later + timedelta(seconds=300)
+    stranger = Caller.agent(agent.endpoint, "session-b")
+    assert refusal_code(transitions.heartbeat_todo, stranger, todo.pk) == "lease_lost"
+    assert refusal_code(transitions.heartbeat_todo, agent, todo.pk, lease_id="forged") == "lease_lost"
+
+
+def test_stale_holder_after_reaper_and_reclaim_gets_lease_lost(agent, make_todo):
+    now = timezone.now()
+    stale = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=10, now=now)
+    assert sweeps.expire_lapsed_leases(now=now + timedelta(seconds=11)) == 1
+    for verb in (transitions.heartbeat_todo, transitions.complete_todo, transitions.fail_todo,
+                 transitions.release_todo):
+        assert refusal_code(verb, agent, stale.pk, lease_id=stale.lease_id) == "lease_lost"
+    other = Caller.agent(agent.endpoint, "session-b")
+    fresh = transitions.claim_todo(other, stale.pk, now=now + timedelta(seconds=12))
+    # Same session, old lease id: fenced by lease id.
+    assert refusal_code(transitions.complete_todo, agent, stale.pk, lease_id=stale.lease_id) == "lease_lost"
+    # Same session name without lease id would not match the new owner either.
+    assert refusal_code(transitions.complete_todo, agent, stale.pk) == "lease_lost"
+    assert transitions.complete_todo(other, fresh.pk, lease_id=fresh.lease_id).state == State.DONE
+
+
+def test_complete_stores_the_result(agent, make_todo):
+    todo = transitions.claim_todo(agent, make_todo().pk)
+    done = transitions.complete_todo(agent, todo.pk, lease_id=todo.lease_id, result={"pr": 7})
+    assert done.state == State.DONE and done.result == {"pr": 7}
+    assert refusal_code(transitions.complete_todo, agent, todo.pk) == "lease_lost"
+
+
+def test_fail_schedules_retry_then_dead_letters(agent, endpoint, make_todo):
+    endpoint.max_attempts = 2
+    endpoint.save()
+    now = timezone.now()
+    todo = make_todo()
+    transitions.claim_todo(agent, todo.pk, now=now)
+    failed = transitions.fail_todo(agent, todo.pk, error="boom", result={"log": "x"}, now=now)
+    assert failed.state == State.FAILED and failed.last_error == "boom"
+    assert failed.retry_at == now + timedelta(seconds=30) and failed.dead_lettered_at is None
+    assert sweeps.promote_due_retries(now=now + timedelta(seconds=29)) == 0
+    assert sweeps.promote_due_retries(now=now + timedelta(seconds=30)) == 1
+    transitions.claim_todo(agent, todo.pk, now=now)
+    dead = transitions.fail_todo(agent, todo.pk, error="again", now=now)
+    assert dead.is_dead_letter and dead.retry_at is None and dead.dead_lettered_at == now
+    assert sweeps.promote_due_retries(now=now + timedelta(days=1)) == 0
+    assert [a for a, *_ in history(todo)] == [
+        "create", "claim", "fail", "retry", "claim", "dead_letter"]
+
+
+def test_backoff_doubles_from_30_seconds_and_caps_at_15_minutes(agent, endpoint, make_todo):
+    endpoint.max_attempts = 9
+    endpoint.save()
+    todo = make_todo()
+    now = timezone.now()
+    backoffs = []
+    for _ in range(8):
+        transitions.claim_todo(agent, todo.pk, now=now)
+        failed = transitions.fail_todo(agent, todo.pk, now=now)
+        backoffs.append(int((failed.retry_at - now).total_seconds()))
+        now = failed.retry_at
+        assert sweeps.promote_due_retries(now=now) == 1
+    assert backoffs == [30, 60, 120, 240, 480, 900, 900, 900]
+
+
+def test_release_returns_to_pending_and_refunds_the_attempt(agent, make_todo):
+    todo = transitions.claim_todo(agent, make_todo().pk)
+    released = transitions.release_todo(agent, todo.pk, lease_id=todo.lease_id)
+    assert released.state == State.PENDING and released.attempts == 0
+    assert released.lease_id is None and released.lease_owner is None
+    assert refusal_code(transitions.release_todo, agent, todo.pk) == "lease_lost"
+
+
+def test_invalid_error_argument_is_refused(agent, make_todo):
+    todo = transitions.claim_todo(agent, make_todo().pk)
+    assert refusal_code(transitions.fail_todo, agent, todo.pk, error={"no": 1}) == "invalid_argument"
+    assert Todo.objects.get(pk=todo.pk).state == State.CLAIMED
+
+
+# -- reaper, promoter, requeue -------------------------------------------------------------------
+
+
+def test_reaper_returns_lapsed_leases_and_records_the_lapse(agent, make_todo):
+    now = timezone.now()
+    todo = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=60, now=now)
+    assert sweeps.expire_lapsed_leases(now=now + timedelta(seconds=59)) == 0
+    assert sweeps.expire_lapsed_leases(now=now + timedelta(seconds=60)) == 1
+    back = Todo.objects.get(pk=todo.pk)
+    assert back.state == State.PENDING and back.attempts == 1 and back.lease_id is None
+    assert history(todo)[-1] == ("lease_lapsed", "claimed", "pending")
+
+
+def test_fifth_lapse_dead_letters_and_requeue_gives_a_fresh_budget(agent, make_todo):
+    now = timezone.now()
+    todo = make_todo()
+    for attempt in range(1, 6):
+        transitions.claim_todo(agent, todo.pk, lease_ttl_seconds=1, now=now)
+        now += timedelta(seconds=2)
+        assert sweeps.expire_lapsed_leases(now=now) == 1
+    dead = Todo.objects.get(pk=todo.pk)
+    assert dead.is_dead_letter and dead.attempts == 5 and dead.retry_at is None
+    assert history(todo)[-1] == ("lease_lapsed", "claimed", "failed")
+    assert refusal_code(transitions.claim_todo, agent, todo.pk) == "not_claimable"
+    operator = Caller.operator(agent.endpoint, "alice")
+    revived = transitions.requeue_todo(operator, todo.pk)
+    assert revived.state == State.PENDING and revived.attempts == 0
+    assert revived.dead_lettered_at is None
+    assert refusal_code(transitions.requeue_todo, operator, todo.pk) == "not_claimable"
+
+
+def test_requeue_of_a_dead_letter_whose_key_was_reused_is_a_conflict(agent, endpoint, make_todo):
+    endpoint.max_attempts = 1
+    endpoint.save()
+    dead = make_todo(idempotency_key="k")
+    transitions.claim_todo(agent, dead.pk)
+    transitions.fail_todo(agent, dead.pk)
+    make_todo(idempotency_key="k")
+    operator = Caller.operator(endpoint, "alice")
+    assert refusal_code(transitions.requeue_todo, operator, dead.pk) == "conflict"
+    assert Todo.objects.get(pk=dead.pk).is_dead_letter
+
+
+def test_operator_caller_sees_all_queues_of_its_endpoint(endpoint, make_todo):
+    endpoint.scope = ["inbox"]
+    endpoint.save()
+    todo = make_todo("elsewhere")
+    operator = Caller.operator(endpoint, "alice")
+    claimed = transitions.claim_todo(operator, todo.pk)
+    assert claimed.lease_owner == "alice"
+
+
+def test_list_todos_filters_and_caps(agent, make_todo):
+    for i in range(3):
+        make_todo("a", f"a{i}")
+    make_todo("b")
+    transitions.claim_next_todo(agent)
+    assert len(queries.list_todos(agent, queue="a")) == 3
+    assert len(queries.list_todos(agent, state="claimed")) == 1
+    assert len(queries.list_todos(agent, limit=2)) == 2
+
+
+def test_todo_as_dict_has_the_contract_shape(agent, make_todo):
+    todo = transitions.claim_todo(agent, make_todo(payload={"x": 1}).pk)
+    data = queries.todo_as_dict(todo)
+    assert list(data) == [
+        "id", "endpoint", "queue", "state", "title", "kind", "source", "trust", "payload",
+        "attempts", "max_attempts", "lease_id", "lease_owner", "lease_expires_at", "retry_at",
+        "dead_lettered_at", "result", "last_error", "created_at", "updated_at"]
+    assert data["id"] == str(todo.pk) and data["endpoint"] == "agent"
+    assert data["lease_expires_at"].endswith("Z")
+
+
+# -- publishing after commit ---------------------------------------------------------------------
+
+
+def test_changes_are_published_only_after_commit(agent, make_todo, published,
+                                                 django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        todo = make_todo()
+        transitions.claim_todo(agent, todo.pk)
+    assert published == []  # nothing leaves before commit
+    for callback in callbacks:
+        callback()
+    assert [(c["action"], c["state"]) for c in published] == [("create", "pending"), ("claim", "claimed")]
+    assert "payload" not in published[0]
+
+
+def test_a_duplicate_create_publishes_nothing(endpoint, make_todo, published,
+                                              django_capture_on_commit_callbacks):
+    make_todo(idempotency_key="k")
+    with django_capture_on_commit_callbacks(execute=True):
+        make_todo(idempotency_key="k")
+    assert published == []
+
+
+def test_claim_is_one_statement_on_the_hot_path(agent, make_todo, django_assert_max_num_queries):
+    from django.db import connection
+
+    make_todo()
+    # PostgreSQL: the UPDATE and its event are one statement. SQLite: UPDATE + INSERT, inside
+    # a transaction (a SAVEPOINT pair here, since the test itself runs in one).
+    budget = 1 if connection.vendor == "postgresql" else 4
+    with django_assert_max_num_queries(budget):
+        todo = transitions.claim_next_todo(agent)
+    with django_assert_max_num_queries(budget):
+        transitions.complete_todo(agent, todo.pk, lease_id=todo.lease_id)
