@@ -81,6 +81,12 @@ class EndpointAdmin(admin.ModelAdmin):
         endpoints = super().get_queryset(request)
         return endpoints if request.user.is_superuser else endpoints.filter(owner=request.user)
 
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        # A staff operator vends endpoints for themselves only.
+        if db_field.name == "owner" and not request.user.is_superuser:
+            kwargs["queryset"] = db_field.related_model.objects.filter(pk=request.user.pk)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def save_model(self, request, obj, form, change):
         if change:
             return super().save_model(request, obj, form, change)

@@ -71,3 +71,18 @@ def test_staff_operator_sees_only_own_endpoints(client, operator):
     client.force_login(staff)
     page = client.get("/admin/endpoints/endpoint/").content.decode()
     assert "carols" in page and "alices" not in page
+
+
+def test_staff_operator_cannot_vend_for_someone_else(client, operator):
+    from django.contrib.auth.models import Permission
+
+    staff = UserFactory(username="carol", is_staff=True, is_superuser=False)
+    staff.user_permissions.add(*Permission.objects.filter(
+        codename__in=["view_endpoint", "change_endpoint", "add_endpoint"]))
+    client.force_login(staff)
+    response = client.post("/admin/endpoints/endpoint/add/", {
+        "slug": "sneaky", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+        "max_attempts": "5", "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 200 and b"errornote" in response.content
+    assert not Endpoint.objects.filter(slug="sneaky").exists()
