@@ -110,23 +110,58 @@ def board_filters_from(params) -> dict:
     }
 
 
-def count_todos_by_state():
-    """``(endpoint slug, queue, state, count)`` for every group: one grouped COUNT, which the
-    ``todo_by_state`` index (endpoint, state, queue) can answer without touching the rows."""
+# The states a backlog gauge reports. Done todos are kept forever as audit, so counting them
+# would make every scrape as slow as the history is long; completions are a counter instead.
+BACKLOG_STATES = (State.PENDING, State.CLAIMED, State.FAILED)
+
+
+def count_backlog_by_queue():
+    """``(endpoint slug, queue, state, count)`` for todos in BACKLOG_STATES.
+
+    PostgreSQL: one LATERAL probe per endpoint on ``todo_by_state`` (endpoint, state, queue), an
+    index-only range per endpoint and state, so the cost follows the backlog, not the history
+    (a plain GROUP BY would read the whole index: no skip scan before PostgreSQL 18).
+    SQLite (embedded, small): the plain grouped count.
+    """
+    from django.db import connection
     from django.db.models import Count
 
-    return list(
-        Todo.objects.values_list("endpoint__slug", "queue", "state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    if connection.vendor != "postgresql":
+        return list(
+            Todo.objects.filter(state__in=BACKLOG_STATES)
+            .values_list("endpoint__slug", "queue", "state").annotate(n=Count("id")).order_by()
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.slug, c.queue, c.state, c.n FROM endpoints_endpoint e CROSS JOIN LATERAL ("
+            " SELECT t.queue, t.state, COUNT(*) AS n FROM todos_todo t"
+            " WHERE t.endpoint_id = e.id AND t.state = ANY(%s) GROUP BY t.queue, t.state) c",
+            [list(BACKLOG_STATES)],
+        )
+        return cursor.fetchall()
 
 
-def count_todo_events():
-    """``(action, to_state, count)`` over the audit trail: every transition ever committed, in
-    any process, so counters derived from it agree whichever web process is scraped."""
+def count_todo_events(*, after_id=0, up_to_id=None):
+    """``(action, to_state, count)`` over the audit trail, for event ids in
+    (``after_id``, ``up_to_id``]: a primary-key range, so counting only what is new is cheap."""
     from django.db.models import Count
 
     from .models import TodoEvent
 
-    return list(TodoEvent.objects.values_list("action", "to_state").annotate(n=Count("id")).order_by())
+    events = TodoEvent.objects.filter(id__gt=after_id)
+    if up_to_id is not None:
+        events = events.filter(id__lte=up_to_id)
+    return list(events.values_list("action", "to_state").annotate(n=Count("id")).order_by())
+
+
+def find_settled_event_id(*, after_id, written_before):
+    """The largest event id after ``after_id`` among events written before ``written_before``
+    (None if none): a scan of the primary-key range after ``after_id`` only."""
+    from django.db.models import Max
+
+    from .models import TodoEvent
+
+    return (
+        TodoEvent.objects.filter(id__gt=after_id, at__lt=written_before)
+        .aggregate(top=Max("id"))["top"]
+    )
