@@ -69,8 +69,9 @@ def _wait_until_healthy(url: str, process: subprocess.Popen, server: LiveServer)
 
 @contextmanager
 def run_daphne(*, database_url: str, log_path: Path, settings_module="switchboard.settings_test",
-               extra_env=None):
-    port = find_free_port()
+               extra_env=None, port=None):
+    """``port``: reuse a port (to restart a server under connected clients); default a free one."""
+    port = port or find_free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": settings_module,

@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 
 from tests.factories import EndpointFactory, UserFactory
+from tests.live_server import database_url_for, run_daphne
 from todos import transitions
 from todos.models import Trust
 
@@ -52,6 +53,21 @@ def in_thread(fn, *args, **kwargs):
     return box.get("value")
 
 
+def launch_chromium(playwright):
+    return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+
+
+def sign_in(page, base_url, username="alice"):
+    page.goto(base_url + "/todos/")
+    assert "/accounts/login/" in page.url
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", "pw-for-tests")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/todos/")
+    page.wait_for_selector("#live.on")
+    page.wait_for_selector("#board[data-synced]")  # first re-sync done: subscribed
+
+
 def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_daphne, tmp_path):
     alice = UserFactory(username="alice")
     endpoint = EndpointFactory(slug="agent", owner=alice)
@@ -60,19 +76,11 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
     agent = transitions.Caller.agent(endpoint, "session-a")
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = launch_chromium(playwright)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 800})
             page.set_default_timeout(WAIT_MS)
-
-            page.goto(live_daphne.url + "/todos/")
-            assert "/accounts/login/" in page.url
-            page.fill("input[name=username]", "alice")
-            page.fill("input[name=password]", "pw-for-tests")
-            page.click("button[type=submit]")
-            page.wait_for_url("**/todos/")
-            page.wait_for_selector("#live.on")
-            page.wait_for_selector("#board[data-synced]")  # first re-sync done: subscribed
+            sign_in(page, live_daphne.url)
             page.evaluate("window.__sameDocument = true")
 
             in_thread(transitions.create_todo, endpoint=bobs, queue="inbox",
@@ -116,3 +124,41 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
         finally:
             browser.close()
     assert (tmp_path / "board.png").stat().st_size > 0
+
+
+def test_board_catches_up_on_changes_made_while_its_stream_was_down(transactional_db, tmp_path):
+    """The server goes away under a connected board; a todo is created and another completed
+    meanwhile; once a server is back on the same address, the board shows both without a
+    reload (EventSource reconnects, the stream says sync, the page re-fetches its rows)."""
+    alice = UserFactory(username="alice")
+    endpoint = EndpointFactory(slug="agent", owner=alice)
+    agent = transitions.Caller.agent(endpoint, "session-a")
+    before, _ = transitions.create_todo(endpoint=endpoint, queue="inbox", title="before the drop",
+                                        actor="test", trust=Trust.OPERATOR)
+    transitions.claim_todo(agent, before.pk)
+    database_url = database_url_for(connection)
+
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(WAIT_MS)
+            with run_daphne(database_url=database_url, log_path=tmp_path / "daphne-1.log") as first:
+                port = int(first.url.rsplit(":", 1)[1])
+                sign_in(page, first.url)
+                page.wait_for_selector(f"#todo-{before.pk} .badge.state.state-claimed")
+                page.evaluate("window.__sameDocument = true")
+            page.wait_for_selector("#live:not(.on)")  # the stream noticed the drop
+
+            missed, _ = in_thread(transitions.create_todo, endpoint=endpoint, queue="inbox",
+                                  title="created while down", actor="test", trust=Trust.SIGNED)
+            in_thread(transitions.complete_todo, agent, before.pk)
+
+            with run_daphne(database_url=database_url, log_path=tmp_path / "daphne-2.log", port=port):
+                page.wait_for_selector(f"#todo-{missed.pk} .badge.trust.trust-signed")
+                page.wait_for_selector(f"#todo-{before.pk} .badge.state.state-done")
+                page.wait_for_selector("#live.on")
+                assert page.evaluate("window.__sameDocument") is True
+                page.screenshot(path=str(tmp_path / "board-resumed.png"), full_page=True)
+        finally:
+            browser.close()
