@@ -369,6 +369,28 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     return todo
 
 
+def claim_candidate_sql(params: dict, queues) -> str:
+    """The sub-select that picks (and on PostgreSQL locks) claim_next's candidate: the oldest
+    pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue). Kept apart so
+    the plan test can EXPLAIN exactly what claim_next runs."""
+    if _is_postgres() and queues is not None:
+        params["queues"] = list(queues)
+        return (
+            "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
+            " SELECT p.id, p.created_at FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s"
+            " AND p.queue = q.name AND p.state = 'pending' ORDER BY p.created_at, p.id"
+            " LIMIT 1 FOR UPDATE SKIP LOCKED) c ORDER BY c.created_at, c.id LIMIT 1"
+        )
+    queue_filter = ""
+    if queues is not None:
+        params["queues"] = _queue_list_param(queues)
+        queue_filter = " AND " + _queue_filter("queue", "queues")
+    return (
+        "SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND state = 'pending'"
+        f"{queue_filter} ORDER BY created_at, id LIMIT 1{_skip_locked()}"
+    )
+
+
 def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=None) -> Todo | None:
     """Atomically claim the oldest pending todo in the caller's granted queues (or the given
     subset of them); None when there is none. Concurrent callers each get a different todo.
@@ -392,24 +414,7 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
     else:
         wanted = None if caller.queues is None else sorted(caller.queues)
     params = {"endpoint_id": caller.endpoint.pk}
-    if _is_postgres() and wanted is not None:
-        params["queues"] = wanted
-        pick = (
-            "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
-            " SELECT p.id, p.created_at FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s"
-            " AND p.queue = q.name AND p.state = 'pending' ORDER BY p.created_at, p.id"
-            " LIMIT 1 FOR UPDATE SKIP LOCKED) c ORDER BY c.created_at, c.id LIMIT 1"
-        )
-    else:
-        queue_filter = ""
-        if wanted is not None:
-            params["queues"] = _queue_list_param(wanted)
-            queue_filter = " AND " + _queue_filter("queue", "queues")
-        lock = " FOR UPDATE SKIP LOCKED" if _is_postgres() else ""
-        pick = (
-            "SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND state = 'pending'"
-            f"{queue_filter} ORDER BY created_at, id LIMIT 1{lock}"
-        )
+    pick = claim_candidate_sql(params, wanted)
     todo = _one(_apply(
         set_sql=_lease_set(params, caller, ttl, now),
         where_sql=f"id = ({pick}) AND state = 'pending'", params=params,
@@ -538,11 +543,26 @@ def requeue_todo(caller: Caller, todo_id, *, now=None) -> Todo:
 # -- sweeps' statements (called by todos/sweeps.py) ---------------------------------------------
 
 
+def _skip_locked() -> str:
+    return " FOR UPDATE SKIP LOCKED" if _is_postgres() else ""
+
+
+def lapsed_leases_sql() -> str:
+    """The reaper's batch: claimed todos whose lease lapsed by %(now)s (index todo_reaper)."""
+    return ("SELECT id FROM todos_todo WHERE state = 'claimed' AND lease_expires_at <= %(now)s"
+            f" ORDER BY lease_expires_at LIMIT %(limit)s{_skip_locked()}")
+
+
+def due_retries_sql() -> str:
+    """The promoter's batch: failed todos due to retry by %(now)s (index todo_retry_promoter)."""
+    return ("SELECT id FROM todos_todo WHERE state = 'failed' AND retry_at <= %(now)s"
+            f" ORDER BY retry_at LIMIT %(limit)s{_skip_locked()}")
+
+
 def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
     """claimed with ``lease_expires_at <= now`` -> pending, or -> failed as a dead letter when its
     attempts are spent. At most ``limit`` rows; rows another sweep holds are skipped, so two
     overlapping reapers split the work instead of waiting on each other."""
-    lock = " FOR UPDATE SKIP LOCKED" if _is_postgres() else ""
     spent = "attempts >= max_attempts"
     todos = _apply(
         set_sql=(
@@ -551,11 +571,7 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
             "last_error = CASE WHEN " + spent + " THEN 'lease lapsed on the last attempt' "
             "ELSE last_error END, lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL"
         ),
-        where_sql=(
-            "id IN (SELECT id FROM todos_todo WHERE state = 'claimed' AND lease_expires_at <= %(now)s"
-            f" ORDER BY lease_expires_at LIMIT %(limit)s{lock}) "
-            "AND state = 'claimed' AND lease_expires_at <= %(now)s"
-        ),
+        where_sql=f"id IN ({lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
         params={"limit": limit}, action_sql="'lease_lapsed'", from_state_sql="'claimed'",
         actor="reaper", now=now,
     )
@@ -566,13 +582,9 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
 def promote_due_retries(*, now, limit: int) -> list[Todo]:
     """failed with ``retry_at <= now`` -> pending (dead letters have no retry_at). At most
     ``limit`` rows, skipping rows another sweep holds."""
-    lock = " FOR UPDATE SKIP LOCKED" if _is_postgres() else ""
     todos = _apply(
         set_sql="state = 'pending', retry_at = NULL, lease_id = NULL, lease_owner = NULL",
-        where_sql=(
-            "id IN (SELECT id FROM todos_todo WHERE state = 'failed' AND retry_at <= %(now)s"
-            f" ORDER BY retry_at LIMIT %(limit)s{lock}) AND state = 'failed' AND retry_at <= %(now)s"
-        ),
+        where_sql=f"id IN ({due_retries_sql()}) AND state = 'failed' AND retry_at <= %(now)s",
         params={"limit": limit}, action_sql="'retry'", from_state_sql="'failed'",
         actor="retry-promoter", now=now,
     )

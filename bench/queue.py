@@ -1,0 +1,291 @@
+"""Queue throughput and claim latency on PostgreSQL, measured side by side in one run.
+
+    python3 -m venv bench/.venv && bench/.venv/bin/pip install -r bench/requirements.txt
+    bench/.venv/bin/python bench/queue.py [--todos 2000] [--workers 1,4,8] [--rounds 3]
+
+Throughput: claim_next + complete cycles per second with 1, 4 and 8 worker processes for
+  (a) switchboard's transitions (todos spread over 4 queues of one endpoint whose scope lists
+      them, claim_next over all granted queues, as agents use it),
+  (b) the bare single-statement SQL floor with psycopg and no Django (claim = one
+      UPDATE … (SELECT … FOR UPDATE SKIP LOCKED) RETURNING; complete = one UPDATE; no audit),
+  (c) Procrastinate, the closest peer a Django user would pick, draining no-op jobs.
+Rounds interleave a, b, c so machine noise hits all three alike; the median round counts.
+
+Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table.
+
+Databases (created when missing): sb_bench (switchboard's schema) and sb_bench_procrastinate.
+The PostgreSQL server comes from BENCH_PG (default postgres://postgres@127.0.0.1:5432).
+"""
+
+import sys
+
+# This file is named queue.py (the issue names it so); drop its folder from the import path so
+# it does not shadow the standard library's queue module that psycopg and multiprocessing use.
+sys.path = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
+
+import argparse  # noqa: E402
+import multiprocessing as mp
+import os  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import psycopg  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432").rstrip("/")
+SB_DB = f"{PG}/sb_bench"
+PROC_DB = f"{PG}/sb_bench_procrastinate"
+QUEUES = ["q0", "q1", "q2", "q3"]
+SLUG = "bench"
+
+
+# -- set-up ----------------------------------------------------------------------------------------
+
+
+def ensure_database(name: str):
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def prepare_switchboard_schema():
+    ensure_database("sb_bench")
+    env = dict(os.environ, DATABASE_URL=SB_DB, DJANGO_SETTINGS_MODULE="switchboard.settings")
+    env.pop("REDIS_URL", None)
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    with psycopg.connect(SB_DB, autocommit=True) as conn:
+        user = conn.execute(
+            "INSERT INTO auth_user (username, password, is_superuser, is_staff, is_active, "
+            "first_name, last_name, email, date_joined) VALUES ('bench', '!', false, false, true, "
+            "'', '', '', now()) ON CONFLICT (username) DO UPDATE SET is_active = true RETURNING id"
+        ).fetchone()[0]
+        conn.execute(
+            "INSERT INTO endpoints_endpoint (slug, owner_id, scope, verbs, max_attempts, active, "
+            "created_at) VALUES (%s, %s, %s, '[\"claim_next\", \"complete\"]', 5, true, now()) "
+            "ON CONFLICT (slug) DO UPDATE SET scope = EXCLUDED.scope",
+            (SLUG, user, psycopg.types.json.Jsonb(QUEUES)),
+        )
+
+
+def endpoint_id(conn) -> int:
+    return conn.execute("SELECT id FROM endpoints_endpoint WHERE slug = %s", (SLUG,)).fetchone()[0]
+
+
+def refill_todos(count: int, done: int = 0):
+    """Empty the ledger, then add ``count`` pending todos over the queues (and ``done`` history)."""
+    with psycopg.connect(SB_DB, autocommit=True) as conn:
+        ep = endpoint_id(conn)
+        conn.execute("TRUNCATE todos_todoevent, todos_todo")
+        insert = (
+            "INSERT INTO todos_todo (endpoint_id, queue, state, title, kind, source, payload, trust, "
+            "attempts, max_attempts, created_at, updated_at, ring_attempts) "
+            "SELECT %s, (ARRAY['q0','q1','q2','q3'])[1 + g %% 4], %s, 'bench todo', '', 'bench', "
+            "'{\"n\": 1}', 'signed', %s, 5, now() - make_interval(secs => %s - g), now(), 0 "
+            "FROM generate_series(1, %s) g"
+        )
+        if done:
+            conn.execute(insert, (ep, "done", 1, done + count, done))
+        conn.execute(insert, (ep, "pending", 0, count, count))
+        conn.execute("VACUUM ANALYZE todos_todo")
+
+
+def refill_jobs(count: int):
+    from procrastinate import App, PsycopgConnector
+
+    app = procrastinate_app(App, PsycopgConnector)
+    with app.open():
+        with psycopg.connect(PROC_DB, autocommit=True) as conn:
+            conn.execute("TRUNCATE procrastinate_jobs CASCADE")
+        batch = [{} for _ in range(count)]
+        app.tasks["bench.noop"].batch_defer(*batch)
+        with psycopg.connect(PROC_DB, autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE procrastinate_jobs")
+
+
+def procrastinate_app(App, PsycopgConnector):
+    app = App(connector=PsycopgConnector(conninfo=PROC_DB))
+
+    @app.task(name="bench.noop")
+    def noop():
+        return None
+
+    return app
+
+
+def prepare_procrastinate_schema():
+    from procrastinate import App, PsycopgConnector
+
+    ensure_database("sb_bench_procrastinate")
+    with psycopg.connect(PROC_DB, autocommit=True) as conn:
+        present = conn.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()[0]
+    if not present:
+        app = procrastinate_app(App, PsycopgConnector)
+        with app.open():
+            app.schema_manager.apply_schema()
+
+
+# -- workers (each its own process and connection) ---------------------------------------------
+
+
+def switchboard_worker(start, done_queue):
+    os.environ.update(DATABASE_URL=SB_DB, DJANGO_SETTINGS_MODULE="switchboard.settings")
+    os.environ.pop("REDIS_URL", None)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    import logging
+
+    logging.disable(logging.WARNING)
+    from endpoints.models import Endpoint
+    from todos import transitions
+
+    caller = transitions.Caller.agent(Endpoint.objects.get(slug=SLUG), f"w{os.getpid()}")
+    start.wait()
+    cycles = 0
+    while (todo := transitions.claim_next_todo(caller)) is not None:
+        transitions.complete_todo(caller, todo.pk, lease_id=todo.lease_id)
+        cycles += 1
+    done_queue.put((time.perf_counter(), cycles))
+
+
+BARE_CLAIM = (
+    "UPDATE todos_todo SET state = 'claimed', lease_id = md5(random()::text), lease_owner = %s, "
+    "lease_expires_at = now() + interval '300 seconds', attempts = attempts + 1 "
+    "WHERE id = (SELECT id FROM todos_todo WHERE endpoint_id = %s AND state = 'pending' "
+    "ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, lease_id"
+)
+BARE_COMPLETE = (
+    "UPDATE todos_todo SET state = 'done', lease_expires_at = NULL, updated_at = now() "
+    "WHERE id = %s AND state = 'claimed' AND lease_id = %s"
+)
+
+
+def bare_worker(start, done_queue):
+    conn = psycopg.connect(SB_DB, autocommit=True)
+    ep = endpoint_id(conn)
+    owner = f"w{os.getpid()}"
+    start.wait()
+    cycles = 0
+    while (row := conn.execute(BARE_CLAIM, (owner, ep)).fetchone()) is not None:
+        conn.execute(BARE_COMPLETE, row)
+        cycles += 1
+    done_queue.put((time.perf_counter(), cycles))
+
+
+def procrastinate_worker(start, done_queue):
+    import logging
+
+    logging.disable(logging.WARNING)
+    from procrastinate import App, PsycopgConnector
+
+    app = procrastinate_app(App, PsycopgConnector)
+    with app.open():
+        start.wait()
+        app.run_worker(concurrency=1, wait=False, install_signal_handlers=False,
+                       listen_notify=False, delete_jobs="never")
+    done_queue.put((time.perf_counter(), None))
+
+
+SYSTEMS = {
+    "a switchboard": (switchboard_worker, lambda n: refill_todos(n)),
+    "b bare SQL": (bare_worker, lambda n: refill_todos(n)),
+    "c procrastinate": (procrastinate_worker, refill_jobs),
+}
+
+
+def run_round(worker, refill, todos: int, workers: int) -> float:
+    refill(todos)
+    ctx = mp.get_context("spawn")
+    start = ctx.Event()
+    done_queue = ctx.Queue()
+    processes = [ctx.Process(target=worker, args=(start, done_queue)) for _ in range(workers)]
+    for process in processes:
+        process.start()
+    time.sleep(2.0)  # let every process import and connect before the gate opens
+    began = time.perf_counter()
+    start.set()
+    finished = [done_queue.get(timeout=600)[0] for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    return todos / (max(finished) - began)
+
+
+# -- latency with history ------------------------------------------------------------------------
+
+
+def claim_latency(done_rows: int, samples: int) -> tuple[float, float]:
+    refill_todos(samples, done=done_rows)
+    os.environ.update(DATABASE_URL=SB_DB, DJANGO_SETTINGS_MODULE="switchboard.settings")
+    os.environ.pop("REDIS_URL", None)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    import logging
+
+    logging.disable(logging.WARNING)
+    from django.db import connection
+
+    from endpoints.models import Endpoint
+    from todos import transitions
+
+    connection.close()
+    caller = transitions.Caller.agent(Endpoint.objects.get(slug=SLUG), "latency")
+    timings = []
+    while True:
+        began = time.perf_counter()
+        todo = transitions.claim_next_todo(caller)
+        timings.append(time.perf_counter() - began)
+        if todo is None:
+            break
+        transitions.complete_todo(caller, todo.pk, lease_id=todo.lease_id)
+    timings = sorted(timings[5:])  # the first few calls prepare statements
+    return statistics.median(timings) * 1000, timings[int(len(timings) * 0.99)] * 1000
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--todos", type=int, default=2000)
+    parser.add_argument("--workers", default="1,4,8")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--history", default="10000,1000000", help="done rows for the latency runs")
+    parser.add_argument("--samples", type=int, default=1000)
+    args = parser.parse_args()
+
+    prepare_switchboard_schema()
+    prepare_procrastinate_schema()
+    print(f"# bench/queue.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}")
+    with psycopg.connect(f"{PG}/postgres") as conn:
+        print(f"# {conn.execute('SELECT version()').fetchone()[0].split(' on ')[0]}")
+    print(f"# {args.todos} todos per round, {args.rounds} interleaved rounds, median shown\n")
+    print("| workers | a switchboard | b bare SQL | c procrastinate | a/b | a/c |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for workers in [int(w) for w in args.workers.split(",")]:
+        rates = {name: [] for name in SYSTEMS}
+        for _ in range(args.rounds):
+            for name, (worker, refill) in SYSTEMS.items():
+                rates[name].append(run_round(worker, refill, args.todos, workers))
+        a, b, c = (statistics.median(rates[name]) for name in SYSTEMS)
+        print(f"| {workers} | {a:.0f}/s | {b:.0f}/s | {c:.0f}/s | {a / b:.2f} | {a / c:.2f} |",
+              flush=True)
+
+    print("\n| done todos in table | claim_next p50 | p99 |")
+    print("| --- | --- | --- |")
+    results = {}
+    for done_rows in [int(n) for n in args.history.split(",")]:
+        p50, p99 = claim_latency(done_rows, args.samples)
+        results[done_rows] = p50
+        print(f"| {done_rows:,} | {p50:.2f} ms | {p99:.2f} ms |", flush=True)
+    sizes = sorted(results)
+    if len(sizes) >= 2:
+        print(f"\np50 ratio {sizes[-1]:,} / {sizes[0]:,} done rows: "
+              f"{results[sizes[-1]] / results[sizes[0]]:.2f} (target <= 1.5)")
+
+
+if __name__ == "__main__":
+    main()
