@@ -166,21 +166,37 @@ class BoardStreamConsumer(AsyncConsumer):
             return  # a message raced the request: the coming sync covers it
         if not await self.may_see(change.get("endpoint_id")):
             return
-        row = await database_sync_to_async(render_change)(
-            change["todo_id"], self.filters, self.next_url
-        )
+        try:
+            row = await database_sync_to_async(render_change)(
+                change["todo_id"], self.filters, self.next_url
+            )
+        except Exception as exc:
+            # The database is unreachable or the message is bad. Skipping the row would leave
+            # the page stale without telling it; ending the response makes the browser
+            # reconnect and re-sync, which is where correctness lives anyway.
+            log.warning("board stream closed after a failed row render",
+                        extra={"todo_id": change.get("todo_id"), "error": type(exc).__name__})
+            await self.end_stream()
+            raise StopConsumer() from None
         if row is None:
             return
         row["action"] = change.get("action")
         await self.send_chunk(format_event("todo", row, event_id=row["version"]))
 
     async def http_disconnect(self, message):
+        await self.leave()
+        raise StopConsumer()
+
+    async def leave(self):
         task = getattr(self, "keepalive_task", None)
         if task is not None:
             task.cancel()
         if hasattr(self, "viewer"):
             await self.channel_layer.group_discard(publish.BOARD_GROUP, self.channel_name)
-        raise StopConsumer()
+
+    async def end_stream(self):
+        await self.leave()
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def may_see(self, endpoint_id) -> bool:
         viewer = self.viewer
