@@ -1,10 +1,11 @@
 """A real daphne process serving switchboard.asgi on a free loopback port, for end-to-end tests
 (browser, SSE, MCP clients). Generic: point it at any database by URL.
 
-    with run_daphne(database_url=database_url_for(connection), log_path=tmp_path / "daphne.log") as server:
+    with run_daphne(database_url=children_database_url(), log_path=tmp_path / "daphne.log") as server:
         httpx.get(server.url + "/healthz")
 
 Tests that use it must commit their data (``transactional_db``): the server is another process.
+``tests.processes.children_database_url()`` names the test database for it.
 """
 
 import os
@@ -17,7 +18,6 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_SECONDS = 30
@@ -37,19 +37,6 @@ def find_free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def database_url_for(connection) -> str:
-    """The DATABASE_URL of the database ``connection`` uses (the test database under pytest)."""
-    s = connection.settings_dict
-    if s["ENGINE"] == "django.db.backends.sqlite3":
-        return f"sqlite:///{s['NAME']}"
-    auth = quote(s["USER"] or "", safe="")
-    if s.get("PASSWORD"):
-        auth += ":" + quote(s["PASSWORD"], safe="")
-    host = s.get("HOST") or "127.0.0.1"
-    port = s.get("PORT") or 5432
-    return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
 
 
 def _wait_until_healthy(url: str, process: subprocess.Popen, server: LiveServer):

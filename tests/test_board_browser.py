@@ -16,7 +16,8 @@ import pytest
 from django.db import connection
 
 from tests.factories import EndpointFactory, UserFactory
-from tests.live_server import database_url_for, run_daphne
+from tests.live_server import run_daphne
+from tests.processes import children_database_url
 from todos import transitions
 from todos.models import Trust
 
@@ -136,7 +137,7 @@ def test_board_catches_up_on_changes_made_while_its_stream_was_down(transactiona
     before, _ = transitions.create_todo(endpoint=endpoint, queue="inbox", title="before the drop",
                                         actor="test", trust=Trust.OPERATOR)
     transitions.claim_todo(agent, before.pk)
-    database_url = database_url_for(connection)
+    database_url = children_database_url()
 
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
