@@ -66,11 +66,13 @@ def get_visible_todo(user, todo_id) -> Todo:
 def _board_context(request):
     filters = queries.board_filters_from(request.GET)
     endpoints = endpoint_queries.visible_endpoints(request.user)
+    query = request.GET.urlencode()
     return {
         "filters": filters,
         "todos": queries.board_todos(endpoints, **filters),
-        "next_url": request.get_full_path(),
-        "query": request.GET.urlencode(),
+        # Buttons return to the filtered board, also from rows fetched by /todos/rows.
+        "next_url": reverse("todos-board") + (f"?{query}" if query else ""),
+        "query": query,
     }
 
 
@@ -82,7 +84,6 @@ def board(request):
     context.update(
         endpoints=list(endpoint_queries.visible_endpoints(request.user).order_by("slug")),
         states=State.values,
-        next_url=reverse("todos-board") + (f"?{context['query']}" if context["query"] else ""),
     )
     return render(request, "todos/board.html", context)
 
@@ -92,9 +93,7 @@ def board(request):
 @never_cache
 def board_rows(request):
     """The rows alone: the board's re-sync after its event stream (re)connects."""
-    context = _board_context(request)
-    context["next_url"] = reverse("todos-board") + (f"?{context['query']}" if context["query"] else "")
-    return render(request, "todos/_rows.html", context)
+    return render(request, "todos/_rows.html", _board_context(request))
 
 
 @board_login_required

@@ -4,7 +4,6 @@ These tests commit (transactional_db): the consumer reads the database from its 
 the publish helper fires only after commit, exactly as in production.
 """
 
-import asyncio
 import json
 import time
 from datetime import timedelta

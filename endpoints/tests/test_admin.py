@@ -86,3 +86,18 @@ def test_staff_operator_cannot_vend_for_someone_else(client, operator):
     })
     assert response.status_code == 200 and b"errornote" in response.content
     assert not Endpoint.objects.filter(slug="sneaky").exists()
+
+
+def test_changing_an_endpoint_in_admin_edits_scope_and_verbs(root_client, operator):
+    endpoint = EndpointFactory(slug="ep", owner=operator)
+    form = root_client.get(f"/admin/endpoints/endpoint/{endpoint.pk}/change/").content.decode()
+    assert 'name="scope" value="*"' in form
+    response = root_client.post(f"/admin/endpoints/endpoint/{endpoint.pk}/change/", {
+        "slug": "ep", "owner": operator.pk, "scope": "reviews", "verbs": ["claim_next", "complete"],
+        "max_attempts": "7", "active": "on",
+        "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 302
+    endpoint.refresh_from_db()
+    assert endpoint.scope == ["reviews"] and endpoint.verbs == ["claim_next", "complete"]
+    assert endpoint.max_attempts == 7

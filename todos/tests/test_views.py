@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
-from todos.models import State, Todo, Trust
+from todos.models import State, Trust
 
 pytestmark = pytest.mark.django_db
 
@@ -214,3 +214,24 @@ def test_many_rows_render_in_a_fixed_number_of_queries(alice_client, make_todo,
     # session, user, endpoints (filter), todos (+version subquery); not one per row
     with django_assert_max_num_queries(6):
         assert len(alice_client.get("/todos/").context["todos"]) == 30
+
+
+def test_todo_page_offers_result_error_and_lease_forms_while_claimed(alice_client, make_todo):
+    todo = make_todo()
+    assert 'name="result"' not in alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    post_action(alice_client, todo, "claim")
+    page = alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    assert 'name="result"' in page and 'name="error"' in page and 'name="lease_seconds"' in page
+    response = alice_client.post(f"/todos/{todo.pk}/extend", {"lease_seconds": "soon"})
+    assert response.status_code == 302  # a refusal message, not a 500
+    assert "invalid_argument" in alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    alice_client.post(f"/todos/{todo.pk}/complete", {"result": "plain words"})
+    todo.refresh_from_db()
+    assert todo.state == State.DONE and todo.result == "plain words"
+
+
+def test_filtered_board_buttons_return_to_the_filtered_board(alice_client, make_todo):
+    make_todo(queue="inbox")
+    for url in ("/todos/?queue=inbox", "/todos/rows?queue=inbox"):
+        html = alice_client.get(url).content.decode()
+        assert 'name="next" value="/todos/?queue=inbox"' in html
