@@ -58,8 +58,12 @@
     if (empty) empty.remove();
   }
 
+  var again = false; // a sync arrived while a fetch was in flight
+
   function resync() {
-    if (buffered) return; // one in flight already; it started after this subscription
+    // A fetch already in flight may have read its snapshot before this (newer) subscription
+    // existed, so it cannot stand in for this sync: run one more fetch after it.
+    if (buffered) { again = true; return; }
     buffered = [];
     fetch(table.dataset.rowsUrl, { credentials: "same-origin", cache: "no-store" })
       .then(function (response) {
@@ -81,6 +85,7 @@
         buffered = null;
         pending.forEach(apply);
         table.dataset.synced = String((parseInt(table.dataset.synced || "0", 10)) + 1);
+        if (again) { again = false; resync(); }
       });
   }
 
