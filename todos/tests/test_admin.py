@@ -65,3 +65,21 @@ def test_release_action_returns_a_claimed_todo_and_refuses_others(root_client, m
     claimed.refresh_from_db()
     assert claimed.state == State.PENDING and claimed.lease_owner is None
     assert f"#{pending.pk}:" in response.content.decode()  # refusal reported
+
+
+def test_staff_operator_sees_only_own_todos_and_endpoints_in_admin(client, make_todo):
+    from django.contrib.auth.models import Permission
+
+    from tests.factories import EndpointFactory
+
+    make_todo(title="alice's todo")
+    carol = UserFactory(username="carol", is_staff=True)
+    carol.user_permissions.add(*Permission.objects.filter(codename__in=["view_todo", "change_todo"]))
+    carols = EndpointFactory(slug="carols", owner=carol)
+    transitions.create_todo(endpoint=carols, queue="inbox", title="carol's todo", actor="t")
+    client.force_login(carol)
+    page = client.get("/admin/todos/todo/").content.decode()
+    assert "carol&#x27;s todo" in page and "alice&#x27;s todo" not in page
+    assert "carols" in page and ">agent<" not in page  # the endpoint filter too
+    filtered = client.get(f"/admin/todos/todo/?endpoint={carols.pk}")
+    assert filtered.status_code == 200
