@@ -1,8 +1,9 @@
 """``/todos/events``: the Todos board's Server-Sent Events stream (CONTRACT §9).
 
 Fed by the channel-layer group ``todos.board`` that ``publish.deliver`` sends every committed
-todo change to. Each change an operator may see becomes one ``todo`` event carrying the row as
-the board renders it; the stream never carries a payload or a secret.
+todo change to. Changes an operator may see are gathered for ``FLUSH_DELAY`` and then become
+one ``todo`` event per changed todo, carrying its row as the board renders it (one query per
+batch); the stream never carries a payload or a secret.
 
 Resume without loss, by re-sync rather than replay: on every (re)connect the consumer joins the
 group FIRST and only then sends ``sync``, on which the page re-fetches its rows. Any change
@@ -36,6 +37,8 @@ log = logging.getLogger("switchboard.board_stream")
 # Proxies and load balancers close an idle response after 30-60 s; a comment every 15 s keeps
 # the board's stream open through them and lets the server notice a vanished client.
 KEEPALIVE_INTERVAL = timedelta(seconds=15)
+# Changes are gathered this long before one query renders them all (see todo_changed).
+FLUSH_DELAY = timedelta(milliseconds=100)
 # How soon the browser reconnects after a drop (the SSE ``retry`` field).
 RECONNECT_DELAY = timedelta(seconds=2)
 
@@ -90,30 +93,32 @@ def check_endpoint_visible(user_id: int, endpoint_id) -> bool:
     return Endpoint.objects.filter(pk=endpoint_id, owner_id=user_id).exists()
 
 
-def render_change(todo_id, filters: dict, next_url: str) -> dict | None:
-    """The board's view of one todo now: its row HTML (None when it no longer matches the
-    filters, so the page drops it) and its version. None when the todo is gone."""
+def render_changes(todo_ids, filters: dict, next_url: str) -> list[dict]:
+    """The board's view of these todos now, in one query: per todo its row HTML (None when it
+    no longer matches the filters, so the page drops it) and its version. Todos that are gone
+    or whose id is malformed are left out."""
     from todos import queries
     from todos.models import Todo
 
-    todo = (
-        queries.with_board_version(Todo.objects.filter(pk=todo_id).select_related("endpoint"))
-        .first()
-    )
-    if todo is None:
-        return None
-    html = None
-    if queries.matches_board_filters(todo, **filters):
-        # No request here, so no CSRF token: board.js fills the page's token in.
-        html = render_to_string(
-            "todos/_row.html", {"todo": todo, "next_url": next_url, "csrf_token": ""}
-        )
-    return {
-        "todo_id": str(todo.pk),
-        "version": todo.version or 0,
-        "state": todo.state,
-        "html": html,
-    }
+    ids = [int(todo_id) for todo_id in todo_ids if str(todo_id).isdigit()]
+    todos = queries.with_board_version(
+        Todo.objects.filter(pk__in=ids).select_related("endpoint")
+    ).order_by("id")
+    rows = []
+    for todo in todos:
+        html = None
+        if queries.matches_board_filters(todo, **filters):
+            # No request here, so no CSRF token: board.js fills the page's token in.
+            html = render_to_string(
+                "todos/_row.html", {"todo": todo, "next_url": next_url, "csrf_token": ""}
+            )
+        rows.append({
+            "todo_id": str(todo.pk),
+            "version": todo.version or 0,
+            "state": todo.state,
+            "html": html,
+        })
+    return rows
 
 
 # -- the consumer ------------------------------------------------------------------------------
@@ -123,8 +128,14 @@ class BoardStreamConsumer(AsyncConsumer):
     """A long-lived HTTP response. Not ``AsyncHttpConsumer``: that one stops after ``handle``
     returns, and looping inside ``handle`` would starve the channel-layer messages."""
 
-    def __init__(self, keepalive_interval: timedelta = KEEPALIVE_INTERVAL):
+    def __init__(self, keepalive_interval: timedelta = KEEPALIVE_INTERVAL,
+                 flush_delay: timedelta = FLUSH_DELAY):
         self.keepalive_interval = keepalive_interval
+        self.flush_delay = flush_delay
+        self.pending = {}  # todo id -> its latest action, waiting for the next flush
+        self.flush_task = None
+        self.keepalive_task = None
+        self.closed = False
 
     async def http_request(self, message):
         if message.get("more_body"):
@@ -141,7 +152,6 @@ class BoardStreamConsumer(AsyncConsumer):
         query_string = self.scope.get("query_string", b"").decode("latin-1")
         self.next_url = board_url + (f"?{query_string}" if query_string else "")
         self.viewer = await database_sync_to_async(find_viewer)(user)
-        self.keepalive_task = None
 
         await self.send({
             "type": "http.response.start",
@@ -166,31 +176,46 @@ class BoardStreamConsumer(AsyncConsumer):
             return  # a message raced the request: the coming sync covers it
         if not await self.may_see(change.get("endpoint_id")):
             return
+        # Coalesce: a burst of changes (a pool draining a queue) costs this board one query per
+        # FLUSH_DELAY, not one per change, and a todo changed twice is rendered once.
+        self.pending[str(change["todo_id"])] = change.get("action")
+        if self.flush_task is None:
+            self.flush_task = asyncio.ensure_future(self.flush_after_delay())
+
+    async def flush_after_delay(self):
+        await asyncio.sleep(self.flush_delay.total_seconds())
+        batch, self.pending = self.pending, {}
+        self.flush_task = None
         try:
-            row = await database_sync_to_async(render_change)(
-                change["todo_id"], self.filters, self.next_url
+            rows = await database_sync_to_async(render_changes)(
+                list(batch), self.filters, self.next_url
             )
+            for row in rows:
+                if self.closed:
+                    return  # the client left while we were reading
+                row["action"] = batch.get(row["todo_id"])
+                await self.send_chunk(format_event("todo", row, event_id=row["version"]))
         except Exception as exc:
-            # The database is unreachable or the message is bad. Skipping the row would leave
-            # the page stale without telling it; ending the response makes the browser
-            # reconnect and re-sync, which is where correctness lives anyway.
+            # Skipping the rows would leave the page stale without telling it; ending the
+            # response makes the browser reconnect and re-sync, where correctness lives anyway.
+            # StopConsumer only works from a handler, so ask ours through our own channel.
             log.warning("board stream closed after a failed row render",
-                        extra={"todo_id": change.get("todo_id"), "error": type(exc).__name__})
-            await self.end_stream()
-            raise StopConsumer() from None
-        if row is None:
-            return
-        row["action"] = change.get("action")
-        await self.send_chunk(format_event("todo", row, event_id=row["version"]))
+                        extra={"todos": len(batch), "error": type(exc).__name__})
+            await self.channel_layer.send(self.channel_name, {"type": "board.stop"})
+
+    async def board_stop(self, message):
+        await self.end_stream()
+        raise StopConsumer()
 
     async def http_disconnect(self, message):
         await self.leave()
         raise StopConsumer()
 
     async def leave(self):
-        task = getattr(self, "keepalive_task", None)
-        if task is not None:
-            task.cancel()
+        self.closed = True
+        for task in (getattr(self, "keepalive_task", None), getattr(self, "flush_task", None)):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         if hasattr(self, "viewer"):
             await self.channel_layer.group_discard(publish.BOARD_GROUP, self.channel_name)
 
@@ -210,7 +235,7 @@ class BoardStreamConsumer(AsyncConsumer):
         return seen
 
     async def keep_alive(self):
-        while True:
+        while not self.closed:
             await asyncio.sleep(self.keepalive_interval.total_seconds())
             await self.send_chunk(format_comment("keep-alive"))
 

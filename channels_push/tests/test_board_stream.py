@@ -53,8 +53,10 @@ def parse_events(raw: bytes):
 class Stream:
     """One open /todos/events response driven through the ASGI interface."""
 
-    def __init__(self, user, query=b"", headers=(), app=None, keepalive=None):
+    def __init__(self, user, query=b"", headers=(), app=None, keepalive=None, flush_delay=None):
         kwargs = {"keepalive_interval": keepalive} if keepalive else {}
+        if flush_delay:
+            kwargs["flush_delay"] = flush_delay
         app = app or board_stream.BoardStreamConsumer.as_asgi(**kwargs)
         scope = {
             "type": "http", "method": "GET", "path": "/todos/events", "query_string": query,
@@ -322,19 +324,22 @@ def test_full_asgi_application_authenticates_by_session_cookie(alice, client):
     run(scenario)
 
 
-def test_a_row_that_cannot_be_rendered_ends_the_stream_so_the_browser_resyncs(alice):
-    from channels.layers import get_channel_layer
+def test_a_failed_render_ends_the_stream_so_the_browser_reconnects_and_resyncs(alice, monkeypatch):
+    """Fault injection (the database going away mid-stream): not a mock of the database, the
+    real query never runs; the stream must end rather than silently skip the rows."""
+    from django.db import OperationalError
 
     endpoint = EndpointFactory(slug="alices", owner=alice)
+
+    def database_gone(*args, **kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
 
     async def scenario():
         stream = Stream(alice)
         await stream.open()
         await stream.next_event(kind="sync")
-        await get_channel_layer().group_send("todos.board", {
-            "type": "todo.changed", "action": "create", "todo_id": "not-a-number",
-            "endpoint_id": endpoint.pk, "queue": "inbox", "state": "pending",
-        })
+        monkeypatch.setattr(board_stream, "render_changes", database_gone)
+        await sync_to_async(create)(endpoint, "cannot be shown")
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
             message = await stream.communicator.receive_output(deadline - time.monotonic())
@@ -344,3 +349,40 @@ def test_a_row_that_cannot_be_rendered_ends_the_stream_so_the_browser_resyncs(al
         await stream.communicator.wait(WAIT_SECONDS)
 
     run(scenario)
+
+
+def test_a_burst_of_changes_to_one_todo_is_rendered_once(alice):
+    endpoint = EndpointFactory(slug="alices", owner=alice)
+    caller = transitions.Caller.operator(endpoint, "alice")
+
+    def burst():
+        todo = create(endpoint, "busy")
+        transitions.claim_todo(caller, todo.pk)
+        transitions.heartbeat_todo(caller, todo.pk)
+        transitions.complete_todo(caller, todo.pk)
+        return todo
+
+    async def scenario():
+        stream = Stream(alice, flush_delay=timedelta(seconds=1))
+        await stream.open()
+        await stream.next_event(kind="sync")
+        todo = await sync_to_async(burst)()
+        event = json.loads((await stream.next_event(kind="todo"))["data"])
+        assert event["todo_id"] == str(todo.pk)
+        assert event["state"] == "done" and event["action"] == "complete"
+        await stream.expect_no_todo_event()
+        await stream.close()
+
+    run(scenario)
+
+
+def test_a_batch_of_rows_renders_in_one_query(alice, django_assert_num_queries):
+    endpoint = EndpointFactory(slug="alices", owner=alice)
+    todos = [create(endpoint, f"t{n}", queue="inbox" if n % 2 else "reviews") for n in range(10)]
+    with django_assert_num_queries(1):
+        rows = board_stream.render_changes([str(t.pk) for t in todos] + ["junk"],
+                                           {"endpoint_slug": None, "queue": "inbox", "state": None},
+                                           "/todos/?queue=inbox")
+    assert [row["todo_id"] for row in rows] == [str(t.pk) for t in todos]
+    assert [row["html"] is not None for row in rows] == [n % 2 == 1 for n in range(10)]
+    assert all(row["version"] > 0 for row in rows)
