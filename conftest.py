@@ -44,3 +44,6 @@ def published():
     publish.add_listener(listener)
     yield seen
     publish.remove_listener(listener)
+
+# Live-server fixtures (daphne subprocess on the test database): see tests/servers.py.
+pytest_plugins = ["tests.servers"]

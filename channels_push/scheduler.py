@@ -41,9 +41,10 @@ async def run_every(sweep, interval_seconds: float):
 
 def embedded_sweeps():
     """Every (sweep, interval) pair the embedded scheduler runs. Apps list their own."""
+    from channels_push import sweeps as session_sweeps
     from todos import sweeps as todo_sweeps
 
-    return list(todo_sweeps.EMBEDDED_SWEEPS)
+    return list(todo_sweeps.EMBEDDED_SWEEPS) + list(session_sweeps.EMBEDDED_SWEEPS)
 
 
 def start(loop=None) -> list:

@@ -22,4 +22,8 @@ app.conf.beat_schedule = {
     # §4: failed todos whose backoff has passed go back to pending; 5 s keeps the 30 s
     # first retry within a sixth of its interval.
     "promote-due-retries": {"task": "todos.tasks.promote_due_retries", "schedule": 5.0},
+    # §6: idle MCP sessions end; the idle limit is an hour, so once a minute is plenty, and
+    # the same pass zeroes stream counts left by a crashed web process (45 s of silence).
+    "expire-idle-mcp-sessions": {"task": "channels_push.tasks.expire_idle_sessions",
+                                 "schedule": 60.0},
 }

@@ -62,6 +62,11 @@ SWITCHBOARD_INGEST_RATE_PER_MINUTE = _typed(
     "SWITCHBOARD_INGEST_RATE_PER_MINUTE", env.int, 600, minimum=1
 )
 SWITCHBOARD_MCP_RATE_PER_MINUTE = _typed("SWITCHBOARD_MCP_RATE_PER_MINUTE", env.int, 6000, minimum=1)
+# MCP sessions (§6) with no request and no open stream for this long are ended by the
+# idle-session sweep; an open notification stream keeps its session alive.
+SWITCHBOARD_MCP_SESSION_IDLE = timedelta(
+    seconds=_typed("SWITCHBOARD_MCP_SESSION_IDLE_SECONDS", env.int, 3600, minimum=60)
+)
 # Fernet key for operator-supplied secrets (§5); derived from SECRET_KEY when unset.
 SWITCHBOARD_SECRETS_KEY = env.str("SWITCHBOARD_SECRETS_KEY", default="")
 # When set, GET /metrics requires "Authorization: Bearer <this token>" (board, issue 7).

@@ -16,8 +16,7 @@ import pytest
 from django.db import connection
 
 from tests.factories import EndpointFactory, UserFactory
-from tests.live_server import run_daphne
-from tests.processes import children_database_url
+from tests.servers import DaphneServer
 from todos import transitions
 from todos.models import Trust
 
@@ -32,6 +31,18 @@ if not CHROMIUM.exists():
     pytest.skip("Debian's chromium is not installed here", allow_module_level=True)
 
 sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+
+
+def start_board_server():
+    # Test settings in the server too: the test process hashes passwords with their fast hasher.
+    return DaphneServer(env={"DJANGO_SETTINGS_MODULE": "switchboard.settings_test"}).start()
+
+
+@pytest.fixture
+def live_daphne(transactional_db):
+    server = start_board_server()
+    yield server
+    server.stop()
 
 
 def in_thread(fn, *args, **kwargs):
@@ -137,29 +148,31 @@ def test_board_catches_up_on_changes_made_while_its_stream_was_down(transactiona
     before, _ = transitions.create_todo(endpoint=endpoint, queue="inbox", title="before the drop",
                                         actor="test", trust=Trust.OPERATOR)
     transitions.claim_todo(agent, before.pk)
-    database_url = children_database_url()
 
+    server = None
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         try:
             page = browser.new_page()
             page.set_default_timeout(WAIT_MS)
-            with run_daphne(database_url=database_url, log_path=tmp_path / "daphne-1.log") as first:
-                port = int(first.url.rsplit(":", 1)[1])
-                sign_in(page, first.url)
-                page.wait_for_selector(f"#todo-{before.pk} .badge.state.state-claimed")
-                page.evaluate("window.__sameDocument = true")
+            server = start_board_server()
+            sign_in(page, server.url)
+            page.wait_for_selector(f"#todo-{before.pk} .badge.state.state-claimed")
+            page.evaluate("window.__sameDocument = true")
+            server.stop()
             page.wait_for_selector("#live:not(.on)")  # the stream noticed the drop
 
             missed, _ = in_thread(transitions.create_todo, endpoint=endpoint, queue="inbox",
                                   title="created while down", actor="test", trust=Trust.SIGNED)
             in_thread(transitions.complete_todo, agent, before.pk)
 
-            with run_daphne(database_url=database_url, log_path=tmp_path / "daphne-2.log", port=port):
-                page.wait_for_selector(f"#todo-{missed.pk} .badge.trust.trust-signed")
-                page.wait_for_selector(f"#todo-{before.pk} .badge.state.state-done")
-                page.wait_for_selector("#live.on")
-                assert page.evaluate("window.__sameDocument") is True
-                page.screenshot(path=str(tmp_path / "board-resumed.png"), full_page=True)
+            server.start()  # the same address: EventSource reconnects by itself
+            page.wait_for_selector(f"#todo-{missed.pk} .badge.trust.trust-signed")
+            page.wait_for_selector(f"#todo-{before.pk} .badge.state.state-done")
+            page.wait_for_selector("#live.on")
+            assert page.evaluate("window.__sameDocument") is True
+            page.screenshot(path=str(tmp_path / "board-resumed.png"), full_page=True)
         finally:
             browser.close()
+            if server is not None:
+                server.stop()

@@ -10,8 +10,8 @@ import time
 
 import httpx
 
-from tests.live_server import find_free_port
 from tests.processes import PYTHON, ROOT
+from tests.servers import free_port
 
 WAIT_SECONDS = 30
 
@@ -45,7 +45,7 @@ def test_embedded_board_stream_carries_a_button_press(tmp_path):
     seeded = subprocess.run([PYTHON, "manage.py", "shell", "-c", SEED], cwd=ROOT, env=env,
                             check=True, timeout=120, capture_output=True, text=True)
     todo_id = re.search(r"TODO (\d+)", seeded.stdout).group(1)
-    port = find_free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "serve.log", "wb")
     server = subprocess.Popen([PYTHON, "manage.py", "serve", "--port", str(port)], cwd=ROOT, env=env,

@@ -1,0 +1,197 @@
+"""Benchmark: agents draining a queue over MCP vs. the same cycle through the transitions.
+
+    DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/mcp.py [--todos 4000] [--clients 8]
+
+One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is migrated first):
+
+* direct — ``--clients`` threads each loop ``claim_next_todo`` + ``complete_todo`` in-process
+  until the queue is empty;
+* mcp — ``--clients`` processes, each one official ``mcp`` SDK client (Streamable HTTP) on its
+  own MCP session, loop ``tools/call claim_next`` + ``tools/call complete`` against a real
+  daphne process until ``{"empty": true}``. Clients are processes so the client side's Python
+  is not what is measured.
+
+Prints cycles/s for both, the ratio mcp/direct (target >= 0.3) and the tool-call latency
+p50/p99 seen by the clients. A benchmark, not a test: nothing here asserts a speed.
+"""
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+# Run as a script, this file's directory comes first on sys.path, and this file is named
+# mcp.py: drop that entry so `import mcp` finds the SDK, and put the repository root there.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+sys.path.insert(0, str(HERE.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+
+
+def setup_django():
+    import django
+
+    django.setup()
+
+
+def make_queue(slug: str, count: int):
+    from django.contrib.auth import get_user_model
+
+    from endpoints import transitions as endpoint_transitions
+    from todos.models import State, Todo
+
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    owner, _ = get_user_model().objects.get_or_create(username="bench")
+    endpoint, credential = endpoint_transitions.vend_endpoint(slug=slug, owner=owner)
+    # Bulk-inserted fixtures, not create_todo: creation is not what is measured.
+    now = timezone.now()
+    Todo.objects.bulk_create([
+        Todo(endpoint=endpoint, queue="inbox", title=f"bench {i}", state=State.PENDING,
+             max_attempts=5, created_at=now + timedelta(microseconds=i),
+             updated_at=now + timedelta(microseconds=i))
+        for i in range(count)
+    ])
+    return endpoint, credential
+
+
+def run_direct(endpoint, clients: int) -> tuple[int, float]:
+    from django.db import connection
+
+    from todos import transitions
+
+    done = [0] * clients
+    barrier = threading.Barrier(clients + 1)
+
+    def worker(index):
+        caller = transitions.Caller.agent(endpoint, f"direct-{index}")
+        barrier.wait()
+        try:
+            while True:
+                todo = transitions.claim_next_todo(caller)
+                if todo is None:
+                    return
+                transitions.complete_todo(caller, todo.pk, lease_id=todo.lease_id,
+                                          result={"ok": True})
+                done[index] += 1
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return sum(done), time.perf_counter() - started
+
+
+def mcp_worker(url: str, slug: str, credential: str, start_at: float, results):
+    sys.path.insert(0, str(HERE.parent))
+    from tests.mcp_clients import sdk_client
+
+    async def loop():
+        latencies, cycles = [], 0
+        async with sdk_client(url, slug, credential) as client:
+            await client.call_tool("list_todos", {"limit": 1})  # warm the connection
+            while time.time() < start_at:
+                await asyncio.sleep(0.001)
+            while True:
+                t0 = time.perf_counter()
+                claimed = await client.call_tool("claim_next", {})
+                latencies.append(time.perf_counter() - t0)
+                content = claimed.structured_content
+                if content.get("empty"):
+                    break
+                todo = content["todo"]
+                t0 = time.perf_counter()
+                await client.call_tool("complete", {"todo_id": todo["id"],
+                                                    "lease_id": todo["lease_id"],
+                                                    "result": {"ok": True}})
+                latencies.append(time.perf_counter() - t0)
+                cycles += 1
+            finished = time.time()
+        return cycles, latencies, finished
+
+    results.put(asyncio.run(loop()))
+
+
+def run_mcp(server_url, endpoint, credential, clients: int):
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    start_at = time.time() + 8.0  # every client connected and warm before the clock starts
+    processes = [context.Process(target=mcp_worker,
+                                 args=(server_url, endpoint.slug, credential, start_at, results))
+                 for _ in range(clients)]
+    for process in processes:
+        process.start()
+    outcomes = [results.get(timeout=600) for _ in processes]
+    for process in processes:
+        process.join()
+    cycles = sum(o[0] for o in outcomes)
+    latencies = sorted(lat for o in outcomes for lat in o[1])
+    elapsed = max(o[2] for o in outcomes) - start_at
+    return cycles, elapsed, latencies
+
+
+def percentile(sorted_values, fraction):
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, int(round(fraction * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--todos", type=int, default=4000)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    setup_django()
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        sys.exit("bench/mcp.py measures PostgreSQL: set DATABASE_URL=postgres://…")
+    call_command("migrate", interactive=False, verbosity=0)
+    run_id = f"{os.getpid()}-{int(time.time())}"
+
+    direct_endpoint, _ = make_queue(f"bench-direct-{run_id}", args.todos)
+    direct_cycles, direct_seconds = run_direct(direct_endpoint, args.clients)
+
+    from tests.servers import DaphneServer
+
+    mcp_endpoint, credential = make_queue(f"bench-mcp-{run_id}", args.todos)
+    # The bench must not be throttled by the per-credential limit it is not measuring.
+    server = DaphneServer(env={"SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
+                               "DATABASE_URL": os.environ["DATABASE_URL"]}).start()
+    try:
+        mcp_cycles, mcp_seconds, latencies = run_mcp(server.url, mcp_endpoint, credential,
+                                                     args.clients)
+    finally:
+        server.stop()
+
+    direct_rate = direct_cycles / direct_seconds
+    mcp_rate = mcp_cycles / mcp_seconds
+    print(f"switchboard bench/mcp.py — {args.clients} clients, {args.todos} todos per run, "
+          f"PostgreSQL, redis={'yes' if settings.REDIS_URL else 'no'}, 1 daphne process")
+    print(f"  direct (transitions, {args.clients} threads): {direct_cycles} cycles in "
+          f"{direct_seconds:.2f} s = {direct_rate:,.0f} cycles/s")
+    print(f"  mcp    (SDK clients over HTTP):      {mcp_cycles} cycles in "
+          f"{mcp_seconds:.2f} s = {mcp_rate:,.0f} cycles/s")
+    print(f"  ratio mcp/direct: {mcp_rate / direct_rate:.2f} (target >= 0.3)")
+    print(f"  tool-call latency: p50 {percentile(latencies, 0.50) * 1000:.1f} ms, "
+          f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, mean "
+          f"{statistics.fmean(latencies) * 1000:.1f} ms over {len(latencies)} calls")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Wire framing for the MCP endpoint: JSON-RPC envelopes and Server-Sent Event lines.
+
+Pure sync functions, no I/O and no Django, so they are unit-tested on their own
+(``channels_push/tests/test_mcp_framing.py``). Envelope shapes come from the ``mcp`` package's
+wire types (``mcp.types``), so a field name can never drift from the SDK's.
+"""
+
+import json
+from dataclasses import dataclass
+
+import mcp.types as types
+from pydantic import BaseModel
+
+PARSE_ERROR = types.PARSE_ERROR  # -32700
+INVALID_REQUEST = types.INVALID_REQUEST  # -32600
+METHOD_NOT_FOUND = types.METHOD_NOT_FOUND  # -32601
+INVALID_PARAMS = types.INVALID_PARAMS  # -32602
+INTERNAL_ERROR = types.INTERNAL_ERROR  # -32603
+UNSUPPORTED_PROTOCOL_VERSION = types.UNSUPPORTED_PROTOCOL_VERSION  # -32022
+
+
+class FramingError(Exception):
+    """A message that cannot be handled as JSON-RPC; ``code`` is the JSON-RPC error code and
+    ``request_id`` the id when one could be read."""
+
+    def __init__(self, code: int, message: str, request_id=None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Message:
+    """One inbound JSON-RPC message. ``kind`` is request, notification or response."""
+
+    kind: str
+    method: str | None = None
+    id: str | int | None = None
+    params: dict | None = None
+
+
+def _valid_id(value) -> bool:
+    # JSON-RPC ids are strings or integers (MCP forbids null ids on requests); bool is not int.
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def parse_message(body: bytes) -> Message:
+    """Decode one JSON-RPC message from a POST body. Raises FramingError with -32700 for
+    unparseable JSON and -32600 for a batch, a non-object or a malformed envelope."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise FramingError(PARSE_ERROR, "Parse error: the body is not valid JSON") from None
+    if isinstance(data, list):
+        raise FramingError(INVALID_REQUEST, "Invalid Request: batches are not supported")
+    if not isinstance(data, dict):
+        raise FramingError(INVALID_REQUEST, "Invalid Request: expected a JSON-RPC object")
+    request_id = data.get("id") if _valid_id(data.get("id")) else None
+    if data.get("jsonrpc") != "2.0":
+        raise FramingError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', request_id)
+    if "method" in data:
+        method, params = data["method"], data.get("params")
+        if not isinstance(method, str) or not method:
+            raise FramingError(INVALID_REQUEST, "Invalid Request: method must be a string", request_id)
+        if params is not None and not isinstance(params, dict):
+            raise FramingError(INVALID_REQUEST, "Invalid Request: params must be an object", request_id)
+        if "id" not in data:
+            return Message(kind="notification", method=method, params=params)
+        if not _valid_id(data["id"]):
+            raise FramingError(INVALID_REQUEST, "Invalid Request: id must be a string or integer")
+        return Message(kind="request", method=method, id=data["id"], params=params)
+    if ("result" in data) != ("error" in data) and "id" in data:
+        return Message(kind="response", id=request_id)
+    raise FramingError(INVALID_REQUEST, "Invalid Request: not a request, notification or response",
+                       request_id)
+
+
+# Result fields the mcp types carry for the 2026-07-28 (sessionless) era only; the handshake-era
+# versions this endpoint speaks do not define them, so they are left off the wire.
+MODERN_ONLY_RESULT_FIELDS = ("resultType", "ttlMs", "cacheScope")
+
+
+def dump_result(result) -> dict:
+    """An mcp.types result model as its handshake-era wire dict."""
+    data = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    for field in MODERN_ONLY_RESULT_FIELDS:
+        data.pop(field, None)
+    return data
+
+
+def result_envelope(request_id, result) -> dict:
+    """A JSON-RPC success; ``result`` is an mcp.types model or a plain dict."""
+    if isinstance(result, BaseModel):
+        result = dump_result(result)
+    return types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result).model_dump(
+        by_alias=True, mode="json"
+    )
+
+
+def error_envelope(request_id, code: int, message: str, data=None) -> dict:
+    error = types.ErrorData(code=code, message=message, data=data)
+    return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error).model_dump(
+        by_alias=True, mode="json", exclude_none=True
+    ) | {"id": request_id}  # id stays present, as null, when it could not be read
+
+
+def notification_envelope(method: str, params: dict | None = None) -> dict:
+    return types.JSONRPCNotification(jsonrpc="2.0", method=method, params=params).model_dump(
+        by_alias=True, mode="json", exclude_none=True
+    )
+
+
+def encode_json(payload) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# -- Server-Sent Events ------------------------------------------------------------------------
+
+
+def sse_comment(text: str = "") -> bytes:
+    """A comment line: ignored by clients, keeps proxies and idle timers from cutting the
+    stream. Newlines would end the comment, so they are folded."""
+    return f": {' '.join(text.splitlines())}\n\n".encode()
+
+
+def sse_retry(milliseconds: int) -> bytes:
+    """The reconnection delay hint a client uses after the stream drops."""
+    return f"retry: {int(milliseconds)}\n\n".encode()
+
+
+def sse_event(payload: dict, *, event: str = "message", event_id: str | None = None) -> bytes:
+    """One event carrying one JSON-RPC message. Compact JSON has no raw newlines (they are
+    escaped inside strings), so one ``data:`` line holds the whole message."""
+    lines = []
+    if event_id is not None:
+        lines.append(f"id: {event_id}")
+    lines.append(f"event: {event}")
+    lines.append("data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False))
+    return ("\n".join(lines) + "\n\n").encode()

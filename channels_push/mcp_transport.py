@@ -1,0 +1,507 @@
+"""The vended MCP endpoint, ``/mcp/<endpoint_slug>``: MCP Streamable HTTP (CONTRACT §6).
+
+Why the transport and session layer are ours: the ``mcp`` SDK's Streamable HTTP server keeps
+each session (its streams, its negotiated state) in one process's memory, so a restart forgets
+every session and a second web process answers 404 to sessions the first one minted. switchboard
+runs any number of daphne processes without sticky routing, and an agent's session must
+survive a deploy. So sessions are database rows (``McpSession``), every request re-checks its
+session there, and server-to-client notifications travel over the channel layer (Redis) to
+whichever process holds the session's stream. What we take from the SDK is what does not care
+where state lives: the wire types (``mcp.types``) for every envelope, result and tool schema.
+
+Layout: each HTTP method is answered by a plain sync function (``answer_post``,
+``answer_delete``, ``open_stream``) that runs in one ``database_sync_to_async`` hop — auth, rate
+limit, session check and the tool call share that hop, so a tool call costs one thread switch.
+``McpEndpoint`` is the thin ASGI application around them: it reads the capped body, writes the
+answer, and runs the long-lived notification stream (GET).
+
+Order of checks on every request: method (405) → body size (413) → Origin (403) → bearer
+(401) → rate limit (429) → Accept (406) → protocol version (400) → JSON-RPC framing (400) →
+session (400 missing / 404 unknown, terminated or another endpoint's).
+"""
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.http.request import validate_host
+
+from endpoints import queries as endpoint_queries
+from endpoints.models import hash_credential
+
+from . import mcp_framing, mcp_tools, publish, rate_limits
+from . import transitions as session_transitions
+
+log = logging.getLogger("switchboard.mcp")
+
+# /mcp/<endpoint_slug>, with an optional trailing slash served as is: never a redirect
+# (clients must not follow redirects on POST).
+ROUTE_PATTERN = r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$"
+SUPPORTED_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
+LATEST_PROTOCOL_VERSION = SUPPORTED_PROTOCOL_VERSIONS[0]
+ALLOWED_METHODS = "GET, POST, DELETE"
+# Keep-alive comments on an idle stream: below the 30-60 s idle cut of common proxies.
+KEEPALIVE_SECONDS = 15.0
+# Reconnect hint sent on every stream: long enough not to hammer a restarting server.
+RETRY_HINT_MS = 3000
+# A request refreshes its session's last-seen time at most this often (the idle limit is an
+# hour; see transitions.touch_session for why not on every call).
+SESSION_TOUCH_INTERVAL = timedelta(seconds=30)
+# Channel-layer group per session; the doorbell (any process) sends to it.
+SESSION_GROUP_PREFIX = "mcp.session."
+NOTIFY_MESSAGE_TYPE = "mcp.notify"
+TERMINATE_MESSAGE_TYPE = "mcp.terminate"
+# Mcp-Session-Id values we mint are 43 URL-safe characters; anything that is not visible ASCII
+# or is longer than the column cannot be one of ours.
+SESSION_ID_RE = re.compile(r"^[\x21-\x7e]{1,64}$")
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def session_group(session_id: str) -> str:
+    return SESSION_GROUP_PREFIX + session_id
+
+
+def notify_session(session_id: str, method: str, params: dict | None = None) -> bool:
+    """Send a JSON-RPC notification to the session's open stream(s), from any process, without
+    waiting (sync callers; the doorbell). Lossy by design: no stream, no delivery; False when
+    the send was dropped at once."""
+    message = mcp_framing.notification_envelope(method, params)
+    return publish.send_to_group(session_group(session_id),
+                                 {"type": NOTIFY_MESSAGE_TYPE, "message": message},
+                                 context={"session": session_id[:8], "method": method})
+
+
+@dataclass
+class Request:
+    method: str
+    slug: str
+    headers: dict  # lower-cased names -> str (latin-1); a repeated header keeps the last
+    body: bytes = b""
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes = b""
+    headers: dict = field(default_factory=dict)
+    # Set when a DELETE ended a session: the async layer closes its streams everywhere.
+    terminated_session: str | None = None
+    # Set when a GET may open its stream.
+    stream_session: str | None = None
+    stream_endpoint_id: int | None = None
+
+    def header_list(self) -> list[tuple[bytes, bytes]]:
+        return [(k.lower().encode("latin-1"), str(v).encode("latin-1"))
+                for k, v in self.headers.items()]
+
+
+def _json_answer(status: int, payload, headers=None) -> Answer:
+    return Answer(status, mcp_framing.encode_json(payload),
+                  {"Content-Type": "application/json", **(headers or {})})
+
+
+def _fault(status: int, message: str, *, code=mcp_framing.INVALID_REQUEST, request_id=None,
+           data=None, headers=None) -> Answer:
+    """An HTTP-level refusal with a JSON-RPC error body (the SDK client surfaces it as is)."""
+    return _json_answer(status, mcp_framing.error_envelope(request_id, code, message, data), headers)
+
+
+# -- checks (pure) -----------------------------------------------------------------------------
+
+
+def origin_allowed(origin: str | None) -> bool:
+    """Absent Origin (non-browser clients) is allowed. A present one must name this server's
+    public host, an ALLOWED_HOSTS entry or localhost: that is what stops a web page from
+    driving a local agent's endpoint (DNS rebinding). A wildcard ALLOWED_HOSTS does not count:
+    it would switch that protection off."""
+    if origin is None:
+        return True
+    parts = urlsplit(origin.strip())
+    try:
+        host = parts.hostname
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or not host:
+        return False
+    if host in LOCAL_HOSTS:
+        return True
+    if host == urlsplit(settings.SWITCHBOARD_PUBLIC_URL).hostname:
+        return True
+    return validate_host(host, [h for h in settings.ALLOWED_HOSTS if h != "*"])
+
+
+def bearer_of(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _media_types(header: str | None) -> list[tuple[str, float]]:
+    result = []
+    for part in (header or "").split(","):
+        media, *params = [p.strip() for p in part.split(";")]
+        if not media:
+            continue
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        result.append((media.lower(), quality))
+    return result
+
+
+def accepts(header: str | None, media_type: str) -> bool:
+    """Does an Accept header admit ``media_type`` (exactly, by type wildcard, or */*)?"""
+    kind = media_type.split("/")[0]
+    return any(q > 0 and m in (media_type, f"{kind}/*", "*/*") for m, q in _media_types(header))
+
+
+def _content_type_is_json(header: str | None) -> bool:
+    return (header or "").split(";")[0].strip().lower() == "application/json"
+
+
+# -- sync handlers (one database_sync_to_async hop each) ----------------------------------------
+
+
+def _authorize(request: Request):
+    """Origin, bearer, rate limit. Returns (endpoint, None) or (None, refusal Answer)."""
+    if not origin_allowed(request.header("origin")):
+        return None, _fault(403, "Forbidden: Origin not allowed")
+    credential = bearer_of(request.header("authorization"))
+    endpoint = endpoint_queries.find_endpoint_for_credential(request.slug, credential or "")
+    if endpoint is None:
+        # Same answer for a missing, wrong, expired or other endpoint's credential.
+        return None, _fault(401, "Unauthorized: a valid bearer credential for this endpoint "
+                                 "is required", headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
+    decision = rate_limits.take_token("mcp", hash_credential(credential),
+                                      per_minute=settings.SWITCHBOARD_MCP_RATE_PER_MINUTE)
+    if not decision.allowed:
+        log.info("mcp rate limited", extra={"endpoint": endpoint.slug})
+        return None, _fault(429, "Too Many Requests",
+                            headers={"Retry-After": str(decision.retry_after_seconds)})
+    return endpoint, None
+
+
+def _version_refusal(version: str, request_id=None) -> Answer:
+    # -32022 with the versions we speak: a client probing a newer, sessionless era (the SDK's
+    # server/discover at 2026-07-28) reads these handshake versions and falls back to
+    # initialize; any other client learns what to send.
+    return _fault(400, f"Unsupported protocol version: {version}",
+                  code=mcp_framing.UNSUPPORTED_PROTOCOL_VERSION, request_id=request_id,
+                  data={"supported": list(SUPPORTED_PROTOCOL_VERSIONS), "requested": version})
+
+
+def _live_session(request: Request, endpoint):
+    """(session_id, None) for a live session of ``endpoint``, else (None, 400/404 Answer)."""
+    session_id = request.header("mcp-session-id")
+    if not session_id:
+        return None, _fault(400, "Bad Request: Mcp-Session-Id header is required; "
+                                 "send initialize first")
+    if not SESSION_ID_RE.match(session_id) or not session_transitions.touch_session(
+            endpoint=endpoint, session_id=session_id, min_interval=SESSION_TOUCH_INTERVAL):
+        return None, _fault(404, "Not Found: unknown or terminated session; initialize again")
+    return session_id, None
+
+
+def _initialize(endpoint, message) -> Answer:
+    params = message.params or {}
+    requested = params.get("protocolVersion")
+    if not isinstance(requested, str):
+        return _fault(400, "Invalid params: initialize needs protocolVersion",
+                      code=mcp_framing.INVALID_PARAMS, request_id=message.id)
+    # Agree to the client's version when we speak it, else counter-offer our latest.
+    version = requested if requested in SUPPORTED_PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION
+    client_info = params.get("clientInfo")
+    client_name = client_info.get("name", "") if isinstance(client_info, dict) else ""
+    session = session_transitions.open_session(
+        endpoint=endpoint, protocol_version=version,
+        client_name=client_name if isinstance(client_name, str) else "",
+    )
+    log.info("mcp session opened", extra={"endpoint": endpoint.slug, "session": session.pk[:8],
+                                          "protocol_version": version})
+    result = mcp_tools.initialize_result(endpoint, version)
+    return _json_answer(200, mcp_framing.result_envelope(message.id, result),
+                        {"Mcp-Session-Id": session.pk})
+
+
+def _dispatch(endpoint, session_id: str, message) -> dict:
+    if message.method == "ping":
+        return mcp_framing.result_envelope(message.id, {})
+    if message.method == "tools/list":
+        return mcp_framing.result_envelope(message.id, mcp_tools.list_tools_result(endpoint))
+    if message.method == "logging/setLevel":
+        # Accepted so generic clients can set it; this server sends no log notifications (its
+        # logs are operator-side, key=value, and never carry agent data), so there is nothing
+        # to filter and no level to keep.
+        level = (message.params or {}).get("level")
+        if level not in LOG_LEVELS:
+            return mcp_framing.error_envelope(message.id, mcp_framing.INVALID_PARAMS,
+                                              f"Invalid params: level must be one of {list(LOG_LEVELS)}")
+        return mcp_framing.result_envelope(message.id, {})
+    if message.method == "tools/call":
+        try:
+            result = mcp_tools.call_tool(endpoint=endpoint, session_id=session_id,
+                                         params=message.params)
+        except mcp_tools.ToolCallError as error:
+            return mcp_framing.error_envelope(message.id, error.code, error.message)
+        return mcp_framing.result_envelope(message.id, result)
+    return mcp_framing.error_envelope(message.id, mcp_framing.METHOD_NOT_FOUND,
+                                      f"Method not found: {message.method}")
+
+
+def answer_post(request: Request) -> Answer:
+    """One JSON-RPC message in, one JSON answer out (or 202 for notifications/responses)."""
+    endpoint, refusal = _authorize(request)
+    if refusal:
+        return refusal
+    if not accepts(request.header("accept"), "application/json"):
+        return _fault(406, "Not Acceptable: Accept must include application/json "
+                           "(and text/event-stream)")
+    if not _content_type_is_json(request.header("content-type")):
+        return _fault(415, "Unsupported Media Type: Content-Type must be application/json")
+    version = request.header("mcp-protocol-version")
+    if version is not None and version not in SUPPORTED_PROTOCOL_VERSIONS:
+        return _version_refusal(version)
+    try:
+        message = mcp_framing.parse_message(request.body)
+    except mcp_framing.FramingError as error:
+        return _fault(400, error.message, code=error.code, request_id=error.request_id)
+    if message.kind == "request" and message.method == "initialize":
+        return _initialize(endpoint, message)
+    if message.method == "server/discover" and not request.header("mcp-session-id"):
+        return _version_refusal(version or "unknown", message.id)
+    session_id, refusal = _live_session(request, endpoint)
+    if refusal:
+        return refusal
+    if message.kind != "request":
+        return Answer(202, headers={"Mcp-Session-Id": session_id})
+    return _json_answer(200, _dispatch(endpoint, session_id, message),
+                        {"Mcp-Session-Id": session_id})
+
+
+def answer_delete(request: Request) -> Answer:
+    """End the session; its streams (on any process) are closed by the caller's group send."""
+    endpoint, refusal = _authorize(request)
+    if refusal:
+        return refusal
+    session_id = request.header("mcp-session-id")
+    if not session_id:
+        return _fault(400, "Bad Request: Mcp-Session-Id header is required")
+    if not SESSION_ID_RE.match(session_id) or not session_transitions.terminate_session(
+            endpoint=endpoint, session_id=session_id):
+        return _fault(404, "Not Found: unknown or terminated session")
+    log.info("mcp session ended", extra={"endpoint": endpoint.slug, "session": session_id[:8]})
+    return Answer(204, terminated_session=session_id)
+
+
+def open_stream(request: Request) -> Answer:
+    """Checks for GET; on success counts the stream on the session and says which to open."""
+    endpoint, refusal = _authorize(request)
+    if refusal:
+        return refusal
+    if not accepts(request.header("accept"), "text/event-stream"):
+        return _fault(406, "Not Acceptable: Accept must include text/event-stream")
+    version = request.header("mcp-protocol-version")
+    if version is not None and version not in SUPPORTED_PROTOCOL_VERSIONS:
+        return _version_refusal(version)
+    session_id = request.header("mcp-session-id")
+    if not session_id:
+        return _fault(400, "Bad Request: Mcp-Session-Id header is required")
+    if not SESSION_ID_RE.match(session_id) or not session_transitions.attach_stream(
+            endpoint=endpoint, session_id=session_id):
+        return _fault(404, "Not Found: unknown or terminated session")
+    return Answer(200, stream_session=session_id, stream_endpoint_id=endpoint.pk)
+
+
+def keep_stream_alive(endpoint_id: int, session_id: str) -> bool:
+    """Each keep-alive also marks the session seen; False once it was terminated or expired."""
+    return session_transitions.touch_session(endpoint=endpoint_id, session_id=session_id)
+
+
+def close_stream(session_id: str) -> None:
+    session_transitions.detach_stream(session_id=session_id)
+
+
+# -- the ASGI application ------------------------------------------------------------------------
+
+
+class McpEndpoint:
+    """ASGI app for ``/mcp/<slug>``. Not an AsyncHttpConsumer: that class opens a channel-layer
+    channel for every request, a Redis round trip a POST never needs; only streams join the
+    layer, here, by hand."""
+
+    def __init__(self, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
+                 thread_sensitive: bool = False):
+        self.keepalive_seconds = keepalive_seconds
+        # Requests run their sync handler in the thread pool, not Django's one shared sync
+        # thread: they share no state but the database, and one thread would queue every
+        # agent's tool call behind the others' database round trips. In-process tests pass
+        # True so the handler sees the test's uncommitted transaction on the main thread.
+        self.thread_sensitive = thread_sensitive
+
+    def _sync(self, function):
+        return database_sync_to_async(function, thread_sensitive=self.thread_sensitive)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        headers = {}
+        for name, value in scope.get("headers", []):
+            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        request = Request(method=scope["method"].upper(),
+                          slug=scope["url_route"]["kwargs"]["slug"], headers=headers)
+        try:
+            if request.method not in ("GET", "POST", "DELETE"):
+                await _send_answer(send, _fault(405, "Method Not Allowed",
+                                                headers={"Allow": ALLOWED_METHODS}))
+                return
+            too_large = await _read_body(request, receive, settings.SWITCHBOARD_MAX_BODY_BYTES)
+            if too_large:
+                await _send_answer(send, _fault(413, "Payload Too Large"))
+                return
+            if request.method == "POST":
+                await _send_answer(send, await self._sync(answer_post)(request))
+            elif request.method == "DELETE":
+                answer = await self._sync(answer_delete)(request)
+                await _send_answer(send, answer)
+                if answer.terminated_session:
+                    await _close_session_streams(answer.terminated_session)
+            else:
+                answer = await self._sync(open_stream)(request)
+                if answer.stream_session is None:
+                    await _send_answer(send, answer)
+                else:
+                    await self._stream(answer, receive, send)
+        except Exception:
+            log.exception("mcp request failed", extra={"slug": request.slug,
+                                                       "method": request.method})
+            try:
+                await _send_answer(send, _fault(500, "Internal error",
+                                                code=mcp_framing.INTERNAL_ERROR))
+            except Exception:  # the response had already started; nothing more to say
+                pass
+
+    async def _stream(self, answer: Answer, receive, send):
+        session_id, endpoint_id = answer.stream_session, answer.stream_endpoint_id
+        layer = get_channel_layer()
+        group = session_group(session_id)
+        channel = None
+        try:
+            try:
+                channel = await layer.new_channel()
+                await layer.group_add(group, channel)
+            except Exception as exc:  # Redis down: serve keep-alives; doorbells are lossy anyway
+                log.warning("mcp stream without channel layer",
+                            extra={"session": session_id[:8], "error": type(exc).__name__})
+                channel = None
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/event-stream"),
+                (b"cache-control", b"no-cache, no-transform"),
+                (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+                (b"mcp-session-id", session_id.encode()),
+            ]})
+            # Headers go out with the first body bytes, so send some at once.
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": mcp_framing.sse_comment("switchboard stream open")
+                        + mcp_framing.sse_retry(RETRY_HINT_MS)})
+            await self._pump(session_id, endpoint_id, layer, channel, receive, send)
+        finally:
+            if channel is not None:
+                try:
+                    await layer.group_discard(group, channel)
+                except Exception:
+                    pass
+            await self._sync(close_stream)(session_id)
+
+    async def _pump(self, session_id, endpoint_id, layer, channel, receive, send):
+        disconnect = asyncio.ensure_future(receive())
+        inbound = asyncio.ensure_future(layer.receive(channel)) if channel else None
+        try:
+            while True:
+                waiting = {disconnect} | ({inbound} if inbound else set())
+                done, _ = await asyncio.wait(waiting, timeout=self.keepalive_seconds,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if disconnect in done:
+                    if disconnect.result().get("type") == "http.disconnect":
+                        return
+                    disconnect = asyncio.ensure_future(receive())
+                    continue
+                if inbound is not None and inbound in done:
+                    try:
+                        message = inbound.result()
+                    except Exception as exc:  # layer gone: keep the stream, lose doorbells
+                        log.warning("mcp stream lost its channel layer",
+                                    extra={"session": session_id[:8], "error": type(exc).__name__})
+                        inbound = None
+                        continue
+                    inbound = asyncio.ensure_future(layer.receive(channel))
+                    if message.get("type") == TERMINATE_MESSAGE_TYPE:
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        return
+                    if message.get("type") == NOTIFY_MESSAGE_TYPE:
+                        await send({"type": "http.response.body", "more_body": True,
+                                    "body": mcp_framing.sse_event(message["message"])})
+                    continue
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": mcp_framing.sse_comment("keep-alive")})
+                if not await self._sync(keep_stream_alive)(endpoint_id, session_id):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+        finally:
+            for task in (disconnect, inbound):
+                if task is not None and not task.done():
+                    task.cancel()
+
+
+async def _read_body(request: Request, receive, limit: int) -> bool:
+    """Read the whole body into ``request.body``; True (and stop reading) once it passes
+    ``limit``. A declared Content-Length over the limit is refused before reading anything."""
+    declared = request.header("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        return True
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return True
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    request.body = b"".join(chunks)
+    return False
+
+
+async def _send_answer(send, answer: Answer):
+    await send({"type": "http.response.start", "status": answer.status,
+                "headers": answer.header_list()})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+async def _close_session_streams(session_id: str):
+    try:
+        await get_channel_layer().group_send(session_group(session_id),
+                                             {"type": TERMINATE_MESSAGE_TYPE})
+    except Exception as exc:  # the stream notices at its next keep-alive (session terminated)
+        log.warning("mcp stream close not sent", extra={"session": session_id[:8],
+                                                        "error": type(exc).__name__})

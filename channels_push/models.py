@@ -1,0 +1,56 @@
+"""MCP sessions as database rows (CONTRACT §3, §6).
+
+A session lives in the database, not in a process's memory, so it survives a restart of the
+web process and any web process can serve any request of it (no sticky routing).
+"""
+
+import secrets
+
+from django.db import models
+from django.db.models import Q
+
+# 32 bytes of entropy -> 43 URL-safe characters: visible ASCII (0x21-0x7E) as the Streamable
+# HTTP spec requires of Mcp-Session-Id, and also a legal channel-layer group name suffix.
+SESSION_ID_BYTES = 32
+
+
+def mint_session_id() -> str:
+    return secrets.token_urlsafe(SESSION_ID_BYTES)
+
+
+class McpSession(models.Model):
+    id = models.CharField(primary_key=True, max_length=64, default=mint_session_id, editable=False)
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", on_delete=models.CASCADE, related_name="mcp_sessions"
+    )
+    protocol_version = models.CharField(max_length=32)
+    client_name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    terminated_at = models.DateTimeField(null=True, blank=True)
+    # Notification streams (GET) currently open on this session, across all web processes.
+    # Incremented/decremented by the stream consumer; a crashed process leaves it high, which
+    # the idle-session sweep corrects (see channels_push/sweeps.py).
+    open_streams = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            # Used by sweeps.expire_idle_sessions: live sessions by idleness.
+            models.Index(
+                fields=["last_seen_at"], name="mcp_session_live_idle",
+                condition=Q(terminated_at__isnull=True),
+            ),
+            # Attached sessions of an endpoint (the doorbell's pool, issue 5).
+            models.Index(
+                fields=["endpoint", "last_seen_at"], name="mcp_session_live_by_endpoint",
+                condition=Q(terminated_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.id[:8]}… ({self.endpoint_id})"
+
+    @property
+    def live(self) -> bool:
+        return self.terminated_at is None

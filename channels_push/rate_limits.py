@@ -1,0 +1,140 @@
+"""Per-key token buckets: the per-credential MCP limit (and any other caller's).
+
+A bucket holds up to ``per_minute`` tokens and refills continuously at ``per_minute`` per
+minute; each request takes one. A denied request learns how long until the next token
+(``Retry-After``).
+
+Where the buckets live:
+
+* ``REDIS_URL`` set (production, several web processes): in Redis, updated by one Lua script
+  so concurrent processes never double-spend a token, timed by Redis's own clock so process
+  clocks do not matter.
+* unset (embedded default, one process): in this process's memory.
+
+Redis down or slow: the request is allowed (fail open) and the failure logged. A rate limit
+protects capacity; refusing every agent because Redis blinked would be the larger outage.
+"""
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+
+log = logging.getLogger("switchboard.rate_limits")
+
+# One round trip must not hold a request up for long when Redis is unreachable.
+REDIS_TIMEOUT_SECONDS = 0.25
+# Cap on in-process buckets: keys are credential digests, so this is a memory bound, not a
+# policy; the least recently used are forgotten (a forgotten bucket starts full again).
+MAX_LOCAL_BUCKETS = 10_000
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    retry_after_seconds: int = 0
+
+
+def refill_bucket(tokens: float, last_ms: float, now_ms: float, *, per_minute: int):
+    """Pure token-bucket step: returns (allowed, tokens_after, wait_ms)."""
+    capacity = float(per_minute)
+    rate_per_ms = per_minute / 60_000.0
+    tokens = min(capacity, tokens + max(0.0, now_ms - last_ms) * rate_per_ms)
+    if tokens >= 1.0:
+        return True, tokens - 1.0, 0.0
+    return False, tokens, (1.0 - tokens) / rate_per_ms
+
+
+def _decision(allowed: bool, wait_ms: float) -> Decision:
+    return Decision(allowed, 0 if allowed else max(1, math.ceil(wait_ms / 1000.0)))
+
+
+# -- Redis -------------------------------------------------------------------------------------
+
+# KEYS[1] bucket hash; ARGV[1] per_minute. Returns {allowed, wait_ms}. The same arithmetic as
+# refill_bucket, in one atomic script.
+_TAKE_TOKEN_LUA = """
+local capacity = tonumber(ARGV[1])
+local rate = capacity / 60000.0
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(state[1]) or capacity
+local ts = tonumber(state[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
+local allowed = 0
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+else
+  wait = math.ceil((1 - tokens) / rate)
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil(60000 * (capacity - tokens) / capacity) + 1000)
+return {allowed, wait}
+"""
+
+_redis_lock = threading.Lock()
+_redis_client = None
+_take_token_script = None
+
+
+def _redis():
+    global _redis_client, _take_token_script
+    with _redis_lock:
+        if _redis_client is None:
+            _redis_client = redis.Redis.from_url(
+                settings.REDIS_URL, socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+                socket_timeout=REDIS_TIMEOUT_SECONDS,
+            )
+            _take_token_script = _redis_client.register_script(_TAKE_TOKEN_LUA)
+        return _take_token_script
+
+
+def _redis_key(scope: str, key: str) -> str:
+    prefix = getattr(settings, "CHANNEL_LAYERS", {}).get("default", {}).get("CONFIG", {}).get(
+        "prefix", "sb")
+    return f"{prefix}:ratelimit:{scope}:{key}"
+
+
+# -- in-process --------------------------------------------------------------------------------
+
+_local_lock = threading.Lock()
+_local_buckets: dict[str, tuple[float, float]] = {}
+
+
+def _take_local(bucket_key: str, per_minute: int) -> Decision:
+    now_ms = time.monotonic() * 1000.0
+    with _local_lock:
+        tokens, last_ms = _local_buckets.pop(bucket_key, (float(per_minute), now_ms))
+        allowed, tokens, wait_ms = refill_bucket(tokens, last_ms, now_ms, per_minute=per_minute)
+        _local_buckets[bucket_key] = (tokens, now_ms)  # re-insert: dict order is recency
+        while len(_local_buckets) > MAX_LOCAL_BUCKETS:
+            _local_buckets.pop(next(iter(_local_buckets)))
+    return _decision(allowed, wait_ms)
+
+
+def reset_local_buckets() -> None:
+    with _local_lock:
+        _local_buckets.clear()
+
+
+def take_token(scope: str, key: str, *, per_minute: int) -> Decision:
+    """Spend one request of ``key``'s budget in ``scope`` (e.g. "mcp", credential digest).
+    ``key`` is hashed again so a secret never becomes a Redis key."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    if not settings.REDIS_URL:
+        return _take_local(f"{scope}:{digest}", per_minute)
+    try:
+        allowed, wait_ms = _redis()(keys=[_redis_key(scope, digest)], args=[per_minute])
+    except redis.RedisError as exc:
+        log.warning("rate limit check failed open", extra={"scope": scope,
+                                                           "error": type(exc).__name__})
+        return Decision(True)
+    return _decision(bool(allowed), float(wait_ms))

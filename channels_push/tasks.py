@@ -1,0 +1,10 @@
+"""Celery wrappers: each task calls one sweep function and nothing else."""
+
+from celery import shared_task
+
+from . import sweeps
+
+
+@shared_task(name="channels_push.tasks.expire_idle_sessions")
+def expire_idle_sessions():
+    return sweeps.expire_idle_sessions()

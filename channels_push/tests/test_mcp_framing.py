@@ -1,0 +1,66 @@
+import json
+
+import pytest
+
+from channels_push import mcp_framing as framing
+
+
+def test_parse_request_notification_and_response():
+    request = framing.parse_message(b'{"jsonrpc":"2.0","id":7,"method":"ping"}')
+    assert (request.kind, request.method, request.id) == ("request", "ping", 7)
+    note = framing.parse_message(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+    assert note.kind == "notification" and note.id is None
+    response = framing.parse_message(b'{"jsonrpc":"2.0","id":"a","result":{}}')
+    assert response.kind == "response"
+
+
+@pytest.mark.parametrize("body, code", [
+    (b"{not json", framing.PARSE_ERROR),
+    (b"\xff\xfe", framing.PARSE_ERROR),
+    (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', framing.INVALID_REQUEST),
+    (b'"ping"', framing.INVALID_REQUEST),
+    (b"42", framing.INVALID_REQUEST),
+    (b'{"jsonrpc":"1.0","id":1,"method":"ping"}', framing.INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":1,"method":5}', framing.INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}', framing.INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', framing.INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":true,"method":"ping"}', framing.INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":1}', framing.INVALID_REQUEST),
+])
+def test_malformed_messages_raise_the_jsonrpc_code(body, code):
+    with pytest.raises(framing.FramingError) as raised:
+        framing.parse_message(body)
+    assert raised.value.code == code
+
+
+def test_framing_error_keeps_a_readable_id():
+    with pytest.raises(framing.FramingError) as raised:
+        framing.parse_message(b'{"jsonrpc":"1.0","id":"r1","method":"ping"}')
+    assert raised.value.request_id == "r1"
+
+
+def test_error_envelope_keeps_null_id():
+    envelope = framing.error_envelope(None, -32700, "Parse error")
+    assert envelope == {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}}
+
+
+def test_result_envelope_drops_modern_only_fields():
+    import mcp.types as types
+
+    envelope = framing.result_envelope(3, types.ListToolsResult(tools=[]))
+    assert envelope == {"jsonrpc": "2.0", "id": 3, "result": {"tools": []}}
+
+
+def test_sse_event_is_one_data_line_even_with_newlines_in_strings():
+    frame = framing.sse_event(framing.notification_envelope("notifications/x", {"content": "a\nb"}))
+    text = frame.decode()
+    assert text.endswith("\n\n")
+    lines = text.strip("\n").split("\n")
+    assert lines[0] == "event: message"
+    assert lines[1].startswith("data: ")
+    assert json.loads(lines[1][len("data: "):])["params"]["content"] == "a\nb"
+
+
+def test_sse_comment_and_retry_lines():
+    assert framing.sse_comment("two\nlines") == b": two lines\n\n"
+    assert framing.sse_retry(3000) == b"retry: 3000\n\n"

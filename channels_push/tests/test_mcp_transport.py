@@ -1,0 +1,340 @@
+"""Protocol behaviour of /mcp/<slug>, in-process through the real ASGI application."""
+
+import json
+
+import pytest
+from django.test import override_settings
+from hypothesis import HealthCheck, given, settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from channels_push import mcp_framing, mcp_transport, rate_limits
+from channels_push.models import McpSession
+from channels_push.tests.conftest import McpDriver
+from todos import transitions
+from todos.models import Todo, TodoEvent
+
+
+def error_code(reply):
+    return reply.json["error"]["code"]
+
+
+# -- initialize ----------------------------------------------------------------------------------
+
+
+def test_initialize_mints_a_session_row_and_answers_per_contract(mcp):
+    reply = mcp.initialize()
+    result = reply.json["result"]
+    assert reply.status == 200
+    assert result["protocolVersion"] == "2025-11-25"
+    assert result["capabilities"]["tools"] == {}
+    assert result["capabilities"]["logging"] == {}
+    assert result["capabilities"]["experimental"] == {"claude/channel": {}}
+    assert result["serverInfo"]["name"] == "switchboard"
+    instructions = result["instructions"]
+    assert len(instructions) <= 2048
+    assert "300 seconds" in instructions
+    assert "meta.todo_id" in instructions and "digest" in instructions
+    assert "claim_next" in instructions and "<channel>" in instructions
+    session = McpSession.objects.get(pk=mcp.session_id)
+    assert session.endpoint_id == mcp.endpoint.pk
+    assert session.protocol_version == "2025-11-25"
+    assert session.client_name == "pytest"
+    assert all(0x21 <= ord(ch) <= 0x7E for ch in session.pk)
+
+
+def test_instructions_name_the_endpoints_own_lease(vend):
+    endpoint, credential = vend(slug="slow-agent", default_lease_seconds=900)
+    reply = McpDriver(endpoint.slug, credential).initialize()
+    assert "900 seconds" in reply.json["result"]["instructions"]
+
+
+@pytest.mark.parametrize("offered, agreed", [
+    ("2025-03-26", "2025-03-26"), ("2025-06-18", "2025-06-18"), ("2024-11-05", "2025-11-25"),
+    ("2099-01-01", "2025-11-25"),
+])
+def test_initialize_negotiates_a_supported_version(mcp, offered, agreed):
+    reply = mcp.initialize(protocolVersion=offered)
+    assert reply.json["result"]["protocolVersion"] == agreed
+    assert McpSession.objects.get(pk=mcp.session_id).protocol_version == agreed
+
+
+def test_initialize_without_protocol_version_is_invalid_params(mcp):
+    reply = mcp.rpc("initialize", {"capabilities": {}})
+    assert reply.status == 400 and error_code(reply) == mcp_framing.INVALID_PARAMS
+    assert not McpSession.objects.exists()
+
+
+def test_ping_and_tools_list(mcp):
+    mcp.initialize()
+    assert mcp.rpc("ping").json == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    tools = mcp.rpc("tools/list").json["result"]["tools"]
+    names = [tool["name"] for tool in tools]
+    assert names == ["list_todos", "claim", "claim_next", "heartbeat", "complete", "fail",
+                     "release", "read_secret"]
+    assert all(tool["inputSchema"]["type"] == "object" and tool["description"] for tool in tools)
+
+
+def test_logging_set_level_is_accepted_and_validated(mcp):
+    mcp.initialize()
+    assert mcp.rpc("logging/setLevel", {"level": "warning"}).json["result"] == {}
+    assert error_code(mcp.rpc("logging/setLevel", {"level": "loud"})) == -32602
+
+
+def test_tools_list_shows_only_allowed_verbs(vend):
+    endpoint, credential = vend(slug="narrow", verbs=["claim_next", "complete"])
+    driver = McpDriver(endpoint.slug, credential)
+    driver.initialize()
+    assert [t["name"] for t in driver.rpc("tools/list").json["result"]["tools"]] == [
+        "claim_next", "complete"]
+
+
+# -- protocol faults: none of them a 500 ---------------------------------------------------------
+
+
+def test_missing_bearer_is_401_with_challenge(mcp):
+    reply = mcp.rpc("initialize", {}, authorization=None)
+    assert reply.status == 401
+    assert reply.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_wrong_bearer_is_401(mcp):
+    reply = mcp.rpc("ping", authorization="Bearer sbk_not-a-real-one")
+    assert reply.status == 401 and reply.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_valid_bearer_on_another_endpoints_url_is_401(mcp, vend):
+    other, _ = vend(slug="other-agent")
+    reply = mcp.request("POST", json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode(),
+                        path=f"/mcp/{other.slug}")
+    assert reply.status == 401
+
+
+def test_session_of_another_endpoint_is_404(mcp, vend):
+    other, other_credential = vend(slug="other-agent")
+    theirs = McpDriver(other.slug, other_credential)
+    theirs.initialize()
+    mcp.session_id = theirs.session_id
+    assert mcp.rpc("ping").status == 404
+    assert mcp.request("GET", accept="text/event-stream").status == 404
+    assert mcp.request("DELETE").status == 404
+    assert McpSession.objects.get(pk=theirs.session_id).terminated_at is None
+
+
+def test_missing_session_is_400_and_unknown_is_404(mcp):
+    assert mcp.rpc("ping").status == 400
+    mcp.session_id = "no-such-session"
+    assert mcp.rpc("ping").status == 404
+    mcp.session_id = "bad id with spaces"
+    assert mcp.rpc("ping").status == 404
+
+
+def test_parse_error_batch_and_non_object(mcp):
+    mcp.initialize()
+    reply = mcp.post(b"{oops")
+    assert reply.status == 400 and error_code(reply) == -32700 and reply.json["id"] is None
+    batch = mcp.post([{"jsonrpc": "2.0", "id": 1, "method": "ping"}])
+    assert batch.status == 400 and error_code(batch) == -32600
+    assert error_code(mcp.post(b'"ping"')) == -32600
+    assert error_code(mcp.post(b"null")) == -32600
+
+
+def test_unknown_method_is_32601(mcp):
+    mcp.initialize()
+    reply = mcp.rpc("resources/list", request_id="r-9")
+    assert reply.status == 200
+    assert reply.json["id"] == "r-9" and error_code(reply) == -32601
+
+
+def test_unknown_tool_and_bad_arguments_are_32602(mcp):
+    mcp.initialize()
+    assert error_code(mcp.rpc("tools/call", {"name": "drop_table"})) == -32602
+    assert error_code(mcp.rpc("tools/call", {"name": "claim", "arguments": {}})) == -32602
+    assert error_code(mcp.rpc("tools/call", {"name": "claim",
+                                             "arguments": {"todo_id": ["1"]}})) == -32602
+    assert error_code(mcp.rpc("tools/call", {"name": "claim", "arguments": "1"})) == -32602
+    assert error_code(mcp.rpc("tools/call", {"name": "claim_next",
+                                             "arguments": {"surprise": 1}})) == -32602
+
+
+def test_bad_accept_is_406(mcp):
+    mcp.initialize()
+    assert mcp.rpc("ping", accept="text/html").status == 406
+    assert mcp.rpc("ping", accept=None).status == 406
+    assert mcp.rpc("ping", accept="application/json;q=0").status == 406
+    assert mcp.rpc("ping", accept="*/*").status == 200
+    assert mcp.request("GET", accept="application/json").status == 406
+
+
+def test_wrong_content_type_is_415(mcp):
+    mcp.initialize()
+    assert mcp.rpc("ping", content_type="text/plain").status == 415
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example.com", "null", "file://x",
+                                    "http://127.0.0.1.evil.example.com:8000"])
+def test_foreign_origin_is_403(mcp, origin):
+    assert mcp.rpc("initialize", {}, origin=origin).status == 403
+    assert not McpSession.objects.exists()
+
+
+@pytest.mark.parametrize("origin", ["http://localhost:5173", "http://127.0.0.1:8000",
+                                    "https://switchboard.example.org"])
+@override_settings(SWITCHBOARD_PUBLIC_URL="https://switchboard.example.org")
+def test_local_and_public_origins_are_allowed(mcp, origin):
+    assert mcp.rpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                  "clientInfo": {"name": "x", "version": "1"}},
+                   origin=origin).status == 200
+
+
+def test_unsupported_protocol_version_header_is_400(mcp):
+    mcp.initialize()
+    reply = mcp.rpc("ping", mcp_protocol_version="1999-01-01")
+    assert reply.status == 400
+    assert error_code(reply) == mcp_framing.UNSUPPORTED_PROTOCOL_VERSION
+    assert reply.json["error"]["data"]["supported"] == list(mcp_transport.SUPPORTED_PROTOCOL_VERSIONS)
+    assert mcp.rpc("ping", mcp_protocol_version="2025-06-18").status == 200
+
+
+def test_probe_for_the_sessionless_era_is_answered_so_clients_fall_back(mcp):
+    reply = mcp.rpc("server/discover", {}, mcp_protocol_version="2026-07-28")
+    assert reply.status == 400
+    assert error_code(reply) == -32022
+    assert "2025-11-25" in reply.json["error"]["data"]["supported"]
+    # The same probe without the header (an older probe shape) gets the same answer.
+    assert error_code(mcp.rpc("server/discover", {})) == -32022
+
+
+def test_notifications_and_responses_are_202(mcp):
+    mcp.initialize()
+    assert mcp.post({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                     "params": {"requestId": 1}}).status == 202
+    assert mcp.post({"jsonrpc": "2.0", "id": 5, "result": {}}).status == 202
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "OPTIONS", "HEAD"])
+def test_other_methods_are_405_with_allow(mcp, method):
+    reply = mcp.request(method)
+    assert reply.status == 405
+    assert reply.headers["allow"] == "GET, POST, DELETE"
+
+
+@override_settings(SWITCHBOARD_MAX_BODY_BYTES=200)
+def test_body_over_the_cap_is_413(mcp):
+    reply = mcp.rpc("initialize", {"padding": "x" * 300})
+    assert reply.status == 413
+    assert not McpSession.objects.exists()
+
+
+@override_settings(SWITCHBOARD_MCP_RATE_PER_MINUTE=3)
+def test_rate_limit_is_per_credential_with_retry_after(mcp, vend):
+    mcp.initialize()  # initialize + initialized notification: two tokens
+    assert mcp.rpc("ping").status == 200
+    limited = mcp.rpc("ping")
+    assert limited.status == 429
+    assert int(limited.headers["retry-after"]) >= 1
+    other, credential = vend(slug="other-agent")
+    assert McpDriver(other.slug, credential).rpc("ping").status == 400  # its own budget
+
+
+def test_trailing_slash_is_served_without_redirect(mcp):
+    reply = mcp.request("POST", json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                            "params": {"protocolVersion": "2025-11-25"}}).encode(),
+                        path=f"/mcp/{mcp.slug}/")
+    assert reply.status == 200
+
+
+def test_delete_ends_the_session(mcp):
+    mcp.initialize()
+    assert mcp.request("DELETE").status == 204
+    assert McpSession.objects.get(pk=mcp.session_id).terminated_at is not None
+    assert mcp.rpc("ping").status == 404
+    assert mcp.request("DELETE").status == 404
+    assert mcp.request("GET", accept="text/event-stream").status == 404
+
+
+def test_tool_refusal_is_a_result_not_an_error(mcp):
+    mcp.initialize()
+    reply = mcp.call("claim", {"todo_id": "424242"})
+    result = reply["result"]
+    assert result["isError"] is True
+    assert result["structuredContent"] == {"error": {"code": "not_found",
+                                                     "message": "no todo 424242"}}
+    assert json.loads(result["content"][0]["text"]) == result["structuredContent"]
+
+
+def test_a_bearer_never_reaches_the_logs(mcp, caplog):
+    mcp.initialize()
+    mcp.rpc("ping", authorization="Bearer sbk_wrong-secret-value")
+    mcp.call("claim_next")
+    assert mcp.credential not in caplog.text
+    assert "sbk_wrong-secret-value" not in caplog.text
+
+
+# -- fuzz ----------------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6),
+                                                                      children, max_size=3),
+    max_leaves=8,
+)
+methods = st.sampled_from(["ping", "tools/list", "tools/call", "claim", "server/discover",
+                           "notifications/initialized", "resources/list", ""]) | st.text(max_size=12)
+tool_calls = st.fixed_dictionaries({
+    "name": st.sampled_from(["claim", "claim_next", "complete", "fail", "release", "list_todos",
+                             "heartbeat", "read_secret", "nope"]),
+    "arguments": st.dictionaries(st.sampled_from(["todo_id", "lease_id", "queues", "limit", "x"]),
+                                 json_values, max_size=3) | json_values,
+})
+messages = st.fixed_dictionaries(
+    {},
+    optional={"jsonrpc": st.sampled_from(["2.0", "1.0"]) | json_values,
+              "id": st.integers() | st.text(max_size=5) | json_values,
+              "method": methods, "params": tool_calls | json_values,
+              "result": json_values, "error": json_values},
+)
+bodies = messages.map(lambda m: json.dumps(m).encode()) | st.binary(max_size=64) | \
+    json_values.map(lambda v: json.dumps(v).encode())
+sessions = st.sampled_from([None, "unknown-session", "x" * 80, "\u00e9t\u00e9"])
+
+
+@hypothesis_settings(max_examples=120, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=bodies, session=sessions)
+def test_random_jsonrpc_bodies_never_500_and_change_nothing_without_a_session(mcp, body, session):
+    if not Todo.objects.filter(endpoint=mcp.endpoint).exists():
+        transitions.create_todo(endpoint=mcp.endpoint, queue="inbox", title="t",
+                                          actor="test")
+    events_before = TodoEvent.objects.count()
+    sessions_before = McpSession.objects.count()
+    mcp.session_id = session if session is None or session.isascii() else None
+    reply = mcp.post(body)
+    assert reply.status < 500
+    assert reply.status in (200, 400, 404)
+    if reply.status == 200:  # only initialize can succeed without a session
+        assert json.loads(body)["method"] == "initialize"
+        McpSession.objects.filter(endpoint=mcp.endpoint).delete()
+    assert TodoEvent.objects.count() == events_before
+    assert McpSession.objects.count() == sessions_before
+    assert set(Todo.objects.values_list("state", flat=True)) == {"pending"}
+
+
+def test_rate_limit_fails_open_when_redis_is_down(monkeypatch, settings):
+    import redis as redis_lib
+
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    dead = redis_lib.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.2)
+    monkeypatch.setattr(rate_limits, "_redis_client", dead)
+    monkeypatch.setattr(rate_limits, "_take_token_script",
+                        dead.register_script(rate_limits._TAKE_TOKEN_LUA))
+    for _ in range(3):
+        assert rate_limits.take_token("mcp", "k", per_minute=1).allowed
+
+
+def test_the_asgi_application_routes_mcp_to_the_endpoint_in_the_thread_pool():
+    from switchboard.asgi import http_routes
+
+    route = http_routes[0]
+    assert route.pattern.regex.pattern == mcp_transport.ROUTE_PATTERN
+    assert isinstance(route.callback, mcp_transport.McpEndpoint)
+    assert route.callback.thread_sensitive is False

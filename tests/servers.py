@@ -1,0 +1,130 @@
+"""A real daphne process on the test database, for end-to-end tests (reusable).
+
+    @pytest.mark.django_db(transaction=True)
+    def test_something(daphne_server):
+        httpx.get(daphne_server.url + "/healthz")
+
+* ``daphne_server`` (module-scoped) starts ``daphne switchboard.asgi:application`` on a free
+  port of 127.0.0.1 and returns once ``GET /healthz`` answers 200 (polled with a deadline).
+  ``.url`` is its base URL; ``.restart()`` stops it (SIGTERM) and starts it again on the same
+  port — the way to show that state lives in the database, not in the process; ``.log_text()``
+  returns what it printed so far (e.g. to assert no bearer was logged).
+* The subprocess connects to the *test* database pytest-django created (its name is read from
+  the live connection settings), the same Redis (``REDIS_URL``) and channel-layer prefix
+  (``CHANNEL_PREFIX``) as the test process. It has its own connection, so it only sees
+  committed rows: tests that use it must be ``@pytest.mark.django_db(transaction=True)``
+  (rows are committed, and the tables are flushed after each test).
+* Extra settings for the subprocess: ``DaphneServer(env={"SWITCHBOARD_...": "..."})``, or
+  ``start_daphne(**env)`` inside a test for a function-scoped server.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import processes
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+READY_DEADLINE_SECONDS = 30.0
+STOP_DEADLINE_SECONDS = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DaphneServer:
+    def __init__(self, *, env=None, port=None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "switchboard.settings",
+            "DATABASE_URL": processes.children_database_url(),
+            "SECRET_KEY": os.environ.get("SECRET_KEY", "test-secret-key-not-for-production"),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        from django.conf import settings
+
+        if settings.REDIS_URL:
+            self.env.setdefault("REDIS_URL", settings.REDIS_URL)
+        self._log = tempfile.NamedTemporaryFile(prefix="daphne-", suffix=".log", delete=False)
+        self.process = None
+
+    def start(self):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+             "switchboard.asgi:application"],
+            cwd=REPO_ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        self.wait_ready()
+        return self
+
+    def wait_ready(self):
+        self.wait_ready_at(self.url, self.process, log=self.log_text)
+
+    @staticmethod
+    def wait_ready_at(url, process, *, log=lambda: ""):
+        """Poll ``url``/healthz until it answers 200, with a deadline; fail early if
+        ``process`` exits."""
+        deadline = time.monotonic() + READY_DEADLINE_SECONDS
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode}:\n{log()}")
+            try:
+                if httpx.get(url + "/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)  # poll interval, bounded by the deadline above
+        raise RuntimeError(f"server not ready after {READY_DEADLINE_SECONDS}s:\n{log()}")
+
+    def stop(self):
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(STOP_DEADLINE_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self):
+        self.stop()
+        return self.start()
+
+    def log_text(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def daphne_server(django_db_setup):
+    server = DaphneServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def start_daphne(django_db_setup):
+    """Factory for a function-scoped server with extra environment: ``start_daphne(X="1")``."""
+    servers = []
+
+    def start(**env):
+        server = DaphneServer(env=env).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
