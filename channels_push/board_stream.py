@@ -144,13 +144,12 @@ class BoardStreamConsumer(AsyncConsumer):
         if user is None or not user.is_authenticated:
             await self.send_whole(403, b"sign in to watch the board\n")
             raise StopConsumer()
-        query = dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1")))
         from todos import queries
 
-        self.filters = queries.board_filters_from(query)
-        board_url = reverse("todos-board")
         query_string = self.scope.get("query_string", b"").decode("latin-1")
-        self.next_url = board_url + (f"?{query_string}" if query_string else "")
+        self.filters = queries.board_filters_from(dict(parse_qsl(query_string)))
+        # Buttons on streamed rows return to the same filtered board.
+        self.next_url = reverse("todos-board") + (f"?{query_string}" if query_string else "")
         self.viewer = await database_sync_to_async(find_viewer)(user)
 
         await self.send({
