@@ -1,7 +1,9 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path, re_path
 
+from ingest import views as ingest_views
 from todos import views as todo_views
 
 from . import health
@@ -10,6 +12,10 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
+    # ingest (§5): any slug text is captured so that an unknown one gets ingest's JSON 404.
+    re_path(r"^hooks/(?P<webhook_slug>[^/]+)/?$", ingest_views.receive_hook, name="receive_hook"),
+    re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
+            name="hand_over"),
     # -- operator console (issue 7); /todos/events is the SSE consumer routed in asgi.py --
     path("accounts/login/", todo_views.LoginView.as_view(), name="board-login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="board-login"), name="board-logout"),
@@ -20,3 +26,6 @@ urlpatterns = [
     path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
     path("metrics", todo_views.metrics, name="metrics"),
 ]
+
+if settings.OIDC_ENABLED:
+    urlpatterns.append(path("oidc/", include("mozilla_django_oidc.urls")))

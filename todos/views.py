@@ -35,7 +35,7 @@ BOARD_SCRIPT = Path(__file__).resolve().parent / "static" / "todos" / "board.js"
 
 def oidc_login_url():
     """The OIDC sign-in URL when OIDC is configured (settings may not define it yet)."""
-    if not getattr(settings, "OIDC_RP_CLIENT_ID", None):
+    if not getattr(settings, "OIDC_ENABLED", False):
         return None
     try:
         return reverse("oidc_authentication_init")

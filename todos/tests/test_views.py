@@ -48,7 +48,7 @@ def test_oidc_button_needs_both_settings_and_routes(settings):
     from todos import views
 
     assert views.oidc_login_url() is None
-    settings.OIDC_RP_CLIENT_ID = "switchboard"
+    settings.OIDC_ENABLED = True
     # Configured but its URLs not mounted: still no button rather than a broken link.
     assert views.oidc_login_url() is None
 
