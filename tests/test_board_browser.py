@@ -1,24 +1,28 @@
 """The Todos board in a real browser (Debian's chromium through Playwright) against daphne.
 
-A todo created by the test appears live with its trust badge, changes made by an agent show
-without a reload, the operator claims and completes it with the buttons, and the todo page
-shows the history. Screenshots land in the test's tmp dir.
+A signed GitHub webhook delivered by the test appears live with its trust badge, changes made
+by an agent show without a reload, the operator claims and completes it with the buttons, and
+the todo page shows the history. A second test drops the server under a connected board and
+checks that it catches up. Screenshots land in the test's tmp dir."""
 
-The todo is created with ``transitions.create_todo(trust="signed")`` while the webhook ingest
-is built in parallel; once ``/hooks/<slug>`` exists this should deliver a signed webhook.
-"""
-
+import hashlib
+import hmac
+import json
 import os
 import threading
+import uuid
 from pathlib import Path
+
+import httpx
 
 import pytest
 from django.db import connection
 
 from tests.factories import EndpointFactory, UserFactory
+from ingest import transitions as ingest_transitions
 from tests.servers import DaphneServer
 from todos import transitions
-from todos.models import Trust
+from todos.models import Todo, Trust
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -80,9 +84,25 @@ def sign_in(page, base_url, username="alice"):
     page.wait_for_selector("#board[data-synced]")  # first re-sync done: subscribed
 
 
+def deliver_github_issue(base_url, webhook_slug, secret, title):
+    """POST a signed GitHub ``issues.opened`` delivery, as GitHub would; returns the todo id."""
+    body = json.dumps({"action": "opened", "issue": {"number": 7, "title": title},
+                       "repository": {"full_name": "acme/widgets"}}).encode()
+    signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    response = httpx.post(f"{base_url}/hooks/{webhook_slug}", content=body, timeout=30, headers={
+        "Content-Type": "application/json", "X-GitHub-Event": "issues",
+        "X-GitHub-Delivery": str(uuid.uuid4()), "X-Hub-Signature-256": f"sha256={signature}",
+    })
+    assert response.status_code == 202, response.text
+    (routed,) = response.json()["todos"]
+    return int(routed["id"])
+
+
 def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_daphne, tmp_path):
     alice = UserFactory(username="alice")
     endpoint = EndpointFactory(slug="agent", owner=alice)
+    webhook, secret = ingest_transitions.create_webhook(slug="widgets", owner=alice, source="github")
+    ingest_transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="inbox")
     bob = UserFactory(username="bob")
     bobs = EndpointFactory(slug="bobs", owner=bob)
     agent = transitions.Caller.agent(endpoint, "session-a")
@@ -97,9 +117,8 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
 
             in_thread(transitions.create_todo, endpoint=bobs, queue="inbox",
                       title="bob's todo must not show", actor="test", trust=Trust.SIGNED)
-            todo, _ = in_thread(transitions.create_todo, endpoint=endpoint, queue="inbox",
-                                title="Deploy the release", actor="test", trust=Trust.SIGNED,
-                                payload={"ref": "v1.2.3", "token": {"$secret": "sec_1"}})
+            todo_pk = deliver_github_issue(live_daphne.url, "widgets", secret, "Deploy the release")
+            todo = in_thread(Todo.objects.get, pk=todo_pk)
             row = page.locator(f"#todo-{todo.pk}")
             row.wait_for()
             assert row.locator(".badge.trust").inner_text() == "signed"
@@ -131,7 +150,8 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
             actions = [history.nth(i).locator("td").nth(1).inner_text() for i in range(history.count())]
             assert actions == ["create", "claim", "release", "claim", "complete"]
             assert history.nth(4).locator("td").nth(4).inner_text() == "alice"
-            assert '"$secret": "sec_1"' in page.locator("#payload").inner_text()
+            assert '"full_name": "acme/widgets"' in page.locator("#payload").inner_text()
+            assert "acme/widgets#7 opened: Deploy the release" in page.locator("h1").inner_text()
             page.screenshot(path=str(tmp_path / "todo.png"), full_page=True)
         finally:
             browser.close()
