@@ -71,8 +71,10 @@ class Endpoint(models.Model):
         bad = [n for n in self.scope if n != ALL_QUEUES and not re.match(QUEUE_NAME_RE, str(n))]
         if bad:
             raise ValidationError({"scope": f"bad queue names {bad}: {queue_name_validator.message}"})
-        unknown = set(self.verbs or []) - set(AGENT_VERBS)
-        if not isinstance(self.verbs, list) or unknown:
+        if not isinstance(self.verbs, list) or not self.verbs:
+            raise ValidationError({"verbs": "at least one verb (an allowlist never means 'all')"})
+        unknown = set(self.verbs) - set(AGENT_VERBS)
+        if unknown:
             raise ValidationError({"verbs": f"unknown verbs: {sorted(unknown)}"})
         if self.max_attempts < 1:
             raise ValidationError({"max_attempts": "at least 1"})

@@ -23,6 +23,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from endpoints import queries as endpoint_queries
+from switchboard import json_input
 
 from . import queries, transitions
 from .models import State, Todo
@@ -129,9 +130,9 @@ def _parse_result(text: str):
     if not text:
         return None
     try:
-        return json.loads(text)
+        return json_input.loads_strict(text)
     except ValueError:
-        return text
+        return text  # not JSON (or NaN, Infinity…): kept as the text the operator typed
 
 
 def _lease_seconds(text: str):
