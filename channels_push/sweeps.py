@@ -7,8 +7,9 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from . import mcp_transport
+from . import doorbells, mcp_transport
 from . import transitions as session_transitions
+from .models import McpSession
 
 # One pass ends at most this many idle sessions: agents open a handful of sessions each, so
 # even a fleet's worth of abandoned sessions clears in a few passes of short statements.
@@ -29,8 +30,42 @@ def expire_idle_sessions(*, now=None) -> int:
     )
 
 
+# -- the doorbell heartbeat (CONTRACT §7, SPEC-0011 "Doorbell Heartbeat") -------------------------
+
+# The re-ring backoff, indexed by ring_attempts (0 → 5 min, 1 → 20 min, 2 → 1 h, ≥ 3 → 6 h),
+# counted from last_ringed_at (a ring or a digest), else from creation.
+RING_SCHEDULE = (timedelta(minutes=5), timedelta(minutes=20), timedelta(hours=1),
+                 timedelta(hours=6))
+# Rings per sweep (SPEC-0011 fixes it at 3): a wake-up nudge, not a delivery path; an agent
+# that is awake drains by pull, so more rings would only add noise to its session.
+RINGS_PER_SWEEP = 3
+
+
+def find_ring_receivers(*, now) -> list[int]:
+    """Endpoints that can receive a ring now: active, with at least one attached (live) session
+    — with or without an open stream: the doorbell falls back to a streamless session, and a
+    push dropped at the transport still counts (SPEC-0011)."""
+    return list(
+        McpSession.objects.filter(terminated_at__isnull=True, endpoint__active=True)
+        .values_list("endpoint_id", flat=True).distinct()
+    )
+
+
+def ring_due_todos(*, now=None) -> int:
+    """One heartbeat sweep: ring at most RINGS_PER_SWEEP due todos, round-robin across the
+    endpoints that can receive them, charging each its ring in the statement that selects it.
+    Safe when two sweeps overlap (the statement re-checks each row). Returns how many rang."""
+    now = now or timezone.now()
+    rung = session_transitions.record_sweep_rings(
+        endpoint_ids=find_ring_receivers(now=now), schedule=RING_SCHEDULE,
+        limit=RINGS_PER_SWEEP, now=now)
+    doorbells.ring_on_commit(rung)
+    return len(rung)
+
+
 # The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
 # switchboard/celery.py names the same cadence).
 EMBEDDED_SWEEPS = [
     (expire_idle_sessions, 60.0),
+    (ring_due_todos, 30.0),
 ]

@@ -26,4 +26,7 @@ app.conf.beat_schedule = {
     # the same pass zeroes stream counts left by a crashed web process (45 s of silence).
     "expire-idle-mcp-sessions": {"task": "channels_push.tasks.expire_idle_sessions",
                                  "schedule": 60.0},
+    # §7: doorbell heartbeat; the shortest re-ring interval is 5 min and a sweep rings at
+    # most 3 todos, so every 30 s keeps a first re-ring within a tenth of its interval.
+    "ring-due-doorbells": {"task": "channels_push.tasks.ring_due_todos", "schedule": 30.0},
 }
