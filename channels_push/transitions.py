@@ -191,12 +191,17 @@ def record_reconnect_rings(*, endpoint_id: int, limit: int, now=None):
     guard = ("state = 'pending' AND ring_attempts < %(max_rings)s"
              " AND (last_ringed_at IS NULL OR last_ringed_at <= %(cooled)s)")
     lock = " FOR UPDATE SKIP LOCKED" if _postgres() else ""
+    # MATERIALIZED: PostgreSQL may re-run an ``IN (… LIMIT n FOR UPDATE SKIP LOCKED)``
+    # sub-select during the semi-join and then update more than n rows; a materialized CTE is
+    # evaluated exactly once.
     sql = (
-        "UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
-        " WHERE id IN (SELECT p.id FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s"
-        f" AND {_eligible_sql('p')}{scope} AND p.ring_attempts < %(max_rings)s"
+        "WITH picked AS MATERIALIZED (SELECT p.id FROM todos_todo p"
+        f" WHERE p.endpoint_id = %(endpoint_id)s AND {_eligible_sql('p')}{scope}"
+        " AND p.ring_attempts < %(max_rings)s"
         " AND (p.last_ringed_at IS NULL OR p.last_ringed_at <= %(cooled)s)"
-        f" ORDER BY p.created_at, p.id LIMIT %(limit)s{lock}) AND {guard} RETURNING *"
+        f" ORDER BY p.created_at, p.id LIMIT %(limit)s{lock})"
+        " UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
+        f" WHERE id IN (SELECT id FROM picked) AND {guard} RETURNING *"
     )
     todos = _ringed_todos(sql, params)
     for todo in todos:
@@ -252,7 +257,7 @@ def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
         f" AND p.trust IN {PUSH_TRUST_SQL}"
         " AND COALESCE(p.last_ringed_at, p.created_at) <= %(due_first)s"
         f" AND {due('p')} AND {_eligible_sql('p')}),"
-        " picked AS (SELECT id FROM candidates"
+        " picked AS MATERIALIZED (SELECT id FROM candidates"
         "  ORDER BY n, rung_at ASC NULLS FIRST, base, id LIMIT %(limit)s)"
         " UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
         " WHERE id IN (SELECT id FROM picked) AND state = 'pending'"
