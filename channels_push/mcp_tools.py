@@ -197,8 +197,10 @@ _secret_reader = None
 
 
 def register_secret_reader(reader) -> None:
-    """Install ``reader(caller, ref) -> str | None``: the secret's value when ``ref`` exists and
-    is visible to ``caller`` (its endpoint and queue scope), else None."""
+    """Install ``reader(caller, ref) -> {"ref", "value"}``, which raises
+    ``todos.transitions.Refusal`` (``not_found`` when ``ref`` is missing or not visible to
+    ``caller``'s endpoint and scope, ``invalid_argument`` when malformed). The app that stores
+    secrets (ingest) installs it; channels_push never imports ingest."""
     global _secret_reader
     _secret_reader = reader
 
@@ -246,11 +248,9 @@ def _todo(todo) -> dict:
 
 
 def _read_secret(caller, args):
-    reader = _secret_reader
-    value = reader(caller, args["ref"]) if reader is not None else None
-    if value is None:
+    if _secret_reader is None:
         raise _Refused("not_found", f"no secret {args['ref']!r}")
-    return {"ref": args["ref"], "value": value}
+    return _secret_reader(caller, args["ref"])
 
 
 def _list_todos(caller, args):

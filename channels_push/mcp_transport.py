@@ -35,7 +35,9 @@ from django.http.request import validate_host
 from endpoints import queries as endpoint_queries
 from endpoints.models import hash_credential
 
-from . import doorbells, mcp_framing, mcp_tools, publish, rate_limits
+from switchboard import ratelimit
+
+from . import doorbells, mcp_framing, mcp_tools, publish
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
@@ -198,7 +200,7 @@ def _authorize(request: Request):
         # Same answer for a missing, wrong, expired or other endpoint's credential.
         return None, _fault(401, "Unauthorized: a valid bearer credential for this endpoint "
                                  "is required", headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
-    decision = rate_limits.take_token("mcp", hash_credential(credential),
+    decision = ratelimit.take_token("mcp", hash_credential(credential),
                                       per_minute=settings.SWITCHBOARD_MCP_RATE_PER_MINUTE)
     if not decision.allowed:
         log.info("mcp rate limited", extra={"endpoint": endpoint.slug})

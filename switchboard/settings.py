@@ -143,9 +143,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
     DATABASES["default"].setdefault("TEST", {})["NAME"] = str(VAR_DIR / "test.sqlite3")
 else:
-    DATABASES["default"]["CONN_MAX_AGE"] = _typed("CONN_MAX_AGE", env.int, 60, minimum=0)
-    # A restarted PostgreSQL leaves dead persistent connections behind; check before reuse.
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Under ASGI every request runs its sync code in a thread of its own, so persistent
+    # per-thread connections (CONN_MAX_AGE > 0) pile up until PostgreSQL refuses clients
+    # (measured: "too many clients" at 16 concurrent ingests). Django's documented answer is
+    # psycopg's connection pool with CONN_MAX_AGE = 0; DATABASE_POOL_MAX_SIZE=0 turns it off.
+    _pool_max = _typed("DATABASE_POOL_MAX_SIZE", env.int, 10, minimum=0)
+    if _pool_max:
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            # A request waits at most this long for a connection (PostgreSQL down: a 503/500
+            # after 5 s instead of at once — the price of pooling; Celery's prefork fixup
+            # closes the inherited pool in each child).
+            "min_size": min(2, _pool_max), "max_size": _pool_max, "timeout": 5,
+        }
+    else:
+        DATABASES["default"]["CONN_MAX_AGE"] = _typed("CONN_MAX_AGE", env.int, 60, minimum=0)
+        # A restarted PostgreSQL leaves dead persistent connections behind; check before reuse.
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -168,6 +182,27 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
+
+# -- operator sign-in through OIDC (mozilla-django-oidc), only when OIDC_* is set -------------
+OIDC_ENABLED = bool(env.str("OIDC_RP_CLIENT_ID", default=""))
+if OIDC_ENABLED:
+    _OIDC_REQUIRED = ("OIDC_RP_CLIENT_ID", "OIDC_RP_CLIENT_SECRET", "OIDC_OP_AUTHORIZATION_ENDPOINT",
+                      "OIDC_OP_TOKEN_ENDPOINT", "OIDC_OP_USER_ENDPOINT")
+    _missing = [name for name in _OIDC_REQUIRED if not env.str(name, default="")]
+    if _missing:
+        raise ImproperlyConfigured(f"OIDC_RP_CLIENT_ID is set, so these are needed too: {_missing}")
+    for _name in _OIDC_REQUIRED:
+        globals()[_name] = env.str(_name)
+    OIDC_RP_SIGN_ALGO = env.str("OIDC_RP_SIGN_ALGO", default="RS256")
+    OIDC_OP_JWKS_ENDPOINT = env.str("OIDC_OP_JWKS_ENDPOINT", default="")
+    if OIDC_RP_SIGN_ALGO.startswith("RS") and not OIDC_OP_JWKS_ENDPOINT:
+        raise ImproperlyConfigured("OIDC_OP_JWKS_ENDPOINT is needed with OIDC_RP_SIGN_ALGO=RS*")
+    OIDC_RP_SCOPES = env.str("OIDC_RP_SCOPES", default="openid email profile")
+    INSTALLED_APPS.append("mozilla_django_oidc")
+    AUTHENTICATION_BACKENDS = [
+        "django.contrib.auth.backends.ModelBackend",
+        "mozilla_django_oidc.auth.OIDCAuthenticationBackend",
+    ]
 
 # -- auth, i18n, static ----------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

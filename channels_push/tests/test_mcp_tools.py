@@ -110,7 +110,8 @@ def test_unknown_tool_and_structural_errors_raise(endpoint):
                             params={"name": "claim", "arguments": {"todo_id": None}})
 
 
-def test_read_secret_without_a_registered_reader_is_not_found(endpoint):
+def test_read_secret_without_a_registered_reader_is_not_found(endpoint, monkeypatch):
+    monkeypatch.setattr(mcp_tools, "_secret_reader", None)
     assert refusal_code(call(endpoint, "read_secret", {"ref": "secret:1"})) == "not_found"
 
 
@@ -119,8 +120,11 @@ def test_read_secret_goes_through_the_registered_reader(endpoint, vend):
 
     def reader(caller, ref):
         seen.append((caller.endpoint.slug, caller.actor, ref))
-        return "s3cr3t" if (caller.endpoint.pk, ref) == (endpoint.pk, "secret:1") else None
+        if (caller.endpoint.pk, ref) != (endpoint.pk, "secret:1"):
+            raise transitions.Refusal("not_found", "no such secret")
+        return {"ref": ref, "value": "s3cr3t"}
 
+    installed = mcp_tools._secret_reader
     mcp_tools.register_secret_reader(reader)
     try:
         assert call(endpoint, "read_secret", {"ref": "secret:1"}) == (
@@ -129,6 +133,7 @@ def test_read_secret_goes_through_the_registered_reader(endpoint, vend):
         assert refusal_code(call(other, "read_secret", {"ref": "secret:1"})) == "not_found"
     finally:
         mcp_tools.unregister_secret_reader(reader)
+        mcp_tools.register_secret_reader(installed)
     assert seen[0] == (endpoint.slug, "session-a", "secret:1")
 
 

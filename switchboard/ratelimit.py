@@ -1,4 +1,4 @@
-"""Per-key token buckets: the per-credential MCP limit (and any other caller's).
+"""Per-key token buckets shared by every web process: ingest per webhook, MCP per credential.
 
 A bucket holds up to ``per_minute`` tokens and refills continuously at ``per_minute`` per
 minute; each request takes one. A denied request learns how long until the next token
@@ -11,8 +11,10 @@ Where the buckets live:
   clocks do not matter.
 * unset (embedded default, one process): in this process's memory.
 
-Redis down or slow: the request is allowed (fail open) and the failure logged. A rate limit
-protects capacity; refusing every agent because Redis blinked would be the larger outage.
+Redis down or slow: the bucket falls back to this process (a limit must never fail or stall
+the request it guards: ingest answers 202 with Redis down) and the failure is logged once; a
+short circuit breaker keeps later requests off Redis until it is worth trying again, so a dead
+Redis costs one failed call per interval rather than a timeout per request.
 """
 
 import hashlib
@@ -25,10 +27,12 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
-log = logging.getLogger("switchboard.rate_limits")
+log = logging.getLogger("switchboard.ratelimit")
 
 # One round trip must not hold a request up for long when Redis is unreachable.
 REDIS_TIMEOUT_SECONDS = 0.25
+# After a Redis failure, use in-process buckets for this long before trying Redis again.
+REDIS_RETRY_AFTER_FAILURE_SECONDS = 5.0
 # Cap on in-process buckets: keys are credential digests, so this is a memory bound, not a
 # policy; the least recently used are forgotten (a forgotten bucket starts full again).
 MAX_LOCAL_BUCKETS = 10_000
@@ -83,6 +87,7 @@ return {allowed, wait}
 _redis_lock = threading.Lock()
 _redis_client = None
 _take_token_script = None
+_redis_down_until = 0.0
 
 
 def _redis():
@@ -120,21 +125,25 @@ def _take_local(bucket_key: str, per_minute: int) -> Decision:
     return _decision(allowed, wait_ms)
 
 
-def reset_local_buckets() -> None:
+def reset_local_state() -> None:
+    """Forget in-process buckets and the breaker (tests)."""
+    global _redis_down_until
     with _local_lock:
         _local_buckets.clear()
+    _redis_down_until = 0.0
 
 
 def take_token(scope: str, key: str, *, per_minute: int) -> Decision:
-    """Spend one request of ``key``'s budget in ``scope`` (e.g. "mcp", credential digest).
-    ``key`` is hashed again so a secret never becomes a Redis key."""
+    """Spend one request of ``key``'s budget in ``scope`` (e.g. "mcp" + credential digest,
+    "ingest" + webhook id). ``key`` is hashed again so a secret never becomes a Redis key."""
+    global _redis_down_until
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-    if not settings.REDIS_URL:
-        return _take_local(f"{scope}:{digest}", per_minute)
-    try:
-        allowed, wait_ms = _redis()(keys=[_redis_key(scope, digest)], args=[per_minute])
-    except redis.RedisError as exc:
-        log.warning("rate limit check failed open", extra={"scope": scope,
-                                                           "error": type(exc).__name__})
-        return Decision(True)
-    return _decision(bool(allowed), float(wait_ms))
+    if settings.REDIS_URL and time.monotonic() >= _redis_down_until:
+        try:
+            allowed, wait_ms = _redis()(keys=[_redis_key(scope, digest)], args=[per_minute])
+            return _decision(bool(allowed), float(wait_ms))
+        except redis.RedisError as exc:
+            _redis_down_until = time.monotonic() + REDIS_RETRY_AFTER_FAILURE_SECONDS
+            log.warning("rate limit counting in-process: redis unavailable",
+                        extra={"scope": scope, "error": type(exc).__name__})
+    return _take_local(f"{scope}:{digest}", per_minute)

@@ -1,0 +1,127 @@
+"""Admin for webhooks (routes inline, secret rotation), deliveries and operator API tokens.
+
+Secrets are never rendered: a minted webhook secret or API token is shown once, in the success
+message of the action that made it.
+"""
+
+from django import forms
+from django.contrib import admin, messages
+from django.utils.html import format_html
+
+from . import transitions
+from .models import DeliveryEvent, OperatorToken, Route, Webhook
+
+
+class RouteInline(admin.TabularInline):
+    model = Route
+    extra = 1
+    fields = ("endpoint", "queue", "kinds")
+    autocomplete_fields = ()
+
+
+class WebhookForm(forms.ModelForm):
+    new_secret = forms.CharField(
+        required=False, widget=forms.PasswordInput(render_value=False),
+        help_text="Leave empty to mint one (shown once after saving). On an existing webhook, "
+                  "use the 'Rotate secret' action instead.",
+    )
+
+    class Meta:
+        model = Webhook
+        fields = ("slug", "owner", "source", "active")
+
+    def clean(self):
+        data = super().clean()
+        secret = data.get("new_secret")
+        if secret and data.get("source"):
+            try:
+                transitions.check_webhook_secret(data["source"], secret)
+            except ValueError as exc:
+                self.add_error("new_secret", str(exc))
+        return data
+
+
+@admin.register(Webhook)
+class WebhookAdmin(admin.ModelAdmin):
+    form = WebhookForm
+    list_display = ("slug", "source", "owner", "active", "route_count", "rotation")
+    list_filter = ("source", "active")
+    search_fields = ("slug",)
+    inlines = [RouteInline]
+    actions = ["rotate_secret"]
+
+    def get_fields(self, request, obj=None):
+        fields = ["slug", "owner", "source", "active"]
+        return fields if obj else fields + ["new_secret"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("source",) if obj else ()
+
+    @admin.display(description="routes")
+    def route_count(self, obj):
+        return obj.routes.count()
+
+    @admin.display(description="previous secret accepted until")
+    def rotation(self, obj):
+        return obj.previous_secret_expires_at if obj.previous_secret else "—"
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        secret = form.cleaned_data.get("new_secret") or transitions.mint_webhook_secret(obj.source)
+        obj.secret = secret
+        super().save_model(request, obj, form, change)
+        if secret:
+            self.message_user(request, format_html(
+                "Webhook {} secret (shown only now): <code>{}</code>", obj.slug, secret),
+                messages.SUCCESS)
+
+    @admin.action(description="Rotate secret (the old one stays accepted for 24 h)")
+    def rotate_secret(self, request, queryset):
+        for webhook in queryset:
+            if webhook.source == "unsigned":
+                self.message_user(request, f"{webhook.slug} is unsigned; nothing to rotate",
+                                  messages.WARNING)
+                continue
+            secret = transitions.rotate_webhook_secret(webhook)
+            self.message_user(request, format_html(
+                "New secret for {} (shown only now): <code>{}</code>", webhook.slug, secret),
+                messages.SUCCESS)
+
+
+@admin.register(DeliveryEvent)
+class DeliveryEventAdmin(admin.ModelAdmin):
+    list_display = ("id", "received_at", "trust", "source", "kind", "webhook", "attributed_to",
+                    "delivery_id")
+    list_filter = ("trust", "source")
+    search_fields = ("delivery_id", "kind")
+    date_hierarchy = "received_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(OperatorToken)
+class OperatorTokenAdmin(admin.ModelAdmin):
+    list_display = ("hint", "name", "user", "created_at", "revoked_at")
+    list_filter = ("revoked_at",)
+    fields = ("user", "name")
+    actions = ["revoke"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def save_model(self, request, obj, form, change):
+        row, token = transitions.mint_operator_token(user=obj.user, name=obj.name)
+        obj.pk = row.pk
+        self.message_user(request, format_html(
+            "API token for {} (shown only now): <code>{}</code>", obj.user, token), messages.SUCCESS)
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request, queryset):
+        count = transitions.revoke_operator_tokens(queryset)
+        self.message_user(request, f"revoked {count} token(s)")

@@ -1,0 +1,38 @@
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.management.base import CommandError
+from django.db import IntegrityError
+
+from ingest import transitions
+from ingest.models import Source
+from switchboard.commands import JsonCommand, get_user
+
+
+class Command(JsonCommand):
+    help = ("Create a webhook and print its URL and secret (a minted secret is shown only now; "
+            "or pass --secret to use the one the sender already has).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("slug")
+        parser.add_argument("--owner", required=True, help="username of the operator who owns it")
+        parser.add_argument("--source", required=True, choices=Source.values)
+        parser.add_argument("--secret", help="use this secret instead of minting one")
+
+    def handle(self, *args, slug, owner, source, secret, **options):
+        user = get_user(owner)
+        try:
+            webhook, secret = transitions.create_webhook(slug=slug, owner=user, source=source,
+                                                         secret=secret)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        except ValidationError as exc:
+            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()))
+        except IntegrityError:
+            raise CommandError(f"webhook {slug!r} already exists") from None
+        hook_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}"
+        self.emit(
+            options, {"slug": webhook.slug, "hook_url": hook_url, "secret": secret},
+            f"webhook {webhook.slug} ({source})\n  URL:    {hook_url}\n"
+            + (f"  secret: {secret}\n  (configure it at the sender; it is not shown again)"
+               if secret else "  unsigned: deliveries are recorded as unverified and never rung"),
+        )

@@ -1,0 +1,120 @@
+"""Reads of the ingest app used by more than one surface (hook view, operator API, MCP verbs)."""
+
+import json
+from datetime import timezone as dt_timezone
+
+from cryptography.fernet import InvalidToken
+from django.db import connection
+from django.utils.dateparse import parse_datetime
+
+from endpoints.models import Endpoint
+
+from todos.models import Todo
+from todos.transitions import Refusal
+
+from .models import SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, Webhook
+
+
+# The ingest hot path's one read. Written as SQL because the ORM's select_related over three
+# models measured 1.6 ms of CPU per call against 0.16 ms for this statement (a quarter of a
+# delivery's whole CPU cost). Endpoints are loaded with the fields ingest uses; any other field
+# is deferred and loads on first access, so new Endpoint fields need no change here.
+_WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secret",
+                   "previous_secret_expires_at", "active", "created_at"]
+_ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds"]
+_ENDPOINT_FIELDS = ["id", "slug", "owner_id", "scope", "max_attempts", "active"]
+_WEBHOOK_WITH_ROUTES_SQL = (
+    "SELECT " + ", ".join(f"w.{name}" for name in _WEBHOOK_FIELDS) + ", "
+    + ", ".join(f"r.{name}" for name in _ROUTE_FIELDS) + ", "
+    + ", ".join(f"e.{name}" for name in _ENDPOINT_FIELDS)
+    + " FROM ingest_webhook w LEFT JOIN ingest_route r ON r.webhook_id = w.id"
+    " LEFT JOIN endpoints_endpoint e ON e.id = r.endpoint_id"
+    " WHERE w.slug = %s AND w.active ORDER BY r.id"
+)
+
+
+def _json_value(value):
+    # PostgreSQL hands jsonb to Django as text (JSONField parses it); SQLite as text too.
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
+    """The active webhook ``slug`` and its routes (endpoints loaded), in route order, in one
+    query; ``(None, [])`` when there is no such active webhook."""
+    with connection.cursor() as cursor:
+        cursor.execute(_WEBHOOK_WITH_ROUTES_SQL, [slug])
+        rows = cursor.fetchall()
+    if not rows:
+        return None, []
+    db = connection.alias
+    webhook_width, route_width = len(_WEBHOOK_FIELDS), len(_ROUTE_FIELDS)
+    first = rows[0]
+    webhook_values = list(first[:webhook_width])
+    webhook_values[6] = _datetime(webhook_values[6])
+    webhook_values[8] = _datetime(webhook_values[8])
+    webhook = Webhook.from_db(db, _WEBHOOK_FIELDS, webhook_values)
+    routes = []
+    for row in rows:
+        route_values = list(row[webhook_width:webhook_width + route_width])
+        if route_values[0] is None:
+            continue  # the LEFT JOIN row of a webhook without routes
+        endpoint_values = list(row[webhook_width + route_width:])
+        route_values[4] = _json_value(route_values[4])
+        endpoint_values[3] = _json_value(endpoint_values[3])
+        route = Route.from_db(db, _ROUTE_FIELDS, route_values)
+        route.webhook = webhook
+        route.endpoint = Endpoint.from_db(db, _ENDPOINT_FIELDS, endpoint_values)
+        routes.append(route)
+    return webhook, routes
+
+
+def _datetime(value):
+    """PostgreSQL returns aware datetimes; SQLite naive UTC ones (or text)."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=dt_timezone.utc)
+    return value
+
+
+def find_operator_for_token(token: str):
+    """The active user holding the unrevoked personal API token ``token``, or None. Looked up by
+    digest, then compared again in constant time (as endpoint credentials are)."""
+    if not token:
+        return None
+    row = (
+        OperatorToken.objects.select_related("user")
+        .filter(digest=OperatorToken.hash(token), revoked_at__isnull=True, user__is_active=True)
+        .first()
+    )
+    if row is None or not row.matches(token):
+        return None
+    return row.user
+
+
+def read_secret(caller, ref) -> dict:
+    """The ``read_secret`` agent verb: ``{"ref", "value"}`` for a secret ref found in a todo's
+    payload, decrypted.
+
+    ``caller`` is a ``todos.transitions.Caller``: the secret must belong to a todo of
+    ``caller.endpoint`` in a queue the caller can see. Refuses ``invalid_argument`` for a
+    malformed ref and ``not_found`` otherwise — a secret of a todo outside the caller's endpoint
+    or scope is indistinguishable from a missing one. Never logs the value.
+    """
+    if not isinstance(ref, str) or not ref.startswith(SECRET_REF_PREFIX) or len(ref) > 64:
+        raise Refusal("invalid_argument", "ref must be a secret ref (sec_…) from a todo's payload")
+    secret = (
+        OperatorSecret.objects.filter(ref=ref, todo__endpoint_id=caller.endpoint.pk)
+        .only("ref", "ciphertext", "todo_id").first()
+    )
+    if secret is None:
+        raise Refusal("not_found", f"no secret {ref}")
+    queue = Todo.objects.filter(pk=secret.todo_id).values_list("queue", flat=True).first()
+    if queue is None or not caller.covers(queue):
+        raise Refusal("not_found", f"no secret {ref}")
+    try:
+        value = secret.unseal()
+    except InvalidToken:
+        # The secrets key changed without keeping the old one (SWITCHBOARD_SECRETS_KEY list).
+        raise Refusal("not_found", f"secret {ref} can no longer be decrypted") from None
+    return {"ref": ref, "value": value}

@@ -1,0 +1,59 @@
+import pytest
+import redis
+from django.conf import settings
+from django.test import Client
+
+from ingest import transitions
+from switchboard import ratelimit
+from tests.factories import EndpointFactory
+
+SECRETS = {
+    "github": "gh-secret-for-tests-0123456789",
+    "gitea": "gitea-secret-for-tests-0123456789",
+    "gitlab": "gitlab-token-for-tests-0123456789",
+    "stripe": "whsec_stripe_secret_for_tests_0123456789",
+    # The Standard Webhooks reference vector's key.
+    "standard": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "unsigned": "",
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_rate_limits():
+    """Rate-limit buckets live in Redis for a minute; start every test with none."""
+    ratelimit.reset_local_state()
+    if settings.REDIS_URL:
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        keys = list(client.scan_iter(ratelimit._redis_key("ingest", "*")))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    yield
+    ratelimit.reset_local_state()
+
+
+@pytest.fixture
+def client():
+    return Client()
+
+
+@pytest.fixture
+def make_webhook(operator, endpoint):
+    """make_webhook(source, slug=…, routes=[(endpoint, queue, kinds)…]) with one route to
+    ``endpoint``/inbox by default."""
+
+    def make(source="github", *, slug=None, routes=None, secret=None):
+        webhook, _ = transitions.create_webhook(
+            slug=slug or f"{source}-hook", owner=operator, source=source,
+            secret=SECRETS[source] if secret is None else secret,
+        )
+        for target, queue, kinds in routes if routes is not None else [(endpoint, "inbox", None)]:
+            transitions.add_webhook_route(webhook=webhook, endpoint=target, queue=queue, kinds=kinds)
+        return webhook
+
+    return make
+
+
+@pytest.fixture
+def other_endpoints(operator):
+    return [EndpointFactory(slug=f"agent-{n}", owner=operator) for n in range(2)]

@@ -1,0 +1,75 @@
+"""add_webhook, add_webhook_route and mint_operator_token: §11 signatures and --json output."""
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from ingest import queries
+from ingest.models import Route, Webhook
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args) -> dict:
+    out = StringIO()
+    call_command(*args, "--json", stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_add_webhook_mints_and_prints_the_secret_once(operator, settings):
+    settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
+    data = run("add_webhook", "gh", "--owner", operator.username, "--source", "github")
+    assert set(data) == {"slug", "hook_url", "secret"}
+    assert data["hook_url"] == "https://sb.example/hooks/gh"
+    assert Webhook.objects.get(slug="gh").secret == data["secret"] and len(data["secret"]) >= 32
+
+
+def test_add_webhook_takes_a_given_secret_and_standard_secrets_are_whsec(operator):
+    given = run("add_webhook", "st", "--owner", operator.username, "--source", "standard",
+                "--secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    assert given["secret"] == "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    minted = run("add_webhook", "st2", "--owner", operator.username, "--source", "standard")
+    assert minted["secret"].startswith("whsec_")
+    unsigned = run("add_webhook", "open", "--owner", operator.username, "--source", "unsigned")
+    assert unsigned["secret"] == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["x", "--owner", "nobody", "--source", "github"], "no user"),
+    (["x", "--owner", "alice", "--source", "standard", "--secret", "whsec_not base64!!!!"], "base64"),
+    (["x", "--owner", "alice", "--source", "github", "--secret", "short"], "16"),
+    (["bad slug", "--owner", "alice", "--source", "github"], "slug"),
+])
+def test_add_webhook_errors(operator, args, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("add_webhook", *args, stdout=StringIO())
+
+
+def test_add_webhook_twice_is_an_error(operator):
+    run("add_webhook", "gh", "--owner", operator.username, "--source", "github")
+    with pytest.raises(CommandError, match="already exists"):
+        call_command("add_webhook", "gh", "--owner", operator.username, "--source", "github",
+                     stdout=StringIO())
+
+
+def test_add_webhook_route(operator, endpoint):
+    run("add_webhook", "gh", "--owner", operator.username, "--source", "github")
+    data = run("add_webhook_route", "gh", endpoint.slug, "--queue", "reviews",
+               "--kinds", "pull_request, issues.opened")
+    assert data == {"webhook": "gh", "endpoint": endpoint.slug, "queue": "reviews"}
+    assert Route.objects.get().kinds == ["pull_request", "issues.opened"]
+    with pytest.raises(CommandError):
+        call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "reviews", stdout=StringIO())
+    with pytest.raises(CommandError, match="no webhook"):
+        call_command("add_webhook_route", "nope", endpoint.slug, "--queue", "x", stdout=StringIO())
+    with pytest.raises(CommandError, match="no endpoint"):
+        call_command("add_webhook_route", "gh", "nope", "--queue", "x", stdout=StringIO())
+
+
+def test_mint_operator_token(operator):
+    data = run("mint_operator_token", operator.username, "--name", "ci")
+    assert data["user"] == operator.username and data["token"].startswith("sbo_")
+    assert queries.find_operator_for_token(data["token"]) == operator

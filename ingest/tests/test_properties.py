@@ -1,0 +1,75 @@
+"""Property: whatever bytes and headers arrive, the hook endpoint never answers 500 and never
+writes without a valid signature."""
+
+import pytest
+from django.test import Client, override_settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ingest.models import DeliveryEvent
+from todos.models import Todo
+
+from . import signing
+from .conftest import SECRETS
+
+HEADER_NAMES = {
+    "github": ["HTTP_X_HUB_SIGNATURE_256", "HTTP_X_GITHUB_EVENT", "HTTP_X_GITHUB_DELIVERY"],
+    "standard": ["HTTP_WEBHOOK_ID", "HTTP_WEBHOOK_TIMESTAMP", "HTTP_WEBHOOK_SIGNATURE"],
+    "stripe": ["HTTP_STRIPE_SIGNATURE"],
+    "gitlab": ["HTTP_X_GITLAB_TOKEN", "HTTP_X_GITLAB_EVENT", "HTTP_IDEMPOTENCY_KEY"],
+}
+header_text = st.one_of(
+    st.text(max_size=80),
+    st.sampled_from(["sha256=", "v1,", "t=1,v1=", "sha256=" + "0" * 64, "v1,AAAA", ""]),
+    st.builds(lambda a, b: a + b, st.sampled_from(["sha256=", "v1,", "t=", "whsec_"]), st.text(max_size=70)),
+)
+bodies = st.one_of(
+    st.binary(max_size=2048),
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                  st.text(max_size=20)),
+        lambda children: st.one_of(st.lists(children, max_size=4),
+                                   st.dictionaries(st.text(max_size=10), children, max_size=4)),
+        max_leaves=20,
+    ).map(lambda value: signing.body_of({"v": value})),
+)
+content_types = st.one_of(
+    st.sampled_from(["application/json", "application/json; charset=utf-8",
+                     "application/x-www-form-urlencoded", "text/plain", "", "application/cloudevents+json"]),
+    st.text(max_size=30),
+)
+
+
+@pytest.fixture
+def webhooks(make_webhook, endpoint):
+    return {source: make_webhook(source) for source in HEADER_NAMES}
+
+
+@pytest.mark.django_db
+@override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=1_000_000)
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_arbitrary_requests_never_500_and_never_write_unsigned(webhooks, data):
+    source = data.draw(st.sampled_from(sorted(HEADER_NAMES)), label="source")
+    body = data.draw(bodies, label="body")
+    meta = {
+        name: value for name, value in data.draw(
+            st.dictionaries(st.sampled_from(HEADER_NAMES[source]), header_text), label="headers"
+        ).items()
+    }
+    signed = data.draw(st.booleans(), label="validly signed")
+    if signed:
+        meta.update(signing.SIGNERS[source](SECRETS[source], body))
+    content_type = data.draw(content_types, label="content type")
+    before = (Todo.objects.count(), DeliveryEvent.objects.count())
+    answer = Client().post(f"/hooks/{webhooks[source].slug}", data=body,
+                           content_type=content_type, **meta)
+    after = (Todo.objects.count(), DeliveryEvent.objects.count())
+    assert answer.status_code < 500, answer.content[:300]
+    assert answer["Content-Type"] == "application/json"
+    if not signed:
+        assert answer.status_code == 401
+        assert after == before
+    elif answer.status_code != 202:
+        assert after == before

@@ -1,0 +1,141 @@
+"""How a delivery is described: its kind and a legible one-line title, per source (CONTRACT §5).
+
+Payloads are untrusted and arbitrary: every lookup tolerates missing keys and wrong types, and
+falls back to a generic title rather than fail. ``create_todo`` folds whitespace and truncates;
+the doorbell neutralises ``</channel>`` — titles here only have to be readable.
+"""
+
+from .models import Source
+
+MAX_KIND_CHARS = 200
+
+
+def _dig(payload, *path):
+    """payload[a][b]… or None when any step is missing or not a mapping."""
+    value = payload
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _text(value) -> str:
+    if value is None or isinstance(value, (dict, list)):
+        return ""
+    return " ".join(str(value).split())
+
+
+def _first(*values) -> str:
+    for value in values:
+        text = _text(value)
+        if text:
+            return text
+    return ""
+
+
+def _branch(ref) -> str:
+    ref = _text(ref)
+    for prefix in ("refs/heads/", "refs/tags/"):
+        if ref.startswith(prefix):
+            return ref[len(prefix):]
+    return ref
+
+
+def _commits(count) -> str:
+    return "1 commit" if count == 1 else f"{count} commits"
+
+
+def _clean_kind(kind: str) -> str:
+    return "".join(ch for ch in kind if ch.isprintable()).strip()[:MAX_KIND_CHARS]
+
+
+def derive_kind(source: str, event: str, payload: dict) -> str:
+    """The todo's kind: the source's event name, ``.action`` appended when the payload has one
+    (``issues.opened``), so routes can filter on either the event or the event and action."""
+    action = payload.get("action") if isinstance(payload, dict) else None
+    if source in (Source.GITHUB, Source.GITEA):
+        kind = _text(event)
+        if kind and isinstance(action, str) and action:
+            kind = f"{kind}.{action}"
+    elif source == Source.GITLAB:
+        # "Merge Request Hook" -> "merge_request"; the action lives in object_attributes.
+        kind = _text(event).lower().removesuffix(" hook").replace(" ", "_")
+        action = _dig(payload, "object_attributes", "action")
+        if kind and isinstance(action, str) and action:
+            kind = f"{kind}.{action}"
+    elif source in (Source.STRIPE, Source.STANDARD, Source.UNSIGNED):
+        kind = _text(payload.get("type")) if isinstance(payload, dict) else ""
+    else:
+        kind = _text(event)
+    return _clean_kind(kind)
+
+
+def _github_title(kind: str, payload: dict) -> str:
+    event, _, action = kind.partition(".")
+    repo = _first(_dig(payload, "repository", "full_name"), _dig(payload, "repository", "name"))
+    where = repo or "GitHub"
+    if event == "issues":
+        return (f"{where}#{_text(_dig(payload, 'issue', 'number'))} {action or 'updated'}: "
+                f"{_text(_dig(payload, 'issue', 'title'))}")
+    if event == "pull_request":
+        number = _first(_dig(payload, "pull_request", "number"), payload.get("number"))
+        return (f"{where}#{number} pull request {action or 'updated'}: "
+                f"{_text(_dig(payload, 'pull_request', 'title'))}")
+    if event == "issue_comment":
+        who = _first(_dig(payload, "comment", "user", "login"), _dig(payload, "sender", "login"))
+        return (f"{where}#{_text(_dig(payload, 'issue', 'number'))} comment {action or 'added'} "
+                f"by {who or 'someone'}: {_text(_dig(payload, 'issue', 'title'))}")
+    if event == "push":
+        who = _first(_dig(payload, "pusher", "name"), _dig(payload, "pusher", "login"),
+                     _dig(payload, "pusher", "username"), _dig(payload, "sender", "login"))
+        commits = payload.get("commits")
+        count = len(commits) if isinstance(commits, list) else 0
+        return f"{where}: {who or 'someone'} pushed {_commits(count)} to {_branch(payload.get('ref'))}"
+    if event == "check_run":
+        name = _text(_dig(payload, "check_run", "name"))
+        outcome = _first(_dig(payload, "check_run", "conclusion"), _dig(payload, "check_run", "status"))
+        return f"{where} check {name} {action or 'updated'}: {outcome or 'unknown'}"
+    if event == "ping":
+        return f"{where} ping: {_text(payload.get('zen'))}"
+    return f"{where}: {kind or 'event'}"
+
+
+def _gitlab_title(kind: str, payload: dict) -> str:
+    event, _, action = kind.partition(".")
+    project = _first(_dig(payload, "project", "path_with_namespace"), _dig(payload, "project", "name"))
+    where = project or "GitLab"
+    attributes = payload.get("object_attributes") if isinstance(payload.get("object_attributes"), dict) else {}
+    if event == "merge_request":
+        return f"{where}!{_text(attributes.get('iid'))} {action or 'updated'}: {_text(attributes.get('title'))}"
+    if event == "issue":
+        return f"{where}#{_text(attributes.get('iid'))} {action or 'updated'}: {_text(attributes.get('title'))}"
+    if event in ("push", "tag_push"):
+        who = _first(payload.get("user_username"), payload.get("user_name"))
+        count = payload.get("total_commits_count")
+        count = count if isinstance(count, int) else 0
+        return f"{where}: {who or 'someone'} pushed {_commits(count)} to {_branch(payload.get('ref'))}"
+    if event == "note":
+        return f"{where} comment by {_first(_dig(payload, 'user', 'username')) or 'someone'}: " \
+               f"{_text(attributes.get('note'))}"
+    return f"{where}: {kind or 'event'}"
+
+
+def _stripe_title(kind: str, payload: dict) -> str:
+    obj = _dig(payload, "data", "object")
+    ident = _text(_dig(obj, "id")) if isinstance(obj, dict) else ""
+    return f"Stripe {kind or 'event'}" + (f": {ident}" if ident else "")
+
+
+def derive_title(source: str, kind: str, payload: dict, *, webhook_slug: str) -> str:
+    """One legible line for a todo created from this delivery."""
+    payload = payload if isinstance(payload, dict) else {}
+    if source in (Source.GITHUB, Source.GITEA):
+        title = _github_title(kind, payload)  # Gitea mirrors GitHub's payload shapes.
+    elif source == Source.GITLAB:
+        title = _gitlab_title(kind, payload)
+    elif source == Source.STRIPE:
+        title = _stripe_title(kind, payload)
+    else:
+        title = f"{webhook_slug}: {kind}" if kind else f"{webhook_slug}: delivery"
+    return " ".join(title.split())

@@ -1,0 +1,363 @@
+"""HTTP surfaces of ingest (CONTRACT §5): ``POST /hooks/<slug>`` and the operator API
+``POST /api/v1/endpoints/<slug>/todos``.
+
+Both answer JSON for everything, errors included: ``{"error": {"code", "message"}}``. The order
+of checks is chosen so that nothing unverified is parsed and nothing is written before every
+check has passed: size by Content-Length, webhook lookup, rate limit, bounded body read,
+signature, then parsing, then the one write.
+"""
+
+import json
+import logging
+from urllib.parse import parse_qs
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from endpoints.models import Endpoint, queue_name_validator
+from switchboard import ratelimit
+from todos import queries as todo_queries
+
+from . import queries, titles, transitions, verification
+from .models import Source
+
+log = logging.getLogger("switchboard.ingest")
+
+# The delivery id becomes part of an idempotency key (300 chars with slug and queue).
+MAX_DELIVERY_ID_CHARS = 160
+MAX_TITLE_CHARS = 500
+MAX_KIND_CHARS = 200
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+MAX_SECRETS = 50
+MAX_SECRET_NAME_CHARS = 100
+MAX_SECRET_VALUE_CHARS = 64 * 1024
+# Forms are accepted where the source can send them (GitHub's and Gitea's "form" content
+# type: the JSON is in the ``payload`` field, the signature covers the raw form body).
+FORM_SOURCES = (Source.GITHUB, Source.GITEA)
+
+
+class Problem(Exception):
+    """An answer other than success: HTTP status, machine code, human message."""
+
+    def __init__(self, status: int, code: str, message: str, headers=None):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.headers = headers or {}
+
+    def response(self) -> JsonResponse:
+        answer = JsonResponse({"error": {"code": self.code, "message": self.message}},
+                              status=self.status)
+        for name, value in self.headers.items():
+            answer[name] = value
+        return answer
+
+
+# -- shared steps --------------------------------------------------------------------------------
+
+
+def _check_declared_length(request) -> None:
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    if declared.strip():
+        try:
+            length = int(declared)
+        except ValueError:
+            raise Problem(400, "bad_request", "Content-Length is not a number") from None
+        if length > settings.SWITCHBOARD_MAX_BODY_BYTES:
+            raise _too_large()
+
+
+def _too_large() -> Problem:
+    return Problem(413, "too_large",
+                   f"body exceeds the {settings.SWITCHBOARD_MAX_BODY_BYTES}-byte limit")
+
+
+def _read_body(request) -> bytes:
+    """Read the raw body once, never more than the cap plus one byte (a body without a
+    Content-Length, e.g. chunked, is cut off here)."""
+    body = request.read(settings.SWITCHBOARD_MAX_BODY_BYTES + 1)
+    if len(body) > settings.SWITCHBOARD_MAX_BODY_BYTES:
+        raise _too_large()
+    return body
+
+
+def _check_rate(scope: str) -> None:
+    verdict = ratelimit.take_token("ingest", scope,
+                                   per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+    if not verdict.allowed:
+        raise Problem(429, "rate_limited",
+                      f"more than {settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE} requests a minute; "
+                      f"retry in {verdict.retry_after_seconds} s",
+                      headers={"Retry-After": str(verdict.retry_after_seconds)})
+
+
+def _media_type(request) -> str:
+    return request.META.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
+
+
+def _is_json_type(media_type: str) -> bool:
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
+
+
+def _reject_unstorable(value) -> None:
+    """PostgreSQL's jsonb refuses NUL characters and lone surrogates that Python's json accepts;
+    refuse them here as a 400 instead of failing the write."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise Problem(400, "malformed_body", "JSON strings must not contain NUL (\\u0000)")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Problem(400, "malformed_body", "JSON strings must be valid Unicode") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _reject_unstorable(key)
+            _reject_unstorable(item)
+    elif isinstance(value, list):
+        for item in value:
+            _reject_unstorable(item)
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_json_text(text: str, *, what: str = "body"):
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise Problem(400, "malformed_body", f"{what} is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise Problem(400, "malformed_body", f"{what} must be a JSON object")
+    try:
+        _reject_unstorable(value)
+    except RecursionError:
+        raise Problem(400, "malformed_body", f"{what} is nested too deeply") from None
+    return value
+
+
+def _decode_utf8(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Problem(400, "malformed_body", "body is not UTF-8") from None
+
+
+def _storage_unavailable(exc, **context) -> JsonResponse:
+    """The database failed: nothing was committed, so the sender should retry (every source
+    retries on 5xx). Only the error's type is logged: a driver's message can quote row values,
+    which here means the body."""
+    log.error("ingest write failed", extra={**context, "error": type(exc).__name__})
+    return Problem(503, "unavailable", "could not store the delivery; nothing was kept, retry",
+                   headers={"Retry-After": "5"}).response()
+
+
+def _one_line(value: str, limit: int) -> str:
+    return "".join(ch for ch in value if ch.isprintable()).strip()[:limit]
+
+
+# -- POST /hooks/<slug> --------------------------------------------------------------------------
+
+
+def _parse_delivery_body(webhook, request, body: bytes) -> dict:
+    media_type = _media_type(request)
+    if _is_json_type(media_type):
+        return _parse_json_text(_decode_utf8(body))
+    if media_type == "application/x-www-form-urlencoded" and webhook.source in FORM_SOURCES:
+        try:
+            fields = parse_qs(_decode_utf8(body), strict_parsing=True, errors="strict")
+        except (ValueError, UnicodeDecodeError):
+            raise Problem(400, "malformed_body", "form body is malformed") from None
+        if len(fields.get("payload", [])) != 1:
+            raise Problem(400, "malformed_body", "form body needs exactly one payload field")
+        return _parse_json_text(fields["payload"][0], what="payload field")
+    accepted = "application/json" + (
+        " or application/x-www-form-urlencoded" if webhook.source in FORM_SOURCES else ""
+    )
+    raise Problem(415, "unsupported_media_type",
+                  f"Content-Type must be {accepted}, got {media_type or 'none'}")
+
+
+def _delivery_id(webhook, envelope, payload: dict) -> str:
+    delivery_id = envelope.delivery_id
+    if webhook.source == Source.STRIPE:
+        delivery_id = payload.get("id") if isinstance(payload.get("id"), str) else ""
+    elif webhook.source == Source.STANDARD and isinstance(payload.get("event_id"), str):
+        # Cairn signs its event_id inside the body; it is the stable id across redeliveries.
+        delivery_id = payload["event_id"]
+    delivery_id = delivery_id.strip()
+    if len(delivery_id) > MAX_DELIVERY_ID_CHARS or not delivery_id.isprintable():
+        raise Problem(400, "bad_delivery_id",
+                      f"delivery id must be at most {MAX_DELIVERY_ID_CHARS} printable characters")
+    return delivery_id
+
+
+def _arrival_answer(arrival) -> dict:
+    event_id = arrival.delivery_event.pk if arrival.delivery_event else None
+    if event_id is None and arrival.todos:
+        event_id = arrival.todos[0][0].delivery_event_id
+    return {
+        "delivery": str(event_id) if event_id is not None else None,
+        "todos": [
+            {"id": str(todo.pk), "endpoint": todo.endpoint.slug, "queue": todo.queue,
+             "duplicate": not created}
+            for todo, created in arrival.todos
+        ],
+    }
+
+
+@csrf_exempt
+def receive_hook(request, webhook_slug):
+    """Verify one delivery and turn it into todos (202), or say why not."""
+    try:
+        if request.method != "POST":
+            raise Problem(405, "method_not_allowed", "POST a webhook delivery here")
+        _check_declared_length(request)
+        webhook, routes = queries.find_webhook_with_routes(webhook_slug)
+        if webhook is None:
+            raise Problem(404, "unknown_webhook", f"no active webhook {webhook_slug!r}")
+        _check_rate(f"ingest:{webhook.pk}")
+        body = _read_body(request)
+        now = timezone.now()
+        try:
+            envelope = verification.verify_delivery(webhook, request.headers, body, now=now)
+        except verification.VerificationFailed as failure:
+            log.warning("webhook verification failed",
+                        extra={"webhook": webhook.slug, "reason": failure.reason})
+            raise Problem(401, "bad_signature", f"delivery not verified: {failure.reason}") from None
+        payload = _parse_delivery_body(webhook, request, body)
+        kind = titles.derive_kind(webhook.source, envelope.event, payload)
+        arrival = transitions.ingest_delivery(
+            webhook=webhook, routes=routes, trust=envelope.trust,
+            delivery_id=_delivery_id(webhook, envelope, payload), kind=kind,
+            title=titles.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),
+            payload=payload, body_sha256=transitions.body_digest(body), now=now,
+        )
+    except Problem as problem:
+        return problem.response()
+    except DatabaseError as exc:
+        return _storage_unavailable(exc, webhook=webhook_slug)
+    log.info("webhook delivery accepted", extra={
+        "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),
+        "todos_created": sum(1 for _, created in arrival.todos if created),
+    })
+    return JsonResponse(_arrival_answer(arrival), status=202)
+
+
+# -- POST /api/v1/endpoints/<slug>/todos --------------------------------------------------------
+
+
+def _csrf_failure(request):
+    """Session-authenticated writes need a CSRF token (the view is csrf_exempt so that token-
+    authenticated clients need none); run Django's own check for the session case."""
+    check = CsrfViewMiddleware(lambda req: None)
+    check.process_request(request)
+    return check.process_view(request, None, (), {})
+
+
+def _authenticate_operator(request):
+    """The human behind the request: a personal API token (``Authorization: Bearer sbo_…``),
+    else the Django session (password or OIDC sign-in), which must also pass CSRF."""
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if header:
+        scheme, _, token = header.partition(" ")
+        user = queries.find_operator_for_token(token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
+            raise Problem(401, "unauthenticated", "bad or revoked API token",
+                          headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
+        return user
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        raise Problem(401, "unauthenticated",
+                      "sign in, or send Authorization: Bearer <personal API token>",
+                      headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
+    if _csrf_failure(request) is not None:
+        raise Problem(403, "csrf_failed", "session requests need a CSRF token (X-CSRFToken)")
+    return user
+
+
+def _optional_str(data: dict, name: str, limit: int) -> str:
+    value = data.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise Problem(400, "invalid_argument", f"{name} must be a string of at most {limit} characters")
+    return value
+
+
+def _hand_over_arguments(endpoint, data: dict) -> dict:
+    unknown = sorted(set(data) - {"queue", "title", "payload", "kind", "idempotency_key", "secrets"})
+    if unknown:
+        raise Problem(400, "invalid_argument", f"unknown fields: {unknown}")
+    queue = data.get("queue")
+    if not isinstance(queue, str):
+        raise Problem(400, "invalid_argument", "queue (a queue name) is required")
+    try:
+        queue_name_validator(queue)
+    except Exception:
+        raise Problem(400, "invalid_argument", "queue names are 1-64 of A-Z a-z 0-9 _ . -") from None
+    if not endpoint.covers(queue):
+        raise Problem(400, "invalid_argument",
+                      f"queue {queue!r} is outside endpoint {endpoint.slug}'s scope")
+    title = _optional_str(data, "title", MAX_TITLE_CHARS)
+    if not title.strip():
+        raise Problem(400, "invalid_argument", "title (one line) is required")
+    payload = data.get("payload")
+    if payload is not None and not isinstance(payload, dict):
+        raise Problem(400, "invalid_argument", "payload must be a JSON object")
+    secret_values = data.get("secrets")
+    if secret_values is not None:
+        if (not isinstance(secret_values, dict) or len(secret_values) > MAX_SECRETS
+                or not all(isinstance(v, str) and len(v) <= MAX_SECRET_VALUE_CHARS
+                           for v in secret_values.values())
+                or not all(0 < len(k) <= MAX_SECRET_NAME_CHARS for k in secret_values)):
+            raise Problem(400, "invalid_argument",
+                          f"secrets must be an object of at most {MAX_SECRETS} name -> string values")
+        if secret_values and payload and "secrets" in payload:
+            raise Problem(400, "invalid_argument",
+                          'payload.secrets is reserved for secret refs when secrets are given')
+    key = _optional_str(data, "idempotency_key", MAX_IDEMPOTENCY_KEY_CHARS)
+    return {
+        "queue": queue, "title": title, "payload": payload,
+        "kind": _one_line(_optional_str(data, "kind", MAX_KIND_CHARS), MAX_KIND_CHARS),
+        "idempotency_key": key or None, "secret_values": secret_values or None,
+    }
+
+
+@csrf_exempt
+def hand_over(request, endpoint_slug):
+    """An operator hands their endpoint a todo. 201 with the todo; 200 with the existing live
+    todo when the idempotency key repeats (nothing new is written or rung)."""
+    try:
+        if request.method != "POST":
+            raise Problem(405, "method_not_allowed", "POST a todo here")
+        _check_declared_length(request)
+        operator = _authenticate_operator(request)
+        # Somebody else's endpoint looks exactly like a missing one.
+        endpoint = Endpoint.objects.filter(slug=endpoint_slug, active=True, owner=operator).first()
+        if endpoint is None:
+            raise Problem(404, "not_found", f"no endpoint {endpoint_slug!r} of yours")
+        _check_rate(f"operator:{operator.pk}")
+        body = _read_body(request)
+        if not _is_json_type(_media_type(request)):
+            raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
+        arguments = _hand_over_arguments(endpoint, _parse_json_text(_decode_utf8(body)))
+        todo, created = transitions.hand_over_todo(
+            endpoint=endpoint, operator=operator, body_sha256=transitions.body_digest(body),
+            **arguments,
+        )
+    except Problem as problem:
+        return problem.response()
+    except DatabaseError as exc:
+        return _storage_unavailable(exc, endpoint=endpoint_slug)
+    log.info("operator hand-over", extra={
+        "endpoint": endpoint.slug, "operator": operator.get_username(), "todo_id": todo.pk,
+        "duplicate": not created,
+    })
+    return JsonResponse({"todo": todo_queries.todo_as_dict(todo), "duplicate": not created},
+                        status=201 if created else 200)

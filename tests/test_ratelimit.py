@@ -1,0 +1,68 @@
+"""The shared rate limiter: token buckets in Redis across processes, in-process without it or
+while Redis is down."""
+
+import os
+import subprocess
+import sys
+import uuid
+
+from django.test import override_settings
+
+from switchboard import ratelimit as rate_limits
+from tests.processes import ROOT
+
+
+def test_refill_bucket_spends_and_refills():
+    allowed, tokens, wait = rate_limits.refill_bucket(1.0, 0, 0, per_minute=60)
+    assert allowed and tokens == 0.0 and wait == 0.0
+    allowed, tokens, wait = rate_limits.refill_bucket(0.0, 0, 500, per_minute=60)
+    assert not allowed and wait == 500.0  # half a token back after 0.5 s at 1/s
+    allowed, _, _ = rate_limits.refill_bucket(0.0, 0, 1000, per_minute=60)
+    assert allowed
+
+
+def test_redis_bucket_is_shared_and_says_when_to_retry(settings):
+    assert settings.REDIS_URL  # the test environment runs Redis
+    key = uuid.uuid4().hex
+    decisions = [rate_limits.take_token("test", key, per_minute=2) for _ in range(3)]
+    assert [d.allowed for d in decisions] == [True, True, False]
+    assert 1 <= decisions[2].retry_after_seconds <= 30
+    assert rate_limits.take_token("test", uuid.uuid4().hex, per_minute=2).allowed
+
+
+def test_in_process_bucket_without_redis(settings):
+    settings.REDIS_URL = ""
+    rate_limits.reset_local_state()
+    key = uuid.uuid4().hex
+    assert [rate_limits.take_token("test", key, per_minute=1).allowed for _ in range(2)] == [
+        True, False]
+
+
+def test_a_second_process_shares_the_bucket_through_redis(settings):
+    assert settings.REDIS_URL
+    key = uuid.uuid4().hex
+    assert rate_limits.take_token("test", key, per_minute=2).allowed
+    child = subprocess.run(
+        [sys.executable, "-c",
+         "import django; django.setup(); from switchboard import ratelimit; "
+         f"print(ratelimit.take_token('test', '{key}', per_minute=2).allowed)"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "switchboard.settings_test"},
+    )
+    assert child.stdout.strip() == "True", child.stderr[-2000:]
+    assert not rate_limits.take_token("test", key, per_minute=2).allowed
+
+
+@override_settings(REDIS_URL="redis://127.0.0.1:6390/0")  # nothing listens there
+def test_redis_down_falls_back_to_in_process_buckets_with_one_log_line(caplog):
+    rate_limits.reset_local_state()
+    rate_limits._redis_client = None  # connect to the dead URL
+    try:
+        key = uuid.uuid4().hex
+        decisions = [rate_limits.take_token("test", key, per_minute=2) for _ in range(3)]
+        assert [d.allowed for d in decisions] == [True, True, False]
+        # One failed Redis call, then the breaker keeps later requests off Redis entirely.
+        assert sum("redis unavailable" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        rate_limits.reset_local_state()
+        rate_limits._redis_client = None
