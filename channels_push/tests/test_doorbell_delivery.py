@@ -352,3 +352,17 @@ def test_publish_failure_is_logged_with_context_and_dropped(vend, settings, capl
     assert session.pk not in dropped[0].group  # the session id is an identifier, logged short
     assert credential not in caplog.text
     assert Todo.objects.get(pk=todo.pk).state == "pending"
+
+
+def test_a_failing_doorbell_never_fails_the_committing_write(vend, monkeypatch, caplog):
+    endpoint, _ = vend("fragile")
+    session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+
+    def broken(**kwargs):
+        raise RuntimeError("database hiccup")
+
+    monkeypatch.setattr(session_transitions, "choose_doorbell_session", broken)
+    todo = make_ready_todo(endpoint, title="committed anyway")
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
+    failed = [r for r in caplog.records if r.getMessage() == "publish listener failed"]
+    assert failed and failed[0].todo_id == str(todo.pk) and failed[0].endpoint_id == endpoint.pk
