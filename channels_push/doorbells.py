@@ -18,8 +18,13 @@ Three parts, kept apart so each is tested on its own:
 import logging
 import re
 
+from collections import Counter
+
 from django.db import transaction
 from django.utils import timezone
+
+from endpoints import transitions as endpoint_transitions
+from endpoints.models import Presence
 
 from . import mcp_transport, publish
 from . import transitions as session_transitions
@@ -82,6 +87,41 @@ def todo_doorbell(todo) -> dict:
     return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
 
 
+DIGEST_REASONS = frozenset({"clock_in", "operator", "shift_start", "override_end", "reconnect"})
+
+
+def describe_age(age) -> str:
+    """A waiting time as people say it: "45 s", "12 min", "3 h 5 min", "2 d 4 h"."""
+    seconds = max(0, int(age.total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def digest_doorbell(counts: dict, oldest_age, reason: str) -> dict:
+    """The ``params`` of a digest (§8): how much waits, where, and for how long — counts and
+    queue names only (queue names are the operator's routing config, not webhook text), never
+    a title or payload. ``counts``: queue -> pending count."""
+    if reason not in DIGEST_REASONS:
+        raise ValueError(f"unknown digest reason {reason!r}")
+    queues = sorted(counts)
+    pending = sum(counts.values())
+    per_queue = ", ".join(f"{neutralize(queue)} {counts[queue]}" for queue in queues)
+    content = (f"Digest ({reason}): {pending} pending todo{'s' if pending != 1 else ''} "
+               f"({per_queue}); oldest waiting {describe_age(oldest_age)}. "
+               "Drain them with claim_next.")
+    meta = _meta([("kind", DIGEST_KIND), ("pending", pending), ("queues", ",".join(queues)),
+                  ("reason", reason)])
+    return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
+
+
 def is_digest(params: dict) -> bool:
     """The consumer's rule (SPEC-0011): a notification is a digest only when ``meta.kind`` is
     ``digest`` and it names no ``todo_id``."""
@@ -120,6 +160,11 @@ def ring_todo(todo, *, now=None) -> str | None:
     if not endpoint.active or not endpoint.covers(todo.queue):
         return None
     now = now or timezone.now()
+    if endpoint.presence_at(now) != Presence.IN:
+        # Held (§8): no doorbell and no ring recorded; the todo stays pending and pullable,
+        # and the digest on return summarizes it.
+        log.debug("doorbell held: endpoint is out", extra=_context(todo, endpoint.slug))
+        return None
     # One guarded statement picks the session AND re-checks the todo (still pending, trusted,
     # attributed to a human), so an ineligible or already-claimed todo rings nobody.
     session_id = session_transitions.choose_doorbell_session(
@@ -146,18 +191,89 @@ def ring_on_commit(todos) -> None:
         transaction.on_commit(lambda: [ring_todo(todo) for todo in todos])
 
 
-# -- reconnect -----------------------------------------------------------------------------------
+# -- digests and reconnect (§8) -------------------------------------------------------------------
 
 # At most this many oldest waiting todos are rung on a stream (re)open (SPEC-0011): enough to
-# get a restarted agent going, few enough not to flood it; the rest it drains by pull.
+# get a restarted agent going, few enough not to flood it; the rest it drains by pull. Used
+# only by the individual reconnect rings, which the reconnect digest replaced (kept for a
+# deployment that turns presence digests off: RECONNECT_DIGEST).
 RECONNECT_RING_LIMIT = 5
+# SPEC-0022: once presence ships, a reconnect is answered with one digest instead of rings.
+RECONNECT_DIGEST = True
+
+
+def build_digest(endpoint, reason: str, now) -> dict | None:
+    """Mark the endpoint's pending push-eligible todos as rung (no attempt spent) and build the
+    digest that summarizes them; None when nothing is pending (no digest is sent)."""
+    counted = session_transitions.record_digest(endpoint=endpoint, now=now)
+    if not counted:
+        return None
+    counts = Counter(queue for queue, _ in counted)
+    oldest = min(created for _, created in counted)
+    return digest_doorbell(dict(counts), now - oldest, reason)
+
+
+def send_digest(endpoint, reason: str, *, now=None) -> int:
+    """One digest to each attached session of ``endpoint`` (presence just turned in). Returns
+    how many sessions it was sent to; 0 when no session is attached (then nothing is marked:
+    the reconnect digest will summarize instead) or nothing is pending."""
+    from .models import McpSession
+
+    now = now or timezone.now()
+    sessions = list(McpSession.objects.filter(endpoint=endpoint, terminated_at__isnull=True)
+                    .values_list("pk", flat=True))
+    if not sessions:
+        return 0
+    params = build_digest(endpoint, reason, now)
+    if params is None:
+        return 0
+    for session_id in sessions:
+        send_doorbell(session_id, params, {"endpoint": endpoint.slug, "session": session_id[:8],
+                                           "reason": reason, "pending": params["meta"]["pending"]})
+    log.info("doorbell digest", extra={"endpoint": endpoint.slug, "reason": reason,
+                                       "pending": params["meta"]["pending"],
+                                       "sessions": len(sessions)})
+    return len(sessions)
+
+
+def clock(endpoint, presence: str, *, reason: str, until=None, now=None) -> str:
+    """Clock ``endpoint`` in or out (agent verb ``reason="clock_in"``; board, admin and
+    ``manage.py clock`` ``reason="operator"``) and, when that turned its effective presence
+    in, send the digest after commit. Returns the effective presence."""
+    now = now or timezone.now()
+    before, after = endpoint_transitions.set_presence(endpoint, presence, until=until, now=now)
+    log.info("endpoint clocked", extra={"endpoint": endpoint.slug, "presence": after,
+                                        "reason": reason})
+    if before == Presence.OUT and after == Presence.IN:
+        transaction.on_commit(lambda: send_digest(endpoint, reason, now=now))
+    return after
 
 
 def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tuple[dict, dict]]:
-    """The doorbells a stream opening on ``session_id`` gets at once: its endpoint's oldest
-    pending push-eligible todos in scope (≤ RECONNECT_RING_LIMIT), each charged to its ring
-    budget and skipped while inside the reconnect cooldown. Returns ``[(params, log context)]``
-    for the caller to write into THAT stream only."""
+    """What a stream opening on ``session_id`` gets at once, for THAT stream only: one
+    reconnect digest when its endpoint is in and anything is pending (SPEC-0022 replaces the
+    individual rings with it), nothing while it is out. Returns ``[(params, log context)]``."""
+    from endpoints.models import Endpoint
+
+    now = now or timezone.now()
+    endpoint = Endpoint.objects.get(pk=endpoint_id)
+    if endpoint.presence_at(now) != Presence.IN:
+        return []
+    if not RECONNECT_DIGEST:
+        return reconnect_rings(endpoint_id=endpoint_id, session_id=session_id, now=now)
+    params = build_digest(endpoint, "reconnect", now)
+    if params is None:
+        return []
+    log.info("doorbell digest", extra={"endpoint": endpoint.slug, "reason": "reconnect",
+                                       "pending": params["meta"]["pending"],
+                                       "session": session_id[:8]})
+    return [(params, {"endpoint": endpoint.slug, "session": session_id[:8], "reason": "reconnect"})]
+
+
+def reconnect_rings(*, endpoint_id: int, session_id: str, now=None) -> list[tuple[dict, dict]]:
+    """The pre-presence reconnect (SPEC-0011): the endpoint's oldest pending push-eligible
+    todos in scope (≤ RECONNECT_RING_LIMIT), each charged to its ring budget and skipped while
+    inside the reconnect cooldown."""
     now = now or timezone.now()
     endpoint, todos = session_transitions.record_reconnect_rings(
         endpoint_id=endpoint_id, limit=RECONNECT_RING_LIMIT, now=now)

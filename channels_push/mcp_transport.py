@@ -430,6 +430,19 @@ class McpEndpoint:
                 log.warning("mcp stream without channel layer",
                             extra={"session": session_id[:8], "error": type(exc).__name__})
                 channel = None
+            # Ring THIS stream (not the session's other streams) for work that waited while
+            # nobody listened. After group_add, so a todo created meanwhile is not missed by
+            # both paths (it may be counted by both: doorbells are at-least-once); before the
+            # opening comment, so a client that sees the stream open knows the reconnect
+            # summary is already behind it.
+            try:
+                frames = await self._sync(ring_reconnected_stream)(endpoint_id, session_id)
+            except Exception:
+                log.exception("mcp reconnect rings failed", extra={"session": session_id[:8]})
+                frames = []
+            for params, context in frames:
+                offer_frame(buffer, mcp_framing.notification_envelope(
+                    doorbells.CHANNEL_METHOD, params), context)
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream"),
                 (b"cache-control", b"no-cache, no-transform"),
@@ -440,17 +453,6 @@ class McpEndpoint:
             await send({"type": "http.response.body", "more_body": True,
                         "body": mcp_framing.sse_comment("switchboard stream open")
                         + mcp_framing.sse_retry(RETRY_HINT_MS)})
-            # Ring THIS stream (not the session's other streams) for work that waited while
-            # nobody listened. After group_add, so a todo created meanwhile is not missed by
-            # both paths (it may be rung by both: doorbells are at-least-once).
-            try:
-                frames = await self._sync(ring_reconnected_stream)(endpoint_id, session_id)
-            except Exception:
-                log.exception("mcp reconnect rings failed", extra={"session": session_id[:8]})
-                frames = []
-            for params, context in frames:
-                offer_frame(buffer, mcp_framing.notification_envelope(
-                    doorbells.CHANNEL_METHOD, params), context)
             await self._pump(session_id, endpoint_id, layer, channel, buffer, receive, send)
         finally:
             if channel is not None:

@@ -5,11 +5,15 @@ overlap (every row is re-guarded by its UPDATE)."""
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from . import doorbells, mcp_transport
 from . import transitions as session_transitions
 from .models import McpSession
+
+from endpoints import transitions as endpoint_transitions
+from endpoints.models import Endpoint, Presence
 
 # One pass ends at most this many idle sessions: agents open a handful of sessions each, so
 # even a fleet's worth of abandoned sessions clears in a few passes of short statements.
@@ -42,13 +46,15 @@ RINGS_PER_SWEEP = 3
 
 
 def find_ring_receivers(*, now) -> list[int]:
-    """Endpoints that can receive a ring now: active, with at least one attached (live) session
-    — with or without an open stream: the doorbell falls back to a streamless session, and a
-    push dropped at the transport still counts (SPEC-0011)."""
-    return list(
-        McpSession.objects.filter(terminated_at__isnull=True, endpoint__active=True)
-        .values_list("endpoint_id", flat=True).distinct()
-    )
+    """Endpoints that can receive a ring now: active, effectively ``in`` (§8: a clocked-out
+    endpoint keeps its whole ring budget), with at least one attached (live) session — with or
+    without an open stream: the doorbell falls back to a streamless session, and a push dropped
+    at the transport still counts (SPEC-0011). Presence needs the schedule's time-zone math, so
+    it is evaluated here, over the few endpoints that have a live session."""
+    endpoint_ids = (McpSession.objects.filter(terminated_at__isnull=True, endpoint__active=True)
+                    .values_list("endpoint_id", flat=True).distinct())
+    return [endpoint.pk for endpoint in Endpoint.objects.filter(pk__in=endpoint_ids)
+            if endpoint.presence_at(now) == Presence.IN]
 
 
 def ring_due_todos(*, now=None) -> int:
@@ -63,9 +69,44 @@ def ring_due_todos(*, now=None) -> int:
     return len(rung)
 
 
+# -- presence boundaries (§8) ------------------------------------------------------------------
+
+# A boundary older than this when first seen is history, not news: a sweep that was down for
+# longer does not wake agents with a stale "your shift started" (the heartbeat still rings).
+BOUNDARY_LOOKBACK = timedelta(minutes=15)
+DIGEST_REASON_FOR_CHANGE = {"shift": "shift_start", "override_end": "override_end"}
+
+
+def announce_presence_boundaries(*, now=None) -> int:
+    """Detect shift starts and override ends since the last sweep and send a digest to each
+    endpoint whose effective presence turned ``in`` there. Each boundary is claimed by one
+    guarded UPDATE (endpoint.presence_boundary_at moves forward only), so when sweeps overlap
+    exactly one announces it. Returns how many digests were sent (one per endpoint)."""
+    now = now or timezone.now()
+    sent = 0
+    candidates = Endpoint.objects.filter(active=True).filter(
+        ~Q(shift_timezone="") | Q(presence_override_until__isnull=False))
+    for endpoint in candidates:
+        since = now - BOUNDARY_LOOKBACK
+        if endpoint.presence_boundary_at and endpoint.presence_boundary_at > since:
+            since = endpoint.presence_boundary_at
+        changes = endpoint.presence_changes(since, now)
+        if not changes:
+            continue
+        boundary, change = changes[-1]  # only the latest boundary is news
+        if not endpoint_transitions.record_presence_boundary(endpoint.pk, boundary):
+            continue  # an overlapping sweep announced it
+        turned_in = (endpoint.presence_at(boundary) == Presence.IN
+                     and endpoint.presence_at(boundary - timedelta(microseconds=1)) == Presence.OUT)
+        if turned_in and endpoint.presence_at(now) == Presence.IN:
+            sent += bool(doorbells.send_digest(endpoint, DIGEST_REASON_FOR_CHANGE[change], now=now))
+    return sent
+
+
 # The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
 # switchboard/celery.py names the same cadence).
 EMBEDDED_SWEEPS = [
     (expire_idle_sessions, 60.0),
     (ring_due_todos, 30.0),
+    (announce_presence_boundaries, 30.0),
 ]

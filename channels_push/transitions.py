@@ -264,3 +264,29 @@ def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
         f" AND ring_attempts < %(max_rings)s AND {due('todos_todo')} RETURNING *"
     )
     return _ringed_todos(sql, params)
+
+
+def record_digest(*, endpoint, now=None) -> list[tuple[str, object]]:
+    """Mark every pending push-eligible todo of ``endpoint`` in its scope as just rung
+    (last_ringed_at = now) WITHOUT spending a ring attempt, and return what was counted as
+    ``[(queue, created_at)]``: the digest's content and the mark are one statement, so the
+    heartbeat's next ring counts its backoff from exactly the digest that was sent."""
+    now = now or timezone.now()
+    params = {"endpoint_id": endpoint.pk, "now": _time(now)}
+    scope = "" if endpoint.all_queues else " AND " + _id_list("t.queue", "queues", params,
+                                                              endpoint.scope)
+    sql = (
+        "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
+        " SELECT t.id FROM todos_todo t WHERE t.endpoint_id = %(endpoint_id)s"
+        f" AND {_eligible_sql('t')}{scope}) AND state = 'pending' RETURNING queue, created_at"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    converter = connection.ops.convert_datetimefield_value if connection.vendor == "sqlite" else None
+    if converter:
+        from todos.models import Todo
+
+        field = Todo._meta.get_field("created_at")
+        rows = [(queue, converter(created, field, connection)) for queue, created in rows]
+    return rows

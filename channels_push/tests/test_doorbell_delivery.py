@@ -223,7 +223,10 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
     assert Todo.objects.filter(endpoint=d.endpoint, state="pending").count() == published
 
 
-def test_reconnecting_stream_is_rung_for_the_oldest_waiting_todos_only(driver):
+def test_reconnecting_stream_is_rung_for_the_oldest_waiting_todos_only(driver, monkeypatch):
+    # SPEC-0011's individual reconnect rings, as they work without the reconnect digest
+    # (SPEC-0022 replaced them; see test_presence.py for the digest).
+    monkeypatch.setattr(doorbells, "RECONNECT_DIGEST", False)
     d = driver()
     other = McpDriver(d.slug, d.credential)
     other.initialize()  # a second session of the same endpoint, streaming already
@@ -261,16 +264,16 @@ def test_reconnect_rings_respect_the_cooldown_and_the_ring_budget(driver):
     todos = [make_ready_todo(d.endpoint, title=f"w{i}", now=now - timedelta(minutes=10 - i))
              for i in range(3)]
     unsigned = make_ready_todo(d.endpoint, title="unsigned", trust="unverified")
-    frames = doorbells.reconnect_frames(endpoint_id=d.endpoint.pk, session_id=d.session_id, now=now)
+    frames = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id, now=now)
     assert [p["meta"]["todo_id"] for p, _ in frames] == [str(t.pk) for t in todos]
     assert all(c["todo_id"] and c["endpoint"] == d.slug for _, c in frames)
-    assert doorbells.reconnect_frames(endpoint_id=d.endpoint.pk, session_id=d.session_id,
+    assert doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id,
                                       now=now + timedelta(seconds=59)) == []
-    again = doorbells.reconnect_frames(endpoint_id=d.endpoint.pk, session_id=d.session_id,
+    again = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id,
                                        now=now + timedelta(seconds=61))
     assert len(again) == 3
     Todo.objects.filter(pk=todos[0].pk).update(ring_attempts=5)  # budget spent
-    later = doorbells.reconnect_frames(endpoint_id=d.endpoint.pk, session_id=d.session_id,
+    later = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id,
                                        now=now + timedelta(minutes=5))
     assert [p["meta"]["todo_id"] for p, _ in later] == [str(t.pk) for t in todos[1:]]
     assert Todo.objects.get(pk=todos[0].pk).ring_attempts == 5
@@ -281,7 +284,7 @@ def test_reconnect_rings_at_most_five(driver):
     d = driver()
     for i in range(8):
         make_ready_todo(d.endpoint, title=f"w{i}")
-    frames = doorbells.reconnect_frames(endpoint_id=d.endpoint.pk, session_id=d.session_id)
+    frames = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id)
     assert len(frames) == doorbells.RECONNECT_RING_LIMIT == 5
 
 
