@@ -156,8 +156,12 @@ def ring_todo(todo, *, now=None) -> str | None:
     todo stays pending for pull)."""
     if todo.trust not in PUSH_TRUST:
         return None
-    endpoint = todo.endpoint
-    if not endpoint.active or not endpoint.covers(todo.queue):
+    from endpoints.models import Endpoint
+
+    # Read fresh: the instance the todo carries may predate a clock out in this very request
+    # or process, and presence is what decides whether anything may ring at all.
+    endpoint = Endpoint.objects.filter(pk=todo.endpoint_id).first()
+    if endpoint is None or not endpoint.active or not endpoint.covers(todo.queue):
         return None
     now = now or timezone.now()
     if endpoint.presence_at(now) != Presence.IN:
