@@ -26,7 +26,7 @@ from django.utils import timezone
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Presence
 
-from . import mcp_transport, publish
+from . import mcp_transport, metrics, publish
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.doorbell")
@@ -176,6 +176,7 @@ def ring_todo(todo, *, now=None) -> str | None:
     context = _context(todo, endpoint.slug)
     if session_id is None:
         log.debug("doorbell not sent: no attached session", extra=context)
+        metrics.DOORBELLS_DROPPED.inc()
         return None
     send_doorbell(session_id, todo_doorbell(todo), {**context, "session": session_id[:8]})
     return session_id

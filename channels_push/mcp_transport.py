@@ -37,7 +37,7 @@ from endpoints.models import hash_credential
 
 from switchboard import ratelimit
 
-from . import doorbells, mcp_framing, mcp_tools, publish
+from . import doorbells, mcp_framing, mcp_tools, metrics, publish
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
@@ -489,6 +489,8 @@ class McpEndpoint:
                     # the bounded buffer meanwhile, and drops once it is full.
                     await send({"type": "http.response.body", "more_body": True,
                                 "body": mcp_framing.sse_event(message)})
+                    if message.get("method") == doorbells.CHANNEL_METHOD:
+                        metrics.DOORBELLS_SENT.inc()
                     continue
                 await send({"type": "http.response.body", "more_body": True,
                             "body": mcp_framing.sse_comment("keep-alive")})
@@ -509,6 +511,7 @@ def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:
         return True
     except asyncio.QueueFull:
         log.warning("doorbell dropped: stream buffer full", extra=context)
+        metrics.DOORBELLS_DROPPED.inc()
         return False
 
 

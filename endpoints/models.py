@@ -213,18 +213,30 @@ class Endpoint(models.Model):
         running) > manual state."""
         if self.presence_override and self.presence_override_until and now < self.presence_override_until:
             return self.presence_override
-        if self.shift_schedule and self.shift_timezone:
+        if self.has_schedule:
             if self.presence_hold_until and now < self.presence_hold_until:
                 return self.presence_state
             return Presence.IN if on_shift(self.shift_schedule, self.shift_timezone, now) else Presence.OUT
         return self.presence_state
+
+    @property
+    def has_schedule(self) -> bool:
+        """A usable schedule: windows and a known zone (clean() rejects anything else, so an
+        unknown zone only shows up in an unsaved, invalid form)."""
+        if not self.shift_schedule or not self.shift_timezone:
+            return False
+        try:
+            ZoneInfo(self.shift_timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            return False
+        return True
 
     def presence_changes(self, start, end) -> list:
         """Where effective presence may change in (start, end]: shift boundaries, the
         override's end and the hold's end, each as ``(instant, reason)`` in order; reason is
         ``shift`` or ``override_end``."""
         instants = []
-        if self.shift_schedule and self.shift_timezone:
+        if self.has_schedule:
             instants += [(t, "shift") for t, _ in
                          shift_boundaries(self.shift_schedule, self.shift_timezone, start, end)]
             if self.presence_hold_until and start < self.presence_hold_until <= end:

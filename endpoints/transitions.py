@@ -71,7 +71,7 @@ def set_presence(endpoint: Endpoint, presence: str, *, until=None, now=None) -> 
             row.presence_override, row.presence_override_until = "", None
             row.presence_hold_until = (
                 next_shift_boundary(row.shift_schedule, row.shift_timezone, now)
-                if row.shift_schedule and row.shift_timezone else None)
+                if row.has_schedule else None)
         row.save(update_fields=["presence_state", "presence_override", "presence_override_until",
                                 "presence_hold_until"])
     for name in ("presence_state", "presence_override", "presence_override_until",

@@ -215,7 +215,13 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
         return frames, drops()
 
     caplog.set_level(logging.WARNING)
+    from channels_push import metrics
+
+    sent_before = metrics.DOORBELLS_SENT._value.get()
+    dropped_before = metrics.DOORBELLS_DROPPED._value.get()
     frames, dropped = async_to_sync(scenario)()
+    assert metrics.DOORBELLS_DROPPED._value.get() - dropped_before >= len(dropped)
+    assert metrics.DOORBELLS_SENT._value.get() - sent_before == len(frames)
     # Reconnect rings (up to 5) and the 8 published doorbells: what was not delivered was dropped
     # and logged, nothing was queued without bound.
     assert len(frames) <= 1 + buffer_frames + 5
