@@ -222,3 +222,29 @@ def test_logs_of_a_whole_flow_carry_no_bearer_secret_or_body(start_daphne):
     assert "doorbell" in log or "webhook delivery accepted" in log  # the flow did log
     for secret in (credential, SECRET, token, "sk-live-supersecret", BODY_MARKER):
         assert secret not in log
+
+
+def test_clocked_out_agent_gets_no_doorbell_then_one_digest_on_clock_in(daphne_server):
+    """Presence end to end (§8): the SDK client clocks out, a signed webhook rings nothing,
+    clock_in brings one digest, and draining it with claim_next finds the todo."""
+    endpoint, credential, webhook = setup_route("e2e-presence")
+    listener = ChannelListener()
+
+    async def scenario():
+        async with sdk_client(daphne_server.url, endpoint.slug, credential,
+                              listener=listener) as client:
+            await wait_stream(client, endpoint)
+            out = await client.call_tool("clock_out", {})
+            held = await asyncio.to_thread(deliver, daphne_server.url, webhook, 21)
+            back = await client.call_tool("clock_in", {})
+            digest = await listener.next()  # the first notification after the webhook
+            drained = await client.call_tool("claim_next", {})
+            return out, held, back, digest, drained
+
+    out, held, back, digest, drained = asyncio.run(scenario())
+    assert out.structured_content == {"presence": "out"}
+    assert back.structured_content == {"presence": "in"}
+    assert digest.meta == {"kind": "digest", "pending": "1", "queues": "issues", "reason": "clock_in"}
+    assert "todo_id" not in digest.meta and "It broke" not in digest.content
+    assert drained.structured_content["todo"]["id"] == held
+    assert Todo.objects.get(pk=held).ring_attempts == 0
