@@ -247,8 +247,9 @@ def clock(endpoint, presence: str, *, reason: str, until=None, now=None) -> str:
     in, send the digest after commit. Returns the effective presence."""
     now = now or timezone.now()
     before, after = endpoint_transitions.set_presence(endpoint, presence, until=until, now=now)
-    log.info("endpoint clocked", extra={"endpoint": endpoint.slug, "presence": after,
-                                        "reason": reason})
+    log.info("endpoint clocked", extra={"endpoint": endpoint.slug, "clocked": presence,
+                                        "presence": after,
+                                        "by": "agent" if reason == "clock_in" else reason})
     if before == Presence.OUT and after == Presence.IN:
         transaction.on_commit(lambda: send_digest(endpoint, reason, now=now))
     return after
