@@ -80,7 +80,7 @@ def refill_todos(count: int, done: int = 0):
     """Empty the ledger, then add ``count`` pending todos over the queues (and ``done`` history)."""
     with psycopg.connect(SB_DB, autocommit=True) as conn:
         ep = endpoint_id(conn)
-        conn.execute("TRUNCATE todos_todoevent, todos_todo")
+        conn.execute("TRUNCATE todos_todoevent, todos_todo CASCADE")
         insert = (
             "INSERT INTO todos_todo (endpoint_id, queue, state, title, kind, source, payload, trust, "
             "attempts, max_attempts, created_at, updated_at, ring_attempts) "
