@@ -233,3 +233,26 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
     record(f"[chaos] {run.delivered} todos through 5 faults: each done exactly once; "
            f"agents retried {retries} calls and made {reconnects} reconnect attempts (the SDK "
            f"client dies with its web process; attempts repeat until it is back)")
+
+
+def test_a_postgresql_restart_costs_at_most_one_request_per_web_process(topology, world):
+    """Once PostgreSQL is back, requests succeed again on both web processes at once: pooled
+    connections the restart killed are checked and replaced, not handed to requests.
+
+    Regression: without CONN_HEALTH_CHECKS each dead pooled connection failed one request
+    (measured: 10 of the first 20). With it, the first request on each process can still fail:
+    it meets the dead connections, and psycopg_pool backs off 1 s, 2 s, … between its checks,
+    past the 5 s pool wait (measured: exactly that one per process); ingest then answers 503
+    with Retry-After, and senders and agents retry."""
+    credential = world.endpoint("pg-restart", "ops-pg")
+    probe = drive.RawSession(topology.web_urls[0], "pg-restart", credential)
+    # Fill each process's pool with several connections: concurrent requests.
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(lambda i: probe.works_on(topology.web_urls[i % 2]), range(64)))
+    topology.restart_postgres()  # returns once PostgreSQL accepts connections again
+    failures = [i for i in range(20) if not probe.works_on(topology.web_urls[i % 2])]
+    assert set(failures) <= {0, 1}, f"{len(failures)} of 20 requests failed after the restart"
+    record(f"[postgres restart, idle pools] {len(failures)} of the first 20 requests failed "
+           f"(at most the first per web process)")
