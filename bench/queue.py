@@ -14,7 +14,8 @@ Rounds interleave a, b, c so machine noise hits all three alike; the median roun
 Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table.
 
 Databases (created when missing): sb_bench (switchboard's schema) and sb_bench_procrastinate.
-The PostgreSQL server comes from BENCH_PG (default postgres://postgres@127.0.0.1:5432).
+The PostgreSQL server comes from BENCH_PG (default postgres://postgres@127.0.0.1:5432), the
+Redis channel layer for (a) from BENCH_REDIS (default redis://127.0.0.1:6379/9).
 """
 
 import sys
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432").rstrip("/")
 SB_DB = f"{PG}/sb_bench"
 PROC_DB = f"{PG}/sb_bench_procrastinate"
+BENCH_REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 QUEUES = ["q0", "q1", "q2", "q3"]
 SLUG = "bench"
 
@@ -78,7 +80,7 @@ def refill_todos(count: int, done: int = 0):
     """Empty the ledger, then add ``count`` pending todos over the queues (and ``done`` history)."""
     with psycopg.connect(SB_DB, autocommit=True) as conn:
         ep = endpoint_id(conn)
-        conn.execute("TRUNCATE todos_todoevent, todos_todo")
+        conn.execute("TRUNCATE todos_todoevent, todos_todo CASCADE")
         insert = (
             "INSERT INTO todos_todo (endpoint_id, queue, state, title, kind, source, payload, trust, "
             "attempts, max_attempts, created_at, updated_at, ring_attempts) "
@@ -130,9 +132,15 @@ def prepare_procrastinate_schema():
 # -- workers (each its own process and connection) ---------------------------------------------
 
 
+def production_env():
+    """Production mode for the switchboard side: PostgreSQL and the Redis channel layer, so
+    every transition pays for its after-commit board publish as it does in production."""
+    os.environ.update(DATABASE_URL=SB_DB, DJANGO_SETTINGS_MODULE="switchboard.settings",
+                      REDIS_URL=BENCH_REDIS, CHANNEL_PREFIX="sbbench")
+
+
 def switchboard_worker(start, done_queue):
-    os.environ.update(DATABASE_URL=SB_DB, DJANGO_SETTINGS_MODULE="switchboard.settings")
-    os.environ.pop("REDIS_URL", None)
+    production_env()
     sys.path.insert(0, str(ROOT))
     import django
 
@@ -219,8 +227,7 @@ def run_round(worker, refill, todos: int, workers: int) -> float:
 
 def claim_latency(done_rows: int, samples: int) -> tuple[float, float]:
     refill_todos(samples, done=done_rows)
-    os.environ.update(DATABASE_URL=SB_DB, DJANGO_SETTINGS_MODULE="switchboard.settings")
-    os.environ.pop("REDIS_URL", None)
+    production_env()
     sys.path.insert(0, str(ROOT))
     import django
 

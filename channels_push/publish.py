@@ -12,6 +12,7 @@ than queued without limit.
 """
 
 import asyncio
+import collections
 import logging
 import threading
 
@@ -72,14 +73,22 @@ def deliver(todo, change: dict) -> None:
 
 
 class _Sender:
-    """Runs channel-layer coroutines on an event loop without blocking the caller."""
+    """Runs channel-layer coroutines on an event loop without blocking the caller.
+
+    Producers append to a queue and wake the loop only when the queue was empty, so a burst of
+    transitions costs one cross-thread wake-up, not one per message (run_coroutine_threadsafe
+    per message measured at a third of a claim's CPU). The loop sends the batch in order, so
+    a board sees a todo's changes in the order they committed.
+    """
 
     def __init__(self):
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._server_loop = None
         self._own_loop = None
+        self._queue = collections.deque()
         self._pending = 0
-        self._idle = threading.Condition(self._lock)
+        self._draining = False
 
     def bind_server_loop(self, loop):
         """Inside daphne, send from the server's loop: the in-memory layer's queues live there."""
@@ -102,18 +111,31 @@ class _Sender:
                 log.warning("publish dropped: too many sends in flight", extra=context)
                 return False
             self._pending += 1
-        asyncio.run_coroutine_threadsafe(self._run(make_coroutine, context), self._loop())
+            self._queue.append((make_coroutine, context))
+            wake = not self._draining
+            self._draining = True
+        if wake:
+            loop = self._loop()
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
         return True
 
-    async def _run(self, make_coroutine, context):
-        try:
-            await make_coroutine()
-        except Exception as exc:
-            log.warning("publish dropped", extra={**context, "error": type(exc).__name__})
-        finally:
+    async def _drain(self):
+        while True:
             with self._lock:
-                self._pending -= 1
-                self._idle.notify_all()
+                if not self._queue:
+                    self._draining = False
+                    return
+                batch = list(self._queue)
+                self._queue.clear()
+            for make_coroutine, context in batch:
+                try:
+                    await make_coroutine()
+                except Exception as exc:
+                    log.warning("publish dropped", extra={**context, "error": type(exc).__name__})
+                finally:
+                    with self._lock:
+                        self._pending -= 1
+                        self._idle.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
         """For tests and shutdown: wait until every submitted send has finished."""

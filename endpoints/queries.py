@@ -28,3 +28,16 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None) -> End
 
 def get_endpoint(slug: str) -> Endpoint:
     return Endpoint.objects.get(slug=slug)
+
+
+def visible_endpoints(user):
+    """The endpoints an operator may see and act on: their own; a superuser sees all."""
+    if not getattr(user, "is_authenticated", False):
+        return Endpoint.objects.none()
+    if user.is_superuser:
+        return Endpoint.objects.all()
+    return Endpoint.objects.filter(owner_id=user.pk)
+
+
+def can_see_endpoint(user, endpoint_id) -> bool:
+    return visible_endpoints(user).filter(pk=endpoint_id).exists()

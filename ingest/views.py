@@ -18,6 +18,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from channels_push import metrics as push_metrics
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import ratelimit
 from todos import queries as todo_queries
@@ -239,9 +240,12 @@ def receive_hook(request, webhook_slug):
             payload=payload, body_sha256=transitions.body_digest(body), now=now,
         )
     except Problem as problem:
+        push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
         return problem.response()
     except DatabaseError as exc:
+        push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
         return _storage_unavailable(exc, webhook=webhook_slug)
+    push_metrics.INGEST_ACCEPTED.labels(source=webhook.source).inc()
     log.info("webhook delivery accepted", extra={
         "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),
         "todos_created": sum(1 for _, created in arrival.todos if created),
@@ -352,9 +356,12 @@ def hand_over(request, endpoint_slug):
             **arguments,
         )
     except Problem as problem:
+        push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
         return problem.response()
     except DatabaseError as exc:
+        push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
         return _storage_unavailable(exc, endpoint=endpoint_slug)
+    push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
     log.info("operator hand-over", extra={
         "endpoint": endpoint.slug, "operator": operator.get_username(), "todo_id": todo.pk,
         "duplicate": not created,

@@ -13,14 +13,17 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from channels_push import mcp_transport, publish  # noqa: E402
+from channels_push import board_stream, mcp_transport, publish  # noqa: E402
 
 http_routes = [
     # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
     re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
+    # The Todos board's live stream (issue 7): session-authenticated like the board itself.
+    re_path(r"^todos/events$", AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi())),
     re_path(r"", django_asgi_app),
 ]
 

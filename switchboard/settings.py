@@ -69,6 +69,8 @@ SWITCHBOARD_MCP_SESSION_IDLE = timedelta(
 )
 # Fernet key for operator-supplied secrets (§5); derived from SECRET_KEY when unset.
 SWITCHBOARD_SECRETS_KEY = env.str("SWITCHBOARD_SECRETS_KEY", default="")
+# When set, GET /metrics requires "Authorization: Bearer <this token>" (board, issue 7).
+SWITCHBOARD_METRICS_TOKEN = env.str("SWITCHBOARD_METRICS_TOKEN", default="")
 
 # -- apps ------------------------------------------------------------------------------------
 INSTALLED_APPS = [

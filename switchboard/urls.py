@@ -1,8 +1,10 @@
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
 from ingest import views as ingest_views
+from todos import views as todo_views
 
 from . import health
 
@@ -14,6 +16,15 @@ urlpatterns = [
     re_path(r"^hooks/(?P<webhook_slug>[^/]+)/?$", ingest_views.receive_hook, name="receive_hook"),
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
             name="hand_over"),
+    # -- operator console (issue 7); /todos/events is the SSE consumer routed in asgi.py --
+    path("accounts/login/", todo_views.LoginView.as_view(), name="board-login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="board-login"), name="board-logout"),
+    path("todos/", todo_views.board, name="todos-board"),
+    path("todos/rows", todo_views.board_rows, name="todos-rows"),
+    path("todos/board.js", todo_views.board_script, name="todos-board-js"),
+    path("todos/<int:todo_id>/", todo_views.todo_detail, name="todos-detail"),
+    path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
+    path("metrics", todo_views.metrics, name="metrics"),
 ]
 
 if settings.OIDC_ENABLED:

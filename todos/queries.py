@@ -59,3 +59,109 @@ def dead_letters(*, endpoint, queue=None):
     if queue is not None:
         todos = todos.filter(queue=queue)
     return todos.order_by("created_at", "id")
+
+
+# The board shows the newest rows only; older ones are reached through the filters or admin.
+BOARD_LIMIT = 200
+
+
+def with_board_version(todos):
+    """Annotate ``version``: the id of the todo's latest event.
+
+    Per todo this grows in commit order — every transition holds the todo's row lock from its
+    UPDATE until commit and inserts its event inside that window — so the board can tell an
+    older snapshot of a row from a newer one, whichever reaches the browser first.
+    """
+    from django.db.models import OuterRef, Subquery
+
+    from .models import TodoEvent
+
+    latest = TodoEvent.objects.filter(todo=OuterRef("pk")).order_by("-id").values("id")[:1]
+    return todos.annotate(version=Subquery(latest))
+
+
+def board_todos(endpoints, *, endpoint_slug=None, queue=None, state=None, limit=BOARD_LIMIT):
+    """The newest todos of ``endpoints`` (a queryset the caller may see), filtered."""
+    todos = Todo.objects.filter(endpoint__in=endpoints).select_related("endpoint")
+    if endpoint_slug:
+        todos = todos.filter(endpoint__slug=endpoint_slug)
+    if queue:
+        todos = todos.filter(queue=queue)
+    if state:
+        todos = todos.filter(state=state)
+    return list(with_board_version(todos).order_by("-id")[:limit])
+
+
+def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None) -> bool:
+    return (
+        (not endpoint_slug or todo.endpoint.slug == endpoint_slug)
+        and (not queue or todo.queue == queue)
+        and (not state or todo.state == state)
+    )
+
+
+def board_filters_from(params) -> dict:
+    """The board's filters from a query mapping; an unknown state is ignored, not an error."""
+    state = params.get("state") or None
+    return {
+        "endpoint_slug": (params.get("endpoint") or "").strip() or None,
+        "queue": (params.get("queue") or "").strip() or None,
+        "state": state if state in State.values else None,
+    }
+
+
+# The states a backlog gauge reports. Done todos are kept forever as audit, so counting them
+# would make every scrape as slow as the history is long; completions are a counter instead.
+BACKLOG_STATES = (State.PENDING, State.CLAIMED, State.FAILED)
+
+
+def count_backlog_by_queue():
+    """``(endpoint slug, queue, state, count)`` for todos in BACKLOG_STATES.
+
+    PostgreSQL: one LATERAL probe per endpoint on ``todo_by_state`` (endpoint, state, queue), an
+    index-only range per endpoint and state, so the cost follows the backlog, not the history
+    (a plain GROUP BY would read the whole index: no skip scan before PostgreSQL 18).
+    SQLite (embedded, small): the plain grouped count.
+    """
+    from django.db import connection
+    from django.db.models import Count
+
+    if connection.vendor != "postgresql":
+        return list(
+            Todo.objects.filter(state__in=BACKLOG_STATES)
+            .values_list("endpoint__slug", "queue", "state").annotate(n=Count("id")).order_by()
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.slug, c.queue, c.state, c.n FROM endpoints_endpoint e CROSS JOIN LATERAL ("
+            " SELECT t.queue, t.state, COUNT(*) AS n FROM todos_todo t"
+            " WHERE t.endpoint_id = e.id AND t.state = ANY(%s) GROUP BY t.queue, t.state) c",
+            [list(BACKLOG_STATES)],
+        )
+        return cursor.fetchall()
+
+
+def count_todo_events(*, after_id=0, up_to_id=None):
+    """``(action, to_state, count)`` over the audit trail, for event ids in
+    (``after_id``, ``up_to_id``]: a primary-key range, so counting only what is new is cheap."""
+    from django.db.models import Count
+
+    from .models import TodoEvent
+
+    events = TodoEvent.objects.filter(id__gt=after_id)
+    if up_to_id is not None:
+        events = events.filter(id__lte=up_to_id)
+    return list(events.values_list("action", "to_state").annotate(n=Count("id")).order_by())
+
+
+def find_settled_event_id(*, after_id, written_before):
+    """The largest event id after ``after_id`` among events written before ``written_before``
+    (None if none): a scan of the primary-key range after ``after_id`` only."""
+    from django.db.models import Max
+
+    from .models import TodoEvent
+
+    return (
+        TodoEvent.objects.filter(id__gt=after_id, at__lt=written_before)
+        .aggregate(top=Max("id"))["top"]
+    )

@@ -1,0 +1,149 @@
+"""Prometheus series for /metrics (CONTRACT §9).
+
+Two kinds, on purpose:
+
+* Queue series derived from the database at scrape time — the backlog by endpoint, queue and
+  state, and the transition counters (claims, completions, failures, dead letters, lease
+  lapses) counted from the todo event audit trail. Several web processes share one database,
+  so every process answers the same totals and a restart loses nothing; in-process counters
+  could not promise either. Both stay cheap as history grows (see ``EventTally`` and
+  ``todos.queries.count_backlog_by_queue``).
+* In-process counters for things the database does not record (a doorbell written to a stream,
+  a webhook rejected before anything is stored). Other apps import and increment them:
+
+      from channels_push import metrics
+      metrics.DOORBELLS_SENT.inc()
+      metrics.DOORBELLS_DROPPED.inc()
+      metrics.INGEST_ACCEPTED.labels(source="github").inc()
+      metrics.INGEST_REJECTED.labels(reason="bad_signature").inc()
+
+  They count per process: scrape every web process (Prometheus sums them with ``sum()``).
+"""
+
+import collections
+import threading
+from datetime import timedelta
+
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+DOORBELLS_SENT = Counter(
+    "switchboard_doorbells_sent", "Doorbell notifications written to an MCP session stream.",
+    registry=REGISTRY,
+)
+DOORBELLS_DROPPED = Counter(
+    "switchboard_doorbells_dropped", "Doorbell notifications dropped (no stream, full buffer).",
+    registry=REGISTRY,
+)
+INGEST_ACCEPTED = Counter(
+    "switchboard_ingest_accepted", "Webhook deliveries and operator todos accepted.",
+    ["source"], registry=REGISTRY,
+)
+INGEST_REJECTED = Counter(
+    "switchboard_ingest_rejected", "Webhook deliveries rejected (signature, size, rate, body).",
+    ["reason"], registry=REGISTRY,
+)
+
+# Audit-trail actions -> counter name. The reaper writes "lease_lapsed" for both its outcomes;
+# the one that lands in "failed" is also a dead letter.
+TRANSITION_COUNTERS = {
+    "claim": ("switchboard_todo_claims", "Todos claimed (by agents or operators)."),
+    "complete": ("switchboard_todo_completions", "Todos completed."),
+    "fail": ("switchboard_todo_failures", "Todos failed (including those dead-lettered)."),
+    "lease_lapsed": ("switchboard_todo_lease_lapses", "Leases that lapsed and were reaped."),
+    "create": ("switchboard_todos_created", "Todos created."),
+    "requeue": ("switchboard_todo_requeues", "Failed todos re-queued by a human."),
+}
+DEAD_LETTERS = ("switchboard_todo_dead_letters", "Todos dead-lettered (attempts spent).")
+
+# How long after its ``at`` an event's transaction may still be open. Transitions are single
+# statements inside short transactions (milliseconds); a minute is a wide margin.
+EVENT_SETTLE_TIME = timedelta(seconds=60)
+
+
+class EventTally:
+    """Counts of the audit trail by (action, to_state), kept per process and brought up to date
+    on each scrape by counting only the events written since the last one.
+
+    Why not one GROUP BY over the whole table per scrape: it reads every event ever written
+    (bench/metrics_scrape.py: ~180 ms at 600k events, linear beyond). Why the settle margin:
+    event ids are taken before commit, so an id below the newest visible one may still be
+    uncommitted and invisible. Every id below that of an event written more than twice the
+    settle time ago was taken, and its transaction finished, over one settle time ago; only
+    ids up to there are folded into the running total. Events after it are recounted on every
+    scrape (a primary-key range of the last couple of minutes).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._settled_through = 0
+        self._settled = collections.Counter()
+
+    def counts(self, *, now=None) -> collections.Counter:
+        from django.utils import timezone
+
+        from todos import queries
+
+        now = now or timezone.now()
+        with self._lock:
+            settled_id = queries.find_settled_event_id(
+                after_id=self._settled_through, written_before=now - 2 * EVENT_SETTLE_TIME
+            )
+            if settled_id is not None:
+                for action, to_state, n in queries.count_todo_events(
+                    after_id=self._settled_through, up_to_id=settled_id
+                ):
+                    self._settled[(action, to_state)] += n
+                self._settled_through = settled_id
+            totals = collections.Counter(self._settled)
+            for action, to_state, n in queries.count_todo_events(after_id=self._settled_through):
+                totals[(action, to_state)] += n
+            return totals
+
+
+class QueueCollector:
+    """Reads the queue series from the database on every scrape."""
+
+    def __init__(self):
+        self.tally = EventTally()
+
+    def describe(self):
+        return []  # no scrape-time queries at registration
+
+    def collect(self):
+        from todos import queries
+        from todos.models import State
+
+        backlog = GaugeMetricFamily(
+            "switchboard_todos",
+            "Todos waiting or in flight by endpoint, queue and state (pending, claimed, failed; "
+            "failed includes dead letters). Done todos: switchboard_todo_completions_total.",
+            labels=["endpoint", "queue", "state"],
+        )
+        for endpoint, queue, state, count in queries.count_backlog_by_queue():
+            backlog.add_metric([endpoint, queue, state], count)
+        yield backlog
+
+        totals = dict.fromkeys(TRANSITION_COUNTERS, 0)
+        dead = 0
+        for (action, to_state), count in self.tally.counts().items():
+            if action == "dead_letter":
+                # A dead letter is the failure of the last attempt: count it as both.
+                totals["fail"] += count
+                dead += count
+            elif action in totals:
+                totals[action] += count
+                if action == "lease_lapsed" and to_state == State.FAILED:
+                    dead += count
+        for action, (name, documentation) in TRANSITION_COUNTERS.items():
+            family = CounterMetricFamily(name, documentation)
+            family.add_metric([], totals[action])
+            yield family
+        family = CounterMetricFamily(*DEAD_LETTERS)
+        family.add_metric([], dead)
+        yield family
+
+
+REGISTRY.register(QueueCollector())

@@ -1,0 +1,103 @@
+"""Endpoint admin: vending shows the credential once, rotation, no secrets on pages."""
+
+import re
+
+import pytest
+
+from endpoints import queries
+from endpoints.models import AGENT_VERBS, Credential, Endpoint
+from tests.factories import EndpointFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def root_client(client):
+    client.force_login(UserFactory(username="root", is_superuser=True, is_staff=True))
+    return client
+
+
+def test_vending_in_admin_shows_a_working_credential_once(root_client, operator):
+    response = root_client.post("/admin/endpoints/endpoint/add/", {
+        "slug": "reviewer", "owner": operator.pk, "scope": "inbox, reviews",
+        "verbs": ["list_todos", "claim", "complete"], "default_lease_seconds": "600",
+        "max_attempts": "3", "active": "on",
+        "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 200, response.content[:2000]
+    assert "no-store" in response["Cache-Control"]
+    credential = re.search(r'<code class="credential">([^<]+)</code>', response.content.decode()).group(1)
+    endpoint = Endpoint.objects.get(slug="reviewer")
+    assert endpoint.scope == ["inbox", "reviews"] and endpoint.verbs == ["list_todos", "claim", "complete"]
+    assert endpoint.default_lease_seconds == 600 and endpoint.max_attempts == 3
+    assert queries.find_endpoint_for_credential("reviewer", credential) == endpoint
+    change_page = root_client.get(f"/admin/endpoints/endpoint/{endpoint.pk}/change/").content.decode()
+    assert credential not in change_page
+    assert Credential.objects.get(endpoint=endpoint).digest not in change_page
+    assert credential[:12] in change_page  # the hint tells credentials apart
+
+
+def test_admin_form_rejects_bad_queue_names(root_client, operator):
+    response = root_client.post("/admin/endpoints/endpoint/add/", {
+        "slug": "bad", "owner": operator.pk, "scope": "no spaces allowed", "verbs": list(AGENT_VERBS),
+        "max_attempts": "5", "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 200 and b"errornote" in response.content
+    assert not Endpoint.objects.filter(slug="bad").exists()
+
+
+def test_rotate_action_mints_a_new_credential_and_keeps_the_old_one_for_the_grace(root_client, operator):
+    from endpoints import transitions
+
+    endpoint, old = transitions.vend_endpoint(slug="ep", owner=operator)
+    response = root_client.post("/admin/endpoints/endpoint/", {
+        "action": "rotate_credentials", "_selected_action": [endpoint.pk],
+    })
+    assert response.status_code == 200
+    new = re.search(r'<code class="credential">([^<]+)</code>', response.content.decode()).group(1)
+    assert new != old
+    assert queries.find_endpoint_for_credential("ep", new) == endpoint
+    assert queries.find_endpoint_for_credential("ep", old) == endpoint  # grace period
+    assert Credential.objects.get(endpoint=endpoint, expires_at__isnull=False).hint == old[:12]
+
+
+def test_staff_operator_sees_only_own_endpoints(client, operator):
+    staff = UserFactory(username="carol", is_staff=True, is_superuser=False)
+    from django.contrib.auth.models import Permission
+
+    staff.user_permissions.add(*Permission.objects.filter(codename__in=["view_endpoint", "change_endpoint"]))
+    EndpointFactory(slug="carols", owner=staff)
+    EndpointFactory(slug="alices", owner=operator)
+    client.force_login(staff)
+    page = client.get("/admin/endpoints/endpoint/").content.decode()
+    assert "carols" in page and "alices" not in page
+
+
+def test_staff_operator_cannot_vend_for_someone_else(client, operator):
+    from django.contrib.auth.models import Permission
+
+    staff = UserFactory(username="carol", is_staff=True, is_superuser=False)
+    staff.user_permissions.add(*Permission.objects.filter(
+        codename__in=["view_endpoint", "change_endpoint", "add_endpoint"]))
+    client.force_login(staff)
+    response = client.post("/admin/endpoints/endpoint/add/", {
+        "slug": "sneaky", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+        "max_attempts": "5", "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 200 and b"errornote" in response.content
+    assert not Endpoint.objects.filter(slug="sneaky").exists()
+
+
+def test_changing_an_endpoint_in_admin_edits_scope_and_verbs(root_client, operator):
+    endpoint = EndpointFactory(slug="ep", owner=operator)
+    form = root_client.get(f"/admin/endpoints/endpoint/{endpoint.pk}/change/").content.decode()
+    assert 'name="scope" value="*"' in form
+    response = root_client.post(f"/admin/endpoints/endpoint/{endpoint.pk}/change/", {
+        "slug": "ep", "owner": operator.pk, "scope": "reviews", "verbs": ["claim_next", "complete"],
+        "max_attempts": "7", "active": "on",
+        "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 302
+    endpoint.refresh_from_db()
+    assert endpoint.scope == ["reviews"] and endpoint.verbs == ["claim_next", "complete"]
+    assert endpoint.max_attempts == 7

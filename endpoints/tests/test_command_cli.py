@@ -1,0 +1,83 @@
+"""manage.py vend_endpoint and rotate_credential: happy paths, bad arguments, --json, --help."""
+
+import pytest
+
+from endpoints import queries
+from endpoints.models import AGENT_VERBS, Endpoint
+from tests.cli import run_manage
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("command", ["vend_endpoint", "rotate_credential"])
+def test_help(capsys, command):
+    run = run_manage(capsys, command, "--help")
+    assert run.code == 0 and "usage:" in run.out and "--json" in run.out
+
+
+def test_vend_endpoint_json(capsys, operator, settings):
+    run = run_manage(capsys, "vend_endpoint", "reviewer", "--owner", "alice", "--queues",
+                     "inbox,reviews", "--verbs", "list_todos,claim", "--lease-seconds", "60",
+                     "--max-attempts", "2", "--json")
+    assert run.code == 0, run.err
+    data = run.json()
+    assert set(data) == {"slug", "mcp_url", "credential"}
+    assert data["slug"] == "reviewer"
+    assert data["mcp_url"] == f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/reviewer"
+    endpoint = Endpoint.objects.get(slug="reviewer")
+    assert (endpoint.scope, endpoint.verbs, endpoint.default_lease_seconds, endpoint.max_attempts) == (
+        ["inbox", "reviews"], ["list_todos", "claim"], 60, 2)
+    assert queries.find_endpoint_for_credential("reviewer", data["credential"]) == endpoint
+
+
+def test_vend_endpoint_defaults_and_human_output(capsys, operator):
+    run = run_manage(capsys, "vend_endpoint", "plain", "--owner", "alice")
+    assert run.code == 0 and "credential:" in run.out and "shown only now" in run.out
+    endpoint = Endpoint.objects.get(slug="plain")
+    assert endpoint.scope == ["*"] and endpoint.verbs == list(AGENT_VERBS)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["x"], "the following arguments are required: --owner"),
+    (["x", "--owner", "nobody"], "no user 'nobody'"),
+    (["x", "--owner", "alice", "--verbs", "claim,fly"], "unknown verbs"),
+    (["x", "--owner", "alice", "--queues", "bad name"], "queue names"),
+    (["x", "--owner", "alice", "--lease-seconds", "0"], "between 1 and 86400"),
+    (["x", "--owner", "alice", "--lease-seconds", "soon"], "invalid int value"),
+    (["x", "--owner", "alice", "--max-attempts", "0"], "at least 1"),
+    (["taken", "--owner", "alice"], "already exists"),
+])
+def test_vend_endpoint_bad_arguments(capsys, operator, argv, message):
+    from endpoints import transitions
+
+    transitions.vend_endpoint(slug="taken", owner=operator)
+    run = run_manage(capsys, "vend_endpoint", *argv, "--json")
+    assert run.code != 0 and message in run.err and run.out == ""
+    assert not Endpoint.objects.filter(slug="x").exists()
+
+
+def test_rotate_credential_json_keeps_the_old_one_for_the_grace(capsys, operator):
+    vended = run_manage(capsys, "vend_endpoint", "ep", "--owner", "alice", "--json").json()
+    run = run_manage(capsys, "rotate_credential", "ep", "--grace-seconds", "60", "--json")
+    assert run.code == 0
+    data = run.json()
+    assert set(data) == {"slug", "credential"} and data["slug"] == "ep"
+    assert data["credential"] != vended["credential"]
+    assert queries.find_endpoint_for_credential("ep", data["credential"])
+    assert queries.find_endpoint_for_credential("ep", vended["credential"])  # grace
+    run_manage(capsys, "rotate_credential", "ep", "--grace-seconds", "0")
+    assert queries.find_endpoint_for_credential("ep", vended["credential"]) is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "the following arguments are required: slug"),
+    (["nope"], "no endpoint 'nope'"),
+    (["ep", "--grace-seconds", "-1"], "--grace-seconds must be >= 0"),
+    (["ep", "--grace-seconds", "x"], "invalid int value"),
+])
+def test_rotate_credential_bad_arguments(capsys, operator, argv, message):
+    from endpoints import transitions
+
+    transitions.vend_endpoint(slug="ep", owner=operator)
+    run = run_manage(capsys, "rotate_credential", *argv, "--json")
+    assert run.code != 0 and message in run.err and run.out == ""

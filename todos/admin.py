@@ -1,0 +1,140 @@
+"""Admin for todos: read-mostly. Nothing here saves a todo; its actions call the transitions.
+
+Built for large tables: no full result count, page counts capped, the endpoint joined in the
+list query, and only filters whose choices need no query over the todos.
+"""
+
+import json
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+
+from endpoints import queries as endpoint_queries
+
+from . import transitions
+from .models import Todo, TodoEvent
+
+
+class CappedCountPaginator(Paginator):
+    """Counting millions of done rows to draw page links costs more than the page itself; count
+    at most COUNT_CAP + 1 rows (one bounded subquery) and page within that."""
+
+    COUNT_CAP = 10_000
+
+    @cached_property
+    def count(self):
+        return self.object_list[: self.COUNT_CAP + 1].count()
+
+
+class EndpointFilter(admin.SimpleListFilter):
+    """The endpoints this admin user may see: the stock related filter would list every
+    endpoint's slug, and its "only related" variant runs a DISTINCT over all todos."""
+
+    title = "endpoint"
+    parameter_name = "endpoint"
+
+    def lookups(self, request, model_admin):
+        endpoints = endpoint_queries.visible_endpoints(request.user).order_by("slug")
+        return [(str(endpoint.pk), endpoint.slug) for endpoint in endpoints]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value and value.isdigit():
+            return queryset.filter(endpoint_id=int(value))
+        return queryset
+
+
+class TodoEventInline(admin.TabularInline):
+    model = TodoEvent
+    fields = ["at", "action", "from_state", "to_state", "actor", "detail"]
+    readonly_fields = fields
+    ordering = ["at", "id"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Todo)
+class TodoAdmin(admin.ModelAdmin):
+    list_display = ["id", "title", "endpoint", "queue", "state", "trust", "attempts",
+                    "lease_owner", "updated_at"]
+    list_filter = ["state", "trust", EndpointFilter]
+    list_select_related = ["endpoint"]
+    search_fields = ["=idempotency_key", "title"]
+    ordering = ["-id"]
+    show_full_result_count = False
+    paginator = CappedCountPaginator
+    list_per_page = 100
+    inlines = [TodoEventInline]
+    actions = ["retry_now", "release_lease"]
+    readonly_fields = ["endpoint", "queue", "state", "title", "kind", "source", "trust",
+                       "payload_pretty", "result_pretty", "last_error", "idempotency_key",
+                       "attempts", "max_attempts", "lease_id", "lease_owner", "lease_expires_at",
+                       "retry_at", "dead_lettered_at", "created_at", "updated_at",
+                       "ring_attempts", "last_ringed_at", "delivery_event"]
+    fields = readonly_fields
+
+    @admin.display(description="payload (secrets as refs)")
+    def payload_pretty(self, obj):
+        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, sort_keys=True))
+
+    @admin.display(description="result")
+    def result_pretty(self, obj):
+        if obj.result is None:
+            return "—"
+        return format_html("<pre>{}</pre>", json.dumps(obj.result, indent=2, sort_keys=True))
+
+    def get_queryset(self, request):
+        todos = super().get_queryset(request)
+        if request.user.is_superuser:
+            return todos
+        return todos.filter(endpoint__in=endpoint_queries.visible_endpoints(request.user))
+
+    # Read-mostly: no add, no delete, no save (a save would write a stale copy of the row over
+    # a concurrent transition). Actions need the change permission, checked by hand.
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_transition_permission(self, request):
+        return request.user.has_perm("todos.change_todo")
+
+    def _run(self, request, queryset, verb, call):
+        done, refused = [], []
+        for todo in queryset.select_related("endpoint"):
+            caller = transitions.Caller.operator(todo.endpoint, request.user.get_username())
+            try:
+                call(caller, todo)
+                done.append(f"#{todo.pk}")
+            except transitions.Refusal as refusal:
+                refused.append(f"#{todo.pk}: {refusal.message}")
+        if done:
+            self.message_user(request, f"{verb} {len(done)}: {' '.join(done)}", messages.SUCCESS)
+        for line in refused:
+            self.message_user(request, line, messages.WARNING)
+
+    @admin.action(description="Retry now (failed -> pending, fresh attempts)",
+                  permissions=["transition"])
+    def retry_now(self, request, queryset):
+        self._run(request, queryset, "re-queued",
+                  lambda caller, todo: transitions.requeue_todo(caller, todo.pk))
+
+    @admin.action(description="Release the current lease (claimed -> pending)",
+                  permissions=["transition"])
+    def release_lease(self, request, queryset):
+        # Fenced by the lease just read: a claim that changes between that read and the
+        # release is refused rather than taken back.
+        self._run(request, queryset, "released",
+                  lambda caller, todo: transitions.release_todo(caller, todo.pk, lease_id=todo.lease_id))

@@ -1,0 +1,101 @@
+// The Todos board's live updates: one EventSource on /todos/events, no build step.
+//
+// Correctness does not rest on the stream. Every time the stream (re)connects the server
+// subscribes first and then sends `sync`; the page then re-fetches its rows, so a change made
+// while the connection was down is picked up. Rows carry a version (their latest todo event id,
+// which grows in commit order per todo), and an older copy of a row never replaces a newer one,
+// whichever of the snapshot and the stream arrives first.
+(function () {
+  "use strict";
+  var table = document.getElementById("board");
+  if (!table || !window.EventSource) return;
+  var tbody = document.getElementById("rows");
+  var live = document.getElementById("live");
+  var csrfMeta = document.querySelector('meta[name="csrf-token"]');
+  var csrf = csrfMeta ? csrfMeta.content : "";
+  var buffered = null; // stream changes that arrive while a re-sync is in flight
+
+  function idOf(row) { return parseInt(row.getAttribute("data-todo"), 10); }
+  function versionOf(row) { return parseInt(row.getAttribute("data-version") || "0", 10); }
+
+  // Rows rendered for the stream carry a blank CSRF token: the page's token fills it.
+  function fillCsrf(root) {
+    root.querySelectorAll('input[name="csrfmiddlewaretoken"]').forEach(function (input) {
+      if (!input.value) input.value = csrf;
+    });
+  }
+
+  function rowsFrom(html) {
+    var holder = document.createElement("tbody");
+    holder.innerHTML = html.trim();
+    fillCsrf(holder);
+    return Array.prototype.slice.call(holder.children);
+  }
+
+  function insertNewestFirst(row) {
+    var id = idOf(row);
+    for (var i = 0; i < tbody.children.length; i++) {
+      if (idOf(tbody.children[i]) < id) { tbody.insertBefore(row, tbody.children[i]); return; }
+    }
+    tbody.appendChild(row);
+  }
+
+  function setStatus(text, on) {
+    if (!live) return;
+    live.textContent = text;
+    live.classList.toggle("on", !!on);
+  }
+
+  function apply(change) {
+    if (buffered) { buffered.push(change); return; }
+    var existing = document.getElementById("todo-" + change.todo_id);
+    if (existing && versionOf(existing) >= change.version) return;
+    if (!change.html) { if (existing) existing.remove(); return; }
+    var row = rowsFrom(change.html)[0];
+    row.classList.add("flash");
+    if (existing) existing.replaceWith(row); else insertNewestFirst(row);
+    var empty = document.getElementById("empty");
+    if (empty) empty.remove();
+  }
+
+  var again = false; // a sync arrived while a fetch was in flight
+
+  function resync() {
+    // A fetch already in flight may have read its snapshot before this (newer) subscription
+    // existed, so it cannot stand in for this sync: run one more fetch after it.
+    if (buffered) { again = true; return; }
+    buffered = [];
+    fetch(table.dataset.rowsUrl, { credentials: "same-origin", cache: "no-store" })
+      .then(function (response) {
+        if (!response.ok) throw new Error("rows " + response.status);
+        return response.text();
+      })
+      .then(function (html) {
+        var current = {};
+        Array.prototype.forEach.call(tbody.children, function (row) { current[idOf(row)] = row; });
+        var merged = rowsFrom(html).map(function (row) {
+          var mine = current[idOf(row)];
+          return mine && versionOf(mine) > versionOf(row) ? mine : row;
+        });
+        tbody.replaceChildren.apply(tbody, merged);
+      })
+      .catch(function () { /* the next reconnect re-syncs */ })
+      .then(function () {
+        var pending = buffered;
+        buffered = null;
+        pending.forEach(apply);
+        table.dataset.synced = String((parseInt(table.dataset.synced || "0", 10)) + 1);
+        if (again) { again = false; resync(); }
+      });
+  }
+
+  var source = new EventSource(table.dataset.eventsUrl);
+  source.addEventListener("open", function () { setStatus("live", true); });
+  source.addEventListener("sync", resync);
+  source.addEventListener("todo", function (event) { apply(JSON.parse(event.data)); });
+  source.addEventListener("error", function () {
+    // EventSource reconnects by itself (sending Last-Event-ID); a refused stream (signed out)
+    // closes for good.
+    setStatus(source.readyState === EventSource.CLOSED ? "offline — reload the page" : "reconnecting…", false);
+  });
+})();

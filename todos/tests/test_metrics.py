@@ -1,0 +1,115 @@
+"""/metrics: Prometheus text, queue series derived from the database at scrape time."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from channels_push import metrics as push_metrics
+from tests.factories import EndpointFactory
+from todos import sweeps, transitions
+
+pytestmark = pytest.mark.django_db
+
+
+def scrape(client, **headers):
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=")
+    values = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def value(values, name, **labels):
+    return values.get((name, tuple(sorted(labels.items()))), 0)
+
+
+def test_metrics_need_no_login_and_move_with_create_claim_and_dead_letter(client, operator):
+    endpoint = EndpointFactory(slug="ep", owner=operator, max_attempts=1)
+    before = scrape(client)
+
+    def moved(after, name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    todos = [transitions.create_todo(endpoint=endpoint, queue="inbox", title=f"t{n}", actor="t")[0]
+             for n in range(3)]
+    after = scrape(client)
+    assert value(after, "switchboard_todos", endpoint="ep", queue="inbox", state="pending") == 3
+    assert moved(after, "switchboard_todos_created_total") == 3
+
+    caller = transitions.Caller.operator(endpoint, "alice")
+    transitions.claim_todo(caller, todos[0].pk)
+    transitions.claim_todo(caller, todos[1].pk)
+    after = scrape(client)
+    assert moved(after, "switchboard_todo_claims_total") == 2
+    assert value(after, "switchboard_todos", endpoint="ep", queue="inbox", state="claimed") == 2
+    assert value(after, "switchboard_todos", endpoint="ep", queue="inbox", state="pending") == 1
+
+    transitions.complete_todo(caller, todos[0].pk)
+    transitions.fail_todo(caller, todos[1].pk, error="x")  # max_attempts=1: a dead letter
+    transitions.claim_todo(caller, todos[2].pk)
+    sweeps.expire_lapsed_leases(now=timezone.now() + timedelta(hours=1))  # lapses, attempts spent
+    after = scrape(client)
+    assert moved(after, "switchboard_todo_completions_total") == 1
+    assert moved(after, "switchboard_todo_failures_total") == 1
+    assert moved(after, "switchboard_todo_lease_lapses_total") == 1
+    assert moved(after, "switchboard_todo_dead_letters_total") == 2
+    assert value(after, "switchboard_todos", endpoint="ep", queue="inbox", state="failed") == 2
+    assert value(after, "switchboard_todos", endpoint="ep", queue="inbox", state="done") == 0  # not a backlog
+
+
+def test_in_process_counters_are_exposed(client):
+    before = scrape(client)
+    push_metrics.DOORBELLS_SENT.inc()
+    push_metrics.DOORBELLS_DROPPED.inc(2)
+    push_metrics.INGEST_ACCEPTED.labels(source="github").inc()
+    push_metrics.INGEST_REJECTED.labels(reason="bad_signature").inc()
+    after = scrape(client)
+    for name, labels, step in [
+        ("switchboard_doorbells_sent_total", {}, 1),
+        ("switchboard_doorbells_dropped_total", {}, 2),
+        ("switchboard_ingest_accepted_total", {"source": "github"}, 1),
+        ("switchboard_ingest_rejected_total", {"reason": "bad_signature"}, 1),
+    ]:
+        assert value(after, name, **labels) - value(before, name, **labels) == step, name
+
+
+def test_metrics_token_is_required_as_bearer_when_set(client, settings):
+    settings.SWITCHBOARD_METRICS_TOKEN = "scrape-me"
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="scrape-me").status_code == 401
+    scrape(client, HTTP_AUTHORIZATION="Bearer scrape-me")
+
+
+def test_scrape_cost_does_not_grow_with_endpoints_or_todos(client, operator,
+                                                           django_assert_max_num_queries):
+    for n in range(5):
+        endpoint = EndpointFactory(slug=f"ep{n}", owner=operator)
+        transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="t")
+    # backlog (one statement), then the event tally: settled id, (increment), recent range
+    with django_assert_max_num_queries(4):
+        client.get("/metrics")
+
+
+def test_event_tally_folds_settled_events_once_and_recounts_recent_ones(make_todo):
+    tally = push_metrics.EventTally()
+    now = timezone.now()
+    long_ago = now - 3 * push_metrics.EVENT_SETTLE_TIME
+    for _ in range(2):
+        make_todo(now=long_ago)
+    make_todo()  # recent
+    first = tally.counts(now=now)
+    assert first[("create", "pending")] == 3
+    settled_through = tally._settled_through
+    assert settled_through > 0  # the old ones were folded in
+    assert tally.counts(now=now) == first  # a second scrape counts nothing twice
+    later = now + 3 * push_metrics.EVENT_SETTLE_TIME
+    assert tally.counts(now=later) == first  # folding the recent one changes no total
+    assert tally._settled_through > settled_through
+    make_todo()
+    assert tally.counts(now=later)[("create", "pending")] == 4
