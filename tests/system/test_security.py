@@ -143,3 +143,84 @@ def test_no_plaintext_bearer_token_password_or_secret_in_the_database(topology, 
     assert len(checked) >= 6
     leaked = [value[:6] + "…" for value in checked if value in text]
     assert not leaked, f"plaintext credentials in the database: {leaked}"
+
+
+def signed_in(url: str, username: str, password: str) -> httpx.Client:
+    client = httpx.Client(base_url=url, timeout=10)
+    client.get("/accounts/login/")
+    answer = client.post("/accounts/login/", data={
+        "username": username, "password": password,
+        "csrfmiddlewaretoken": client.cookies["csrftoken"]})
+    assert answer.status_code == 302, answer.text[:500]
+    return client
+
+
+def test_board_pages_buttons_and_stream_show_only_the_operators_own_endpoints(
+        topology, world, two_tenants):
+    import re
+    import threading
+
+    web0, web1 = topology.web_urls
+    t = two_tenants
+    mine = hand_over(web0, "sec-a", t["token_a"], title="alice-visible-" + secrets.token_hex(4))
+    theirs = hand_over(web0, "sec-b", t["token_b"], title="bob-hidden-" + secrets.token_hex(4))
+    mine, theirs = mine.json()["todo"], theirs.json()["todo"]
+
+    alice = signed_in(web0, "alice", world.password("alice"))
+    # The Django session lives in the database: the other web process knows it too.
+    alice_on_web1 = httpx.Client(base_url=web1, timeout=10, cookies=alice.cookies)
+    for client in (alice, alice_on_web1):
+        board = client.get("/todos/")
+        assert board.status_code == 200
+        assert mine["title"] in board.text and theirs["title"] not in board.text
+        rows = client.get("/todos/rows")
+        assert mine["title"] in rows.text and theirs["title"] not in rows.text
+        assert client.get(f"/todos/{mine['id']}/").status_code == 200
+        assert client.get(f"/todos/{theirs['id']}/").status_code == 404
+        refused = client.post(f"/todos/{theirs['id']}/claim",
+                              data={"csrfmiddlewaretoken": alice.cookies["csrftoken"]},
+                              headers={"X-CSRFToken": alice.cookies["csrftoken"]})
+        assert refused.status_code == 404
+        assert client.get(f"/todos/?endpoint=sec-b").text.count(theirs["title"]) == 0
+    with topology.connect() as conn:
+        state = conn.execute("SELECT state FROM todos_todo WHERE id = %s",
+                             (int(theirs["id"]),)).fetchone()[0]
+    assert state == "pending"
+
+    # Anonymous: no board, no stream.
+    assert httpx.get(f"{web1}/todos/", timeout=10).status_code in (302, 403)
+    assert httpx.get(f"{web1}/todos/events", timeout=10).status_code == 403
+
+    # alice's live stream on web1 while todos of both operators arrive through web0.
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        try:
+            with alice_on_web1.stream("GET", "/todos/events",
+                                      timeout=httpx.Timeout(10, read=30)) as stream:
+                for chunk in stream.iter_text():
+                    seen.append(chunk)
+                    if stop.is_set():
+                        return
+        except httpx.HTTPError:
+            return  # the stream ends with the run (topology stopped)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert poll_text(seen, "event: sync")
+    hidden = hand_over(web0, "sec-b", t["token_b"], title="bob-live-" + secrets.token_hex(4))
+    shown = hand_over(web0, "sec-a", t["token_a"], title="alice-live-" + secrets.token_hex(4))
+    hidden, shown = hidden.json()["todo"], shown.json()["todo"]
+    assert poll_text(seen, shown["title"]), "".join(seen)[-2000:]
+    stop.set()
+    alice_on_web1.close()
+    text = "".join(seen)
+    assert hidden["title"] not in text
+    assert not re.search(r'"todo_id":\s*"%s"' % hidden["id"], text)
+
+
+def poll_text(chunks: list, needle: str, deadline_seconds: float = 20.0) -> bool:
+    from tests.system.topology import poll
+
+    return bool(poll(lambda: needle in "".join(chunks), deadline_seconds, 0.05))
