@@ -39,6 +39,7 @@ NEEDS_BENCH_VENV = {"queue"}
 QUICK_ARGS = {
     "ingest": ["--deliveries", "200", "--rounds", "1", "--warmup", "50", "--max-seconds", "10"],
     "mcp": ["--todos", "200", "--clients", "2"],
+    "metrics_scrape": ["--rows", "2000"],
     "queue": ["--todos", "200", "--workers", "1,2", "--rounds", "1", "--history", "1000",
               "--samples", "100"],
 }
@@ -63,6 +64,16 @@ def ensure_bench_venv():
     subprocess.run([str(VENV_PYTHON), "-m", "pip", "install", "--quiet",
                     "--disable-pip-version-check", "-r", str(BENCH / "requirements.txt")],
                    cwd=BENCH, check=True)
+
+
+def ensure_database(database_url: str):
+    """bench/mcp.py migrates the database DATABASE_URL names but does not create it."""
+    import psycopg
+
+    server, name = database_url.rsplit("/", 1)
+    with psycopg.connect(f"{server}/postgres", autocommit=True, connect_timeout=10) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def command_output(argv) -> str:
@@ -111,22 +122,31 @@ def run_benchmark(name: str, extra: list[str], env) -> dict:
                       f"bench/{name}.py", *extra])
     print(f"== {shown}", file=sys.stderr, flush=True)
     started = time.monotonic()
+    stderr_tail = ""
     try:
         done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=SCRIPT_TIMEOUT_SECONDS)
-        code, output = done.returncode, done.stdout + (
-            f"\n--- stderr (last 40 lines) ---\n" + "\n".join(done.stderr.splitlines()[-40:])
-            if done.returncode else "")
+        code, stdout = done.returncode, done.stdout
+        if done.returncode:
+            stderr_tail = "\n".join(done.stderr.splitlines()[-40:])
     except subprocess.TimeoutExpired as exc:
-        code, output = "timeout", (exc.stdout or b"").decode(errors="replace") \
-            if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        code = "timeout"
+        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) \
+            else (exc.stdout or "")
     seconds = time.monotonic() - started
+    output = stdout + (f"\n--- stderr (last 40 lines) ---\n{stderr_tail}" if stderr_tail else "")
     print(output, file=sys.stderr, flush=True)
-    return {"name": name, "command": shown, "code": code, "seconds": seconds, "output": output}
+    return {"name": name, "command": shown, "code": code, "seconds": seconds, "output": output,
+            "stdout": stdout}
 
 
-def ratio_lines(output: str) -> list[str]:
-    return [line.strip() for line in output.splitlines() if "ratio" in line.lower()]
+def ratio_lines(stdout: str) -> list[str]:
+    """The lines that state a ratio; a script that prints its ratios as a Markdown table
+    (queue.py: a/b, a/c columns) is summarised by its table rows."""
+    lines = [line.strip() for line in stdout.splitlines()
+             if re.search(r"\bratio\b", line, re.I)]
+    return lines or [line.strip() for line in stdout.splitlines()
+                     if line.startswith("|") and "---" not in line]
 
 
 def render(machine, results, *, quick: bool, started_at: datetime) -> str:
@@ -140,10 +160,11 @@ def render(machine, results, *, quick: bool, started_at: datetime) -> str:
     lines += [f"| {key} | {value} |" for key, value in machine]
     lines += ["", "## Ratios", ""]
     for result in results:
-        found = ratio_lines(result["output"])
+        found = ratio_lines(result["stdout"])
         status = "" if result["code"] == 0 else f" (exit {result['code']})"
-        lines.append(f"* `{result['name']}`{status}: " + ("; ".join(found) if found
-                                                          else "no ratio line printed"))
+        lines.append(f"* `{result['name']}`{status}:" + ("" if found
+                                                       else " no ratio line printed"))
+        lines += [f"  * `{line}`" for line in found]
     lines.append("")
     for result in results:
         lines += [f"## {result['name']}", "",
@@ -167,6 +188,7 @@ def main():
     if not env["DATABASE_URL"].startswith("postgres"):
         sys.exit("bench/run_all.py measures PostgreSQL: set DATABASE_URL=postgres://…")
 
+    ensure_database(env["DATABASE_URL"])
     names = find_benchmarks()
     if args.only:
         wanted = args.only.split(",")
