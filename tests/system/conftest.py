@@ -24,7 +24,12 @@ MINTED_SECRETS: list[str] = []
 
 @pytest.fixture(scope="session")
 def topology():
-    top = Topology().start()
+    top = Topology()
+    try:
+        top.start()
+    except BaseException:
+        top.stop()  # a half-started topology must not leave a PostgreSQL or Redis behind
+        raise
     yield top
     top.stop()
     if os.environ.get("SB_SYSTEM_KEEP"):  # keep the logs and data for a post-mortem

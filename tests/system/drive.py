@@ -48,6 +48,10 @@ class SendReport:
     statuses: dict = field(default_factory=dict)  # final status -> count
     retries: int = 0
     answers: list = field(default_factory=list)
+    todo_web: dict = field(default_factory=dict)
+    # Deliveries sent more than once (a retry after a failure): the first try may have been
+    # committed although its answer was lost.
+    retried_ids: set = field(default_factory=set)  # todo id -> base URL of the process that took it
 
 
 def send_deliveries(urls: list[str], hook_slug: str, secret: str, numbers, *,
@@ -85,6 +89,7 @@ def send_deliveries(urls: list[str], hook_slug: str, secret: str, numbers, *,
                                 or time.monotonic() > deadline:
                             break
                         report.retries += 1
+                        report.retried_ids.add(headers["X-GitHub-Delivery"])
                         attempt += 1
                         # The other web process may be the live one: alternate on retry.
                         url = urls[(index + attempt) % len(urls)]
@@ -92,6 +97,8 @@ def send_deliveries(urls: list[str], hook_slug: str, secret: str, numbers, *,
                     report.statuses[status] = report.statuses.get(status, 0) + 1
                     if answer is not None and status == 202:
                         report.answers.append(answer.json())
+                        for todo in answer.json()["todos"]:
+                            report.todo_web[todo["id"]] = url
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -172,6 +179,15 @@ def ledger(top: Topology, endpoint_slug: str) -> dict:
                                 "WHERE endpoint_id = %s", (endpoint_id,)).fetchone()[0]
     return {"states": states, "completes": completes, "dead": dead, "sessions": sessions,
             "total": sum(states.values())}
+
+
+def duplicate_keys(top: Topology, endpoint_slug: str) -> dict:
+    """Idempotency keys held by more than one todo of the endpoint -> how many."""
+    with top.connect() as conn:
+        return dict(conn.execute(
+            "SELECT t.idempotency_key, count(*) FROM todos_todo t JOIN endpoints_endpoint e "
+            "ON e.id = t.endpoint_id WHERE e.slug = %s GROUP BY t.idempotency_key "
+            "HAVING count(*) > 1", (endpoint_slug,)).fetchall())
 
 
 def done_count(top: Topology, endpoint_slug: str) -> int:
