@@ -32,6 +32,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from tests.mcp_clients import ChannelListener
+
 CALL_TIMEOUT_SECONDS = 10.0
 RETRY_PAUSE_SECONDS = 0.2
 # A fault (a killed web process, a PostgreSQL restart) must heal within this; beyond it the
@@ -43,12 +45,10 @@ def say(*words):
     print(*words, flush=True)
 
 
-async def on_message(message):
-    method = getattr(getattr(message, "root", message), "method", None)
-    if method == "notifications/claude/channel":
-        params = getattr(getattr(message, "root", message), "params", None)
-        meta = (params.get("meta") if isinstance(params, dict) else getattr(params, "meta", None)) or {}
-        say("doorbell", meta.get("todo_id") or meta.get("kind") or "?")
+async def print_doorbells(listener: ChannelListener):
+    while True:
+        _, params = await listener.received.get()
+        say("doorbell", params.meta.get("todo_id") or params.meta.get("kind") or "?")
 
 
 async def call(client, name, arguments):
@@ -76,37 +76,42 @@ async def work_one_session(args, credential, state) -> None:
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {credential}"})
     async with http:
         transport = streamable_http_client(f"{args.url}/mcp/{args.slug}", http_client=http)
-        async with Client(transport, message_handler=on_message, mode="legacy") as client:
+        listener = ChannelListener()
+        async with Client(transport, extensions=[listener], mode="legacy") as client:
+            printer = asyncio.ensure_future(print_doorbells(listener))
             say("ready")
-            idle_since = None
-            while True:
-                if args.stop_file and Path(args.stop_file).exists():
-                    return
-                answer = await call(client, "claim_next",
-                                    {"lease_ttl_seconds": args.lease_seconds})
-                content = answer.structured_content or {}
-                if content.get("empty"):
-                    if args.mode == "hold":  # wait for work to hold (the test delivers some)
-                        await asyncio.sleep(0.05)
-                        continue
-                    idle_since = idle_since or time.monotonic()
-                    if time.monotonic() - idle_since > args.idle_seconds:
-                        return
-                    await asyncio.sleep(0.25)
-                    continue
+            try:
                 idle_since = None
-                todo = content["todo"]
-                say("claimed", todo["id"])
-                if args.mode == "hold":
-                    state["held"] += 1
-                    if state["held"] >= args.hold:
-                        say("holding")
-                        await asyncio.sleep(3600)
-                    continue
-                done = await call(client, "complete", {"todo_id": todo["id"],
-                                                       "lease_id": todo["lease_id"],
-                                                       "result": {"by": os.getpid()}})
-                say("lost" if done.is_error else "completed", todo["id"])
+                while True:
+                    if args.stop_file and Path(args.stop_file).exists():
+                        return
+                    answer = await call(client, "claim_next",
+                                        {"lease_ttl_seconds": args.lease_seconds})
+                    content = answer.structured_content or {}
+                    if content.get("empty"):
+                        if args.mode == "hold":  # wait for work to hold (the test delivers some)
+                            await asyncio.sleep(0.05)
+                            continue
+                        idle_since = idle_since or time.monotonic()
+                        if time.monotonic() - idle_since > args.idle_seconds:
+                            return
+                        await asyncio.sleep(0.25)
+                        continue
+                    idle_since = None
+                    todo = content["todo"]
+                    say("claimed", todo["id"])
+                    if args.mode == "hold":
+                        state["held"] += 1
+                        if state["held"] >= args.hold:
+                            say("holding")
+                            await asyncio.sleep(3600)
+                        continue
+                    done = await call(client, "complete", {"todo_id": todo["id"],
+                                                           "lease_id": todo["lease_id"],
+                                                           "result": {"by": os.getpid()}})
+                    say("lost" if done.is_error else "completed", todo["id"])
+            finally:
+                printer.cancel()
 
 
 async def run(args, credential):
