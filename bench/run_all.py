@@ -40,6 +40,7 @@ QUICK_ARGS = {
     "ingest": ["--deliveries", "200", "--rounds", "1", "--warmup", "50", "--max-seconds", "10"],
     "mcp": ["--todos", "200", "--clients", "2"],
     "metrics_scrape": ["--rows", "2000"],
+    "push": ["--deliveries", "30", "--warmup", "5"],
     "queue": ["--todos", "200", "--workers", "1,2", "--rounds", "1", "--history", "1000",
               "--samples", "100"],
 }
@@ -145,8 +146,11 @@ def ratio_lines(stdout: str) -> list[str]:
     (queue.py: a/b, a/c columns) is summarised by its table rows."""
     lines = [line.strip() for line in stdout.splitlines()
              if re.search(r"\bratio\b", line, re.I)]
+    lines = lines or [line.strip() for line in stdout.splitlines()
+                      if line.startswith("|") and "---" not in line]
+    # No ratio at all (push.py: latencies against a target): its headline latency lines.
     return lines or [line.strip() for line in stdout.splitlines()
-                     if line.startswith("|") and "---" not in line]
+                     if re.search(r"\bp(50|99)\b", line)]
 
 
 def render(machine, results, *, quick: bool, started_at: datetime) -> str:
@@ -158,12 +162,12 @@ def render(machine, results, *, quick: bool, started_at: datetime) -> str:
              "both sides alike; absolute numbers depend on this machine.", "",
              "## Machine", "", "| | |", "| --- | --- |"]
     lines += [f"| {key} | {value} |" for key, value in machine]
-    lines += ["", "## Ratios", ""]
+    lines += ["", "## Ratios (and headline numbers where a script prints no ratio)", ""]
     for result in results:
         found = ratio_lines(result["stdout"])
         status = "" if result["code"] == 0 else f" (exit {result['code']})"
         lines.append(f"* `{result['name']}`{status}:" + ("" if found
-                                                       else " no ratio line printed"))
+                                                       else " no summary line printed"))
         lines += [f"  * `{line}`" for line in found]
     lines.append("")
     for result in results:
