@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tests.system import drive
+from tests.system.conftest import record
 
 pytestmark = pytest.mark.system
 
@@ -47,7 +48,7 @@ def test_four_agents_drain_2000_webhook_todos_exactly_once(topology, world, tmp_
     across = sum(1 for agent in agents for todo_id in agent.ids("doorbell")
                  if todo_id in report.todo_web and report.todo_web[todo_id] != agent_web[agent.name])
     assert doorbells > 0 and across > 0, (doorbells, across)
-    print(f"\n[drain] {TODOS} deliveries in {ingest_seconds:.1f}s "
+    record(f"[drain] {TODOS} deliveries in {ingest_seconds:.1f}s "
           f"({TODOS / ingest_seconds:.0f}/s over 2 web processes); drained by {AGENTS} MCP agents "
           f"in {drain_seconds:.1f}s from the first delivery; per agent {share}; "
           f"doorbells received {doorbells}, {across} of them across web processes")
