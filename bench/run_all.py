@@ -145,7 +145,7 @@ def ratio_lines(stdout: str) -> list[str]:
     """The lines that state a ratio; a script that prints its ratios as a Markdown table
     (queue.py: a/b, a/c columns) is summarised by its table rows."""
     lines = [line.strip() for line in stdout.splitlines()
-             if re.search(r"\bratio\b", line, re.I)]
+             if re.search(r"\bratio\b|\d(?:\.\d+)?x\b", line, re.I)]
     lines = lines or [line.strip() for line in stdout.splitlines()
                       if line.startswith("|") and "---" not in line]
     # No ratio at all (push.py: latencies against a target): its headline latency lines.
