@@ -23,7 +23,7 @@ def test_four_agents_drain_2000_webhook_todos_exactly_once(topology, world, tmp_
     # Two agents on each web process: doorbells for todos ingested by one process must reach
     # sessions streaming from the other (over the Redis channel layer).
     agents = [drive.Agent(topology, topology.web_urls[i % 2], "drain", credential,
-                          name=f"drain{i}", idle_seconds=5.0) for i in range(AGENTS)]
+                          name=f"drain{i}", idle_seconds=30.0) for i in range(AGENTS)]
     for agent in agents:
         assert agent.wait_for("ready"), agent.stderr_text()
 

@@ -4,9 +4,11 @@ deliveries keep arriving over both web processes.
 Faults, in order: an agent SIGKILLed mid-lease (a holder and a drainer); a web process
 SIGKILLed and restarted; beat killed (leases then do not come back) and restarted; Redis
 restarted; PostgreSQL restarted. After each one the batch delivered around it must end all
-``done``, and at the end every todo has exactly one ``complete`` event, the agents that
-survived still work on the MCP sessions they opened at the start (no new session minted:
-sessions are database rows), and each fault's observed recovery time is recorded.
+``done``, and at the end every todo has exactly one ``complete`` event and each fault's
+observed recovery time is recorded. Sessions are database rows: a plain-HTTP probe session
+minted at the start keeps answering on both web processes through every fault. The SDK agents
+themselves end their client when the web process they talk to dies mid-request, and reconnect
+with a new session; the final check counts those sessions.
 """
 
 import time

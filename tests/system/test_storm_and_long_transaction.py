@@ -51,6 +51,7 @@ def drain(topology, credential, slug, count, agents=4) -> float:
     return seconds
 
 
+@pytest.mark.timeout(900)
 def test_long_transaction_dips_throughput_but_nothing_stalls(topology, world):
     batch = 400
     credential = world.endpoint("longtx", "ops-longtx")
