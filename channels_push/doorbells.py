@@ -156,6 +156,9 @@ def ring_todo(todo, *, now=None) -> str | None:
     todo stays pending for pull)."""
     if todo.trust not in PUSH_TRUST:
         return None
+    if not publish.can_reach_streams():
+        # A command on the in-memory layer: no stream is reachable, so nothing is recorded.
+        return None
     from endpoints.models import Endpoint
 
     # Read fresh: the instance the todo carries may predate a clock out in this very request
@@ -225,6 +228,12 @@ def send_digest(endpoint, reason: str, *, now=None) -> int:
     from .models import McpSession
 
     now = now or timezone.now()
+    if not publish.can_reach_streams():
+        # Nothing marked: the digest would reach nobody, and the reconnect digest (sent by the
+        # server, which can reach its streams) summarizes instead.
+        log.info("doorbell digest not sent: no stream reachable from this process",
+                 extra={"endpoint": endpoint.slug, "reason": reason})
+        return 0
     sessions = list(McpSession.objects.filter(endpoint=endpoint, terminated_at__isnull=True)
                     .values_list("pk", flat=True))
     if not sessions:
