@@ -183,10 +183,11 @@ def test_sweep_reads_its_partial_index(endpoint):
         cursor.execute("SELECT obj_description('todo_doorbell_due'::regclass, 'pg_class')")
         assert "ring_due_todos" in cursor.fetchone()[0]
         cursor.execute("SET enable_seqscan = off")  # tiny tables: ask which index it would use
-        cursor.execute(
-            "EXPLAIN SELECT p.id FROM todos_todo p WHERE p.endpoint_id = %s"
-            " AND p.state = 'pending' AND p.ring_attempts < 5 AND p.trust IN ('signed', 'operator')"
-            " AND COALESCE(p.last_ringed_at, p.created_at) <= %s", [endpoint.pk, now])
+        # The very statement the sweep runs (its selecting part: EXPLAIN must not write).
+        sql, params = session_transitions.sweep_rings_sql(
+            endpoint_ids=[endpoint.pk], schedule=sweeps.RING_SCHEDULE,
+            limit=sweeps.RINGS_PER_SWEEP, now=now, select_only=True)
+        cursor.execute("EXPLAIN " + sql, params)
         text = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("SET enable_seqscan = on")
     assert "todo_doorbell_due" in text, text
