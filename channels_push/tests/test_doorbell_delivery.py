@@ -375,3 +375,61 @@ def test_a_failing_doorbell_never_fails_the_committing_write(vend, monkeypatch, 
     assert Todo.objects.get(pk=todo.pk).state == "pending"
     failed = [r for r in caplog.records if r.getMessage() == "publish listener failed"]
     assert failed and failed[0].todo_id == str(todo.pk) and failed[0].endpoint_id == endpoint.pk
+
+
+# -- a stream outlives a Redis outage (review C) -------------------------------------------------
+
+
+@pytest.mark.skipif(__import__("shutil").which("redis-server") is None,
+                    reason="needs redis-server")
+@pytest.mark.parametrize("redis_down_at_open", [True, False],
+                         ids=["down-at-open", "lost-while-open"])
+def test_stream_rejoins_its_group_when_redis_returns(vend, settings, redis_down_at_open):
+    """A stream that opened while Redis was down, or lost it later, rings again once Redis is
+    back: it retries joining its group instead of staying deaf until the client reconnects.
+    A private redis-server on a spare port (never the shared one) is stopped and started."""
+    import subprocess
+
+    from channels.layers import channel_layers
+
+    from tests.test_doorbell_e2e import OwnRedis, poll
+
+    redis = OwnRedis()
+    redis.start()
+    settings.CHANNEL_LAYERS = {"default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [redis.url], "prefix": "sbrejoin"}}}
+    channel_layers.backends.clear()
+    quick = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(
+        keepalive_seconds=30, thread_sensitive=True, layer_retry_seconds=(0.05, 0.2)))])
+    endpoint, credential = vend("deaf")
+    d = McpDriver(endpoint.slug, credential)
+    d.initialize()
+
+    def subscribed():
+        out = subprocess.run(["redis-cli", "-p", str(redis.port), "PUBSUB", "CHANNELS", "*"],
+                             capture_output=True, text=True).stdout
+        return "mcp.session" in out
+
+    try:
+        if redis_down_at_open:
+            redis.stop()
+
+        async def scenario():
+            stream = await asyncio.wait_for(open_stream(d, quick), 30)
+            if not redis_down_at_open:
+                assert await asyncio.to_thread(poll, subscribed)
+                await asyncio.to_thread(redis.stop)
+            await asyncio.to_thread(redis.start)
+            # Joined again (a poll on the private Redis, not a sleep); then ring.
+            assert await asyncio.to_thread(poll, subscribed)
+            todo = await ring(endpoint, title="after redis came back")
+            params = await next_doorbell(stream)
+            await close(stream)
+            return todo, params
+
+        todo, params = async_to_sync(scenario)()
+        assert params["meta"]["todo_id"] == str(todo.pk)
+    finally:
+        redis.stop()
+        channel_layers.backends.clear()
