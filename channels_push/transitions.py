@@ -312,19 +312,35 @@ def sweep_rings_sql(*, endpoint_ids, schedule, limit: int, now=None, select_only
     return sql, params
 
 
-def record_digest(*, endpoint, now=None) -> list[tuple[str, object]]:
+def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, object]]:
     """Mark every pending push-eligible todo of ``endpoint`` in its scope as just rung
     (last_ringed_at = now) WITHOUT spending a ring attempt, and return what was counted as
     ``[(queue, created_at)]``: the digest's content and the mark are one statement, so the
-    heartbeat's next ring counts its backoff from exactly the digest that was sent."""
+    heartbeat's next ring counts its backoff from exactly the digest that was sent.
+
+    With ``cooldown`` (the reconnect digest): nothing is marked or counted unless at least one
+    of those todos was not rung or digested within it, so a flapping stream is not handed the
+    same summary again and again (nor does it keep pushing the heartbeat's backoff out)."""
     now = now or timezone.now()
     params = {"endpoint_id": endpoint.pk, "now": _time(now)}
-    scope = "" if endpoint.all_queues else " AND " + _id_list("t.queue", "queues", params,
-                                                              endpoint.scope)
+
+    def in_scope(alias, name):
+        if endpoint.all_queues:
+            return ""
+        return " AND " + _id_list(f"{alias}.queue", name, params, endpoint.scope)
+
+    fresh = ""
+    if cooldown is not None:
+        params["cooled"] = _time(now - cooldown)
+        fresh = (
+            " AND EXISTS (SELECT 1 FROM todos_todo c WHERE c.endpoint_id = %(endpoint_id)s"
+            f" AND {_eligible_sql('c')}{in_scope('c', 'fresh_queues')}"
+            " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")
     sql = (
         "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
         " SELECT t.id FROM todos_todo t WHERE t.endpoint_id = %(endpoint_id)s"
-        f" AND {_eligible_sql('t')}{scope}) AND state = 'pending' RETURNING queue, created_at"
+        f" AND {_eligible_sql('t')}{in_scope('t', 'queues')}) AND state = 'pending'{fresh}"
+        " RETURNING queue, created_at"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
