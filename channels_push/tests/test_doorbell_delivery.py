@@ -436,3 +436,43 @@ def test_stream_rejoins_its_group_when_redis_returns(vend, settings, redis_down_
     finally:
         redis.stop()
         channel_layers.backends.clear()
+
+
+def fail_claimed(endpoint, todo_id):
+    """Claim and fail ``todo_id`` as an agent would: a waiting retry (failed, retry_at set)."""
+    from todos import transitions as todo_transitions
+
+    caller = todo_transitions.Caller.agent(endpoint, "worker")
+    claimed = todo_transitions.claim_todo(caller, todo_id)
+    return todo_transitions.fail_todo(caller, todo_id, lease_id=claimed.lease_id, error="boom")
+
+
+@pytest.mark.parametrize("becomes_ready", ["retry", "requeue"])
+def test_a_todo_that_becomes_ready_again_rings(driver, becomes_ready):
+    """§7's other triggers: a retry promoted by the sweep, and an operator's requeue."""
+    from todos import sweeps as todo_sweeps
+    from todos import transitions as todo_transitions
+
+    d = driver()
+
+    def ready_again(todo):
+        failed = fail_claimed(d.endpoint, todo.pk)
+        if becomes_ready == "retry":
+            assert todo_sweeps.promote_due_retries(
+                now=failed.retry_at + timedelta(seconds=1)) == 1
+        else:
+            todo_transitions.requeue_todo(
+                todo_transitions.Caller.operator(d.endpoint, "alice"), todo.pk)
+
+    async def scenario():
+        stream = await open_stream(d)
+        todo = await ring(d.endpoint, title="flaky")
+        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(todo.pk)
+        await database_sync_to_async(ready_again, thread_sensitive=False)(todo)
+        params = await next_doorbell(stream)
+        await close(stream)
+        return todo, params
+
+    todo, params = async_to_sync(scenario)()
+    assert params["meta"]["todo_id"] == str(todo.pk)
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
