@@ -156,6 +156,9 @@ def ring_todo(todo, *, now=None) -> str | None:
     todo stays pending for pull)."""
     if todo.trust not in PUSH_TRUST:
         return None
+    if not publish.can_reach_streams():
+        # A command on the in-memory layer: no stream is reachable, so nothing is recorded.
+        return None
     from endpoints.models import Endpoint
 
     # Read fresh: the instance the todo carries may predate a clock out in this very request
@@ -207,10 +210,11 @@ RECONNECT_RING_LIMIT = 5
 RECONNECT_DIGEST = True
 
 
-def build_digest(endpoint, reason: str, now) -> dict | None:
+def build_digest(endpoint, reason: str, now, *, cooldown=None) -> dict | None:
     """Mark the endpoint's pending push-eligible todos as rung (no attempt spent) and build the
-    digest that summarizes them; None when nothing is pending (no digest is sent)."""
-    counted = session_transitions.record_digest(endpoint=endpoint, now=now)
+    digest that summarizes them; None when nothing is pending, or (with ``cooldown``) when
+    every one of them was rung or digested within it (no digest is sent)."""
+    counted = session_transitions.record_digest(endpoint=endpoint, now=now, cooldown=cooldown)
     if not counted:
         return None
     counts = Counter(queue for queue, _ in counted)
@@ -225,6 +229,12 @@ def send_digest(endpoint, reason: str, *, now=None) -> int:
     from .models import McpSession
 
     now = now or timezone.now()
+    if not publish.can_reach_streams():
+        # Nothing marked: the digest would reach nobody, and the reconnect digest (sent by the
+        # server, which can reach its streams) summarizes instead.
+        log.info("doorbell digest not sent: no stream reachable from this process",
+                 extra={"endpoint": endpoint.slug, "reason": reason})
+        return 0
     sessions = list(McpSession.objects.filter(endpoint=endpoint, terminated_at__isnull=True)
                     .values_list("pk", flat=True))
     if not sessions:
@@ -257,8 +267,9 @@ def clock(endpoint, presence: str, *, reason: str, until=None, now=None) -> str:
 
 def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tuple[dict, dict]]:
     """What a stream opening on ``session_id`` gets at once, for THAT stream only: one
-    reconnect digest when its endpoint is in and anything is pending (SPEC-0022 replaces the
-    individual rings with it), nothing while it is out. Returns ``[(params, log context)]``."""
+    reconnect digest when its endpoint is in and anything is pending that was not rung or
+    digested within RECONNECT_COOLDOWN (SPEC-0022 replaces the individual rings with it),
+    nothing while it is out. Returns ``[(params, log context)]``."""
     from endpoints.models import Endpoint
 
     now = now or timezone.now()
@@ -267,7 +278,10 @@ def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tup
         return []
     if not RECONNECT_DIGEST:
         return reconnect_rings(endpoint_id=endpoint_id, session_id=session_id, now=now)
-    params = build_digest(endpoint, "reconnect", now)
+    # The cooldown: a stream that flaps (three reconnects in three seconds) gets one digest,
+    # not three; a todo that arrived or went unrung meanwhile lifts it.
+    params = build_digest(endpoint, "reconnect", now,
+                          cooldown=session_transitions.RECONNECT_COOLDOWN)
     if params is None:
         return []
     log.info("doorbell digest", extra={"endpoint": endpoint.slug, "reason": "reconnect",

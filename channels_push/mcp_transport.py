@@ -60,6 +60,11 @@ SESSION_TOUCH_INTERVAL = timedelta(seconds=30)
 # stream drops the new frame (and logs it) instead of growing without bound or slowing the
 # channel layer: the queue is the ledger, a missed doorbell costs nothing but latency.
 STREAM_BUFFER_FRAMES = 100
+# A stream that could not join (or lost) its channel-layer group retries after this long,
+# doubling up to the cap: Redis coming back must not leave a stream deaf to doorbells for the
+# rest of its life, and a Redis that stays down costs one attempt per cap per stream.
+LAYER_RETRY_FIRST_SECONDS = 0.5
+LAYER_RETRY_MAX_SECONDS = 5.0
 # Channel-layer group per session; the doorbell (any process) sends to it.
 SESSION_GROUP_PREFIX = "mcp.session."
 NOTIFY_MESSAGE_TYPE = "mcp.notify"
@@ -364,8 +369,11 @@ class McpEndpoint:
     layer, here, by hand."""
 
     def __init__(self, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
-                 thread_sensitive: bool = False, buffer_frames: int = STREAM_BUFFER_FRAMES):
+                 thread_sensitive: bool = False, buffer_frames: int = STREAM_BUFFER_FRAMES,
+                 layer_retry_seconds: tuple = (LAYER_RETRY_FIRST_SECONDS,
+                                               LAYER_RETRY_MAX_SECONDS)):
         self.keepalive_seconds = keepalive_seconds
+        self.layer_retry_seconds = layer_retry_seconds
         self.buffer_frames = buffer_frames
         # Requests run their sync handler in the thread pool, not Django's one shared sync
         # thread: they share no state but the database, and one thread would queue every
@@ -421,18 +429,15 @@ class McpEndpoint:
         session_id, endpoint_id = answer.stream_session, answer.stream_endpoint_id
         layer = get_channel_layer()
         group = session_group(session_id)
-        channel = None
         # This stream's own bounded buffer between the channel layer and the client (see
         # STREAM_BUFFER_FRAMES): the layer is drained at once into it, a full one drops.
         buffer = asyncio.Queue(maxsize=self.buffer_frames)
+        # The channel currently in the group (None while the layer is unreachable); the
+        # reader rejoins and updates it, the finally below leaves with whatever it holds.
+        membership = {"channel": None}
         try:
-            try:
-                channel = await layer.new_channel()
-                await layer.group_add(group, channel)
-            except Exception as exc:  # Redis down: serve keep-alives; doorbells are lossy anyway
-                log.warning("mcp stream without channel layer",
-                            extra={"session": session_id[:8], "error": type(exc).__name__})
-                channel = None
+            # Redis down: serve keep-alives and let the reader keep trying to join.
+            membership["channel"] = await _join_group(layer, group, session_id)
             # Ring THIS stream (not the session's other streams) for work that waited while
             # nobody listened. After group_add, so a todo created meanwhile is not missed by
             # both paths (it may be counted by both: doorbells are at-least-once); before the
@@ -456,19 +461,18 @@ class McpEndpoint:
             await send({"type": "http.response.body", "more_body": True,
                         "body": mcp_framing.sse_comment("switchboard stream open")
                         + mcp_framing.sse_retry(RETRY_HINT_MS)})
-            await self._pump(session_id, endpoint_id, layer, channel, buffer, receive, send)
+            await self._pump(session_id, endpoint_id, layer, group, membership, buffer,
+                             receive, send)
         finally:
-            if channel is not None:
-                try:
-                    await layer.group_discard(group, channel)
-                except Exception:
-                    pass
+            await _leave_group(layer, group, membership.get("channel"))
             await self._sync(close_stream)(session_id)
 
-    async def _pump(self, session_id, endpoint_id, layer, channel, buffer, receive, send):
+    async def _pump(self, session_id, endpoint_id, layer, group, membership, buffer, receive,
+                    send):
         terminated = asyncio.Event()
-        reader = (asyncio.ensure_future(_read_layer(layer, channel, buffer, terminated, session_id))
-                  if channel else None)
+        reader = asyncio.ensure_future(_read_layer(
+            layer, group, membership, buffer, terminated, session_id,
+            retry_seconds=self.layer_retry_seconds))
         disconnect = asyncio.ensure_future(receive())
         next_frame = asyncio.ensure_future(buffer.get())
         ended = asyncio.ensure_future(terminated.wait())
@@ -518,17 +522,60 @@ def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:
         return False
 
 
-async def _read_layer(layer, channel, buffer, terminated: asyncio.Event, session_id: str):
-    """Move this stream's channel-layer messages into its buffer as they arrive."""
+async def _join_group(layer, group: str, session_id: str):
+    """A new channel in ``group``, or None (logged) when the layer cannot be reached."""
+    try:
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)
+        return channel
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("mcp stream without channel layer",
+                    extra={"session": session_id[:8], "error": type(exc).__name__})
+        return None
+
+
+async def _leave_group(layer, group: str, channel) -> None:
+    if channel is None:
+        return
+    try:
+        await layer.group_discard(group, channel)
+    except Exception:  # the layer is gone; its group membership expires with it
+        pass
+
+
+async def _read_layer(layer, group: str, membership: dict, buffer, terminated: asyncio.Event,
+                      session_id: str, *, retry_seconds=(LAYER_RETRY_FIRST_SECONDS,
+                                                         LAYER_RETRY_MAX_SECONDS)):
+    """Move this stream's channel-layer messages into its buffer as they arrive. While the
+    layer is unreachable (at open, or lost later) it retries joining the group with a capped
+    backoff, so doorbells resume when Redis returns; the stream itself never waits on it."""
+    first, cap = retry_seconds
+    delay = first
     while True:
+        channel = membership.get("channel")
+        if channel is None:
+            channel = await _join_group(layer, group, session_id)
+            if channel is None:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, cap)
+                continue
+            membership["channel"] = channel
+            log.info("mcp stream joined its channel layer", extra={"session": session_id[:8]})
         try:
             message = await layer.receive(channel)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # layer gone: keep the stream, lose doorbells
+        except Exception as exc:  # layer gone: keep the stream, rejoin when it is back
             log.warning("mcp stream lost its channel layer",
                         extra={"session": session_id[:8], "error": type(exc).__name__})
-            return
+            membership["channel"] = None
+            await _leave_group(layer, group, channel)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, cap)
+            continue
+        delay = first
         if message.get("type") == TERMINATE_MESSAGE_TYPE:
             terminated.set()
             return

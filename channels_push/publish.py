@@ -12,6 +12,7 @@ than queued without limit.
 """
 
 import asyncio
+import atexit
 import collections
 import logging
 import threading
@@ -27,6 +28,11 @@ READY_ACTIONS = frozenset({"create", "retry", "requeue"})
 # Sends in flight per process before we start dropping. A healthy Redis drains thousands per
 # second; this only bites when the layer hangs, and then memory stays bounded.
 MAX_PENDING_SENDS = 10_000
+# How long a process that is exiting waits for its in-flight sends. Commands (clock, requeue,
+# reap, sweep_doorbells) publish from the background loop's daemon thread and would otherwise
+# exit before the send leaves, while the ring is already recorded as sent. Bounded: a hung
+# Redis must not hang a command.
+EXIT_WAIT_SECONDS = 5.0
 
 # In-process listeners (called after commit with each change). The doorbell and tests hook in
 # here; a listener that raises is logged and does not stop the others.
@@ -145,9 +151,36 @@ class _Sender:
             return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
 
 
+    def has_server_loop(self) -> bool:
+        return self._server_loop is not None and not self._server_loop.is_closed()
+
+
 _sender = _Sender()
 bind_server_loop = _sender.bind_server_loop
 wait_for_sends = _sender.wait_idle
+
+
+def _flush_at_exit():
+    # Daemon threads still run while atexit handlers do, so the background loop can finish.
+    if not wait_for_sends(EXIT_WAIT_SECONDS):
+        log.warning("publish: exiting with sends still in flight",
+                    extra={"pending": _sender._pending})
+
+
+atexit.register(_flush_at_exit)
+
+
+def can_reach_streams() -> bool:
+    """Whether a send from this process can reach a notification stream at all. The in-memory
+    layer's groups live inside one process: only the web server (which binds its loop) holds
+    the streams, so a command or worker sending into its own private in-memory layer reaches
+    nobody, and must not record a ring it cannot deliver."""
+    from channels.layers import InMemoryChannelLayer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return False
+    return not isinstance(layer, InMemoryChannelLayer) or _sender.has_server_loop()
 
 
 def send_to_group(group: str, message: dict, *, context: dict) -> bool:

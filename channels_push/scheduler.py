@@ -48,5 +48,10 @@ def embedded_sweeps():
 
 
 def start(loop=None) -> list:
+    from channels_push import publish
+
     loop = loop or asyncio.get_event_loop()
+    # The sweeps ring from this (the server's) process: with the in-memory layer the streams
+    # live on this loop, so bind it before the first sweep rather than at the first request.
+    publish.bind_server_loop(loop)
     return [loop.create_task(run_every(sweep, interval)) for sweep, interval in embedded_sweeps()]

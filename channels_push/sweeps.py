@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from . import doorbells, mcp_transport
+from . import doorbells, mcp_transport, publish
 from . import transitions as session_transitions
 from .models import McpSession
 
@@ -62,6 +62,9 @@ def ring_due_todos(*, now=None) -> int:
     endpoints that can receive them, charging each its ring in the statement that selects it.
     Safe when two sweeps overlap (the statement re-checks each row). Returns how many rang."""
     now = now or timezone.now()
+    if not publish.can_reach_streams():
+        # In-memory layer outside the server: a ring would be charged and reach nobody.
+        return 0
     rung = session_transitions.record_sweep_rings(
         endpoint_ids=find_ring_receivers(now=now), schedule=RING_SCHEDULE,
         limit=RINGS_PER_SWEEP, now=now)

@@ -214,7 +214,8 @@ def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
     ``endpoint_ids`` (endpoints that can receive a ring right now), and charge each a ring, in
     ONE statement. Returns the rung todos.
 
-    Due: pending, push-eligible, fewer than MAX_RING_ATTEMPTS rings, and
+    Due: pending, push-eligible, in the endpoint's scope (a todo its agent may not claim is
+    never rung and never spends budget), fewer than MAX_RING_ATTEMPTS rings, and
     ``COALESCE(last_ringed_at, created_at) <= now - schedule[min(ring_attempts, last)]`` — the
     interval counts from the last ring (or digest) else creation, and the attempt count only
     picks which interval. Round-robin: every endpoint's most overdue todo comes before any
@@ -225,9 +226,49 @@ def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
     row it locks, and the loser's guard then fails (last_ringed_at is now), so a todo is not
     rung twice — the loser just rings fewer this round.
     """
+    statement = sweep_rings_sql(endpoint_ids=endpoint_ids, schedule=schedule, limit=limit,
+                                now=now)
+    if statement is None:
+        return []
+    return _ringed_todos(*statement)
+
+
+def _scope_sql(alias: str, endpoint_ids, params: dict) -> str:
+    """``alias``'s queue is covered by its endpoint's scope ('*' covers all), for the endpoints
+    ``endpoint_ids``, as SQL; the scopes are read here and passed as parameters."""
+    from endpoints.models import ALL_QUEUES, Endpoint
+
+    everything, pairs = [], []
+    for endpoint_id, scope in Endpoint.objects.filter(pk__in=endpoint_ids).values_list("pk", "scope"):
+        if ALL_QUEUES in scope:
+            everything.append(endpoint_id)
+        else:
+            pairs.extend((endpoint_id, str(queue)) for queue in scope)
+    clauses = []
+    if everything:
+        clauses.append(_id_list(f"{alias}.endpoint_id", "scope_all", params, everything))
+    if pairs:
+        if _postgres():
+            params["scope_ids"] = [endpoint_id for endpoint_id, _ in pairs]
+            params["scope_queues"] = [queue for _, queue in pairs]
+            clauses.append(f"({alias}.endpoint_id, {alias}.queue) IN (SELECT * FROM"
+                           " unnest(%(scope_ids)s::bigint[], %(scope_queues)s::text[]))")
+        else:
+            params["scope_pairs"] = json.dumps(pairs)
+            clauses.append(
+                "EXISTS (SELECT 1 FROM json_each(%(scope_pairs)s) j"
+                f" WHERE json_extract(j.value, '$[0]') = {alias}.endpoint_id"
+                f" AND json_extract(j.value, '$[1]') = {alias}.queue)")
+    return "(" + " OR ".join(clauses) + ")" if clauses else "FALSE"
+
+
+def sweep_rings_sql(*, endpoint_ids, schedule, limit: int, now=None, select_only=False):
+    """The statement ``record_sweep_rings`` runs, as ``(sql, params)`` (None: no receivers).
+    ``select_only``: just the selecting query (what picks the todos), so a test can EXPLAIN the
+    very SQL the sweep runs."""
     endpoint_ids = list(endpoint_ids)
     if not endpoint_ids:
-        return []
+        return None
     now = now or timezone.now()
     params = {"now": _time(now), "limit": limit, "max_rings": MAX_RING_ATTEMPTS,
               "due_first": _time(now - min(schedule))}
@@ -243,7 +284,8 @@ def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
                 + due_case.replace("{t}", alias))
 
     receivers = _id_list("s.endpoint_id", "endpoints", params, endpoint_ids)
-    sql = (
+    in_scope = _scope_sql("p", endpoint_ids, params)
+    select = (
         "WITH receivers AS ("
         " SELECT s.endpoint_id, MAX(s.last_doorbell_at) AS rung_at FROM channels_push_mcpsession s"
         f" WHERE s.terminated_at IS NULL AND {receivers} GROUP BY s.endpoint_id),"
@@ -256,29 +298,49 @@ def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
         f" WHERE p.state = 'pending' AND p.ring_attempts < {MAX_RING_ATTEMPTS}"
         f" AND p.trust IN {PUSH_TRUST_SQL}"
         " AND COALESCE(p.last_ringed_at, p.created_at) <= %(due_first)s"
-        f" AND {due('p')} AND {_eligible_sql('p')}),"
+        f" AND {due('p')} AND {in_scope} AND {_eligible_sql('p')}),"
         " picked AS MATERIALIZED (SELECT id FROM candidates"
         "  ORDER BY n, rung_at ASC NULLS FIRST, base, id LIMIT %(limit)s)"
+    )
+    if select_only:
+        return select + " SELECT id FROM picked", params
+    sql = select + (
         " UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
         " WHERE id IN (SELECT id FROM picked) AND state = 'pending'"
         f" AND ring_attempts < %(max_rings)s AND {due('todos_todo')} RETURNING *"
     )
-    return _ringed_todos(sql, params)
+    return sql, params
 
 
-def record_digest(*, endpoint, now=None) -> list[tuple[str, object]]:
+def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, object]]:
     """Mark every pending push-eligible todo of ``endpoint`` in its scope as just rung
     (last_ringed_at = now) WITHOUT spending a ring attempt, and return what was counted as
     ``[(queue, created_at)]``: the digest's content and the mark are one statement, so the
-    heartbeat's next ring counts its backoff from exactly the digest that was sent."""
+    heartbeat's next ring counts its backoff from exactly the digest that was sent.
+
+    With ``cooldown`` (the reconnect digest): nothing is marked or counted unless at least one
+    of those todos was not rung or digested within it, so a flapping stream is not handed the
+    same summary again and again (nor does it keep pushing the heartbeat's backoff out)."""
     now = now or timezone.now()
     params = {"endpoint_id": endpoint.pk, "now": _time(now)}
-    scope = "" if endpoint.all_queues else " AND " + _id_list("t.queue", "queues", params,
-                                                              endpoint.scope)
+
+    def in_scope(alias, name):
+        if endpoint.all_queues:
+            return ""
+        return " AND " + _id_list(f"{alias}.queue", name, params, endpoint.scope)
+
+    fresh = ""
+    if cooldown is not None:
+        params["cooled"] = _time(now - cooldown)
+        fresh = (
+            " AND EXISTS (SELECT 1 FROM todos_todo c WHERE c.endpoint_id = %(endpoint_id)s"
+            f" AND {_eligible_sql('c')}{in_scope('c', 'fresh_queues')}"
+            " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")
     sql = (
         "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
         " SELECT t.id FROM todos_todo t WHERE t.endpoint_id = %(endpoint_id)s"
-        f" AND {_eligible_sql('t')}{scope}) AND state = 'pending' RETURNING queue, created_at"
+        f" AND {_eligible_sql('t')}{in_scope('t', 'queues')}) AND state = 'pending'{fresh}"
+        " RETURNING queue, created_at"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

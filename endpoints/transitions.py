@@ -49,9 +49,11 @@ def rotate_credential(endpoint: Endpoint, *, grace=DEFAULT_ROTATION_GRACE, now=N
 def set_presence(endpoint: Endpoint, presence: str, *, until=None, now=None) -> tuple[str, str]:
     """Clock ``endpoint`` in or out (§8). Returns its effective presence ``(before, after)``.
 
-    Without ``until``: the manual state (agent verbs, board, admin); on an endpoint with a
-    shift schedule it holds until the next shift boundary, after which the schedule rules
-    again. With ``until``: an operator override that wins over everything until then.
+    Without ``until``: the manual state (agent verbs, board, admin actions, ``manage.py clock``
+    without --until); on an endpoint with a shift schedule it holds until the next shift
+    boundary, after which the schedule rules again. It never touches an operator override:
+    an override with an expiry wins (§8) until it expires or the operator changes it. With
+    ``until``: that operator override, winning over everything until then.
 
     The row is locked while it is read and written, so two concurrent clock-ins agree on which
     one turned presence in (and only that one announces a digest).
@@ -68,7 +70,6 @@ def set_presence(endpoint: Endpoint, presence: str, *, until=None, now=None) -> 
             row.presence_override, row.presence_override_until = presence, until
         else:
             row.presence_state = presence
-            row.presence_override, row.presence_override_until = "", None
             row.presence_hold_until = (
                 next_shift_boundary(row.shift_schedule, row.shift_timezone, now)
                 if row.has_schedule else None)

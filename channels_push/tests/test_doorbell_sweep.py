@@ -183,10 +183,98 @@ def test_sweep_reads_its_partial_index(endpoint):
         cursor.execute("SELECT obj_description('todo_doorbell_due'::regclass, 'pg_class')")
         assert "ring_due_todos" in cursor.fetchone()[0]
         cursor.execute("SET enable_seqscan = off")  # tiny tables: ask which index it would use
-        cursor.execute(
-            "EXPLAIN SELECT p.id FROM todos_todo p WHERE p.endpoint_id = %s"
-            " AND p.state = 'pending' AND p.ring_attempts < 5 AND p.trust IN ('signed', 'operator')"
-            " AND COALESCE(p.last_ringed_at, p.created_at) <= %s", [endpoint.pk, now])
+        # The very statement the sweep runs (its selecting part: EXPLAIN must not write).
+        sql, params = session_transitions.sweep_rings_sql(
+            endpoint_ids=[endpoint.pk], schedule=sweeps.RING_SCHEDULE,
+            limit=sweeps.RINGS_PER_SWEEP, now=now, select_only=True)
+        cursor.execute("EXPLAIN " + sql, params)
         text = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("SET enable_seqscan = on")
     assert "todo_doorbell_due" in text, text
+
+
+# -- delivery from short-lived processes (review C) ---------------------------------------------
+
+
+def test_a_command_waits_for_its_in_flight_sends_before_exiting(tmp_path):
+    """A command publishes from the background loop's daemon thread; without the atexit flush
+    the process exits before the send leaves, while the ring is already recorded."""
+    import subprocess
+
+    from tests.processes import PYTHON, ROOT, child_env
+
+    marker = tmp_path / "sent"
+    script = (
+        "import asyncio, django; django.setup()\n"
+        "from channels_push import publish\n"
+        "async def slow_send():\n"
+        "    await asyncio.sleep(0.5)  # a Redis round trip that takes a while\n"
+        f"    open({str(marker)!r}, 'w').write('sent')\n"
+        "publish._sender.submit(slow_send, {})\n"
+    )
+    subprocess.run([PYTHON, "-c", script], cwd=ROOT, env=child_env(), check=True, timeout=60)
+    assert marker.read_text() == "sent"
+
+
+@pytest.fixture
+def in_memory_layer_without_server(settings):
+    from channels.layers import channel_layers
+
+    from channels_push import publish
+
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends.clear()
+    bound, publish._sender._server_loop = publish._sender._server_loop, None
+    yield
+    publish._sender._server_loop = bound
+    channel_layers.backends.clear()
+
+
+def test_can_reach_streams_only_with_a_shared_layer_or_inside_the_server(
+        in_memory_layer_without_server):
+    import asyncio
+
+    from channels_push import publish
+
+    assert publish.can_reach_streams() is False
+    loop = asyncio.new_event_loop()
+    try:
+        publish.bind_server_loop(loop)
+        assert publish.can_reach_streams() is True
+    finally:
+        loop.close()
+    assert publish.can_reach_streams() is False  # a closed loop is no server
+
+
+def test_sweep_command_on_the_in_memory_layer_records_nothing_and_says_so(
+        endpoint, in_memory_layer_without_server):
+    attach(endpoint)
+    todo = make_ready_todo(endpoint, now=timezone.now() - timedelta(minutes=6))
+    out, err = io.StringIO(), io.StringIO()
+    call_command("sweep_doorbells", "--json", stdout=out, stderr=err)
+    assert json.loads(out.getvalue()) == {"rung": 0}
+    assert "scheduler" in err.getvalue()
+    assert rings_of(todo) == (0, None)
+
+
+def test_digest_on_the_in_memory_layer_outside_the_server_marks_nothing(
+        endpoint, in_memory_layer_without_server):
+    from channels_push import doorbells
+
+    attach(endpoint)
+    todo = make_ready_todo(endpoint, now=T0)
+    assert doorbells.send_digest(endpoint, "operator", now=T0 + timedelta(minutes=1)) == 0
+    assert rings_of(todo) == (0, None)
+
+
+def test_sweep_rings_only_todos_in_the_endpoints_scope(endpoint):
+    """Review C: out-of-scope todos neither take the sweep's 3 rings nor spend their budget."""
+    endpoint.scope = ["reviews"]
+    endpoint.save()
+    attach(endpoint)
+    outside = [make_ready_todo(endpoint, "elsewhere", now=T0 + timedelta(seconds=i))
+               for i in range(3)]
+    inside = make_ready_todo(endpoint, "reviews", now=T0 + timedelta(seconds=10))
+    assert sweep(T0 + timedelta(hours=1)) == 1
+    assert rings_of(inside)[0] == 1
+    assert [rings_of(todo)[0] for todo in outside] == [0, 0, 0]

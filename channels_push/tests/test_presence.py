@@ -255,3 +255,44 @@ def test_every_todo_doorbell_fails_the_consumers_digest_rule_and_every_digest_pa
         assert not doorbells.is_digest(doorbells.todo_doorbell(todo))
     for reason in doorbells.DIGEST_REASONS:
         assert doorbells.is_digest(doorbells.digest_doorbell({"q": 1}, timedelta(minutes=3), reason))
+
+
+@pytest.mark.django_db
+def test_agent_clock_in_does_not_lift_an_operator_override(endpoint, digests,
+                                                           django_capture_on_commit_callbacks):
+    """Review C: an override out until T wins over the agent's clock_in (§8): still out, the
+    override intact, no digest sent and no todo marked."""
+    attach(endpoint)
+    now = timezone.now()
+    todo = make_ready_todo(endpoint, now=now)
+    until = now + timedelta(hours=1)
+    doorbells.clock(endpoint, "out", reason="operator", until=until, now=now)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert doorbells.clock(endpoint, "in", reason="clock_in",
+                               now=now + timedelta(minutes=1)) == "out"
+    row = Endpoint.objects.get(pk=endpoint.pk)
+    assert (row.presence_override, row.presence_override_until) == ("out", until)
+    assert digests == []
+    assert Todo.objects.get(pk=todo.pk).last_ringed_at is None
+
+
+@pytest.mark.django_db
+def test_reconnect_digest_has_a_cooldown(endpoint):
+    """Review C: three reconnects in three seconds send one digest and move last_ringed_at
+    once; a todo that arrives meanwhile, or the cooldown passing, lifts it."""
+    session = attach(endpoint)
+    now = timezone.now()
+    first = make_ready_todo(endpoint, now=now - timedelta(minutes=10))
+
+    def reconnect(at):
+        return doorbells.reconnect_frames(endpoint_id=endpoint.pk, session_id=session.pk, now=at)
+
+    assert len(reconnect(now)) == 1
+    assert reconnect(now + timedelta(seconds=1)) == []
+    assert reconnect(now + timedelta(seconds=2)) == []
+    assert Todo.objects.get(pk=first.pk).last_ringed_at == now
+    make_ready_todo(endpoint, now=now + timedelta(seconds=3))
+    [(params, _)] = reconnect(now + timedelta(seconds=4))
+    assert params["meta"]["pending"] == "2"
+    assert reconnect(now + timedelta(seconds=5)) == []
+    assert len(reconnect(now + timedelta(seconds=4 + 60))) == 1

@@ -120,3 +120,15 @@ def test_clock_command_prints_endpoint_and_presence(endpoint):
         call_command("clock", "in", "nope")
     with pytest.raises(CommandError):
         call_command("clock", "in", endpoint.slug, "--until", "tomorrow")
+
+
+def test_manual_clock_never_clears_an_operator_override(endpoint):
+    """§8: an override with an expiry wins; clock_in/clock_out set only the manual state."""
+    now = at(2026, 3, 30, 10)
+    until = now + timedelta(hours=2)
+    transitions.set_presence(endpoint, "out", until=until, now=now)
+    assert transitions.set_presence(endpoint, "in", now=now + timedelta(minutes=1)) == ("out", "out")
+    row = Endpoint.objects.get(pk=endpoint.pk)
+    assert (row.presence_override, row.presence_override_until) == ("out", until)
+    assert row.presence_state == "in"  # what rules once the override ends
+    assert row.presence_at(until) == "in"

@@ -13,7 +13,8 @@ from switchboard.commands import JsonCommand
 class Command(JsonCommand):
     help = ("Clock an endpoint in or out. Without --until: its manual state (with a shift "
             "schedule, held until the next shift boundary). With --until: an operator override "
-            "until that time. Clocking in sends waiting work as one digest. Prints "
+            "until that time (a manual clock never lifts an override: set a new one or edit it in the "
+            "admin). Clocking in sends waiting work as one digest. Prints "
             '{"endpoint", "presence"} (the effective presence) with --json.')
 
     def add_arguments(self, parser):
