@@ -9,6 +9,7 @@ signature, then parsing, then the one write.
 
 import json
 import logging
+import math
 from urllib.parse import parse_qs
 
 from django.conf import settings
@@ -36,6 +37,8 @@ MAX_IDEMPOTENCY_KEY_CHARS = 200
 MAX_SECRETS = 50
 MAX_SECRET_NAME_CHARS = 100
 MAX_SECRET_VALUE_CHARS = 64 * 1024
+# An unknown slug is quoted back in the 404, cut short: the path is the caller's to fill.
+MAX_ECHOED_SLUG_CHARS = 64
 # Forms are accepted where the source can send them (GitHub's and Gitea's "form" content
 # type: the JSON is in the ``payload`` field, the signature covers the raw form body).
 FORM_SOURCES = (Source.GITHUB, Source.GITEA)
@@ -128,9 +131,26 @@ def _reject_constant(name):
     raise ValueError(f"{name} is not JSON")
 
 
+class _NumberOutOfRange(ValueError):
+    pass
+
+
+def _parse_finite_float(literal: str) -> float:
+    """Valid JSON such as ``1e400`` parses to ``inf``, which jsonb cannot store (the write would
+    fail after every check had passed); refuse it while parsing."""
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NumberOutOfRange(literal)
+    return value
+
+
 def _parse_json_text(text: str, *, what: str = "body"):
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_parse_finite_float)
+    except _NumberOutOfRange as exc:
+        raise Problem(400, "malformed_body",
+                      f"{what} has a number out of range ({str(exc)[:40]}): numbers must be "
+                      f"finite double-precision values") from None
     except (ValueError, RecursionError):
         raise Problem(400, "malformed_body", f"{what} is not valid JSON") from None
     if not isinstance(value, dict):
@@ -221,7 +241,8 @@ def receive_hook(request, webhook_slug):
         _check_declared_length(request)
         webhook, routes = queries.find_webhook_with_routes(webhook_slug)
         if webhook is None:
-            raise Problem(404, "unknown_webhook", f"no active webhook {webhook_slug!r}")
+            raise Problem(404, "unknown_webhook",
+                          f"no active webhook {webhook_slug[:MAX_ECHOED_SLUG_CHARS]!r}")
         _check_rate(f"ingest:{webhook.pk}")
         body = _read_body(request)
         now = timezone.now()
@@ -345,7 +366,8 @@ def hand_over(request, endpoint_slug):
         # Somebody else's endpoint looks exactly like a missing one.
         endpoint = Endpoint.objects.filter(slug=endpoint_slug, active=True, owner=operator).first()
         if endpoint is None:
-            raise Problem(404, "not_found", f"no endpoint {endpoint_slug!r} of yours")
+            raise Problem(404, "not_found",
+                          f"no endpoint {endpoint_slug[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
         _check_rate(f"operator:{operator.pk}")
         body = _read_body(request)
         if not _is_json_type(_media_type(request)):
