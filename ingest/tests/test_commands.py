@@ -73,3 +73,16 @@ def test_mint_operator_token(operator):
     data = run("mint_operator_token", operator.username, "--name", "ci")
     assert data["user"] == operator.username and data["token"].startswith("sbo_")
     assert queries.find_operator_for_token(data["token"]) == operator
+
+
+def test_add_webhook_route_refuses_out_of_scope_queues_and_other_owners(operator):
+    from tests.factories import EndpointFactory, UserFactory
+
+    EndpointFactory(slug="narrow", owner=operator, scope=["inbox"])
+    EndpointFactory(slug="bobs", owner=UserFactory(username="bob"))
+    run("add_webhook", "gh", "--owner", operator.username, "--source", "github")
+    with pytest.raises(CommandError, match="outside endpoint narrow's scope"):
+        call_command("add_webhook_route", "gh", "narrow", "--queue", "reviews", stdout=StringIO())
+    with pytest.raises(CommandError, match="different owners"):
+        call_command("add_webhook_route", "gh", "bobs", "--queue", "inbox", stdout=StringIO())
+    assert Route.objects.count() == 0
