@@ -469,6 +469,40 @@ def test_secrets_are_stored_apart_and_never_shown(client, endpoint, token, caplo
         assert "tok-very-secret-123" not in surface
 
 
+def test_board_todo_page_shows_secret_refs_never_values(client, endpoint, operator, token):
+    """§5/§9: a todo handed over with secrets shows the refs on its board page (and on the
+    board list, and in its claimed state), never a secret value."""
+    from django.urls import reverse
+
+    from todos import transitions as todo_transitions
+
+    answer = hand(client, endpoint.slug, {
+        "queue": "inbox", "title": "rotate the key", "payload": {"env": "prod"},
+        "secrets": {"deploy_token": "tok-very-secret-123", "db_password": "pw-hunter2-xyz"}},
+        **bearer(token))
+    assert answer.status_code == 201, answer.content
+    todo = Todo.objects.get()
+    refs = {name: value["$secret"] for name, value in todo.payload["secrets"].items()}
+    board = Client()
+    board.force_login(operator)
+
+    def pages():
+        return [board.get(reverse("todos-detail", args=[todo.pk])),
+                board.get("/todos/"), board.get("/todos/rows")]
+
+    detail = pages()[0]
+    assert detail.status_code == 200
+    html = detail.content.decode()
+    for ref in refs.values():
+        assert ref in html  # the ref is shown, as-is
+    todo_transitions.claim_todo(todo_transitions.Caller.operator(endpoint, operator.username),
+                                todo.pk)
+    for page in pages():
+        assert page.status_code == 200
+        for value in ("tok-very-secret-123", "pw-hunter2-xyz"):
+            assert value not in page.content.decode()
+
+
 def test_session_operator_needs_csrf_and_token_operator_does_not(endpoint, operator, token):
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(operator)
