@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import mcp.types as types
 from pydantic import BaseModel
 
+from switchboard import json_input
+
 PARSE_ERROR = types.PARSE_ERROR  # -32700
 INVALID_REQUEST = types.INVALID_REQUEST  # -32600
 METHOD_NOT_FOUND = types.METHOD_NOT_FOUND  # -32601
@@ -49,7 +51,7 @@ def parse_message(body: bytes) -> Message:
     """Decode one JSON-RPC message from a POST body. Raises FramingError with -32700 for
     unparseable JSON and -32600 for a batch, a non-object or a malformed envelope."""
     try:
-        data = json.loads(body)
+        data = json_input.loads_strict(body)
     except (ValueError, UnicodeDecodeError):
         raise FramingError(PARSE_ERROR, "Parse error: the body is not valid JSON") from None
     if isinstance(data, list):

@@ -125,6 +125,17 @@ TOOL_SCHEMAS = {
         _schema({"ref": {"type": "string", "description": "The secret ref from the payload."}},
                 ["ref"]),
     ),
+    "clock_in": (
+        "Go on duty: doorbells resume, and if work waited you get one digest (meta.kind "
+        "\"digest\") to drain with claim_next. With a shift schedule this holds until the next "
+        "shift boundary.",
+        _schema({}),
+    ),
+    "clock_out": (
+        "Go off duty: no doorbells until you clock in (or your shift starts); todos wait, still "
+        "pullable with claim_next. With a shift schedule this holds until the next boundary.",
+        _schema({}),
+    ),
 }
 
 # JSON Schema keywords whose violation means the call is malformed (-32602); any other
@@ -162,7 +173,8 @@ def build_instructions(endpoint) -> str:
         "meta.todo_id names one todo: call claim with that todo_id (not_claimable means "
         "another worker took it; move on). (2) digest - meta.kind is \"digest\" with "
         "meta.pending and meta.queues: drain the queue with claim_next until it returns "
-        "{\"empty\": true}. With no doorbell, poll claim_next now and then. "
+        "{\"empty\": true}. With no doorbell, poll claim_next now and then. clock_out stops "
+        "doorbells while you are away (todos wait); clock_in resumes them with a digest. "
         f"Lease contract: a claim holds the todo under a lease of {lease_seconds} seconds by "
         "default (lease_ttl_seconds overrides, 1-86400). Call heartbeat before the lease "
         "lapses while you still work, then complete (with a result), fail (with an error; it "
@@ -261,6 +273,12 @@ def _list_todos(caller, args):
     return {"todos": [todo_queries.todo_as_dict(row) for row in rows]}
 
 
+def _clock(caller, presence: str) -> dict:
+    from . import doorbells  # doorbells -> mcp_transport -> mcp_tools: imported at call time
+
+    return {"presence": doorbells.clock(caller.endpoint, presence, reason="clock_in")}
+
+
 def _claim_next(caller, args):
     todo = transitions.claim_next_todo(
         caller, queues=args.get("queues"), lease_ttl_seconds=args.get("lease_ttl_seconds")
@@ -284,6 +302,8 @@ _VERBS = {
     "release": lambda caller, a: _todo(transitions.release_todo(
         caller, a["todo_id"], lease_id=a.get("lease_id"))),
     "read_secret": _read_secret,
+    "clock_in": lambda caller, a: _clock(caller, "in"),
+    "clock_out": lambda caller, a: _clock(caller, "out"),
 }
 assert set(_VERBS) == set(TOOL_SCHEMAS)
 

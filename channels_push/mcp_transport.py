@@ -37,7 +37,7 @@ from endpoints.models import hash_credential
 
 from switchboard import ratelimit
 
-from . import mcp_framing, mcp_tools, publish
+from . import doorbells, mcp_framing, mcp_tools, metrics, publish
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
@@ -55,6 +55,10 @@ RETRY_HINT_MS = 3000
 # A request refreshes its session's last-seen time at most this often (the idle limit is an
 # hour; see transitions.touch_session for why not on every call).
 SESSION_TOUCH_INTERVAL = timedelta(seconds=30)
+# Frames a stream holds for a client that reads slower than doorbells arrive. Beyond this the
+# stream drops the new frame (and logs it) instead of growing without bound or slowing the
+# channel layer: the queue is the ledger, a missed doorbell costs nothing but latency.
+STREAM_BUFFER_FRAMES = 100
 # Channel-layer group per session; the doorbell (any process) sends to it.
 SESSION_GROUP_PREFIX = "mcp.session."
 NOTIFY_MESSAGE_TYPE = "mcp.notify"
@@ -70,14 +74,18 @@ def session_group(session_id: str) -> str:
     return SESSION_GROUP_PREFIX + session_id
 
 
-def notify_session(session_id: str, method: str, params: dict | None = None) -> bool:
+def notify_session(session_id: str, method: str, params: dict | None = None, *,
+                   context: dict | None = None) -> bool:
     """Send a JSON-RPC notification to the session's open stream(s), from any process, without
     waiting (sync callers; the doorbell). Lossy by design: no stream, no delivery; False when
-    the send was dropped at once."""
+    the send was dropped at once. ``context`` (ids only) rides along for the log line of a
+    stream that has to drop it; the full session id never goes into a log."""
+    context = {"session": session_id[:8], "method": method, **(context or {})}
     message = mcp_framing.notification_envelope(method, params)
-    return publish.send_to_group(session_group(session_id),
-                                 {"type": NOTIFY_MESSAGE_TYPE, "message": message},
-                                 context={"session": session_id[:8], "method": method})
+    return publish.send_to_group(
+        session_group(session_id),
+        {"type": NOTIFY_MESSAGE_TYPE, "message": message, "context": context},
+        context={**context, "group": SESSION_GROUP_PREFIX + session_id[:8] + "…"})
 
 
 @dataclass
@@ -337,6 +345,11 @@ def keep_stream_alive(endpoint_id: int, session_id: str) -> bool:
     return session_transitions.touch_session(endpoint=endpoint_id, session_id=session_id)
 
 
+def ring_reconnected_stream(endpoint_id: int, session_id: str) -> list:
+    """The doorbells a freshly opened stream gets at once (see doorbells.reconnect_frames)."""
+    return doorbells.reconnect_frames(endpoint_id=endpoint_id, session_id=session_id)
+
+
 def close_stream(session_id: str) -> None:
     session_transitions.detach_stream(session_id=session_id)
 
@@ -350,8 +363,9 @@ class McpEndpoint:
     layer, here, by hand."""
 
     def __init__(self, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
-                 thread_sensitive: bool = False):
+                 thread_sensitive: bool = False, buffer_frames: int = STREAM_BUFFER_FRAMES):
         self.keepalive_seconds = keepalive_seconds
+        self.buffer_frames = buffer_frames
         # Requests run their sync handler in the thread pool, not Django's one shared sync
         # thread: they share no state but the database, and one thread would queue every
         # agent's tool call behind the others' database round trips. In-process tests pass
@@ -405,6 +419,9 @@ class McpEndpoint:
         layer = get_channel_layer()
         group = session_group(session_id)
         channel = None
+        # This stream's own bounded buffer between the channel layer and the client (see
+        # STREAM_BUFFER_FRAMES): the layer is drained at once into it, a full one drops.
+        buffer = asyncio.Queue(maxsize=self.buffer_frames)
         try:
             try:
                 channel = await layer.new_channel()
@@ -413,6 +430,19 @@ class McpEndpoint:
                 log.warning("mcp stream without channel layer",
                             extra={"session": session_id[:8], "error": type(exc).__name__})
                 channel = None
+            # Ring THIS stream (not the session's other streams) for work that waited while
+            # nobody listened. After group_add, so a todo created meanwhile is not missed by
+            # both paths (it may be counted by both: doorbells are at-least-once); before the
+            # opening comment, so a client that sees the stream open knows the reconnect
+            # summary is already behind it.
+            try:
+                frames = await self._sync(ring_reconnected_stream)(endpoint_id, session_id)
+            except Exception:
+                log.exception("mcp reconnect rings failed", extra={"session": session_id[:8]})
+                frames = []
+            for params, context in frames:
+                offer_frame(buffer, mcp_framing.notification_envelope(
+                    doorbells.CHANNEL_METHOD, params), context)
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream"),
                 (b"cache-control", b"no-cache, no-transform"),
@@ -423,7 +453,7 @@ class McpEndpoint:
             await send({"type": "http.response.body", "more_body": True,
                         "body": mcp_framing.sse_comment("switchboard stream open")
                         + mcp_framing.sse_retry(RETRY_HINT_MS)})
-            await self._pump(session_id, endpoint_id, layer, channel, receive, send)
+            await self._pump(session_id, endpoint_id, layer, channel, buffer, receive, send)
         finally:
             if channel is not None:
                 try:
@@ -432,34 +462,35 @@ class McpEndpoint:
                     pass
             await self._sync(close_stream)(session_id)
 
-    async def _pump(self, session_id, endpoint_id, layer, channel, receive, send):
+    async def _pump(self, session_id, endpoint_id, layer, channel, buffer, receive, send):
+        terminated = asyncio.Event()
+        reader = (asyncio.ensure_future(_read_layer(layer, channel, buffer, terminated, session_id))
+                  if channel else None)
         disconnect = asyncio.ensure_future(receive())
-        inbound = asyncio.ensure_future(layer.receive(channel)) if channel else None
+        next_frame = asyncio.ensure_future(buffer.get())
+        ended = asyncio.ensure_future(terminated.wait())
         try:
             while True:
-                waiting = {disconnect} | ({inbound} if inbound else set())
-                done, _ = await asyncio.wait(waiting, timeout=self.keepalive_seconds,
+                done, _ = await asyncio.wait({disconnect, next_frame, ended},
+                                             timeout=self.keepalive_seconds,
                                              return_when=asyncio.FIRST_COMPLETED)
                 if disconnect in done:
                     if disconnect.result().get("type") == "http.disconnect":
                         return
                     disconnect = asyncio.ensure_future(receive())
                     continue
-                if inbound is not None and inbound in done:
-                    try:
-                        message = inbound.result()
-                    except Exception as exc:  # layer gone: keep the stream, lose doorbells
-                        log.warning("mcp stream lost its channel layer",
-                                    extra={"session": session_id[:8], "error": type(exc).__name__})
-                        inbound = None
-                        continue
-                    inbound = asyncio.ensure_future(layer.receive(channel))
-                    if message.get("type") == TERMINATE_MESSAGE_TYPE:
-                        await send({"type": "http.response.body", "body": b"", "more_body": False})
-                        return
-                    if message.get("type") == NOTIFY_MESSAGE_TYPE:
-                        await send({"type": "http.response.body", "more_body": True,
-                                    "body": mcp_framing.sse_event(message["message"])})
+                if ended in done:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                if next_frame in done:
+                    message = next_frame.result()
+                    next_frame = asyncio.ensure_future(buffer.get())
+                    # A slow client stalls us here; the reader keeps draining the layer into
+                    # the bounded buffer meanwhile, and drops once it is full.
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": mcp_framing.sse_event(message)})
+                    if message.get("method") == doorbells.CHANNEL_METHOD:
+                        metrics.DOORBELLS_SENT.inc()
                     continue
                 await send({"type": "http.response.body", "more_body": True,
                             "body": mcp_framing.sse_comment("keep-alive")})
@@ -467,9 +498,40 @@ class McpEndpoint:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
         finally:
-            for task in (disconnect, inbound):
+            for task in (reader, disconnect, next_frame, ended):
                 if task is not None and not task.done():
                     task.cancel()
+
+
+def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:
+    """Queue one notification for the client, or drop it (logged) when the buffer is full:
+    never wait, so neither the channel layer nor the publisher is slowed by a slow reader."""
+    try:
+        buffer.put_nowait(message)
+        return True
+    except asyncio.QueueFull:
+        log.warning("doorbell dropped: stream buffer full", extra=context)
+        metrics.DOORBELLS_DROPPED.inc()
+        return False
+
+
+async def _read_layer(layer, channel, buffer, terminated: asyncio.Event, session_id: str):
+    """Move this stream's channel-layer messages into its buffer as they arrive."""
+    while True:
+        try:
+            message = await layer.receive(channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # layer gone: keep the stream, lose doorbells
+            log.warning("mcp stream lost its channel layer",
+                        extra={"session": session_id[:8], "error": type(exc).__name__})
+            return
+        if message.get("type") == TERMINATE_MESSAGE_TYPE:
+            terminated.set()
+            return
+        if message.get("type") == NOTIFY_MESSAGE_TYPE:
+            offer_frame(buffer, message["message"],
+                        message.get("context") or {"session": session_id[:8]})
 
 
 async def _read_body(request: Request, receive, limit: int) -> bool:

@@ -32,6 +32,10 @@ class McpSession(models.Model):
     # Incremented/decremented by the stream consumer; a crashed process leaves it high, which
     # the idle-session sweep corrects (see channels_push/sweeps.py).
     open_streams = models.PositiveIntegerField(default=0)
+    # When this session was last chosen for a doorbell. The doorbell picks the least recently
+    # rung session of the pool and stamps it in the same UPDATE (transitions.choose_doorbell_
+    # session), so concurrent publishers rotate over the pool instead of piling on one.
+    last_doorbell_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -65,7 +65,9 @@ def deliver(todo, change: dict) -> None:
         try:
             listener(todo, change)
         except Exception:
-            log.exception("publish listener failed", extra={"todo_id": change["todo_id"]})
+            log.exception("publish listener failed", extra={
+                "todo_id": change["todo_id"], "endpoint_id": change["endpoint_id"],
+                "action": change["action"]})
     send_to_group(BOARD_GROUP, change, context={"todo_id": change["todo_id"]})
 
 

@@ -5,10 +5,15 @@ overlap (every row is re-guarded by its UPDATE)."""
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
-from . import mcp_transport
+from . import doorbells, mcp_transport
 from . import transitions as session_transitions
+from .models import McpSession
+
+from endpoints import transitions as endpoint_transitions
+from endpoints.models import Endpoint, Presence
 
 # One pass ends at most this many idle sessions: agents open a handful of sessions each, so
 # even a fleet's worth of abandoned sessions clears in a few passes of short statements.
@@ -29,8 +34,79 @@ def expire_idle_sessions(*, now=None) -> int:
     )
 
 
+# -- the doorbell heartbeat (CONTRACT §7, SPEC-0011 "Doorbell Heartbeat") -------------------------
+
+# The re-ring backoff, indexed by ring_attempts (0 → 5 min, 1 → 20 min, 2 → 1 h, ≥ 3 → 6 h),
+# counted from last_ringed_at (a ring or a digest), else from creation.
+RING_SCHEDULE = (timedelta(minutes=5), timedelta(minutes=20), timedelta(hours=1),
+                 timedelta(hours=6))
+# Rings per sweep (SPEC-0011 fixes it at 3): a wake-up nudge, not a delivery path; an agent
+# that is awake drains by pull, so more rings would only add noise to its session.
+RINGS_PER_SWEEP = 3
+
+
+def find_ring_receivers(*, now) -> list[int]:
+    """Endpoints that can receive a ring now: active, effectively ``in`` (§8: a clocked-out
+    endpoint keeps its whole ring budget), with at least one attached (live) session — with or
+    without an open stream: the doorbell falls back to a streamless session, and a push dropped
+    at the transport still counts (SPEC-0011). Presence needs the schedule's time-zone math, so
+    it is evaluated here, over the few endpoints that have a live session."""
+    endpoint_ids = (McpSession.objects.filter(terminated_at__isnull=True, endpoint__active=True)
+                    .values_list("endpoint_id", flat=True).distinct())
+    return [endpoint.pk for endpoint in Endpoint.objects.filter(pk__in=endpoint_ids)
+            if endpoint.presence_at(now) == Presence.IN]
+
+
+def ring_due_todos(*, now=None) -> int:
+    """One heartbeat sweep: ring at most RINGS_PER_SWEEP due todos, round-robin across the
+    endpoints that can receive them, charging each its ring in the statement that selects it.
+    Safe when two sweeps overlap (the statement re-checks each row). Returns how many rang."""
+    now = now or timezone.now()
+    rung = session_transitions.record_sweep_rings(
+        endpoint_ids=find_ring_receivers(now=now), schedule=RING_SCHEDULE,
+        limit=RINGS_PER_SWEEP, now=now)
+    doorbells.ring_on_commit(rung)
+    return len(rung)
+
+
+# -- presence boundaries (§8) ------------------------------------------------------------------
+
+# A boundary older than this when first seen is history, not news: a sweep that was down for
+# longer does not wake agents with a stale "your shift started" (the heartbeat still rings).
+BOUNDARY_LOOKBACK = timedelta(minutes=15)
+DIGEST_REASON_FOR_CHANGE = {"shift": "shift_start", "override_end": "override_end"}
+
+
+def announce_presence_boundaries(*, now=None) -> int:
+    """Detect shift starts and override ends since the last sweep and send a digest to each
+    endpoint whose effective presence turned ``in`` there. Each boundary is claimed by one
+    guarded UPDATE (endpoint.presence_boundary_at moves forward only), so when sweeps overlap
+    exactly one announces it. Returns how many digests were sent (one per endpoint)."""
+    now = now or timezone.now()
+    sent = 0
+    candidates = Endpoint.objects.filter(active=True).filter(
+        ~Q(shift_timezone="") | Q(presence_override_until__isnull=False))
+    for endpoint in candidates:
+        since = now - BOUNDARY_LOOKBACK
+        if endpoint.presence_boundary_at and endpoint.presence_boundary_at > since:
+            since = endpoint.presence_boundary_at
+        changes = endpoint.presence_changes(since, now)
+        if not changes:
+            continue
+        boundary, change = changes[-1]  # only the latest boundary is news
+        if not endpoint_transitions.record_presence_boundary(endpoint.pk, boundary):
+            continue  # an overlapping sweep announced it
+        turned_in = (endpoint.presence_at(boundary) == Presence.IN
+                     and endpoint.presence_at(boundary - timedelta(microseconds=1)) == Presence.OUT)
+        if turned_in and endpoint.presence_at(now) == Presence.IN:
+            sent += bool(doorbells.send_digest(endpoint, DIGEST_REASON_FOR_CHANGE[change], now=now))
+    return sent
+
+
 # The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
 # switchboard/celery.py names the same cadence).
 EMBEDDED_SWEEPS = [
     (expire_idle_sessions, 60.0),
+    (ring_due_todos, 30.0),
+    (announce_presence_boundaries, 30.0),
 ]

@@ -7,6 +7,10 @@ into HTTP 404 without reading the row again (missing, another endpoint's, and te
 look the same).
 """
 
+import json
+from datetime import timedelta
+
+from django.db import connection
 from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -87,3 +91,202 @@ def reset_stale_stream_counts(*, silent_before) -> int:
     return McpSession.objects.filter(open_streams__gt=0, last_seen_at__lt=silent_before).update(
         open_streams=0
     )
+
+
+# -- doorbells (CONTRACT §7) ---------------------------------------------------------------------
+#
+# The statements below write ring bookkeeping: a session's last doorbell time, and a todo's
+# ring_attempts / last_ringed_at. Neither is a todo lifecycle state (todos/transitions.py owns
+# those); each is still one guarded statement, so overlapping publishers and sweeps agree
+# without locks held across round trips.
+
+# A todo is rung at most this many times by sweeps and reconnects (SPEC-0011 "Doorbell
+# Heartbeat"); the partial index todo_doorbell_due (migration 0002) spells the same number.
+MAX_RING_ATTEMPTS = 5
+PUSH_TRUST_SQL = "('signed', 'operator')"
+# A re-attach does not ring the same todo again within this long (SPEC-0011 "Reconnecting
+# session is rung"): an agent whose stream flaps must not be woken again and again.
+RECONNECT_COOLDOWN = timedelta(seconds=60)
+
+
+def _postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _time(value):
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def _id_list(column: str, param: str, params: dict, values) -> str:
+    if _postgres():
+        params[param] = list(values)
+        return f"{column} = ANY(%({param})s)"
+    params[param] = json.dumps(list(values))
+    return f"{column} IN (SELECT value FROM json_each(%({param})s))"
+
+
+# The sender gate as SQL over a todo row ``alias``: still pending, trusted, attributed to a
+# human through its delivery event (ADR-0003, ADR-0008).
+def _eligible_sql(alias: str) -> str:
+    return (
+        f"{alias}.state = 'pending' AND {alias}.trust IN {PUSH_TRUST_SQL} AND EXISTS ("
+        f"SELECT 1 FROM ingest_deliveryevent d WHERE d.id = {alias}.delivery_event_id "
+        "AND d.attributed_to_id IS NOT NULL)"
+    )
+
+
+def choose_doorbell_session(*, endpoint_id: int, todo_id: int, now=None) -> str | None:
+    """Pick ONE attached (live) session of ``endpoint_id`` to ring for ``todo_id`` and stamp
+    it, in one UPDATE … RETURNING. Sessions with an open stream come first, then the least
+    recently rung, so the pool takes turns; a session whose stream is momentarily closed is
+    still chosen when it is the only one (its push is then dropped at the transport, which is
+    the lossy contract). None: no attached session, or the todo is no longer eligible.
+
+    PostgreSQL: SKIP LOCKED lets concurrent publishers each take a different session; when
+    every session is taken by a concurrent publisher the statement is repeated without it
+    (waiting milliseconds) rather than dropping the doorbell.
+    """
+    now = now or timezone.now()
+    params = {"endpoint_id": endpoint_id, "todo_id": todo_id, "now": _time(now)}
+    for lock in ((" FOR UPDATE SKIP LOCKED", "") if _postgres() else ("",)):
+        sql = (
+            "UPDATE channels_push_mcpsession SET last_doorbell_at = %(now)s WHERE id = ("
+            " SELECT s.id FROM channels_push_mcpsession s"
+            " WHERE s.endpoint_id = %(endpoint_id)s AND s.terminated_at IS NULL"
+            " AND EXISTS (SELECT 1 FROM todos_todo t WHERE t.id = %(todo_id)s"
+            f" AND t.endpoint_id = s.endpoint_id AND {_eligible_sql('t')})"
+            " ORDER BY (s.open_streams > 0) DESC, s.last_doorbell_at ASC NULLS FIRST, s.id"
+            f" LIMIT 1{lock}) RETURNING id"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
+        if row is not None:
+            return row[0]
+        if not McpSession.objects.filter(endpoint_id=endpoint_id, terminated_at__isnull=True).exists():
+            return None
+    return None
+
+
+def _ringed_todos(sql: str, params: dict):
+    from todos.models import Todo
+
+    rows = list(Todo.objects.raw(sql, params))
+    return sorted(rows, key=lambda todo: (todo.created_at, todo.pk))
+
+
+def record_reconnect_rings(*, endpoint_id: int, limit: int, now=None):
+    """Charge one ring to each of the oldest ``limit`` pending push-eligible todos of
+    ``endpoint_id`` in its scope that have ring budget left and were not rung within
+    RECONNECT_COOLDOWN. Returns ``(endpoint, [todo, …])``, oldest first. The selection and the
+    charge are one statement; on PostgreSQL rows another ring holds are skipped."""
+    from endpoints.models import Endpoint
+
+    now = now or timezone.now()
+    endpoint = Endpoint.objects.get(pk=endpoint_id)
+    params = {"endpoint_id": endpoint_id, "now": _time(now), "limit": limit,
+              "cooled": _time(now - RECONNECT_COOLDOWN), "max_rings": MAX_RING_ATTEMPTS}
+    scope = "" if endpoint.all_queues else " AND " + _id_list("p.queue", "queues", params,
+                                                              endpoint.scope)
+    guard = ("state = 'pending' AND ring_attempts < %(max_rings)s"
+             " AND (last_ringed_at IS NULL OR last_ringed_at <= %(cooled)s)")
+    lock = " FOR UPDATE SKIP LOCKED" if _postgres() else ""
+    # MATERIALIZED: PostgreSQL may re-run an ``IN (… LIMIT n FOR UPDATE SKIP LOCKED)``
+    # sub-select during the semi-join and then update more than n rows; a materialized CTE is
+    # evaluated exactly once.
+    sql = (
+        "WITH picked AS MATERIALIZED (SELECT p.id FROM todos_todo p"
+        f" WHERE p.endpoint_id = %(endpoint_id)s AND {_eligible_sql('p')}{scope}"
+        " AND p.ring_attempts < %(max_rings)s"
+        " AND (p.last_ringed_at IS NULL OR p.last_ringed_at <= %(cooled)s)"
+        f" ORDER BY p.created_at, p.id LIMIT %(limit)s{lock})"
+        " UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
+        f" WHERE id IN (SELECT id FROM picked) AND {guard} RETURNING *"
+    )
+    todos = _ringed_todos(sql, params)
+    for todo in todos:
+        todo.endpoint = endpoint
+    return endpoint, todos
+
+
+def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
+    """The heartbeat sweep's statement: select up to ``limit`` due todos, round-robin across
+    ``endpoint_ids`` (endpoints that can receive a ring right now), and charge each a ring, in
+    ONE statement. Returns the rung todos.
+
+    Due: pending, push-eligible, fewer than MAX_RING_ATTEMPTS rings, and
+    ``COALESCE(last_ringed_at, created_at) <= now - schedule[min(ring_attempts, last)]`` — the
+    interval counts from the last ring (or digest) else creation, and the attempt count only
+    picks which interval. Round-robin: every endpoint's most overdue todo comes before any
+    endpoint's second, and among endpoints the one whose sessions were rung least recently
+    goes first, so a flooded endpoint cannot starve the others across sweeps.
+
+    Two overlapping sweeps may pick the same row; the UPDATE re-checks the due guard on the
+    row it locks, and the loser's guard then fails (last_ringed_at is now), so a todo is not
+    rung twice — the loser just rings fewer this round.
+    """
+    endpoint_ids = list(endpoint_ids)
+    if not endpoint_ids:
+        return []
+    now = now or timezone.now()
+    params = {"now": _time(now), "limit": limit, "max_rings": MAX_RING_ATTEMPTS,
+              "due_first": _time(now - min(schedule))}
+    branches = []
+    for attempts, interval in enumerate(schedule):
+        params[f"due_{attempts}"] = _time(now - interval)
+        if attempts < len(schedule) - 1:
+            branches.append(f"WHEN {{t}}.ring_attempts = {attempts} THEN %(due_{attempts})s")
+    due_case = "CASE " + " ".join(branches) + f" ELSE %(due_{len(schedule) - 1})s END"
+
+    def due(alias):
+        return (f"COALESCE({alias}.last_ringed_at, {alias}.created_at) <= "
+                + due_case.replace("{t}", alias))
+
+    receivers = _id_list("s.endpoint_id", "endpoints", params, endpoint_ids)
+    sql = (
+        "WITH receivers AS ("
+        " SELECT s.endpoint_id, MAX(s.last_doorbell_at) AS rung_at FROM channels_push_mcpsession s"
+        f" WHERE s.terminated_at IS NULL AND {receivers} GROUP BY s.endpoint_id),"
+        " candidates AS ("
+        " SELECT p.id, r.rung_at, COALESCE(p.last_ringed_at, p.created_at) AS base,"
+        " row_number() OVER (PARTITION BY p.endpoint_id"
+        "  ORDER BY COALESCE(p.last_ringed_at, p.created_at), p.id) AS n"
+        " FROM todos_todo p JOIN receivers r ON r.endpoint_id = p.endpoint_id"
+        # The first three conditions are todo_doorbell_due's predicate and range.
+        f" WHERE p.state = 'pending' AND p.ring_attempts < {MAX_RING_ATTEMPTS}"
+        f" AND p.trust IN {PUSH_TRUST_SQL}"
+        " AND COALESCE(p.last_ringed_at, p.created_at) <= %(due_first)s"
+        f" AND {due('p')} AND {_eligible_sql('p')}),"
+        " picked AS MATERIALIZED (SELECT id FROM candidates"
+        "  ORDER BY n, rung_at ASC NULLS FIRST, base, id LIMIT %(limit)s)"
+        " UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
+        " WHERE id IN (SELECT id FROM picked) AND state = 'pending'"
+        f" AND ring_attempts < %(max_rings)s AND {due('todos_todo')} RETURNING *"
+    )
+    return _ringed_todos(sql, params)
+
+
+def record_digest(*, endpoint, now=None) -> list[tuple[str, object]]:
+    """Mark every pending push-eligible todo of ``endpoint`` in its scope as just rung
+    (last_ringed_at = now) WITHOUT spending a ring attempt, and return what was counted as
+    ``[(queue, created_at)]``: the digest's content and the mark are one statement, so the
+    heartbeat's next ring counts its backoff from exactly the digest that was sent."""
+    now = now or timezone.now()
+    params = {"endpoint_id": endpoint.pk, "now": _time(now)}
+    scope = "" if endpoint.all_queues else " AND " + _id_list("t.queue", "queues", params,
+                                                              endpoint.scope)
+    sql = (
+        "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
+        " SELECT t.id FROM todos_todo t WHERE t.endpoint_id = %(endpoint_id)s"
+        f" AND {_eligible_sql('t')}{scope}) AND state = 'pending' RETURNING queue, created_at"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    converter = connection.ops.convert_datetimefield_value if connection.vendor == "sqlite" else None
+    if converter:
+        from todos.models import Todo
+
+        field = Todo._meta.get_field("created_at")
+        rows = [(queue, converter(created, field, connection)) for queue, created in rows]
+    return rows

@@ -7,7 +7,9 @@ credentials go through ``endpoints.transitions`` like the commands do.
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.db import transaction
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from . import transitions
 from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint
@@ -25,12 +27,18 @@ class EndpointForm(forms.ModelForm):
 
     class Meta:
         model = Endpoint
-        fields = ["slug", "owner", "scope", "verbs", "default_lease_seconds", "max_attempts", "active"]
+        fields = ["slug", "owner", "scope", "verbs", "default_lease_seconds", "max_attempts", "active",
+                  # §8 presence: the manual state is set by the clock actions (they send the
+                  # digest); schedule and override are edited here.
+                  "shift_timezone", "shift_schedule", "presence_override", "presence_override_until"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.instance.pk:
             self.initial["scope"] = ",".join(self.instance.scope)
+
+    def clean_shift_schedule(self):
+        return self.cleaned_data.get("shift_schedule") or []
 
     def clean_scope(self):
         names = [name.strip() for name in self.cleaned_data["scope"].split(",") if name.strip()]
@@ -66,16 +74,36 @@ class EndpointAdmin(admin.ModelAdmin):
     form = EndpointForm
     inlines = [CredentialInline]
     list_display = ["slug", "owner", "scope_display", "default_lease_seconds", "max_attempts",
-                    "active", "created_at"]
+                    "active", "presence_display", "created_at"]
     list_filter = ["active"]
     list_select_related = ["owner"]
     search_fields = ["slug"]
     show_full_result_count = False
-    actions = ["rotate_credentials"]
+    actions = ["rotate_credentials", "clock_in", "clock_out"]
+    readonly_fields = ["presence_state", "presence_hold_until", "presence_boundary_at"]
 
     @admin.display(description="scope")
     def scope_display(self, obj):
         return ", ".join(obj.scope)
+
+    @admin.display(description="presence (now)")
+    def presence_display(self, obj):
+        return obj.presence_at(timezone.now()) if obj.pk else "-"
+
+    def _clock(self, request, queryset, state):
+        from channels_push import doorbells  # endpoints -> channels_push only at call time
+
+        for endpoint in queryset:
+            presence = doorbells.clock(endpoint, state, reason="operator")
+            self.message_user(request, f"{endpoint.slug} is {presence}")
+
+    @admin.action(description="Clock in (waiting work arrives as one digest)", permissions=["change"])
+    def clock_in(self, request, queryset):
+        self._clock(request, queryset, "in")
+
+    @admin.action(description="Clock out (no doorbells until clocked in)", permissions=["change"])
+    def clock_out(self, request, queryset):
+        self._clock(request, queryset, "out")
 
     def get_queryset(self, request):
         endpoints = super().get_queryset(request)
@@ -89,7 +117,16 @@ class EndpointAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change:
-            return super().save_model(request, obj, form, change)
+            from channels_push import doorbells
+
+            # An edited override or schedule may turn presence in right now: announce it like
+            # a clock-in by the operator (the boundary sweep only sees boundaries in time).
+            now = timezone.now()
+            before = Endpoint.objects.get(pk=obj.pk).presence_at(now)
+            super().save_model(request, obj, form, change)
+            if before == "out" and obj.presence_at(now) == "in":
+                transaction.on_commit(lambda: doorbells.send_digest(obj, "operator", now=now))
+            return None
         # Vending mints the first credential with the endpoint, in one transaction.
         vended, credential = transitions.vend_endpoint(
             slug=obj.slug, owner=obj.owner, scope=obj.scope, verbs=obj.verbs,

@@ -4,7 +4,8 @@ import hashlib
 import re
 import hmac
 import secrets
-from datetime import timedelta
+from datetime import datetime, time, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -28,6 +29,102 @@ QUEUE_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 queue_name_validator = RegexValidator(QUEUE_NAME_RE, "queue names are 1-64 of A-Z a-z 0-9 _ . -")
 
 CREDENTIAL_PREFIX = "sbk_"
+
+
+class Presence(models.TextChoices):
+    IN = "in"
+    OUT = "out"
+
+
+# -- shift schedules (CONTRACT §8): weekly windows in an IANA time zone -------------------------
+#
+# A schedule is a list of windows ``{"day": "mon", "start": "09:00", "end": "17:00"}`` in the
+# endpoint's ``shift_timezone``. An end at or before the start runs past midnight into the next
+# day ("22:00"-"06:00"); "24:00" is midnight at the end of the day. Wall-clock times are turned
+# into instants per date with zoneinfo, so a shift keeps its local hours across a DST change
+# (a start inside the spring-forward gap lands at the first instant after the gap).
+
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_HHMM_RE = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$|^24:00$")
+
+
+def _clock_time(text: str) -> tuple[time, int]:
+    """("HH:MM") -> (time, extra days): "24:00" is 00:00 of the next day."""
+    if text == "24:00":
+        return time(0, 0), 1
+    hours, minutes = text.split(":")
+    return time(int(hours), int(minutes)), 0
+
+
+def validate_shift_schedule(schedule, timezone_name: str) -> None:
+    """Raise ValidationError unless ``schedule`` is a list of well-formed windows and
+    ``timezone_name`` an IANA zone (required as soon as there is a window)."""
+    if not isinstance(schedule, list):
+        raise ValidationError({"shift_schedule": "a list of {day, start, end} windows"})
+    for window in schedule:
+        if (not isinstance(window, dict) or set(window) != {"day", "start", "end"}
+                or window["day"] not in WEEKDAYS
+                or not all(isinstance(window[k], str) and _HHMM_RE.match(window[k])
+                           for k in ("start", "end"))
+                or window["start"] == "24:00"):
+            raise ValidationError({"shift_schedule": f"bad window {window!r}: expected "
+                                   '{"day": "mon".."sun", "start": "HH:MM", "end": "HH:MM"}'})
+    if schedule:
+        try:
+            ZoneInfo(timezone_name or "")
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValidationError({"shift_timezone": f"not an IANA time zone: {timezone_name!r}"})
+
+
+def shift_windows(schedule, timezone_name: str, start: datetime, end: datetime):
+    """Every shift window ``(begins, ends)`` (aware UTC instants) that overlaps [start, end],
+    in order of beginning."""
+    zone = ZoneInfo(timezone_name)
+    first = start.astimezone(zone).date() - timedelta(days=2)
+    last = end.astimezone(zone).date() + timedelta(days=1)
+    windows = []
+    day = first
+    while day <= last:
+        for window in schedule:
+            if WEEKDAYS[day.weekday()] != window["day"]:
+                continue
+            begin_time, _ = _clock_time(window["start"])
+            end_time, extra = _clock_time(window["end"])
+            if extra == 0 and end_time <= begin_time:
+                extra = 1  # runs past midnight
+            begins = datetime.combine(day, begin_time, tzinfo=zone).astimezone(ZoneInfo("UTC"))
+            ends = datetime.combine(day + timedelta(days=extra), end_time,
+                                    tzinfo=zone).astimezone(ZoneInfo("UTC"))
+            if begins < ends and ends >= start and begins <= end:
+                windows.append((begins, ends))
+        day += timedelta(days=1)
+    return sorted(windows)
+
+
+def on_shift(schedule, timezone_name: str, now: datetime) -> bool:
+    return any(begins <= now < ends for begins, ends in shift_windows(schedule, timezone_name, now, now))
+
+
+def shift_boundaries(schedule, timezone_name: str, start: datetime, end: datetime):
+    """Instants in (start, end] where the schedule's on/off state changes, each with the
+    state it changes to: ``[(instant, "in" | "out")]``. Touching or overlapping windows merge."""
+    changes = []
+    before = on_shift(schedule, timezone_name, start)
+    instants = sorted({t for window in shift_windows(schedule, timezone_name, start, end)
+                       for t in window if start < t <= end})
+    for instant in instants:
+        now_on = on_shift(schedule, timezone_name, instant)
+        if now_on != before:
+            changes.append((instant, Presence.IN if now_on else Presence.OUT))
+            before = now_on
+    return changes
+
+
+def next_shift_boundary(schedule, timezone_name: str, now: datetime):
+    """The first instant after ``now`` where the schedule's state changes (None: never, within
+    two weeks)."""
+    changes = shift_boundaries(schedule, timezone_name, now, now + timedelta(days=15))
+    return changes[0][0] if changes else None
 
 
 def default_scope():
@@ -58,9 +155,38 @@ class Endpoint(models.Model):
     max_attempts = models.PositiveSmallIntegerField(default=5)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Presence (§8). Effective presence = an unexpired override, else the shift schedule (when
+    # there is one; a clock in/out holds against it until presence_hold_until), else the
+    # manual state. See presence_at().
+    presence_state = models.CharField(
+        max_length=3, choices=Presence.choices, default=Presence.IN,
+        help_text="Manual state, set by clock in/out (agent verbs, board, admin, manage.py clock).")
+    presence_override = models.CharField(
+        max_length=3, choices=Presence.choices, blank=True, default="",
+        help_text="Operator override; wins over everything until presence_override_until.")
+    presence_override_until = models.DateTimeField(null=True, blank=True)
+    shift_timezone = models.CharField(max_length=64, blank=True, default="",
+                                      help_text="IANA time zone of the shift schedule, e.g. Europe/Berlin.")
+    shift_schedule = models.JSONField(
+        default=list, blank=True,
+        help_text='Weekly windows, e.g. [{"day": "mon", "start": "09:00", "end": "17:00"}]. '
+                  "Empty: no schedule.")
+    # A clock in/out on a scheduled endpoint holds until the next shift boundary.
+    presence_hold_until = models.DateTimeField(null=True, blank=True)
+    # The last presence boundary (shift change, override end) the boundary sweep handled:
+    # advanced by one guarded UPDATE, so overlapping sweeps announce a boundary exactly once.
+    presence_boundary_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["slug"]
+        indexes = [
+            # channels_push.sweeps.announce_presence_boundaries: only endpoints that have a
+            # schedule or an override can cross a presence boundary.
+            models.Index(
+                fields=["presence_boundary_at"], name="endpoint_presence_boundary",
+                condition=~models.Q(shift_timezone="") | models.Q(presence_override_until__isnull=False),
+            ),
+        ]
 
     def __str__(self):
         return self.slug
@@ -71,13 +197,56 @@ class Endpoint(models.Model):
         bad = [n for n in self.scope if n != ALL_QUEUES and not re.match(QUEUE_NAME_RE, str(n))]
         if bad:
             raise ValidationError({"scope": f"bad queue names {bad}: {queue_name_validator.message}"})
-        unknown = set(self.verbs or []) - set(AGENT_VERBS)
-        if not isinstance(self.verbs, list) or unknown:
+        if not isinstance(self.verbs, list) or not self.verbs:
+            raise ValidationError({"verbs": "at least one verb (an allowlist never means 'all')"})
+        unknown = set(self.verbs) - set(AGENT_VERBS)
+        if unknown:
             raise ValidationError({"verbs": f"unknown verbs: {sorted(unknown)}"})
         if self.max_attempts < 1:
             raise ValidationError({"max_attempts": "at least 1"})
         if self.default_lease_seconds is not None and not 1 <= self.default_lease_seconds <= 86400:
             raise ValidationError({"default_lease_seconds": "between 1 and 86400"})
+        validate_shift_schedule(self.shift_schedule, self.shift_timezone)
+        if self.presence_override and self.presence_override_until is None:
+            raise ValidationError({"presence_override_until": "an override needs an expiry"})
+
+    def presence_at(self, now) -> str:
+        """Effective presence at ``now`` (§8): override > schedule (unless a clock hold is
+        running) > manual state."""
+        if self.presence_override and self.presence_override_until and now < self.presence_override_until:
+            return self.presence_override
+        if self.has_schedule:
+            if self.presence_hold_until and now < self.presence_hold_until:
+                return self.presence_state
+            return Presence.IN if on_shift(self.shift_schedule, self.shift_timezone, now) else Presence.OUT
+        return self.presence_state
+
+    @property
+    def has_schedule(self) -> bool:
+        """A usable schedule: windows and a known zone (clean() rejects anything else, so an
+        unknown zone only shows up in an unsaved, invalid form)."""
+        if not self.shift_schedule or not self.shift_timezone:
+            return False
+        try:
+            ZoneInfo(self.shift_timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            return False
+        return True
+
+    def presence_changes(self, start, end) -> list:
+        """Where effective presence may change in (start, end]: shift boundaries, the
+        override's end and the hold's end, each as ``(instant, reason)`` in order; reason is
+        ``shift`` or ``override_end``."""
+        instants = []
+        if self.has_schedule:
+            instants += [(t, "shift") for t, _ in
+                         shift_boundaries(self.shift_schedule, self.shift_timezone, start, end)]
+            if self.presence_hold_until and start < self.presence_hold_until <= end:
+                instants.append((self.presence_hold_until, "shift"))
+        if self.presence_override and self.presence_override_until and \
+                start < self.presence_override_until <= end:
+            instants.append((self.presence_override_until, "override_end"))
+        return sorted(instants)
 
     @property
     def all_queues(self) -> bool:

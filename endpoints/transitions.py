@@ -3,9 +3,10 @@
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from .models import Credential, Endpoint, hash_credential
+from .models import Credential, Endpoint, Presence, hash_credential, next_shift_boundary
 
 DEFAULT_ROTATION_GRACE = timedelta(hours=24)
 
@@ -43,3 +44,45 @@ def rotate_credential(endpoint: Endpoint, *, grace=DEFAULT_ROTATION_GRACE, now=N
     live.update(expires_at=grace_end)
     endpoint.credentials.filter(expires_at__gt=grace_end).update(expires_at=grace_end)
     return _issue_credential(endpoint)
+
+
+def set_presence(endpoint: Endpoint, presence: str, *, until=None, now=None) -> tuple[str, str]:
+    """Clock ``endpoint`` in or out (§8). Returns its effective presence ``(before, after)``.
+
+    Without ``until``: the manual state (agent verbs, board, admin); on an endpoint with a
+    shift schedule it holds until the next shift boundary, after which the schedule rules
+    again. With ``until``: an operator override that wins over everything until then.
+
+    The row is locked while it is read and written, so two concurrent clock-ins agree on which
+    one turned presence in (and only that one announces a digest).
+    """
+    if presence not in Presence.values:
+        raise ValueError(f"presence must be one of {Presence.values}")
+    now = now or timezone.now()
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        before = row.presence_at(now)
+        if until is not None:
+            if until <= now:
+                raise ValueError("until must be in the future")
+            row.presence_override, row.presence_override_until = presence, until
+        else:
+            row.presence_state = presence
+            row.presence_override, row.presence_override_until = "", None
+            row.presence_hold_until = (
+                next_shift_boundary(row.shift_schedule, row.shift_timezone, now)
+                if row.has_schedule else None)
+        row.save(update_fields=["presence_state", "presence_override", "presence_override_until",
+                                "presence_hold_until"])
+    for name in ("presence_state", "presence_override", "presence_override_until",
+                 "presence_hold_until"):
+        setattr(endpoint, name, getattr(row, name))
+    return before, row.presence_at(now)
+
+
+def record_presence_boundary(endpoint_id: int, boundary) -> bool:
+    """Mark ``boundary`` handled for the endpoint; True for exactly one caller per boundary
+    (the guarded UPDATE only moves the mark forward), however many sweeps overlap."""
+    return Endpoint.objects.filter(pk=endpoint_id).filter(
+        Q(presence_boundary_at__isnull=True) | Q(presence_boundary_at__lt=boundary)
+    ).update(presence_boundary_at=boundary) == 1

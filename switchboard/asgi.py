@@ -14,6 +14,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
@@ -24,7 +25,11 @@ http_routes = [
     re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
     # The Todos board's live stream (issue 7): session-authenticated like the board itself.
     re_path(r"^todos/events$", AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi())),
-    re_path(r"", django_asgi_app),
+    # Everything else is Django. Static files (the admin's CSS and JS) are served from the
+    # installed apps by Django's own handler: switchboard's static files are a few admin
+    # assets, not worth a separate server or collectstatic step; put a CDN or proxy cache in
+    # front in production if you like.
+    re_path(r"", ASGIStaticFilesHandler(django_asgi_app)),
 ]
 
 router = ProtocolTypeRouter({"http": URLRouter(http_routes)})

@@ -26,4 +26,11 @@ app.conf.beat_schedule = {
     # the same pass zeroes stream counts left by a crashed web process (45 s of silence).
     "expire-idle-mcp-sessions": {"task": "channels_push.tasks.expire_idle_sessions",
                                  "schedule": 60.0},
+    # §7: doorbell heartbeat; the shortest re-ring interval is 5 min and a sweep rings at
+    # most 3 todos, so every 30 s keeps a first re-ring within a tenth of its interval.
+    "ring-due-doorbells": {"task": "channels_push.tasks.ring_due_todos", "schedule": 30.0},
+    # §8: shift starts and override ends send a digest; 30 s keeps it within half a minute
+    # of the boundary (overlapping runs announce each boundary once).
+    "announce-presence-boundaries": {"task": "channels_push.tasks.announce_presence_boundaries",
+                                     "schedule": 30.0},
 }

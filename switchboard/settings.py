@@ -143,7 +143,10 @@ else:
         raise ImproperlyConfigured("DATABASE_URL must be postgres://… (or sqlite:///path)")
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
-    DATABASES["default"].setdefault("TEST", {})["NAME"] = str(VAR_DIR / "test.sqlite3")
+    # Tests need a file (threads and child processes share it), next to the database it mirrors.
+    _sqlite_file = Path(DATABASES["default"]["NAME"])
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = str(
+        _sqlite_file.with_name("test_" + _sqlite_file.name))
 else:
     # Under ASGI every request runs its sync code in a thread of its own, so persistent
     # per-thread connections (CONN_MAX_AGE > 0) pile up until PostgreSQL refuses clients

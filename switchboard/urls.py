@@ -24,6 +24,8 @@ urlpatterns = [
     path("todos/board.js", todo_views.board_script, name="todos-board-js"),
     path("todos/<int:todo_id>/", todo_views.todo_detail, name="todos-detail"),
     path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
+    path("todos/endpoints/<slug:slug>/clock/<str:state>", todo_views.clock_endpoint,
+         name="todos-clock"),
     path("metrics", todo_views.metrics, name="metrics"),
 ]
 

@@ -3,8 +3,9 @@ transitions the MCP verbs call, printing each claimed todo id (flushed) as it go
 
     python -m tests.drain_worker SLUG --mode drain|hold [--lease-seconds N] [--session NAME]
 
-``drain``: claim_next + complete until the queue is empty (retrying a few empty polls, since
-other workers' leases may still lapse back). ``hold``: claim up to --hold todos and then hang
+``drain``: claim_next + complete until the queue is empty (with --until-settled: until the
+endpoint has no pending or claimed todo left, polling while other workers' leases may still
+lapse back through the reaper). ``hold``: claim up to --hold todos and then hang
 with the leases held, waiting to be SIGKILLed. The database comes from DATABASE_URL.
 """
 
@@ -29,24 +30,21 @@ def main():
     parser.add_argument("--lease-seconds", type=int, default=300)
     parser.add_argument("--hold", type=int, default=5)
     parser.add_argument("--session", default=f"worker-{os.getpid()}")
-    parser.add_argument("--idle-polls", type=int, default=1)
+    parser.add_argument("--until-settled", action="store_true")
     args = parser.parse_args()
 
-    caller = transitions.Caller.agent(Endpoint.objects.get(slug=args.slug), args.session)
+    endpoint = Endpoint.objects.get(slug=args.slug)
+    caller = transitions.Caller.agent(endpoint, args.session)
     print("ready", flush=True)
     held = 0
-    idle = 0
     while True:
         todo = transitions.claim_next_todo(caller, lease_ttl_seconds=args.lease_seconds)
         if todo is None:
-            if args.mode == "hold":
-                break
-            idle += 1
-            if idle >= args.idle_polls:
+            unsettled = endpoint.todos.filter(state__in=["pending", "claimed"]).exists()
+            if args.mode == "hold" or not (args.until_settled and unsettled):
                 break
             time.sleep(0.2)
             continue
-        idle = 0
         print(todo.pk, flush=True)
         if args.mode == "hold":
             held += 1

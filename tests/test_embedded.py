@@ -54,6 +54,9 @@ def test_serve_starts_from_an_empty_directory_and_runs_the_sweeps(tmp_path):
         status, body = wait_for_json(f"http://127.0.0.1:{port}/readyz")
         assert status == 200 and body["checks"] == {"database": "ok"}
         assert (var_dir / "switchboard.sqlite3").exists()
+        # The admin's static files are served by the same process (no collectstatic step).
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/static/admin/css/base.css") as css:
+            assert css.status == 200 and b"{" in css.read()
         assert (var_dir / "secret_key").exists()
 
         # The in-process reaper returns a lapsed lease without Celery: claim with a 1 s lease

@@ -1,6 +1,6 @@
 """Reads on todos used by more than one surface (MCP verbs, operator API, board, commands)."""
 
-from .models import State, Todo
+from .models import LIVE_FOR_IDEMPOTENCY, State, Todo
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -165,3 +165,10 @@ def find_settled_event_id(*, after_id, written_before):
         TodoEvent.objects.filter(id__gt=after_id, at__lt=written_before)
         .aggregate(top=Max("id"))["top"]
     )
+
+
+def live_todo_holding_key(endpoint, idempotency_key) -> Todo | None:
+    """The endpoint's todo that holds ``idempotency_key`` right now (pending, claimed, or failed
+    and waiting to retry), if any: the row the partial unique index collapses creates onto."""
+    return Todo.objects.filter(LIVE_FOR_IDEMPOTENCY, endpoint=endpoint,
+                               idempotency_key=idempotency_key).first()

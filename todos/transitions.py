@@ -20,6 +20,7 @@ date arithmetic), so both backends share the SQL and tests drive the clock with 
 
 import functools
 import json
+import math
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,7 +30,8 @@ from django.utils import timezone
 
 from channels_push import publish
 
-from .models import State, Todo, Trust
+from . import queries
+from .models import Todo, Trust
 
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=24)
@@ -218,10 +220,50 @@ def _lease_ttl(caller: Caller, lease_ttl_seconds) -> timedelta:
         return caller.endpoint.effective_lease
     if isinstance(lease_ttl_seconds, bool) or not isinstance(lease_ttl_seconds, (int, float)):
         raise Refusal("invalid_argument", "lease_ttl_seconds must be a number of seconds")
-    ttl = timedelta(seconds=lease_ttl_seconds)
-    if not MIN_LEASE <= ttl <= MAX_LEASE:
+    # Range-check the number before building a timedelta: NaN fails every comparison (so it is
+    # refused here) and a huge value would overflow timedelta.
+    if not MIN_LEASE.total_seconds() <= lease_ttl_seconds <= MAX_LEASE.total_seconds():
         raise Refusal("invalid_argument", "lease_ttl_seconds must be between 1 and 86400")
-    return ttl
+    return timedelta(seconds=lease_ttl_seconds)
+
+
+# Deeper JSON than this is refused rather than walked (and it is no real payload).
+MAX_JSON_DEPTH = 100
+
+
+def unstorable_reason(value) -> str | None:
+    """Why ``value`` (JSON-shaped: dicts, lists, str, numbers) cannot be stored as given by both
+    databases, or None. PostgreSQL's text and jsonb refuse NUL characters and lone surrogates,
+    and neither database stores NaN or Infinity as JSON; refusing them up front turns a failed
+    write (a 5xx the sender would retry forever) into a clear argument error."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"is nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "contains a NUL character (\\u0000)"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "is not valid Unicode (a lone surrogate)"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "contains a number that is not finite (NaN, Infinity or out of range)"
+        elif isinstance(item, dict):
+            stack.extend((key, depth + 1) for key in item)
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, depth + 1) for child in item)
+    return None
+
+
+def _check_storable(**values) -> None:
+    for name, value in values.items():
+        reason = unstorable_reason(value)
+        if reason is not None:
+            raise Refusal("invalid_argument", f"{name} {reason}")
 
 
 def _visible_where(caller: Caller, params: dict) -> str:
@@ -235,10 +277,13 @@ def _visible_where(caller: Caller, params: dict) -> str:
 
 
 def _todo_id(todo_id) -> int:
-    try:
-        value = int(str(todo_id))
-    except (TypeError, ValueError):
-        raise Refusal("not_found", f"no todo {todo_id!r}") from None
+    # Ids are ASCII decimal strings (or ints): int() alone would also take " 4" or "٤".
+    if isinstance(todo_id, int) and not isinstance(todo_id, bool):
+        value = todo_id
+    elif isinstance(todo_id, str) and todo_id.isascii() and todo_id.isdigit() and len(todo_id) < 20:
+        value = int(todo_id)
+    else:
+        raise Refusal("not_found", f"no todo {str(todo_id)[:40]!r}")
     if not 0 < value < 2**63:
         raise Refusal("not_found", f"no todo {todo_id!r}")
     return value
@@ -300,6 +345,7 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
     """
     now = now or timezone.now()
     title = " ".join(str(title).split())[:500] or "(untitled)"
+    _check_storable(title=title, kind=kind or "", queue=queue, payload=payload)
     params = {
         "endpoint_id": endpoint.pk,
         "queue": queue,
@@ -354,9 +400,7 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
             created.endpoint = endpoint
             publish.publish_on_commit(created, "create")
             return created, True
-        existing = Todo.objects.filter(
-            endpoint=endpoint, idempotency_key=idempotency_key
-        ).exclude(state=State.DONE).exclude(dead_lettered_at__isnull=False).first()
+        existing = queries.live_todo_holding_key(endpoint, idempotency_key)
         if existing is not None:
             existing.endpoint = endpoint
             return existing, False
@@ -472,8 +516,10 @@ def heartbeat_todo(caller: Caller, todo_id, *, lease_id=None, lease_ttl_seconds=
 
 
 def complete_todo(caller: Caller, todo_id, *, lease_id=None, result=None, now=None) -> Todo:
-    """claimed -> done (terminal), storing ``result``. Fenced like heartbeat."""
+    """claimed -> done (terminal), storing ``result``. Fenced like heartbeat. Refuses
+    ``invalid_argument`` for a result no database can store (NaN, NUL, …)."""
     now = now or timezone.now()
+    _check_storable(result=result)
     params = {"result": json.dumps(result) if result is not None else None}
     return _fenced(
         caller, todo_id, lease_id, params=params, action_sql="'complete'", action="complete",
@@ -499,6 +545,7 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
     now = now or timezone.now()
     if error is not None and not isinstance(error, str):
         raise Refusal("invalid_argument", "error must be a string")
+    _check_storable(error=error, result=result)
     retry_case, params = _retry_at_by_attempts(now)
     params.update(error=error, result=json.dumps(result) if result is not None else None)
     spent = "attempts >= max_attempts"

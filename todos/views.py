@@ -18,11 +18,13 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from endpoints import queries as endpoint_queries
+from switchboard import json_input
 
 from . import queries, transitions
 from .models import State, Todo
@@ -81,10 +83,11 @@ def _board_context(request):
 @never_cache
 def board(request):
     context = _board_context(request)
-    context.update(
-        endpoints=list(endpoint_queries.visible_endpoints(request.user).order_by("slug")),
-        states=State.values,
-    )
+    endpoints = list(endpoint_queries.visible_endpoints(request.user).order_by("slug"))
+    now = timezone.now()
+    for endpoint in endpoints:
+        endpoint.presence_now = endpoint.presence_at(now)  # §8: the clock in/out buttons
+    context.update(endpoints=endpoints, states=State.values)
     return render(request, "todos/board.html", context)
 
 
@@ -129,9 +132,9 @@ def _parse_result(text: str):
     if not text:
         return None
     try:
-        return json.loads(text)
+        return json_input.loads_strict(text)
     except ValueError:
-        return text
+        return text  # not JSON (or NaN, Infinity…): kept as the text the operator typed
 
 
 def _lease_seconds(text: str):
@@ -180,6 +183,26 @@ def todo_act(request, todo_id, action):
     next_url = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(next_url, {request.get_host()}, request.is_secure()):
         next_url = reverse("todos-detail", args=[todo.pk])
+    return redirect(next_url)
+
+
+@board_login_required
+@require_POST
+def clock_endpoint(request, slug, state):
+    """Board button: clock an endpoint in or out (§8) as its operator; clocking in sends the
+    waiting work as one digest (reason ``operator``)."""
+    from channels_push import doorbells
+
+    if state not in ("in", "out"):
+        raise Http404("no such state")
+    endpoint = endpoint_queries.visible_endpoints(request.user).filter(slug=slug).first()
+    if endpoint is None:
+        raise Http404("no such endpoint")
+    presence = doorbells.clock(endpoint, state, reason="operator")
+    messages.success(request, f"{endpoint.slug} is {presence}")
+    next_url = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(next_url, {request.get_host()}, request.is_secure()):
+        next_url = reverse("todos-board")
     return redirect(next_url)
 
 

@@ -19,6 +19,7 @@ application = URLRouter([
     re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(thread_sensitive=True)),
 ])
 from tests.factories import UserFactory
+from todos import transitions
 
 INIT_PARAMS = {"protocolVersion": "2025-11-25", "capabilities": {},
                "clientInfo": {"name": "pytest", "version": "1"}}
@@ -109,3 +110,19 @@ def mcp(vend):
     driver = McpDriver(endpoint.slug, credential)
     driver.endpoint = endpoint
     return driver
+
+
+def make_ready_todo(endpoint, queue="inbox", title="a todo", *, trust="signed", attributed=True,
+                    **kwargs):
+    """A todo as a verified delivery creates it: a delivery event (attributed to the endpoint's
+    owner unless ``attributed`` is False) and the todo, committed and announced."""
+    from django.utils import timezone
+
+    from ingest.models import DeliveryEvent
+
+    event = DeliveryEvent.objects.create(
+        trust=trust, received_at=kwargs.get("now") or timezone.now(),
+        attributed_to=endpoint.owner if attributed else None)
+    todo, _ = transitions.create_todo(endpoint=endpoint, queue=queue, title=title, actor="test",
+                                      delivery_event=event, trust=trust, **kwargs)
+    return todo

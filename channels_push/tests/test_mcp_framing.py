@@ -17,6 +17,12 @@ def test_parse_request_notification_and_response():
 @pytest.mark.parametrize("body, code", [
     (b"{not json", framing.PARSE_ERROR),
     (b"\xff\xfe", framing.PARSE_ERROR),
+    # Not JSON although Python's json takes them: NaN, Infinity, numbers that overflow to inf,
+    # and nesting deep enough to exhaust the parser's recursion.
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"x":NaN}}', framing.PARSE_ERROR),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"x":-Infinity}}', framing.PARSE_ERROR),
+    (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"x":1e400}}', framing.PARSE_ERROR),
+    (b"[" * 100_000, framing.PARSE_ERROR),
     (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', framing.INVALID_REQUEST),
     (b'"ping"', framing.INVALID_REQUEST),
     (b"42", framing.INVALID_REQUEST),

@@ -4,7 +4,7 @@ import json
 
 import pytest
 from django.test import override_settings
-from hypothesis import HealthCheck, given, settings as hypothesis_settings
+from hypothesis import HealthCheck, example, given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from channels_push import mcp_framing, mcp_transport
@@ -70,7 +70,7 @@ def test_ping_and_tools_list(mcp):
     tools = mcp.rpc("tools/list").json["result"]["tools"]
     names = [tool["name"] for tool in tools]
     assert names == ["list_todos", "claim", "claim_next", "heartbeat", "complete", "fail",
-                     "release", "read_secret"]
+                     "release", "read_secret", "clock_in", "clock_out"]
     assert all(tool["inputSchema"]["type"] == "object" and tool["description"] for tool in tools)
 
 
@@ -317,6 +317,46 @@ def test_random_jsonrpc_bodies_never_500_and_change_nothing_without_a_session(mc
     assert TodoEvent.objects.count() == events_before
     assert McpSession.objects.count() == sessions_before
     assert set(Todo.objects.values_list("state", flat=True)) == {"pending"}
+
+
+# Values a client can really send: floats with NaN/Infinity/overflow (written as bare JSON
+# tokens), NUL characters and lone surrogates, huge integers.
+hostile_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=2**63) | st.floats()
+    | st.text(max_size=8) | st.sampled_from(["\x00", "a\x00b", "\ud800", "\u0661", " 1"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6),
+                                                                      children, max_size=3),
+    max_leaves=8,
+)
+live_tool_calls = st.fixed_dictionaries({
+    "name": st.sampled_from(["claim", "claim_next", "complete", "fail", "release", "list_todos",
+                             "heartbeat", "read_secret", "clock_in", "clock_out"]),
+    "arguments": st.dictionaries(
+        st.sampled_from(["todo_id", "lease_id", "lease_ttl_seconds", "queues", "queue", "state",
+                         "limit", "result", "error", "ref"]), hostile_values, max_size=4),
+})
+
+
+@hypothesis_settings(max_examples=150, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(call=live_tool_calls)
+@example(call={"name": "complete", "arguments": {"todo_id": 0, "result": {"log": "a\x00b"}}})
+@example(call={"name": "fail", "arguments": {"todo_id": 0, "error": "bad\x00error"}})
+@example(call={"name": "claim", "arguments": {"todo_id": 0, "lease_ttl_seconds": 10**30}})
+def test_random_tool_calls_on_a_live_session_never_500(mcp, call):
+    """Past the session check: every tool with hostile arguments answers a result or a
+    JSON-RPC error, never a 500 (NaN from the wire arrives as the bare token)."""
+    if mcp.session_id is None:
+        assert mcp.initialize().status == 200
+    todo, _ = transitions.create_todo(endpoint=mcp.endpoint, queue="inbox", title="t", actor="t")
+    arguments = dict(call["arguments"])
+    if arguments.get("todo_id") == 0:  # aim at a real todo, claimed by this session
+        arguments["todo_id"] = str(todo.pk)
+        mcp.call("claim", {"todo_id": str(todo.pk)})
+    body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                       "params": {"name": call["name"], "arguments": arguments}})
+    reply = mcp.post(body.encode())
+    assert reply.status in (200, 400), (reply.status, body)
 
 
 def test_the_asgi_application_routes_mcp_to_the_endpoint_in_the_thread_pool():

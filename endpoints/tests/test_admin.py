@@ -101,3 +101,29 @@ def test_changing_an_endpoint_in_admin_edits_scope_and_verbs(root_client, operat
     endpoint.refresh_from_db()
     assert endpoint.scope == ["reviews"] and endpoint.verbs == ["claim_next", "complete"]
     assert endpoint.max_attempts == 7
+
+
+def test_admin_edits_the_shift_schedule_and_clock_actions_set_presence(root_client, operator):
+    endpoint = EndpointFactory(slug="shifty", owner=operator)
+    response = root_client.post(f"/admin/endpoints/endpoint/{endpoint.pk}/change/", {
+        "slug": "shifty", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+        "max_attempts": "5", "active": "on", "shift_timezone": "Europe/Berlin",
+        "shift_schedule": '[{"day": "mon", "start": "09:00", "end": "17:00"}]',
+        "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 302, response.content[:3000]
+    endpoint.refresh_from_db()
+    assert endpoint.shift_schedule == [{"day": "mon", "start": "09:00", "end": "17:00"}]
+    bad = root_client.post(f"/admin/endpoints/endpoint/{endpoint.pk}/change/", {
+        "slug": "shifty", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+        "max_attempts": "5", "active": "on", "shift_timezone": "Mars/Olympus",
+        "shift_schedule": '[{"day": "mon", "start": "09:00", "end": "17:00"}]',
+        "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert bad.status_code == 200 and b"errornote" in bad.content
+    root_client.post("/admin/endpoints/endpoint/", {"action": "clock_out",
+                                                    "_selected_action": [endpoint.pk]})
+    endpoint.refresh_from_db()
+    assert endpoint.presence_state == "out" and endpoint.presence_hold_until is not None
+    listing = root_client.get("/admin/endpoints/endpoint/").content.decode()
+    assert "presence (now)" in listing.lower()

@@ -41,6 +41,8 @@ def test_vend_endpoint_defaults_and_human_output(capsys, operator):
     (["x"], "the following arguments are required: --owner"),
     (["x", "--owner", "nobody"], "no user 'nobody'"),
     (["x", "--owner", "alice", "--verbs", "claim,fly"], "unknown verbs"),
+    (["x", "--owner", "alice", "--verbs", ""], "at least one verb"),
+    (["x", "--owner", "alice", "--verbs", ","], "at least one verb"),
     (["x", "--owner", "alice", "--queues", "bad name"], "queue names"),
     (["x", "--owner", "alice", "--lease-seconds", "0"], "between 1 and 86400"),
     (["x", "--owner", "alice", "--lease-seconds", "soon"], "invalid int value"),

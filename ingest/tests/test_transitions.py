@@ -8,6 +8,8 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from tests.processes import children_database_url
 from django.db import IntegrityError, connection
 from django.test import Client
 
@@ -150,7 +152,7 @@ def test_ingest_with_redis_unreachable_still_answers_202_and_the_todo_is_pullabl
     env = {**__import__("os").environ, "REDIS_URL": "redis://127.0.0.1:6390/0",
            "DJANGO_SETTINGS_MODULE": "switchboard.settings_test", "PYTHONPATH": str(REPO)}
     # The child writes to this test's database (committed rows, transaction=True test).
-    env["DATABASE_URL"] = _database_url()
+    env["DATABASE_URL"] = children_database_url()
     result = subprocess.run([sys.executable, "-c", REDIS_DOWN_SCRIPT], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -161,12 +163,6 @@ def test_ingest_with_redis_unreachable_still_answers_202_and_the_todo_is_pullabl
     assert "publish dropped" in result.stderr  # the publish failed, and was only logged
     assert "rate limit counting in-process" in result.stderr  # the limiter failed open
     assert Todo.objects.filter(pk=entry["id"], state="claimed").exists()
-
-
-def _database_url() -> str:
-    settings = connection.settings_dict
-    return (f"postgres://{settings['USER']}@{settings['HOST'] or '127.0.0.1'}:"
-            f"{settings['PORT'] or 5432}/{settings['NAME']}")
 
 
 @pytest.mark.django_db

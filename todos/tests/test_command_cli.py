@@ -78,6 +78,8 @@ def test_requeue_dead_letters_of_an_endpoint_and_queue_with_dry_run(capsys, dead
     (["--dead-letters", "--endpoint", "nope"], "no endpoint 'nope'"),
     (["1", "--endpoint", "once"], "--endpoint/--queue go with --dead-letters"),
     (["abc"], "not todo ids"),
+    (["99999999999999999999999"], "not todo ids"),
+    (["\u0661"], "not todo ids"),
     (["999999999"], "no such todos"),
 ])
 def test_requeue_bad_arguments_exit_non_zero_on_stderr(capsys, dead_letter, argv, message):
@@ -106,3 +108,23 @@ def test_a_real_manage_py_process_exits_non_zero_with_the_error_on_stderr():
     assert result.returncode == 1
     assert result.stdout == ""
     assert "CommandError: give todo ids" in result.stderr
+
+
+def test_requeue_dry_run_agrees_with_the_real_run_on_a_reused_key(capsys, operator):
+    endpoint = EndpointFactory(slug="keys", owner=operator, max_attempts=1)
+    caller = transitions.Caller.operator(endpoint, "alice")
+    dead, _ = transitions.create_todo(endpoint=endpoint, queue="q", title="t", actor="t",
+                                      idempotency_key="hook:1")
+    transitions.claim_todo(caller, dead.pk)
+    transitions.fail_todo(caller, dead.pk)
+    transitions.create_todo(endpoint=endpoint, queue="q", title="t", actor="t", idempotency_key="hook:1")
+    for extra in (["--dry-run"], []):
+        run = run_manage(capsys, "requeue", str(dead.pk), "--json", *extra)
+        assert run.code != 0 and "held by a newer live todo" in run.err and run.out == ""
+
+
+def test_requeue_partly_refused_prints_what_it_did_and_exits_non_zero(capsys, dead_letter, make_todo):
+    dead, pending = dead_letter(), make_todo()
+    run = run_manage(capsys, "requeue", str(dead.pk), str(pending.pk), "--json")
+    assert run.code != 0 and "not failed" in run.err
+    assert run.json() == {"requeued": [str(dead.pk)]}

@@ -131,31 +131,34 @@ def test_sigkilled_worker_leases_lapse_and_survivors_finish_everything():
     victim.wait(timeout=10)
     assert Todo.objects.filter(pk__in=held, state=State.CLAIMED).count() == 7
 
-    # Survivors drain what they can now; the 7 held todos come back only through the reaper.
-    survivors = [spawn_worker(endpoint, "--mode", "drain") for _ in range(3)]
-    finished = []
-    for survivor in survivors:
-        finished += read_until(survivor, "done")
-        assert survivor.wait(timeout=30) == 0
-    assert Todo.objects.filter(state=State.DONE).count() == 200 - 7
+    # The surviving workers keep working until nothing is left, while the reaper runs beside
+    # them as the scheduler runs it: the 7 dead leases come back and the survivors take them.
+    survivors = [spawn_worker(endpoint, "--mode", "drain", "--until-settled") for _ in range(3)]
+    stop_reaper = threading.Event()
+    returned = []
 
-    deadline = time.monotonic() + 30
-    returned = 0
-    while returned < 7 and time.monotonic() < deadline:
-        returned += sweeps.expire_lapsed_leases()
-        time.sleep(0.2)
-    assert returned == 7
-    assert list(TodoEvent.objects.filter(action="lease_lapsed").values_list("todo_id", flat=True)
-                .order_by("todo_id")) == sorted(held)
+    def reaper():
+        while not stop_reaper.is_set():
+            returned.append(sweeps.expire_lapsed_leases())
+            stop_reaper.wait(0.5)
+        connections.close_all()
 
-    last = spawn_worker(endpoint, "--mode", "drain")
-    finished += read_until(last, "done")
-    assert last.wait(timeout=30) == 0
-    assert sorted(finished) == sorted(Todo.objects.values_list("pk", flat=True))
+    reaper_thread = threading.Thread(target=reaper)
+    reaper_thread.start()
+    try:
+        finished = []
+        for survivor in survivors:
+            finished += read_until(survivor, "done", deadline_seconds=120)
+            assert survivor.wait(timeout=30) == 0
+    finally:
+        stop_reaper.set()
+        reaper_thread.join(timeout=30)
+    assert sum(returned) == 7
+    assert sorted(TodoEvent.objects.filter(action="lease_lapsed").values_list("todo_id", flat=True)) == sorted(held)
+    assert sorted(finished) == sorted(Todo.objects.values_list("pk", flat=True))  # each once
     assert Todo.objects.filter(state=State.DONE).count() == 200
     # Attempts: one for every todo, one more for each of the 7 whose holder died.
-    attempts = Counter(Todo.objects.values_list("attempts", flat=True))
-    assert attempts == {1: 193, 2: 7}
+    assert Counter(Todo.objects.values_list("attempts", flat=True)) == {1: 193, 2: 7}
 
 
 def test_fifth_lapse_dead_letters_and_the_requeue_command_revives_it(capsys):

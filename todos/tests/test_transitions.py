@@ -98,7 +98,8 @@ def test_claim_uses_lease_ttl_or_the_endpoint_default(agent, endpoint, make_todo
                                   ).lease_expires_at == now + timedelta(seconds=42)
 
 
-@pytest.mark.parametrize("ttl", [0, 0.5, -1, 86401, "60", True, None.__class__])
+@pytest.mark.parametrize("ttl", [0, 0.5, -1, 86401, "60", True, None.__class__, float("nan"),
+                                 float("inf"), 10**30])
 def test_lease_ttl_outside_one_second_to_a_day_is_refused(agent, make_todo, ttl):
     todo = make_todo()
     assert refusal_code(transitions.claim_todo, agent, todo.pk, lease_ttl_seconds=ttl) == "invalid_argument"
@@ -120,7 +121,8 @@ def test_claim_of_claimed_or_done_todo_is_not_claimable(agent, make_todo):
     assert refusal_code(transitions.claim_todo, other, todo.pk) == "not_claimable"
 
 
-@pytest.mark.parametrize("todo_id", [999999, "nope", -3, None, 2**70])
+@pytest.mark.parametrize("todo_id", [999999, "nope", -3, None, 2**70, " 1", "\u0661", "1.0", True,
+                                     "9" * 30])
 def test_unknown_todo_is_not_found(agent, todo_id):
     assert refusal_code(transitions.claim_todo, agent, todo_id) == "not_found"
     assert refusal_code(transitions.complete_todo, agent, todo_id) == "not_found"
@@ -373,3 +375,28 @@ def test_claim_is_one_statement_on_the_hot_path(agent, make_todo, django_assert_
         todo = transitions.claim_next_todo(agent)
     with django_assert_max_num_queries(budget):
         transitions.complete_todo(agent, todo.pk, lease_id=todo.lease_id)
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (float("nan"), "not finite"), ({"x": float("inf")}, "not finite"),
+    ("nul\x00byte", "NUL"), ({"k\x00": 1}, "NUL"), (["\ud800"], "Unicode"),
+])
+def test_values_no_database_can_store_are_refused_before_writing(agent, endpoint, make_todo, bad, reason):
+    with pytest.raises(Refusal, match=reason) as info:
+        transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="t", payload={"v": bad})
+    assert info.value.code == "invalid_argument"
+    todo = transitions.claim_todo(agent, make_todo().pk)
+    assert refusal_code(transitions.complete_todo, agent, todo.pk, result={"v": bad}) == "invalid_argument"
+    assert refusal_code(transitions.fail_todo, agent, todo.pk, result=[bad]) == "invalid_argument"
+    if isinstance(bad, str):
+        assert refusal_code(transitions.fail_todo, agent, todo.pk, error=bad) == "invalid_argument"
+    assert Todo.objects.get(pk=todo.pk).state == State.CLAIMED
+    assert Todo.objects.count() == 1
+
+
+def test_absurdly_deep_json_is_refused_not_walked(agent, make_todo):
+    deep = []
+    for _ in range(transitions.MAX_JSON_DEPTH + 5):
+        deep = [deep]
+    todo = transitions.claim_todo(agent, make_todo().pk)
+    assert refusal_code(transitions.complete_todo, agent, todo.pk, result=deep) == "invalid_argument"

@@ -235,3 +235,20 @@ def test_filtered_board_buttons_return_to_the_filtered_board(alice_client, make_
     for url in ("/todos/?queue=inbox", "/todos/rows?queue=inbox"):
         html = alice_client.get(url).content.decode()
         assert 'name="next" value="/todos/?queue=inbox"' in html
+
+
+def test_board_clock_buttons_clock_own_endpoints_only(alice_client, operator, bob_todo):
+    from endpoints.models import Endpoint
+
+    mine = EndpointFactory(slug="mine", owner=operator)
+    board = alice_client.get(reverse("todos-board")).content.decode()
+    assert reverse("todos-clock", args=["mine", "out"]) in board
+    assert "bobs" not in board
+    response = alice_client.post(reverse("todos-clock", args=["mine", "out"]),
+                                 {"next": reverse("todos-board")})
+    assert response.status_code == 302
+    assert Endpoint.objects.get(pk=mine.pk).presence_state == "out"
+    assert reverse("todos-clock", args=["mine", "in"]) in alice_client.get(reverse("todos-board")).content.decode()
+    assert alice_client.post(reverse("todos-clock", args=["bobs", "out"])).status_code == 404
+    assert Endpoint.objects.get(slug="bobs").presence_state == "in"
+    assert alice_client.get(reverse("todos-clock", args=["mine", "in"])).status_code == 405

@@ -28,7 +28,7 @@ class Command(JsonCommand):
         try:
             endpoint, credential = transitions.vend_endpoint(
                 slug=options["slug"], owner=owner, scope=queues,
-                verbs=csv_list(options["verbs"]) if options["verbs"] else None,
+                verbs=csv_list(options["verbs"]) if options["verbs"] is not None else None,
                 default_lease_seconds=options["lease_seconds"],
                 max_attempts=options["max_attempts"],
             )

@@ -1,0 +1,293 @@
+"""Doorbells: waking an agent's live MCP session when a todo is ready (CONTRACT §7, SPEC-0011).
+
+A doorbell is a ``notifications/claude/channel`` on one session's notification stream. It is
+lossy by design and never gates correctness: the durable queue is the record, and every todo
+a doorbell names stays pending and pullable whatever happens to the push.
+
+Three parts, kept apart so each is tested on its own:
+
+* Frames (pure): the notification's ``params`` — one legible line of ``content`` with any
+  ``</channel>`` neutralized, and identifier-safe string ``meta``. No lease, payload or secret.
+* Eligibility (pure): only ``signed`` or ``operator`` todos attributed to a human are pushed.
+* Ringing: ``ring_ready_todo`` is a publish listener (after commit only); it picks ONE session
+  of the owning endpoint with a guarded UPDATE (``transitions.choose_doorbell_session``) and
+  hands the frame to the channel layer fire-and-forget (``publish.send_to_group``), so neither a
+  slow Redis nor a dead one can block or fail the request that committed the todo.
+"""
+
+import logging
+import re
+
+from collections import Counter
+
+from django.db import transaction
+from django.utils import timezone
+
+from endpoints import transitions as endpoint_transitions
+from endpoints.models import Presence
+
+from . import mcp_transport, metrics, publish
+from . import transitions as session_transitions
+
+log = logging.getLogger("switchboard.doorbell")
+
+CHANNEL_METHOD = "notifications/claude/channel"
+# The trust modes that may ring (SPEC-0011 "Sender Gate"): verified by source signature, or
+# handed over by the endpoint's authenticated owner. Unverified deliveries never ring.
+PUSH_TRUST = frozenset({"signed", "operator"})
+DIGEST_KIND = "digest"
+# A closing tag in any spelling a lenient parser might accept: case, inner whitespace.
+_CLOSING_TAG_RE = re.compile(r"<\s*/\s*channel\s*>", re.IGNORECASE)
+CLOSING_TAG_SUBSTITUTE = "«/channel»"
+# The channel standard silently drops meta keys that are not identifier-safe.
+META_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+# One line the harness shows in-session: long enough for a GitHub-style title, short enough
+# that a webhook cannot flood the agent's context through the doorbell.
+CONTENT_MAX_CHARS = 300
+META_VALUE_MAX_CHARS = 200
+
+
+# -- frames (pure) -------------------------------------------------------------------------------
+
+
+def neutralize(text) -> str:
+    """One line of untrusted text made safe inside ``<channel>…</channel>``: newlines and runs
+    of whitespace folded to one space, every closing tag replaced by «/channel»."""
+    folded = " ".join(str(text).split())
+    return _CLOSING_TAG_RE.sub(CLOSING_TAG_SUBSTITUTE, folded)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _meta(pairs) -> dict:
+    """String meta with identifier-safe keys; empty values are left out."""
+    meta = {}
+    for key, value in pairs:
+        if not META_KEY_RE.match(key):
+            raise ValueError(f"meta key {key!r} is not identifier-safe")
+        if value is not None and str(value) != "":
+            meta[key] = _clip(neutralize(value), META_VALUE_MAX_CHARS)
+    return meta
+
+
+def todo_doorbell(todo) -> dict:
+    """The ``params`` of a todo doorbell: ``{content, meta}``.
+
+    ``meta``: ``todo_id``, ``queue``, and ``kind`` / ``source`` when the todo has them. A todo
+    whose own kind is ``digest`` (kind is copied from the payload, an open vocabulary) carries
+    it as ``todo_kind``, so no todo doorbell can pass for a digest (SPEC-0011)."""
+    kind = neutralize(todo.kind or "")
+    kind_key = "todo_kind" if kind.strip().lower() == DIGEST_KIND else "kind"
+    meta = _meta([("todo_id", todo.pk), ("queue", todo.queue), (kind_key, kind),
+                  ("source", todo.source)])
+    label = f" [{meta[kind_key]}]" if kind_key in meta else ""
+    content = f"Todo {todo.pk} ready in {neutralize(todo.queue)}{label}: {neutralize(todo.title)}"
+    return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
+
+
+DIGEST_REASONS = frozenset({"clock_in", "operator", "shift_start", "override_end", "reconnect"})
+
+
+def describe_age(age) -> str:
+    """A waiting time as people say it: "45 s", "12 min", "3 h 5 min", "2 d 4 h"."""
+    seconds = max(0, int(age.total_seconds()))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+def digest_doorbell(counts: dict, oldest_age, reason: str) -> dict:
+    """The ``params`` of a digest (§8): how much waits, where, and for how long — counts and
+    queue names only (queue names are the operator's routing config, not webhook text), never
+    a title or payload. ``counts``: queue -> pending count."""
+    if reason not in DIGEST_REASONS:
+        raise ValueError(f"unknown digest reason {reason!r}")
+    queues = sorted(counts)
+    pending = sum(counts.values())
+    per_queue = ", ".join(f"{neutralize(queue)} {counts[queue]}" for queue in queues)
+    content = (f"Digest ({reason}): {pending} pending todo{'s' if pending != 1 else ''} "
+               f"({per_queue}); oldest waiting {describe_age(oldest_age)}. "
+               "Drain them with claim_next.")
+    meta = _meta([("kind", DIGEST_KIND), ("pending", pending), ("queues", ",".join(queues)),
+                  ("reason", reason)])
+    return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
+
+
+def is_digest(params: dict) -> bool:
+    """The consumer's rule (SPEC-0011): a notification is a digest only when ``meta.kind`` is
+    ``digest`` and it names no ``todo_id``."""
+    meta = (params or {}).get("meta") or {}
+    return meta.get("kind") == DIGEST_KIND and "todo_id" not in meta
+
+
+# -- eligibility (pure) --------------------------------------------------------------------------
+
+
+def is_push_eligible(trust: str, attributed_to_id) -> bool:
+    """The sender gate: verified (signed) or operator-authored, and attributed to a human."""
+    return trust in PUSH_TRUST and attributed_to_id is not None
+
+
+# -- ringing -------------------------------------------------------------------------------------
+
+
+def _context(todo, endpoint_slug: str) -> dict:
+    # Ids only: never the bearer, the title or the payload.
+    return {"endpoint": endpoint_slug, "todo_id": str(todo.pk)}
+
+
+def send_doorbell(session_id: str, params: dict, context: dict) -> bool:
+    """Hand one frame to the session's stream(s), wherever they are, without waiting."""
+    return mcp_transport.notify_session(session_id, CHANNEL_METHOD, params, context=context)
+
+
+def ring_todo(todo, *, now=None) -> str | None:
+    """Ring one session of ``todo``'s endpoint for it. Returns the session id rung, or None
+    when the todo may not ring (gate, scope) or no session is attached (silently dropped: the
+    todo stays pending for pull)."""
+    if todo.trust not in PUSH_TRUST:
+        return None
+    from endpoints.models import Endpoint
+
+    # Read fresh: the instance the todo carries may predate a clock out in this very request
+    # or process, and presence is what decides whether anything may ring at all.
+    endpoint = Endpoint.objects.filter(pk=todo.endpoint_id).first()
+    if endpoint is None or not endpoint.active or not endpoint.covers(todo.queue):
+        return None
+    now = now or timezone.now()
+    if endpoint.presence_at(now) != Presence.IN:
+        # Held (§8): no doorbell and no ring recorded; the todo stays pending and pullable,
+        # and the digest on return summarizes it.
+        log.debug("doorbell held: endpoint is out", extra=_context(todo, endpoint.slug))
+        return None
+    # One guarded statement picks the session AND re-checks the todo (still pending, trusted,
+    # attributed to a human), so an ineligible or already-claimed todo rings nobody.
+    session_id = session_transitions.choose_doorbell_session(
+        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now)
+    context = _context(todo, endpoint.slug)
+    if session_id is None:
+        log.debug("doorbell not sent: no attached session", extra=context)
+        metrics.DOORBELLS_DROPPED.inc()
+        return None
+    send_doorbell(session_id, todo_doorbell(todo), {**context, "session": session_id[:8]})
+    return session_id
+
+
+def ring_ready_todo(todo, change: dict) -> None:
+    """Publish listener (after commit): ring for a todo that just became ready."""
+    if change.get("action") not in publish.READY_ACTIONS or todo.trust not in PUSH_TRUST:
+        return
+    ring_todo(todo)
+
+
+def ring_on_commit(todos) -> None:
+    """Ring for ``todos`` (already charged to their ring budget) once the caller commits."""
+    todos = list(todos)
+    if todos:
+        transaction.on_commit(lambda: [ring_todo(todo) for todo in todos])
+
+
+# -- digests and reconnect (§8) -------------------------------------------------------------------
+
+# At most this many oldest waiting todos are rung on a stream (re)open (SPEC-0011): enough to
+# get a restarted agent going, few enough not to flood it; the rest it drains by pull. Used
+# only by the individual reconnect rings, which the reconnect digest replaced (kept for a
+# deployment that turns presence digests off: RECONNECT_DIGEST).
+RECONNECT_RING_LIMIT = 5
+# SPEC-0022: once presence ships, a reconnect is answered with one digest instead of rings.
+RECONNECT_DIGEST = True
+
+
+def build_digest(endpoint, reason: str, now) -> dict | None:
+    """Mark the endpoint's pending push-eligible todos as rung (no attempt spent) and build the
+    digest that summarizes them; None when nothing is pending (no digest is sent)."""
+    counted = session_transitions.record_digest(endpoint=endpoint, now=now)
+    if not counted:
+        return None
+    counts = Counter(queue for queue, _ in counted)
+    oldest = min(created for _, created in counted)
+    return digest_doorbell(dict(counts), now - oldest, reason)
+
+
+def send_digest(endpoint, reason: str, *, now=None) -> int:
+    """One digest to each attached session of ``endpoint`` (presence just turned in). Returns
+    how many sessions it was sent to; 0 when no session is attached (then nothing is marked:
+    the reconnect digest will summarize instead) or nothing is pending."""
+    from .models import McpSession
+
+    now = now or timezone.now()
+    sessions = list(McpSession.objects.filter(endpoint=endpoint, terminated_at__isnull=True)
+                    .values_list("pk", flat=True))
+    if not sessions:
+        return 0
+    params = build_digest(endpoint, reason, now)
+    if params is None:
+        return 0
+    for session_id in sessions:
+        send_doorbell(session_id, params, {"endpoint": endpoint.slug, "session": session_id[:8],
+                                           "reason": reason, "pending": params["meta"]["pending"]})
+    log.info("doorbell digest", extra={"endpoint": endpoint.slug, "reason": reason,
+                                       "pending": params["meta"]["pending"],
+                                       "sessions": len(sessions)})
+    return len(sessions)
+
+
+def clock(endpoint, presence: str, *, reason: str, until=None, now=None) -> str:
+    """Clock ``endpoint`` in or out (agent verb ``reason="clock_in"``; board, admin and
+    ``manage.py clock`` ``reason="operator"``) and, when that turned its effective presence
+    in, send the digest after commit. Returns the effective presence."""
+    now = now or timezone.now()
+    before, after = endpoint_transitions.set_presence(endpoint, presence, until=until, now=now)
+    log.info("endpoint clocked", extra={"endpoint": endpoint.slug, "clocked": presence,
+                                        "presence": after,
+                                        "by": "agent" if reason == "clock_in" else reason})
+    if before == Presence.OUT and after == Presence.IN:
+        transaction.on_commit(lambda: send_digest(endpoint, reason, now=now))
+    return after
+
+
+def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tuple[dict, dict]]:
+    """What a stream opening on ``session_id`` gets at once, for THAT stream only: one
+    reconnect digest when its endpoint is in and anything is pending (SPEC-0022 replaces the
+    individual rings with it), nothing while it is out. Returns ``[(params, log context)]``."""
+    from endpoints.models import Endpoint
+
+    now = now or timezone.now()
+    endpoint = Endpoint.objects.get(pk=endpoint_id)
+    if endpoint.presence_at(now) != Presence.IN:
+        return []
+    if not RECONNECT_DIGEST:
+        return reconnect_rings(endpoint_id=endpoint_id, session_id=session_id, now=now)
+    params = build_digest(endpoint, "reconnect", now)
+    if params is None:
+        return []
+    log.info("doorbell digest", extra={"endpoint": endpoint.slug, "reason": "reconnect",
+                                       "pending": params["meta"]["pending"],
+                                       "session": session_id[:8]})
+    return [(params, {"endpoint": endpoint.slug, "session": session_id[:8], "reason": "reconnect"})]
+
+
+def reconnect_rings(*, endpoint_id: int, session_id: str, now=None) -> list[tuple[dict, dict]]:
+    """The pre-presence reconnect (SPEC-0011): the endpoint's oldest pending push-eligible
+    todos in scope (≤ RECONNECT_RING_LIMIT), each charged to its ring budget and skipped while
+    inside the reconnect cooldown."""
+    now = now or timezone.now()
+    endpoint, todos = session_transitions.record_reconnect_rings(
+        endpoint_id=endpoint_id, limit=RECONNECT_RING_LIMIT, now=now)
+    frames = []
+    for todo in todos:
+        context = {**_context(todo, endpoint.slug), "session": session_id[:8], "reason": "reconnect"}
+        frames.append((todo_doorbell(todo), context))
+    if frames:
+        log.info("doorbell reconnect rings", extra={"endpoint": endpoint.slug,
+                                                     "session": session_id[:8], "rung": len(frames)})
+    return frames

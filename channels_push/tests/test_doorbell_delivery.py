@@ -1,0 +1,377 @@
+"""Doorbells on real streams (in-process ASGI, real PostgreSQL and Redis): the SPEC-0011
+scenarios outside presence.
+
+A scenario that asserts a session got *nothing* cannot wait for silence without a sleep, so it
+rings a control todo afterwards and checks that the control is the first doorbell the stream
+sees.
+"""
+
+import asyncio
+import json
+import logging
+import threading
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import ApplicationCommunicator
+from django.urls import re_path
+from django.utils import timezone
+
+from channels_push import doorbells, mcp_transport, publish
+from channels_push import transitions as session_transitions
+from channels_push.models import McpSession
+from channels_push.tests.conftest import McpDriver, make_ready_todo
+from todos.models import Todo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(
+    keepalive_seconds=30, thread_sensitive=True))])
+FRAME_DEADLINE_SECONDS = 10
+
+
+def stream_scope(driver):
+    headers = driver.headers(accept="text/event-stream", content_type=None)
+    return {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+            "path": f"/mcp/{driver.slug}", "raw_path": f"/mcp/{driver.slug}".encode(),
+            "query_string": b"", "headers": [(k.encode(), v.encode()) for k, v in headers.items()]}
+
+
+async def open_stream(driver, application=app):
+    communicator = ApplicationCommunicator(application, stream_scope(driver))
+    await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
+    start = await communicator.receive_output(timeout=5)
+    assert start["status"] == 200
+    await communicator.receive_output(timeout=5)  # the opening comment
+    return communicator
+
+
+async def next_doorbell(communicator, timeout=FRAME_DEADLINE_SECONDS) -> dict:
+    """The params of the next notification on the stream (keep-alives skipped)."""
+    while True:
+        message = await communicator.receive_output(timeout=timeout)
+        body = message.get("body", b"")
+        if b"data: " in body:
+            data = body.decode().split("data: ", 1)[1].strip()
+            envelope = json.loads(data)
+            assert envelope["method"] == "notifications/claude/channel"
+            return envelope["params"]
+
+
+async def close(communicator):
+    await communicator.send_input({"type": "http.disconnect"})
+    await communicator.wait(timeout=5)
+
+
+def ring(endpoint, queue="inbox", **kwargs):
+    return database_sync_to_async(make_ready_todo, thread_sensitive=False)(endpoint, queue, **kwargs)
+
+
+@pytest.fixture
+def driver(vend):
+    def make(slug="door", **kwargs):
+        endpoint, credential = vend(slug, **kwargs)
+        d = McpDriver(endpoint.slug, credential)
+        d.endpoint = endpoint
+        d.initialize()
+        return d
+
+    return make
+
+
+def test_ready_todo_rings_one_identifier_safe_notification_on_the_session(driver):
+    d = driver()
+
+    async def scenario():
+        stream = await open_stream(d)
+        todo = await ring(d.endpoint, "reviews", title="acme/x#1 opened: bug", kind="issues.opened",
+                          source="github")
+        params = await next_doorbell(stream)
+        assert params["meta"] == {"todo_id": str(todo.pk), "queue": "reviews",
+                                  "kind": "issues.opened", "source": "github"}
+        assert "acme/x#1 opened: bug" in params["content"]
+        control = await ring(d.endpoint, title="control")
+        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)  # exactly one
+        await close(stream)
+
+    async_to_sync(scenario)()
+
+
+def test_out_of_scope_todo_and_other_endpoints_get_nothing(driver):
+    d = driver("scoped", scope=["reviews"])
+    stranger = driver("stranger")
+
+    async def scenario():
+        stream = await open_stream(d)
+        stranger_stream = await open_stream(stranger)
+        await ring(d.endpoint, "inbox", title="outside the grant")
+        in_scope = await ring(d.endpoint, "reviews", title="inside")
+        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(in_scope.pk)
+        control = await ring(stranger.endpoint, "inbox", title="control")
+        assert (await next_doorbell(stranger_stream))["meta"]["todo_id"] == str(control.pk)
+        await close(stream)
+        await close(stranger_stream)
+
+    async_to_sync(scenario)()
+
+
+def test_unverified_and_unattributed_todos_never_ring_operator_todos_do(driver):
+    d = driver()
+
+    async def scenario():
+        stream = await open_stream(d)
+        await ring(d.endpoint, title="unsigned", trust="unverified")
+        await ring(d.endpoint, title="nobody's", trust="signed", attributed=False)
+        handed = await ring(d.endpoint, title="from my human", trust="operator")
+        params = await next_doorbell(stream)
+        assert params["meta"]["todo_id"] == str(handed.pk)
+        await close(stream)
+
+    async_to_sync(scenario)()
+
+
+def test_no_attached_session_drops_silently_and_pull_drains_it_later(vend, caplog):
+    endpoint, credential = vend("nobody-home")
+    todo = make_ready_todo(endpoint, title="waits")  # rung after commit: no session, no error
+    assert doorbells.ring_todo(todo) is None
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    d = McpDriver(endpoint.slug, credential)
+    d.initialize()
+    claimed = d.call("claim_next")["result"]["structuredContent"]["todo"]
+    assert claimed["id"] == str(todo.pk) and claimed["state"] == "claimed"
+
+
+def test_duplicate_notifications_do_not_double_process(driver):
+    d = driver()
+    todo = make_ready_todo(d.endpoint, title="twice")
+    assert doorbells.ring_todo(todo) and doorbells.ring_todo(todo)  # at-least-once
+    first = d.call("claim", {"todo_id": str(todo.pk)})["result"]
+    second = d.call("claim", {"todo_id": str(todo.pk)})["result"]
+    assert not first["isError"]
+    assert second["isError"] and second["structuredContent"]["error"]["code"] == "not_claimable"
+    assert Todo.objects.get(pk=todo.pk).attempts == 1
+
+
+def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
+    """A client that stops reading: the publisher never waits, the stream holds at most its
+    buffer and drops (and logs) the rest; the todos stay pullable."""
+    d = driver()
+    buffer_frames, published = 3, 8
+    slow_app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(
+        keepalive_seconds=30, thread_sensitive=True, buffer_frames=buffer_frames))])
+    todos = [make_ready_todo(d.endpoint, title=f"t{i}") for i in range(published)]
+    session_id = d.session_id
+
+    async def scenario():
+        released = asyncio.Event()
+        frames = []
+
+        async def slow_send(message):
+            if b"data: " in message.get("body", b""):
+                frames.append(message["body"])
+                await released.wait()  # the client reads nothing more until released
+
+        inputs = asyncio.Queue()
+        await inputs.put({"type": "http.request", "body": b"", "more_body": False})
+        task = asyncio.ensure_future(slow_app(stream_scope(d), inputs.get, slow_send))
+        for _ in range(500):  # the stream has joined its group once the session counts it
+            if await database_sync_to_async(
+                    lambda: McpSession.objects.get(pk=session_id).open_streams)() == 1:
+                break
+            await asyncio.sleep(0.01)
+        # Reconnect rings may already have used the buffer; drain them out of the picture.
+        await Todo.objects.filter(pk__in=[t.pk for t in todos]).aupdate(ring_attempts=0)
+
+        def publish_all():
+            sent = [doorbells.send_doorbell(session_id, doorbells.todo_doorbell(t),
+                                            {"endpoint": d.slug, "todo_id": str(t.pk)})
+                    for t in todos]
+            return sent, publish.wait_for_sends(5)
+
+        sent, idle = await asyncio.to_thread(publish_all)
+        assert all(sent) and idle  # the publisher finished while the client still reads nothing
+
+        def drops():
+            return [r for r in caplog.records if r.getMessage() == "doorbell dropped: stream buffer full"]
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FRAME_DEADLINE_SECONDS
+        while len(frames) < 1 or len(frames) + buffer_frames + len(drops()) < published + 5:
+            if loop.time() > deadline:
+                break
+            await asyncio.sleep(0.01)
+        assert drops(), "nothing dropped"
+        assert {r.endpoint for r in drops()} == {d.slug}
+        released.set()
+        deadline = loop.time() + FRAME_DEADLINE_SECONDS
+        while len(frames) + len(drops()) < published + 5 and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        await inputs.put({"type": "http.disconnect"})
+        await asyncio.wait_for(task, 5)
+        return frames, drops()
+
+    caplog.set_level(logging.WARNING)
+    from channels_push import metrics
+
+    sent_before = metrics.DOORBELLS_SENT._value.get()
+    dropped_before = metrics.DOORBELLS_DROPPED._value.get()
+    frames, dropped = async_to_sync(scenario)()
+    assert metrics.DOORBELLS_DROPPED._value.get() - dropped_before >= len(dropped)
+    assert metrics.DOORBELLS_SENT._value.get() - sent_before == len(frames)
+    # Reconnect rings (up to 5) and the 8 published doorbells: what was not delivered was dropped
+    # and logged, nothing was queued without bound.
+    assert len(frames) <= 1 + buffer_frames + 5
+    assert len(frames) + len(dropped) >= published
+    assert Todo.objects.filter(endpoint=d.endpoint, state="pending").count() == published
+
+
+def test_reconnecting_stream_is_rung_for_the_oldest_waiting_todos_only(driver, monkeypatch):
+    # SPEC-0011's individual reconnect rings, as they work without the reconnect digest
+    # (SPEC-0022 replaced them; see test_presence.py for the digest).
+    monkeypatch.setattr(doorbells, "RECONNECT_DIGEST", False)
+    d = driver()
+    other = McpDriver(d.slug, d.credential)
+    other.initialize()  # a second session of the same endpoint, streaming already
+
+    async def scenario():
+        other_stream = await open_stream(other)
+        todos = [await ring(d.endpoint, title=f"w{i}") for i in range(7)]
+        for todo in todos:  # their create doorbells went to the streaming session
+            assert (await next_doorbell(other_stream))["meta"]["todo_id"] == str(todo.pk)
+        stream = await open_stream(d)
+        rung = [(await next_doorbell(stream))["meta"]["todo_id"] for _ in range(5)]
+        assert rung == [str(t.pk) for t in todos[:5]]
+        await close(stream)
+        # Re-attach inside the cooldown: no rings for those five; the two never rung are.
+        stream = await open_stream(d)
+        rung = [(await next_doorbell(stream))["meta"]["todo_id"] for _ in range(2)]
+        assert rung == [str(t.pk) for t in todos[5:]]
+        await database_sync_to_async(
+            lambda: McpSession.objects.filter(pk=other.session_id).update(terminated_at=timezone.now()))()
+        control = await ring(d.endpoint, title="control")
+        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)
+        # The other session's stream was not rung for the waiting work.
+        await close(stream)
+        await close(other_stream)
+        return todos
+
+    todos = async_to_sync(scenario)()
+    attempts = dict(Todo.objects.filter(pk__in=[t.pk for t in todos]).values_list("pk", "ring_attempts"))
+    assert [attempts[t.pk] for t in todos] == [1] * 7
+
+
+def test_reconnect_rings_respect_the_cooldown_and_the_ring_budget(driver):
+    d = driver()
+    now = timezone.now()
+    todos = [make_ready_todo(d.endpoint, title=f"w{i}", now=now - timedelta(minutes=10 - i))
+             for i in range(3)]
+    unsigned = make_ready_todo(d.endpoint, title="unsigned", trust="unverified")
+    frames = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id, now=now)
+    assert [p["meta"]["todo_id"] for p, _ in frames] == [str(t.pk) for t in todos]
+    assert all(c["todo_id"] and c["endpoint"] == d.slug for _, c in frames)
+    assert doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id,
+                                      now=now + timedelta(seconds=59)) == []
+    again = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id,
+                                       now=now + timedelta(seconds=61))
+    assert len(again) == 3
+    Todo.objects.filter(pk=todos[0].pk).update(ring_attempts=5)  # budget spent
+    later = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id,
+                                       now=now + timedelta(minutes=5))
+    assert [p["meta"]["todo_id"] for p, _ in later] == [str(t.pk) for t in todos[1:]]
+    assert Todo.objects.get(pk=todos[0].pk).ring_attempts == 5
+    assert Todo.objects.get(pk=unsigned.pk).ring_attempts == 0
+
+
+def test_reconnect_rings_at_most_five(driver):
+    d = driver()
+    for i in range(8):
+        make_ready_todo(d.endpoint, title=f"w{i}")
+    frames = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id)
+    assert len(frames) == doorbells.RECONNECT_RING_LIMIT == 5
+
+
+def test_pool_rotates_and_prefers_a_session_with_an_open_stream(vend):
+    endpoint, _ = vend("pool")
+    todo = make_ready_todo(endpoint)  # before any session: its create doorbell rings nobody
+    now = timezone.now()
+    a, b, c = (session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+               for _ in range(3))
+
+    def choose(offset):
+        return session_transitions.choose_doorbell_session(
+            endpoint_id=endpoint.pk, todo_id=todo.pk, now=now + timedelta(seconds=offset))
+
+    # No stream anywhere: fall back to the attached sessions, taking turns.
+    assert {choose(0), choose(1), choose(2)} == {a.pk, b.pk, c.pk}
+    session_transitions.attach_stream(endpoint=endpoint, session_id=a.pk)
+    session_transitions.attach_stream(endpoint=endpoint, session_id=b.pk)
+    picks = [choose(10 + i) for i in range(4)]
+    assert set(picks) == {a.pk, b.pk} and picks[0] != picks[1]  # streaming ones, in turn
+    session_transitions.terminate_session(endpoint=endpoint, session_id=a.pk)
+    session_transitions.terminate_session(endpoint=endpoint, session_id=b.pk)
+    session_transitions.terminate_session(endpoint=endpoint, session_id=c.pk)
+    assert choose(20) is None  # terminated sessions are not attached
+
+
+def test_concurrent_publishers_spread_over_the_pool(vend):
+    endpoint, _ = vend("busy-pool")
+    sessions = [session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+                for _ in range(4)]
+    todo = make_ready_todo(endpoint)
+    picks, barrier = [], threading.Barrier(8)
+
+    def publisher():
+        from django.db import connection
+
+        barrier.wait()
+        try:
+            for _ in range(5):
+                picks.append(session_transitions.choose_doorbell_session(
+                    endpoint_id=endpoint.pk, todo_id=todo.pk))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=publisher) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert None not in picks and len(picks) == 40
+    counts = {s.pk: picks.count(s.pk) for s in sessions}
+    assert min(counts.values()) >= 5, counts  # every session takes turns (fair would be 10)
+
+
+def test_publish_failure_is_logged_with_context_and_dropped(vend, settings, caplog):
+    endpoint, credential = vend("redis-gone")
+    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    todo = make_ready_todo(endpoint, title="still pullable")
+    settings.CHANNEL_LAYERS = {"default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}}  # nothing listens on port 1
+    caplog.set_level(logging.WARNING)
+    assert doorbells.ring_todo(todo) == session.pk
+    assert publish.wait_for_sends(10)
+    dropped = [r for r in caplog.records if r.getMessage() == "publish dropped"]
+    assert dropped, [r.getMessage() for r in caplog.records]
+    assert dropped[0].endpoint == endpoint.slug and dropped[0].todo_id == str(todo.pk)
+    assert session.pk not in dropped[0].group  # the session id is an identifier, logged short
+    assert credential not in caplog.text
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
+
+
+def test_a_failing_doorbell_never_fails_the_committing_write(vend, monkeypatch, caplog):
+    endpoint, _ = vend("fragile")
+    session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+
+    def broken(**kwargs):
+        raise RuntimeError("database hiccup")
+
+    monkeypatch.setattr(session_transitions, "choose_doorbell_session", broken)
+    todo = make_ready_todo(endpoint, title="committed anyway")
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
+    failed = [r for r in caplog.records if r.getMessage() == "publish listener failed"]
+    assert failed and failed[0].todo_id == str(todo.pk) and failed[0].endpoint_id == endpoint.pk

@@ -1,0 +1,192 @@
+"""The doorbell heartbeat sweep (SPEC-0011 "Doorbell Heartbeat"), driven by a controllable clock
+(``now=``), never by sleeping."""
+
+import io
+import json
+import threading
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from channels_push import sweeps
+from channels_push import transitions as session_transitions
+from channels_push.tests.conftest import make_ready_todo
+from tests.factories import EndpointFactory, UserFactory
+from todos.models import Todo
+
+T0 = timezone.now().replace(microsecond=0) - timedelta(days=2)
+
+
+def attach(endpoint, *, stream=False):
+    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+                                               now=T0)
+    if stream:
+        session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk, now=T0)
+    return session
+
+
+def sweep(at):
+    return sweeps.ring_due_todos(now=at)
+
+
+def rings_of(todo):
+    row = Todo.objects.get(pk=todo.pk)
+    return row.ring_attempts, row.last_ringed_at
+
+
+def test_backoff_is_5m_20m_1h_6h_from_the_last_ring_and_stops_after_five(endpoint):
+    attach(endpoint)
+    todo = make_ready_todo(endpoint, now=T0)
+    assert sweep(T0 + timedelta(minutes=4, seconds=59)) == 0
+    expected, at = [], T0
+    for interval in (timedelta(minutes=5), timedelta(minutes=20), timedelta(hours=1),
+                     timedelta(hours=6), timedelta(hours=6)):
+        assert sweep(at + interval - timedelta(seconds=1)) == 0  # not yet
+        at = at + interval
+        assert sweep(at) == 1
+        expected.append(at)
+        assert rings_of(todo) == (len(expected), at)
+    # Ring budget exhausted while connected: never again, still pending and visible.
+    assert sweep(at + timedelta(days=30)) == 0
+    assert rings_of(todo) == (5, at)
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
+
+
+def test_interval_counts_from_last_ringed_at_when_a_digest_marked_it(endpoint):
+    """A digest sets last_ringed_at without spending an attempt: ring_attempts 0 still means the
+    5 min step, counted from the mark, not from creation."""
+    attach(endpoint)
+    todo = make_ready_todo(endpoint, now=T0)
+    mark = T0 + timedelta(hours=15)
+    Todo.objects.filter(pk=todo.pk).update(last_ringed_at=mark)
+    assert sweep(mark + timedelta(minutes=4)) == 0
+    assert sweep(mark + timedelta(minutes=5)) == 1
+    assert rings_of(todo) == (1, mark + timedelta(minutes=5))
+
+
+def test_no_attached_session_keeps_the_full_ring_budget(endpoint):
+    todo = make_ready_todo(endpoint, now=T0)
+    assert sweep(T0 + timedelta(hours=15)) == 0
+    assert rings_of(todo) == (0, None)
+    gone = attach(endpoint)
+    session_transitions.terminate_session(endpoint=endpoint, session_id=gone.pk)
+    assert sweep(T0 + timedelta(hours=16)) == 0  # a terminated session is not attached
+    assert rings_of(todo) == (0, None)
+
+
+def test_an_attached_session_with_no_open_stream_still_receives_sweeps(
+        endpoint, django_capture_on_commit_callbacks):
+    session = attach(endpoint, stream=False)
+    todo = make_ready_todo(endpoint, now=T0)
+    # The sweep hands its doorbells to on_commit; run them so the whole path is exercised.
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep(T0 + timedelta(minutes=5)) == 1
+    assert rings_of(todo) == (1, T0 + timedelta(minutes=5))
+    # The ring went to that streamless session (and was dropped at the transport): counted.
+    from channels_push.models import McpSession
+
+    assert McpSession.objects.get(pk=session.pk).last_doorbell_at is not None
+
+
+def test_unverified_claimed_and_inactive_endpoint_todos_are_not_rung(endpoint, operator):
+    attach(endpoint)
+    unsigned = make_ready_todo(endpoint, trust="unverified", now=T0)
+    unattributed = make_ready_todo(endpoint, attributed=False, now=T0)
+    claimed = make_ready_todo(endpoint, now=T0)
+    Todo.objects.filter(pk=claimed.pk).update(state="claimed")
+    off = EndpointFactory(owner=operator, active=False)
+    attach(off)
+    inactive = make_ready_todo(off, now=T0)
+    assert sweep(T0 + timedelta(hours=1)) == 0
+    for todo in (unsigned, unattributed, claimed, inactive):
+        assert rings_of(todo) == (0, None)
+
+
+def test_a_sweep_rings_at_most_three_round_robin_across_endpoints(db):
+    owner = UserFactory()
+    endpoints = [EndpointFactory(owner=owner) for _ in range(4)]
+    for endpoint in endpoints:
+        attach(endpoint)
+    # The first endpoint is flooded with the oldest work; the others have one todo each.
+    flood = [make_ready_todo(endpoints[0], now=T0 + timedelta(seconds=i)) for i in range(6)]
+    singles = [make_ready_todo(e, now=T0 + timedelta(minutes=1)) for e in endpoints[1:]]
+    at = T0 + timedelta(hours=1)
+    assert sweep(at) == 3
+    first = set(Todo.objects.filter(last_ringed_at=at).values_list("endpoint_id", flat=True))
+    assert len(first) == 3  # three different endpoints, one todo each
+    assert sweep(at + timedelta(seconds=1)) == 3
+    assert sweep(at + timedelta(seconds=2)) == 3
+    # Every endpoint's single todo got its ring within the first sweeps despite the flood.
+    assert all(rings_of(t)[0] == 1 for t in singles)
+    assert sum(rings_of(t)[0] for t in flood) == 9 - len(singles)
+
+
+def test_overlapping_sweeps_do_not_ring_one_todo_twice(db, django_db_blocker):
+    owner = UserFactory()
+    endpoints = [EndpointFactory(owner=owner) for _ in range(3)]
+    for endpoint in endpoints:
+        attach(endpoint)
+    todos = [make_ready_todo(e, now=T0 + timedelta(seconds=i)) for e in endpoints for i in range(3)]
+    at = T0 + timedelta(hours=1)
+    assert sweep(at) + sweep(at) + sweep(at) == 9  # same clock: each run finds what is left
+    assert all(rings_of(t) == (1, at) for t in todos)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_sweeps_share_the_work_without_double_rings():
+    owner = UserFactory()
+    endpoints = [EndpointFactory(owner=owner) for _ in range(6)]
+    for endpoint in endpoints:
+        attach(endpoint)
+    todos = [make_ready_todo(e, now=T0 + timedelta(seconds=i)) for e in endpoints for i in range(2)]
+    at = T0 + timedelta(hours=1)
+    counts, barrier = [], threading.Barrier(6)
+
+    def run():
+        barrier.wait()
+        try:
+            counts.append(sweep(at))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rung = [rings_of(t) for t in todos]
+    assert sum(counts) == sum(attempts for attempts, _ in rung)  # every counted ring happened once
+    assert all(attempts <= 1 for attempts, _ in rung)
+
+
+def test_sweep_doorbells_command_prints_rung(endpoint):
+    attach(endpoint)
+    make_ready_todo(endpoint, now=timezone.now() - timedelta(minutes=6))
+    out = io.StringIO()
+    call_command("sweep_doorbells", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {"rung": 1}
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL plans")
+def test_sweep_reads_its_partial_index(endpoint):
+    attach(endpoint)
+    now = timezone.now()
+    Todo.objects.bulk_create(
+        Todo(endpoint=endpoint, queue="inbox", title="t", state="done" if i % 10 else "pending",
+             trust="signed", created_at=now, updated_at=now)
+        for i in range(5000))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE todos_todo")
+        cursor.execute("SELECT obj_description('todo_doorbell_due'::regclass, 'pg_class')")
+        assert "ring_due_todos" in cursor.fetchone()[0]
+        cursor.execute("SET enable_seqscan = off")  # tiny tables: ask which index it would use
+        cursor.execute(
+            "EXPLAIN SELECT p.id FROM todos_todo p WHERE p.endpoint_id = %s"
+            " AND p.state = 'pending' AND p.ring_attempts < 5 AND p.trust IN ('signed', 'operator')"
+            " AND COALESCE(p.last_ringed_at, p.created_at) <= %s", [endpoint.pk, now])
+        text = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET enable_seqscan = on")
+    assert "todo_doorbell_due" in text, text

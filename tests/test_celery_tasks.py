@@ -1,0 +1,33 @@
+"""The beat schedule names real tasks, and each task runs its sweep (executed in-process by
+Celery's own task machinery; the Procfile topology itself runs in tests/system)."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from switchboard.celery import app
+from todos import transitions
+from todos.models import State, Todo
+
+pytestmark = pytest.mark.django_db
+
+
+def test_every_beat_entry_is_a_registered_task_with_a_cadence():
+    app.loader.import_default_modules()
+    for name, entry in app.conf.beat_schedule.items():
+        assert entry["task"] in app.tasks, f"beat entry {name} names no task"
+        assert 0 < float(entry["schedule"]) <= 60
+
+
+def test_the_reaper_and_promoter_tasks_move_todos(agent, make_todo):
+    app.loader.import_default_modules()
+    past = timezone.now() - timedelta(minutes=20)
+    lapsed = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=1, now=past)
+    failed = transitions.claim_todo(agent, make_todo().pk, now=past)
+    transitions.fail_todo(agent, failed.pk, now=past)
+
+    assert app.tasks["todos.tasks.expire_lapsed_leases"].apply().get() == 1
+    assert app.tasks["todos.tasks.promote_due_retries"].apply().get() == 1
+    assert set(Todo.objects.filter(pk__in=[lapsed.pk, failed.pk]).values_list("state", flat=True)) == {
+        State.PENDING}
