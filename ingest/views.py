@@ -7,9 +7,7 @@ check has passed: size by Content-Length, webhook lookup, rate limit, bounded bo
 signature, then parsing, then the one write.
 """
 
-import json
 import logging
-import math
 from urllib.parse import parse_qs
 
 from django.conf import settings
@@ -21,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from channels_push import metrics as push_metrics
 from endpoints.models import Endpoint, queue_name_validator
-from switchboard import ratelimit
+from switchboard import json_input, ratelimit
 from todos import queries as todo_queries
 
 from . import queries, titles, transitions, verification
@@ -127,32 +125,15 @@ def _reject_unstorable(value) -> None:
             _reject_unstorable(item)
 
 
-def _reject_constant(name):
-    raise ValueError(f"{name} is not JSON")
-
-
-class _NumberOutOfRange(ValueError):
-    pass
-
-
-def _parse_finite_float(literal: str) -> float:
-    """Valid JSON such as ``1e400`` parses to ``inf``, which jsonb cannot store (the write would
-    fail after every check had passed); refuse it while parsing."""
-    value = float(literal)
-    if not math.isfinite(value):
-        raise _NumberOutOfRange(literal)
-    return value
-
-
 def _parse_json_text(text: str, *, what: str = "body"):
+    # Strict JSON: NaN/Infinity and literals that overflow to inf (valid JSON such as 1e400,
+    # which jsonb cannot store) are a 400 naming the problem, not a failed write later.
     try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_parse_finite_float)
-    except _NumberOutOfRange as exc:
-        raise Problem(400, "malformed_body",
-                      f"{what} has a number out of range ({str(exc)[:40]}): numbers must be "
-                      f"finite double-precision values") from None
-    except (ValueError, RecursionError):
-        raise Problem(400, "malformed_body", f"{what} is not valid JSON") from None
+        value = json_input.loads_strict(text)
+    except ValueError as exc:
+        # The decoder's messages give a position or name a number (cut to 40 characters);
+        # they never quote the body beyond that.
+        raise Problem(400, "malformed_body", f"{what} is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise Problem(400, "malformed_body", f"{what} must be a JSON object")
     try:

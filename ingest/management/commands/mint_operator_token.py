@@ -23,6 +23,6 @@ class Command(JsonCommand):
         if not operator.is_active:
             # Tokens of inactive users are refused at use; minting one would only mislead.
             raise CommandError(f"user {user!r} is inactive; its tokens would not work")
-        row, token = transitions.mint_operator_token(user=operator, name=name)
+        _, token = transitions.mint_operator_token(user=operator, name=name)
         self.emit(options, {"user": operator.get_username(), "token": token},
                   f"API token for {operator.get_username()}: {token}\n(shown only now)")
