@@ -397,6 +397,16 @@ def test_two_routes_into_one_endpoint_make_two_todos(client, make_webhook, endpo
     assert Todo.objects.count() == 2
 
 
+def test_adding_a_route_then_redelivering_duplicates_nothing(client, make_webhook, endpoint):
+    webhook = make_webhook("github")  # endpoint/inbox only
+    first = deliver(client, webhook, delivery="d-live").json()["todos"][0]
+    transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="reviews")
+    again = deliver(client, webhook, delivery="d-live").json()["todos"]
+    assert {t["queue"]: t["duplicate"] for t in again} == {"inbox": True, "reviews": False}
+    assert [t["id"] for t in again if t["queue"] == "inbox"] == [first["id"]]
+    assert Todo.objects.count() == 2
+
+
 def test_delivery_to_inactive_endpoint_route_is_skipped(client, make_webhook, endpoint):
     endpoint.active = False
     endpoint.save()
