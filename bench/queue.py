@@ -58,18 +58,17 @@ def prepare_switchboard_schema():
     env = dict(os.environ, DATABASE_URL=SB_DB, DJANGO_SETTINGS_MODULE="switchboard.settings")
     env.pop("REDIS_URL", None)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-    with psycopg.connect(SB_DB, autocommit=True) as conn:
-        user = conn.execute(
-            "INSERT INTO auth_user (username, password, is_superuser, is_staff, is_active, "
-            "first_name, last_name, email, date_joined) VALUES ('bench', '!', false, false, true, "
-            "'', '', '', now()) ON CONFLICT (username) DO UPDATE SET is_active = true RETURNING id"
-        ).fetchone()[0]
-        conn.execute(
-            "INSERT INTO endpoints_endpoint (slug, owner_id, scope, verbs, max_attempts, active, "
-            "created_at) VALUES (%s, %s, %s, '[\"claim_next\", \"complete\"]', 5, true, now()) "
-            "ON CONFLICT (slug) DO UPDATE SET scope = EXCLUDED.scope",
-            (SLUG, user, psycopg.types.json.Jsonb(QUEUES)),
-        )
+    # The endpoint through the product's own code, so the bench never lags behind the schema.
+    script = (
+        "import django; django.setup()\n"
+        "from django.contrib.auth.models import User\n"
+        "from endpoints import transitions\n"
+        "from endpoints.models import Endpoint\n"
+        "owner, _ = User.objects.get_or_create(username='bench')\n"
+        f"Endpoint.objects.filter(slug='{SLUG}').exists() or transitions.vend_endpoint("
+        f"slug='{SLUG}', owner=owner, scope={QUEUES!r}, verbs=['claim_next', 'complete'])\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True)
 
 
 def endpoint_id(conn) -> int:

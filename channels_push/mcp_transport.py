@@ -30,12 +30,13 @@ from urllib.parse import urlsplit
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import DatabaseError
 from django.http.request import validate_host
 
 from endpoints import queries as endpoint_queries
 from endpoints.models import hash_credential
 
-from switchboard import ratelimit
+from switchboard import health, ratelimit
 
 from . import doorbells, mcp_framing, mcp_tools, metrics, publish
 from . import transitions as session_transitions
@@ -405,9 +406,11 @@ class McpEndpoint:
                     await _send_answer(send, answer)
                 else:
                     await self._stream(answer, receive, send)
-        except Exception:
+        except Exception as exc:
             log.exception("mcp request failed", extra={"slug": request.slug,
                                                        "method": request.method})
+            if isinstance(exc, DatabaseError):
+                await database_sync_to_async(health.discard_broken_pooled_connections)()
             try:
                 await _send_answer(send, _fault(500, "Internal error",
                                                 code=mcp_framing.INTERNAL_ERROR))

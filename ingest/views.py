@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from channels_push import metrics as push_metrics
 from endpoints.models import Endpoint, queue_name_validator
-from switchboard import json_input, ratelimit
+from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries
 
 from . import queries, titles, transitions, verification
@@ -155,6 +155,7 @@ def _storage_unavailable(exc, **context) -> JsonResponse:
     retries on 5xx). Only the error's type is logged: a driver's message can quote row values,
     which here means the body."""
     log.error("ingest write failed", extra={**context, "error": type(exc).__name__})
+    health.discard_broken_pooled_connections()
     return Problem(503, "unavailable", "could not store the delivery; nothing was kept, retry",
                    headers={"Retry-After": "5"}).response()
 

@@ -161,6 +161,10 @@ else:
             # closes the inherited pool in each child).
             "min_size": min(2, _pool_max), "max_size": _pool_max, "timeout": 5,
         }
+        # With a pool, Django passes this on as the pool's check: a connection is tested when
+        # it is handed out. Without it, a restarted PostgreSQL leaves every pooled connection
+        # dead and each one fails one request before the pool drops it (system suite).
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     else:
         DATABASES["default"]["CONN_MAX_AGE"] = _typed("CONN_MAX_AGE", env.int, 60, minimum=0)
         # A restarted PostgreSQL leaves dead persistent connections behind; check before reuse.

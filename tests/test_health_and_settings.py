@@ -40,3 +40,18 @@ def test_a_bad_setting_fails_at_start_naming_the_variable(variable, value):
                             capture_output=True, text=True)
     assert result.returncode != 0
     assert variable in result.stderr
+
+
+def test_pooled_connections_are_checked_before_use():
+    """Regression (system suite, PostgreSQL restart): with the psycopg pool, Django only checks
+    a pooled connection when CONN_HEALTH_CHECKS is on; off, every connection left dead by a
+    database restart failed one request."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="switchboard.settings",
+               DATABASE_URL="postgres://postgres@127.0.0.1:5432/any")
+    env.pop("DATABASE_POOL_MAX_SIZE", None)
+    result = subprocess.run(
+        [PYTHON, "-c", "import django; django.setup(); from django.conf import settings; "
+         "db = settings.DATABASES['default']; "
+         "print(bool(db['OPTIONS'].get('pool')), db['CONN_HEALTH_CHECKS'])"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.stdout.split() == ["True", "True"], result.stderr

@@ -209,10 +209,17 @@ def clock_endpoint(request, slug, state):
 # -- /metrics ------------------------------------------------------------------------------------
 
 
+# Without a token, /metrics answers only local scrapers and signed-in staff: its labels name
+# every operator's endpoints and queues, which one operator must not read about another's.
+LOOPBACK_ADDRESSES = frozenset({"127.0.0.1", "::1"})
+
+
 def _metrics_token_ok(request) -> bool:
     token = getattr(settings, "SWITCHBOARD_METRICS_TOKEN", "")
     if not token:
-        return True
+        user = getattr(request, "user", None)
+        return request.META.get("REMOTE_ADDR") in LOOPBACK_ADDRESSES or bool(
+            user is not None and user.is_authenticated and user.is_staff)
     header = request.headers.get("Authorization", "")
     presented = header[len("Bearer "):] if header.startswith("Bearer ") else ""
     return hmac.compare_digest(presented.encode(), token.encode())
@@ -221,8 +228,9 @@ def _metrics_token_ok(request) -> bool:
 @require_GET
 @never_cache
 def metrics(request):
-    """Prometheus text exposition. Open unless SWITCHBOARD_METRICS_TOKEN is set, then that
-    token is required as a bearer (scrapers send it with ``authorization``)."""
+    """Prometheus text exposition. With SWITCHBOARD_METRICS_TOKEN set, that token is required
+    as a bearer (scrapers send it with ``authorization``); without it, only loopback scrapers
+    and signed-in staff get an answer."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     from channels_push import metrics as push_metrics

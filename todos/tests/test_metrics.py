@@ -113,3 +113,15 @@ def test_event_tally_folds_settled_events_once_and_recounts_recent_ones(make_tod
     assert tally._settled_through > settled_through
     make_todo()
     assert tally.counts(now=later)[("create", "pending")] == 4
+
+
+def test_without_a_token_metrics_answer_only_local_scrapers_and_staff(client, operator, settings):
+    settings.SWITCHBOARD_METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 200  # the test client is 127.0.0.1
+    remote = {"REMOTE_ADDR": "203.0.113.9"}
+    assert client.get("/metrics", **remote).status_code == 401
+    client.force_login(operator)
+    assert client.get("/metrics", **remote).status_code == 401  # an operator, not staff
+    operator.is_staff = True
+    operator.save()
+    assert client.get("/metrics", **remote).status_code == 200
