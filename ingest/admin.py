@@ -2,21 +2,59 @@
 
 Secrets are never rendered: a minted webhook secret or API token is shown once, in the success
 message of the action that made it.
+
+A staff operator who is not a superuser sees and changes only their own rows: their webhooks,
+the deliveries attributed to them, their API tokens; routes may point only at their endpoints,
+and tokens are minted for themselves only. Superusers see everything.
 """
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html
+
+from endpoints.models import Endpoint
 
 from . import transitions
 from .models import DeliveryEvent, OperatorToken, Route, Webhook
 
 
+class RouteFormSet(BaseInlineFormSet):
+    """Runs the same route checks as ``add_webhook_route`` (queue in the endpoint's scope, same
+    owner) against the webhook as edited on this page — its owner may be changing too, so the
+    check cannot live in a single route form."""
+
+    def clean(self):
+        super().clean()
+        for form in self.forms:
+            data = getattr(form, "cleaned_data", None) or {}
+            if data.get("DELETE") or data.get("endpoint") is None or not data.get("queue"):
+                continue
+            try:
+                transitions.check_route_target(webhook=self.instance, endpoint=data["endpoint"],
+                                               queue=data["queue"])
+            except ValidationError as exc:
+                form.add_error(None, exc)
+
+
 class RouteInline(admin.TabularInline):
     model = Route
+    formset = RouteFormSet
     extra = 1
     fields = ("endpoint", "queue", "kinds")
     autocomplete_fields = ()
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "endpoint" and not request.user.is_superuser:
+            kwargs["queryset"] = Endpoint.objects.filter(owner=request.user)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
+def only_own_users(db_field, request, kwargs):
+    """A staff operator can name only themselves in a user field."""
+    if not request.user.is_superuser:
+        kwargs["queryset"] = db_field.related_model.objects.filter(pk=request.user.pk)
 
 
 class WebhookForm(forms.ModelForm):
@@ -49,6 +87,15 @@ class WebhookAdmin(admin.ModelAdmin):
     search_fields = ("slug",)
     inlines = [RouteInline]
     actions = ["rotate_secret"]
+
+    def get_queryset(self, request):
+        webhooks = super().get_queryset(request)
+        return webhooks if request.user.is_superuser else webhooks.filter(owner=request.user)
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "owner":
+            only_own_users(db_field, request, kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_fields(self, request, obj=None):
         fields = ["slug", "owner", "source", "active"]
@@ -98,6 +145,11 @@ class DeliveryEventAdmin(admin.ModelAdmin):
     search_fields = ("delivery_id", "kind")
     date_hierarchy = "received_at"
 
+    def get_queryset(self, request):
+        deliveries = super().get_queryset(request)
+        return deliveries if request.user.is_superuser else deliveries.filter(
+            attributed_to=request.user)
+
     def has_add_permission(self, request):
         return False
 
@@ -109,13 +161,22 @@ class DeliveryEventAdmin(admin.ModelAdmin):
 class OperatorTokenAdmin(admin.ModelAdmin):
     list_display = ("hint", "name", "user", "created_at", "revoked_at")
     list_filter = ("revoked_at",)
-    fields = ("user", "name")
     actions = ["revoke"]
+
+    def get_queryset(self, request):
+        tokens = super().get_queryset(request)
+        return tokens if request.user.is_superuser else tokens.filter(user=request.user)
+
+    def get_fields(self, request, obj=None):
+        # A staff operator mints tokens for themselves: no user to choose.
+        return ("user", "name") if request.user.is_superuser else ("name",)
 
     def has_change_permission(self, request, obj=None):
         return False
 
     def save_model(self, request, obj, form, change):
+        if not request.user.is_superuser:
+            obj.user = request.user
         row, token = transitions.mint_operator_token(user=obj.user, name=obj.name)
         obj.pk = row.pk
         self.message_user(request, format_html(

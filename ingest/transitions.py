@@ -10,10 +10,10 @@ back, and a Redis outage cannot fail the write (the publish helper logs and drop
 import base64
 import hashlib
 import secrets
-from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -92,8 +92,25 @@ def rotate_webhook_secret(webhook: Webhook, *, secret: str | None = None,
     return secret
 
 
+def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
+    """Raise ValidationError when ``webhook`` may not route to ``endpoint``/``queue``: the queue
+    must lie in the endpoint's scope (its agent could never see the todos otherwise), and the
+    webhook and endpoint must have the same owner (every todo is attributed to the webhook's
+    owner, who must be the endpoint's own human; §3). Admin forms and the command both call
+    this, so neither can create such a route."""
+    errors = {}
+    if not endpoint.covers(queue):
+        errors["queue"] = f"queue {queue!r} is outside endpoint {endpoint.slug}'s scope {endpoint.scope}"
+    if webhook.owner_id != endpoint.owner_id:
+        errors["endpoint"] = (f"webhook {webhook.slug} and endpoint {endpoint.slug} have different "
+                              f"owners; a webhook routes only to its owner's endpoints")
+    if errors:
+        raise ValidationError(errors)
+
+
 def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None) -> Route:
     queue_name_validator(queue)
+    check_route_target(webhook=webhook, endpoint=endpoint, queue=queue)
     route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []))
     route.full_clean()
     route.save()
@@ -124,6 +141,25 @@ def idempotency_key_for(webhook: Webhook, delivery_id: str, body_sha256: str) ->
     return f"{webhook.slug}:{delivery_id or body_sha256}"
 
 
+def first_route_per_endpoint(routes) -> dict:
+    """``{endpoint id: lowest route pk}`` over ALL the webhook's routes (not only the ones a
+    delivery matches), so a route's key does not depend on the event kind or on routes added
+    later."""
+    first = {}
+    for route in routes:
+        if route.endpoint_id not in first or route.pk < first[route.endpoint_id]:
+            first[route.endpoint_id] = route.pk
+    return first
+
+
+def route_idempotency_key(route: Route, key: str, first_routes: dict) -> str:
+    """Keys are unique per endpoint, so two routes into queues of ONE endpoint would collapse
+    into one todo. The endpoint's first route keeps the contract's plain key (§5), which
+    therefore never changes shape when a route is added; every further route to that
+    endpoint appends its queue."""
+    return key if first_routes.get(route.endpoint_id) == route.pk else f"{key}/{route.queue}"
+
+
 def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, kind: str,
                     title: str, payload: dict, body_sha256: str, now=None) -> Arrival:
     """Record one verified webhook delivery and create one todo per matching route, in one
@@ -137,9 +173,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     now = now or timezone.now()
     matching = [r for r in routes if r.endpoint.active and route_matches(r, kind)]
     key = idempotency_key_for(webhook, delivery_id, body_sha256)
-    # Keys are unique per endpoint, so two routes into queues of ONE endpoint would collapse
-    # into one todo; those routes get the queue appended to keep one todo per route.
-    per_endpoint = Counter(route.endpoint_id for route in matching)
+    first_routes = first_route_per_endpoint(routes)
     with transaction.atomic():
         event = DeliveryEvent.objects.create(
             webhook=webhook, trust=trust, delivery_id=delivery_id, received_at=now,
@@ -150,7 +184,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
             todo_transitions.create_todo(
                 endpoint=route.endpoint, queue=route.queue, title=title, actor=f"webhook:{webhook.slug}",
                 payload=payload, kind=kind, source=webhook.source,
-                idempotency_key=key if per_endpoint[route.endpoint_id] == 1 else f"{key}/{route.queue}",
+                idempotency_key=route_idempotency_key(route, key, first_routes),
                 delivery_event=event, trust=trust, now=now,
             )
             for route in matching

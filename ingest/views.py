@@ -7,7 +7,6 @@ check has passed: size by Content-Length, webhook lookup, rate limit, bounded bo
 signature, then parsing, then the one write.
 """
 
-import json
 import logging
 from urllib.parse import parse_qs
 
@@ -20,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from channels_push import metrics as push_metrics
 from endpoints.models import Endpoint, queue_name_validator
-from switchboard import health, ratelimit
+from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries
 
 from . import queries, titles, transitions, verification
@@ -36,6 +35,8 @@ MAX_IDEMPOTENCY_KEY_CHARS = 200
 MAX_SECRETS = 50
 MAX_SECRET_NAME_CHARS = 100
 MAX_SECRET_VALUE_CHARS = 64 * 1024
+# An unknown slug is quoted back in the 404, cut short: the path is the caller's to fill.
+MAX_ECHOED_SLUG_CHARS = 64
 # Forms are accepted where the source can send them (GitHub's and Gitea's "form" content
 # type: the JSON is in the ``payload`` field, the signature covers the raw form body).
 FORM_SOURCES = (Source.GITHUB, Source.GITEA)
@@ -124,15 +125,15 @@ def _reject_unstorable(value) -> None:
             _reject_unstorable(item)
 
 
-def _reject_constant(name):
-    raise ValueError(f"{name} is not JSON")
-
-
 def _parse_json_text(text: str, *, what: str = "body"):
+    # Strict JSON: NaN/Infinity and literals that overflow to inf (valid JSON such as 1e400,
+    # which jsonb cannot store) are a 400 naming the problem, not a failed write later.
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        raise Problem(400, "malformed_body", f"{what} is not valid JSON") from None
+        value = json_input.loads_strict(text)
+    except ValueError as exc:
+        # The decoder's messages give a position or name a number (cut to 40 characters);
+        # they never quote the body beyond that.
+        raise Problem(400, "malformed_body", f"{what} is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise Problem(400, "malformed_body", f"{what} must be a JSON object")
     try:
@@ -222,7 +223,8 @@ def receive_hook(request, webhook_slug):
         _check_declared_length(request)
         webhook, routes = queries.find_webhook_with_routes(webhook_slug)
         if webhook is None:
-            raise Problem(404, "unknown_webhook", f"no active webhook {webhook_slug!r}")
+            raise Problem(404, "unknown_webhook",
+                          f"no active webhook {webhook_slug[:MAX_ECHOED_SLUG_CHARS]!r}")
         _check_rate(f"ingest:{webhook.pk}")
         body = _read_body(request)
         now = timezone.now()
@@ -346,7 +348,8 @@ def hand_over(request, endpoint_slug):
         # Somebody else's endpoint looks exactly like a missing one.
         endpoint = Endpoint.objects.filter(slug=endpoint_slug, active=True, owner=operator).first()
         if endpoint is None:
-            raise Problem(404, "not_found", f"no endpoint {endpoint_slug!r} of yours")
+            raise Problem(404, "not_found",
+                          f"no endpoint {endpoint_slug[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
         _check_rate(f"operator:{operator.pk}")
         body = _read_body(request)
         if not _is_json_type(_media_type(request)):

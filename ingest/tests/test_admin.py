@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.models import OperatorToken, Webhook
-from ingest import queries
+from ingest import queries, transitions
+from ingest.models import DeliveryEvent, OperatorToken, Route, Webhook
 
 pytestmark = pytest.mark.django_db
 REPO = Path(__file__).resolve().parents[2]
@@ -57,6 +57,153 @@ def test_adding_a_token_in_admin_shows_it_once(admin_client, operator):
     html = answer.content.decode()
     token = html[html.index("sbo_"):].split("<")[0]
     assert queries.find_operator_for_token(token) == operator and row.user == operator
+
+
+# -- route checks in the admin (the same as add_webhook_route's) -------------------------------
+
+
+def route_post(webhook, endpoint, queue, *, owner=None):
+    return {
+        "slug": webhook.slug, "owner": (owner or webhook.owner).pk, "active": "on",
+        "routes-TOTAL_FORMS": "1", "routes-INITIAL_FORMS": "0",
+        "routes-MIN_NUM_FORMS": "0", "routes-MAX_NUM_FORMS": "1000",
+        "routes-0-endpoint": endpoint.pk, "routes-0-queue": queue, "routes-0-kinds": "[]",
+    }
+
+
+def test_admin_refuses_a_route_outside_the_endpoints_scope(admin_client, make_webhook, operator):
+    from tests.factories import EndpointFactory
+
+    narrow = EndpointFactory(slug="narrow", owner=operator, scope=["inbox"])
+    webhook = make_webhook("github", routes=[])
+    page = admin_client.post(f"/admin/ingest/webhook/{webhook.pk}/change/",
+                             route_post(webhook, narrow, "reviews"))
+    assert page.status_code == 200 and "outside endpoint narrow&#x27;s scope" in page.content.decode()
+    assert Route.objects.count() == 0
+    answer = admin_client.post(f"/admin/ingest/webhook/{webhook.pk}/change/",
+                               route_post(webhook, narrow, "inbox"))
+    assert answer.status_code == 302 and Route.objects.count() == 1
+
+
+def test_admin_refuses_a_route_to_another_owners_endpoint_even_for_a_superuser(
+        admin_client, make_webhook):
+    from tests.factories import EndpointFactory, UserFactory
+
+    bobs = EndpointFactory(slug="bobs", owner=UserFactory(username="bob"))
+    webhook = make_webhook("github", routes=[])
+    page = admin_client.post(f"/admin/ingest/webhook/{webhook.pk}/change/",
+                             route_post(webhook, bobs, "inbox"))
+    assert page.status_code == 200 and "different owners" in page.content.decode()
+    assert Route.objects.count() == 0
+
+
+def test_admin_refuses_moving_a_webhook_to_an_owner_its_routes_do_not_share(
+        admin_client, make_webhook, endpoint):
+    from tests.factories import UserFactory
+
+    webhook = make_webhook("github", routes=[])
+    bob = UserFactory(username="bob")
+    page = admin_client.post(f"/admin/ingest/webhook/{webhook.pk}/change/",
+                             route_post(webhook, endpoint, "inbox", owner=bob))
+    assert page.status_code == 200 and "different owners" in page.content.decode()
+    webhook.refresh_from_db()
+    assert webhook.owner_id != bob.pk and Route.objects.count() == 0
+
+
+# -- staff operators see only their own rows ----------------------------------------------------
+
+
+@pytest.fixture
+def carol(django_user_model):
+    from django.contrib.auth.models import Permission
+
+    staff = django_user_model.objects.create_user("carol", password="pw", is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(content_type__app_label="ingest"))
+    return staff
+
+
+@pytest.fixture
+def carol_client(carol):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(carol)
+    return client
+
+
+def test_staff_operator_sees_and_changes_only_own_webhooks(carol_client, carol, make_webhook,
+                                                           operator):
+    alices = make_webhook("github", slug="alices-hook")
+    carols, _ = transitions.create_webhook(slug="carols-hook", owner=carol, source="gitea")
+    listing = carol_client.get("/admin/ingest/webhook/").content.decode()
+    assert "carols-hook" in listing and "alices-hook" not in listing
+    assert carol_client.get(f"/admin/ingest/webhook/{carols.pk}/change/").status_code == 200
+    assert carol_client.get(f"/admin/ingest/webhook/{alices.pk}/change/").status_code == 302
+    # The rotate action cannot reach someone else's webhook either.
+    old = alices.secret
+    carol_client.post("/admin/ingest/webhook/", {"action": "rotate_secret",
+                                                 "_selected_action": [alices.pk]})
+    alices.refresh_from_db()
+    assert alices.secret == old
+    # Owner and route endpoint choices are hers only.
+    page = carol_client.get("/admin/ingest/webhook/add/")
+    assert list(page.context["adminform"].form.fields["owner"].queryset) == [carol]
+    from tests.factories import EndpointFactory
+
+    mine = EndpointFactory(slug="carols-agent", owner=carol)
+    page = carol_client.get(f"/admin/ingest/webhook/{carols.pk}/change/")
+    route_form = page.context["inline_admin_formsets"][0].formset.forms[0]
+    assert list(route_form.fields["endpoint"].queryset) == [mine]
+
+
+def test_staff_operator_cannot_route_to_someone_elses_endpoint(carol_client, carol, endpoint):
+    carols, _ = transitions.create_webhook(slug="carols-hook", owner=carol, source="gitea")
+    page = carol_client.post(f"/admin/ingest/webhook/{carols.pk}/change/",
+                             route_post(carols, endpoint, "inbox"))
+    assert page.status_code == 200 and Route.objects.count() == 0
+
+
+def test_staff_operator_sees_only_deliveries_attributed_to_them(carol_client, carol, operator):
+    from django.utils import timezone
+
+    for user, delivery in ((operator, "alices-delivery"), (carol, "carols-delivery")):
+        DeliveryEvent.objects.create(trust="operator", delivery_id=delivery,
+                                     received_at=timezone.now(), attributed_to=user)
+    listing = carol_client.get("/admin/ingest/deliveryevent/").content.decode()
+    assert "carols-delivery" in listing and "alices-delivery" not in listing
+    alices = DeliveryEvent.objects.get(delivery_id="alices-delivery")
+    assert carol_client.get(f"/admin/ingest/deliveryevent/{alices.pk}/change/").status_code == 302
+
+
+def test_staff_operator_sees_and_mints_only_own_tokens(carol_client, carol, operator):
+    alices, _ = transitions.mint_operator_token(user=operator, name="alices-laptop")
+    transitions.mint_operator_token(user=carol, name="carols-laptop")
+    listing = carol_client.get("/admin/ingest/operatortoken/").content.decode()
+    assert "carols-laptop" in listing and "alices-laptop" not in listing
+    carol_client.post("/admin/ingest/operatortoken/", {"action": "revoke",
+                                                       "_selected_action": [alices.pk]})
+    alices.refresh_from_db()
+    assert alices.revoked_at is None
+    form = carol_client.get("/admin/ingest/operatortoken/add/")
+    assert "user" not in form.context["adminform"].form.fields
+    # A forged user field is ignored: the token is hers.
+    answer = carol_client.post("/admin/ingest/operatortoken/add/",
+                               {"user": operator.pk, "name": "sneaky"}, follow=True)
+    assert answer.status_code == 200
+    assert OperatorToken.objects.get(name="sneaky").user == carol
+
+
+def test_superuser_sees_every_operators_rows(admin_client, carol, operator):
+    transitions.create_webhook(slug="carols-hook", owner=carol, source="gitea")
+    transitions.create_webhook(slug="alices-hook", owner=operator, source="gitea")
+    transitions.mint_operator_token(user=operator, name="alices-laptop")
+    transitions.mint_operator_token(user=carol, name="carols-laptop")
+    hooks = admin_client.get("/admin/ingest/webhook/").content.decode()
+    tokens = admin_client.get("/admin/ingest/operatortoken/").content.decode()
+    assert "carols-hook" in hooks and "alices-hook" in hooks
+    assert "carols-laptop" in tokens and "alices-laptop" in tokens
+    assert "user" in admin_client.get("/admin/ingest/operatortoken/add/").context[
+        "adminform"].form.fields
 
 
 def test_oidc_is_wired_only_when_configured():

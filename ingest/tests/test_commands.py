@@ -73,3 +73,63 @@ def test_mint_operator_token(operator):
     data = run("mint_operator_token", operator.username, "--name", "ci")
     assert data["user"] == operator.username and data["token"].startswith("sbo_")
     assert queries.find_operator_for_token(data["token"]) == operator
+
+
+def test_add_webhook_route_refuses_out_of_scope_queues_and_other_owners(operator):
+    from tests.factories import EndpointFactory, UserFactory
+
+    EndpointFactory(slug="narrow", owner=operator, scope=["inbox"])
+    EndpointFactory(slug="bobs", owner=UserFactory(username="bob"))
+    run("add_webhook", "gh", "--owner", operator.username, "--source", "github")
+    with pytest.raises(CommandError, match="outside endpoint narrow's scope"):
+        call_command("add_webhook_route", "gh", "narrow", "--queue", "reviews", stdout=StringIO())
+    with pytest.raises(CommandError, match="different owners"):
+        call_command("add_webhook_route", "gh", "bobs", "--queue", "inbox", stdout=StringIO())
+    assert Route.objects.count() == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nobody"], "no user 'nobody'"),
+    (["alice", "--name", "x" * 101], "at most 100"),
+])
+def test_mint_operator_token_bad_arguments_fail_cleanly(capsys, operator, argv, message):
+    from ingest.models import OperatorToken
+    from tests.cli import run_manage
+
+    run = run_manage(capsys, "mint_operator_token", *argv, "--json")
+    assert run.code != 0 and message in run.err and run.out == ""
+    assert OperatorToken.objects.count() == 0
+
+
+def test_mint_operator_token_refuses_an_inactive_user(capsys, operator):
+    from ingest.models import OperatorToken
+    from tests.cli import run_manage
+
+    operator.is_active = False
+    operator.save()
+    run = run_manage(capsys, "mint_operator_token", operator.username, "--json")
+    assert run.code != 0 and "inactive" in run.err and run.out == ""
+    assert OperatorToken.objects.count() == 0
+
+
+def test_mint_operator_token_usage_errors_and_help(capsys):
+    from tests.cli import run_manage
+
+    missing = run_manage(capsys, "mint_operator_token", "--json")
+    assert missing.code == 2 and "user" in missing.err and missing.out == ""
+    unknown_flag = run_manage(capsys, "mint_operator_token", "alice", "--bogus")
+    assert unknown_flag.code == 2 and "--bogus" in unknown_flag.err
+    helped = run_manage(capsys, "mint_operator_token", "--help")
+    assert helped.code == 0
+    flowing = " ".join(helped.out.split()).lower()  # argparse wraps the help text
+    for text in ("usage:", "user", "--name", "--json", "shown only now"):
+        assert text in flowing, text
+
+
+def test_mint_operator_token_human_output_shows_the_token_once(capsys, operator):
+    from tests.cli import run_manage
+
+    run = run_manage(capsys, "mint_operator_token", operator.username, "--name", "ci")
+    token = run.out.split(": ")[1].split()[0]
+    assert run.code == 0 and token.startswith("sbo_")
+    assert queries.find_operator_for_token(token) == operator

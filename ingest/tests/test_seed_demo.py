@@ -30,9 +30,49 @@ def test_seed_demo_json_shape_and_rerun(capsys, settings):
                                 queue="inbox").count() == 1
 
     again = run_manage(capsys, "seed_demo", "--json").json()
-    assert again["credential"] != first["credential"]  # fresh; the old one keeps its grace
+    assert again["credential"] != first["credential"]
+    # Re-running revokes what earlier runs printed: no grace for a demo credential.
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"]) is None
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", again["credential"])
     assert again["secret"] == first["secret"]
     assert Webhook.objects.count() == 1 and Route.objects.count() == 1
+
+
+def password_in(text: str) -> str:
+    return text.split("(shown only now): ")[1].split(")")[0].split()[0]
+
+
+@pytest.mark.django_db
+def test_seed_demo_operator_can_sign_in_to_the_admin(capsys, client, django_user_model):
+    run = run_manage(capsys, "seed_demo", "--json")
+    assert run.code == 0 and set(run.json()) == CONTRACT_KEYS  # the password is not a key
+    password = password_in(run.err)
+    user = django_user_model.objects.get(username="demo")
+    assert user.is_staff and not user.is_superuser and user.check_password(password)
+    assert client.login(username="demo", password=password)
+    assert client.get("/admin/").status_code == 200
+    endpoints = client.get("/admin/endpoints/endpoint/")
+    assert endpoints.status_code == 200 and "demo-agent" in endpoints.content.decode()
+    assert "demo-hook" in client.get("/admin/ingest/webhook/").content.decode()
+
+    # A re-run keeps the password (none generated, none printed) and revokes nothing of it.
+    again = run_manage(capsys, "seed_demo", "--json")
+    assert again.code == 0 and "password" not in again.err
+    user.refresh_from_db()
+    assert user.check_password(password)
+
+
+@pytest.mark.django_db
+def test_seed_demo_human_output_shows_a_generated_password_and_takes_a_given_one(
+        capsys, django_user_model):
+    run = run_manage(capsys, "seed_demo", "--operator", "dana")
+    assert run.code == 0, run.err
+    assert django_user_model.objects.get(username="dana").check_password(password_in(run.out))
+    run = run_manage(capsys, "seed_demo", "--operator", "erin", "--password", "s3cret-demo-pw",
+                     "--endpoint", "erins-agent", "--webhook", "erins-hook")
+    assert run.code == 0 and "password (shown only now)" not in run.out + run.err
+    erin = django_user_model.objects.get(username="erin")
+    assert erin.check_password("s3cret-demo-pw") and erin.is_staff and not erin.is_superuser
 
 
 @pytest.mark.django_db

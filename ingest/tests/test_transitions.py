@@ -183,3 +183,66 @@ def test_a_database_failure_answers_503_json_and_keeps_nothing(make_webhook, mon
     assert Todo.objects.count() == 0 and DeliveryEvent.objects.count() == 0
     assert "{secret}" not in caplog.text and "OperationalError" in " ".join(
         str(getattr(r, "error", "")) for r in caplog.records)
+
+
+# -- idempotency keys stay stable when routes change ------------------------------------------
+
+
+@pytest.mark.django_db
+def test_adding_a_second_route_to_the_same_endpoint_keeps_the_first_routes_key(
+        make_webhook, endpoint, published):
+    """A redelivery after a second route to the same endpoint was added must find the live
+    todo of the first delivery (the endpoint's first route keeps the plain §5 key) and create
+    only the new route's todo."""
+    webhook = make_webhook("github")  # one route: endpoint/inbox
+    first = arrive(webhook, delivery_id="live-1")
+    (original, created), = first.todos
+    assert created and original.idempotency_key == "github-hook:live-1"
+    transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="reviews")
+
+    again = arrive(webhook, delivery_id="live-1")
+    by_queue = {todo.queue: (todo, created) for todo, created in again.todos}
+    assert by_queue["inbox"] == (original, False)
+    new_todo, new_created = by_queue["reviews"]
+    assert new_created and new_todo.idempotency_key == "github-hook:live-1/reviews"
+    assert Todo.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_the_first_routes_key_does_not_depend_on_which_routes_match_the_kind(make_webhook,
+                                                                             endpoint):
+    webhook = make_webhook("github", routes=[(endpoint, "pushes", ["push"]),
+                                             (endpoint, "inbox", None)])
+    (todo, _), = arrive(webhook, delivery_id="d-9", kind="issues.opened").todos
+    # "pushes" is the endpoint's first route; "inbox" is an additional one, kind or not.
+    assert todo.queue == "inbox" and todo.idempotency_key == "github-hook:d-9/inbox"
+
+
+# -- route checks: scope and owner, for every caller ------------------------------------------
+
+
+@pytest.mark.django_db
+def test_route_to_a_queue_outside_the_endpoints_scope_is_refused(operator):
+    from django.core.exceptions import ValidationError
+
+    from tests.factories import EndpointFactory
+
+    narrow = EndpointFactory(slug="narrow", owner=operator, scope=["inbox"])
+    webhook, _ = transitions.create_webhook(slug="gh", owner=operator, source="github")
+    with pytest.raises(ValidationError, match="outside endpoint narrow's scope"):
+        transitions.add_webhook_route(webhook=webhook, endpoint=narrow, queue="reviews")
+    transitions.add_webhook_route(webhook=webhook, endpoint=narrow, queue="inbox")
+    assert Route.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_route_to_another_owners_endpoint_is_refused(operator):
+    from django.core.exceptions import ValidationError
+
+    from tests.factories import EndpointFactory, UserFactory
+
+    bobs = EndpointFactory(slug="bobs", owner=UserFactory(username="bob"))
+    webhook, _ = transitions.create_webhook(slug="gh", owner=operator, source="github")
+    with pytest.raises(ValidationError, match="different owners"):
+        transitions.add_webhook_route(webhook=webhook, endpoint=bobs, queue="inbox")
+    assert Route.objects.count() == 0

@@ -17,6 +17,14 @@ from .conftest import SECRETS
 NOW = datetime.now(timezone.utc)
 
 
+@pytest.fixture(autouse=True)
+def fresh_now():
+    """The signers stamp the real time; NOW must be read per test, not at import (pytest-django
+    runs these database-free tests last, easily more than the 300 s tolerance later)."""
+    global NOW
+    NOW = datetime.now(timezone.utc)
+
+
 def headers_of(meta: dict) -> HttpHeaders:
     return HttpHeaders(meta)
 

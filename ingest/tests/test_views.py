@@ -195,10 +195,45 @@ def test_previous_secret_accepted_over_http_during_rotation(client, make_webhook
 def test_unknown_and_inactive_webhooks_are_404(client, make_webhook):
     webhook = make_webhook("github")
     assert post_hook(client, "nope", b"{}", {}).status_code == 404
+    # The unknown slug is quoted back, but cut short (the caller chose it; it can be huge).
+    long_slug = "n" * 5000
+    answer = post_hook(client, long_slug, b"{}", {})
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 404 and "n" * 64 in message and "n" * 65 not in message
+    assert len(message) < 120
     webhook.active = False
     webhook.save()
     answer = deliver(client, webhook)
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "unknown_webhook"
+    assert nothing_written()
+
+
+OUT_OF_RANGE_BODIES = [
+    b'{"action": "opened", "x": 1e400}',
+    b'{"action": "opened", "x": -1e400}',
+    b'{"action": "opened", "deep": {"list": [1, 2, 1.5e309]}}',
+    b'{"action": "opened", "x": 1' + b"0" * 400 + b'.0}',
+]
+NUL_BODIES = [
+    b'{"action": "opened", "issue": {"title": "a\\u0000b"}}',
+    b'{"action": "opened", "k\\u0000ey": 1}',
+]
+
+
+@pytest.mark.parametrize("source", list(SOURCE_CASES))
+@pytest.mark.parametrize("body", OUT_OF_RANGE_BODIES + NUL_BODIES)
+def test_unstorable_json_is_400_naming_the_problem_for_every_source(client, make_webhook,
+                                                                     source, body):
+    """Valid JSON PostgreSQL cannot store (a number that overflows to inf, a NUL character)
+    used to reach the write and fail there as 503; it is the sender's error: 400."""
+    webhook = make_webhook(source)
+    if source == "stripe":
+        body = body.replace(b'"action"', b'"id": "evt_1", "type": "x", "action"', 1)
+    meta = signing.SIGNERS[source](SECRETS[source], body) if source != "unsigned" else {}
+    answer = post_hook(client, webhook.slug, body, meta)
+    assert answer.status_code == 400, answer.content
+    message = answer.json()["error"]["message"]
+    assert ("out of range" in message) if b"\\u0000" not in body else ("NUL" in message)
     assert nothing_written()
 
 
@@ -223,16 +258,64 @@ def test_bad_input_gets_its_status_and_writes_nothing(client, make_webhook, body
     assert nothing_written()
 
 
+class CountingStream:
+    """A request body stream that records how many bytes the view read from it."""
+
+    def __init__(self, data: bytes):
+        from io import BytesIO
+
+        self._data, self.consumed = BytesIO(data), 0
+
+    def read(self, size=-1):
+        chunk = self._data.read(size)
+        self.consumed += len(chunk)
+        return chunk
+
+
+def post_hook_raw(webhook, body: bytes, meta: dict, content_length):
+    """Call the view with the body stream as the ASGI handler hands it over (the whole
+    received body, NOT cut to Content-Length, unlike the WSGI test client)."""
+    from django.test import RequestFactory
+
+    from ingest import views
+
+    request = RequestFactory().post(f"/hooks/{webhook.slug}", data=b"",
+                                    content_type="application/json", **meta)
+    if content_length is None:
+        request.META.pop("CONTENT_LENGTH", None)
+    else:
+        request.META["CONTENT_LENGTH"] = content_length
+    request._stream = CountingStream(body)
+    return views.receive_hook(request, webhook.slug), request._stream
+
+
 @override_settings(SWITCHBOARD_MAX_BODY_BYTES=64)
-def test_oversized_body_is_413_by_declared_and_by_actual_length(client, make_webhook):
+@pytest.mark.parametrize("content_length", ["10", None], ids=["lying", "absent"])
+def test_oversized_body_is_413_by_declared_and_by_actual_length(client, make_webhook,
+                                                                content_length):
     webhook = make_webhook("github")
-    big = signing.body_of({"padding": "x" * 100})
+    big = signing.body_of({"padding": "x" * 1000})
     answer = post_hook(client, webhook.slug, big, signing.github(SECRETS["github"], big))
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "too_large"
-    # A body longer than its (lying) Content-Length declaration is cut at the cap, too.
+    # A body longer than its (lying or absent) Content-Length: the view cannot know its size
+    # without reading, so it reads at most cap + 1 bytes and answers 413 on the extra byte.
+    answer, stream = post_hook_raw(webhook, big, signing.github(SECRETS["github"], big),
+                                   content_length)
+    assert answer.status_code == 413, answer.content
+    assert json.loads(answer.content)["error"]["code"] == "too_large"
+    assert stream.consumed == 64 + 1
+    assert nothing_written()
+
+
+def test_lying_short_content_length_through_the_wsgi_client_reads_only_what_was_declared(
+        client, make_webhook):
+    """The WSGI handler cuts the stream at Content-Length: the view sees a 10-byte prefix
+    whose signature cannot match, so it is 401 (never 202, never a write)."""
+    webhook = make_webhook("github")
+    big = signing.body_of({"padding": "x" * 100})
     answer = post_hook(client, webhook.slug, big, {**signing.github(SECRETS["github"], big),
                                                    "CONTENT_LENGTH": "10"})
-    assert answer.status_code in (401, 413)  # never read past the cap, never accepted
+    assert answer.status_code == 401
     assert nothing_written()
 
 
@@ -314,6 +397,16 @@ def test_two_routes_into_one_endpoint_make_two_todos(client, make_webhook, endpo
     assert Todo.objects.count() == 2
 
 
+def test_adding_a_route_then_redelivering_duplicates_nothing(client, make_webhook, endpoint):
+    webhook = make_webhook("github")  # endpoint/inbox only
+    first = deliver(client, webhook, delivery="d-live").json()["todos"][0]
+    transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="reviews")
+    again = deliver(client, webhook, delivery="d-live").json()["todos"]
+    assert {t["queue"]: t["duplicate"] for t in again} == {"inbox": True, "reviews": False}
+    assert [t["id"] for t in again if t["queue"] == "inbox"] == [first["id"]]
+    assert Todo.objects.count() == 2
+
+
 def test_delivery_to_inactive_endpoint_route_is_skipped(client, make_webhook, endpoint):
     endpoint.active = False
     endpoint.save()
@@ -386,6 +479,40 @@ def test_secrets_are_stored_apart_and_never_shown(client, endpoint, token, caplo
         assert "tok-very-secret-123" not in surface
 
 
+def test_board_todo_page_shows_secret_refs_never_values(client, endpoint, operator, token):
+    """§5/§9: a todo handed over with secrets shows the refs on its board page (and on the
+    board list, and in its claimed state), never a secret value."""
+    from django.urls import reverse
+
+    from todos import transitions as todo_transitions
+
+    answer = hand(client, endpoint.slug, {
+        "queue": "inbox", "title": "rotate the key", "payload": {"env": "prod"},
+        "secrets": {"deploy_token": "tok-very-secret-123", "db_password": "pw-hunter2-xyz"}},
+        **bearer(token))
+    assert answer.status_code == 201, answer.content
+    todo = Todo.objects.get()
+    refs = {name: value["$secret"] for name, value in todo.payload["secrets"].items()}
+    board = Client()
+    board.force_login(operator)
+
+    def pages():
+        return [board.get(reverse("todos-detail", args=[todo.pk])),
+                board.get("/todos/"), board.get("/todos/rows")]
+
+    detail = pages()[0]
+    assert detail.status_code == 200
+    html = detail.content.decode()
+    for ref in refs.values():
+        assert ref in html  # the ref is shown, as-is
+    todo_transitions.claim_todo(todo_transitions.Caller.operator(endpoint, operator.username),
+                                todo.pk)
+    for page in pages():
+        assert page.status_code == 200
+        for value in ("tok-very-secret-123", "pw-hunter2-xyz"):
+            assert value not in page.content.decode()
+
+
 def test_session_operator_needs_csrf_and_token_operator_does_not(endpoint, operator, token):
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(operator)
@@ -431,6 +558,27 @@ def test_operator_api_bad_input(client, endpoint, token, data, status):
     answer = hand(client, endpoint.slug, data, **bearer(token))
     assert answer.status_code == status and answer.json()["error"]["message"]
     assert nothing_written()
+
+
+@pytest.mark.parametrize("data, problem", [
+    (b'{"queue": "inbox", "title": "x", "payload": {"n": 1e400}}', "out of range"),
+    (b'{"queue": "inbox", "title": "x", "payload": {"n": [-1e999]}}', "out of range"),
+    (b'{"queue": "inbox", "title": "x\\u0000y"}', "NUL"),
+    (b'{"queue": "inbox", "title": "x", "payload": {"a\\u0000": "b"}}', "NUL"),
+    (b'{"queue": "inbox", "title": "x", "payload": {"a": "b\\u0000"}}', "NUL"),
+    (b'{"queue": "inbox", "title": "x", "secrets": {"s": "v\\u0000"}}', "NUL"),
+])
+def test_operator_api_unstorable_json_is_400(client, endpoint, token, data, problem):
+    answer = hand(client, endpoint.slug, data, **bearer(token))
+    assert answer.status_code == 400, answer.content
+    assert problem in answer.json()["error"]["message"]
+    assert nothing_written() and OperatorSecret.objects.count() == 0
+
+
+def test_unknown_endpoint_slug_is_echoed_cut_short(client, token):
+    answer = hand(client, "e" * 3000, {"queue": "inbox", "title": "x"}, **bearer(token))
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 404 and "e" * 64 in message and "e" * 65 not in message
 
 
 def test_operator_api_queue_outside_scope_is_400(client, operator, token):

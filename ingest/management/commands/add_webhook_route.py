@@ -27,8 +27,6 @@ class Command(JsonCommand):
             target = Endpoint.objects.get(slug=endpoint)
         except Endpoint.DoesNotExist:
             raise CommandError(f"no endpoint {endpoint!r}") from None
-        if not target.covers(queue):
-            raise CommandError(f"queue {queue!r} is outside endpoint {endpoint}'s scope {target.scope}")
         try:
             route = transitions.add_webhook_route(webhook=hook, endpoint=target, queue=queue,
                                                   kinds=csv_list(kinds) if kinds else None)

@@ -5,16 +5,25 @@ and a route between them, then prints a ready-to-paste ``.mcp.json`` and a ``cur
 delivers a signed sample event. GitHub's scheme signs the body only, so the printed signature
 stays valid however late the curl is pasted; the delivery id is minted by the shell on each
 paste, so every paste is a new delivery rather than an idempotent repeat. Safe to run again:
-existing rows are reused and the endpoint gets a new credential (the old one keeps its grace).
+existing rows are reused and the endpoint gets a new credential; the ones printed by earlier
+runs stop working at once (zero grace), so a pasted-around demo credential does not linger.
+
+The operator is staff (not superuser) with the permissions the admin needs for its own rows
+(endpoints, webhooks, todos: every admin page scopes them to the owner), and can sign in: with
+no --password, a password is generated when the account has no usable one and printed once
+(to stderr under --json, whose keys are exactly §11's).
 """
 
 import hashlib
 import hmac
 import json
+import secrets
 import shlex
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management.base import CommandError
 from django.db import transaction
 
@@ -25,6 +34,8 @@ from ingest.models import Route, Source, Webhook
 from switchboard.commands import JsonCommand
 
 DEMO_QUEUE = "inbox"
+# The admin pages the demo operator may use; each scopes its rows to the signed-in owner.
+DEMO_ADMIN_APPS = ("endpoints", "ingest", "todos")
 SAMPLE_EVENT = {
     "action": "opened",
     "issue": {"number": 1, "title": "Try switchboard: claim me, then complete me",
@@ -57,16 +68,20 @@ class Command(JsonCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--operator", default="demo", help="operator username (default demo)")
-        parser.add_argument("--password", help="set this password for the operator (board login)")
+        parser.add_argument("--password", help="set this password for the operator (board and admin sign-in); "
+                                 "default: generate one when the account has none (printed once)")
         parser.add_argument("--endpoint", default="demo-agent", help="endpoint slug")
         parser.add_argument("--webhook", default="demo-hook", help="webhook slug")
 
     def handle(self, *args, operator, password, endpoint, webhook, **options):
         with transaction.atomic():
-            user = self.find_or_create_operator(operator, password)
+            user, new_password = self.find_or_create_operator(operator, password)
             agent_endpoint, credential = self.find_or_vend_endpoint(endpoint, user)
             hook = self.find_or_create_webhook(webhook, user)
-            Route.objects.get_or_create(webhook=hook, endpoint=agent_endpoint, queue=DEMO_QUEUE)
+            if not Route.objects.filter(webhook=hook, endpoint=agent_endpoint,
+                                        queue=DEMO_QUEUE).exists():
+                transitions.add_webhook_route(webhook=hook, endpoint=agent_endpoint,
+                                              queue=DEMO_QUEUE)
         base = settings.SWITCHBOARD_PUBLIC_URL
         mcp_url = f"{base}/mcp/{agent_endpoint.slug}"
         hook_url = f"{base}/hooks/{hook.slug}"
@@ -79,9 +94,20 @@ class Command(JsonCommand):
             "credential": credential, "webhook": hook.slug, "hook_url": hook_url,
             "secret": hook.secret, "mcp_json": mcp_json, "curl": curl,
         }
+        username = user.get_username()
+        if new_password:
+            sign_in = f"generated password (shown only now): {new_password}"
+        elif password:
+            sign_in = "password as given"
+        else:
+            sign_in = f"password unchanged (reset it: manage.py changepassword {username})"
+        if options.get("json") and new_password:
+            # Not a §11 key: the JSON object stays exactly the contract's, the hint goes aside.
+            self.stderr.write(f"seed_demo: operator {username} password (shown only now): "
+                              f"{new_password}")
         self.emit(options, data, "\n".join([
-            f"operator {user.get_username()}"
-            + ("" if password else f" (set a password: manage.py changepassword {user.get_username()})"),
+            f"operator {username}: sign in at {base}/admin/ or {base}/todos/",
+            f"  {sign_in}",
             f"endpoint {agent_endpoint.slug}: {mcp_url}",
             f"webhook {hook.slug} (github): {hook_url}",
             "", ".mcp.json (the credential is shown only now):", json.dumps(mcp_json, indent=2),
@@ -90,15 +116,20 @@ class Command(JsonCommand):
         ]))
 
     def find_or_create_operator(self, username, password):
+        """Returns ``(user, generated password or None)``."""
         User = get_user_model()
-        user, created = User.objects.get_or_create(username=username)
-        if created or password:
-            if password:
-                user.set_password(password)
-            else:
-                user.set_unusable_password()
-            user.save()
-        return user
+        user, _ = User.objects.get_or_create(username=username)
+        generated = None
+        if password:
+            user.set_password(password)
+        elif not user.password or not user.has_usable_password():
+            generated = secrets.token_urlsafe(12)
+            user.set_password(generated)
+        user.is_staff = True  # /admin/ for their own rows; never made a superuser here
+        user.save()
+        user.user_permissions.add(
+            *Permission.objects.filter(content_type__app_label__in=DEMO_ADMIN_APPS))
+        return user, generated
 
     def find_or_vend_endpoint(self, slug, owner):
         existing = Endpoint.objects.filter(slug=slug).first()
@@ -106,7 +137,8 @@ class Command(JsonCommand):
             return endpoint_transitions.vend_endpoint(slug=slug, owner=owner)
         if existing.owner_id != owner.pk:
             raise CommandError(f"endpoint {slug!r} exists and belongs to someone else")
-        return existing, endpoint_transitions.rotate_credential(existing)
+        # Zero grace: credentials printed by earlier runs stop working now.
+        return existing, endpoint_transitions.rotate_credential(existing, grace=timedelta(0))
 
     def find_or_create_webhook(self, slug, owner):
         existing = Webhook.objects.filter(slug=slug).first()
