@@ -7,6 +7,9 @@ import os
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/switchboard")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production")
+# Tests run many threads against one process's pool (8 drain workers, Channels' thread pool,
+# live servers); a production-sized pool of 10 would make them queue for connections.
+os.environ.setdefault("DATABASE_POOL_MAX_SIZE", "40")
 
 from .settings import *  # noqa: E402,F401,F403
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connections
 from django.utils import timezone
 
 from tests.factories import EndpointFactory, UserFactory
@@ -69,9 +69,6 @@ def test_eight_workers_drain_2000_todos_each_exactly_once():
     assert Todo.objects.filter(state=State.DONE).count() == TODOS
     per_action = Counter(TodoEvent.objects.values_list("action", flat=True))
     assert per_action == {"claim": TODOS, "complete": TODOS}
-    if connection.vendor == "postgresql":
-        # With 2000 todos and 8 workers every worker gets a share (no lock convoy).
-        assert all(worker for worker in claimed)
 
 
 def test_twenty_concurrent_creates_with_one_key_make_one_todo():
