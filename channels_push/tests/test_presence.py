@@ -14,7 +14,6 @@ from channels_push import doorbells, sweeps
 from channels_push import transitions as session_transitions
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
-from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint
 from todos.models import Todo
 

@@ -181,7 +181,7 @@ def test_board_pages_buttons_and_stream_show_only_the_operators_own_endpoints(
                               data={"csrfmiddlewaretoken": alice.cookies["csrftoken"]},
                               headers={"X-CSRFToken": alice.cookies["csrftoken"]})
         assert refused.status_code == 404
-        assert client.get(f"/todos/?endpoint=sec-b").text.count(theirs["title"]) == 0
+        assert client.get("/todos/?endpoint=sec-b").text.count(theirs["title"]) == 0
     with topology.connect() as conn:
         state = conn.execute("SELECT state FROM todos_todo WHERE id = %s",
                              (int(theirs["id"]),)).fetchone()[0]
