@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from django.db import connection
@@ -35,3 +36,14 @@ def child_env(**extra) -> dict:
 
 
 PYTHON = sys.executable
+
+
+def poll(predicate, deadline_seconds=10.0, interval_seconds=0.05) -> bool:
+    """Wait for ``predicate()`` to be true, checking every ``interval_seconds``; False when the
+    deadline passes first (tests poll with a deadline instead of sleeping a fixed time)."""
+    end = time.monotonic() + deadline_seconds
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(interval_seconds)
+    return True

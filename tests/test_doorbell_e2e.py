@@ -20,6 +20,7 @@ from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
 from tests.factories import UserFactory
 from tests.mcp_clients import ChannelListener, sdk_client
+from tests.processes import poll
 from todos.models import Todo
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,15 +48,6 @@ def deliver(base_url, webhook, number):
         "X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4())})
     assert answer.status_code == 202, answer.text
     return answer.json()["todos"][0]["id"]
-
-
-def poll(predicate, deadline_seconds=10.0):
-    end = time.monotonic() + deadline_seconds
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def stream_open(endpoint):

@@ -1,7 +1,6 @@
 """End to end: the official mcp SDK client against a real daphne process (CONTRACT §6)."""
 
 import asyncio
-import time
 from datetime import timedelta
 
 import pytest
@@ -11,6 +10,7 @@ from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from tests.factories import UserFactory
 from tests.mcp_clients import sdk_client
+from tests.processes import poll
 from todos import transitions
 from todos.models import Todo
 
@@ -25,15 +25,6 @@ def vend(slug, **kwargs):
 def add_todos(endpoint, *titles, queue="inbox"):
     return [transitions.create_todo(endpoint=endpoint, queue=queue, title=title, actor="test")[0]
             for title in titles]
-
-
-def poll(predicate, deadline_seconds=10.0):
-    end = time.monotonic() + deadline_seconds
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_initialize_and_tools_list_with_the_sdk(daphne_server):
