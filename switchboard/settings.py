@@ -145,6 +145,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
     # Tests need a file (threads and child processes share it), next to the database it mirrors.
     _sqlite_file = Path(DATABASES["default"]["NAME"])
+    _sqlite_file.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet
     DATABASES["default"].setdefault("TEST", {})["NAME"] = str(
         _sqlite_file.with_name("test_" + _sqlite_file.name))
 else:
