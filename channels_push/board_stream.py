@@ -1,9 +1,10 @@
 """``/todos/events``: the Todos board's Server-Sent Events stream (CONTRACT §9).
 
 Fed by the channel-layer group ``todos.board`` that ``publish.deliver`` sends every committed
-todo change to. Changes an operator may see are gathered for ``FLUSH_DELAY`` and then become
-one ``todo`` event per changed todo, carrying its row as the board renders it (one query per
-batch); the stream never carries a payload or a secret.
+todo change to, in per-process batches (``todos.changed``). Changes an operator may see are
+gathered for ``FLUSH_DELAY`` and then become one ``todo`` event per changed todo, carrying its
+row as the board renders it (one query per batch); the stream never carries a payload or a
+secret.
 
 Resume without loss, by re-sync rather than replay: on every (re)connect the consumer joins the
 group FIRST and only then sends ``sync``, on which the page re-fetches its rows. Any change
@@ -37,7 +38,7 @@ log = logging.getLogger("switchboard.board_stream")
 # Proxies and load balancers close an idle response after 30-60 s; a comment every 15 s keeps
 # the board's stream open through them and lets the server notice a vanished client.
 KEEPALIVE_INTERVAL = timedelta(seconds=15)
-# Changes are gathered this long before one query renders them all (see todo_changed).
+# Changes are gathered this long before one query renders them all (see todos_changed).
 FLUSH_DELAY = timedelta(milliseconds=100)
 # How soon the browser reconnects after a drop (the SSE ``retry`` field).
 RECONNECT_DELAY = timedelta(seconds=2)
@@ -170,15 +171,17 @@ class BoardStreamConsumer(AsyncConsumer):
         )
         self.keepalive_task = asyncio.ensure_future(self.keep_alive())
 
-    async def todo_changed(self, change):
+    async def todos_changed(self, message):
+        """A batch of committed changes from one process (``publish._BoardBatch``)."""
         if not hasattr(self, "viewer"):
             return  # a message raced the request: the coming sync covers it
-        if not await self.may_see(change.get("endpoint_id")):
-            return
-        # Coalesce: a burst of changes (a pool draining a queue) costs this board one query per
-        # FLUSH_DELAY, not one per change, and a todo changed twice is rendered once.
-        self.pending[str(change["todo_id"])] = change.get("action")
-        if self.flush_task is None:
+        for change in message.get("changes", ()):
+            if not await self.may_see(change.get("endpoint_id")):
+                continue
+            # Coalesce: a burst of changes (a pool draining a queue) costs this board one query
+            # per FLUSH_DELAY, not one per change, and a todo changed twice is rendered once.
+            self.pending[str(change["todo_id"])] = change.get("action")
+        if self.pending and self.flush_task is None:
             self.flush_task = asyncio.ensure_future(self.flush_after_delay())
 
     async def flush_after_delay(self):

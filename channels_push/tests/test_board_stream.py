@@ -4,6 +4,7 @@ These tests commit (transactional_db): the consumer reads the database from its 
 the publish helper fires only after commit, exactly as in production.
 """
 
+import asyncio
 import json
 import time
 from datetime import timedelta
@@ -12,6 +13,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import ApplicationCommunicator
 from django.conf import settings
+from django.db import transaction
 
 from channels_push import board_stream, publish
 from tests.factories import EndpointFactory, UserFactory
@@ -386,3 +388,41 @@ def test_a_batch_of_rows_renders_in_one_query(alice, django_assert_num_queries):
     assert [row["todo_id"] for row in rows] == [str(t.pk) for t in todos]
     assert [row["html"] is not None for row in rows] == [n % 2 == 1 for n in range(10)]
     assert all(row["version"] > 0 for row in rows)
+
+
+def test_a_burst_of_commits_reaches_the_board_group_in_one_batched_message(alice):
+    """Board changes leave a process in batches (publish._BoardBatch): twenty claims committed
+    together are one channel-layer message, not twenty, and every change is in it."""
+    from channels.layers import get_channel_layer
+
+    endpoint = EndpointFactory(slug="alices", owner=alice)
+    todos = [create(endpoint, f"t{i}") for i in range(20)]
+    assert publish.wait_for_sends(WAIT_SECONDS)
+
+    def claim_all_in_one_commit():
+        caller = transitions.Caller.operator(endpoint, "alice")
+        with transaction.atomic():
+            for todo in todos:
+                transitions.claim_todo(caller, todo.pk)
+        assert publish.wait_for_sends(WAIT_SECONDS)
+
+    async def scenario():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(publish.BOARD_GROUP, channel)
+        try:
+            await sync_to_async(claim_all_in_one_commit)()
+            messages = []
+            while True:
+                try:
+                    messages.append(await asyncio.wait_for(layer.receive(channel), 0.5))
+                except asyncio.TimeoutError:
+                    return messages
+        finally:
+            await layer.group_discard(publish.BOARD_GROUP, channel)
+
+    messages = async_to_sync(scenario)()
+    assert [m["type"] for m in messages] == ["todos.changed"]
+    changes = messages[0]["changes"]
+    assert [c["todo_id"] for c in changes] == [str(t.pk) for t in todos]
+    assert {c["action"] for c in changes} == {"claim"} and {c["state"] for c in changes} == {"claimed"}
