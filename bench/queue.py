@@ -138,7 +138,7 @@ def production_env():
                       REDIS_URL=BENCH_REDIS, CHANNEL_PREFIX="sbbench")
 
 
-def switchboard_worker(start, done_queue):
+def switchboard_worker(ready, start, done_queue):
     production_env()
     sys.path.insert(0, str(ROOT))
     import django
@@ -151,6 +151,7 @@ def switchboard_worker(start, done_queue):
     from todos import transitions
 
     caller = transitions.Caller.agent(Endpoint.objects.get(slug=SLUG), f"w{os.getpid()}")
+    ready.put(os.getpid())
     start.wait()
     cycles = 0
     while (todo := transitions.claim_next_todo(caller)) is not None:
@@ -171,10 +172,11 @@ BARE_COMPLETE = (
 )
 
 
-def bare_worker(start, done_queue):
+def bare_worker(ready, start, done_queue):
     conn = psycopg.connect(SB_DB, autocommit=True)
     ep = endpoint_id(conn)
     owner = f"w{os.getpid()}"
+    ready.put(os.getpid())
     start.wait()
     cycles = 0
     while (row := conn.execute(BARE_CLAIM, (owner, ep)).fetchone()) is not None:
@@ -183,7 +185,7 @@ def bare_worker(start, done_queue):
     done_queue.put((time.perf_counter(), cycles))
 
 
-def procrastinate_worker(start, done_queue):
+def procrastinate_worker(ready, start, done_queue):
     import logging
 
     logging.disable(logging.WARNING)
@@ -191,6 +193,7 @@ def procrastinate_worker(start, done_queue):
 
     app = procrastinate_app(App, PsycopgConnector)
     with app.open():
+        ready.put(os.getpid())
         start.wait()
         app.run_worker(concurrency=1, wait=False, install_signal_handlers=False,
                        listen_notify=False, delete_jobs="never")
@@ -208,11 +211,17 @@ def run_round(worker, refill, todos: int, workers: int) -> float:
     refill(todos)
     ctx = mp.get_context("spawn")
     start = ctx.Event()
+    ready = ctx.Queue()
     done_queue = ctx.Queue()
-    processes = [ctx.Process(target=worker, args=(start, done_queue)) for _ in range(workers)]
+    processes = [ctx.Process(target=worker, args=(ready, start, done_queue)) for _ in range(workers)]
     for process in processes:
         process.start()
-    time.sleep(2.0)  # let every process import and connect before the gate opens
+    # Open the gate only when every process has imported, set up and connected: on 2 cores,
+    # eight Django start-ups take several seconds, and a fixed sleep let them eat into the
+    # measured drain (the bare SQL worker imports almost nothing, so that skewed a/b).
+    for _ in processes:
+        ready.get(timeout=120)
+    time.sleep(0.2)  # let the last one reach start.wait()
     began = time.perf_counter()
     start.set()
     finished = [done_queue.get(timeout=600)[0] for _ in processes]
