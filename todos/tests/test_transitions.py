@@ -382,6 +382,25 @@ def test_claim_is_one_statement_on_the_hot_path(agent, make_todo, django_assert_
             assert [q["sql"][:28] for q in captured.captured_queries] == ["WITH t AS (UPDATE todos_todo"]
 
 
+def test_transition_statements_are_prepared_once_per_connection_on_postgresql(agent, make_todo):
+    """Planning a claim costs as much as running it; the transitions PREPARE their fixed
+    statements (Django alone never would: it disables psycopg's prepared statements)."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are a PostgreSQL matter")
+    for _ in range(3):
+        make_todo()
+        todo = transitions.claim_next_todo(agent)
+        transitions.complete_todo(agent, todo.pk, lease_id=todo.lease_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    claims = [sql for sql in prepared if "SET state = 'claimed'" in sql]
+    completes = [sql for sql in prepared if "SET state = 'done'" in sql]
+    assert len(claims) == 1 and len(completes) == 1, prepared
+
+
 def test_transitions_return_todos_equal_to_what_the_orm_reads(agent, make_todo):
     """The transitions build their Todo rows on their own path (todos/transitions.py
     _fetch_rows_postgres, _todo_from_row): every field must match the ORM's reading of the row,
