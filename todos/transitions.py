@@ -169,6 +169,7 @@ def _fetch_rows_postgres(sql: str, params: dict) -> list[tuple]:
     """
     db = connections[DEFAULT_DB_ALIAS]  # one proxy lookup, not several
     db.ensure_connection()
+    db.validate_no_broken_transaction()  # as Django's cursors do inside a failed atomic block
     started = time.monotonic() if db.queries_logged else None
     with db.wrap_database_errors:
         cursor = psycopg.Cursor(db.connection)
