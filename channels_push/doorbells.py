@@ -150,6 +150,22 @@ def send_doorbell(session_id: str, params: dict, context: dict) -> bool:
     return mcp_transport.notify_session(session_id, CHANNEL_METHOD, params, context=context)
 
 
+# The endpoint as ring_todo needs it, and whether it has any live session, in one statement.
+# Raw SQL: this runs after every commit that makes a todo ready, and the ORM's query building
+# cost more CPU than the statement itself.
+_ENDPOINT_FOR_RING_SQL = (
+    "SELECT e.*, EXISTS (SELECT 1 FROM channels_push_mcpsession s WHERE s.endpoint_id = e.id"
+    " AND s.terminated_at IS NULL) AS has_live_session"
+    " FROM endpoints_endpoint e WHERE e.id = %s"
+)
+
+
+def _find_endpoint_for_ring(endpoint_id: int):
+    from endpoints.models import Endpoint
+
+    return next(iter(Endpoint.objects.raw(_ENDPOINT_FOR_RING_SQL, [endpoint_id])), None)
+
+
 def ring_todo(todo, *, now=None) -> str | None:
     """Ring one session of ``todo``'s endpoint for it. Returns the session id rung, or None
     when the todo may not ring (gate, scope) or no session is attached (silently dropped: the
@@ -159,11 +175,9 @@ def ring_todo(todo, *, now=None) -> str | None:
     if not publish.can_reach_streams():
         # A command on the in-memory layer: no stream is reachable, so nothing is recorded.
         return None
-    from endpoints.models import Endpoint
-
     # Read fresh: the instance the todo carries may predate a clock out in this very request
     # or process, and presence is what decides whether anything may ring at all.
-    endpoint = Endpoint.objects.filter(pk=todo.endpoint_id).first()
+    endpoint = _find_endpoint_for_ring(todo.endpoint_id)
     if endpoint is None or not endpoint.active or not endpoint.covers(todo.queue):
         return None
     now = now or timezone.now()
@@ -173,9 +187,11 @@ def ring_todo(todo, *, now=None) -> str | None:
         log.debug("doorbell held: endpoint is out", extra=_context(todo, endpoint.slug))
         return None
     # One guarded statement picks the session AND re-checks the todo (still pending, trusted,
-    # attributed to a human), so an ineligible or already-claimed todo rings nobody.
+    # attributed to a human), so an ineligible or already-claimed todo rings nobody. With no
+    # live session (known from the read above; the commonest case, agents that pull) it is
+    # skipped: a ready todo then costs one statement here, not three.
     session_id = session_transitions.choose_doorbell_session(
-        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now)
+        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now) if endpoint.has_live_session else None
     context = _context(todo, endpoint.slug)
     if session_id is None:
         log.debug("doorbell not sent: no attached session", extra=context)
