@@ -15,12 +15,13 @@ Three parts, kept apart so each is tested on its own:
   slow Redis nor a dead one can block or fail the request that committed the todo.
 """
 
+import functools
 import logging
 import re
 
 from collections import Counter
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from endpoints import transitions as endpoint_transitions
@@ -150,20 +151,41 @@ def send_doorbell(session_id: str, params: dict, context: dict) -> bool:
     return mcp_transport.notify_session(session_id, CHANNEL_METHOD, params, context=context)
 
 
-# The endpoint as ring_todo needs it, and whether it has any live session, in one statement.
-# Raw SQL: this runs after every commit that makes a todo ready, and the ORM's query building
-# cost more CPU than the statement itself.
-_ENDPOINT_FOR_RING_SQL = (
-    "SELECT e.*, EXISTS (SELECT 1 FROM channels_push_mcpsession s WHERE s.endpoint_id = e.id"
-    " AND s.terminated_at IS NULL) AS has_live_session"
-    " FROM endpoints_endpoint e WHERE e.id = %s"
-)
+@functools.cache
+def _endpoint_for_ring_statement():
+    """The endpoint row and whether it has any live session, in one statement, and how to
+    turn the row into an Endpoint (the backend's converters: JSON text, SQLite's datetime
+    text). Built once per process: this runs after every commit that makes a todo ready, and
+    the ORM's (or a raw queryset's) per-call query building cost more CPU than the statement."""
+    from endpoints.models import Endpoint
+
+    fields = Endpoint._meta.concrete_fields
+    sql = (
+        "SELECT " + ", ".join(f"e.{field.column}" for field in fields)
+        + ", EXISTS (SELECT 1 FROM channels_push_mcpsession s WHERE s.endpoint_id = e.id"
+        " AND s.terminated_at IS NULL) FROM endpoints_endpoint e WHERE e.id = %s"
+    )
+    compiler = Endpoint.objects.none().query.get_compiler(connection=connection)
+    converters = compiler.get_converters([f.get_col(Endpoint._meta.db_table) for f in fields])
+    return sql, compiler, converters, [field.attname for field in fields]
 
 
 def _find_endpoint_for_ring(endpoint_id: int):
+    """The endpoint, fresh, with ``has_live_session`` set; None when it is gone."""
     from endpoints.models import Endpoint
 
-    return next(iter(Endpoint.objects.raw(_ENDPOINT_FOR_RING_SQL, [endpoint_id])), None)
+    sql, compiler, converters, attnames = _endpoint_for_ring_statement()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [endpoint_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = list(row[:-1])
+    if converters:
+        values = next(iter(compiler.apply_converters([values], converters)))
+    endpoint = Endpoint.from_db(connection.alias, attnames, values)
+    endpoint.has_live_session = bool(row[-1])
+    return endpoint
 
 
 def ring_todo(todo, *, now=None) -> str | None:
