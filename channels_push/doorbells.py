@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Presence
+from switchboard import statements
 
 from . import mcp_transport, metrics, publish
 from . import transitions as session_transitions
@@ -175,7 +176,7 @@ def _find_endpoint_for_ring(endpoint_id: int):
     from endpoints.models import Endpoint
 
     sql, compiler, converters, attnames = _endpoint_for_ring_statement()
-    with connection.cursor() as cursor:
+    with statements.statement_cursor() as cursor:
         cursor.execute(sql, [endpoint_id])
         row = cursor.fetchone()
     if row is None:

@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from endpoints.models import queue_name_validator
+from switchboard import statements
 from todos import transitions as todo_transitions
 
 from .models import (DeliveryEvent, OperatorSecret, OperatorToken, Route, Source, TrustMode,
@@ -176,7 +177,7 @@ def record_delivery_event(**values) -> DeliveryEvent:
     row = [values[name] for name in _DELIVERY_EVENT_FIELDS]
     params = list(row)
     params[3] = connection.ops.adapt_datetimefield_value(params[3])
-    with connection.cursor() as cursor:
+    with statements.statement_cursor() as cursor:
         cursor.execute(_INSERT_DELIVERY_EVENT_SQL, params)
         (event_id,) = cursor.fetchone()
     return DeliveryEvent.from_db(connection.alias, ("id", *_DELIVERY_EVENT_FIELDS), [event_id, *row])
