@@ -107,9 +107,16 @@ async def read_body(request: Request, receive, limit: int) -> bool:
     return False
 
 
+# Statuses that carry no body and must not declare a length (RFC 9110 §8.6).
+NO_BODY_STATUSES = frozenset({204, 304})
+
+
 async def send_answer(send, answer: Answer):
-    await send({"type": "http.response.start", "status": answer.status,
-                "headers": answer.header_list()})
+    headers = answer.header_list()
+    if answer.status not in NO_BODY_STATUSES and answer.status >= 200:
+        # Declared, as Django's CommonMiddleware did: without it daphne chunks the answer.
+        headers.append((b"content-length", str(len(answer.body)).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
     await send({"type": "http.response.body", "body": answer.body})
 
 

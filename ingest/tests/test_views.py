@@ -69,6 +69,7 @@ def test_valid_delivery_creates_a_todo_and_answers_202(make_webhook, endpoint, s
     webhook = make_webhook(source)
     answer = deliver(webhook, payload)
     assert answer.status_code == 202, answer.content
+    assert answer["Content-Length"] == str(len(answer.content))
     data = answer.json()
     [entry] = data["todos"]
     assert entry["endpoint"] == endpoint.slug and entry["queue"] == "inbox"
