@@ -53,10 +53,11 @@ def store(slug: str, headers: dict, body: bytes) -> tuple[int, dict]:
     delivery = headers.get(b"x-github-delivery", b"").decode()
     kind = f"{headers.get(b'x-github-event', b'').decode()}.{payload.get('action', '')}"
     with pool.connection() as conn:
-        webhook_id, owner_id, endpoint_id, max_attempts = conn.execute(LOOKUP_SQL, (slug,)).fetchone()
+        webhook_id, owner_id, endpoint_id, max_attempts = conn.execute(
+            LOOKUP_SQL, (slug,)).fetchone()
         with conn.transaction():
-            (event_id,) = conn.execute(EVENT_SQL, (webhook_id, delivery, hashlib.sha256(body).hexdigest(),
-                                                   owner_id, kind)).fetchone()
+            (event_id,) = conn.execute(EVENT_SQL, (
+                webhook_id, delivery, hashlib.sha256(body).hexdigest(), owner_id, kind)).fetchone()
             (todo_id,) = conn.execute(TODO_SQL, (
                 endpoint_id, QUEUE, payload["issue"]["title"], kind, json.dumps(payload),
                 f"{QUEUE}:{delivery}", event_id, max_attempts)).fetchone()

@@ -372,10 +372,11 @@ class McpEndpoint:
         request = plain_http.request_from_scope(scope)
         try:
             if request.method not in ("GET", "POST", "DELETE"):
-                await plain_http.send_answer(send, _fault(405, "Method Not Allowed",
-                                                headers={"Allow": ALLOWED_METHODS}))
+                await plain_http.send_answer(send, _fault(
+                    405, "Method Not Allowed", headers={"Allow": ALLOWED_METHODS}))
                 return
-            too_large = await plain_http.read_body(request, receive, settings.SWITCHBOARD_MAX_BODY_BYTES)
+            too_large = await plain_http.read_body(request, receive,
+                                                   settings.SWITCHBOARD_MAX_BODY_BYTES)
             if too_large:
                 await plain_http.send_answer(send, _fault(413, "Payload Too Large"))
                 return
@@ -399,7 +400,7 @@ class McpEndpoint:
                 await database_sync_to_async(health.discard_broken_pooled_connections)()
             try:
                 await plain_http.send_answer(send, _fault(500, "Internal error",
-                                                code=mcp_framing.INTERNAL_ERROR))
+                                                          code=mcp_framing.INTERNAL_ERROR))
             except Exception:  # the response had already started; nothing more to say
                 pass
 

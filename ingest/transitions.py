@@ -180,7 +180,8 @@ def record_delivery_event(**values) -> DeliveryEvent:
     with statements.statement_cursor() as cursor:
         cursor.execute(_INSERT_DELIVERY_EVENT_SQL, params)
         (event_id,) = cursor.fetchone()
-    return DeliveryEvent.from_db(connection.alias, ("id", *_DELIVERY_EVENT_FIELDS), [event_id, *row])
+    return DeliveryEvent.from_db(connection.alias, ("id", *_DELIVERY_EVENT_FIELDS),
+                                 [event_id, *row])
 
 
 def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, kind: str,
