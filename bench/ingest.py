@@ -4,18 +4,29 @@ stack's floor, in one run.
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/sb REDIS_URL=redis://127.0.0.1:6379/0 \\
         python bench/ingest.py [--deliveries 3000] [--concurrency 16] [--max-seconds 60]
 
-It starts two daphne processes itself on free loopback ports: one serving switchboard on
+It starts daphne processes itself on free loopback ports: one serving switchboard on
 PostgreSQL (database ``<DATABASE_URL name>_bench``, created and migrated here), one serving
-``bench/bare_asgi.py``, which reads the body and answers 202 without touching anything. Both get
-the same pre-signed requests from the same client at the same concurrency, in alternating rounds
-(floor, switchboard, floor, switchboard) so drift on a shared machine hits both. Prints
-deliveries/s, p50 and p99 for each and the ratio switchboard / floor (target >= 0.5).
+``bench/bare_asgi.py``, which reads the body and answers 202 without touching anything (the
+floor). All get the same pre-signed requests from the same client at the same concurrency, in
+alternating rounds (floor, switchboard, …, floor, switchboard, …) so drift on a shared machine
+hits all alike. Prints deliveries/s, p50 and p99 for each and the ratio switchboard / floor
+(target >= 0.5).
+
+What is measured on switchboard's side: ``POST /hooks/<slug>`` as production serves it, a plain
+ASGI app (``channels_push/plain_http.py``) calling ``ingest.views.answer_hook`` in one thread
+hop: webhook lookup, rate limit (Redis), signature, strict JSON, one transaction (delivery
+event, todo, todo event), then after commit the board publish and the doorbell check.
+
+A diagnostic third line, ``bare-sql`` (``bench/bare_sql_asgi.py``, a third daphne): the same
+lookup and durable write with psycopg and nothing else, the least any Python server can do per
+delivery here. It tells how much of the gap to the floor is the database write itself and how
+much is switchboard; it is not part of the ratio.
 
 The client is a minimal HTTP/1.1 keep-alive client on asyncio streams rather than httpx: on a
 small machine the load generator shares CPUs with the servers, and a heavier client would lower
 both numbers and flatter the ratio. Bounded: at most ``--deliveries`` per round and
-``--max-seconds`` per round. Exits non-zero if any switchboard answer is not 202 or the todo
-count does not match the deliveries (exactly once per delivery).
+``--max-seconds`` per round. Exits non-zero if any switchboard answer is not 202 or the count of
+switchboard's todos does not match the deliveries (exactly once per delivery).
 """
 
 import sys
@@ -98,7 +109,7 @@ def count_bench_todos(env: dict) -> int:
 import django
 django.setup()
 from todos.models import Todo
-print(Todo.objects.filter(endpoint__slug={ENDPOINT!r}).count())
+print(Todo.objects.filter(endpoint__slug={ENDPOINT!r}, queue="inbox").count())
 """
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, check=True,
                          capture_output=True, text=True)
@@ -245,11 +256,14 @@ def main():
     prepare_switchboard(env)
     logs = REPO / "var"
     logs.mkdir(exist_ok=True)
-    ports = {"floor": free_port(), "switchboard": free_port()}
-    apps = {"floor": "bench.bare_asgi:application", "switchboard": "switchboard.asgi:application"}
+    env["BENCH_BARE_SQL_DSN"] = database_url
+    env["BENCH_WEBHOOK_SECRET"] = SECRET
+    ports = {"floor": free_port(), "switchboard": free_port(), "bare-sql": free_port()}
+    apps = {"floor": "bench.bare_asgi:application", "switchboard": "switchboard.asgi:application",
+            "bare-sql": "bench.bare_sql_asgi:application"}
     processes = {}
     try:
-        for name in ("floor", "switchboard"):
+        for name in apps:
             log_path = logs / f"bench-ingest-{name}.log"
             processes[name] = start_daphne(apps[name], ports[name], env, log_path)
             wait_until_serving(ports[name], processes[name], log_path)
@@ -258,20 +272,13 @@ def main():
         requests = signed_requests(total, run_id)
         warm, measured = requests[:args.warmup], requests[args.warmup:]
         warmed = {name: asyncio.run(drive(ports[name], warm, args.concurrency, args.max_seconds))
-                  for name in ("floor", "switchboard")}
-        # A diagnostic third line: Django's own cost for a request that does nothing (GET
-        # /healthz on the same switchboard daphne), to tell the framework's share of the gap
-        # from ingest's. Not part of the ratio.
-        healthz = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
-        targets = {"floor": ports["floor"], "switchboard": ports["switchboard"],
-                   "django-noop": ports["switchboard"]}
-        results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}} for name in targets}
+                  for name in apps}
+        results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}} for name in apps}
         for round_number in range(args.rounds):
             batch = measured[round_number * args.deliveries:(round_number + 1) * args.deliveries]
-            for name, port in targets.items():
-                requests_now = [healthz] * len(batch) if name == "django-noop" else batch
+            for name, port in ports.items():
                 elapsed, latencies, statuses = asyncio.run(
-                    drive(port, requests_now, args.concurrency, args.max_seconds))
+                    drive(port, batch, args.concurrency, args.max_seconds))
                 result = results[name]
                 result["elapsed"] += elapsed
                 result["latencies"] += latencies
@@ -295,9 +302,9 @@ def main():
               f"statuses {dict(sorted(result['statuses'].items()))}")
     ratio = rates["switchboard"] / rates["floor"] if rates["floor"] else 0.0
     print(f"  ratio switchboard/floor = {ratio:.2f} (target >= 0.5)")
-    if rates["django-noop"]:
-        print(f"  (diagnostic) switchboard/django-noop = {rates['switchboard'] / rates['django-noop']:.2f}, "
-              f"django-noop/floor = {rates['django-noop'] / rates['floor']:.2f}")
+    if rates["bare-sql"] and rates["floor"]:
+        print(f"  (diagnostic) bare-sql/floor = {rates['bare-sql'] / rates['floor']:.2f}, "
+              f"switchboard/bare-sql = {rates['switchboard'] / rates['bare-sql']:.2f}")
     sent = len(warmed["switchboard"][1]) + len(results["switchboard"]["latencies"])
     todos = count_bench_todos(env)
     print(f"  todos created {todos} for {sent} deliveries sent (one per delivery: {todos == sent})")

@@ -23,7 +23,7 @@ session (400 missing / 404 unknown, terminated or another endpoint's).
 import asyncio
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -38,7 +38,7 @@ from endpoints.models import hash_credential
 
 from switchboard import health, ratelimit
 
-from . import doorbells, mcp_framing, mcp_tools, metrics, publish
+from . import doorbells, mcp_framing, mcp_tools, metrics, plain_http, publish
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
@@ -95,30 +95,12 @@ def notify_session(session_id: str, method: str, params: dict | None = None, *,
 
 
 @dataclass
-class Request:
-    method: str
-    slug: str
-    headers: dict  # lower-cased names -> str (latin-1); a repeated header keeps the last
-    body: bytes = b""
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)
-
-
-@dataclass
-class Answer:
-    status: int
-    body: bytes = b""
-    headers: dict = field(default_factory=dict)
+class Answer(plain_http.Answer):
     # Set when a DELETE ended a session: the async layer closes its streams everywhere.
     terminated_session: str | None = None
     # Set when a GET may open its stream.
     stream_session: str | None = None
     stream_endpoint_id: int | None = None
-
-    def header_list(self) -> list[tuple[bytes, bytes]]:
-        return [(k.lower().encode("latin-1"), str(v).encode("latin-1"))
-                for k, v in self.headers.items()]
 
 
 def _json_answer(status: int, payload, headers=None) -> Answer:
@@ -196,7 +178,7 @@ def _content_type_is_json(header: str | None) -> bool:
 # -- sync handlers (one database_sync_to_async hop each) ----------------------------------------
 
 
-def _authorize(request: Request):
+def _authorize(request: plain_http.Request):
     """Origin, bearer, rate limit. Returns (endpoint, None) or (None, refusal Answer)."""
     if not origin_allowed(request.header("origin")):
         return None, _fault(403, "Forbidden: Origin not allowed")
@@ -224,7 +206,7 @@ def _version_refusal(version: str, request_id=None) -> Answer:
                   data={"supported": list(SUPPORTED_PROTOCOL_VERSIONS), "requested": version})
 
 
-def _live_session(request: Request, endpoint):
+def _live_session(request: plain_http.Request, endpoint):
     """(session_id, None) for a live session of ``endpoint``, else (None, 400/404 Answer)."""
     session_id = request.header("mcp-session-id")
     if not session_id:
@@ -282,7 +264,7 @@ def _dispatch(endpoint, session_id: str, message) -> dict:
                                       f"Method not found: {message.method}")
 
 
-def answer_post(request: Request) -> Answer:
+def answer_post(request: plain_http.Request) -> Answer:
     """One JSON-RPC message in, one JSON answer out (or 202 for notifications/responses)."""
     endpoint, refusal = _authorize(request)
     if refusal:
@@ -312,7 +294,7 @@ def answer_post(request: Request) -> Answer:
                         {"Mcp-Session-Id": session_id})
 
 
-def answer_delete(request: Request) -> Answer:
+def answer_delete(request: plain_http.Request) -> Answer:
     """End the session; its streams (on any process) are closed by the caller's group send."""
     endpoint, refusal = _authorize(request)
     if refusal:
@@ -327,7 +309,7 @@ def answer_delete(request: Request) -> Answer:
     return Answer(204, terminated_session=session_id)
 
 
-def open_stream(request: Request) -> Answer:
+def open_stream(request: plain_http.Request) -> Answer:
     """Checks for GET; on success counts the stream on the session and says which to open."""
     endpoint, refusal = _authorize(request)
     if refusal:
@@ -387,31 +369,28 @@ class McpEndpoint:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return
-        headers = {}
-        for name, value in scope.get("headers", []):
-            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-        request = Request(method=scope["method"].upper(),
-                          slug=scope["url_route"]["kwargs"]["slug"], headers=headers)
+        request = plain_http.request_from_scope(scope)
         try:
             if request.method not in ("GET", "POST", "DELETE"):
-                await _send_answer(send, _fault(405, "Method Not Allowed",
-                                                headers={"Allow": ALLOWED_METHODS}))
+                await plain_http.send_answer(send, _fault(
+                    405, "Method Not Allowed", headers={"Allow": ALLOWED_METHODS}))
                 return
-            too_large = await _read_body(request, receive, settings.SWITCHBOARD_MAX_BODY_BYTES)
+            too_large = await plain_http.read_body(request, receive,
+                                                   settings.SWITCHBOARD_MAX_BODY_BYTES)
             if too_large:
-                await _send_answer(send, _fault(413, "Payload Too Large"))
+                await plain_http.send_answer(send, _fault(413, "Payload Too Large"))
                 return
             if request.method == "POST":
-                await _send_answer(send, await self._sync(answer_post)(request))
+                await plain_http.send_answer(send, await self._sync(answer_post)(request))
             elif request.method == "DELETE":
                 answer = await self._sync(answer_delete)(request)
-                await _send_answer(send, answer)
+                await plain_http.send_answer(send, answer)
                 if answer.terminated_session:
                     await _close_session_streams(answer.terminated_session)
             else:
                 answer = await self._sync(open_stream)(request)
                 if answer.stream_session is None:
-                    await _send_answer(send, answer)
+                    await plain_http.send_answer(send, answer)
                 else:
                     await self._stream(answer, receive, send)
         except Exception as exc:
@@ -420,8 +399,8 @@ class McpEndpoint:
             if isinstance(exc, DatabaseError):
                 await database_sync_to_async(health.discard_broken_pooled_connections)()
             try:
-                await _send_answer(send, _fault(500, "Internal error",
-                                                code=mcp_framing.INTERNAL_ERROR))
+                await plain_http.send_answer(send, _fault(500, "Internal error",
+                                                          code=mcp_framing.INTERNAL_ERROR))
             except Exception:  # the response had already started; nothing more to say
                 pass
 
@@ -582,34 +561,6 @@ async def _read_layer(layer, group: str, membership: dict, buffer, terminated: a
         if message.get("type") == NOTIFY_MESSAGE_TYPE:
             offer_frame(buffer, message["message"],
                         message.get("context") or {"session": session_id[:8]})
-
-
-async def _read_body(request: Request, receive, limit: int) -> bool:
-    """Read the whole body into ``request.body``; True (and stop reading) once it passes
-    ``limit``. A declared Content-Length over the limit is refused before reading anything."""
-    declared = request.header("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return True
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return True
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            break
-    request.body = b"".join(chunks)
-    return False
-
-
-async def _send_answer(send, answer: Answer):
-    await send({"type": "http.response.start", "status": answer.status,
-                "headers": answer.header_list()})
-    await send({"type": "http.response.body", "body": answer.body})
 
 
 async def _close_session_streams(session_id: str):

@@ -8,6 +8,7 @@ from django.db import connection
 from django.utils.dateparse import parse_datetime
 
 from endpoints.models import Endpoint
+from switchboard import statements
 
 from todos.models import Todo
 from todos.transitions import Refusal
@@ -41,7 +42,7 @@ def _json_value(value):
 def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
     """The active webhook ``slug`` and its routes (endpoints loaded), in route order, in one
     query; ``(None, [])`` when there is no such active webhook."""
-    with connection.cursor() as cursor:
+    with statements.statement_cursor() as cursor:
         cursor.execute(_WEBHOOK_WITH_ROUTES_SQL, [slug])
         rows = cursor.fetchall()
     if not rows:

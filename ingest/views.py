@@ -3,8 +3,14 @@
 
 Both answer JSON for everything, errors included: ``{"error": {"code", "message"}}``. The order
 of checks is chosen so that nothing unverified is parsed and nothing is written before every
-check has passed: size by Content-Length, webhook lookup, rate limit, bounded body read,
+check has passed: size (by Content-Length, then by a bounded read), webhook lookup, rate limit,
 signature, then parsing, then the one write.
+
+The hook is the hot path: ``answer_hook`` is a plain function from a
+``channels_push.plain_http.Request`` to an ``Answer``, served straight from ASGI
+(``switchboard/asgi.py``) in one thread hop, without Django's request machinery (see
+plain_http for why and what it keeps). The operator API is an ordinary Django view: it needs
+sessions, CSRF and OIDC sign-in, and is not a hot path.
 """
 
 import logging
@@ -15,9 +21,11 @@ from django.db import DatabaseError
 from django.http import JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
+from django.utils.datastructures import CaseInsensitiveMapping
 from django.views.decorators.csrf import csrf_exempt
 
 from channels_push import metrics as push_metrics
+from channels_push import plain_http
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries
@@ -37,6 +45,9 @@ MAX_SECRET_NAME_CHARS = 100
 MAX_SECRET_VALUE_CHARS = 64 * 1024
 # An unknown slug is quoted back in the 404, cut short: the path is the caller's to fill.
 MAX_ECHOED_SLUG_CHARS = 64
+# /hooks/<webhook_slug> (routed in switchboard/asgi.py), with an optional trailing slash served
+# as is: senders do not follow redirects on POST.
+HOOK_ROUTE_PATTERN = r"^hooks/(?P<webhook_slug>[^/]+)/?$"
 # Forms are accepted where the source can send them (GitHub's and Gitea's "form" content
 # type: the JSON is in the ``payload`` field, the signature covers the raw form body).
 FORM_SOURCES = (Source.GITHUB, Source.GITEA)
@@ -50,19 +61,29 @@ class Problem(Exception):
         self.status, self.code, self.message = status, code, message
         self.headers = headers or {}
 
+    def payload(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message}}
+
     def response(self) -> JsonResponse:
-        answer = JsonResponse({"error": {"code": self.code, "message": self.message}},
-                              status=self.status)
+        answer = JsonResponse(self.payload(), status=self.status)
         for name, value in self.headers.items():
             answer[name] = value
         return answer
+
+    def answer(self) -> plain_http.Answer:
+        return plain_http.json_answer(self.status, self.payload(), self.headers)
+
+
+def refusal_answer(status: int, code: str, message: str) -> plain_http.Answer:
+    """Answers plain_http gives without calling ``answer_hook`` (bad Host, internal error)."""
+    return Problem(status, code, message).answer()
 
 
 # -- shared steps --------------------------------------------------------------------------------
 
 
-def _check_declared_length(request) -> None:
-    declared = request.META.get("CONTENT_LENGTH") or ""
+def _check_declared_length(declared: str | None) -> None:
+    declared = declared or ""
     if declared.strip():
         try:
             length = int(declared)
@@ -96,8 +117,8 @@ def _check_rate(scope: str) -> None:
                       headers={"Retry-After": str(verdict.retry_after_seconds)})
 
 
-def _media_type(request) -> str:
-    return request.META.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
 
 
 def _is_json_type(media_type: str) -> bool:
@@ -150,14 +171,14 @@ def _decode_utf8(body: bytes) -> str:
         raise Problem(400, "malformed_body", "body is not UTF-8") from None
 
 
-def _storage_unavailable(exc, **context) -> JsonResponse:
+def _storage_unavailable(exc, **context) -> Problem:
     """The database failed: nothing was committed, so the sender should retry (every source
     retries on 5xx). Only the error's type is logged: a driver's message can quote row values,
     which here means the body."""
     log.error("ingest write failed", extra={**context, "error": type(exc).__name__})
     health.discard_broken_pooled_connections()
     return Problem(503, "unavailable", "could not store the delivery; nothing was kept, retry",
-                   headers={"Retry-After": "5"}).response()
+                   headers={"Retry-After": "5"})
 
 
 def _one_line(value: str, limit: int) -> str:
@@ -167,8 +188,7 @@ def _one_line(value: str, limit: int) -> str:
 # -- POST /hooks/<slug> --------------------------------------------------------------------------
 
 
-def _parse_delivery_body(webhook, request, body: bytes) -> dict:
-    media_type = _media_type(request)
+def _parse_delivery_body(webhook, media_type: str, body: bytes) -> dict:
     if _is_json_type(media_type):
         return _parse_json_text(_decode_utf8(body))
     if media_type == "application/x-www-form-urlencoded" and webhook.source in FORM_SOURCES:
@@ -214,27 +234,32 @@ def _arrival_answer(arrival) -> dict:
     }
 
 
-@csrf_exempt
-def receive_hook(request, webhook_slug):
-    """Verify one delivery and turn it into todos (202), or say why not."""
+def answer_hook(request: plain_http.Request) -> plain_http.Answer:
+    """Verify one delivery and turn it into todos (202), or say why not. Runs in one thread
+    hop (plain_http): lookup, rate limit, verification and the one write."""
+    webhook_slug = request.slug
     try:
         if request.method != "POST":
-            raise Problem(405, "method_not_allowed", "POST a webhook delivery here")
-        _check_declared_length(request)
+            raise Problem(405, "method_not_allowed", "POST a webhook delivery here",
+                          headers={"Allow": "POST"})
+        if request.too_large:
+            raise _too_large()
+        _check_declared_length(request.header("content-length"))
         webhook, routes = queries.find_webhook_with_routes(webhook_slug)
         if webhook is None:
             raise Problem(404, "unknown_webhook",
                           f"no active webhook {webhook_slug[:MAX_ECHOED_SLUG_CHARS]!r}")
         _check_rate(f"ingest:{webhook.pk}")
-        body = _read_body(request)
+        body = request.body
         now = timezone.now()
         try:
-            envelope = verification.verify_delivery(webhook, request.headers, body, now=now)
+            envelope = verification.verify_delivery(
+                webhook, CaseInsensitiveMapping(request.headers), body, now=now)
         except verification.VerificationFailed as failure:
             log.warning("webhook verification failed",
                         extra={"webhook": webhook.slug, "reason": failure.reason})
             raise Problem(401, "bad_signature", f"delivery not verified: {failure.reason}") from None
-        payload = _parse_delivery_body(webhook, request, body)
+        payload = _parse_delivery_body(webhook, _media_type(request.header("content-type")), body)
         kind = titles.derive_kind(webhook.source, envelope.event, payload)
         arrival = transitions.ingest_delivery(
             webhook=webhook, routes=routes, trust=envelope.trust,
@@ -244,16 +269,16 @@ def receive_hook(request, webhook_slug):
         )
     except Problem as problem:
         push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
-        return problem.response()
+        return problem.answer()
     except DatabaseError as exc:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
-        return _storage_unavailable(exc, webhook=webhook_slug)
+        return _storage_unavailable(exc, webhook=webhook_slug).answer()
     push_metrics.INGEST_ACCEPTED.labels(source=webhook.source).inc()
     log.info("webhook delivery accepted", extra={
         "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),
         "todos_created": sum(1 for _, created in arrival.todos if created),
     })
-    return JsonResponse(_arrival_answer(arrival), status=202)
+    return plain_http.json_answer(202, _arrival_answer(arrival))
 
 
 # -- POST /api/v1/endpoints/<slug>/todos --------------------------------------------------------
@@ -343,7 +368,7 @@ def hand_over(request, endpoint_slug):
     try:
         if request.method != "POST":
             raise Problem(405, "method_not_allowed", "POST a todo here")
-        _check_declared_length(request)
+        _check_declared_length(request.META.get("CONTENT_LENGTH"))
         operator = _authenticate_operator(request)
         # Somebody else's endpoint looks exactly like a missing one.
         endpoint = Endpoint.objects.filter(slug=endpoint_slug, active=True, owner=operator).first()
@@ -352,7 +377,7 @@ def hand_over(request, endpoint_slug):
                           f"no endpoint {endpoint_slug[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
         _check_rate(f"operator:{operator.pk}")
         body = _read_body(request)
-        if not _is_json_type(_media_type(request)):
+        if not _is_json_type(_media_type(request.META.get("CONTENT_TYPE"))):
             raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
         arguments = _hand_over_arguments(endpoint, _parse_json_text(_decode_utf8(body)))
         todo, created = transitions.hand_over_todo(
@@ -364,7 +389,7 @@ def hand_over(request, endpoint_slug):
         return problem.response()
     except DatabaseError as exc:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
-        return _storage_unavailable(exc, endpoint=endpoint_slug)
+        return _storage_unavailable(exc, endpoint=endpoint_slug).response()
     push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
     log.info("operator hand-over", extra={
         "endpoint": endpoint.slug, "operator": operator.get_username(), "todo_id": todo.pk,

@@ -1,7 +1,8 @@
 """The one routing file for HTTP, SSE and MCP (CONTRACT §1; STYLE "Where things live").
 
-Long-lived streams (the MCP endpoint, the board's SSE) are Channels consumers; everything else
-is Django's ASGI handler.
+Long-lived streams (the MCP endpoint, the board's SSE) are Channels consumers; the webhook
+hooks are a plain ASGI app (channels_push.plain_http: the hot path, without Django's request
+machinery); everything else is Django's ASGI handler.
 """
 
 import asyncio
@@ -18,13 +19,18 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from channels_push import board_stream, mcp_transport, publish  # noqa: E402
+from channels_push import board_stream, mcp_transport, plain_http, publish  # noqa: E402
+from ingest import views as ingest_views  # noqa: E402
 
 http_routes = [
     # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
     re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
     # The Todos board's live stream (issue 7): session-authenticated like the board itself.
     re_path(r"^todos/events$", AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi())),
+    # Webhook deliveries (§5), /hooks/<webhook_slug>: any slug text is captured so that an
+    # unknown one gets ingest's JSON 404.
+    re_path(ingest_views.HOOK_ROUTE_PATTERN,
+            plain_http.SyncHandlerApp(ingest_views.answer_hook, ingest_views.refusal_answer)),
     # Everything else is Django. Static files (the admin's CSS and JS) are served from the
     # installed apps by Django's own handler: switchboard's static files are a few admin
     # assets, not worth a separate server or collectstatic step; put a CDN or proxy cache in

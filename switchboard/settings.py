@@ -151,8 +151,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     # Django turns psycopg's prepared statements off (prepare_threshold None), and then even an
     # explicit prepare=True is ignored. The todo transitions prepare their fixed statements
-    # (todos/transitions.py, _fetch_rows_postgres); the ORM's own queries use client-side
-    # binding, which never prepares, so this changes nothing else.
+    # (todos/transitions.py, _fetch_rows_postgres), and the hook's server-binding statements
+    # (switchboard/statements.py) are prepared after 5 runs; the ORM's own queries use
+    # client-side binding, which never prepares, so this changes nothing else.
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
     # Under ASGI every request runs its sync code in a thread of its own, so persistent
     # per-thread connections (CONN_MAX_AGE > 0) pile up until PostgreSQL refuses clients

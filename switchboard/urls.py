@@ -12,8 +12,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
-    # ingest (§5): any slug text is captured so that an unknown one gets ingest's JSON 404.
-    re_path(r"^hooks/(?P<webhook_slug>[^/]+)/?$", ingest_views.receive_hook, name="receive_hook"),
+    # ingest (§5); POST /hooks/<webhook_slug> is routed in asgi.py (the hot path).
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
             name="hand_over"),
     # -- operator console (issue 7); /todos/events is the SSE consumer routed in asgi.py --

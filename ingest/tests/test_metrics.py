@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ingest import transitions
-from ingest.tests import signing
+from ingest.tests import hook_client, signing
 from todos.tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
@@ -21,13 +21,11 @@ def test_accepted_and_rejected_deliveries_are_counted(client, operator, endpoint
     def moved(after, name, **labels):
         return value(after, name, **labels) - value(before, name, **labels)
 
-    ok = client.post("/hooks/gh", body, content_type="application/json",
-                     **signing.github(secret, body))
+    ok = hook_client.post("gh", body, **signing.github(secret, body))
     assert ok.status_code == 202
-    bad = client.post("/hooks/gh", body, content_type="application/json",
-                      **signing.github("not-the-secret-at-all", body))
+    bad = hook_client.post("gh", body, **signing.github("not-the-secret-at-all", body))
     assert bad.status_code == 401
-    assert client.post("/hooks/nope", body, content_type="application/json").status_code == 404
+    assert hook_client.post("nope", body).status_code == 404
     after = scrape(client)
     assert moved(after, "switchboard_ingest_accepted_total", source="github") == 1
     assert moved(after, "switchboard_ingest_rejected_total", reason="bad_signature") == 1

@@ -97,3 +97,19 @@ def test_find_webhook_with_routes(make_webhook, endpoint, other_endpoints):
     hook.save()
     assert queries.find_webhook_with_routes(hook.slug) == (None, [])
     assert queries.find_webhook_with_routes("nope") == (None, [])
+
+
+def test_the_webhook_lookup_is_prepared_after_a_few_runs(make_webhook):
+    """The hook's lookup binds server-side, and settings let psycopg prepare it: PostgreSQL
+    plans it once per connection, not on every delivery."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    webhook = make_webhook("github")
+    for _ in range(6):
+        assert queries.find_webhook_with_routes(webhook.slug)[0] == webhook
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [statement for (statement,) in cursor.fetchall()]
+    assert any("FROM ingest_webhook w" in statement for statement in prepared), prepared

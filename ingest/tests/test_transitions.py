@@ -11,14 +11,13 @@ import pytest
 
 from tests.processes import children_database_url
 from django.db import IntegrityError, connection
-from django.test import Client
 
 from ingest import transitions
 from ingest.models import DeliveryEvent, Route
 from todos import transitions as todo_transitions
 from todos.models import Todo
 
-from . import signing
+from . import hook_client, signing
 from .conftest import SECRETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,8 +94,7 @@ def test_thirty_concurrent_identical_deliveries_make_one_todo_per_route(
     def send():
         try:
             barrier.wait(timeout=30)
-            answer = Client().post(f"/hooks/{webhook.slug}", data=body,
-                                   content_type="application/json", **meta)
+            answer = hook_client.post(webhook.slug, body, **meta)
             answers.append((answer.status_code, answer.json()))
         except Exception as exc:  # surfaced below; a thread's exception is otherwise lost
             errors.append(exc)
@@ -123,19 +121,17 @@ REDIS_DOWN_SCRIPT = r"""
 import json, os, sys
 import django
 django.setup()
-from django.test import Client
 from ingest import transitions
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions as todo_transitions
-from ingest.tests import signing
+from ingest.tests import hook_client, signing
 
 owner = UserFactory(username="redis-down-owner")
 endpoint = EndpointFactory(slug="redis-down-agent", owner=owner)
 webhook, secret = transitions.create_webhook(slug="redis-down", owner=owner, source="github")
 transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="inbox")
 body = json.dumps({"action": "opened", "issue": {"number": 1, "title": "t"}}).encode()
-answer = Client(HTTP_HOST="localhost").post("/hooks/redis-down", data=body, content_type="application/json",
-                       **signing.github(secret, body))
+answer = hook_client.post("redis-down", body, **signing.github(secret, body))
 caller = todo_transitions.Caller.agent(endpoint, "session-1")
 pulled = todo_transitions.claim_next_todo(caller)
 from channels_push import publish
@@ -176,8 +172,7 @@ def test_a_database_failure_answers_503_json_and_keeps_nothing(make_webhook, mon
 
     monkeypatch.setattr(todo_transitions, "create_todo", fail)
     body = json.dumps(ISSUE).encode()
-    answer = Client().post(f"/hooks/{webhook.slug}", data=body, content_type="application/json",
-                           **signing.github(SECRETS["github"], body))
+    answer = hook_client.post(webhook.slug, body, **signing.github(SECRETS["github"], body))
     assert answer.status_code == 503 and answer["Retry-After"] == "5"
     assert answer.json()["error"]["code"] == "unavailable"
     assert Todo.objects.count() == 0 and DeliveryEvent.objects.count() == 0

@@ -1,4 +1,5 @@
-"""POST /hooks/<slug> and POST /api/v1/endpoints/<slug>/todos through Django's test client."""
+"""POST /hooks/<slug> through the real ASGI app (hook_client), and POST
+/api/v1/endpoints/<slug>/todos through Django's test client."""
 
 import json
 import logging
@@ -13,7 +14,7 @@ from switchboard.logfmt import KeyValueFormatter
 from tests.factories import EndpointFactory, UserFactory
 from todos.models import Todo
 
-from . import signing
+from . import hook_client, signing
 from .conftest import SECRETS
 
 pytestmark = pytest.mark.django_db
@@ -25,15 +26,15 @@ ISSUE = {
 }
 
 
-def post_hook(client, slug, body: bytes, meta: dict, content_type="application/json"):
-    return client.post(f"/hooks/{slug}", data=body, content_type=content_type, **meta)
+def post_hook(slug, body: bytes, meta: dict, content_type="application/json", **options):
+    return hook_client.post(slug, body, content_type=content_type, **options, **meta)
 
 
-def deliver(client, webhook, payload=ISSUE, **signer_kwargs):
+def deliver(webhook, payload=ISSUE, **signer_kwargs):
     body = signing.body_of(payload)
     meta = signing.SIGNERS[webhook.source](SECRETS[webhook.source], body, **signer_kwargs) \
         if webhook.source != "unsigned" else {}
-    return post_hook(client, webhook.slug, body, meta)
+    return post_hook(webhook.slug, body, meta)
 
 
 def nothing_written():
@@ -63,11 +64,12 @@ SOURCE_CASES = {
 
 
 @pytest.mark.parametrize("source", list(SOURCE_CASES))
-def test_valid_delivery_creates_a_todo_and_answers_202(client, make_webhook, endpoint, source):
+def test_valid_delivery_creates_a_todo_and_answers_202(make_webhook, endpoint, source):
     _, payload, kind, title = SOURCE_CASES[source]
     webhook = make_webhook(source)
-    answer = deliver(client, webhook, payload)
+    answer = deliver(webhook, payload)
     assert answer.status_code == 202, answer.content
+    assert answer["Content-Length"] == str(len(answer.content))
     data = answer.json()
     [entry] = data["todos"]
     assert entry["endpoint"] == endpoint.slug and entry["queue"] == "inbox"
@@ -81,41 +83,41 @@ def test_valid_delivery_creates_a_todo_and_answers_202(client, make_webhook, end
     assert event.attributed_to == webhook.owner and len(event.body_sha256) == 64
 
 
-def test_stripe_event_id_is_the_delivery_id(client, make_webhook):
+def test_stripe_event_id_is_the_delivery_id(make_webhook):
     webhook = make_webhook("stripe")
     payload = {"id": "evt_42", "type": "charge.succeeded"}
-    deliver(client, webhook, payload)
+    deliver(webhook, payload)
     # Re-signed with a fresh timestamp, as Stripe does on retry: same event id, same todo.
-    answer = deliver(client, webhook, payload, timestamp=int(time.time()) - 5)
+    answer = deliver(webhook, payload, timestamp=int(time.time()) - 5)
     assert answer.json()["todos"][0]["duplicate"] is True
     assert Todo.objects.get().idempotency_key == "stripe-hook:evt_42"
 
 
-def test_cairn_signed_event_id_in_the_body_is_the_delivery_id(client, make_webhook):
+def test_cairn_signed_event_id_in_the_body_is_the_delivery_id(make_webhook):
     webhook = make_webhook("standard")
     payload = {"type": "note.created", "event_id": "ev-7"}
-    deliver(client, webhook, payload, message_id="msg_a")
-    answer = deliver(client, webhook, payload, message_id="msg_b")
+    deliver(webhook, payload, message_id="msg_a")
+    answer = deliver(webhook, payload, message_id="msg_b")
     assert answer.json()["todos"][0]["duplicate"] is True
     assert Todo.objects.get().idempotency_key == "standard-hook:ev-7"
 
 
-def test_delivery_without_an_id_is_keyed_by_body_hash(client, make_webhook):
+def test_delivery_without_an_id_is_keyed_by_body_hash(make_webhook):
     webhook = make_webhook("unsigned")
-    first = deliver(client, webhook, {"type": "x"}).json()
-    again = deliver(client, webhook, {"type": "x"}).json()
+    first = deliver(webhook, {"type": "x"}).json()
+    again = deliver(webhook, {"type": "x"}).json()
     assert again["todos"][0] == {**first["todos"][0], "duplicate": True}
     assert Todo.objects.get().idempotency_key.startswith("unsigned-hook:")
     assert len(Todo.objects.get().idempotency_key) == len("unsigned-hook:") + 64
 
 
-def test_github_form_encoded_delivery_is_accepted(client, make_webhook):
+def test_github_form_encoded_delivery_is_accepted(make_webhook):
     from urllib.parse import urlencode
 
     webhook = make_webhook("github")
     body = urlencode({"payload": json.dumps(ISSUE)}).encode()
     meta = signing.github(SECRETS["github"], body)
-    answer = post_hook(client, webhook.slug, body, meta,
+    answer = post_hook(webhook.slug, body, meta,
                        content_type="application/x-www-form-urlencoded")
     assert answer.status_code == 202
     assert Todo.objects.get().payload == ISSUE
@@ -125,12 +127,12 @@ def test_github_form_encoded_delivery_is_accepted(client, make_webhook):
 
 
 @pytest.mark.parametrize("source", ["github", "gitea", "gitlab", "stripe", "standard"])
-def test_bad_signature_is_401_and_writes_nothing(client, make_webhook, source, caplog):
+def test_bad_signature_is_401_and_writes_nothing(make_webhook, source, caplog):
     webhook = make_webhook(source)
     body = signing.body_of({"id": "evt_1", "type": "x", "action": "opened"})
     meta = signing.SIGNERS[source]("whsec_d3JvbmcgYnV0IHZhbGlkIGJhc2U2NA==", body)
     with caplog.at_level(logging.INFO):
-        answer = post_hook(client, webhook.slug, body, meta)
+        answer = post_hook(webhook.slug, body, meta)
     assert answer.status_code == 401
     assert answer.json()["error"]["code"] == "bad_signature"
     assert nothing_written()
@@ -153,7 +155,7 @@ SPOILED = [(source, spoil) for source in SIGNATURE_HEADER for spoil in ("tampere
 
 
 @pytest.mark.parametrize("source, spoil", SPOILED)
-def test_spoiled_delivery_is_401_and_writes_nothing(client, make_webhook, source, spoil):
+def test_spoiled_delivery_is_401_and_writes_nothing(make_webhook, source, spoil):
     webhook = make_webhook(source)
     body = signing.body_of({"id": "evt_1", "type": "x", "action": "opened"})
     meta = signing.SIGNERS[source](SECRETS[source], body)
@@ -161,49 +163,49 @@ def test_spoiled_delivery_is_401_and_writes_nothing(client, make_webhook, source
         body = body.replace(b"opened", b"closed")
     else:
         del meta[SIGNATURE_HEADER[source]]
-    answer = post_hook(client, webhook.slug, body, meta)
+    answer = post_hook(webhook.slug, body, meta)
     assert answer.status_code == 401 and answer.json()["error"]["code"] == "bad_signature"
     assert nothing_written()
 
 
 @pytest.mark.parametrize("source", ["stripe", "standard"])
-def test_future_timestamp_is_401_and_writes_nothing(client, make_webhook, source):
+def test_future_timestamp_is_401_and_writes_nothing(make_webhook, source):
     webhook = make_webhook(source)
-    answer = deliver(client, webhook, {"id": "evt_1", "type": "x"}, timestamp=int(time.time()) + 400)
+    answer = deliver(webhook, {"id": "evt_1", "type": "x"}, timestamp=int(time.time()) + 400)
     assert answer.status_code == 401
     assert nothing_written()
 
 
 @pytest.mark.parametrize("source", ["stripe", "standard"])
-def test_stale_timestamp_is_401_and_writes_nothing(client, make_webhook, source):
+def test_stale_timestamp_is_401_and_writes_nothing(make_webhook, source):
     webhook = make_webhook(source)
-    answer = deliver(client, webhook, {"id": "evt_1", "type": "x"}, timestamp=int(time.time()) - 301)
+    answer = deliver(webhook, {"id": "evt_1", "type": "x"}, timestamp=int(time.time()) - 301)
     assert answer.status_code == 401 and "300 s" in answer.json()["error"]["message"]
     assert nothing_written()
 
 
-def test_previous_secret_accepted_over_http_during_rotation(client, make_webhook):
+def test_previous_secret_accepted_over_http_during_rotation(make_webhook):
     webhook = make_webhook("github")
     transitions.rotate_webhook_secret(webhook, secret="the-new-secret-0123456789")
-    assert deliver(client, webhook).status_code == 202  # signed with the old secret
+    assert deliver(webhook).status_code == 202  # signed with the old secret
     body = signing.body_of(ISSUE)
-    answer = post_hook(client, webhook.slug, body,
+    answer = post_hook(webhook.slug, body,
                        signing.github("the-new-secret-0123456789", body))
     assert answer.status_code == 202
 
 
-def test_unknown_and_inactive_webhooks_are_404(client, make_webhook):
+def test_unknown_and_inactive_webhooks_are_404(make_webhook):
     webhook = make_webhook("github")
-    assert post_hook(client, "nope", b"{}", {}).status_code == 404
+    assert post_hook("nope", b"{}", {}).status_code == 404
     # The unknown slug is quoted back, but cut short (the caller chose it; it can be huge).
     long_slug = "n" * 5000
-    answer = post_hook(client, long_slug, b"{}", {})
+    answer = post_hook(long_slug, b"{}", {})
     message = answer.json()["error"]["message"]
     assert answer.status_code == 404 and "n" * 64 in message and "n" * 65 not in message
     assert len(message) < 120
     webhook.active = False
     webhook.save()
-    answer = deliver(client, webhook)
+    answer = deliver(webhook)
     assert answer.status_code == 404 and answer.json()["error"]["code"] == "unknown_webhook"
     assert nothing_written()
 
@@ -222,7 +224,7 @@ NUL_BODIES = [
 
 @pytest.mark.parametrize("source", list(SOURCE_CASES))
 @pytest.mark.parametrize("body", OUT_OF_RANGE_BODIES + NUL_BODIES)
-def test_unstorable_json_is_400_naming_the_problem_for_every_source(client, make_webhook,
+def test_unstorable_json_is_400_naming_the_problem_for_every_source(make_webhook,
                                                                      source, body):
     """Valid JSON PostgreSQL cannot store (a number that overflows to inf, a NUL character)
     used to reach the write and fail there as 503; it is the sender's error: 400."""
@@ -230,7 +232,7 @@ def test_unstorable_json_is_400_naming_the_problem_for_every_source(client, make
     if source == "stripe":
         body = body.replace(b'"action"', b'"id": "evt_1", "type": "x", "action"', 1)
     meta = signing.SIGNERS[source](SECRETS[source], body) if source != "unsigned" else {}
-    answer = post_hook(client, webhook.slug, body, meta)
+    answer = post_hook(webhook.slug, body, meta)
     assert answer.status_code == 400, answer.content
     message = answer.json()["error"]["message"]
     assert ("out of range" in message) if b"\\u0000" not in body else ("NUL" in message)
@@ -247,170 +249,156 @@ def test_unstorable_json_is_400_naming_the_problem_for_every_source(client, make
     (b'{"a": 1}', "text/plain", 415),  # wrong content type
     (b"payload=%7B%7D", "application/x-www-form-urlencoded", 415),  # form, on a JSON-only source
 ])
-def test_bad_input_gets_its_status_and_writes_nothing(client, make_webhook, body, content_type,
+def test_bad_input_gets_its_status_and_writes_nothing(make_webhook, body, content_type,
                                                       status):
     webhook = make_webhook("stripe")
     meta = signing.stripe(SECRETS["stripe"], body)
-    answer = post_hook(client, webhook.slug, body, meta, content_type=content_type)
+    answer = post_hook(webhook.slug, body, meta, content_type=content_type)
     assert answer.status_code == status, answer.content
     assert answer["Content-Type"] == "application/json"
     assert answer.json()["error"]["message"]
     assert nothing_written()
 
 
-class CountingStream:
-    """A request body stream that records how many bytes the view read from it."""
-
-    def __init__(self, data: bytes):
-        from io import BytesIO
-
-        self._data, self.consumed = BytesIO(data), 0
-
-    def read(self, size=-1):
-        chunk = self._data.read(size)
-        self.consumed += len(chunk)
-        return chunk
-
-
-def post_hook_raw(webhook, body: bytes, meta: dict, content_length):
-    """Call the view with the body stream as the ASGI handler hands it over (the whole
-    received body, NOT cut to Content-Length, unlike the WSGI test client)."""
-    from django.test import RequestFactory
-
-    from ingest import views
-
-    request = RequestFactory().post(f"/hooks/{webhook.slug}", data=b"",
-                                    content_type="application/json", **meta)
-    if content_length is None:
-        request.META.pop("CONTENT_LENGTH", None)
-    else:
-        request.META["CONTENT_LENGTH"] = content_length
-    request._stream = CountingStream(body)
-    return views.receive_hook(request, webhook.slug), request._stream
-
-
 @override_settings(SWITCHBOARD_MAX_BODY_BYTES=64)
 @pytest.mark.parametrize("content_length", ["10", None], ids=["lying", "absent"])
-def test_oversized_body_is_413_by_declared_and_by_actual_length(client, make_webhook,
-                                                                content_length):
+def test_oversized_body_is_413_by_declared_and_by_actual_length(make_webhook, content_length):
     webhook = make_webhook("github")
     big = signing.body_of({"padding": "x" * 1000})
-    answer = post_hook(client, webhook.slug, big, signing.github(SECRETS["github"], big))
+    meta = signing.github(SECRETS["github"], big)
+    chunks = [big[i:i + 16] for i in range(0, len(big), 16)]
+    answer = post_hook(webhook.slug, big, meta, chunks=chunks)
     assert answer.status_code == 413 and answer.json()["error"]["code"] == "too_large"
-    # A body longer than its (lying or absent) Content-Length: the view cannot know its size
-    # without reading, so it reads at most cap + 1 bytes and answers 413 on the extra byte.
-    answer, stream = post_hook_raw(webhook, big, signing.github(SECRETS["github"], big),
-                                   content_length)
+    assert answer.chunks_read == 0  # refused by Content-Length before reading anything
+    # A streamed body longer than its (lying or absent) Content-Length: the app cannot know
+    # its size without reading, so it stops at the first chunk past the cap and answers 413.
+    answer = post_hook(webhook.slug, big, {**meta, "CONTENT_LENGTH": content_length},
+                       chunks=chunks)
     assert answer.status_code == 413, answer.content
-    assert json.loads(answer.content)["error"]["code"] == "too_large"
-    assert stream.consumed == 64 + 1
+    assert answer.json()["error"]["code"] == "too_large"
+    assert answer.chunks_read == 5  # 80 bytes: the first read past 64, and no further
     assert nothing_written()
 
 
-def test_lying_short_content_length_through_the_wsgi_client_reads_only_what_was_declared(
-        client, make_webhook):
-    """The WSGI handler cuts the stream at Content-Length: the view sees a 10-byte prefix
-    whose signature cannot match, so it is 401 (never 202, never a write)."""
+def test_body_cut_short_at_content_length_is_401(make_webhook):
+    """The server hands the app only the declared bytes (daphne cuts the body at
+    Content-Length): a prefix whose signature cannot match is 401 (never 202, never a write)."""
     webhook = make_webhook("github")
     big = signing.body_of({"padding": "x" * 100})
-    answer = post_hook(client, webhook.slug, big, {**signing.github(SECRETS["github"], big),
-                                                   "CONTENT_LENGTH": "10"})
+    answer = post_hook(webhook.slug, big[:10], signing.github(SECRETS["github"], big))
     assert answer.status_code == 401
     assert nothing_written()
 
 
-def test_chunked_body_beyond_the_cap_is_413(make_webhook):
-    """No Content-Length at all (chunked upload): the read itself stops at the cap."""
-    from io import BytesIO
-
-    from django.test import RequestFactory
-
-    from ingest import views
-
+@pytest.mark.parametrize("header, value", [("CONTENT_LENGTH", "ten"), ("HTTP_HOST", "evil.example")],
+                         ids=["unparseable Content-Length", "Host outside ALLOWED_HOSTS"])
+def test_bad_request_headers_are_400_json(make_webhook, header, value):
     webhook = make_webhook("github")
-    big = signing.body_of({"padding": "x" * 100})
-    request = RequestFactory().post(f"/hooks/{webhook.slug}", data=b"",
-                                    content_type="application/json",
-                                    **signing.github(SECRETS["github"], big))
-    request.META.pop("CONTENT_LENGTH", None)
-    request._stream = BytesIO(big)
-    with override_settings(SWITCHBOARD_MAX_BODY_BYTES=64):
-        answer = views.receive_hook(request, webhook.slug)
-    assert answer.status_code == 413
+    body = signing.body_of(ISSUE)
+    answer = post_hook(webhook.slug, body, {**signing.github(SECRETS["github"], body),
+                                            header: value})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "bad_request"
     assert nothing_written()
 
 
-@override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=3)
-def test_rate_limit_is_429_with_retry_after(client, make_webhook):
+def test_an_unexpected_error_is_500_json_without_the_body(make_webhook, monkeypatch, caplog):
+    from ingest import titles
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(titles, "derive_kind", explode)
     webhook = make_webhook("github")
-    statuses = [deliver(client, webhook).status_code for _ in range(4)]
+    body = signing.body_of(ISSUE)
+    answer = post_hook(webhook.slug, body, signing.github(SECRETS["github"], body))
+    assert answer.status_code == 500 and answer.json()["error"]["code"] == "internal_error"
+    assert "Crash on start" not in caplog.text
+    assert nothing_written()
+
+
+def test_the_asgi_routing_serves_hooks_with_answer_hook():
+    """hook_client mirrors production: the same pattern and handler, routed in asgi.py."""
+    from channels_push import plain_http
+    from ingest import views
+    from switchboard import asgi
+
+    [route] = [r for r in asgi.http_routes if r.pattern.regex.pattern == views.HOOK_ROUTE_PATTERN]
+    assert isinstance(route.callback, plain_http.SyncHandlerApp)
+    assert route.callback.handler is views.answer_hook
+
+
+@override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=3)
+def test_rate_limit_is_429_with_retry_after(make_webhook):
+    webhook = make_webhook("github")
+    statuses = [deliver(webhook).status_code for _ in range(4)]
     assert statuses == [202, 202, 202, 429]
-    answer = deliver(client, webhook)
+    answer = deliver(webhook)
     assert answer.status_code == 429
     assert 1 <= int(answer["Retry-After"]) <= 60
     assert answer.json()["error"]["code"] == "rate_limited"
     assert Todo.objects.count() == 3
     # Per webhook: another webhook is not limited by the first one's traffic.
     other = make_webhook("gitea")
-    assert deliver(client, other).status_code == 202
+    assert deliver(other).status_code == 202
 
 
-def test_get_is_405_json(client, make_webhook):
+def test_get_is_405_json(make_webhook):
     webhook = make_webhook("github")
-    answer = client.get(f"/hooks/{webhook.slug}")
+    answer = hook_client.post(webhook.slug, method="GET", content_type=None)
     assert answer.status_code == 405 and answer.json()["error"]["code"] == "method_not_allowed"
+    assert answer["Allow"] == "POST"
 
 
 # -- idempotency and fan-out --------------------------------------------------------------------
 
 
-def test_redelivery_while_live_returns_the_same_todo(client, make_webhook, published):
+def test_redelivery_while_live_returns_the_same_todo(make_webhook, published):
     webhook = make_webhook("github")
-    first = deliver(client, webhook, delivery="d-1")
-    again = deliver(client, webhook, delivery="d-1")
+    first = deliver(webhook, delivery="d-1")
+    again = deliver(webhook, delivery="d-1")
     assert again.status_code == 202
     assert again.json()["todos"] == [{**first.json()["todos"][0], "duplicate": True}]
     assert again.json()["delivery"] == first.json()["delivery"]
     assert Todo.objects.count() == 1 and DeliveryEvent.objects.count() == 1
 
 
-def test_one_delivery_fans_out_to_every_route(client, make_webhook, endpoint, other_endpoints):
+def test_one_delivery_fans_out_to_every_route(make_webhook, endpoint, other_endpoints):
     webhook = make_webhook("github", routes=[
         (endpoint, "inbox", None),
         (other_endpoints[0], "reviews", ["issues"]),
         (other_endpoints[1], "triage", ["issues.opened"]),
         (other_endpoints[1], "pushes", ["push"]),  # filtered out: wrong kind
     ])
-    answer = deliver(client, webhook)
+    answer = deliver(webhook)
     placed = {(t["endpoint"], t["queue"]) for t in answer.json()["todos"]}
     assert placed == {("agent", "inbox"), ("agent-0", "reviews"), ("agent-1", "triage")}
     todos = Todo.objects.all()
     assert len(todos) == 3 and len({t.delivery_event_id for t in todos}) == 1
 
 
-def test_two_routes_into_one_endpoint_make_two_todos(client, make_webhook, endpoint):
+def test_two_routes_into_one_endpoint_make_two_todos(make_webhook, endpoint):
     webhook = make_webhook("github", routes=[(endpoint, "inbox", None), (endpoint, "reviews", None)])
-    answer = deliver(client, webhook, delivery="d-2")
+    answer = deliver(webhook, delivery="d-2")
     assert sorted(t["queue"] for t in answer.json()["todos"]) == ["inbox", "reviews"]
-    again = deliver(client, webhook, delivery="d-2")
+    again = deliver(webhook, delivery="d-2")
     assert all(t["duplicate"] for t in again.json()["todos"])
     assert Todo.objects.count() == 2
 
 
-def test_adding_a_route_then_redelivering_duplicates_nothing(client, make_webhook, endpoint):
+def test_adding_a_route_then_redelivering_duplicates_nothing(make_webhook, endpoint):
     webhook = make_webhook("github")  # endpoint/inbox only
-    first = deliver(client, webhook, delivery="d-live").json()["todos"][0]
+    first = deliver(webhook, delivery="d-live").json()["todos"][0]
     transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="reviews")
-    again = deliver(client, webhook, delivery="d-live").json()["todos"]
+    again = deliver(webhook, delivery="d-live").json()["todos"]
     assert {t["queue"]: t["duplicate"] for t in again} == {"inbox": True, "reviews": False}
     assert [t["id"] for t in again if t["queue"] == "inbox"] == [first["id"]]
     assert Todo.objects.count() == 2
 
 
-def test_delivery_to_inactive_endpoint_route_is_skipped(client, make_webhook, endpoint):
+def test_delivery_to_inactive_endpoint_route_is_skipped(make_webhook, endpoint):
     endpoint.active = False
     endpoint.save()
-    answer = deliver(client, make_webhook("github"))
+    answer = deliver(make_webhook("github"))
     assert answer.status_code == 202 and answer.json()["todos"] == []
 
 
@@ -587,7 +575,7 @@ def test_operator_api_queue_outside_scope_is_400(client, operator, token):
     assert answer.status_code == 400 and "scope" in answer.json()["error"]["message"]
 
 
-def test_delivery_query_count_is_pinned(client, make_webhook, endpoint, other_endpoints,
+def test_delivery_query_count_is_pinned(make_webhook, endpoint, other_endpoints,
                                         django_assert_num_queries):
     """The hot path: one read (routes + webhook + endpoints), then savepoint, the delivery
     event, one INSERT … RETURNING per route (its todo event rides in the same statement on
@@ -598,9 +586,9 @@ def test_delivery_query_count_is_pinned(client, make_webhook, endpoint, other_en
         pytest.skip("query count pinned for PostgreSQL")
     one_route = make_webhook("github")
     with django_assert_num_queries(5):
-        assert deliver(client, one_route).status_code == 202
+        assert deliver(one_route).status_code == 202
     three_routes = make_webhook("gitea", routes=[(endpoint, "inbox", None),
                                                  (other_endpoints[0], "inbox", None),
                                                  (other_endpoints[1], "inbox", None)])
     with django_assert_num_queries(7):
-        assert deliver(client, three_routes).status_code == 202
+        assert deliver(three_routes).status_code == 202

@@ -1,0 +1,161 @@
+"""Plain HTTP endpoints served straight from ASGI: the request is read here, answered by one
+plain sync function in one thread hop, and written back here.
+
+Why not Django's ASGI handler for such endpoints: per request it starts (and joins) a thread
+for the view's sync context, walks the middleware chain through several sync/async hops and
+builds an HttpRequest and an HttpResponse. On the 2-core benchmark machine that machinery alone
+answered a no-op view at 0.16 of a bare daphne's rate (bench/ingest.py), far more than a
+webhook delivery's own work. Endpoints that need none of it (no session, no CSRF, no templates)
+are served here instead: the webhook hooks (``ingest.views.answer_hook``) and, for its
+requests and answers, the MCP transport.
+
+What Django's stack did for these endpoints and is kept here: the Host header is checked
+against ALLOWED_HOSTS (CommonMiddleware's ``get_host()``), answers carry
+``X-Content-Type-Options: nosniff`` (SecurityMiddleware), the database connection is returned
+after the hop (``database_sync_to_async`` closes old connections as Django's request signals
+did), and an unexpected exception is logged and answered 500 without the body.
+"""
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import DatabaseError
+from django.http.request import split_domain_port, validate_host
+
+from switchboard import health
+
+log = logging.getLogger("switchboard.http")
+
+JSON_HEADERS = {"Content-Type": "application/json", "X-Content-Type-Options": "nosniff"}
+# Django's own fallback when DEBUG is on and ALLOWED_HOSTS is empty (HttpRequest.get_host).
+DEBUG_LOCAL_HOSTS = [".localhost", "127.0.0.1", "[::1]"]
+
+
+@dataclass
+class Request:
+    method: str
+    slug: str  # the route's one path parameter
+    headers: dict  # lower-cased names -> str (latin-1); a repeated header keeps the last
+    body: bytes = b""
+    # The body passed the size cap (by Content-Length or as read); reading stopped there.
+    too_large: bool = False
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes = b""
+    headers: dict = field(default_factory=dict)
+
+    def header_list(self) -> list[tuple[bytes, bytes]]:
+        return [(k.lower().encode("latin-1"), str(v).encode("latin-1"))
+                for k, v in self.headers.items()]
+
+
+def json_answer(status: int, payload, headers=None) -> Answer:
+    return Answer(status, json.dumps(payload).encode(), {**JSON_HEADERS, **(headers or {})})
+
+
+def request_from_scope(scope) -> Request:
+    headers = {}
+    for name, value in scope.get("headers", []):
+        headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+    kwargs = scope.get("url_route", {}).get("kwargs", {})
+    return Request(method=scope["method"].upper(), slug=next(iter(kwargs.values()), ""),
+                   headers=headers)
+
+
+def host_allowed(request: Request, scope) -> bool:
+    """The Host header (else the server's name) must match ALLOWED_HOSTS, as Django's
+    ``HttpRequest.get_host()`` requires for every view behind CommonMiddleware."""
+    host = request.header("host")
+    if host is None:
+        server = scope.get("server") or ("", None)
+        host = str(server[0] or "")
+    domain, _ = split_domain_port(host)
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = DEBUG_LOCAL_HOSTS
+    return bool(domain) and validate_host(domain, allowed)
+
+
+async def read_body(request: Request, receive, limit: int) -> bool:
+    """Read the whole body into ``request.body``; True (and stop reading) once it passes
+    ``limit``. A declared Content-Length over the limit is refused before reading anything."""
+    declared = request.header("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        return True
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return True
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            break
+    request.body = b"".join(chunks)
+    return False
+
+
+# Statuses that carry no body and must not declare a length (RFC 9110 §8.6).
+NO_BODY_STATUSES = frozenset({204, 304})
+
+
+async def send_answer(send, answer: Answer):
+    headers = answer.header_list()
+    if answer.status not in NO_BODY_STATUSES and answer.status >= 200:
+        # Declared, as Django's CommonMiddleware did: without it daphne chunks the answer.
+        headers.append((b"content-length", str(len(answer.body)).encode()))
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+class SyncHandlerApp:
+    """ASGI app answering every request with ``handler(request) -> Answer``, a plain sync
+    function run in ONE ``database_sync_to_async`` hop. The body is read (at most
+    ``SWITCHBOARD_MAX_BODY_BYTES`` + one chunk) before the hop; a body over the cap is not read
+    further and the handler sees ``request.too_large``, so it answers 413 in its own terms.
+
+    ``refusal(status, code, message)`` builds the answers given without the handler (a bad
+    Host, an internal error), in the endpoint's own error format.
+    """
+
+    def __init__(self, handler, refusal, *, thread_sensitive: bool = False):
+        self.handler = handler
+        self.refusal = refusal
+        # Requests run in the thread pool, not Django's one shared sync thread: deliveries
+        # share no state but the database, and one thread would queue every request behind
+        # the others' database round trips. In-process tests pass True so the handler sees
+        # the test's uncommitted transaction on the main thread.
+        self.run_handler = database_sync_to_async(handler, thread_sensitive=thread_sensitive)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        request = request_from_scope(scope)
+        try:
+            if not host_allowed(request, scope):
+                await send_answer(send, self.refusal(400, "bad_request", "Host not allowed"))
+                return
+            request.too_large = await read_body(request, receive,
+                                                settings.SWITCHBOARD_MAX_BODY_BYTES)
+            await send_answer(send, await self.run_handler(request))
+        except Exception as exc:
+            # Never the body or headers in the log: they may carry secrets or signatures.
+            log.exception("request failed", extra={"slug": request.slug, "method": request.method})
+            if isinstance(exc, DatabaseError):
+                await database_sync_to_async(health.discard_broken_pooled_connections)()
+            try:
+                await send_answer(send, self.refusal(500, "internal_error", "internal error"))
+            except Exception:  # the answer had already started; nothing more to say
+                pass
