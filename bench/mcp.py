@@ -13,6 +13,11 @@ One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is mig
 
 Prints cycles/s for both, the ratio mcp/direct (target >= 0.3) and the tool-call latency
 p50/p99 seen by the clients. A benchmark, not a test: nothing here asserts a speed.
+
+It also prints where the CPU of the mcp run went, per tool call: the daphne process, the SDK
+clients and this database's PostgreSQL backends (read from /proc, so Linux with the server on
+this machine). On a small machine all three share the cores, so the ratio is bounded by their
+sum, not by the server alone; the split says which part a change can still win.
 """
 
 import argparse
@@ -104,6 +109,7 @@ def mcp_worker(url: str, slug: str, credential: str, start_at: float, results):
             await client.call_tool("list_todos", {"limit": 1})  # warm the connection
             while time.time() < start_at:
                 await asyncio.sleep(0.001)
+            cpu_started = time.process_time()
             while True:
                 t0 = time.perf_counter()
                 claimed = await client.call_tool("claim_next", {})
@@ -119,9 +125,29 @@ def mcp_worker(url: str, slug: str, credential: str, start_at: float, results):
                 latencies.append(time.perf_counter() - t0)
                 cycles += 1
             finished = time.time()
-        return cycles, latencies, finished
+            cpu_seconds = time.process_time() - cpu_started
+        return cycles, latencies, finished, cpu_seconds
 
     results.put(asyncio.run(loop()))
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far (0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def database_backend_pids() -> list[int]:
+    """PostgreSQL backends connected to this database (the daphne pool's among them)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                       " AND pid <> pg_backend_pid()")
+        return [row[0] for row in cursor.fetchall()]
 
 
 def run_mcp(server_url, endpoint, credential, clients: int):
@@ -139,7 +165,7 @@ def run_mcp(server_url, endpoint, credential, clients: int):
     cycles = sum(o[0] for o in outcomes)
     latencies = sorted(lat for o in outcomes for lat in o[1])
     elapsed = max(o[2] for o in outcomes) - start_at
-    return cycles, elapsed, latencies
+    return cycles, elapsed, latencies, sum(o[3] for o in outcomes)
 
 
 def percentile(sorted_values, fraction):
@@ -174,8 +200,16 @@ def main():
     server = DaphneServer(env={"SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
                                "DATABASE_URL": os.environ["DATABASE_URL"]}).start()
     try:
-        mcp_cycles, mcp_seconds, latencies = run_mcp(server.url, mcp_endpoint, credential,
-                                                     args.clients)
+        # A backend the pool opens during the run counts with its whole life (its start-up
+        # included); one that ends during the run is missed (the pool keeps them for an hour).
+        server_pid = server.process.pid
+        server_cpu = process_cpu_seconds(server_pid)
+        backend_cpu = {pid: process_cpu_seconds(pid) for pid in database_backend_pids()}
+        mcp_cycles, mcp_seconds, latencies, client_cpu = run_mcp(
+            server.url, mcp_endpoint, credential, args.clients)
+        server_cpu = process_cpu_seconds(server_pid) - server_cpu
+        backend_cpu = sum(process_cpu_seconds(pid) - backend_cpu.get(pid, 0.0)
+                          for pid in database_backend_pids())
     finally:
         server.stop()
 
@@ -191,6 +225,10 @@ def main():
     print(f"  tool-call latency: p50 {percentile(latencies, 0.50) * 1000:.1f} ms, "
           f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, mean "
           f"{statistics.fmean(latencies) * 1000:.1f} ms over {len(latencies)} calls")
+    calls = len(latencies)
+    print(f"  cpu per tool call: daphne {server_cpu / calls * 1000:.2f} ms, sdk clients "
+          f"{client_cpu / calls * 1000:.2f} ms, postgres {backend_cpu / calls * 1000:.2f} ms "
+          f"(load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
 
 
 if __name__ == "__main__":
