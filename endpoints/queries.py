@@ -1,29 +1,44 @@
 """Reads on endpoints shared by the MCP transport, the board and the commands."""
 
-from django.db.models import Q
+import hmac
+
+from django.db import connection
 from django.utils import timezone
 
-from .models import Credential, Endpoint, hash_credential
+from .models import Endpoint, hash_credential
 
 
-def find_endpoint_for_credential(slug: str, credential: str, *, now=None) -> Endpoint | None:
+def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_sql: str = "",
+                                 join_columns: str = "", join_params=None) -> Endpoint | None:
     """The active endpoint ``slug`` if ``credential`` is one of its live credentials, else None.
 
     Looked up by digest (an index probe, no timing signal about other endpoints); the digest is
     compared again in constant time so a future change of lookup cannot open a timing oracle.
+    Nothing is cached: a rotated-out, expired or deactivated credential fails on its next use.
+
+    ``join_sql`` / ``join_columns`` / ``join_params``: a caller's LEFT JOIN onto ``e`` (this
+    endpoint's row), whose columns come back as attributes of the endpoint. That lets a check
+    of the caller's own rows ride on this one statement: the MCP transport checks the request's
+    session here, one round trip per request instead of two. Raw SQL rather than the ORM
+    because this runs on every MCP request, and building the query cost more CPU than running
+    it (measured: ~1.5 ms of ~3.4 ms per tool call).
     """
     if not credential:
         return None
     now = now or timezone.now()
-    match = (
-        Credential.objects.select_related("endpoint")
-        .filter(digest=hash_credential(credential), endpoint__slug=slug, endpoint__active=True)
-        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-        .first()
+    params = {**(join_params or {}), "slug": slug, "digest": hash_credential(credential),
+              "now": connection.ops.adapt_datetimefield_value(now)}
+    sql = (
+        f"SELECT e.*, c.digest AS credential_digest{join_columns}"
+        " FROM endpoints_credential c JOIN endpoints_endpoint e ON e.id = c.endpoint_id"
+        f"{join_sql}"
+        " WHERE c.digest = %(digest)s AND e.slug = %(slug)s AND e.active"
+        " AND (c.expires_at IS NULL OR c.expires_at > %(now)s) LIMIT 1"
     )
-    if match is None or not match.matches(credential):
+    match = next(iter(Endpoint.objects.raw(sql, params)), None)
+    if match is None or not hmac.compare_digest(match.credential_digest, params["digest"]):
         return None
-    return match.endpoint
+    return match
 
 
 def get_endpoint(slug: str) -> Endpoint:
