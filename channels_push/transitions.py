@@ -46,8 +46,8 @@ def find_endpoint_with_session(*, slug: str, credential: str, session_id: str | 
         slug, credential, now=now,
         join_sql=" LEFT JOIN channels_push_mcpsession s ON s.id = %(session_id)s"
                  " AND s.endpoint_id = e.id AND s.terminated_at IS NULL",
-        join_columns=", s.id IS NOT NULL AS session_live,"
-                     " COALESCE(s.last_seen_at >= %(fresh_since)s, FALSE) AS session_fresh",
+        join_columns={"session_live": "s.id IS NOT NULL",
+                      "session_fresh": "COALESCE(s.last_seen_at >= %(fresh_since)s, FALSE)"},
         join_params={"session_id": session_id, "fresh_since": _time(now - fresh_within)},
     )
 
