@@ -390,9 +390,16 @@ class McpEndpoint:
         # agent's tool call behind the others' database round trips. In-process tests pass
         # True so the handler sees the test's uncommitted transaction on the main thread.
         self.thread_sensitive = thread_sensitive
+        self._wrapped = {}
 
     def _sync(self, function):
-        return database_sync_to_async(function, thread_sensitive=self.thread_sensitive)
+        # One wrapper per function for the life of the app: building one checks the function
+        # and copies its attributes, a cost worth paying once, not on every request.
+        wrapped = self._wrapped.get(function)
+        if wrapped is None:
+            wrapped = self._wrapped[function] = database_sync_to_async(
+                function, thread_sensitive=self.thread_sensitive)
+        return wrapped
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
