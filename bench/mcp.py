@@ -14,10 +14,12 @@ One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is mig
 Prints cycles/s for both, the ratio mcp/direct (target >= 0.3) and the tool-call latency
 p50/p99 seen by the clients. A benchmark, not a test: nothing here asserts a speed.
 
-It also prints where the CPU of the mcp run went, per tool call: the daphne process, the SDK
-clients and this database's PostgreSQL backends (read from /proc, so Linux with the server on
-this machine). On a small machine all three share the cores, so the ratio is bounded by their
-sum, not by the server alone; the split says which part a change can still win.
+It also prints where the CPU went (read from /proc: Linux, with PostgreSQL on this machine):
+per direct cycle, this process and its PostgreSQL backends; per MCP tool call, the daphne
+process, the SDK clients and daphne's backends. On a small machine all of them share the
+cores, so when the cores are busy the ratio tends to direct CPU per cycle over MCP CPU per
+cycle (clients included), whatever the server does; the split says which part a change can
+still win.
 """
 
 import argparse
@@ -140,14 +142,20 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def database_backend_pids() -> list[int]:
-    """PostgreSQL backends connected to this database (the daphne pool's among them)."""
+def backends_cpu_snapshot() -> dict[int, float]:
+    """CPU so far of each PostgreSQL backend connected to this database (the pools of this
+    process and of daphne)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                       " AND pid <> pg_backend_pid()")
-        return [row[0] for row in cursor.fetchall()]
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        return {pid: process_cpu_seconds(pid) for (pid,) in cursor.fetchall()}
+
+
+def backends_cpu_since(snapshot: dict[int, float]) -> float:
+    """CPU the backends spent since ``snapshot``. One opened meanwhile counts with its whole
+    life (its start-up included); one that ended meanwhile is missed (pools keep them)."""
+    return sum(cpu - snapshot.get(pid, 0.0) for pid, cpu in backends_cpu_snapshot().items())
 
 
 def run_mcp(server_url, endpoint, credential, clients: int):
@@ -191,7 +199,10 @@ def main():
     run_id = f"{os.getpid()}-{int(time.time())}"
 
     direct_endpoint, _ = make_queue(f"bench-direct-{run_id}", args.todos)
+    direct_cpu, direct_backends = time.process_time(), backends_cpu_snapshot()
     direct_cycles, direct_seconds = run_direct(direct_endpoint, args.clients)
+    direct_cpu = time.process_time() - direct_cpu
+    direct_backend_cpu = backends_cpu_since(direct_backends)
 
     from tests.servers import DaphneServer
 
@@ -200,16 +211,12 @@ def main():
     server = DaphneServer(env={"SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
                                "DATABASE_URL": os.environ["DATABASE_URL"]}).start()
     try:
-        # A backend the pool opens during the run counts with its whole life (its start-up
-        # included); one that ends during the run is missed (the pool keeps them for an hour).
         server_pid = server.process.pid
-        server_cpu = process_cpu_seconds(server_pid)
-        backend_cpu = {pid: process_cpu_seconds(pid) for pid in database_backend_pids()}
+        server_cpu, mcp_backends = process_cpu_seconds(server_pid), backends_cpu_snapshot()
         mcp_cycles, mcp_seconds, latencies, client_cpu = run_mcp(
             server.url, mcp_endpoint, credential, args.clients)
         server_cpu = process_cpu_seconds(server_pid) - server_cpu
-        backend_cpu = sum(process_cpu_seconds(pid) - backend_cpu.get(pid, 0.0)
-                          for pid in database_backend_pids())
+        backend_cpu = backends_cpu_since(mcp_backends)
     finally:
         server.stop()
 
@@ -226,9 +233,12 @@ def main():
           f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, mean "
           f"{statistics.fmean(latencies) * 1000:.1f} ms over {len(latencies)} calls")
     calls = len(latencies)
-    print(f"  cpu per tool call: daphne {server_cpu / calls * 1000:.2f} ms, sdk clients "
-          f"{client_cpu / calls * 1000:.2f} ms, postgres {backend_cpu / calls * 1000:.2f} ms "
-          f"(load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    print(f"  cpu per cycle: direct {direct_cpu / direct_cycles * 1000:.2f} ms + postgres "
+          f"{direct_backend_cpu / direct_cycles * 1000:.2f} ms; mcp per tool call (2 a cycle): "
+          f"daphne {server_cpu / calls * 1000:.2f} ms, sdk clients "
+          f"{client_cpu / calls * 1000:.2f} ms, postgres {backend_cpu / calls * 1000:.2f} ms")
+    print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
+          f"{os.cpu_count()} cores")
 
 
 if __name__ == "__main__":
