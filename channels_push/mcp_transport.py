@@ -624,8 +624,12 @@ async def _read_body(request: Request, receive, limit: int) -> bool:
 
 
 async def _send_answer(send, answer: Answer):
+    # A declared length, not chunked encoding (what daphne falls back to without one): the
+    # client reads one framed body instead of a chunk and then a separate empty last chunk.
+    # Never on a 204, which must not carry one (RFC 9110 §8.6).
+    length = [] if answer.status == 204 else [(b"content-length", str(len(answer.body)).encode())]
     await send({"type": "http.response.start", "status": answer.status,
-                "headers": answer.header_list()})
+                "headers": answer.header_list() + length})
     await send({"type": "http.response.body", "body": answer.body})
 
 

@@ -297,6 +297,14 @@ def test_delete_ends_the_session(mcp):
     assert mcp.request("GET", accept="text/event-stream").status == 404
 
 
+def test_answers_declare_their_length_but_a_204_does_not(mcp):
+    reply = mcp.initialize()
+    assert reply.headers["content-length"] == str(len(reply.body))
+    refused = mcp.rpc("ping", authorization=None)
+    assert refused.headers["content-length"] == str(len(refused.body))
+    assert "content-length" not in mcp.request("DELETE").headers
+
+
 def test_tool_refusal_is_a_result_not_an_error(mcp):
     mcp.initialize()
     reply = mcp.call("claim", {"todo_id": "424242"})
