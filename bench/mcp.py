@@ -13,6 +13,13 @@ One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is mig
 
 Prints cycles/s for both, the ratio mcp/direct (target >= 0.3) and the tool-call latency
 p50/p99 seen by the clients. A benchmark, not a test: nothing here asserts a speed.
+
+It also prints where the CPU went (read from /proc: Linux, with PostgreSQL on this machine):
+per direct cycle, this process and its PostgreSQL backends; per MCP tool call, the daphne
+process, the SDK clients and daphne's backends. On a small machine all of them share the
+cores, so when the cores are busy the ratio tends to direct CPU per cycle over MCP CPU per
+cycle (clients included), whatever the server does; the split says which part a change can
+still win.
 """
 
 import argparse
@@ -104,6 +111,7 @@ def mcp_worker(url: str, slug: str, credential: str, start_at: float, results):
             await client.call_tool("list_todos", {"limit": 1})  # warm the connection
             while time.time() < start_at:
                 await asyncio.sleep(0.001)
+            cpu_started = time.process_time()
             while True:
                 t0 = time.perf_counter()
                 claimed = await client.call_tool("claim_next", {})
@@ -119,9 +127,35 @@ def mcp_worker(url: str, slug: str, credential: str, start_at: float, results):
                 latencies.append(time.perf_counter() - t0)
                 cycles += 1
             finished = time.time()
-        return cycles, latencies, finished
+            cpu_seconds = time.process_time() - cpu_started
+        return cycles, latencies, finished, cpu_seconds
 
     results.put(asyncio.run(loop()))
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far (0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backends_cpu_snapshot() -> dict[int, float]:
+    """CPU so far of each PostgreSQL backend connected to this database (the pools of this
+    process and of daphne)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        return {pid: process_cpu_seconds(pid) for (pid,) in cursor.fetchall()}
+
+
+def backends_cpu_since(snapshot: dict[int, float]) -> float:
+    """CPU the backends spent since ``snapshot``. One opened meanwhile counts with its whole
+    life (its start-up included); one that ended meanwhile is missed (pools keep them)."""
+    return sum(cpu - snapshot.get(pid, 0.0) for pid, cpu in backends_cpu_snapshot().items())
 
 
 def run_mcp(server_url, endpoint, credential, clients: int):
@@ -139,7 +173,7 @@ def run_mcp(server_url, endpoint, credential, clients: int):
     cycles = sum(o[0] for o in outcomes)
     latencies = sorted(lat for o in outcomes for lat in o[1])
     elapsed = max(o[2] for o in outcomes) - start_at
-    return cycles, elapsed, latencies
+    return cycles, elapsed, latencies, sum(o[3] for o in outcomes)
 
 
 def percentile(sorted_values, fraction):
@@ -165,7 +199,10 @@ def main():
     run_id = f"{os.getpid()}-{int(time.time())}"
 
     direct_endpoint, _ = make_queue(f"bench-direct-{run_id}", args.todos)
+    direct_cpu, direct_backends = time.process_time(), backends_cpu_snapshot()
     direct_cycles, direct_seconds = run_direct(direct_endpoint, args.clients)
+    direct_cpu = time.process_time() - direct_cpu
+    direct_backend_cpu = backends_cpu_since(direct_backends)
 
     from tests.servers import DaphneServer
 
@@ -174,8 +211,12 @@ def main():
     server = DaphneServer(env={"SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
                                "DATABASE_URL": os.environ["DATABASE_URL"]}).start()
     try:
-        mcp_cycles, mcp_seconds, latencies = run_mcp(server.url, mcp_endpoint, credential,
-                                                     args.clients)
+        server_pid = server.process.pid
+        server_cpu, mcp_backends = process_cpu_seconds(server_pid), backends_cpu_snapshot()
+        mcp_cycles, mcp_seconds, latencies, client_cpu = run_mcp(
+            server.url, mcp_endpoint, credential, args.clients)
+        server_cpu = process_cpu_seconds(server_pid) - server_cpu
+        backend_cpu = backends_cpu_since(mcp_backends)
     finally:
         server.stop()
 
@@ -191,6 +232,13 @@ def main():
     print(f"  tool-call latency: p50 {percentile(latencies, 0.50) * 1000:.1f} ms, "
           f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, mean "
           f"{statistics.fmean(latencies) * 1000:.1f} ms over {len(latencies)} calls")
+    calls = len(latencies)
+    print(f"  cpu per cycle: direct {direct_cpu / direct_cycles * 1000:.2f} ms + postgres "
+          f"{direct_backend_cpu / direct_cycles * 1000:.2f} ms; mcp per tool call (2 a cycle): "
+          f"daphne {server_cpu / calls * 1000:.2f} ms, sdk clients "
+          f"{client_cpu / calls * 1000:.2f} ms, postgres {backend_cpu / calls * 1000:.2f} ms")
+    print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
+          f"{os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

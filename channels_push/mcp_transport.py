@@ -33,7 +33,6 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.http.request import validate_host
 
-from endpoints import queries as endpoint_queries
 from endpoints.models import hash_credential
 
 from switchboard import health, ratelimit
@@ -179,11 +178,14 @@ def _content_type_is_json(header: str | None) -> bool:
 
 
 def _authorize(request: plain_http.Request):
-    """Origin, bearer, rate limit. Returns (endpoint, None) or (None, refusal Answer)."""
+    """Origin, bearer, rate limit. Returns (endpoint, None) or (None, refusal Answer). The
+    request's session is read in the same statement as the bearer (see ``_live_session``)."""
     if not origin_allowed(request.header("origin")):
         return None, _fault(403, "Forbidden: Origin not allowed")
     credential = bearer_of(request.header("authorization"))
-    endpoint = endpoint_queries.find_endpoint_for_credential(request.slug, credential or "")
+    endpoint = session_transitions.find_endpoint_with_session(
+        slug=request.slug, credential=credential or "", session_id=_session_id_of(request),
+        fresh_within=SESSION_TOUCH_INTERVAL)
     if endpoint is None:
         # Same answer for a missing, wrong, expired or other endpoint's credential.
         return None, _fault(401, "Unauthorized: a valid bearer credential for this endpoint "
@@ -197,6 +199,12 @@ def _authorize(request: plain_http.Request):
     return endpoint, None
 
 
+def _session_id_of(request: plain_http.Request) -> str | None:
+    """The Mcp-Session-Id header when it could be one of ours, else None."""
+    session_id = request.header("mcp-session-id")
+    return session_id if session_id and SESSION_ID_RE.match(session_id) else None
+
+
 def _version_refusal(version: str, request_id=None) -> Answer:
     # -32022 with the versions we speak: a client probing a newer, sessionless era (the SDK's
     # server/discover at 2026-07-28) reads these handshake versions and falls back to
@@ -207,13 +215,15 @@ def _version_refusal(version: str, request_id=None) -> Answer:
 
 
 def _live_session(request: plain_http.Request, endpoint):
-    """(session_id, None) for a live session of ``endpoint``, else (None, 400/404 Answer)."""
+    """(session_id, None) for a live session of ``endpoint``, else (None, 400/404 Answer).
+    The session was read with the bearer (``find_endpoint_with_session``); this only turns
+    that into an answer and refreshes the session's last-seen time when it is due."""
     session_id = request.header("mcp-session-id")
     if not session_id:
         return None, _fault(400, "Bad Request: Mcp-Session-Id header is required; "
                                  "send initialize first")
-    if not SESSION_ID_RE.match(session_id) or not session_transitions.touch_session(
-            endpoint=endpoint, session_id=session_id, min_interval=SESSION_TOUCH_INTERVAL):
+    if not endpoint.session_live or not session_transitions.touch_session(
+            endpoint=endpoint, session_id=session_id, fresh=endpoint.session_fresh):
         return None, _fault(404, "Not Found: unknown or terminated session; initialize again")
     return session_id, None
 
@@ -362,9 +372,16 @@ class McpEndpoint:
         # agent's tool call behind the others' database round trips. In-process tests pass
         # True so the handler sees the test's uncommitted transaction on the main thread.
         self.thread_sensitive = thread_sensitive
+        self._wrapped = {}
 
     def _sync(self, function):
-        return database_sync_to_async(function, thread_sensitive=self.thread_sensitive)
+        # One wrapper per function for the life of the app: building one checks the function
+        # and copies its attributes, a cost worth paying once, not on every request.
+        wrapped = self._wrapped.get(function)
+        if wrapped is None:
+            wrapped = self._wrapped[function] = database_sync_to_async(
+                function, thread_sensitive=self.thread_sensitive)
+        return wrapped
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -15,6 +15,8 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from endpoints import queries as endpoint_queries
+
 from .models import McpSession
 
 
@@ -31,18 +33,37 @@ def _live(endpoint, session_id: str):
     return McpSession.objects.filter(pk=session_id, endpoint=endpoint, terminated_at__isnull=True)
 
 
-def touch_session(*, endpoint, session_id: str, now=None, min_interval=None) -> bool:
+def find_endpoint_with_session(*, slug: str, credential: str, session_id: str | None,
+                               fresh_within: timedelta, now=None):
+    """The endpoint ``credential`` opens (``endpoints.queries.find_endpoint_for_credential``,
+    None when it opens none) and, in the same statement, the state of its session
+    ``session_id``: ``endpoint.session_live`` is true only for a live session of THIS endpoint,
+    ``endpoint.session_fresh`` when that session was also seen within ``fresh_within`` (so
+    ``touch_session`` may skip its write). One round trip for the bearer and session checks
+    that every MCP request makes; a read only, so a refused request writes nothing."""
+    now = now or timezone.now()
+    return endpoint_queries.find_endpoint_for_credential(
+        slug, credential, now=now,
+        join_sql=" LEFT JOIN channels_push_mcpsession s ON s.id = %(session_id)s"
+                 " AND s.endpoint_id = e.id AND s.terminated_at IS NULL",
+        join_columns={"session_live": "s.id IS NOT NULL",
+                      "session_fresh": "COALESCE(s.last_seen_at >= %(fresh_since)s, FALSE)"},
+        join_params={"session_id": session_id, "fresh_since": _time(now - fresh_within)},
+    )
+
+
+def touch_session(*, endpoint, session_id: str, now=None, fresh: bool = False) -> bool:
     """Record activity on a live session of ``endpoint``. False: no such live session.
 
-    With ``min_interval``, a session already seen within it is only read, not written: every
-    tool call checks its session, and a write per call would double the commits of the hot
-    path for a timestamp the idle sweep reads at minute granularity. A DELETE racing the read
-    lets one in-flight call through, exactly as if it had arrived a moment earlier.
+    ``fresh``: the caller has just read (``find_endpoint_with_session``) that the session is
+    live and was seen recently, so nothing is written: every tool call checks its session, and
+    a write per call would double the commits of the hot path for a timestamp the idle sweep
+    reads at minute granularity. A DELETE racing that read lets one in-flight call through,
+    exactly as if it had arrived a moment earlier.
     """
-    now = now or timezone.now()
-    if min_interval is not None and _live(endpoint, session_id).filter(
-            last_seen_at__gte=now - min_interval).exists():
+    if fresh:
         return True
+    now = now or timezone.now()
     return _live(endpoint, session_id).update(last_seen_at=now) == 1
 
 

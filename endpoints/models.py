@@ -2,7 +2,6 @@
 
 import hashlib
 import re
-import hmac
 import secrets
 from datetime import datetime, time, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -285,6 +284,3 @@ class Credential(models.Model):
     @staticmethod
     def mint() -> str:
         return CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
-
-    def matches(self, credential: str) -> bool:
-        return hmac.compare_digest(self.digest, hash_credential(credential))

@@ -1,29 +1,69 @@
 """Reads on endpoints shared by the MCP transport, the board and the commands."""
 
-from django.db.models import Q
+import functools
+import hmac
+
+from django.db import connection, connections
 from django.utils import timezone
 
-from .models import Credential, Endpoint, hash_credential
+from .models import Endpoint, hash_credential
 
 
-def find_endpoint_for_credential(slug: str, credential: str, *, now=None) -> Endpoint | None:
+def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_sql: str = "",
+                                 join_columns=None, join_params=None) -> Endpoint | None:
     """The active endpoint ``slug`` if ``credential`` is one of its live credentials, else None.
 
     Looked up by digest (an index probe, no timing signal about other endpoints); the digest is
     compared again in constant time so a future change of lookup cannot open a timing oracle.
+    Nothing is cached: a rotated-out, expired or deactivated credential fails on its next use.
+
+    ``join_sql`` / ``join_columns`` (``{attribute: SQL expression}``) / ``join_params``: a
+    caller's LEFT JOIN onto ``e`` (this endpoint's row), whose expressions come back as
+    attributes of the endpoint. That lets a check of the caller's own rows ride on this one
+    statement: the MCP transport checks the request's session here, one round trip per request
+    instead of two. Raw SQL rather than the ORM because this runs on every MCP request, and
+    building the query cost more CPU than running it (profiled: ORM ~1.5 ms of ~3.4 ms per
+    tool call; RawQuerySet still ~0.26 ms against ~0.14 ms for this).
     """
     if not credential:
         return None
     now = now or timezone.now()
-    match = (
-        Credential.objects.select_related("endpoint")
-        .filter(digest=hash_credential(credential), endpoint__slug=slug, endpoint__active=True)
-        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-        .first()
+    select, names, converters = _endpoint_columns(connection.alias)
+    extra = dict(join_columns or {})
+    params = {**(join_params or {}), "slug": slug, "digest": hash_credential(credential),
+              "now": connection.ops.adapt_datetimefield_value(now)}
+    sql = (
+        f"SELECT {select}, c.digest{''.join(f', {expression}' for expression in extra.values())}"
+        f" FROM endpoints_credential c JOIN endpoints_endpoint e ON e.id = c.endpoint_id{join_sql}"
+        " WHERE c.digest = %(digest)s AND e.slug = %(slug)s AND e.active"
+        " AND (c.expires_at IS NULL OR c.expires_at > %(now)s) LIMIT 1"
     )
-    if match is None or not match.matches(credential):
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None or not hmac.compare_digest(row[len(names)], params["digest"]):
         return None
-    return match.endpoint
+    values = list(row[:len(names)])
+    for index, (functions, expression) in converters.items():
+        for convert in functions:
+            values[index] = convert(values[index], expression, connection)
+    endpoint = Endpoint.from_db(connection.alias, names, values)
+    for attribute, value in zip(extra, row[len(names) + 1:]):
+        setattr(endpoint, attribute, value)
+    return endpoint
+
+
+@functools.cache
+def _endpoint_columns(alias: str):
+    """The endpoint's columns as a select list over alias ``e``, their attribute names, and
+    their database-to-Python converters (JSON, SQLite datetimes) as the ORM would apply them:
+    worked out once per process instead of on every lookup."""
+    fields = Endpoint._meta.concrete_fields
+    quote = connections[alias].ops.quote_name
+    select = ", ".join(f"e.{quote(field.column)}" for field in fields)
+    compiler = Endpoint.objects.all().query.get_compiler(alias)
+    converters = compiler.get_converters([field.get_col("e") for field in fields])
+    return select, [field.attname for field in fields], converters
 
 
 def get_endpoint(slug: str) -> Endpoint:

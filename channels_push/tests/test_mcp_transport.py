@@ -120,6 +120,51 @@ def test_session_of_another_endpoint_is_404(mcp, vend):
     assert McpSession.objects.get(pk=theirs.session_id).terminated_at is None
 
 
+def test_rotated_out_and_deactivated_credentials_stop_on_their_next_request(mcp):
+    # Nothing about a verified bearer is remembered between requests (CONTRACT §6: rotation
+    # and deactivation take effect at once), on a live session too.
+    from datetime import timedelta
+
+    from endpoints import transitions as endpoint_transitions
+    from endpoints.models import Endpoint
+
+    mcp.initialize()
+    assert mcp.rpc("ping").status == 200
+    new_credential = endpoint_transitions.rotate_credential(mcp.endpoint, grace=timedelta(0))
+    assert mcp.rpc("ping").status == 401
+    mcp.credential = new_credential
+    assert mcp.rpc("ping").status == 200
+    Endpoint.objects.filter(pk=mcp.endpoint.pk).update(active=False)
+    assert mcp.rpc("ping").status == 401
+
+
+def test_a_tool_call_checks_bearer_and_session_in_one_query(mcp, django_assert_num_queries,
+                                                           django_assert_max_num_queries):
+    mcp.initialize()
+    with django_assert_num_queries(1):
+        assert mcp.rpc("ping").status == 200
+    # The check and the claim's one statement (SQLite adds a savepoint around it).
+    with django_assert_max_num_queries(4) as captured:
+        assert mcp.rpc("tools/call", {"name": "claim_next", "arguments": {}}).status == 200
+    checks = [q["sql"] for q in captured.captured_queries
+              if "endpoints_" in q["sql"] or "channels_push_mcpsession" in q["sql"]]
+    assert len(checks) == 1
+
+
+def test_last_seen_is_written_only_when_older_than_the_touch_interval(mcp):
+    from django.utils import timezone
+
+    mcp.initialize()
+    recent = timezone.now() - mcp_transport.SESSION_TOUCH_INTERVAL / 2
+    McpSession.objects.filter(pk=mcp.session_id).update(last_seen_at=recent)
+    assert mcp.rpc("ping").status == 200
+    assert McpSession.objects.get(pk=mcp.session_id).last_seen_at == recent
+    stale = timezone.now() - mcp_transport.SESSION_TOUCH_INTERVAL * 2
+    McpSession.objects.filter(pk=mcp.session_id).update(last_seen_at=stale)
+    assert mcp.rpc("ping").status == 200
+    assert McpSession.objects.get(pk=mcp.session_id).last_seen_at > recent
+
+
 def test_missing_session_is_400_and_unknown_is_404(mcp):
     assert mcp.rpc("ping").status == 400
     mcp.session_id = "no-such-session"
@@ -250,6 +295,14 @@ def test_delete_ends_the_session(mcp):
     assert mcp.rpc("ping").status == 404
     assert mcp.request("DELETE").status == 404
     assert mcp.request("GET", accept="text/event-stream").status == 404
+
+
+def test_answers_declare_their_length_but_a_204_does_not(mcp):
+    reply = mcp.initialize()
+    assert reply.headers["content-length"] == str(len(reply.body))
+    refused = mcp.rpc("ping", authorization=None)
+    assert refused.headers["content-length"] == str(len(refused.body))
+    assert "content-length" not in mcp.request("DELETE").headers
 
 
 def test_tool_refusal_is_a_result_not_an_error(mcp):

@@ -45,3 +45,20 @@ def test_effective_lease_prefers_the_endpoint_default(operator, settings):
     assert endpoint.effective_lease == settings.SWITCHBOARD_DEFAULT_LEASE
     endpoint.default_lease_seconds = 90
     assert endpoint.effective_lease == timedelta(seconds=90)
+
+
+def test_the_endpoint_found_by_credential_reads_like_the_orms(operator):
+    # The lookup builds the row itself (raw SQL, converters applied by hand): every field must
+    # come back as the ORM reads it, JSON and datetimes included.
+    endpoint, credential = transitions.vend_endpoint(
+        slug="one", owner=operator, scope=["inbox", "ops"], verbs=["claim_next", "complete"],
+        default_lease_seconds=90)
+    endpoint.shift_timezone = "Europe/Berlin"
+    endpoint.shift_schedule = [{"day": "mon", "start": "09:00", "end": "17:00"}]
+    endpoint.presence_override, endpoint.presence_override_until = "out", timezone.now()
+    endpoint.save()
+    found = queries.find_endpoint_for_credential("one", credential)
+    expected = type(endpoint).objects.get(pk=endpoint.pk)
+    for field in type(endpoint)._meta.concrete_fields:
+        assert getattr(found, field.attname) == getattr(expected, field.attname), field.name
+    assert found.owner == operator
