@@ -8,8 +8,10 @@ Throughput: claim_next + complete cycles per second with 1, 4 and 8 worker proce
       them, claim_next over all granted queues, as agents use it),
   (b) the bare single-statement SQL floor with psycopg and no Django (claim = one
       UPDATE … (SELECT … FOR UPDATE SKIP LOCKED) RETURNING; complete = one UPDATE; no audit),
-  (c) Procrastinate, the closest peer a Django user would pick, draining no-op jobs.
-Rounds interleave a, b, c so machine noise hits all three alike; the median round counts.
+  (c) Procrastinate, the closest peer a Django user would pick, draining no-op jobs,
+  (d) a diagnostic: switchboard's own audited statements with plain psycopg, no Django (d/b is
+      the ceiling for any Python implementation of them here; see audited_sql_worker).
+Rounds interleave a, b, c, d so machine noise hits all alike; the median round counts.
 
 Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table.
 
@@ -189,6 +191,67 @@ def bare_worker(ready, start, done_queue):
     done_queue.put((time.perf_counter(), cycles))
 
 
+# (d) a diagnostic, not part of the targets: switchboard's own claim_next and complete statements
+# (as todos/transitions.py sends them on PostgreSQL: the four-queue LATERAL claim, the audit
+# event in the same statement, the whole row returned, prepared) run with plain psycopg and no
+# Django. d/b is the most any Python implementation of these audited statements can reach on
+# this machine; a/d is what switchboard's Python costs on top. Keep in step with transitions.py.
+_TODO_COLUMNS = (
+    "id, endpoint_id, queue, state, title, kind, source, payload, idempotency_key, "
+    "delivery_event_id, trust, attempts, max_attempts, lease_id, lease_owner, lease_expires_at, "
+    "retry_at, dead_lettered_at, result, last_error, created_at, updated_at, ring_attempts, "
+    "last_ringed_at"
+)
+_EVENT = (
+    ", e AS (INSERT INTO todos_todoevent (todo_id, action, from_state, to_state, actor, at, "
+    "detail) SELECT t.id, '{action}', '{before}', t.state, %(actor)s, %(now)s, "
+    "%(detail)s::jsonb FROM t) SELECT * FROM t"
+)
+AUDITED_CLAIM = (
+    "WITH t AS (UPDATE todos_todo SET state = 'claimed', lease_id = %(lease_id)s, "
+    "lease_owner = %(owner)s, lease_expires_at = %(expires)s, attempts = attempts + 1, "
+    "retry_at = NULL, updated_at = %(now)s WHERE id = (SELECT c.id FROM "
+    "unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (SELECT p.id, p.created_at FROM "
+    "todos_todo p WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = q.name AND "
+    "p.state = 'pending' ORDER BY p.created_at, p.id LIMIT 1 FOR UPDATE SKIP LOCKED) c "
+    "ORDER BY c.created_at, c.id LIMIT 1) AND state = 'pending' "
+    f"RETURNING {_TODO_COLUMNS})" + _EVENT.format(action="claim", before="pending")
+)
+AUDITED_COMPLETE = (
+    "WITH t AS (UPDATE todos_todo SET state = 'done', result = %(result)s::jsonb, "
+    "lease_expires_at = NULL, updated_at = %(now)s WHERE id = %(todo_id)s AND "
+    "endpoint_id = %(endpoint_id)s AND queue = ANY(%(queues)s::text[]) AND state = 'claimed' "
+    f"AND lease_id = %(lease_id)s RETURNING {_TODO_COLUMNS})"
+    + _EVENT.format(action="complete", before="claimed")
+)
+
+
+def audited_sql_worker(ready, start, done_queue):
+    import secrets
+    from datetime import datetime, timedelta, timezone
+
+    conn = psycopg.connect(SB_DB, autocommit=True)
+    ep = endpoint_id(conn)
+    owner = f"w{os.getpid()}"
+    ready.put(os.getpid())
+    start.wait()
+    cycles = 0
+    while True:
+        now = datetime.now(timezone.utc)
+        row = conn.execute(AUDITED_CLAIM, {
+            "lease_id": secrets.token_urlsafe(16), "owner": owner, "now": now,
+            "expires": now + timedelta(seconds=300), "queues": QUEUES, "endpoint_id": ep,
+            "actor": owner, "detail": "{}"}, prepare=True).fetchone()
+        if row is None:
+            break
+        conn.execute(AUDITED_COMPLETE, {
+            "result": None, "now": datetime.now(timezone.utc), "todo_id": row[0],
+            "endpoint_id": ep, "queues": QUEUES, "lease_id": row[13], "actor": owner,
+            "detail": "{}"}, prepare=True).fetchall()
+        cycles += 1
+    done_queue.put((time.perf_counter(), cycles))
+
+
 def procrastinate_worker(ready, start, done_queue):
     import logging
 
@@ -208,6 +271,7 @@ SYSTEMS = {
     "a switchboard": (switchboard_worker, lambda n: refill_todos(n)),
     "b bare SQL": (bare_worker, lambda n: refill_todos(n)),
     "c procrastinate": (procrastinate_worker, refill_jobs),
+    "d audited SQL, psycopg only": (audited_sql_worker, lambda n: refill_todos(n)),
 }
 
 
@@ -282,16 +346,17 @@ def main():
     with psycopg.connect(f"{PG}/postgres") as conn:
         print(f"# {conn.execute('SELECT version()').fetchone()[0].split(' on ')[0]}")
     print(f"# {args.todos} todos per round, {args.rounds} interleaved rounds, median shown\n")
-    print("| workers | a switchboard | b bare SQL | c procrastinate | a/b | a/c |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| workers | a switchboard | b bare SQL | c procrastinate | d audited SQL, psycopg only "
+          "| a/b | a/c | (d/b) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for workers in [int(w) for w in args.workers.split(",")]:
         rates = {name: [] for name in SYSTEMS}
         for _ in range(args.rounds):
             for name, (worker, refill) in SYSTEMS.items():
                 rates[name].append(run_round(worker, refill, args.todos, workers))
-        a, b, c = (statistics.median(rates[name]) for name in SYSTEMS)
-        print(f"| {workers} | {a:.0f}/s | {b:.0f}/s | {c:.0f}/s | {a / b:.2f} | {a / c:.2f} |",
-              flush=True)
+        a, b, c, d = (statistics.median(rates[name]) for name in SYSTEMS)
+        print(f"| {workers} | {a:.0f}/s | {b:.0f}/s | {c:.0f}/s | {d:.0f}/s | {a / b:.2f} "
+              f"| {a / c:.2f} | ({d / b:.2f}) |", flush=True)
 
     print("\n| done todos in table | claim_next p50 | p99 |")
     print("| --- | --- | --- |")

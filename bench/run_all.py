@@ -142,12 +142,11 @@ def run_benchmark(name: str, extra: list[str], env) -> dict:
 
 
 def ratio_lines(stdout: str) -> list[str]:
-    """The lines that state a ratio; a script that prints its ratios as a Markdown table
-    (queue.py: a/b, a/c columns) is summarised by its table rows."""
+    """The lines that state a ratio, and the rows of any Markdown table (queue.py prints its
+    a/b, a/c ratios as table columns)."""
     lines = [line.strip() for line in stdout.splitlines()
-             if re.search(r"\bratio\b|\d(?:\.\d+)?x\b", line, re.I)]
-    lines = lines or [line.strip() for line in stdout.splitlines()
-                      if line.startswith("|") and "---" not in line]
+             if re.search(r"\bratio\b|\d(?:\.\d+)?x\b", line, re.I)
+             or (line.startswith("|") and "---" not in line)]
     # No ratio at all (push.py: latencies against a target): its headline latency lines.
     return lines or [line.strip() for line in stdout.splitlines()
                      if re.search(r"\bp(50|99)\b", line)]
