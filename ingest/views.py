@@ -17,6 +17,7 @@ import logging
 from urllib.parse import parse_qs
 
 from django.conf import settings
+from django.core.validators import slug_re
 from django.db import DatabaseError
 from django.http import JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -45,6 +46,7 @@ MAX_SECRET_NAME_CHARS = 100
 MAX_SECRET_VALUE_CHARS = 64 * 1024
 # An unknown slug is quoted back in the 404, cut short: the path is the caller's to fill.
 MAX_ECHOED_SLUG_CHARS = 64
+MAX_SLUG_CHARS = 64  # Webhook.slug's max_length
 # /hooks/<webhook_slug> (routed in switchboard/asgi.py), with an optional trailing slash served
 # as is: senders do not follow redirects on POST.
 HOOK_ROUTE_PATTERN = r"^hooks/(?P<webhook_slug>[^/]+)/?$"
@@ -234,6 +236,10 @@ def _arrival_answer(arrival) -> dict:
     }
 
 
+def _could_be_slug(value: str) -> bool:
+    return len(value) <= MAX_SLUG_CHARS and slug_re.match(value) is not None
+
+
 def answer_hook(request: plain_http.Request) -> plain_http.Answer:
     """Verify one delivery and turn it into todos (202), or say why not. Runs in one thread
     hop (plain_http): lookup, rate limit, verification and the one write."""
@@ -245,7 +251,10 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
         if request.too_large:
             raise _too_large()
         _check_declared_length(request.header("content-length"))
-        webhook, routes = queries.find_webhook_with_routes(webhook_slug)
+        # A path that cannot be a slug (a NUL, say, which PostgreSQL refuses outright and
+        # which turned into a 503) is answered like any unknown webhook, without a query.
+        webhook, routes = (queries.find_webhook_with_routes(webhook_slug)
+                           if _could_be_slug(webhook_slug) else (None, None))
         if webhook is None:
             raise Problem(404, "unknown_webhook",
                           f"no active webhook {webhook_slug[:MAX_ECHOED_SLUG_CHARS]!r}")

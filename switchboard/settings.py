@@ -154,7 +154,11 @@ else:
     # (todos/transitions.py, _fetch_rows_postgres), and the hook's server-binding statements
     # (switchboard/statements.py) are prepared after 5 runs; the ORM's own queries use
     # client-side binding, which never prepares, so this changes nothing else.
-    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+    # DATABASE_PREPARED_STATEMENTS=false turns both off, for a connection pooler in front that
+    # does not carry prepared statements (PgBouncer in transaction mode without
+    # max_prepared_statements): psycopg then ignores prepare=True as well.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+        5 if _typed("DATABASE_PREPARED_STATEMENTS", env.bool, True) else None)
     # Under ASGI every request runs its sync code in a thread of its own, so persistent
     # per-thread connections (CONN_MAX_AGE > 0) pile up until PostgreSQL refuses clients
     # (measured: "too many clients" at 16 concurrent ingests). Django's documented answer is

@@ -55,3 +55,19 @@ def test_pooled_connections_are_checked_before_use():
          "print(bool(db['OPTIONS'].get('pool')), db['CONN_HEALTH_CHECKS'])"],
         cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.stdout.split() == ["True", "True"], result.stderr
+
+
+@pytest.mark.parametrize("value, threshold", [(None, "5"), ("false", "None"), ("true", "5")])
+def test_prepared_statements_can_be_turned_off_for_a_pooler(value, threshold):
+    """Prepared statements are on by default (the todo transitions and the hook lookup use
+    them) and DATABASE_PREPARED_STATEMENTS=false turns them off for PgBouncer-style poolers."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="switchboard.settings",
+               DATABASE_URL="postgres://postgres@127.0.0.1:5432/any")
+    env.pop("DATABASE_PREPARED_STATEMENTS", None)
+    if value is not None:
+        env["DATABASE_PREPARED_STATEMENTS"] = value
+    result = subprocess.run(
+        [PYTHON, "-c", "import django; django.setup(); from django.conf import settings; "
+         "print(settings.DATABASES['default']['OPTIONS']['prepare_threshold'])"],
+        cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.stdout.strip() == threshold, result.stderr

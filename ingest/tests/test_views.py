@@ -210,6 +210,16 @@ def test_unknown_and_inactive_webhooks_are_404(make_webhook):
     assert nothing_written()
 
 
+@pytest.mark.parametrize("path", ["/hooks/a\x00b", "/hooks/café", "/hooks/a.b"])  # decoded, as daphne passes it
+def test_a_path_that_cannot_be_a_slug_is_an_unknown_webhook_not_a_database_error(path, caplog):
+    """Regression: a NUL in the slug reached PostgreSQL, which refuses it, and the sender got
+    503 'could not store the delivery' (with an error logged) instead of 404."""
+    answer = post_hook("x", b"{}", {}, path=path)
+    assert answer.status_code == 404 and answer.json()["error"]["code"] == "unknown_webhook"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert nothing_written()
+
+
 OUT_OF_RANGE_BODIES = [
     b'{"action": "opened", "x": 1e400}',
     b'{"action": "opened", "x": -1e400}',
