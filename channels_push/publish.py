@@ -15,6 +15,7 @@ import asyncio
 import atexit
 import collections
 import logging
+import os
 import threading
 
 from channels.layers import get_channel_layer
@@ -222,6 +223,19 @@ class _Sender:
 _sender = _Sender()
 bind_server_loop = _sender.bind_server_loop
 wait_for_sends = _sender.wait_idle
+
+
+def _forget_parent_sends():
+    # A forked child (Celery's prefork pool) inherits the parent's state but not its threads:
+    # the background loop is gone, and a batch the parent had scheduled would never be sent,
+    # leaving ``_scheduled`` set and every later board change of the child stuck behind it.
+    # Re-initialised in place (fresh locks too: another thread may have held one at the
+    # fork), so the module-level aliases of their methods stay valid.
+    _sender.__init__()
+    _board_batch.__init__()
+
+
+os.register_at_fork(after_in_child=_forget_parent_sends)
 
 
 def _flush_at_exit():

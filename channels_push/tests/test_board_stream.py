@@ -426,3 +426,25 @@ def test_a_burst_of_commits_reaches_the_board_group_in_one_batched_message(alice
     changes = messages[0]["changes"]
     assert [c["todo_id"] for c in changes] == [str(t.pk) for t in todos]
     assert {c["action"] for c in changes} == {"claim"} and {c["state"] for c in changes} == {"claimed"}
+
+
+def test_a_forked_child_does_not_inherit_a_board_batch_it_can_never_send():
+    """Celery's prefork children are forked: a batch the parent had scheduled (its timer on a
+    loop thread the child does not have) must not leave the child's batcher stuck."""
+    import os
+
+    with publish._board_batch._lock:
+        publish._board_batch._scheduled = True
+        publish._board_batch._changes.append({"todo_id": "1"})
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            batch = publish._board_batch
+            os._exit(0 if (batch._scheduled, batch._changes, publish._sender._pending)
+                     == (False, [], 0) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        with publish._board_batch._lock:
+            publish._board_batch._scheduled = False
+            publish._board_batch._changes.clear()
