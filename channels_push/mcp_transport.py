@@ -410,6 +410,8 @@ class McpEndpoint:
                     await plain_http.send_answer(send, answer)
                 else:
                     await self._stream(answer, receive, send)
+        except plain_http.ClientGone:
+            return  # nobody to answer, and nothing was run
         except Exception as exc:
             log.exception("mcp request failed", extra={"slug": request.slug,
                                                        "method": request.method})

@@ -85,9 +85,15 @@ def host_allowed(request: Request, scope) -> bool:
     return bool(domain) and validate_host(domain, allowed)
 
 
+class ClientGone(Exception):
+    """The client disconnected before its body was complete: nothing may run on a part."""
+
+
 async def read_body(request: Request, receive, limit: int) -> bool:
     """Read the whole body into ``request.body``; True (and stop reading) once it passes
-    ``limit``. A declared Content-Length over the limit is refused before reading anything."""
+    ``limit``. A declared Content-Length over the limit is refused before reading anything.
+    Raises ClientGone on a disconnect mid-body (daphne buffers whole requests, other ASGI
+    servers stream them: a truncated delivery must not be verified, counted or written)."""
     declared = request.header("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         return True
@@ -95,7 +101,7 @@ async def read_body(request: Request, receive, limit: int) -> bool:
     while True:
         message = await receive()
         if message["type"] != "http.request":
-            break
+            raise ClientGone()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -150,6 +156,8 @@ class SyncHandlerApp:
             request.too_large = await read_body(request, receive,
                                                 settings.SWITCHBOARD_MAX_BODY_BYTES)
             await send_answer(send, await self.run_handler(request))
+        except ClientGone:
+            return  # nobody to answer, and nothing was run
         except Exception as exc:
             # Never the body or headers in the log: they may carry secrets or signatures.
             log.exception("request failed", extra={"slug": request.slug, "method": request.method})

@@ -50,10 +50,11 @@ def _header_name(meta_key: str) -> str:
 
 def post(slug: str, body: bytes = b"", *, content_type: str | None = "application/json",
          method: str = "POST", path: str | None = None, chunks: list[bytes] | None = None,
-         **meta) -> HookAnswer:
+         disconnect: bool = False, **meta) -> HookAnswer | None:
     """One request. ``chunks`` sends the body in several ``http.request`` messages (streamed
     uploads); Content-Length is ``len(body)`` unless ``CONTENT_LENGTH`` says otherwise (None
-    leaves it out, as a chunked upload does)."""
+    leaves it out, as a chunked upload does). ``disconnect`` hangs up after the chunks, before
+    the body is complete, and returns None after checking that nothing was answered."""
     chunks = chunks if chunks is not None else [body]
     headers = {"host": DEFAULT_HOST, "content-length": str(sum(map(len, chunks)))}
     if content_type is not None:
@@ -75,8 +76,13 @@ def post(slug: str, body: bytes = b"", *, content_type: str | None = "applicatio
         sent = 0
         for index, chunk in enumerate(chunks):
             await communicator.send_input({"type": "http.request", "body": chunk,
-                                           "more_body": index < len(chunks) - 1})
+                                           "more_body": index < len(chunks) - 1 or disconnect})
             sent += 1
+        if disconnect:  # the client goes away mid-body: expect no answer at all
+            await communicator.send_input({"type": "http.disconnect"})
+            await communicator.wait(RESPONSE_TIMEOUT_SECONDS)
+            assert await communicator.receive_nothing(), "answered a client that had gone"
+            return None, None, sent
         start = await communicator.receive_output(RESPONSE_TIMEOUT_SECONDS)
         body_message = await communicator.receive_output(RESPONSE_TIMEOUT_SECONDS)
         # Whatever the app did not read is still in its input queue.
@@ -85,6 +91,8 @@ def post(slug: str, body: bytes = b"", *, content_type: str | None = "applicatio
         return start, body_message, sent - unread
 
     start, body_message, chunks_read = async_to_sync(exchange)()
+    if start is None:
+        return None
     return HookAnswer(
         status_code=start["status"],
         headers={k.decode("latin-1").lower(): v.decode("latin-1") for k, v in start["headers"]},

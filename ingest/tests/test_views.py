@@ -210,6 +210,14 @@ def test_unknown_and_inactive_webhooks_are_404(make_webhook):
     assert nothing_written()
 
 
+def test_a_client_gone_mid_body_gets_nothing_run_or_written(make_webhook):
+    """An unsigned webhook would accept the first half of this body as it stands (it is JSON);
+    a client that hangs up before the rest must not have a truncated delivery written."""
+    webhook = make_webhook("unsigned")
+    assert hook_client.post(webhook.slug, chunks=[b'{"type": "ping"}'], disconnect=True) is None
+    assert nothing_written()
+
+
 @pytest.mark.parametrize("path", ["/hooks/a\x00b", "/hooks/café", "/hooks/a.b"])  # decoded, as daphne passes it
 def test_a_path_that_cannot_be_a_slug_is_an_unknown_webhook_not_a_database_error(path, caplog):
     """Regression: a NUL in the slug reached PostgreSQL, which refuses it, and the sender got
