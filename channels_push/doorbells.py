@@ -21,7 +21,7 @@ import re
 
 from collections import Counter
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from endpoints import transitions as endpoint_transitions
@@ -153,38 +153,29 @@ def send_doorbell(session_id: str, params: dict, context: dict) -> bool:
 
 
 @functools.cache
-def _endpoint_for_ring_statement():
-    """The endpoint row and whether it has any live session, in one statement, and how to
-    turn the row into an Endpoint (the backend's converters: JSON text, SQLite's datetime
-    text). Built once per process: this runs after every commit that makes a todo ready, and
-    the ORM's (or a raw queryset's) per-call query building cost more CPU than the statement."""
+def _endpoint_for_ring_sql() -> str:
+    """The endpoint row and whether it has any live session, in one statement. Built once per
+    process: this runs after every commit that makes a todo ready."""
     from endpoints.models import Endpoint
 
-    fields = Endpoint._meta.concrete_fields
-    sql = (
-        "SELECT " + ", ".join(f"e.{field.column}" for field in fields)
-        + ", EXISTS (SELECT 1 FROM channels_push_mcpsession s WHERE s.endpoint_id = e.id"
-        " AND s.terminated_at IS NULL) FROM endpoints_endpoint e WHERE e.id = %s"
+    select = statements.model_columns(Endpoint, "e")[0]
+    return (
+        f"SELECT {select}, EXISTS (SELECT 1 FROM channels_push_mcpsession s"
+        " WHERE s.endpoint_id = e.id AND s.terminated_at IS NULL)"
+        " FROM endpoints_endpoint e WHERE e.id = %s"
     )
-    compiler = Endpoint.objects.none().query.get_compiler(connection=connection)
-    converters = compiler.get_converters([f.get_col(Endpoint._meta.db_table) for f in fields])
-    return sql, compiler, converters, [field.attname for field in fields]
 
 
 def _find_endpoint_for_ring(endpoint_id: int):
     """The endpoint, fresh, with ``has_live_session`` set; None when it is gone."""
     from endpoints.models import Endpoint
 
-    sql, compiler, converters, attnames = _endpoint_for_ring_statement()
     with statements.statement_cursor() as cursor:
-        cursor.execute(sql, [endpoint_id])
+        cursor.execute(_endpoint_for_ring_sql(), [endpoint_id])
         row = cursor.fetchone()
     if row is None:
         return None
-    values = list(row[:-1])
-    if converters:
-        values = next(iter(compiler.apply_converters([values], converters)))
-    endpoint = Endpoint.from_db(connection.alias, attnames, values)
+    endpoint = statements.instance_from_row(Endpoint, "e", row[:-1])
     endpoint.has_live_session = bool(row[-1])
     return endpoint
 

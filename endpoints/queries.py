@@ -1,10 +1,11 @@
 """Reads on endpoints shared by the MCP transport, the board and the commands."""
 
-import functools
 import hmac
 
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
+
+from switchboard import statements
 
 from .models import Endpoint, hash_credential
 
@@ -28,7 +29,7 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
     if not credential:
         return None
     now = now or timezone.now()
-    select, names, converters = _endpoint_columns(connection.alias)
+    select, names, _, _ = statements.model_columns(Endpoint, "e")
     extra = dict(join_columns or {})
     params = {**(join_params or {}), "slug": slug, "digest": hash_credential(credential),
               "now": connection.ops.adapt_datetimefield_value(now)}
@@ -43,27 +44,10 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
         row = cursor.fetchone()
     if row is None or not hmac.compare_digest(row[len(names)], params["digest"]):
         return None
-    values = list(row[:len(names)])
-    for index, (functions, expression) in converters.items():
-        for convert in functions:
-            values[index] = convert(values[index], expression, connection)
-    endpoint = Endpoint.from_db(connection.alias, names, values)
+    endpoint = statements.instance_from_row(Endpoint, "e", row[:len(names)])
     for attribute, value in zip(extra, row[len(names) + 1:]):
         setattr(endpoint, attribute, value)
     return endpoint
-
-
-@functools.cache
-def _endpoint_columns(alias: str):
-    """The endpoint's columns as a select list over alias ``e``, their attribute names, and
-    their database-to-Python converters (JSON, SQLite datetimes) as the ORM would apply them:
-    worked out once per process instead of on every lookup."""
-    fields = Endpoint._meta.concrete_fields
-    quote = connections[alias].ops.quote_name
-    select = ", ".join(f"e.{quote(field.column)}" for field in fields)
-    compiler = Endpoint.objects.all().query.get_compiler(alias)
-    converters = compiler.get_converters([field.get_col("e") for field in fields])
-    return select, [field.attname for field in fields], converters
 
 
 def get_endpoint(slug: str) -> Endpoint:

@@ -18,18 +18,41 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 
 @functools.cache
-def _is_postgres() -> bool:
-    # One process talks to one database for its life (settings are read once).
+def is_postgres() -> bool:
+    # One process talks to one database for its life (settings are read once), and the hot
+    # paths ask this per statement: asking the connection proxy each time showed in profiles.
     return connection.vendor == "postgresql"
 
 
 def statement_cursor():
     """A cursor for a fixed statement text: prepared after a few runs on PostgreSQL, Django's
     ordinary cursor elsewhere."""
-    if not _is_postgres():
+    if not is_postgres():
         return connection.cursor()
     from django.db.backends.postgresql.base import ServerBindingCursor
 
     db = connections[DEFAULT_DB_ALIAS]  # one proxy lookup, not three
     db.ensure_connection()
     return db._prepare_cursor(ServerBindingCursor(db.connection))
+
+
+@functools.cache
+def model_columns(model, table_alias: str):
+    """How hand-written SQL reads whole rows of ``model``: a select list of its columns over
+    ``table_alias``, their attribute names, and the ORM's database-to-Python converters (JSON
+    text, SQLite's datetime text). Worked out once per process: building a query (ORM or raw
+    queryset) per call cost more CPU than running it on these paths."""
+    fields = model._meta.concrete_fields
+    quote = connection.ops.quote_name
+    select = ", ".join(f"{table_alias}.{quote(field.column)}" for field in fields)
+    compiler = model.objects.none().query.get_compiler(connection=connection)
+    converters = compiler.get_converters([field.get_col(table_alias) for field in fields])
+    return select, tuple(field.attname for field in fields), compiler, converters
+
+
+def instance_from_row(model, table_alias: str, values):
+    """A ``model`` instance from the values of ``model_columns``' select list, in order."""
+    _, attnames, compiler, converters = model_columns(model, table_alias)
+    if converters:
+        values = next(iter(compiler.apply_converters([values], converters)))
+    return model.from_db(DEFAULT_DB_ALIAS, attnames, values)

@@ -34,6 +34,8 @@ from psycopg.types.datetime import TimestamptzLoader as _TimestamptzLoader
 from psycopg.types.json import JsonbLoader as _JsonbLoader
 
 from channels_push import publish
+from switchboard import statements
+from switchboard.statements import is_postgres as _is_postgres
 
 from . import queries
 from .models import Todo, Trust
@@ -84,14 +86,6 @@ class Caller:
 
 
 @functools.cache
-def _is_postgres() -> bool:
-    # One process talks to one database for its life (settings are read once), and this is
-    # asked several times per transition: asking the connection proxy each time showed up at
-    # ~5 % of a claim's CPU.
-    return connection.vendor == "postgresql"
-
-
-@functools.cache
 def _todo_columns() -> tuple:
     """The todo columns every statement RETURNs, in model field order, so rows become Todo
     instances without looking at cursor.description (which psycopg builds per execute)."""
@@ -100,18 +94,6 @@ def _todo_columns() -> tuple:
 
 def _returning() -> str:
     return ", ".join(_todo_columns())
-
-
-@functools.cache
-def _row_converters():
-    compiler = Todo.objects.none().query.get_compiler(connection=connection)
-    fields = Todo._meta.concrete_fields
-    return compiler, compiler.get_converters([f.get_col(Todo._meta.db_table) for f in fields])
-
-
-@functools.cache
-def _attnames() -> tuple:
-    return tuple(field.attname for field in Todo._meta.concrete_fields)
 
 
 def _db_time(value):
@@ -139,11 +121,7 @@ def _fetch_todos(sql: str, params: dict) -> list[Todo]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    if not rows:
-        return []
-    compiler, converters = _row_converters()
-    rows = compiler.apply_converters(rows, converters)  # SQLite: datetime and JSON text
-    return [_todo_from_row(row) for row in rows]
+    return [statements.instance_from_row(Todo, "todos_todo", row) for row in rows]
 
 
 def _fetch_rows_postgres(sql: str, params: dict) -> list[tuple]:
@@ -189,7 +167,7 @@ def _todo_from_row(row) -> Todo:
     """A Todo from a full row in field order, as ``Model.from_db`` makes it but without running
     ``Model.__init__`` field by field (Todo has no init signals or deferred fields here)."""
     todo = Todo.__new__(Todo)
-    todo.__dict__.update(zip(_attnames(), row))
+    todo.__dict__.update(zip(statements.model_columns(Todo, "todos_todo")[1], row))
     todo._state = ModelState()
     todo._state.adding = False
     todo._state.db = DEFAULT_DB_ALIAS
