@@ -30,9 +30,11 @@ import argparse  # noqa: E402
 import multiprocessing as mp
 import os  # noqa: E402
 import platform  # noqa: E402
+import secrets  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
+from datetime import datetime, timedelta, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import psycopg  # noqa: E402
@@ -178,17 +180,30 @@ BARE_COMPLETE = (
 )
 
 
-def bare_worker(ready, start, done_queue):
+def drain_with_psycopg(ready, start, done_queue, cycle):
+    """A plain-psycopg worker: one connection, then ``cycle(conn, endpoint_id, owner)`` (one
+    claim + complete; False once nothing is left) until the queue is empty."""
     conn = psycopg.connect(SB_DB, autocommit=True)
     ep = endpoint_id(conn)
     owner = f"w{os.getpid()}"
     ready.put(os.getpid())
     start.wait()
     cycles = 0
-    while (row := conn.execute(BARE_CLAIM, (owner, ep)).fetchone()) is not None:
-        conn.execute(BARE_COMPLETE, row)
+    while cycle(conn, ep, owner):
         cycles += 1
     done_queue.put((time.perf_counter(), cycles))
+
+
+def bare_cycle(conn, ep, owner) -> bool:
+    row = conn.execute(BARE_CLAIM, (owner, ep)).fetchone()
+    if row is None:
+        return False
+    conn.execute(BARE_COMPLETE, row)
+    return True
+
+
+def bare_worker(ready, start, done_queue):
+    drain_with_psycopg(ready, start, done_queue, bare_cycle)
 
 
 # (d) a diagnostic, not part of the targets: switchboard's own claim_next and complete statements
@@ -226,30 +241,23 @@ AUDITED_COMPLETE = (
 )
 
 
-def audited_sql_worker(ready, start, done_queue):
-    import secrets
-    from datetime import datetime, timedelta, timezone
+def audited_sql_cycle(conn, ep, owner) -> bool:
+    now = datetime.now(timezone.utc)
+    row = conn.execute(AUDITED_CLAIM, {
+        "lease_id": secrets.token_urlsafe(16), "owner": owner, "now": now,
+        "expires": now + timedelta(seconds=300), "queues": QUEUES, "endpoint_id": ep,
+        "actor": owner, "detail": "{}"}, prepare=True).fetchone()
+    if row is None:
+        return False
+    conn.execute(AUDITED_COMPLETE, {
+        "result": None, "now": datetime.now(timezone.utc), "todo_id": row[0],
+        "endpoint_id": ep, "queues": QUEUES, "lease_id": row[13], "actor": owner,
+        "detail": "{}"}, prepare=True).fetchall()
+    return True
 
-    conn = psycopg.connect(SB_DB, autocommit=True)
-    ep = endpoint_id(conn)
-    owner = f"w{os.getpid()}"
-    ready.put(os.getpid())
-    start.wait()
-    cycles = 0
-    while True:
-        now = datetime.now(timezone.utc)
-        row = conn.execute(AUDITED_CLAIM, {
-            "lease_id": secrets.token_urlsafe(16), "owner": owner, "now": now,
-            "expires": now + timedelta(seconds=300), "queues": QUEUES, "endpoint_id": ep,
-            "actor": owner, "detail": "{}"}, prepare=True).fetchone()
-        if row is None:
-            break
-        conn.execute(AUDITED_COMPLETE, {
-            "result": None, "now": datetime.now(timezone.utc), "todo_id": row[0],
-            "endpoint_id": ep, "queues": QUEUES, "lease_id": row[13], "actor": owner,
-            "detail": "{}"}, prepare=True).fetchall()
-        cycles += 1
-    done_queue.put((time.perf_counter(), cycles))
+
+def audited_sql_worker(ready, start, done_queue):
+    drain_with_psycopg(ready, start, done_queue, audited_sql_cycle)
 
 
 def procrastinate_worker(ready, start, done_queue):
