@@ -32,7 +32,8 @@ WAIT_MS = 15_000
 if not CHROMIUM.exists():
     if os.environ.get("CI"):
         raise RuntimeError("CI must install Debian's chromium (apt-get install -y chromium)")
-    pytest.skip("Debian's chromium is not installed here", allow_module_level=True)
+    pytest.skip("no /usr/bin/chromium: `bash scripts/test` installs it when run as root "
+                "(CI does, and fails without it)", allow_module_level=True)
 
 sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
 

@@ -388,7 +388,7 @@ def test_transition_statements_are_prepared_once_per_connection_on_postgresql(ag
     from django.db import connection
 
     if connection.vendor != "postgresql":
-        pytest.skip("prepared statements are a PostgreSQL matter")
+        pytest.skip("SQLite has no prepared statements to look for; the PostgreSQL pass checks this")
     for _ in range(3):
         make_todo()
         todo = transitions.claim_next_todo(agent)
