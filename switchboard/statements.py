@@ -1,5 +1,7 @@
-"""Cursors for the hook's fixed, hot statements written as SQL (the webhook lookup, the
-delivery-event insert, the doorbell's endpoint read).
+"""Hand-written hot statements: their cursors, and how their whole-row results become model
+instances (``model_columns``, ``instance_from_row``; used by the transitions, the MCP bearer
+check and the doorbell). The cursors serve the hook's fixed statements (the webhook lookup,
+the delivery-event insert, the doorbell's endpoint read).
 
 On PostgreSQL they bind parameters server-side, so psycopg prepares each statement after a few
 runs on a connection (settings set ``prepare_threshold``) and the planner's work is done once
