@@ -256,8 +256,6 @@ def send_digest(endpoint, reason: str, *, now=None) -> int:
     """One digest to each attached session of ``endpoint`` (presence just turned in). Returns
     how many sessions it was sent to; 0 when no session is attached (then nothing is marked:
     the reconnect digest will summarize instead) or nothing is pending."""
-    from .models import McpSession
-
     now = now or timezone.now()
     if not publish.can_reach_streams():
         # Nothing marked: the digest would reach nobody, and the reconnect digest (sent by the
@@ -265,8 +263,9 @@ def send_digest(endpoint, reason: str, *, now=None) -> int:
         log.info("doorbell digest not sent: no stream reachable from this process",
                  extra={"endpoint": endpoint.slug, "reason": reason})
         return 0
-    sessions = list(McpSession.objects.filter(endpoint=endpoint, terminated_at__isnull=True)
-                    .values_list("pk", flat=True))
+    # Live sessions whose credential still gives its rights (§12: a revoked stream hears
+    # nothing while it waits for its keep-alive to close it).
+    sessions = session_transitions.find_ringable_session_ids(endpoint_id=endpoint.pk, now=now)
     if not sessions:
         return 0
     params = build_digest(endpoint, reason, now)

@@ -23,7 +23,7 @@ session (400 missing / 404 unknown, terminated or another endpoint's).
 import asyncio
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -48,8 +48,15 @@ ROUTE_PATTERN = r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$"
 SUPPORTED_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_PROTOCOL_VERSION = SUPPORTED_PROTOCOL_VERSIONS[0]
 ALLOWED_METHODS = "GET, POST, DELETE"
-# Keep-alive comments on an idle stream: below the 30-60 s idle cut of common proxies.
+# Keep-alive comments on a stream (settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS, default
+# 15 s: below the 30-60 s idle cut of common proxies). Each one re-checks the session's
+# credential, so this is also how soon a revoked stream closes (CONTRACT §12).
 KEEPALIVE_SECONDS = 15.0
+# An open stream refreshes its session's last-seen time this often, not on every keep-alive
+# (CONTRACT §12: a stream whose state did not change writes nothing): far below the hour of
+# idleness that ends a session, and the sweep takes two missed refreshes for a crashed process
+# (sweeps.STREAM_SILENCE).
+STREAM_TOUCH_INTERVAL = timedelta(minutes=5)
 # Reconnect hint sent on every stream: long enough not to hammer a restarting server.
 RETRY_HINT_MS = 3000
 # A request refreshes its session's last-seen time at most this often (the idle limit is an
@@ -100,6 +107,8 @@ class Answer(plain_http.Answer):
     # Set when a GET may open its stream.
     stream_session: str | None = None
     stream_endpoint_id: int | None = None
+    # Sessions an initialize evicted over the per-credential cap: their streams are closed.
+    evicted_sessions: list = field(default_factory=list)
 
 
 def _json_answer(status: int, payload, headers=None) -> Answer:
@@ -243,10 +252,13 @@ def _initialize(endpoint, message) -> Answer:
         client_name=client_name if isinstance(client_name, str) else "",
     )
     log.info("mcp session opened", extra={"endpoint": endpoint.slug, "session": session.pk[:8],
-                                          "protocol_version": version})
+                                          "protocol_version": version,
+                                          "evicted": len(session.evicted_ids)})
     result = mcp_tools.initialize_result(endpoint, version)
-    return _json_answer(200, mcp_framing.result_envelope(message.id, result),
-                        {"Mcp-Session-Id": session.pk})
+    answer = _json_answer(200, mcp_framing.result_envelope(message.id, result),
+                          {"Mcp-Session-Id": session.pk})
+    answer.evicted_sessions = session.evicted_ids
+    return answer
 
 
 def _dispatch(endpoint, session_id: str, message) -> dict:
@@ -332,15 +344,27 @@ def open_stream(request: plain_http.Request) -> Answer:
     session_id = request.header("mcp-session-id")
     if not session_id:
         return _fault(400, "Bad Request: Mcp-Session-Id header is required")
-    if not SESSION_ID_RE.match(session_id) or not session_transitions.attach_stream(
-            endpoint=endpoint, session_id=session_id):
+    attached = SESSION_ID_RE.match(session_id) and session_transitions.attach_stream(
+        endpoint=endpoint, session_id=session_id)
+    if attached == "full":
+        # Refused rather than closing the oldest: a client that reconnects in a loop must not
+        # knock out its own working stream (CONTRACT §12 cap; README "Security model").
+        return _fault(409, "Conflict: this session already has the maximum of "
+                           f"{settings.SWITCHBOARD_MAX_OPEN_STREAMS} open streams; close one "
+                           "or initialize another session")
+    if not attached:
         return _fault(404, "Not Found: unknown or terminated session")
     return Answer(200, stream_session=session_id, stream_endpoint_id=endpoint.pk)
 
 
-def keep_stream_alive(endpoint_id: int, session_id: str) -> bool:
-    """Each keep-alive also marks the session seen; False once it was terminated or expired."""
-    return session_transitions.touch_session(endpoint=endpoint_id, session_id=session_id)
+def keep_stream_alive(session_id: str) -> bool:
+    """A keep-alive's re-check of the session and its credential (writes nothing unless the
+    answer changed or the last-seen time is due); False once the stream must close."""
+    from django.utils import timezone
+
+    now = timezone.now()
+    return session_transitions.check_stream_session(
+        session_id=session_id, touch_before=now - STREAM_TOUCH_INTERVAL, now=now)
 
 
 def ring_reconnected_stream(endpoint_id: int, session_id: str) -> list:
@@ -360,11 +384,11 @@ class McpEndpoint:
     channel for every request, a Redis round trip a POST never needs; only streams join the
     layer, here, by hand."""
 
-    def __init__(self, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
+    def __init__(self, *, keepalive_seconds: float | None = None,
                  thread_sensitive: bool = False, buffer_frames: int = STREAM_BUFFER_FRAMES,
                  layer_retry_seconds: tuple = (LAYER_RETRY_FIRST_SECONDS,
                                                LAYER_RETRY_MAX_SECONDS)):
-        self.keepalive_seconds = keepalive_seconds
+        self.keepalive_seconds = keepalive_seconds or settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS
         self.layer_retry_seconds = layer_retry_seconds
         self.buffer_frames = buffer_frames
         # Requests run their sync handler in the thread pool, not Django's one shared sync
@@ -398,7 +422,10 @@ class McpEndpoint:
                 await plain_http.send_answer(send, _fault(413, "Payload Too Large"))
                 return
             if request.method == "POST":
-                await plain_http.send_answer(send, await self._sync(answer_post)(request))
+                answer = await self._sync(answer_post)(request)
+                await plain_http.send_answer(send, answer)
+                for session_id in answer.evicted_sessions:
+                    await _close_session_streams(session_id)
             elif request.method == "DELETE":
                 answer = await self._sync(answer_delete)(request)
                 await plain_http.send_answer(send, answer)
@@ -412,11 +439,20 @@ class McpEndpoint:
                     await self._stream(answer, receive, send)
         except plain_http.ClientGone:
             return  # nobody to answer, and nothing was run
-        except Exception as exc:
+        except DatabaseError as exc:
+            # PostgreSQL unreachable (or failing): nothing was done, so say "retry" (503 +
+            # Retry-After, as /hooks does), not 500; no traceback per request while it is down.
+            await database_sync_to_async(health.note_database_unavailable)(
+                exc, route="mcp", slug=request.slug, method=request.method)
+            try:
+                await plain_http.send_answer(send, _fault(
+                    503, "Service Unavailable: the database is unreachable; retry",
+                    code=mcp_framing.INTERNAL_ERROR, headers=health.unavailable_headers()))
+            except Exception:  # the response had already started; nothing more to say
+                pass
+        except Exception:
             log.exception("mcp request failed", extra={"slug": request.slug,
                                                        "method": request.method})
-            if isinstance(exc, DatabaseError):
-                await database_sync_to_async(health.discard_broken_pooled_connections)()
             try:
                 await plain_http.send_answer(send, _fault(500, "Internal error",
                                                           code=mcp_framing.INTERNAL_ERROR))
@@ -474,10 +510,14 @@ class McpEndpoint:
         disconnect = asyncio.ensure_future(receive())
         next_frame = asyncio.ensure_future(buffer.get())
         ended = asyncio.ensure_future(terminated.wait())
+        loop = asyncio.get_running_loop()
+        # Keep-alives (and their re-check of the credential) run on a clock of their own, not
+        # only when the stream is idle: a stream busy with doorbells must be re-checked too.
+        keepalive_due = loop.time() + self.keepalive_seconds
         try:
             while True:
                 done, _ = await asyncio.wait({disconnect, next_frame, ended},
-                                             timeout=self.keepalive_seconds,
+                                             timeout=max(0.0, keepalive_due - loop.time()),
                                              return_when=asyncio.FIRST_COMPLETED)
                 if disconnect in done:
                     if disconnect.result().get("type") == "http.disconnect":
@@ -497,15 +537,31 @@ class McpEndpoint:
                     if message.get("method") == doorbells.CHANNEL_METHOD:
                         metrics.DOORBELLS_SENT.inc()
                     continue
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": mcp_framing.sse_comment("keep-alive")})
-                if not await self._sync(keep_stream_alive)(endpoint_id, session_id):
+                if loop.time() < keepalive_due:
+                    continue
+                keepalive_due = loop.time() + self.keepalive_seconds
+                if not await self._still_allowed(session_id):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": mcp_framing.sse_comment("keep-alive")})
         finally:
             for task in (reader, disconnect, next_frame, ended):
                 if task is not None and not task.done():
                     task.cancel()
+
+
+    async def _still_allowed(self, session_id: str) -> bool:
+        """The keep-alive's re-check. The database being unreachable is not a revocation: the
+        stream keeps its keep-alives (requests answer 503 meanwhile) and checks again next
+        time."""
+        try:
+            return await self._sync(keep_stream_alive)(session_id)
+        except DatabaseError as exc:
+            log.warning("mcp stream check skipped: database unavailable",
+                        extra={"session": session_id[:8], "error": type(exc).__name__})
+            await database_sync_to_async(health.discard_broken_pooled_connections)()
+            return True
 
 
 def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:

@@ -23,6 +23,14 @@ class McpSession(models.Model):
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", on_delete=models.CASCADE, related_name="mcp_sessions"
     )
+    # The credential that opened the session (CONTRACT §12): every request and every stream
+    # keep-alive must present it, and while it still gives its rights. Deleting the credential
+    # deletes its sessions. Null only for sessions minted before binding existed, which no
+    # credential matches (their clients initialize again).
+    credential = models.ForeignKey(
+        "endpoints.Credential", on_delete=models.CASCADE, null=True, blank=True,
+        related_name="mcp_sessions",
+    )
     protocol_version = models.CharField(max_length=32)
     client_name = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField()
@@ -44,6 +52,17 @@ class McpSession(models.Model):
             models.Index(
                 fields=["last_seen_at"], name="mcp_session_live_idle",
                 condition=Q(terminated_at__isnull=True),
+            ),
+            # Live sessions of a credential, least recently seen first: initialize evicts
+            # beyond the per-credential cap (transitions.evict_sessions_over_cap).
+            models.Index(
+                fields=["credential", "last_seen_at"], name="mcp_session_live_by_cred",
+                condition=Q(terminated_at__isnull=True),
+            ),
+            # Used by sweeps.expire_idle_sessions: ended sessions, oldest first, to purge.
+            models.Index(
+                fields=["terminated_at"], name="mcp_session_ended",
+                condition=Q(terminated_at__isnull=False),
             ),
             # Attached sessions of an endpoint (the doorbell's pool, issue 5).
             models.Index(

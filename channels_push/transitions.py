@@ -10,8 +10,9 @@ look the same).
 import json
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import connection
-from django.db.models import F
+from django.db.models import Case, F, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -20,24 +21,54 @@ from endpoints import queries as endpoint_queries
 from .models import McpSession
 
 
-def open_session(*, endpoint, protocol_version: str, client_name: str = "", now=None) -> McpSession:
-    """Mint a session of ``endpoint`` (the answer to ``initialize``)."""
+def open_session(*, endpoint, protocol_version: str, client_name: str = "", now=None,
+                 credential_id: int | None = None, max_sessions: int | None = None) -> McpSession:
+    """Mint a session of ``endpoint`` (the answer to ``initialize``), bound to the credential
+    the request presented (``credential_id``, else ``endpoint.credential_id`` as the bearer
+    check sets it), and end that credential's sessions beyond ``max_sessions`` (default: the
+    setting). The ids of the sessions it ended are ``session.evicted_ids``: the caller closes
+    their streams."""
     now = now or timezone.now()
-    return McpSession.objects.create(
-        endpoint=endpoint, protocol_version=protocol_version, client_name=client_name[:200],
-        created_at=now, last_seen_at=now,
+    credential_id = credential_id or endpoint.credential_id
+    session = McpSession.objects.create(
+        endpoint=endpoint, credential_id=credential_id, protocol_version=protocol_version,
+        client_name=client_name[:200], created_at=now, last_seen_at=now,
     )
+    session.evicted_ids = evict_sessions_over_cap(
+        credential_id=credential_id, keep=session.pk, now=now,
+        cap=max_sessions or settings.SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL)
+    return session
+
+
+def evict_sessions_over_cap(*, credential_id: int, keep: str, cap: int, now=None) -> list[str]:
+    """End the live sessions of ``credential_id`` beyond the ``cap`` it may hold (CONTRACT
+    §12): ``keep`` (the one just minted) stays, then sessions with an open stream, then the
+    most recently seen; the oldest idle go first. One guarded UPDATE; concurrent initializes
+    may each leave up to ``cap`` as they saw it, and the next initialize trims again."""
+    now = now or timezone.now()
+    ranked = (McpSession.objects.filter(credential_id=credential_id, terminated_at__isnull=True)
+              .order_by(Case(When(pk=keep, then=0), default=1), F("open_streams").desc(),
+                        F("last_seen_at").desc(), F("created_at").desc())
+              .values_list("pk", flat=True))
+    over = list(ranked[cap:])
+    if over:
+        McpSession.objects.filter(pk__in=over, terminated_at__isnull=True).update(
+            terminated_at=now)
+    return over
 
 
 def _live(endpoint, session_id: str):
-    return McpSession.objects.filter(pk=session_id, endpoint=endpoint, terminated_at__isnull=True)
+    """A live session of ``endpoint`` opened with the credential the request presented."""
+    return McpSession.objects.filter(pk=session_id, endpoint=endpoint, terminated_at__isnull=True,
+                                     credential_id=endpoint.credential_id)
 
 
 def find_endpoint_with_session(*, slug: str, credential: str, session_id: str | None,
                                fresh_within: timedelta, now=None):
     """The endpoint ``credential`` opens (``endpoints.queries.find_endpoint_for_credential``,
     None when it opens none) and, in the same statement, the state of its session
-    ``session_id``: ``endpoint.session_live`` is true only for a live session of THIS endpoint,
+    ``session_id``: ``endpoint.session_live`` is true only for a live session of THIS endpoint
+    opened with THIS credential (an old session id never works with a rotated credential),
     ``endpoint.session_fresh`` when that session was also seen within ``fresh_within`` (so
     ``touch_session`` may skip its write). One round trip for the bearer and session checks
     that every MCP request makes; a read only, so a refused request writes nothing."""
@@ -45,7 +76,8 @@ def find_endpoint_with_session(*, slug: str, credential: str, session_id: str | 
     return endpoint_queries.find_endpoint_for_credential(
         slug, credential, now=now,
         join_sql=" LEFT JOIN channels_push_mcpsession s ON s.id = %(session_id)s"
-                 " AND s.endpoint_id = e.id AND s.terminated_at IS NULL",
+                 " AND s.endpoint_id = e.id AND s.credential_id = c.id"
+                 " AND s.terminated_at IS NULL",
         join_columns={"session_live": "s.id IS NOT NULL",
                       "session_fresh": "COALESCE(s.last_seen_at >= %(fresh_since)s, FALSE)"},
         join_params={"session_id": session_id, "fresh_since": _time(now - fresh_within)},
@@ -68,17 +100,24 @@ def touch_session(*, endpoint, session_id: str, now=None, fresh: bool = False) -
 
 
 def terminate_session(*, endpoint, session_id: str, now=None) -> bool:
-    """End a live session (DELETE). False: no such live session."""
+    """End a live session (DELETE, with the session's own credential). False: no such live
+    session."""
     now = now or timezone.now()
     return _live(endpoint, session_id).update(terminated_at=now, last_seen_at=now) == 1
 
 
-def attach_stream(*, endpoint, session_id: str, now=None) -> bool:
-    """Count one more open notification stream on a live session. False: no such session."""
+def attach_stream(*, endpoint, session_id: str, max_streams: int | None = None,
+                  now=None) -> str | None:
+    """Count one more open notification stream on a live session, unless it already has
+    ``max_streams`` (default: the setting). ``"attached"``, ``"full"`` (the cap refused it), or
+    None (no such live session)."""
     now = now or timezone.now()
-    return _live(endpoint, session_id).update(
-        open_streams=F("open_streams") + 1, last_seen_at=now
-    ) == 1
+    cap = max_streams or settings.SWITCHBOARD_MAX_OPEN_STREAMS
+    attached = _live(endpoint, session_id).filter(open_streams__lt=cap).update(
+        open_streams=F("open_streams") + 1, last_seen_at=now)
+    if attached:
+        return "attached"
+    return "full" if _live(endpoint, session_id).exists() else None
 
 
 def detach_stream(*, session_id: str, now=None) -> None:
@@ -88,6 +127,85 @@ def detach_stream(*, session_id: str, now=None) -> None:
     McpSession.objects.filter(pk=session_id, open_streams__gt=0).update(
         open_streams=Greatest(F("open_streams") - 1, 0), last_seen_at=now
     )
+
+
+def _session_rights_sql(params: dict, now) -> str:
+    """SQL over a session row ``s``: its credential still gives its rights (§12)."""
+    joins, rights = endpoint_queries.credential_rights_sql("sc", "se", "su")
+    params["now"] = _time(now)
+    return (f"EXISTS (SELECT 1 FROM endpoints_credential sc{joins}"
+            f" WHERE sc.id = s.credential_id AND {rights})")
+
+
+def check_stream_session(*, session_id: str, touch_before, now=None) -> bool:
+    """A stream's keep-alive: is its session still live, and does the credential that opened
+    it still give its rights (unexpired or in grace, endpoint active, owner active)? When not,
+    the session ends here (one guarded UPDATE) and the stream closes: this runs on every
+    keep-alive of every stream on every process, so a revoked credential's streams close within
+    one keep-alive everywhere.
+
+    A read only while nothing changed (CONTRACT §12: an idle stream writes nothing on its
+    keep-alive); ``last_seen_at`` is refreshed only once it is older than ``touch_before``, so
+    an open stream still keeps its session from idling out and its count from being taken for
+    a crashed process's (``reset_stale_stream_counts``)."""
+    now = now or timezone.now()
+    params = {"session_id": session_id, "touch_before": _time(touch_before)}
+    rights = _session_rights_sql(params, now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT s.last_seen_at < %(touch_before)s FROM channels_push_mcpsession s"
+            f" WHERE s.id = %(session_id)s AND s.terminated_at IS NULL AND {rights}", params)
+        row = cursor.fetchone()
+    if row is None:
+        McpSession.objects.filter(pk=session_id, terminated_at__isnull=True).update(
+            terminated_at=now)
+        return False
+    if row[0]:
+        McpSession.objects.filter(pk=session_id, terminated_at__isnull=True).update(
+            last_seen_at=now)
+    return True
+
+
+def end_sessions_without_rights(*, limit: int, now=None) -> int:
+    """End at most ``limit`` live sessions whose credential no longer gives its rights (expired
+    or out of grace, endpoint or owner inactive; unbound legacy sessions). Their streams close
+    on their own next keep-alive; this makes the rows say so for doorbells and the board even
+    when no stream is open. Safe when two runs overlap (re-guarded by the UPDATE)."""
+    now = now or timezone.now()
+    params = {"limit": limit}
+    rights = _session_rights_sql(params, now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT s.id FROM channels_push_mcpsession s WHERE s.terminated_at IS NULL"
+            f" AND NOT {rights} LIMIT %(limit)s", params)
+        ids = [row[0] for row in cursor.fetchall()]
+    if not ids:
+        return 0
+    return McpSession.objects.filter(pk__in=ids, terminated_at__isnull=True).update(
+        terminated_at=now)
+
+
+def purge_ended_sessions(*, ended_before, limit: int) -> int:
+    """Delete at most ``limit`` sessions that ended before ``ended_before`` (CONTRACT §14),
+    oldest first (index mcp_session_ended)."""
+    ids = list(McpSession.objects.filter(terminated_at__lt=ended_before)
+               .order_by("terminated_at").values_list("pk", flat=True)[:limit])
+    if not ids:
+        return 0
+    return McpSession.objects.filter(pk__in=ids).delete()[0]
+
+
+def find_ringable_session_ids(*, endpoint_id: int, now=None) -> list[str]:
+    """Live sessions of ``endpoint_id`` whose credential still gives its rights: who may
+    receive a digest."""
+    now = now or timezone.now()
+    params = {"endpoint_id": endpoint_id}
+    rights = _session_rights_sql(params, now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT s.id FROM channels_push_mcpsession s WHERE s.endpoint_id = %(endpoint_id)s"
+            f" AND s.terminated_at IS NULL AND {rights}", params)
+        return [row[0] for row in cursor.fetchall()]
 
 
 def expire_idle_sessions(*, idle_before, limit: int, now=None) -> int:
@@ -106,7 +224,7 @@ def expire_idle_sessions(*, idle_before, limit: int, now=None) -> int:
 
 
 def reset_stale_stream_counts(*, silent_before) -> int:
-    """A stream touches its session every keep-alive; a session with a nonzero count that has
+    """A stream touches its session at least every STREAM_TOUCH_INTERVAL; a session with a nonzero count that has
     been silent since ``silent_before`` lost its streams with a crashed process. Zero them so
     the doorbell does not prefer a session nobody listens on."""
     return McpSession.objects.filter(open_streams__gt=0, last_seen_at__lt=silent_before).update(
@@ -168,12 +286,16 @@ def choose_doorbell_session(*, endpoint_id: int, todo_id: int, now=None) -> str 
     (waiting milliseconds) rather than dropping the doorbell.
     """
     now = now or timezone.now()
-    params = {"endpoint_id": endpoint_id, "todo_id": todo_id, "now": _time(now)}
+    params = {"endpoint_id": endpoint_id, "todo_id": todo_id}
+    # Never a session whose credential was revoked (§12): its stream may still be open until
+    # its next keep-alive, and must hear nothing meanwhile.
+    rights = _session_rights_sql(params, now)
     for lock in ((" FOR UPDATE SKIP LOCKED", "") if _postgres() else ("",)):
         sql = (
             "UPDATE channels_push_mcpsession SET last_doorbell_at = %(now)s WHERE id = ("
             " SELECT s.id FROM channels_push_mcpsession s"
             " WHERE s.endpoint_id = %(endpoint_id)s AND s.terminated_at IS NULL"
+            f" AND {rights}"
             " AND EXISTS (SELECT 1 FROM todos_todo t WHERE t.id = %(todo_id)s"
             f" AND t.endpoint_id = s.endpoint_id AND {_eligible_sql('t')})"
             " ORDER BY (s.open_streams > 0) DESC, s.last_doorbell_at ASC NULLS FIRST, s.id"

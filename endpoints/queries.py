@@ -2,6 +2,7 @@
 
 import hmac
 
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 
@@ -10,21 +11,40 @@ from switchboard import statements
 from .models import Endpoint, hash_credential
 
 
+def credential_rights_sql(credential: str = "c", endpoint: str = "e",
+                          owner: str = "u") -> tuple[str, str]:
+    """``(joins, condition)``, over a credential row aliased ``credential``, that hold only while
+    that credential still gives its rights (CONTRACT §12): unexpired (or in its rotation grace),
+    its endpoint active, the endpoint's owner active. The one spelling of that rule, shared by
+    the bearer check of every MCP request and the re-check of every stream keep-alive (and the
+    sweep that ends sessions whose credential lost its rights). Expects ``%(now)s``."""
+    users = get_user_model()._meta.db_table
+    joins = (
+        f" JOIN endpoints_endpoint {endpoint} ON {endpoint}.id = {credential}.endpoint_id"
+        f" AND {endpoint}.active"
+        f" JOIN {users} {owner} ON {owner}.id = {endpoint}.owner_id AND {owner}.is_active"
+    )
+    return joins, f"({credential}.expires_at IS NULL OR {credential}.expires_at > %(now)s)"
+
+
 def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_sql: str = "",
                                  join_columns=None, join_params=None) -> Endpoint | None:
-    """The active endpoint ``slug`` if ``credential`` is one of its live credentials, else None.
+    """The active endpoint ``slug`` of an active owner if ``credential`` is one of its live
+    credentials, else None. ``endpoint.credential_id`` is the credential's row id (MCP sessions
+    are bound to it).
 
     Looked up by digest (an index probe, no timing signal about other endpoints); the digest is
     compared again in constant time so a future change of lookup cannot open a timing oracle.
-    Nothing is cached: a rotated-out, expired or deactivated credential fails on its next use.
+    Nothing is cached: a rotated-out, expired or deactivated credential (or owner) fails on its
+    next use.
 
     ``join_sql`` / ``join_columns`` (``{attribute: SQL expression}``) / ``join_params``: a
-    caller's LEFT JOIN onto ``e`` (this endpoint's row), whose expressions come back as
-    attributes of the endpoint. That lets a check of the caller's own rows ride on this one
-    statement: the MCP transport checks the request's session here, one round trip per request
-    instead of two. Raw SQL rather than the ORM because this runs on every MCP request, and
-    building the query cost more CPU than running it (profiled: ORM ~1.5 ms of ~3.4 ms per
-    tool call; RawQuerySet still ~0.26 ms against ~0.14 ms for this).
+    caller's LEFT JOIN onto ``e`` (this endpoint's row) and ``c`` (the credential's), whose
+    expressions come back as attributes of the endpoint. That lets a check of the caller's own
+    rows ride on this one statement: the MCP transport checks the request's session here, one
+    round trip per request instead of two. Raw SQL rather than the ORM because this runs on
+    every MCP request, and building the query cost more CPU than running it (profiled: ORM
+    ~1.5 ms of ~3.4 ms per tool call; RawQuerySet still ~0.26 ms against ~0.14 ms for this).
     """
     if not credential:
         return None
@@ -33,11 +53,11 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
     extra = dict(join_columns or {})
     params = {**(join_params or {}), "slug": slug, "digest": hash_credential(credential),
               "now": connection.ops.adapt_datetimefield_value(now)}
+    joins, rights = credential_rights_sql("c", "e", "u")
     sql = (
-        f"SELECT {select}, c.digest{''.join(f', {expression}' for expression in extra.values())}"
-        f" FROM endpoints_credential c JOIN endpoints_endpoint e ON e.id = c.endpoint_id{join_sql}"
-        " WHERE c.digest = %(digest)s AND e.slug = %(slug)s AND e.active"
-        " AND (c.expires_at IS NULL OR c.expires_at > %(now)s) LIMIT 1"
+        f"SELECT {select}, c.digest, c.id{''.join(f', {expression}' for expression in extra.values())}"
+        f" FROM endpoints_credential c{joins}{join_sql}"
+        f" WHERE c.digest = %(digest)s AND e.slug = %(slug)s AND {rights} LIMIT 1"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -45,7 +65,8 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
     if row is None or not hmac.compare_digest(row[len(names)], params["digest"]):
         return None
     endpoint = statements.instance_from_row(Endpoint, "e", row[:len(names)])
-    for attribute, value in zip(extra, row[len(names) + 1:]):
+    endpoint.credential_id = row[len(names) + 1]
+    for attribute, value in zip(extra, row[len(names) + 2:]):
         setattr(endpoint, attribute, value)
     return endpoint
 

@@ -177,10 +177,9 @@ def _storage_unavailable(exc, **context) -> Problem:
     """The database failed: nothing was committed, so the sender should retry (every source
     retries on 5xx). Only the error's type is logged: a driver's message can quote row values,
     which here means the body."""
-    log.error("ingest write failed", extra={**context, "error": type(exc).__name__})
-    health.discard_broken_pooled_connections()
+    health.note_database_unavailable(exc, route="ingest", **context)
     return Problem(503, "unavailable", "could not store the delivery; nothing was kept, retry",
-                   headers={"Retry-After": "5"})
+                   headers=health.unavailable_headers())
 
 
 def _one_line(value: str, limit: int) -> str:

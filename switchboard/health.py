@@ -36,6 +36,23 @@ def discard_broken_pooled_connections() -> None:
         log.warning("pool check failed", extra={"error": type(exc).__name__})
 
 
+# What a request the database could not serve is told: nothing was done, retry after this
+# long (/hooks, /mcp, the board and its stream answer 503 with it; CONTRACT §12).
+UNAVAILABLE_RETRY_AFTER_SECONDS = 5
+
+
+def unavailable_headers() -> dict:
+    return {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)}
+
+
+def note_database_unavailable(exc, **context) -> None:
+    """Log a request the database failed (one line, the error's type only: a driver's message
+    can quote row values) and replace dead pooled connections. Callers answer 503 with
+    ``unavailable_headers()``."""
+    log.error("database unavailable", extra={**context, "error": type(exc).__name__})
+    discard_broken_pooled_connections()
+
+
 def _check_database():
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")

@@ -67,6 +67,16 @@ SWITCHBOARD_MCP_RATE_PER_MINUTE = _typed("SWITCHBOARD_MCP_RATE_PER_MINUTE", env.
 SWITCHBOARD_MCP_SESSION_IDLE = timedelta(
     seconds=_typed("SWITCHBOARD_MCP_SESSION_IDLE_SECONDS", env.int, 3600, minimum=60)
 )
+# Streams (§6, §12). Keep-alive comments on the MCP and board streams; every keep-alive also
+# re-checks the stream's right to exist (credential / Django session), so this is also how
+# soon a revoked stream closes. Below the 30-60 s idle cut of common proxies.
+SWITCHBOARD_STREAM_KEEPALIVE_SECONDS = _typed(
+    "SWITCHBOARD_STREAM_KEEPALIVE_SECONDS", env.float, 15.0, minimum=0.1)
+# Caps (§12): live MCP sessions per credential (initialize evicts the oldest idle beyond it),
+# and open streams per MCP session and per operator's board.
+SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL = _typed(
+    "SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL", env.int, 32, minimum=1)
+SWITCHBOARD_MAX_OPEN_STREAMS = _typed("SWITCHBOARD_MAX_OPEN_STREAMS", env.int, 4, minimum=1)
 # Fernet key for operator-supplied secrets (§5); derived from SECRET_KEY when unset.
 SWITCHBOARD_SECRETS_KEY = env.str("SWITCHBOARD_SECRETS_KEY", default="")
 # When set, GET /metrics requires "Authorization: Bearer <this token>" (board, issue 7).

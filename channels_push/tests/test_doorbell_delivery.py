@@ -20,6 +20,7 @@ from channels.testing import ApplicationCommunicator
 from django.urls import re_path
 from django.utils import timezone
 
+from tests.factories import credential_for
 from channels_push import doorbells, mcp_transport, publish
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
@@ -301,7 +302,7 @@ def test_pool_rotates_and_prefers_a_session_with_an_open_stream(vend):
     endpoint, _ = vend("pool")
     todo = make_ready_todo(endpoint)  # before any session: its create doorbell rings nobody
     now = timezone.now()
-    a, b, c = (session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    a, b, c = (session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
                for _ in range(3))
 
     def choose(offset):
@@ -322,7 +323,7 @@ def test_pool_rotates_and_prefers_a_session_with_an_open_stream(vend):
 
 def test_concurrent_publishers_spread_over_the_pool(vend):
     endpoint, _ = vend("busy-pool")
-    sessions = [session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    sessions = [session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
                 for _ in range(4)]
     todo = make_ready_todo(endpoint)
     picks, barrier = [], threading.Barrier(8)
@@ -350,7 +351,7 @@ def test_concurrent_publishers_spread_over_the_pool(vend):
 
 def test_publish_failure_is_logged_with_context_and_dropped(vend, settings, caplog):
     endpoint, credential = vend("redis-gone")
-    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
     todo = make_ready_todo(endpoint, title="still pullable")
     settings.CHANNEL_LAYERS = {"default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
@@ -368,7 +369,7 @@ def test_publish_failure_is_logged_with_context_and_dropped(vend, settings, capl
 
 def test_a_failing_doorbell_never_fails_the_committing_write(vend, monkeypatch, caplog):
     endpoint, _ = vend("fragile")
-    session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
 
     def broken(**kwargs):
         raise RuntimeError("database hiccup")

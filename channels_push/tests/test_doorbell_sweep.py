@@ -14,14 +14,14 @@ from django.utils import timezone
 from channels_push import sweeps
 from channels_push import transitions as session_transitions
 from channels_push.tests.conftest import make_ready_todo
-from tests.factories import EndpointFactory, UserFactory
+from tests.factories import credential_for, EndpointFactory, UserFactory
 from todos.models import Todo
 
 T0 = timezone.now().replace(microsecond=0) - timedelta(days=2)
 
 
 def attach(endpoint, *, stream=False):
-    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+    session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
                                                now=T0)
     if stream:
         session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk, now=T0)

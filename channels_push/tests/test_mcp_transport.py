@@ -133,6 +133,10 @@ def test_rotated_out_and_deactivated_credentials_stop_on_their_next_request(mcp)
     new_credential = endpoint_transitions.rotate_credential(mcp.endpoint, grace=timedelta(0))
     assert mcp.rpc("ping").status == 401
     mcp.credential = new_credential
+    # The session is bound to the credential that opened it (CONTRACT §12): the new one must
+    # initialize its own.
+    assert mcp.rpc("ping").status == 404
+    mcp.initialize()
     assert mcp.rpc("ping").status == 200
     Endpoint.objects.filter(pk=mcp.endpoint.pk).update(active=False)
     assert mcp.rpc("ping").status == 401

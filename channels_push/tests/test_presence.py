@@ -10,6 +10,7 @@ from channels.db import database_sync_to_async
 from django.db import connection
 from django.utils import timezone
 
+from tests.factories import credential_for
 from channels_push import doorbells, sweeps
 from channels_push import transitions as session_transitions
 from channels_push.tests.conftest import McpDriver, make_ready_todo
@@ -42,7 +43,7 @@ def digests(monkeypatch):
 
 
 def attach(endpoint, now=None):
-    return session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+    return session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
                                             now=now)
 
 

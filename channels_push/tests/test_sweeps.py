@@ -2,6 +2,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from tests.factories import credential_for
 from channels_push import scheduler, sweeps
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
@@ -10,9 +11,9 @@ from channels_push.models import McpSession
 def test_idle_sessions_expire_and_active_ones_stay(endpoint, settings):
     settings.SWITCHBOARD_MCP_SESSION_IDLE = timedelta(hours=1)
     now = timezone.now()
-    idle = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+    idle = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
                                             now=now - timedelta(hours=2))
-    busy = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+    busy = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
                                             now=now - timedelta(hours=2))
     assert session_transitions.touch_session(endpoint=endpoint, session_id=busy.pk,
                                              now=now - timedelta(minutes=5))
@@ -25,11 +26,11 @@ def test_idle_sessions_expire_and_active_ones_stay(endpoint, settings):
 
 def test_stream_counts_left_by_a_crashed_process_are_zeroed(endpoint):
     now = timezone.now()
-    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
-                                               now=now - timedelta(minutes=2))
+    session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
+                                               now=now - sweeps.STREAM_SILENCE - timedelta(seconds=1))
     assert session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk,
-                                             now=now - timedelta(minutes=2))
-    live = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25", now=now)
+                                             now=now - sweeps.STREAM_SILENCE - timedelta(seconds=1))
+    live = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25", now=now)
     assert session_transitions.attach_stream(endpoint=endpoint, session_id=live.pk, now=now)
     sweeps.expire_idle_sessions(now=now)
     assert McpSession.objects.get(pk=session.pk).open_streams == 0
@@ -37,14 +38,15 @@ def test_stream_counts_left_by_a_crashed_process_are_zeroed(endpoint):
 
 
 def test_detach_never_goes_below_zero(endpoint):
-    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
     session_transitions.detach_stream(session_id=session.pk)
     assert McpSession.objects.get(pk=session.pk).open_streams == 0
 
 
 def test_session_is_pinned_to_its_endpoint(endpoint, vend):
     other, _ = vend(slug="other")
-    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    credential_for(other)
+    session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
     assert not session_transitions.touch_session(endpoint=other, session_id=session.pk)
     assert not session_transitions.terminate_session(endpoint=other, session_id=session.pk)
     assert not session_transitions.attach_stream(endpoint=other, session_id=session.pk)

@@ -1,0 +1,133 @@
+"""Streams end when the right to read them ends (CONTRACT §12, issue 12 item 1), end to end:
+two real daphne processes with a short keep-alive, raw HTTP streams of two sessions (one per
+process), then ``manage.py rotate_credential --grace-seconds 0``. Both streams must close
+within one keep-alive interval (plus the time a loaded machine needs), and no doorbell may
+reach them once the credential is gone."""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from django.core.management import call_command
+
+from channels_push.models import McpSession
+from tests.processes import poll
+from tests.test_doorbell_e2e import deliver, setup_route
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KEEPALIVE_SECONDS = 1.0
+# One keep-alive interval, plus slack for a 2-core machine shared by many test runs. The
+# behaviour before the fix is "never closes", which this still tells apart.
+CLOSE_DEADLINE_SECONDS = KEEPALIVE_SECONDS + 9.0
+INIT = {"protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "rights-test", "version": "1"}}
+
+
+def rpc_headers(credential, session_id=None):
+    headers = {"Authorization": f"Bearer {credential}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    if session_id:
+        headers["Mcp-Session-Id"] = session_id
+    return headers
+
+
+def initialize(base_url, slug, credential) -> str:
+    answer = httpx.post(f"{base_url}/mcp/{slug}", headers=rpc_headers(credential), timeout=10,
+                        json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})
+    assert answer.status_code == 200, answer.text
+    session_id = answer.headers["mcp-session-id"]
+    httpx.post(f"{base_url}/mcp/{slug}", headers=rpc_headers(credential, session_id), timeout=10,
+               json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return session_id
+
+
+class RawStream:
+    """A GET stream read on a thread: every chunk with the monotonic time it arrived, and the
+    time the server ended the response (None while open)."""
+
+    def __init__(self, base_url, slug, credential, session_id):
+        self.chunks = []
+        self.ended_at = None
+        self.status = None
+        self._args = (f"{base_url}/mcp/{slug}",
+                      {**rpc_headers(credential, session_id), "Accept": "text/event-stream"})
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self):
+        url, headers = self._args
+        try:
+            with httpx.Client(timeout=httpx.Timeout(60.0)) as client:
+                with client.stream("GET", url, headers=headers) as response:
+                    self.status = response.status_code
+                    for chunk in response.iter_raw():
+                        self.chunks.append((time.monotonic(), chunk))
+        except httpx.HTTPError:
+            return  # the server went away (test teardown): not an orderly end
+        self.ended_at = time.monotonic()
+
+    def data_frames_after(self, instant):
+        return [chunk for at, chunk in self.chunks if at >= instant and b"data: " in chunk]
+
+
+def test_rotating_with_no_grace_closes_live_streams_on_both_processes_and_silences_them(
+        start_daphne):
+    env = {"SWITCHBOARD_STREAM_KEEPALIVE_SECONDS": str(KEEPALIVE_SECONDS)}
+    web0, web1 = start_daphne(**env), start_daphne(**env)
+    endpoint, credential, webhook = setup_route("rights-rotate")
+    session0 = initialize(web0.url, endpoint.slug, credential)
+    session1 = initialize(web1.url, endpoint.slug, credential)
+    streams = [RawStream(web0.url, endpoint.slug, credential, session0),
+               RawStream(web1.url, endpoint.slug, credential, session1)]
+    assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams__gt=0).count() == 2)
+    # Both streams are live and ringable before the rotation (a doorbell rings one session
+    # of the pool, taking turns: two todos ring both).
+    deliver(web0.url, webhook, 1)
+    deliver(web0.url, webhook, 3)
+    assert poll(lambda: all(s.data_frames_after(0) for s in streams))
+
+    rotated_at = time.monotonic()
+    call_command("rotate_credential", endpoint.slug, "--grace-seconds", "0", "--json")
+    # A todo that would ring a live session, delivered at once after the rotation.
+    deliver(web1.url, webhook, 2)
+
+    assert poll(lambda: all(s.ended_at is not None for s in streams),
+                deadline_seconds=CLOSE_DEADLINE_SECONDS), "a stream outlived its credential"
+    for stream in streams:
+        assert stream.status == 200
+        assert stream.ended_at - rotated_at <= CLOSE_DEADLINE_SECONDS
+        assert stream.data_frames_after(rotated_at) == [], "a doorbell after the rotation"
+    # The sessions ended with their credential; the old id does not work with the new one.
+    assert not McpSession.objects.filter(endpoint=endpoint, terminated_at__isnull=True).exists()
+    new_credential = endpoint.credentials.order_by("-created_at").first()
+    assert new_credential is not None
+    answer = httpx.post(f"{web0.url}/mcp/{endpoint.slug}", timeout=10,
+                        headers=rpc_headers(credential, session0),
+                        json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+    assert answer.status_code == 401
+
+
+def test_old_session_id_does_not_work_with_a_new_credential(start_daphne):
+    web0 = start_daphne()
+    endpoint, credential, _ = setup_route("rights-rebind")
+    session = initialize(web0.url, endpoint.slug, credential)
+    out = json.loads(call_command_json("rotate_credential", endpoint.slug, "--grace-seconds", "0"))
+    answer = httpx.post(f"{web0.url}/mcp/{endpoint.slug}", timeout=10,
+                        headers=rpc_headers(out["credential"], session),
+                        json={"jsonrpc": "2.0", "id": 2, "method": "ping"})
+    assert answer.status_code == 404
+    stream = httpx.get(f"{web0.url}/mcp/{endpoint.slug}", timeout=10,
+                       headers={**rpc_headers(out["credential"], session),
+                                "Accept": "text/event-stream"})
+    assert stream.status_code == 404
+
+
+def call_command_json(*args) -> str:
+    from io import StringIO
+
+    out = StringIO()
+    call_command(*args, "--json", stdout=out)
+    return out.getvalue()
