@@ -10,3 +10,19 @@ class ChannelsPushConfig(AppConfig):
         # The doorbell rides the one after-commit publish path (STYLE: side effects only after
         # commit): a ready todo rings once its transaction has committed, never before.
         publish.add_listener(doorbells.ring_ready_todo)
+
+        # A logout ends the board streams its Django session opened (CONTRACT §12). The signal,
+        # not a view: the board's logout, the admin's and OIDC's all end in auth.logout, which
+        # sends it. It only sends a message; the streams' keep-alive re-check is the guarantee.
+        from django.contrib.auth.signals import user_logged_out
+
+        user_logged_out.connect(_end_board_streams_on_logout,
+                                dispatch_uid="switchboard.board_streams.logout")
+
+
+def _end_board_streams_on_logout(sender, request, user, **kwargs):
+    from . import board_stream
+
+    session = getattr(request, "session", None)
+    board_stream.end_session_streams(getattr(user, "pk", None),
+                                     getattr(session, "session_key", None))

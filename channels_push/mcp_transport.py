@@ -30,14 +30,13 @@ from urllib.parse import urlsplit
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import DatabaseError
 from django.http.request import validate_host
 
 from endpoints.models import hash_credential
 
 from switchboard import health, ratelimit
 
-from . import doorbells, mcp_framing, mcp_tools, metrics, plain_http, publish
+from . import doorbells, group_reader, mcp_framing, mcp_tools, metrics, plain_http, publish
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
@@ -66,11 +65,6 @@ SESSION_TOUCH_INTERVAL = timedelta(seconds=30)
 # stream drops the new frame (and logs it) instead of growing without bound or slowing the
 # channel layer: the queue is the ledger, a missed doorbell costs nothing but latency.
 STREAM_BUFFER_FRAMES = 100
-# A stream that could not join (or lost) its channel-layer group retries after this long,
-# doubling up to the cap: Redis coming back must not leave a stream deaf to doorbells for the
-# rest of its life, and a Redis that stays down costs one attempt per cap per stream.
-LAYER_RETRY_FIRST_SECONDS = 0.5
-LAYER_RETRY_MAX_SECONDS = 5.0
 # Channel-layer group per session; the doorbell (any process) sends to it.
 SESSION_GROUP_PREFIX = "mcp.session."
 NOTIFY_MESSAGE_TYPE = "mcp.notify"
@@ -386,8 +380,8 @@ class McpEndpoint:
 
     def __init__(self, *, keepalive_seconds: float | None = None,
                  thread_sensitive: bool = False, buffer_frames: int = STREAM_BUFFER_FRAMES,
-                 layer_retry_seconds: tuple = (LAYER_RETRY_FIRST_SECONDS,
-                                               LAYER_RETRY_MAX_SECONDS)):
+                 layer_retry_seconds: tuple = (group_reader.RETRY_FIRST_SECONDS,
+                                               group_reader.RETRY_MAX_SECONDS)):
         self.keepalive_seconds = keepalive_seconds or settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS
         self.layer_retry_seconds = layer_retry_seconds
         self.buffer_frames = buffer_frames
@@ -439,7 +433,7 @@ class McpEndpoint:
                     await self._stream(answer, receive, send)
         except plain_http.ClientGone:
             return  # nobody to answer, and nothing was run
-        except DatabaseError as exc:
+        except health.UNAVAILABLE_ERRORS as exc:
             # PostgreSQL unreachable (or failing): nothing was done, so say "retry" (503 +
             # Retry-After, as /hooks does), not 500; no traceback per request while it is down.
             await database_sync_to_async(health.note_database_unavailable)(
@@ -471,7 +465,8 @@ class McpEndpoint:
         membership = {"channel": None}
         try:
             # Redis down: serve keep-alives and let the reader keep trying to join.
-            membership["channel"] = await _join_group(layer, group, session_id)
+            membership["channel"] = await group_reader.join_groups(
+                layer, [group], {"session": session_id[:8]})
             # Ring THIS stream (not the session's other streams) for work that waited while
             # nobody listened. After group_add, so a todo created meanwhile is not missed by
             # both paths (it may be counted by both: doorbells are at-least-once); before the
@@ -498,14 +493,27 @@ class McpEndpoint:
             await self._pump(session_id, endpoint_id, layer, group, membership, buffer,
                              receive, send)
         finally:
-            await _leave_group(layer, group, membership.get("channel"))
+            await group_reader.leave_groups(layer, [group], membership.get("channel"))
             await self._sync(close_stream)(session_id)
 
     async def _pump(self, session_id, endpoint_id, layer, group, membership, buffer, receive,
                     send):
         terminated = asyncio.Event()
-        reader = asyncio.ensure_future(_read_layer(
-            layer, group, membership, buffer, terminated, session_id,
+
+        async def on_message(message) -> bool:
+            if message.get("type") == TERMINATE_MESSAGE_TYPE:
+                terminated.set()
+                return True
+            if message.get("type") == NOTIFY_MESSAGE_TYPE:
+                offer_frame(buffer, message["message"],
+                            message.get("context") or {"session": session_id[:8]})
+            return False
+
+        # Moves this stream's channel-layer messages into its buffer as they arrive; while
+        # the layer is unreachable (at open, or lost later) it keeps rejoining, so doorbells
+        # resume when Redis returns.
+        reader = asyncio.ensure_future(group_reader.follow_groups(
+            layer, [group], membership, on_message, {"session": session_id[:8]},
             retry_seconds=self.layer_retry_seconds))
         disconnect = asyncio.ensure_future(receive())
         next_frame = asyncio.ensure_future(buffer.get())
@@ -557,7 +565,7 @@ class McpEndpoint:
         time."""
         try:
             return await self._sync(keep_stream_alive)(session_id)
-        except DatabaseError as exc:
+        except health.UNAVAILABLE_ERRORS as exc:
             log.warning("mcp stream check skipped: database unavailable",
                         extra={"session": session_id[:8], "error": type(exc).__name__})
             await database_sync_to_async(health.discard_broken_pooled_connections)()
@@ -574,68 +582,6 @@ def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:
         log.warning("doorbell dropped: stream buffer full", extra=context)
         metrics.DOORBELLS_DROPPED.inc()
         return False
-
-
-async def _join_group(layer, group: str, session_id: str):
-    """A new channel in ``group``, or None (logged) when the layer cannot be reached."""
-    try:
-        channel = await layer.new_channel()
-        await layer.group_add(group, channel)
-        return channel
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        log.warning("mcp stream without channel layer",
-                    extra={"session": session_id[:8], "error": type(exc).__name__})
-        return None
-
-
-async def _leave_group(layer, group: str, channel) -> None:
-    if channel is None:
-        return
-    try:
-        await layer.group_discard(group, channel)
-    except Exception:  # the layer is gone; its group membership expires with it
-        pass
-
-
-async def _read_layer(layer, group: str, membership: dict, buffer, terminated: asyncio.Event,
-                      session_id: str, *, retry_seconds=(LAYER_RETRY_FIRST_SECONDS,
-                                                         LAYER_RETRY_MAX_SECONDS)):
-    """Move this stream's channel-layer messages into its buffer as they arrive. While the
-    layer is unreachable (at open, or lost later) it retries joining the group with a capped
-    backoff, so doorbells resume when Redis returns; the stream itself never waits on it."""
-    first, cap = retry_seconds
-    delay = first
-    while True:
-        channel = membership.get("channel")
-        if channel is None:
-            channel = await _join_group(layer, group, session_id)
-            if channel is None:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, cap)
-                continue
-            membership["channel"] = channel
-            log.info("mcp stream joined its channel layer", extra={"session": session_id[:8]})
-        try:
-            message = await layer.receive(channel)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # layer gone: keep the stream, rejoin when it is back
-            log.warning("mcp stream lost its channel layer",
-                        extra={"session": session_id[:8], "error": type(exc).__name__})
-            membership["channel"] = None
-            await _leave_group(layer, group, channel)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, cap)
-            continue
-        delay = first
-        if message.get("type") == TERMINATE_MESSAGE_TYPE:
-            terminated.set()
-            return
-        if message.get("type") == NOTIFY_MESSAGE_TYPE:
-            offer_frame(buffer, message["message"],
-                        message.get("context") or {"session": session_id[:8]})
 
 
 async def _close_session_streams(session_id: str):

@@ -1,6 +1,7 @@
 """The one routing file for HTTP, SSE and MCP (CONTRACT §1; STYLE "Where things live").
 
-Long-lived streams (the MCP endpoint, the board's SSE) are Channels consumers; the webhook
+Long-lived streams (the MCP endpoint, the board's SSE) are plain ASGI apps that keep their own
+channel-layer groups (channels_push.group_reader); the webhook
 hooks are a plain ASGI app (channels_push.plain_http: the hot path, without Django's request
 machinery); everything else is Django's ASGI handler.
 """
@@ -14,7 +15,6 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
@@ -25,8 +25,9 @@ from ingest import views as ingest_views  # noqa: E402
 http_routes = [
     # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
     re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
-    # The Todos board's live stream (issue 7): session-authenticated like the board itself.
-    re_path(r"^todos/events$", AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi())),
+    # The Todos board's live stream (issue 7): session-authenticated like the board itself,
+    # re-checked on every keep-alive (CONTRACT §12).
+    re_path(r"^todos/events$", board_stream.application()),
     # Webhook deliveries (§5), /hooks/<webhook_slug>: any slug text is captured so that an
     # unknown one gets ingest's JSON 404.
     re_path(ingest_views.HOOK_ROUTE_PATTERN,

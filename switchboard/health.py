@@ -1,10 +1,11 @@
 """/healthz (the process answers) and /readyz (its dependencies answer), as JSON (§2)."""
 
+import concurrent.futures
 import logging
 
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
@@ -53,10 +54,62 @@ def note_database_unavailable(exc, **context) -> None:
     discard_broken_pooled_connections()
 
 
+# The database probe runs on a worker thread of its own and is given this long: a pooled
+# connection can wait 5 s for PostgreSQL (settings), and a readiness probe must answer fast
+# (CONTRACT §12). Two workers: a probe stuck behind a dead database does not queue the next.
+DATABASE_PROBE_TIMEOUT_SECONDS = 1.0
+_probe_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2,
+                                                    thread_name_prefix="readyz-probe")
+
+
+class ProbeTimeout(Exception):
+    pass
+
+
+def _select_one():
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    finally:
+        connection.close()  # this thread's own connection: back to the pool at once
+
+
 def _check_database():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-        cursor.fetchone()
+    future = _probe_pool.submit(_select_one)
+    try:
+        future.result(timeout=DATABASE_PROBE_TIMEOUT_SECONDS)
+    except concurrent.futures.TimeoutError:
+        raise ProbeTimeout() from None
+
+
+# Errors that mean "the database cannot be reached or used right now" (a retry may work), as
+# opposed to a bug (an IntegrityError, a ProgrammingError) which stays a 500.
+UNAVAILABLE_ERRORS = (OperationalError, InterfaceError)
+
+
+class DatabaseUnavailableMiddleware:
+    """Django views (the board, the admin, the operator API) answer 503 + Retry-After with a
+    JSON body when the database is unreachable, as /hooks and /mcp do, instead of a 500 page
+    and a traceback per request."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if not isinstance(exception, UNAVAILABLE_ERRORS):
+            return None
+        note_database_unavailable(exception, route="django", path=request.path[:100])
+        return database_unavailable_response()
+
+
+def database_unavailable_response() -> JsonResponse:
+    return JsonResponse({"error": {"code": "unavailable",
+                                   "message": "the database is unreachable; retry"}},
+                        status=503, headers=unavailable_headers())
 
 
 def _check_redis():
@@ -83,7 +136,8 @@ def readyz(request):
             results[name] = "ok"
         except Exception as exc:
             log.warning("readiness check failed", extra={"check": name, "error": type(exc).__name__})
-            results[name] = f"error: {type(exc).__name__}"
+            results[name] = "error: timeout" if isinstance(exc, ProbeTimeout) \
+                else f"error: {type(exc).__name__}"
             if name == "database":
                 discard_broken_pooled_connections()
     ready = all(value == "ok" for value in results.values())

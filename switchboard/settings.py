@@ -99,6 +99,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Database unreachable -> 503 + Retry-After (JSON), not a 500 (CONTRACT §12).
+    "switchboard.health.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -1,0 +1,155 @@
+"""The board stream lives only as long as the right to read it (CONTRACT §12; issue 12 item 2,
+issue 15 items 3 and 5): logout, deactivation and a changed owner end or narrow it, a viewer's
+streams are capped, and Redis down keeps it alive."""
+
+import json
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.test import override_settings
+
+from channels_push import board_stream
+from channels_push.tests.test_board_stream import WAIT_SECONDS, Stream, create, run
+from endpoints.models import Endpoint
+from tests.factories import EndpointFactory, UserFactory
+from tests.servers import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+KEEPALIVE_SECONDS = 0.2
+
+
+@pytest.fixture
+def alice(db):
+    return UserFactory(username="alice")
+
+
+def cookie_for(client, user) -> bytes:
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+async def read_until_end(stream, deadline_seconds=WAIT_SECONDS):
+    """Every body chunk until the response ends; None when it did not end in time."""
+    bodies = []
+    end = time.monotonic() + deadline_seconds
+    while time.monotonic() < end:
+        try:
+            message = await stream.communicator.receive_output(end - time.monotonic())
+        except TimeoutError:
+            return None
+        bodies.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return bodies
+    return None
+
+
+def test_a_logged_out_board_stream_ends_and_receives_no_further_row(alice, client):
+    from switchboard.asgi import application
+
+    endpoint = EndpointFactory(slug="alices", owner=alice)
+    cookie = cookie_for(client, alice)
+
+    async def scenario():
+        stream = Stream(None, app=application, headers=[(b"cookie", cookie)])
+        assert (await stream.open())["status"] == 200
+        await stream.next_event(kind="sync")
+        todo = await sync_to_async(create)(endpoint, "before logout")
+        assert json.loads((await stream.next_event(kind="todo"))["data"])["todo_id"] == str(todo.pk)
+        await sync_to_async(client.logout)()
+        await sync_to_async(create)(endpoint, "after logout")
+        rest = await read_until_end(stream)
+        assert rest is not None, "the stream outlived its logout"
+        assert not any(b"event: todo" in body for body in rest)
+        await stream.communicator.wait(WAIT_SECONDS)
+
+    run(scenario)
+
+
+@override_settings(SWITCHBOARD_STREAM_KEEPALIVE_SECONDS=KEEPALIVE_SECONDS)
+@pytest.mark.parametrize("revocation", ["session_deleted", "deactivated", "password_changed"])
+def test_the_board_stream_closes_at_its_next_keep_alive_once_its_viewer_loses_the_right(
+        alice, client, revocation):
+    from django.contrib.sessions.models import Session
+
+    from switchboard.asgi import application
+
+    endpoint = EndpointFactory(slug="alices", owner=alice)
+    cookie = cookie_for(client, alice)
+
+    def revoke():
+        if revocation == "session_deleted":  # expired, or logged out without the signal
+            Session.objects.all().delete()
+        elif revocation == "deactivated":
+            type(alice).objects.filter(pk=alice.pk).update(is_active=False)
+        else:
+            alice.set_password("a-new-password-123")
+            alice.save()
+
+    async def scenario():
+        stream = Stream(None, app=application, headers=[(b"cookie", cookie)])
+        assert (await stream.open())["status"] == 200
+        await stream.next_event(kind="sync")
+        await sync_to_async(revoke)()
+        await sync_to_async(create)(endpoint, "after the revocation")
+        rest = await read_until_end(stream)
+        assert rest is not None, "the stream outlived its viewer's rights"
+        assert not any(b"event: todo" in body for body in rest)
+
+    run(scenario)
+
+
+def test_an_endpoint_given_to_another_owner_leaves_the_old_owners_stream(alice):
+    bob = UserFactory(username="bob")
+    endpoint = EndpointFactory(slug="moving", owner=alice)
+
+    async def scenario():
+        stream = Stream(alice, keepalive=board_stream.timedelta(seconds=KEEPALIVE_SECONDS))
+        await stream.open()
+        await stream.next_event(kind="sync")
+        await sync_to_async(Endpoint.objects.filter(pk=endpoint.pk).update)(owner=bob)
+        await stream.next_event(kind="comment")  # a keep-alive re-read the visible set
+        await stream.next_event(kind="comment")
+        await sync_to_async(create)(endpoint, "bob's now")
+        seen = []
+        while sum(1 for e in seen if "comment" in e) < 5:  # well past the flush delay
+            seen.append(await stream.next_event())
+        assert not [e for e in seen if e.get("event") == "todo"]
+        await stream.close()
+
+    run(scenario)
+
+
+@override_settings(SWITCHBOARD_MAX_OPEN_STREAMS=2)
+def test_a_viewers_stream_over_the_cap_closes_their_oldest(alice):
+    async def scenario():
+        streams = [Stream(alice) for _ in range(3)]
+        for stream in streams:
+            assert (await stream.open())["status"] == 200
+            await stream.next_event(kind="sync")
+        assert await read_until_end(streams[0]) is not None  # the oldest was closed
+        for stream in streams[1:]:
+            assert await stream.communicator.receive_nothing(0.3)  # still open
+            await stream.close()
+
+    run(scenario)
+
+
+def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice):
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    layers = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                          "CONFIG": {"hosts": [dead], "prefix": "dead"}}}
+
+    async def scenario():
+        stream = Stream(alice, keepalive=board_stream.timedelta(seconds=KEEPALIVE_SECONDS))
+        start = await stream.open()
+        assert start["status"] == 200
+        assert (await stream.next_event(kind="comment"))["comment"] == "keep-alive"
+        assert (await stream.next_event(kind="comment"))["comment"] == "keep-alive"
+        assert not [e for e in stream.pending if e.get("event") == "sync"]
+        await stream.close()
+
+    with override_settings(CHANNEL_LAYERS=layers):
+        run(scenario)
