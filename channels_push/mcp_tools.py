@@ -256,7 +256,9 @@ def _check_arguments(name: str, arguments: dict) -> None:
 
 
 def _todo(todo) -> dict:
-    return {"todo": todo_queries.todo_as_dict(todo)}
+    # Every verb that answers with one todo answers for the caller's own lease (claim made it,
+    # the fenced verbs matched it), so its holder is the row's own lease owner.
+    return {"todo": todo_queries.todo_as_dict(todo, holder=todo.lease_owner)}
 
 
 def _read_secret(caller, args):
@@ -270,7 +272,8 @@ def _list_todos(caller, args):
         caller, queue=args.get("queue"), state=args.get("state"),
         limit=args.get("limit", todo_queries.LIST_LIMIT_DEFAULT),
     )
-    return {"todos": [todo_queries.todo_as_dict(row) for row in rows]}
+    # Other sessions' leases show no lease_id and only an owner hint (CONTRACT §12).
+    return {"todos": [todo_queries.todo_as_dict(row, holder=caller.actor) for row in rows]}
 
 
 def _clock(caller, presence: str) -> dict:

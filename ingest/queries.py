@@ -5,12 +5,13 @@ from datetime import timezone as dt_timezone
 
 from cryptography.fernet import InvalidToken
 from django.db import connection
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from endpoints.models import Endpoint
 from switchboard import statements
 
-from todos.models import Todo
+from todos.models import State, Todo
 from todos.transitions import Refusal
 
 from .models import SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, Webhook
@@ -98,7 +99,8 @@ def read_secret(caller, ref) -> dict:
     payload, decrypted.
 
     ``caller`` is a ``todos.transitions.Caller``: the secret must belong to a todo of
-    ``caller.endpoint`` in a queue the caller can see. Refuses ``invalid_argument`` for a
+    ``caller.endpoint`` in a queue the caller can see, which the caller holds under an
+    unexpired lease (``lease_lost`` otherwise). Refuses ``invalid_argument`` for a
     malformed ref and ``not_found`` otherwise — a secret of a todo outside the caller's endpoint
     or scope is indistinguishable from a missing one. Never logs the value.
     """
@@ -110,9 +112,16 @@ def read_secret(caller, ref) -> dict:
     )
     if secret is None:
         raise Refusal("not_found", f"no secret {ref}")
-    queue = Todo.objects.filter(pk=secret.todo_id).values_list("queue", flat=True).first()
-    if queue is None or not caller.covers(queue):
+    todo = (Todo.objects.filter(pk=secret.todo_id)
+            .only("queue", "state", "lease_owner", "lease_expires_at").first())
+    if todo is None or not caller.covers(todo.queue):
         raise Refusal("not_found", f"no secret {ref}")
+    # Only the worker doing the job reads its secrets (CONTRACT §12): the session holding the
+    # todo's unexpired lease, not its siblings, and not after the work is handed back.
+    if not (todo.state == State.CLAIMED and todo.lease_owner == caller.actor
+            and todo.lease_expires_at is not None and todo.lease_expires_at > timezone.now()):
+        raise Refusal("lease_lost", f"secret {ref} can be read only while this session holds "
+                                    f"the lease on todo {todo.pk}; claim it first")
     try:
         value = secret.unseal()
     except InvalidToken:

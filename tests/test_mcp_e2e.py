@@ -137,7 +137,8 @@ def test_a_server_restart_between_two_tool_calls_keeps_the_session(daphne_server
     # re-initialize (a second session would show up as a second row and a second owner).
     assert len(owners) == 1
     sessions = list(McpSession.objects.filter(endpoint=endpoint))
-    assert len(sessions) == 1 and sessions[0].pk in owners
+    # (Agents see owners as an 8-character hint, CONTRACT §12.)
+    assert len(sessions) == 1 and sessions[0].pk[:8] in owners
 
 
 def test_sdk_client_opens_the_stream_and_the_count_follows_it(daphne_server):

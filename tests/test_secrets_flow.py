@@ -35,6 +35,10 @@ def test_secret_handed_over_is_read_back_by_ref_and_only_in_scope(client, operat
     _, listed = call(endpoint, "list_todos", {})
     ref = listed["todos"][0]["payload"]["secrets"]["token"]["$secret"]
     assert "tok-live-123" not in json.dumps(listed)
+    # Readable only while this session holds the todo's lease (CONTRACT §12).
+    is_error, refused = call(endpoint, "read_secret", {"ref": ref})
+    assert is_error and refused["error"]["code"] == "lease_lost"
+    assert not call(endpoint, "claim", {"todo_id": listed["todos"][0]["id"]})[0]
     assert call(endpoint, "read_secret", {"ref": ref}) == (False, {"ref": ref, "value": "tok-live-123"})
 
     # Another endpoint, and the same endpoint with a scope that does not cover the queue,

@@ -41,6 +41,11 @@ LIVE_FOR_IDEMPOTENCY = Q(state__in=[State.PENDING, State.CLAIMED]) | Q(
 )
 
 
+# How much of a lease owner (an MCP session id, or an operator's username) anyone but its holder
+# sees: agents in the wire shape, operators on the board (CONTRACT §12).
+LEASE_OWNER_HINT_CHARS = 8
+
+
 class Todo(models.Model):
     # No index of its own: todo_by_state leads with endpoint_id and serves every lookup by
     # endpoint (PROTECT's check included), and each index is one more insert per transition.
@@ -115,6 +120,14 @@ class Todo(models.Model):
 
     def __str__(self):
         return f"#{self.pk} {self.title}"
+
+    @property
+    def lease_owner_hint(self) -> str | None:
+        """The lease owner as others may see it (CONTRACT §12): its first LEASE_OWNER_HINT_CHARS
+        characters. A session id is a bearer-like handle for its session (with the credential
+        it ends it), so the whole id never leaves its own session; the hint still tells
+        workers and operators apart."""
+        return self.lease_owner[:LEASE_OWNER_HINT_CHARS] if self.lease_owner else self.lease_owner
 
     @property
     def is_dead_letter(self) -> bool:

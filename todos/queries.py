@@ -10,8 +10,10 @@ def _iso(value):
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
 
 
-def todo_as_dict(todo: Todo) -> dict:
-    """The wire shape of a todo (CONTRACT §11). Ids are strings outside the database."""
+def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
+    """The wire shape of a todo (CONTRACT §11). Ids are strings outside the database.
+    ``lease_id`` only when ``holder`` (the caller's lease owner name: its MCP session id) holds
+    the lease; ``lease_owner`` always as its 8-character hint (CONTRACT §12)."""
     return {
         "id": str(todo.pk),
         "endpoint": todo.endpoint.slug,
@@ -24,8 +26,8 @@ def todo_as_dict(todo: Todo) -> dict:
         "payload": todo.payload,
         "attempts": todo.attempts,
         "max_attempts": todo.max_attempts,
-        "lease_id": todo.lease_id,
-        "lease_owner": todo.lease_owner,
+        "lease_id": todo.lease_id if holder is not None and todo.lease_owner == holder else None,
+        "lease_owner": todo.lease_owner_hint,
         "lease_expires_at": _iso(todo.lease_expires_at),
         "retry_at": _iso(todo.retry_at),
         "dead_lettered_at": _iso(todo.dead_lettered_at),

@@ -178,12 +178,45 @@ def _queue_list_param(queues):
     return list(queues) if _is_postgres() else json.dumps(list(queues))
 
 
+# -- rows that die with their todo (CONTRACT §12) -----------------------------------------------
+#
+# Tables other apps keep per todo (a ``todo_id`` column) whose rows must be deleted when the todo
+# is done or dead-lettered, in the same transaction as that transition: ingest's operator
+# secrets. Registered by table name from the owning app's ready(), so this module imports no
+# app above it (dependencies point ingest -> todos).
+_ENDS_WITH_TODO_TABLES: list[str] = []
+_FINISHED_SQL = "state = 'done' OR dead_lettered_at IS NOT NULL"
+
+
+def register_rows_ending_with_todo(table: str) -> None:
+    if table not in _ENDS_WITH_TODO_TABLES:
+        _ENDS_WITH_TODO_TABLES.append(table)
+
+
+def _finished_cleanup_ctes() -> str:
+    """PostgreSQL: data-modifying CTEs over the UPDATE's rows ``t`` (same statement)."""
+    return "".join(
+        f", d{n} AS (DELETE FROM {table} WHERE todo_id IN"
+        f" (SELECT id FROM t WHERE {_FINISHED_SQL}))"
+        for n, table in enumerate(_ENDS_WITH_TODO_TABLES))
+
+
+def _delete_finished_rows(cursor, ids_param: str) -> None:
+    """SQLite: the same deletes as statements inside the transition's transaction."""
+    for table in _ENDS_WITH_TODO_TABLES:
+        cursor.execute(
+            f"DELETE FROM {table} WHERE todo_id IN (SELECT id FROM todos_todo WHERE id IN"
+            f" (SELECT value FROM json_each(%(ids)s)) AND ({_FINISHED_SQL}))", {"ids": ids_param})
+
+
 def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
-           actor: str, now, detail=None, endpoint=None) -> list[Todo]:
+           actor: str, now, detail=None, endpoint=None, may_finish=False) -> list[Todo]:
     """Run one guarded UPDATE and write one todo event per changed row.
 
     ``action_sql`` and ``from_state_sql`` are SQL expressions over the updated row ``t``; they
     let one statement record, e.g., ``fail`` or ``dead_letter`` depending on the attempts left.
+    ``may_finish``: the transition can end a todo (done, dead letter), so the rows registered
+    with ``register_rows_ending_with_todo`` are deleted for the rows it finished.
     """
     params = {
         **params,
@@ -203,7 +236,8 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
     if _is_postgres():
         sql = (
             f"WITH t AS ({update}), "
-            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM t) "
+            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM t)"
+            f"{_finished_cleanup_ctes() if may_finish else ''} "
             f"SELECT * FROM t"
         )
         rows = _fetch_todos(sql, params)
@@ -218,6 +252,8 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
                         f"FROM todos_todo t WHERE t.id IN (SELECT value FROM json_each(%(ids)s))",
                         params,
                     )
+                    if may_finish:
+                        _delete_finished_rows(cursor, params["ids"])
     for row in rows:
         if endpoint is not None and row.endpoint_id == endpoint.pk:
             row.endpoint = endpoint  # spare the serializer a query per row
@@ -503,14 +539,14 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
 
 
 def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, action, now,
-            detail=None) -> Todo:
+            detail=None, may_finish=False) -> Todo:
     todo_id = _todo_id(todo_id)
     params["todo_id"] = todo_id
     where = _visible_where(caller, params) + " AND " + _fence(params, caller, lease_id)
     todo = _one(_apply(
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
-        endpoint=caller.endpoint,
+        endpoint=caller.endpoint, may_finish=may_finish,
     ))
     if todo is None:
         raise _explain_refusal(caller, todo_id, lease_id)
@@ -537,6 +573,7 @@ def complete_todo(caller: Caller, todo_id, *, lease_id=None, result=None, now=No
     return _fenced(
         caller, todo_id, lease_id, params=params, action_sql="'complete'", action="complete",
         set_sql=f"state = 'done', result = {_json('result')}, lease_expires_at = NULL", now=now,
+        may_finish=True,
     )
 
 
@@ -571,7 +608,7 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
     return _fenced(
         caller, todo_id, lease_id, set_sql=set_sql, params=params, action="fail", now=now,
         action_sql="CASE WHEN t.dead_lettered_at IS NULL THEN 'fail' ELSE 'dead_letter' END",
-        detail={"error": error} if error else None,
+        detail={"error": error} if error else None, may_finish=True,
     )
 
 
@@ -652,7 +689,7 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
         ),
         where_sql=f"id IN ({lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
         params={"limit": limit}, action_sql="'lease_lapsed'", from_state_sql="'claimed'",
-        actor="reaper", now=now,
+        actor="reaper", now=now, may_finish=True,
     )
     _announce(todos, "lease_lapsed")
     return todos

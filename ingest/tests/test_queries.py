@@ -24,8 +24,17 @@ def ref_of(todo, name="token"):
     return todo.payload["secrets"][name]["$secret"]
 
 
-def test_read_secret_returns_the_value_to_a_caller_who_sees_the_todo(endpoint, handed):
+def test_read_secret_returns_the_value_to_the_caller_holding_the_lease(endpoint, handed):
+    from todos import transitions as todo_transitions
+
     caller = Caller.agent(endpoint, "session-1")
+    with pytest.raises(Refusal) as refusal:
+        queries.read_secret(caller, ref_of(handed))
+    assert refusal.value.code == "lease_lost"
+    todo_transitions.claim_todo(caller, handed.pk)
+    with pytest.raises(Refusal) as refusal:
+        queries.read_secret(Caller.agent(endpoint, "session-2"), ref_of(handed))
+    assert refusal.value.code == "lease_lost"
     assert queries.read_secret(caller, ref_of(handed)) == {"ref": ref_of(handed), "value": "value-1"}
     assert queries.read_secret(caller, ref_of(handed, "other"))["value"] == "value-2"
 
@@ -56,6 +65,9 @@ def test_secrets_key_rotation_keeps_old_secrets_readable(endpoint, operator):
         todo, _ = transitions.hand_over_todo(endpoint=endpoint, operator=operator, queue="inbox",
                                              title="t", secret_values={"token": "v"})
     caller = Caller.agent(endpoint, "s")
+    from todos import transitions as todo_transitions
+
+    todo_transitions.claim_todo(caller, todo.pk)
     with override_settings(SWITCHBOARD_SECRETS_KEY=f"{new},{old}"):
         assert queries.read_secret(caller, ref_of(todo))["value"] == "v"
     with override_settings(SWITCHBOARD_SECRETS_KEY=new):
