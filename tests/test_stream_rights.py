@@ -131,3 +131,43 @@ def call_command_json(*args) -> str:
     out = StringIO()
     call_command(*args, "--json", stdout=out)
     return out.getvalue()
+
+
+def session_row_versions(endpoint):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, xmin::text, ctid::text FROM channels_push_mcpsession"
+                       " WHERE endpoint_id = %s", [endpoint.pk])
+        return {row[0]: row[1:] for row in cursor.fetchall()}
+
+
+IDLE_STREAMS = 100
+
+
+def test_a_hundred_idle_streams_write_nothing_on_their_keep_alives(start_daphne):
+    """CONTRACT §12: a stream whose state did not change writes nothing on its keep-alive.
+    PostgreSQL gives every UPDATE a new row version (xmin, ctid), so unchanged versions of
+    every session row after several keep-alives of every stream prove no write happened."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row versions are PostgreSQL's")
+    web = start_daphne(SWITCHBOARD_STREAM_KEEPALIVE_SECONDS="0.5",
+                       SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL=str(IDLE_STREAMS))
+    endpoint, credential, _ = setup_route("rights-idle")
+    sessions = [initialize(web.url, endpoint.slug, credential) for _ in range(IDLE_STREAMS)]
+    streams = [RawStream(web.url, endpoint.slug, credential, s) for s in sessions]
+    assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams=1).count()
+                == IDLE_STREAMS, deadline_seconds=60)
+    before = session_row_versions(endpoint)
+
+    def keepalives(stream):
+        return sum(chunk.count(b": keep-alive") for _, chunk in list(stream.chunks))
+
+    seen = [keepalives(s) for s in streams]
+    # Every stream has had at least four more keep-alives (each one a re-check).
+    assert poll(lambda: all(keepalives(s) >= n + 4 for s, n in zip(streams, seen)),
+                deadline_seconds=60)
+    assert session_row_versions(endpoint) == before
+    assert all(s.ended_at is None for s in streams)
