@@ -130,7 +130,7 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
             # An agent's claim and release show up live too.
             in_thread(transitions.claim_todo, agent, todo.pk)
             page.wait_for_selector(f"#todo-{todo.pk} .badge.state.state-claimed")
-            assert row.locator("td").nth(7).inner_text().startswith("session-a")
+            assert row.locator("td").nth(7).inner_text().startswith("session-a"[:8] + " ")  # the owner hint (CONTRACT §12)
             in_thread(transitions.release_todo, agent, todo.pk)
             page.wait_for_selector(f"#todo-{todo.pk} .badge.state.state-pending")
             assert page.evaluate("window.__sameDocument") is True

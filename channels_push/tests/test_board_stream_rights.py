@@ -10,7 +10,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.test import override_settings
 
-from channels_push import board_stream
+from channels_push import board_stream, publish
 from channels_push.tests.test_board_stream import WAIT_SECONDS, Stream, create, run
 from endpoints.models import Endpoint
 from tests.factories import EndpointFactory, UserFactory
@@ -64,6 +64,9 @@ def test_a_logged_out_board_stream_ends_and_receives_no_further_row(alice, clien
         assert rest is not None, "the stream outlived its logout"
         assert not any(b"event: todo" in body for body in rest)
         await stream.communicator.wait(WAIT_SECONDS)
+        # This loop is the publisher's "server loop" (switchboard.asgi bound it): let its
+        # sends finish before the loop closes, or later tests' sends would wait on it.
+        assert await sync_to_async(publish.wait_for_sends)(WAIT_SECONDS)
 
     run(scenario)
 
@@ -97,6 +100,7 @@ def test_the_board_stream_closes_at_its_next_keep_alive_once_its_viewer_loses_th
         rest = await read_until_end(stream)
         assert rest is not None, "the stream outlived its viewer's rights"
         assert not any(b"event: todo" in body for body in rest)
+        assert await sync_to_async(publish.wait_for_sends)(WAIT_SECONDS)  # see above
 
     run(scenario)
 
