@@ -68,6 +68,10 @@ RECONNECT_MAX_SECONDS = 30.0
 # complete/fail are retried this long through a broken connection; past it the lease lapses
 # and the todo comes back by itself, which is the right outcome for an unreachable server.
 SETTLE_RETRY_SECONDS = 60.0
+# The SDK retries a dropped notification stream twice at the server's retry hint (3 s); past
+# this with no stream open the session is reopened (checked every STREAM_CHECK_SECONDS).
+STREAM_LOST_SECONDS = 10.0
+STREAM_CHECK_SECONDS = 2.0
 # list_todos' page size: the live-state check after a lost lease looks at this many per state.
 LIST_LIMIT = 200
 # --once gives up (exit 1) after this many failed claims in a row with nothing running.
@@ -128,6 +132,40 @@ class ChannelBell(ClientExtension):
         self.on_ring(params.meta)
 
 
+class StreamWatch:
+    """Counts the session's open notification streams (GET responses) through an HTTP response
+    hook. The SDK reopens a dropped stream only twice and then gives up quietly; after a server
+    restart longer than that the runner would hear no doorbell again. The owner task reopens
+    the whole session when no stream has been open for STREAM_LOST_SECONDS."""
+
+    def __init__(self):
+        self.open = 0
+        self.quiet_since = time.monotonic()
+
+    async def on_response(self, response):
+        if response.request.method != "GET" or response.status_code != 200:
+            return
+        self.open += 1
+        close = response.aclose
+        closed = False
+
+        async def aclose():
+            nonlocal closed
+            try:
+                await close()
+            finally:
+                if not closed:
+                    closed = True
+                    self.open -= 1
+                    if not self.open:
+                        self.quiet_since = time.monotonic()
+
+        response.aclose = aclose
+
+    def lost(self) -> bool:
+        return not self.open and time.monotonic() - self.quiet_since > STREAM_LOST_SECONDS
+
+
 class Switchboard:
     """One MCP session, kept open by its own task and reopened with backoff when it breaks.
 
@@ -151,6 +189,8 @@ class Switchboard:
         delay = RECONNECT_FIRST_SECONDS
         while not self._closing:
             http = create_mcp_http_client(headers={"Authorization": f"Bearer {self._token}"})
+            streams = StreamWatch()
+            http.event_hooks = {"response": [streams.on_response]}
             try:
                 # mode="legacy": the initialize handshake and a session, which is what carries
                 # the notification stream (switchboard deliberately speaks only that era).
@@ -161,7 +201,11 @@ class Switchboard:
                     self._ready.set()
                     delay = RECONNECT_FIRST_SECONDS
                     log_event("connected", url=self.url)
-                    await self._broken.wait()
+                    while not self._broken.is_set():
+                        await wait_first(self._broken.wait(), timeout=STREAM_CHECK_SECONDS)
+                        if streams.lost():
+                            log_event("stream_lost", reopening="session")
+                            break
             except Exception as error:  # noqa: BLE001 — any failure: log, back off, reconnect
                 if self.first_error is None and not self._ready.is_set():
                     self.first_error = error
@@ -205,6 +249,9 @@ class Switchboard:
             error = content.get("error") or {}
             raise Refused(error.get("code", "unknown"), error.get("message", ""))
         return content
+
+    def reopen(self):
+        self._broken.set()
 
     async def close(self):
         self._closing = True
@@ -365,10 +412,16 @@ class Runner:
             arguments["wait_seconds"] = wait
         call = asyncio.ensure_future(
             self.sb.call("claim_next", arguments, timeout=wait + LONG_POLL_SLACK_SECONDS))
-        # A stop cancels the long poll: the server claims nothing for a caller that went away.
         await wait_first(call, self.stopping.wait())
         if not call.done():
             call.cancel()
+            if wait:
+                # The SDK keeps the abandoned POST open in its transport; a long poll still
+                # waiting there could claim a todo nobody would run (until its lease lapsed).
+                # Reopening the session closes that request, and the server claims nothing for
+                # a caller that went away. Running agents' calls are fenced by lease_id, so
+                # the new session serves them.
+                self.sb.reopen()
             return "stopped", None
         try:
             answer = call.result()

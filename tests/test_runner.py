@@ -351,15 +351,45 @@ def test_a_doorbell_starts_the_agent_within_a_second_while_the_runner_idles(
     assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams__gt=0).exists())
 
     handed_at = time.time()
-    answer = httpx.post(f"{daphne_server.url}/api/v1/endpoints/{endpoint.slug}/todos",
-                        json={"queue": "ops", "title": "rotate the keys"},
-                        headers={"Authorization": f"Bearer {token}"}, timeout=10)
-    assert answer.status_code == 201, answer.text
+    todo_id = hand_over(daphne_server, endpoint, token)
     assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
     latency = float(started.read_text()) - handed_at
     assert latency < 1.0, f"agent started {latency:.2f} s after the hand-over\n{runner.log_text()}"
     assert "doorbell todo_id" in runner.log_text()
-    assert poll(lambda: Todo.objects.get(pk=answer.json()["todo"]["id"]).state == "done")
+    assert poll(lambda: Todo.objects.get(pk=todo_id).state == "done")
+
+
+def hand_over(server, endpoint, token, title="rotate the keys"):
+    answer = httpx.post(f"{server.url}/api/v1/endpoints/{endpoint.slug}/todos",
+                        json={"queue": "ops", "title": title},
+                        headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert answer.status_code == 201, answer.text
+    return answer.json()["todo"]["id"]
+
+
+def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, runners, tmp_path):
+    """The SDK stops reopening a dropped notification stream after two tries; the runner
+    notices the stream is gone and reopens its session, so a restart longer than that does
+    not silence doorbells for good."""
+    server = start_daphne()
+    owner = UserFactory(username="runner-restart")
+    endpoint, credential = endpoint_transitions.vend_endpoint(slug="runner-restart", owner=owner)
+    token = ingest_transitions.mint_operator_token(user=owner, name="runner-test")[1]
+    started = tmp_path / "started"
+    runner = runners(f"{server.url}/mcp/{endpoint.slug}", credential, "--wait-seconds", "0",
+                     "--poll-seconds", "120", command=["sh", "-c", f"date +%s.%N > {started}"])
+    runner.wait_log("idle")
+
+    server.stop()
+    runner.wait_log("stream_lost", deadline_seconds=30)  # the SDK has given up by now
+    server.start()
+    assert poll(lambda: runner.log_text().count("connected url=") >= 2, 60), runner.log_text()
+    assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams__gt=0).exists())
+
+    handed_at = time.time()
+    hand_over(server, endpoint, token)
+    assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
+    assert float(started.read_text()) - handed_at < 1.0, runner.log_text()
 
 
 def test_idle_runner_in_default_mode_claims_work_that_arrives_later(setup, runners, tmp_path):
