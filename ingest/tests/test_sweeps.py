@@ -252,3 +252,23 @@ def test_prune_batches_use_their_partial_indexes(endpoint):
     text = plan(sweeps.dead_past_retention(sweeps.Cutoffs(
         done_before=NOW, dead_before=NOW, deliveries_before=NOW, sessions_before=NOW)))
     assert "todo_prune_dead" in text and "Sort" not in text, text
+
+
+def test_a_pruned_todo_answers_a_clear_not_found_page(client, operator, make_todo, agent):
+    todo = make_todo(now=LONG_AGO)
+    transitions.claim_todo(agent, todo.pk, now=LONG_AGO)
+    transitions.complete_todo(agent, todo.pk, now=LONG_AGO)
+    client.force_login(operator)
+    assert client.get(f"/todos/{todo.pk}/").status_code == 200
+    sweeps.prune_history()
+    answer = client.get(f"/todos/{todo.pk}/")
+    assert answer.status_code == 404
+    assert b"pruned" in answer.content
+    board = client.get("/todos/")
+    assert board.status_code == 200 and f"#{todo.pk}".encode() not in board.content
+    # The admin's change page of a pruned todo says so instead of failing.
+    operator.is_staff = operator.is_superuser = True
+    operator.save()
+    admin = client.get(f"/admin/todos/todo/{todo.pk}/change/", follow=True)
+    assert admin.status_code == 200
+    assert b"doesn" in admin.content  # "… doesn't exist. Perhaps it was deleted?"
