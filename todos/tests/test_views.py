@@ -252,4 +252,3 @@ def test_board_clock_buttons_clock_own_endpoints_only(alice_client, operator, bo
     assert alice_client.post(reverse("todos-clock", args=["bobs", "out"])).status_code == 404
     assert Endpoint.objects.get(slug="bobs").presence_state == "in"
     assert alice_client.get(reverse("todos-clock", args=["mine", "in"])).status_code == 405
-
