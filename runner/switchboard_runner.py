@@ -312,14 +312,22 @@ def agent_env(todo: dict, url: str) -> dict:
     return env
 
 
-def _die_with_runner():
-    """In the agent's child process, before exec: if the runner dies (even by SIGKILL), the
-    agent gets SIGTERM (Linux PR_SET_PDEATHSIG) instead of working on under a lapsing lease.
-    Its writes are fenced by the lease either way; this saves the wasted work."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _parent_death_signal():
+    """``preexec_fn`` for the agent (Linux; None elsewhere): if the runner dies, even by
+    SIGKILL, the agent gets SIGTERM (PR_SET_PDEATHSIG) instead of working on under a lease that
+    is lapsing. Its writes are fenced by the lease either way; this saves the wasted work. The
+    libc function is looked up here, in the parent, so the forked child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def set_signal():
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return set_signal
 
 
 async def stop_group(proc) -> None:
@@ -375,6 +383,7 @@ class Runner:
         self.kill_now = asyncio.Event()   # grace over (or second signal): kill running agents
         self.wake = asyncio.Event()       # a doorbell or digest arrived
         self.task_done = asyncio.Event()
+        self.parent_death_signal = _parent_death_signal()
 
     # -- notifications
 
@@ -521,7 +530,7 @@ class Runner:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=agent_env(todo, self.args.url),
-                start_new_session=True, preexec_fn=_die_with_runner)
+                start_new_session=True, preexec_fn=self.parent_death_signal)
         except OSError as error:
             # The runner's command is broken, not the todo: give it back, attempt refunded.
             log_event("start_failed", todo_id=todo_id, error=_describe(error))
