@@ -237,10 +237,10 @@ class Switchboard:
         except MCPError as error:
             if error.code == INVALID_PARAMS:
                 raise
-            self._broken.set()  # the session is gone or timed out: open a fresh one
+            self._break(client)  # the session is gone or timed out: open a fresh one
             raise Unreachable(_describe(error)) from error
         except Exception as error:  # noqa: BLE001 — transport faults come in many types
-            self._broken.set()
+            self._break(client)
             raise Unreachable(_describe(error)) from error
         content = answer.structured_content
         if content is None:
@@ -249,6 +249,11 @@ class Switchboard:
             error = content.get("error") or {}
             raise Refused(error.get("code", "unknown"), error.get("message", ""))
         return content
+
+    def _break(self, client):
+        # A call that failed on a session already replaced says nothing about the new one.
+        if client is self._client:
+            self._broken.set()
 
     def reopen(self):
         self._broken.set()
@@ -410,7 +415,8 @@ class Runner:
 
     async def claim(self):
         """One claim_next: ``(outcome, todo)`` with outcome ``todo``, ``empty`` (the server
-        answered there is nothing), ``error`` (logged) or ``stopped``."""
+        answered there is nothing), ``retry`` (at once), ``error`` (logged; retry later),
+        ``fatal`` (logged; stop) or ``stopped``."""
         arguments = {}
         if self.queues:
             arguments["queues"] = self.queues
@@ -443,7 +449,10 @@ class Runner:
             if wait and refused.code == "invalid_argument" and "wait_seconds" in refused.message:
                 return self._no_long_poll(refused.message)
             log_event("claim_refused", code=refused.code, message=refused.message)
-            return "error", None
+            # Queues outside the scope, or claim_next not granted: the runner's configuration
+            # is wrong, and asking again will not change the answer.
+            fatal = refused.code in ("not_in_scope", "verb_not_allowed")
+            return ("fatal" if fatal else "error"), None
         except Unreachable as error:
             log_event("claim_error", error=str(error))
             return "error", None
@@ -492,6 +501,8 @@ class Runner:
                 break
             if outcome == "retry":
                 continue
+            if outcome == "fatal":
+                return 1
             if outcome == "error":
                 errors += 1
                 if self.args.once and errors >= ONCE_ERROR_LIMIT and not self.tasks:

@@ -255,6 +255,30 @@ def test_agent_that_fails_the_todo_itself_is_not_failed_again(setup, runners, tm
     assert TodoEvent.objects.filter(todo=todo, action="fail").count() == 1
 
 
+def test_a_lost_lease_stops_the_agent_and_settles_nothing(setup, runners, tmp_path):
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    started = tmp_path / "started"
+    command = agent(tmp_path, "hang", f"""
+        import os, time
+        open({str(started)!r}, "a").write(f"{{os.getpid()}}\\n")
+        time.sleep(300)
+    """)
+    runner = runners(url, credential, "--once", "--lease-seconds", "3", command=command)
+    assert poll(started.exists, 20), runner.log_text()
+    first_agent = int(started.read_text().split()[0])
+    # Someone else ends the lease (here: a release fenced by its lease_id, as an operator
+    # override would): the runner's next heartbeat is refused and the agent is stopped.
+    claimed = Todo.objects.get(pk=todo.pk)
+    transitions.release_todo(transitions.Caller.operator(endpoint, "alice"), todo.pk,
+                             lease_id=claimed.lease_id)
+    runner.wait_log(f"stopping_agent todo_id={todo.pk} reason=lease_lost")
+    assert poll(lambda: not pid_alive(first_agent), 10)
+    log = runner.log_text()
+    assert f"lease_lost todo_id={todo.pk} code=lease_lost todo_state=" in log
+    assert "failed todo_id" not in log and "completed todo_id" not in log
+
+
 # -- crashes and signals ------------------------------------------------------------------------
 
 
@@ -433,6 +457,16 @@ def test_queues_limits_what_the_runner_claims(setup, runners, tmp_path):
     assert runner.wait() == 0, runner.log_text()
     assert Todo.objects.get(pk=wanted.pk).state == "done"
     assert Todo.objects.get(pk=other.pk).state == "pending"
+
+
+def test_queues_outside_the_scope_stop_the_runner_instead_of_retrying(daphne_server, runners):
+    owner = UserFactory(username="runner-scoped")
+    endpoint, credential = endpoint_transitions.vend_endpoint(slug="runner-scoped", owner=owner,
+                                                              scope=["inbox"])
+    runner = runners(f"{daphne_server.url}/mcp/{endpoint.slug}", credential,
+                     "--queues", "payroll", command=["true"])
+    assert runner.wait() == 1, runner.log_text()
+    assert "claim_refused code=not_in_scope" in runner.log_text()
 
 
 def test_dry_run_lists_pending_work_and_the_command_without_claiming(setup, runners):
