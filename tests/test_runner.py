@@ -416,15 +416,64 @@ def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, r
     assert float(started.read_text()) - handed_at < 1.0, runner.log_text()
 
 
-def test_idle_runner_in_default_mode_claims_work_that_arrives_later(setup, runners, tmp_path):
-    """Default flags: long poll when the server has it, short polls when it refuses
-    wait_seconds; either way new (unrung, unverified) work is found."""
+def test_idle_runner_claims_work_that_arrives_later_with_or_without_long_poll(
+        setup, runners, tmp_path):
+    """Long poll when the server has it, short polls when it refuses wait_seconds; either way
+    new (unrung, unverified) work is found."""
     endpoint, credential, url = setup
-    runner = runners(url, credential, "--poll-seconds", "0.5",
+    runner = runners(url, credential, "--wait-seconds", "2", "--poll-seconds", "0.5",
                      command=agent(tmp_path, "ok", "print('ok')"))
     runner.wait_log("idle")
     [todo] = make_todos(endpoint, 1)
     assert poll(lambda: Todo.objects.get(pk=todo.pk).state == "done", 20), runner.log_text()
+
+
+def skip_without_long_poll(runner):
+    if "long_poll_unavailable" in runner.log_text():
+        pytest.skip("this server has no long-poll claim_next (issue 14 §1)")
+
+
+def test_long_poll_starts_the_agent_without_a_doorbell_or_a_poll(setup, runners, tmp_path):
+    endpoint, credential, url = setup
+    started = tmp_path / "started"
+    runner = runners(url, credential, "--wait-seconds", "2", "--poll-seconds", "120",
+                     command=["sh", "-c", f"date +%s.%N > {started}"])
+    runner.wait_log("idle")
+    skip_without_long_poll(runner)
+    created_at = time.time()
+    make_todos(endpoint, 1)  # unverified: never rung, so only the long poll can find it soon
+    assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
+    assert float(started.read_text()) - created_at < 2.0, runner.log_text()
+
+
+def test_sigterm_ends_a_waiting_long_poll_while_agents_finish(setup, runners, tmp_path):
+    """A stop while one agent runs and the runner long-polls for a second: the abandoned long
+    poll must not claim a todo that arrives during the grace period (nobody would run it)."""
+    endpoint, credential, url = setup
+    [first] = make_todos(endpoint, 1)
+    go, started = tmp_path / "go", tmp_path / "started"
+    command = agent(tmp_path, "slow", f"""
+        import os, time
+        open({str(started)!r}, "w").write("x")
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.05)
+    """)
+    runner = runners(url, credential, "--concurrency", "2", "--wait-seconds", "60",
+                     command=command)
+    # The second claim (a long poll: one slot is free) went out right after the first claim,
+    # before the agent started; a server without long poll has refused it by now.
+    assert poll(started.exists, 20), runner.log_text()
+    poll(lambda: "long_poll_unavailable" in runner.log_text(), 1.0)
+    skip_without_long_poll(runner)
+    runner.process.send_signal(signal.SIGTERM)
+    runner.wait_log("stopping signal=SIGTERM")
+    [late] = make_todos(endpoint, 1)
+    # Had the abandoned long poll stayed open, the server would hand it this todo at once.
+    assert not poll(lambda: Todo.objects.get(pk=late.pk).state != "pending", 2.0)
+    go.write_text("x")
+    assert runner.wait() == 0, runner.log_text()
+    assert Todo.objects.get(pk=first.pk).state == "done"
+    assert Todo.objects.get(pk=late.pk).state == "pending"
 
 
 def test_concurrency_two_never_runs_three_agents(setup, runners, tmp_path):
