@@ -225,34 +225,31 @@ AGENT_COMPLETES_ITSELF = """
 """
 
 
-def test_agent_that_completes_the_todo_itself_leaves_it_done_once(setup, runners, tmp_path):
+@pytest.mark.parametrize("verb, extra, exit_code, state", [
+    ("complete", '"result": {"by": "agent"}', 0, "done"),
+    ("fail", '"error": "agent says no"', 1, "failed"),
+])
+def test_agent_that_settles_the_todo_itself_is_left_alone(setup, runners, tmp_path, verb, extra,
+                                                          exit_code, state):
+    """The agent completes (exit 0) or fails (exit 1) its todo through its own MCP session
+    with the lease_id: the runner's own settle is refused and it records nothing more."""
     endpoint, credential, url = setup
     [todo] = make_todos(endpoint, 1)
     command = agent(tmp_path, "self", AGENT_COMPLETES_ITSELF.format(
-        token_env=TOKEN_ENV, verb="complete", extra='"result": {"by": "agent"}', code=0))
+        token_env=TOKEN_ENV, verb=verb, extra=extra, code=exit_code))
     runner = runners(url, credential, "--once", command=command)
     assert runner.wait() == 0, runner.log_text()
 
     todo.refresh_from_db()
-    assert todo.state == "done"
-    assert todo.result == {"by": "agent"}  # the agent's, not overwritten by the runner's
-    assert completions(todo) == 1
+    assert todo.state == state
+    assert TodoEvent.objects.filter(todo=todo, action=verb).count() == 1
+    if verb == "complete":
+        assert todo.result == {"by": "agent"}  # the agent's, not overwritten by the runner's
+    else:
+        assert todo.last_error == "agent says no"
     log = runner.log_text()
-    assert "completed todo_id" not in log
+    assert "completed todo_id" not in log and "failed todo_id" not in log
     assert "settled_by_agent" in log or "settle_refused" in log and "todo_state=ended" in log
-
-
-def test_agent_that_fails_the_todo_itself_is_not_failed_again(setup, runners, tmp_path):
-    endpoint, credential, url = setup
-    [todo] = make_todos(endpoint, 1)
-    command = agent(tmp_path, "selffail", AGENT_COMPLETES_ITSELF.format(
-        token_env=TOKEN_ENV, verb="fail", extra='"error": "agent says no"', code=1))
-    runner = runners(url, credential, "--once", command=command)
-    assert runner.wait() == 0, runner.log_text()
-
-    todo.refresh_from_db()
-    assert todo.state == "failed" and todo.last_error == "agent says no"
-    assert TodoEvent.objects.filter(todo=todo, action="fail").count() == 1
 
 
 def test_a_lost_lease_stops_the_agent_and_settles_nothing(setup, runners, tmp_path):
