@@ -389,6 +389,8 @@ class Runner:
         self.wake = asyncio.Event()       # a doorbell or digest arrived
         self.task_done = asyncio.Event()
         self.parent_death_signal = _parent_death_signal()
+        self.shutdown_error = (f"runner stopped: agent killed after the "
+                               f"{args.grace_seconds:g} s grace period")
 
     # -- notifications
 
@@ -405,6 +407,7 @@ class Runner:
     def on_signal(self, signame: str):
         if self.stopping.is_set():
             log_event("stop_now", signal=signame, running=len(self.tasks))
+            self.shutdown_error = f"runner stopped: agent killed at a second {signame}"
             self.kill_now.set()
             return
         log_event("stopping", signal=signame, running=len(self.tasks),
@@ -593,8 +596,10 @@ class Runner:
         todo is still live (back to pending, or someone else's claim) stop the agent; when it
         is no longer live the agent most likely settled it itself, so let it finish."""
         interval = max(lease_seconds(todo) / 3, 0.2)
+        pause = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(pause)
+            pause = interval
             try:
                 await self.sb.call("heartbeat", {"todo_id": todo["id"], "lease_id": todo["lease_id"]},
                                    timeout=max(interval, 1.0))
@@ -606,6 +611,8 @@ class Runner:
                     lease_lost.set()
                 return
             except (Unreachable, MCPError) as error:
+                # Try again sooner: two missed beats at the full interval would lose the lease.
+                pause = max(interval / 3, 0.2)
                 log_event("heartbeat_error", todo_id=todo["id"], error=str(error))
 
     async def live_state(self, todo: dict):
@@ -631,8 +638,7 @@ class Runner:
                 "result": {"exit_code": code, "stderr_tail": stderr, "stdout_tail": stdout}}
         elif stopped_for == "shutdown":
             verb, arguments = "fail", {
-                "error": f"runner stopped: agent killed after the {self.args.grace_seconds:g} s "
-                         "grace period",
+                "error": self.shutdown_error,
                 "result": {"exit_code": code, "stderr_tail": stderr, "stdout_tail": stdout}}
         elif code == 0:
             verb, arguments = "complete", {"result": {"exit_code": 0, "stdout_tail": stdout,

@@ -357,6 +357,22 @@ def test_sigterm_kills_and_fails_an_agent_that_outlives_the_grace_period(setup, 
     assert todo.last_error == "runner stopped: agent killed after the 1 s grace period"
 
 
+def test_a_second_signal_skips_the_grace_period(setup, runners, tmp_path):
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    started = tmp_path / "started"
+    runner = runners(url, credential, "--wait-seconds", "0", "--grace-seconds", "600",
+                     command=["sh", "-c", f"touch {started}; sleep 300"])
+    assert poll(started.exists, 20), runner.log_text()
+    runner.process.send_signal(signal.SIGTERM)
+    runner.wait_log("stopping signal=SIGTERM")
+    runner.process.send_signal(signal.SIGINT)
+    assert runner.wait() == 0, runner.log_text()  # well before the 600 s grace
+    todo.refresh_from_db()
+    assert todo.state == "failed"
+    assert todo.last_error == "runner stopped: agent killed at a second SIGINT"
+
+
 # -- finding work -------------------------------------------------------------------------------
 
 
