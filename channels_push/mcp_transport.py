@@ -45,6 +45,9 @@ log = logging.getLogger("switchboard.mcp")
 # /mcp/<endpoint_slug>, with an optional trailing slash served as is: never a redirect
 # (clients must not follow redirects on POST).
 ROUTE_PATTERN = r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$"
+# The session-based (handshake) protocol versions only, on purpose: Claude Code turns channels
+# off on the stateless 2026-07-28 protocol, so offering it would silence every doorbell. A
+# client probing for it gets the refusal below, which lists these, and falls back to initialize.
 SUPPORTED_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_PROTOCOL_VERSION = SUPPORTED_PROTOCOL_VERSIONS[0]
 ALLOWED_METHODS = "GET, POST, DELETE"
@@ -286,7 +289,7 @@ def answer_post(request: plain_http.Request) -> Answer:
         return _fault(415, "Unsupported Media Type: Content-Type must be application/json")
     version = request.header("mcp-protocol-version")
     if version is not None and version not in SUPPORTED_PROTOCOL_VERSIONS:
-        return _version_refusal(version)
+        return _version_refusal(version, mcp_framing.request_id_of(request.body))
     try:
         message = mcp_framing.parse_message(request.body)
     except mcp_framing.FramingError as error:
