@@ -474,12 +474,8 @@ class McpEndpoint:
             for params, context in frames:
                 offer_frame(buffer, mcp_framing.notification_envelope(
                     doorbells.CHANNEL_METHOD, params), context)
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache, no-transform"),
-                (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
-                (b"mcp-session-id", session_id.encode()),
-            ]})
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": _sse_headers(session_id)})
             # Headers go out with the first body bytes, so send some at once.
             await send({"type": "http.response.body", "more_body": True,
                         "body": mcp_framing.sse_comment("switchboard stream open")
@@ -513,12 +509,8 @@ class McpEndpoint:
         woken = asyncio.ensure_future(waiter.event.wait())
         try:
             if streaming:
-                await send({"type": "http.response.start", "status": 200, "headers": [
-                    (b"content-type", b"text/event-stream"),
-                    (b"cache-control", b"no-cache, no-transform"),
-                    (b"x-accel-buffering", b"no"),  # nginx: do not buffer the answer
-                    (b"mcp-session-id", answer.headers["Mcp-Session-Id"].encode()),
-                ]})
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": _sse_headers(answer.headers["Mcp-Session-Id"])})
                 await send({"type": "http.response.body", "more_body": True,
                             "body": mcp_framing.sse_comment("waiting for a todo")})
             next_beat = loop.time() + keepalive_seconds
@@ -625,6 +617,16 @@ class McpEndpoint:
             for task in (reader, disconnect, next_frame, ended):
                 if task is not None and not task.done():
                     task.cancel()
+
+
+def _sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:
+    """Response headers of an SSE answer: the GET stream and a waiting POST alike."""
+    return [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache, no-transform"),
+        (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+        (b"mcp-session-id", session_id.encode()),
+    ]
 
 
 def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:
