@@ -22,6 +22,7 @@ from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
 from tests.factories import UserFactory
 from tests.long_poll_client import long_poll, open_session
+from tests.mcp_clients import sdk_client
 from tests.processes import PYTHON, ROOT, poll
 from tests.servers import DaphneServer, free_port
 from tests.test_embedded import embedded_env
@@ -332,3 +333,27 @@ def test_embedded_default_long_polls_the_same_way(tmp_path):
     # Woken by the in-memory layer, not found by the deadline (6 s) or the re-check (5 s).
     last_accepted = created[-1][1]
     assert all(answered_at - last_accepted < 3 for answered_at in claimed.values())
+
+
+def test_the_official_sdk_client_long_polls_with_progress(start_daphne):
+    server = start_daphne(SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS="0.5")
+    endpoint, credential, hook = setup_route("lp-sdk")
+    progress = []
+
+    async def on_progress(done, total, message):
+        progress.append((done, total))
+
+    async def scenario():
+        async with sdk_client(server.url, endpoint.slug, credential) as client, \
+                httpx.AsyncClient(timeout=30) as http:
+            empty = await client.call_tool("claim_next", {"wait_seconds": 1.6},
+                                           progress_callback=on_progress)
+            waiting = asyncio.ensure_future(client.call_tool("claim_next", {"wait_seconds": 20}))
+            await asyncio.sleep(1)  # let the call start waiting; either order must work
+            todo_id, _ = await deliver(http, server.url, hook, 1)
+            return empty, await asyncio.wait_for(waiting, 15), todo_id
+
+    empty, claimed, todo_id = asyncio.run(scenario())
+    assert empty.structured_content == {"empty": True} and not empty.is_error
+    assert len(progress) >= 2 and all(total == 1.6 for _, total in progress)
+    assert claimed.structured_content["todo"]["id"] == todo_id
