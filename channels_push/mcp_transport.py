@@ -13,7 +13,8 @@ Layout: each HTTP method is answered by a plain sync function (``answer_post``,
 ``answer_delete``, ``open_stream``) that runs in one ``database_sync_to_async`` hop — auth, rate
 limit, session check and the tool call share that hop, so a tool call costs one thread switch.
 ``McpEndpoint`` is the thin ASGI application around them: it reads the capped body, writes the
-answer, and runs the long-lived notification stream (GET).
+answer, and runs the long-lived notification stream (GET) and the long poll (a claim_next with
+``wait_seconds`` that found nothing waits in ``longpoll``'s wait room, answering over SSE).
 
 Order of checks on every request: method (405) → body size (413) → Origin (403) → bearer
 (401) → rate limit (429) → Accept (406) → protocol version (400) → JSON-RPC framing (400) →
