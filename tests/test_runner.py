@@ -429,10 +429,8 @@ def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, r
     assert float(started.read_text()) - handed_at < 1.0, runner.log_text()
 
 
-def test_idle_runner_claims_work_that_arrives_later_with_or_without_long_poll(
-        setup, runners, tmp_path):
-    """Long poll when the server has it, short polls when it refuses wait_seconds; either way
-    new (unrung, unverified) work is found."""
+def test_idle_runner_claims_work_that_arrives_later(setup, runners, tmp_path):
+    """New (unrung, unverified) work is found by the long poll."""
     endpoint, credential, url = setup
     runner = runners(url, credential, "--wait-seconds", "2", "--poll-seconds", "0.5",
                      command=agent(tmp_path, "ok", "print('ok')"))
@@ -441,9 +439,90 @@ def test_idle_runner_claims_work_that_arrives_later_with_or_without_long_poll(
     assert poll(lambda: Todo.objects.get(pk=todo.pk).state == "done", 20), runner.log_text()
 
 
-def skip_without_long_poll(runner):
-    if "long_poll_unavailable" in runner.log_text():
-        pytest.skip("this server has no long-poll claim_next (issue 14 §1)")
+class NoLongPollProxy:
+    """An HTTP proxy in front of the real server that plays a switchboard from before long
+    poll: a claim_next carrying wait_seconds is refused with JSON-RPC -32602, as the old
+    schema (additionalProperties: false) did; everything else is forwarded. It serves no
+    notification stream (GET: 405), which the runner must survive too."""
+
+    def __init__(self, upstream: str):
+        import http.server
+        import threading
+
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(405)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                message = json.loads(body)
+                params = message.get("params") or {}
+                if (message.get("method") == "tools/call" and params.get("name") == "claim_next"
+                        and "wait_seconds" in (params.get("arguments") or {})):
+                    proxy.refused += 1
+                    self.answer(200, {"Content-Type": "application/json"}, json.dumps({
+                        "jsonrpc": "2.0", "id": message["id"], "error": {
+                            "code": -32602, "message": "Invalid params for claim_next: "
+                            "Additional properties are not allowed ('wait_seconds' was unexpected)"}
+                    }).encode())
+                    return
+                self.forward("POST", body)
+
+            def do_DELETE(self):
+                self.forward("DELETE", b"")
+
+            def forward(self, method, body):
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "content-length", "accept")}
+                headers["Accept"] = "application/json, text/event-stream"
+                got = httpx.request(method, upstream + self.path, content=body, headers=headers,
+                                    timeout=30)
+                self.answer(got.status_code, {k: v for k, v in got.headers.items() if k.lower()
+                                              in ("content-type", "mcp-session-id")}, got.content)
+
+            def answer(self, status, headers, content):
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+        self.refused = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_against_a_server_without_long_poll_the_runner_falls_back_to_short_polls(
+        daphne_server, setup, runners, tmp_path):
+    endpoint, credential, _ = setup
+    proxy = NoLongPollProxy(daphne_server.url)
+    try:
+        runner = runners(f"{proxy.url}/mcp/{endpoint.slug}", credential, "--wait-seconds", "30",
+                         "--poll-seconds", "0.5", command=agent(tmp_path, "ok", "print('ok')"))
+        runner.wait_log("long_poll_unavailable")
+        runner.wait_log("idle")
+        [todo] = make_todos(endpoint, 1)
+        assert poll(lambda: Todo.objects.get(pk=todo.pk).state == "done", 20), runner.log_text()
+        assert proxy.refused == 1  # asked once, then never again
+    finally:
+        proxy.close()
+
+
+def assert_long_polls(runner):
+    assert "long_poll_unavailable" not in runner.log_text(), runner.log_text()
 
 
 def test_long_poll_starts_the_agent_without_a_doorbell_or_a_poll(setup, runners, tmp_path):
@@ -452,7 +531,7 @@ def test_long_poll_starts_the_agent_without_a_doorbell_or_a_poll(setup, runners,
     runner = runners(url, credential, "--wait-seconds", "2", "--poll-seconds", "120",
                      command=["sh", "-c", f"date +%s.%N > {started}"])
     runner.wait_log("idle")
-    skip_without_long_poll(runner)
+    assert_long_polls(runner)
     created_at = time.time()
     make_todos(endpoint, 1)  # unverified: never rung, so only the long poll can find it soon
     assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
@@ -474,10 +553,9 @@ def test_sigterm_ends_a_waiting_long_poll_while_agents_finish(setup, runners, tm
     runner = runners(url, credential, "--concurrency", "2", "--wait-seconds", "60",
                      command=command)
     # The second claim (a long poll: one slot is free) went out right after the first claim,
-    # before the agent started; a server without long poll has refused it by now.
+    # before the agent started.
     assert poll(started.exists, 20), runner.log_text()
-    poll(lambda: "long_poll_unavailable" in runner.log_text(), 1.0)
-    skip_without_long_poll(runner)
+    assert_long_polls(runner)
     runner.process.send_signal(signal.SIGTERM)
     runner.wait_log("stopping signal=SIGTERM")
     [late] = make_todos(endpoint, 1)
