@@ -465,8 +465,9 @@ class Runner:
         if self.stopping.is_set():  # claimed just as the stop came: hand it straight back
             await self.release(todo)
             return "stopped", None
-        log_event("claim", todo_id=todo["id"], queue=todo.get("queue"), attempt=todo.get("attempts"),
-                  lease_s=round(lease_seconds(todo)), title=todo.get("title"))
+        log_event("claim", todo_id=todo["id"], queue=todo.get("queue"),
+                  attempt=todo.get("attempts"), lease_s=round(lease_seconds(todo)),
+                  title=todo.get("title"))
         return "todo", todo
 
     def _no_long_poll(self, message: str):
@@ -601,7 +602,8 @@ class Runner:
             await asyncio.sleep(pause)
             pause = interval
             try:
-                await self.sb.call("heartbeat", {"todo_id": todo["id"], "lease_id": todo["lease_id"]},
+                await self.sb.call("heartbeat",
+                                   {"todo_id": todo["id"], "lease_id": todo["lease_id"]},
                                    timeout=max(interval, 1.0))
             except Refused as refused:
                 state = await self.live_state(todo)
@@ -756,23 +758,28 @@ def parse_args(argv):
                "SWITCHBOARD_LEASE_ID, SWITCHBOARD_URL and the token variable.")
     parser.add_argument("--url", default=os.environ.get("SWITCHBOARD_URL"),
                         help="the endpoint's MCP URL, …/mcp/<slug> (default: $SWITCHBOARD_URL)")
-    parser.add_argument("--token-env", default="SWITCHBOARD_TOKEN",
+    parser.add_argument("--token-env", default="SWITCHBOARD_TOKEN", metavar="NAME",
                         help="environment variable holding the bearer credential "
                              "(default SWITCHBOARD_TOKEN)")
-    parser.add_argument("--concurrency", type=_positive(int, 1), default=1,
+    parser.add_argument("--concurrency", type=_positive(int, 1), default=1, metavar="N",
                         help="at most this many agents at once (default 1)")
     parser.add_argument("--max-runtime", type=_positive(float, 1), default=3600.0,
+                        metavar="SECONDS",
                         help="seconds an agent may run before it is killed and the todo failed "
                              "(default 3600)")
     parser.add_argument("--grace-seconds", type=_positive(float, 0), default=30.0,
+                        metavar="SECONDS",
                         help="on SIGTERM/SIGINT, how long running agents may finish (default 30)")
-    parser.add_argument("--queues", type=_queues, help="only these queues (comma-separated)")
-    parser.add_argument("--lease-seconds", type=_positive(int, 1, 86400),
+    parser.add_argument("--queues", type=_queues, metavar="A,B",
+                        help="only these queues (comma-separated)")
+    parser.add_argument("--lease-seconds", type=_positive(int, 1, 86400), metavar="SECONDS",
                         help="lease length per claim (default: the endpoint's)")
     parser.add_argument("--wait-seconds", type=_positive(int, 0, MAX_WAIT), default=30,
+                        metavar="SECONDS",
                         help="long-poll claim_next this long when idle (0-60, default 30; "
                              "0: no long poll)")
     parser.add_argument("--poll-seconds", type=_positive(float, 0.1), default=10.0,
+                        metavar="SECONDS",
                         help="without long poll, look for work this often when no doorbell "
                              "rings (default 10)")
     parser.add_argument("--once", action="store_true",

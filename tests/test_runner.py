@@ -118,7 +118,8 @@ def completions(todo):
 # -- exit 0 / non-zero / hang / the agent settles it itself ---------------------------------------
 
 
-def test_exit_zero_completes_with_the_stdout_tail_and_the_agent_sees_its_todo(setup, runners, tmp_path):
+def test_exit_zero_completes_with_the_stdout_tail_and_the_agent_sees_its_todo(setup, runners,
+                                                                             tmp_path):
     endpoint, credential, url = setup
     [todo] = make_todos(endpoint, 1)
     seen = tmp_path / "seen.json"
@@ -172,11 +173,13 @@ def test_non_zero_exit_fails_with_the_exit_code_and_the_stderr_tail(setup, runne
     assert todo.state == "failed" and todo.retry_at is not None  # retried later with backoff
     assert todo.last_error.startswith("agent exited with code 3: ")
     assert "boom-marker" in todo.last_error
-    assert todo.result == {"exit_code": 3, "stderr_tail": "traceback line\nValueError: boom-marker\n"}
+    assert todo.result == {"exit_code": 3,
+                           "stderr_tail": "traceback line\nValueError: boom-marker\n"}
     assert completions(todo) == 0
 
 
-def test_agent_past_max_runtime_is_killed_with_its_group_and_the_todo_failed(setup, runners, tmp_path):
+def test_agent_past_max_runtime_is_killed_with_its_group_and_the_todo_failed(setup, runners,
+                                                                             tmp_path):
     endpoint, credential, url = setup
     [todo] = make_todos(endpoint, 1)
     pids = tmp_path / "pids"
@@ -622,7 +625,7 @@ def test_dry_run_lists_pending_work_and_the_command_without_claiming(setup, runn
     assert "nothing claimed" in out
 
 
-# -- the command line and the client boundary -------------------------------------------------------
+# -- the command line and the client boundary ----------------------------------------------
 
 
 def test_bad_invocations_exit_2_before_touching_the_server(tmp_path):
