@@ -512,8 +512,10 @@ class Runner:
                 if self.args.once and errors >= ONCE_ERROR_LIMIT and not self.tasks:
                     log_event("giving_up", reason=f"{errors} claims in a row failed")
                     return 1
-                await wait_first(self.stopping.wait(),
-                                 timeout=min(self.args.poll_seconds, RECONNECT_MAX_SECONDS))
+                # Back off on repeated failures; the first retry is quick (a reopened session
+                # after a server restart answers at once).
+                await wait_first(self.stopping.wait(), timeout=min(
+                    RECONNECT_FIRST_SECONDS * 2 ** (errors - 1), RECONNECT_MAX_SECONDS))
                 continue
             errors = 0
             if not idle:
