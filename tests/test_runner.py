@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from channels_push import doorbells
 from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
@@ -397,6 +398,26 @@ def test_a_doorbell_starts_the_agent_within_a_second_while_the_runner_idles(
     assert latency < 1.0, f"agent started {latency:.2f} s after the hand-over\n{runner.log_text()}"
     assert "doorbell todo_id" in runner.log_text()
     assert poll(lambda: Todo.objects.get(pk=todo_id).state == "done")
+
+
+def test_a_digest_wakes_the_idle_runner(setup, runners, tmp_path):
+    """Clocking the endpoint back in sends a digest (§8); the runner drains with claim_next."""
+    endpoint, credential, url = setup
+    started = tmp_path / "started"
+    runner = runners(url, credential, "--wait-seconds", "0", "--poll-seconds", "60",
+                     command=["sh", "-c", f"date +%s.%N > {started}"])
+    runner.wait_log("idle")
+    assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams__gt=0).exists())
+    doorbells.clock(endpoint, "out", reason="operator")
+    # An operator's todo (push-eligible) handed over while out: no doorbell, it waits.
+    ingest_transitions.hand_over_todo(endpoint=endpoint, operator=endpoint.owner, queue="ops",
+                                      title="while you were out")
+    clocked_in_at = time.time()
+    doorbells.clock(endpoint, "in", reason="operator")
+    assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
+    assert float(started.read_text()) - clocked_in_at < 1.0, runner.log_text()
+    assert "digest pending=1" in runner.log_text()
+    assert "doorbell todo_id" not in runner.log_text()  # the digest woke it, not a ring
 
 
 def hand_over(server, endpoint, token, title="rotate the keys"):
