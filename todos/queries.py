@@ -11,7 +11,11 @@ def _iso(value):
 
 
 def todo_as_dict(todo: Todo) -> dict:
-    """The wire shape of a todo (CONTRACT §11). Ids are strings outside the database."""
+    """The wire shape of a todo (CONTRACT §11). Ids are strings outside the database.
+
+    A done todo shows no lease: its row keeps the completing lease only so a repeated complete
+    can be told ``already_done``, and that lease is nobody's business any more."""
+    done = todo.state == State.DONE
     return {
         "id": str(todo.pk),
         "endpoint": todo.endpoint.slug,
@@ -24,8 +28,8 @@ def todo_as_dict(todo: Todo) -> dict:
         "payload": todo.payload,
         "attempts": todo.attempts,
         "max_attempts": todo.max_attempts,
-        "lease_id": todo.lease_id,
-        "lease_owner": todo.lease_owner,
+        "lease_id": None if done else todo.lease_id,
+        "lease_owner": None if done else todo.lease_owner,
         "lease_expires_at": _iso(todo.lease_expires_at),
         "retry_at": _iso(todo.retry_at),
         "dead_lettered_at": _iso(todo.dead_lettered_at),
