@@ -457,9 +457,9 @@ def test_list_todos_filters_and_caps(agent, make_todo):
         make_todo("a", f"a{i}")
     make_todo("b")
     transitions.claim_next_todo(agent)
-    assert len(queries.list_todos(agent, queue="a")) == 3
-    assert len(queries.list_todos(agent, state="claimed")) == 1
-    assert len(queries.list_todos(agent, limit=2)) == 2
+    assert len(queries.list_todos(agent, queue="a")[0]) == 3
+    assert len(queries.list_todos(agent, state="claimed")[0]) == 1
+    assert len(queries.list_todos(agent, limit=2)[0]) == 2
 
 
 def test_todo_as_dict_has_the_contract_shape(agent, make_todo):
