@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('todos', '0003_todo_endpoint_index_is_todo_by_state'),
+        ('todos', '0004_retention'),
     ]
 
     operations = [
