@@ -526,7 +526,7 @@ def _argument_problem(name: str, error) -> str:
 
 
 def _check_arguments(name: str, arguments: dict) -> None:
-    errors = sorted(_VALIDATORS[name].iter_errors(arguments), key=lambda e: list(e.path))
+    errors = sorted(_VALIDATORS[name].iter_errors(arguments), key=lambda e: [str(p) for p in e.path])
     if errors:
         raise _Refused("invalid_argument", "; ".join(
             dict.fromkeys(_argument_problem(name, error) for error in errors)))

@@ -61,6 +61,16 @@ class TodoEventInline(admin.TabularInline):
         return False
 
 
+def lease_override_action(action: str, description: str, call):
+    """An admin action running ``call(caller, todo, lease)`` through ``TodoAdmin._override``."""
+
+    @admin.action(description=description, permissions=["transition"])
+    def run(self, request, queryset):
+        self._override(request, queryset, action, call)
+
+    return run
+
+
 @admin.register(Todo)
 class TodoAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "endpoint", "queue", "state", "trust", "attempts",
@@ -142,29 +152,18 @@ class TodoAdmin(admin.ModelAdmin):
         self._run(request, queryset, ACTION_DONE[action], lambda caller, todo: call(
             caller, todo, agent_lease_to_override(todo, username, action)))
 
-    @admin.action(description="Release the agent's lease (claimed -> pending)",
-                  permissions=["transition"])
-    def release_lease(self, request, queryset):
-        self._override(request, queryset, "release", lambda caller, todo, lease:
-                       transitions.release_todo(caller, todo.pk, overriding=lease))
-
-    @admin.action(description="Extend the agent's lease by the endpoint's default lease",
-                  permissions=["transition"])
-    def extend_lease(self, request, queryset):
-        self._override(request, queryset, "extend", lambda caller, todo, lease:
-                       transitions.heartbeat_todo(
-                           caller, todo.pk, overriding=lease,
-                           lease_ttl_seconds=todo.endpoint.effective_lease.total_seconds()))
-
-    @admin.action(description="Complete, overriding the agent's lease (claimed -> done)",
-                  permissions=["transition"])
-    def complete_lease(self, request, queryset):
-        self._override(request, queryset, "complete", lambda caller, todo, lease:
-                       transitions.complete_todo(caller, todo.pk, overriding=lease))
-
-    @admin.action(description="Fail, overriding the agent's lease (claimed -> failed)",
-                  permissions=["transition"])
-    def fail_lease(self, request, queryset):
-        self._override(request, queryset, "fail", lambda caller, todo, lease:
-                       transitions.fail_todo(caller, todo.pk, error="failed by operator (admin)",
-                                             overriding=lease))
+    release_lease = lease_override_action(
+        "release", "Release the agent's lease (claimed -> pending)",
+        lambda caller, todo, lease: transitions.release_todo(caller, todo.pk, overriding=lease))
+    extend_lease = lease_override_action(
+        "extend", "Extend the agent's lease by the endpoint's default lease",
+        lambda caller, todo, lease: transitions.heartbeat_todo(
+            caller, todo.pk, overriding=lease,
+            lease_ttl_seconds=todo.endpoint.effective_lease.total_seconds()))
+    complete_lease = lease_override_action(
+        "complete", "Complete, overriding the agent's lease (claimed -> done)",
+        lambda caller, todo, lease: transitions.complete_todo(caller, todo.pk, overriding=lease))
+    fail_lease = lease_override_action(
+        "fail", "Fail, overriding the agent's lease (claimed -> failed)",
+        lambda caller, todo, lease: transitions.fail_todo(
+            caller, todo.pk, error="failed by operator (admin)", overriding=lease))

@@ -126,18 +126,14 @@ def test_tools_carry_annotations(endpoint):
 def test_instructions_fit_every_allowlist_and_name_only_granted_verbs(vend):
     """Issue 13.7: the instructions named every verb even when the allowlist granted two."""
     endpoint, _ = vend(slug="x" * 64, default_lease_seconds=86400)
-    longest = 0
     for size in range(1, len(AGENT_VERBS) + 1):
         for verbs in itertools.combinations(AGENT_VERBS, size):
             endpoint.verbs = list(verbs)
             text = mcp_tools.build_instructions(endpoint)
-            longest = max(longest, len(text))
             assert len(text) <= mcp_tools.INSTRUCTIONS_MAX_CHARS, verbs
             for verb in set(AGENT_VERBS) - set(verbs):
                 assert not re.search(rf"\b{verb}\b", text), (verb, verbs)
             assert "meta.todo_id" in text and '"digest"' in text, verbs
-    # Room left for a few more sentences (see INSTRUCTION_PARTS).
-    assert longest <= mcp_tools.INSTRUCTIONS_MAX_CHARS - 350, longest
 
 
 def test_instructions_describe_the_amended_lease_listing_and_refusals(endpoint):
