@@ -283,8 +283,9 @@ def list_tools_result(endpoint) -> types.ListToolsResult:
 # The instructions are built from parts, each a function of (endpoint, granted verbs) that
 # returns one or two sentences or "" when its verbs are not granted: an endpoint is told only
 # about the tools it has. To add a sentence, add a part to INSTRUCTION_PARTS. The longest
-# combination (every verb, a 64-character slug) must leave INSTRUCTIONS_MAX_CHARS with room to
-# spare; test_instructions_fit_every_allowlist checks every subset of the verbs.
+# combination (every verb, a 64-character slug) is 1,625 characters, leaving ~400 of
+# INSTRUCTIONS_MAX_CHARS for more; test_instructions_fit_every_allowlist_and_name_only_granted_verbs
+# checks every subset of the verbs.
 
 
 def _granted_list(verbs, *names) -> list:
