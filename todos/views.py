@@ -187,7 +187,13 @@ def todo_act(request, todo_id, action):
     todo = get_visible_todo(request.user, todo_id)
     caller = transitions.Caller.operator(todo.endpoint, request.user.username)
     overriding = agent_lease_to_override(todo, request.user.username, action)
+    shown_lease = request.POST.get("lease", "")
     try:
+        if overriding is not None and shown_lease and not overriding.lease_id.startswith(shown_lease):
+            # The page showed another lease than the one holding the todo now: act on the
+            # lease the operator saw or on nothing (the write itself is fenced by lease id).
+            raise transitions.Refusal("lease_lost", f"todo {todo.pk}: the agent's lease changed "
+                                                    "since the page was shown; nothing changed")
         ACTIONS[action](caller, todo, request.POST, overriding)
     except transitions.Refusal as refusal:
         messages.error(request, f"#{todo.pk}: {refusal.message} ({refusal.code})")

@@ -190,6 +190,25 @@ def test_board_buttons_override_an_agents_lease(alice_client, make_todo, agent, 
     assert "override" in detail  # the history names the override
 
 
+def test_a_board_override_acts_on_the_lease_the_page_showed(alice_client, make_todo, agent):
+    todo = make_todo()
+    shown = transitions.claim_todo(agent, todo.pk)
+    page = alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    assert "act on the agent&#x27;s lease as an override" in page or \
+        "act on the agent's lease as an override" in page
+    assert f'name="lease" value="{shown.lease_id[:8]}"' in page
+    transitions.release_todo(agent, todo.pk)
+    now_held = transitions.claim_todo(transitions.Caller.agent(todo.endpoint, "session-b"), todo.pk)
+    post_action(alice_client, todo, "release", lease=shown.lease_id[:8])
+    message = alice_client.get("/todos/").content.decode()
+    assert "changed since the page was shown" in message and "this session" not in message
+    todo.refresh_from_db()
+    assert todo.state == State.CLAIMED and todo.lease_id == now_held.lease_id
+    post_action(alice_client, todo, "release", lease=now_held.lease_id[:8])
+    todo.refresh_from_db()
+    assert todo.state == State.PENDING
+
+
 def test_an_override_of_a_lease_that_changed_meanwhile_says_so(make_todo, agent):
     todo = make_todo()
     transitions.claim_todo(agent, todo.pk)
