@@ -112,6 +112,32 @@ def agent(tmp_path, name, body) -> list[str]:
     return [sys.executable, str(script)]
 
 
+class StartStamp:
+    """An agent command that writes the wall-clock time it started: ``seconds_after(t)`` is
+    how long after ``t`` (a ``time.time()``) the runner got it going."""
+
+    def __init__(self, tmp_path):
+        self.path = tmp_path / "started"
+        self.command = ["sh", "-c", f"date +%s.%N > {self.path}"]
+
+    def seconds_after(self, at: float, runner) -> float:
+        assert poll(lambda: self.path.exists() and self.path.read_text().strip(), 10), \
+            runner.log_text()
+        return float(self.path.read_text()) - at
+
+
+def start_idle_runner(runners, url, credential, tmp_path, *flags):
+    """A runner whose agent stamps its start time, once it is idle with its stream open:
+    ``(runner, stamp)``."""
+    stamp = StartStamp(tmp_path)
+    runner = runners(url, credential, *flags, command=stamp.command)
+    runner.wait_log("idle")
+    slug = url.rsplit("/", 1)[1]
+    assert poll(lambda: McpSession.objects.filter(endpoint__slug=slug, open_streams__gt=0)
+                .exists())
+    return runner, stamp
+
+
 def completions(todo):
     return TodoEvent.objects.filter(todo=todo, action="complete").count()
 
@@ -384,17 +410,13 @@ def test_a_doorbell_starts_the_agent_within_a_second_while_the_runner_idles(
         daphne_server, setup, runners, tmp_path):
     endpoint, credential, url = setup
     token = ingest_transitions.mint_operator_token(user=endpoint.owner, name="runner-test")[1]
-    started = tmp_path / "started"
     # No long poll and a 60 s poll interval: only the doorbell can start the agent quickly.
-    runner = runners(url, credential, "--wait-seconds", "0", "--poll-seconds", "60",
-                     command=["sh", "-c", f"date +%s.%N > {started}"])
-    runner.wait_log("idle")
-    assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams__gt=0).exists())
+    runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--wait-seconds", "0",
+                                      "--poll-seconds", "60")
 
     handed_at = time.time()
     todo_id = hand_over(daphne_server, endpoint, token)
-    assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
-    latency = float(started.read_text()) - handed_at
+    latency = stamp.seconds_after(handed_at, runner)
     assert latency < 1.0, f"agent started {latency:.2f} s after the hand-over\n{runner.log_text()}"
     assert "doorbell todo_id" in runner.log_text()
     assert poll(lambda: Todo.objects.get(pk=todo_id).state == "done")
@@ -403,19 +425,15 @@ def test_a_doorbell_starts_the_agent_within_a_second_while_the_runner_idles(
 def test_a_digest_wakes_the_idle_runner(setup, runners, tmp_path):
     """Clocking the endpoint back in sends a digest (§8); the runner drains with claim_next."""
     endpoint, credential, url = setup
-    started = tmp_path / "started"
-    runner = runners(url, credential, "--wait-seconds", "0", "--poll-seconds", "60",
-                     command=["sh", "-c", f"date +%s.%N > {started}"])
-    runner.wait_log("idle")
-    assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams__gt=0).exists())
+    runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--wait-seconds", "0",
+                                      "--poll-seconds", "60")
     doorbells.clock(endpoint, "out", reason="operator")
     # An operator's todo (push-eligible) handed over while out: no doorbell, it waits.
     ingest_transitions.hand_over_todo(endpoint=endpoint, operator=endpoint.owner, queue="ops",
                                       title="while you were out")
     clocked_in_at = time.time()
     doorbells.clock(endpoint, "in", reason="operator")
-    assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
-    assert float(started.read_text()) - clocked_in_at < 1.0, runner.log_text()
+    assert stamp.seconds_after(clocked_in_at, runner) < 1.0, runner.log_text()
     assert "digest pending=1" in runner.log_text()
     assert "doorbell todo_id" not in runner.log_text()  # the digest woke it, not a ring
 
@@ -436,10 +454,8 @@ def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, r
     owner = UserFactory(username="runner-restart")
     endpoint, credential = endpoint_transitions.vend_endpoint(slug="runner-restart", owner=owner)
     token = ingest_transitions.mint_operator_token(user=owner, name="runner-test")[1]
-    started = tmp_path / "started"
-    runner = runners(f"{server.url}/mcp/{endpoint.slug}", credential, "--wait-seconds", "0",
-                     "--poll-seconds", "120", command=["sh", "-c", f"date +%s.%N > {started}"])
-    runner.wait_log("idle")
+    runner, stamp = start_idle_runner(runners, f"{server.url}/mcp/{endpoint.slug}", credential,
+                                      tmp_path, "--wait-seconds", "0", "--poll-seconds", "120")
 
     server.stop()
     runner.wait_log("stream_lost", deadline_seconds=30)  # the SDK has given up by now
@@ -449,8 +465,7 @@ def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, r
 
     handed_at = time.time()
     hand_over(server, endpoint, token)
-    assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
-    assert float(started.read_text()) - handed_at < 1.0, runner.log_text()
+    assert stamp.seconds_after(handed_at, runner) < 1.0, runner.log_text()
 
 
 def test_idle_runner_claims_work_that_arrives_later(setup, runners, tmp_path):
@@ -551,15 +566,12 @@ def assert_long_polls(runner):
 
 def test_long_poll_starts_the_agent_without_a_doorbell_or_a_poll(setup, runners, tmp_path):
     endpoint, credential, url = setup
-    started = tmp_path / "started"
-    runner = runners(url, credential, "--wait-seconds", "2", "--poll-seconds", "120",
-                     command=["sh", "-c", f"date +%s.%N > {started}"])
-    runner.wait_log("idle")
+    runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--wait-seconds", "2",
+                                      "--poll-seconds", "120")
     assert_long_polls(runner)
     created_at = time.time()
     make_todos(endpoint, 1)  # unverified: never rung, so only the long poll can find it soon
-    assert poll(lambda: started.exists() and started.read_text().strip(), 10), runner.log_text()
-    assert float(started.read_text()) - created_at < 2.0, runner.log_text()
+    assert stamp.seconds_after(created_at, runner) < 2.0, runner.log_text()
 
 
 def test_sigterm_ends_a_waiting_long_poll_while_agents_finish(setup, runners, tmp_path):
