@@ -183,6 +183,34 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# -- production posture (issue 15: metrics access, the reverse proxy, secrets at rest) --------
+# Production = a configured database and DEBUG off; the embedded default (no DATABASE_URL) and
+# DEBUG runs are not. /metrics is off in production unless SWITCHBOARD_METRICS_TOKEN is set
+# (superusers always read it); operator secrets need a key of their own there.
+SWITCHBOARD_PRODUCTION = not EMBEDDED and not DEBUG
+# Reverse proxies whose X-Forwarded-For is believed (switchboard/client_address.py): addresses,
+# networks, or "unix" for daphne on a unix socket. Empty: the peer is the client.
+SWITCHBOARD_TRUSTED_PROXIES = _typed("SWITCHBOARD_TRUSTED_PROXIES", env.list, [])
+from switchboard.client_address import parse_trusted_proxies  # noqa: E402 - checked at start
+
+parse_trusted_proxies(tuple(SWITCHBOARD_TRUSTED_PROXIES))
+if SWITCHBOARD_PRODUCTION:
+    if not SWITCHBOARD_SECRETS_KEY.strip(" ,"):
+        raise ImproperlyConfigured(
+            "SWITCHBOARD_SECRETS_KEY is required in production (DATABASE_URL set, DEBUG off): "
+            "a Fernet key of its own for secrets at rest, not derived from SECRET_KEY. Generate "
+            "one with: python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())'")
+    from cryptography.fernet import Fernet
+
+    for _key in [k.strip() for k in SWITCHBOARD_SECRETS_KEY.split(",") if k.strip()]:
+        try:
+            Fernet(_key)
+        except ValueError:
+            raise ImproperlyConfigured(
+                "SWITCHBOARD_SECRETS_KEY: not a Fernet key (32 url-safe base64-encoded bytes; "
+                "several keys are separated by commas, newest first)") from None
+
 # -- redis: channel layer and Celery ---------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
