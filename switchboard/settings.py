@@ -188,6 +188,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # DEBUG runs are not. /metrics is off in production unless SWITCHBOARD_METRICS_TOKEN is set
 # (superusers always read it); operator secrets need a key of their own there.
 SWITCHBOARD_PRODUCTION = not EMBEDDED and not DEBUG
+# Windows per endpoint shift schedule (§12): a clock in/out derives them all under a row lock.
+SWITCHBOARD_MAX_SHIFT_WINDOWS = _typed("SWITCHBOARD_MAX_SHIFT_WINDOWS", env.int, 50, minimum=1)
 # Reverse proxies whose X-Forwarded-For is believed (switchboard/client_address.py): addresses,
 # networks, or "unix" for daphne on a unix socket. Empty: the peer is the client.
 SWITCHBOARD_TRUSTED_PROXIES = _typed("SWITCHBOARD_TRUSTED_PROXIES", env.list, [])
