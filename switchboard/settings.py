@@ -10,6 +10,7 @@ Two runtime modes fall out of two variables:
 A malformed value fails at import time with a message naming the variable.
 """
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -34,13 +35,26 @@ def _typed(name, cast, default, *, minimum=None):
     return value
 
 
+def _make_private_file(path: Path) -> bool:
+    """Create ``path`` readable by its owner only (0600) if it is missing, and tighten it if an
+    older version left it wider. True when this call created it."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        try:
+            path.chmod(0o600)
+        except PermissionError:  # someone else's file: theirs to fix, not a reason to stop
+            pass
+        return False
+
+
 def _dev_secret_key():
     """Generated once into var/ so sessions survive restarts of the embedded default."""
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     key_file = VAR_DIR / "secret_key"
-    if not key_file.exists():
+    if _make_private_file(key_file):  # 0600 from the first byte, not chmod-ed after writing
         key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
     return key_file.read_text().strip()
 
 
@@ -146,6 +160,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Tests need a file (threads and child processes share it), next to the database it mirrors.
     _sqlite_file = Path(DATABASES["default"]["NAME"])
     _sqlite_file.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet
+    # The ledger holds payloads and secrets' ciphertexts: 0600. SQLite gives the -wal and -shm
+    # files it creates the database file's mode, so creating the database first covers them.
+    for _suffix in ("", "-wal", "-shm"):
+        _path = Path(f"{_sqlite_file}{_suffix}")
+        if (not _suffix or _path.exists()) and str(_sqlite_file) != ":memory:":
+            _make_private_file(_path)
     DATABASES["default"].setdefault("TEST", {})["NAME"] = str(
         _sqlite_file.with_name("test_" + _sqlite_file.name))
 else:
