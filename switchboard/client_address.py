@@ -9,8 +9,11 @@ trusted proxy. Entries further left were written by whoever sent the request and
 nobody is trusted and the peer is the client — the header is ignored, so a client talking to
 daphne directly cannot pick its own address.
 
-Every place that keys something on the client's address asks here: Django views through
-``find_request_client_address``, ASGI apps through ``find_scope_client_address``.
+The one ASGI entry point (switchboard/asgi.py) puts the client's address into the scope's
+``client`` before routing, so every consumer, plain ASGI app and Django view (``REMOTE_ADDR``)
+sees the client, never the proxy, without asking again. Do not run daphne with
+``--proxy-headers`` instead: it believes the left-most ``X-Forwarded-For`` entry, which is the
+one a client can write.
 """
 
 import functools
@@ -66,13 +69,16 @@ def find_client_address(peer: str | None, forwarded_for: str) -> str:
     return hops[0] if hops else peer
 
 
-def find_request_client_address(request) -> str:
-    return find_client_address(request.META.get("REMOTE_ADDR"),
-                               request.META.get("HTTP_X_FORWARDED_FOR", ""))
-
-
-def find_scope_client_address(scope) -> str:
-    client = scope.get("client")
+def scope_with_client_address(scope: dict) -> dict:
+    """``scope`` with ``client`` set to the client behind a trusted proxy (a new dict); the
+    same scope when no proxy is trusted or the peer is not one."""
+    if not settings.SWITCHBOARD_TRUSTED_PROXIES:
+        return scope
+    peer = scope.get("client")
     forwarded = ",".join(value.decode("latin-1") for name, value in scope.get("headers", ())
                          if name.lower() == b"x-forwarded-for")
-    return find_client_address(client[0] if client else None, forwarded)
+    client = find_client_address(peer[0] if peer else None, forwarded)
+    if peer and client == peer[0]:
+        return scope
+    # The proxy's port says nothing about the client's: 0, as for an unknown port.
+    return {**scope, "client": None if client == UNIX_SOCKET_PEER else (client, 0)}

@@ -161,7 +161,28 @@ def test_without_a_token_the_embedded_default_answers_loopback_only(client, sett
     settings.SWITCHBOARD_PRODUCTION = False
     scrape(client, HTTP_AUTHORIZATION="")  # the test client is 127.0.0.1
     assert client.get("/metrics", **REMOTE).status_code == 404
-    # Behind a trusted same-host proxy the client is the forwarded address, not loopback.
+
+
+@pytest.mark.django_db(transaction=True)
+def test_behind_a_trusted_proxy_loopback_means_the_client_not_the_proxy(settings):
+    """Through the real ASGI app: a same-host proxy makes every peer 127.0.0.1."""
+    import asyncio
+
+    import httpx
+
+    from switchboard.asgi import application
+
+    settings.SWITCHBOARD_METRICS_TOKEN = ""
+    settings.SWITCHBOARD_PRODUCTION = False
+
+    async def get(forwarded_for):
+        transport = httpx.ASGITransport(app=application, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            return (await http.get("/metrics", headers={"X-Forwarded-For": forwarded_for})
+                    ).status_code
+
+    assert asyncio.run(get("203.0.113.9")) == 200  # no proxy trusted: the peer is the client
     settings.SWITCHBOARD_TRUSTED_PROXIES = ["127.0.0.1"]
-    assert client.get("/metrics", HTTP_X_FORWARDED_FOR="203.0.113.9").status_code == 404
-    scrape(client, HTTP_AUTHORIZATION="", HTTP_X_FORWARDED_FOR="127.0.0.1")
+    assert asyncio.run(get("203.0.113.9")) == 404
+    assert asyncio.run(get("127.0.0.1, 203.0.113.9")) == 404  # a client-written hop is ignored
+    assert asyncio.run(get("127.0.0.1")) == 200  # a scraper on the proxy's host
