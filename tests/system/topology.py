@@ -37,7 +37,23 @@ import httpx
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def find_pg_bindir() -> Path:
+    """The newest installed PostgreSQL server binaries (Debian keeps them off PATH); the same
+    search as scripts/test-services.sh."""
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"),
+                            key=lambda path: [int(part) for part in path.parent.name.split(".")
+                                              if part.isdigit()], reverse=True):
+        if (candidate / "initdb").exists() and (candidate / "pg_ctl").exists():
+            return candidate
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        return Path(initdb).parent
+    raise RuntimeError("the system suite starts a private PostgreSQL: apt-get install postgresql")
+
+
+PG_BIN = find_pg_bindir()
 NGINX_SITE = ROOT / "deploy" / "nginx.conf"
 READY_DEADLINE_SECONDS = 60.0
 # Production-like limits, except the rate limits: the scenarios deliberately push thousands of
