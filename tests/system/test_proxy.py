@@ -145,3 +145,27 @@ def test_a_body_within_the_cap_still_reaches_daphne(topology):
     assert answer.status_code == 404 and answer.headers["content-type"].startswith(
         "application/json")  # ingest's own answer for an unknown webhook
     assert poll(lambda: daphne_saw(topology, probe), 10)
+
+
+def test_requests_in_progress_per_client_address_are_limited_by_the_proxy(topology):
+    """limit_conn counts requests past their header: hold that many with a stalled body
+    (daphne sees none of them), and the next request from the address is refused."""
+    from tests.system.topology import NGINX_SITE
+
+    (limit,) = re.findall(r"^\s*limit_conn switchboard_per_address (\d+);", NGINX_SITE.read_text(),
+                          flags=re.MULTILINE)
+    held = []
+    try:
+        for n in range(int(limit)):
+            sock = socket.create_connection(address(topology.web_urls[0]), timeout=5)
+            sock.sendall(f"POST /hooks/held-{n} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         "Content-Length: 100\r\n\r\n".encode())
+            held.append(sock)
+        refused = poll(lambda: httpx.get(topology.web_urls[1] + "/healthz",
+                                         timeout=5).status_code == 429, 5)
+        assert refused, "the per-address limit did not refuse a request over it"
+    finally:
+        for sock in held:
+            sock.close()
+    assert poll(lambda: httpx.get(topology.web_urls[1] + "/healthz", timeout=5).status_code == 200,
+                10)
