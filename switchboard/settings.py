@@ -17,6 +17,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from switchboard import origins
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("SWITCHBOARD_VAR_DIR", default=str(BASE_DIR / "var")))
 
@@ -50,7 +52,20 @@ ALLOWED_HOSTS = _typed("ALLOWED_HOSTS", env.list, ["localhost", "127.0.0.1", "[:
 SWITCHBOARD_PUBLIC_URL = env.str("SWITCHBOARD_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip(
     "/"
 )
-CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
+# Browser origins allowed to call /mcp (exact scheme, host and port; CONTRACT §12): the public
+# URL's own origin plus SWITCHBOARD_ALLOWED_ORIGINS (comma-separated, e.g. a browser-based
+# inspector's http://localhost:6274). A request without Origin (any non-browser client) is
+# never refused for it.
+SWITCHBOARD_ALLOWED_ORIGINS = []
+for _name, _value in [("SWITCHBOARD_PUBLIC_URL", SWITCHBOARD_PUBLIC_URL)] + [
+        ("SWITCHBOARD_ALLOWED_ORIGINS", _extra)
+        for _extra in _typed("SWITCHBOARD_ALLOWED_ORIGINS", env.list, [])]:
+    _origin = origins.parse_origin(_value, allow_path=_name == "SWITCHBOARD_PUBLIC_URL")
+    if _origin is None:
+        raise ImproperlyConfigured(f"{_name}: {_value!r} is not an http(s) origin "
+                                   "(scheme://host[:port])")
+    SWITCHBOARD_ALLOWED_ORIGINS.append(_origin)
+CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL] + _typed("SWITCHBOARD_ALLOWED_ORIGINS", env.list, [])
 
 # -- the queue -------------------------------------------------------------------------------
 SWITCHBOARD_DEFAULT_LEASE = timedelta(
