@@ -97,6 +97,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",
     "endpoints",
     "todos",
     "ingest",
@@ -111,6 +112,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "switchboard.csp.ContentSecurityPolicyMiddleware",
+    # Last, as django-axes requires: turns a locked-out sign-in into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "switchboard.urls"
@@ -218,6 +222,29 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 
+# -- sign-in throttling (CONTRACT §12): django-axes ---------------------------------------------
+# Why django-axes rather than switchboard/ratelimit.py's token bucket: a lockout must count
+# failed sign-ins only (a bucket charges every request, so an operator's successful sign-ins
+# would spend it), per username AND per address, forget them after a success, and be shared by
+# every web process in the embedded default too (the bucket falls back to per-process memory
+# without Redis). Axes keeps its counters in the database (both backends), sits in front of
+# every authenticate() call — the board's /accounts/login/, /admin/login/ and OIDC alike — and
+# lists attempts and lockouts in the admin (reset: manage.py axes_reset).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out sign-in
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = _typed("SWITCHBOARD_SIGNIN_FAILURE_LIMIT", env.int, 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(
+    seconds=_typed("SWITCHBOARD_SIGNIN_LOCKOUT_SECONDS", env.int, 900, minimum=1))
+# Either one locks: a username guessed from many addresses, or one address trying many names.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+# The client address is the ASGI client (REMOTE_ADDR), never a header a client could forge;
+# behind the reverse proxy run daphne with --proxy-headers so that it is the real client.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+AXES_DISABLE_ACCESS_LOG = True  # failures are what lock; no row per successful sign-in
+
 # -- operator sign-in through OIDC (mozilla-django-oidc), only when OIDC_* is set -------------
 OIDC_ENABLED = bool(env.str("OIDC_RP_CLIENT_ID", default=""))
 if OIDC_ENABLED:
@@ -234,14 +261,13 @@ if OIDC_ENABLED:
         raise ImproperlyConfigured("OIDC_OP_JWKS_ENDPOINT is needed with OIDC_RP_SIGN_ALGO=RS*")
     OIDC_RP_SCOPES = env.str("OIDC_RP_SCOPES", default="openid email profile")
     INSTALLED_APPS.append("mozilla_django_oidc")
-    AUTHENTICATION_BACKENDS = [
-        "django.contrib.auth.backends.ModelBackend",
-        "mozilla_django_oidc.auth.OIDCAuthenticationBackend",
-    ]
+    AUTHENTICATION_BACKENDS.append("mozilla_django_oidc.auth.OIDCAuthenticationBackend")
 
 # -- auth, i18n, static ----------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in ("UserAttributeSimilarityValidator", "MinimumLengthValidator",
+                 "CommonPasswordValidator", "NumericPasswordValidator")
 ]
 LOGIN_URL = "/admin/login/"
 LOGIN_REDIRECT_URL = "/todos/"
@@ -253,6 +279,28 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
+
+# -- https posture (CONTRACT §12): on whenever the public URL is https ------------------------
+# The supported production shape terminates TLS in the reverse proxy, which sets
+# X-Forwarded-Proto (deploy/nginx.conf); only then is that header trusted.
+HTTPS = SWITCHBOARD_PUBLIC_URL.startswith("https://")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    # Probes and scrapers ask over plain http on the inside; /mcp and /hooks never redirect
+    # (they are served before Django, asgi.py).
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SECURE_HSTS_SECONDS = _typed("SWITCHBOARD_HSTS_SECONDS", env.int, 31536000, minimum=0)
+    # Domain-wide promises (every subdomain, the browsers' preload list) are the operator's to
+    # make, not a default: opt in with these. check --deploy's reminders of them are silenced.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _typed("SWITCHBOARD_HSTS_INCLUDE_SUBDOMAINS", env.bool, False)
+    SECURE_HSTS_PRELOAD = _typed("SWITCHBOARD_HSTS_PRELOAD", env.bool, False)
+    SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
+# No inline script or style anywhere (the board's script and style are files), so the policy
+# needs no 'unsafe-inline'. Sent on every Django page (switchboard.csp).
+CONTENT_SECURITY_POLICY = ("default-src 'self'; frame-ancestors 'none'; base-uri 'self'; "
+                           "object-src 'none'")
 
 # -- logging: key=value lines; never a bearer, secret or body (CONTRACT §10) ----------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()

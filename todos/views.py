@@ -33,6 +33,7 @@ LOGIN_URL = reverse_lazy("board-login")
 board_login_required = login_required(login_url=LOGIN_URL)
 
 BOARD_SCRIPT = Path(__file__).resolve().parent / "static" / "todos" / "board.js"
+BOARD_STYLE = BOARD_SCRIPT.with_name("board.css")
 
 
 def oidc_login_url():
@@ -104,6 +105,14 @@ def board_rows(request):
 def board_script(request):
     # Served by Django because daphne serves no static files; small and cacheable.
     response = HttpResponse(BOARD_SCRIPT.read_bytes(), content_type="text/javascript")
+    response["Cache-Control"] = "private, max-age=300"
+    return response
+
+
+@require_GET
+def board_style(request):
+    # A file like the script, not an inline <style>: the CSP allows no inline style.
+    response = HttpResponse(BOARD_STYLE.read_bytes(), content_type="text/css")
     response["Cache-Control"] = "private, max-age=300"
     return response
 
