@@ -102,6 +102,7 @@ INSTALLED_APPS = [
     "todos",
     "ingest",
     "channels_push",
+    "accounts",
 ]
 
 MIDDLEWARE = [
@@ -246,6 +247,7 @@ AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
 AXES_DISABLE_ACCESS_LOG = True  # failures are what lock; no row per successful sign-in
 
 # -- operator sign-in through OIDC (mozilla-django-oidc), only when OIDC_* is set -------------
+OIDC_BACKEND = "accounts.oidc.SubjectOIDCBackend"
 OIDC_ENABLED = bool(env.str("OIDC_RP_CLIENT_ID", default=""))
 if OIDC_ENABLED:
     _OIDC_REQUIRED = ("OIDC_RP_CLIENT_ID", "OIDC_RP_CLIENT_SECRET", "OIDC_OP_AUTHORIZATION_ENDPOINT",
@@ -261,7 +263,11 @@ if OIDC_ENABLED:
         raise ImproperlyConfigured("OIDC_OP_JWKS_ENDPOINT is needed with OIDC_RP_SIGN_ALGO=RS*")
     OIDC_RP_SCOPES = env.str("OIDC_RP_SCOPES", default="openid email profile")
     INSTALLED_APPS.append("mozilla_django_oidc")
-    AUTHENTICATION_BACKENDS.append("mozilla_django_oidc.auth.OIDCAuthenticationBackend")
+    # Links accounts by the `sub` claim, requires email_verified (accounts/oidc.py).
+    AUTHENTICATION_BACKENDS.append(OIDC_BACKEND)
+    # No account is created for an unknown subject unless asked for (the library's own
+    # setting is OIDC_CREATE_USER, default on).
+    OIDC_CREATE_USER = _typed("OIDC_CREATE_USERS", env.bool, False)
 
 # -- auth, i18n, static ----------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
