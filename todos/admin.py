@@ -73,7 +73,7 @@ class TodoAdmin(admin.ModelAdmin):
     paginator = CappedCountPaginator
     list_per_page = 100
     inlines = [TodoEventInline]
-    actions = ["retry_now", "release_lease"]
+    actions = ["retry_now", "release_lease", "promote"]
     readonly_fields = ["endpoint", "queue", "state", "title", "kind", "source", "trust",
                        "payload_pretty", "result_pretty", "last_error", "idempotency_key",
                        "attempts", "max_attempts", "lease_id", "lease_owner", "lease_expires_at",
@@ -130,6 +130,12 @@ class TodoAdmin(admin.ModelAdmin):
     def retry_now(self, request, queryset):
         self._run(request, queryset, "re-queued",
                   lambda caller, todo: transitions.requeue_todo(caller, todo.pk))
+
+    @admin.action(description="Promote unverified todos (trust operator: handed to agents, rung)",
+                  permissions=["transition"])
+    def promote(self, request, queryset):
+        self._run(request, queryset, "promoted",
+                  lambda caller, todo: transitions.promote_todo(caller, todo.pk))
 
     @admin.action(description="Release the current lease (claimed -> pending)",
                   permissions=["transition"])

@@ -1,6 +1,6 @@
 """Reads on todos used by more than one surface (MCP verbs, operator API, board, commands)."""
 
-from .models import LIVE_FOR_IDEMPOTENCY, State, Todo
+from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, Trust
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -40,6 +40,8 @@ def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT):
     """The caller's visible todos, oldest first, with full payloads. A queue outside the
     caller's scope yields nothing (invisible, not an error)."""
     todos = Todo.objects.filter(endpoint=caller.endpoint)
+    if caller.hides_unverified:
+        todos = todos.exclude(trust=Trust.UNVERIFIED)
     if caller.queues is not None:
         todos = todos.filter(queue__in=caller.queues)
     if queue is not None:

@@ -169,10 +169,11 @@ ACTIONS = {
         caller, todo.pk, lease_ttl_seconds=_lease_seconds(post.get("lease_seconds"))),
     "release": lambda caller, todo, post: transitions.release_todo(caller, todo.pk),
     "retry": lambda caller, todo, post: transitions.requeue_todo(caller, todo.pk),
+    "promote": lambda caller, todo, post: transitions.promote_todo(caller, todo.pk),
 }
 ACTION_DONE = {
     "claim": "claimed", "complete": "completed", "fail": "failed", "extend": "extended the lease of",
-    "release": "released", "retry": "re-queued",
+    "release": "released", "retry": "re-queued", "promote": "promoted (now trust operator)",
 }
 
 
