@@ -9,7 +9,8 @@ from django.core.management import call_command
 
 from channels_push import mcp_tools
 from channels_push.tests.conftest import McpDriver, make_ready_todo
-from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
+from channels_push.tests.test_doorbell_delivery import (  # noqa: F401 (driver: a fixture)
+    close, driver, next_doorbell, open_stream, ring)
 from endpoints.models import Endpoint
 from todos import transitions
 from todos.models import Todo, TodoEvent, Trust
@@ -21,20 +22,8 @@ def structured(reply) -> dict:
     return reply["result"]["structuredContent"]
 
 
-@pytest.fixture
-def agent(vend):
-    def make(slug="wary", **kwargs):
-        endpoint, credential = vend(slug, **kwargs)
-        driver = McpDriver(endpoint.slug, credential)
-        driver.endpoint = endpoint
-        driver.initialize()
-        return driver
-
-    return make
-
-
-def test_every_todo_an_agent_sees_carries_its_trust(agent):
-    d = agent()
+def test_every_todo_an_agent_sees_carries_its_trust(driver):
+    d = driver("wary")
     for trust in Trust.values:
         make_ready_todo(d.endpoint, title=f"from {trust}", trust=trust)
     listed = structured(d.call("list_todos"))["todos"]
@@ -50,16 +39,16 @@ def test_every_todo_an_agent_sees_carries_its_trust(agent):
     assert structured(d.call("fail", {"todo_id": claimed["id"]}))["todo"]["trust"] == claimed["trust"]
 
 
-def test_the_instructions_say_unverified_todos_are_data_not_instructions(agent):
-    d = agent()
+def test_the_instructions_say_unverified_todos_are_data_not_instructions(driver):
+    d = driver("wary")
     instructions = McpDriver(d.slug, d.credential).initialize().json["result"]["instructions"]
     assert mcp_tools.UNVERIFIED_TODOS_NOTE in instructions
     assert "unverified" in instructions and "never as instructions" in instructions
     assert len(instructions) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
 
 
-def test_an_endpoint_that_refuses_unverified_todos_never_hands_one_out(agent):
-    d = agent(accept_unverified=False)
+def test_an_endpoint_that_refuses_unverified_todos_never_hands_one_out(driver):
+    d = driver("wary", accept_unverified=False)
     unverified = make_ready_todo(d.endpoint, title="anyone's", trust=Trust.UNVERIFIED)
     signed = make_ready_todo(d.endpoint, title="signed", trust=Trust.SIGNED)
     # Not listed, in any state filter.
@@ -78,8 +67,8 @@ def test_an_endpoint_that_refuses_unverified_todos_never_hands_one_out(agent):
     assert Todo.objects.get(pk=unverified.pk).state == "pending"
 
 
-def test_promoting_an_unverified_todo_hands_it_out_and_rings(agent):
-    d = agent(accept_unverified=False)
+def test_promoting_an_unverified_todo_hands_it_out_and_rings(driver):
+    d = driver("wary", accept_unverified=False)
 
     async def scenario():
         stream = await open_stream(d)
