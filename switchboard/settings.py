@@ -251,9 +251,12 @@ AXES_COOLOFF_TIME = timedelta(
 # Either one locks: a username guessed from many addresses, or one address trying many names.
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
 AXES_RESET_ON_SUCCESS = True
-# The client address is the ASGI client (REMOTE_ADDR), never a header a client could forge;
-# behind the reverse proxy run daphne with --proxy-headers so that it is the real client.
-AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+# The client address is REMOTE_ADDR — the ASGI client, never a header a client could forge
+# (ipware is not installed, so axes reads nothing else). Behind the reverse proxy it must be
+# the client's, not the proxy's, or one attacker locks every operator out: the ASGI entry point
+# is where a trusted proxy's X-Forwarded-For becomes the client (never daphne --proxy-headers,
+# which believes the entry a client writes).
+AXES_CLIENT_IP_CALLABLE = None
 AXES_DISABLE_ACCESS_LOG = True  # failures are what lock; no row per successful sign-in
 
 # -- operator sign-in through OIDC (mozilla-django-oidc), only when OIDC_* is set -------------
