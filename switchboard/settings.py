@@ -306,7 +306,9 @@ HTTPS = SWITCHBOARD_PUBLIC_URL.startswith("https://")
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
 if HTTPS:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_SSL_REDIRECT = True
+    # Off only when the proxy in front cannot say https (TLS ends further out and the proxy
+    # forwards X-Forwarded-Proto: http): the redirect would then loop.
+    SECURE_SSL_REDIRECT = _typed("SWITCHBOARD_SSL_REDIRECT", env.bool, True)
     # Probes and scrapers ask over plain http on the inside; /mcp and /hooks never redirect
     # (they are served before Django, asgi.py).
     SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
