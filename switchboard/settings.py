@@ -56,16 +56,19 @@ SWITCHBOARD_PUBLIC_URL = env.str("SWITCHBOARD_PUBLIC_URL", default="http://127.0
 # URL's own origin plus SWITCHBOARD_ALLOWED_ORIGINS (comma-separated, e.g. a browser-based
 # inspector's http://localhost:6274). A request without Origin (any non-browser client) is
 # never refused for it.
-SWITCHBOARD_ALLOWED_ORIGINS = []
-for _name, _value in [("SWITCHBOARD_PUBLIC_URL", SWITCHBOARD_PUBLIC_URL)] + [
-        ("SWITCHBOARD_ALLOWED_ORIGINS", _extra)
-        for _extra in _typed("SWITCHBOARD_ALLOWED_ORIGINS", env.list, [])]:
-    _origin = origins.parse_origin(_value, allow_path=_name == "SWITCHBOARD_PUBLIC_URL")
-    if _origin is None:
-        raise ImproperlyConfigured(f"{_name}: {_value!r} is not an http(s) origin "
-                                   "(scheme://host[:port])")
-    SWITCHBOARD_ALLOWED_ORIGINS.append(_origin)
-CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL] + _typed("SWITCHBOARD_ALLOWED_ORIGINS", env.list, [])
+def _origin(name, value, *, allow_path=False):
+    parsed = origins.parse_origin(value, allow_path=allow_path)
+    if parsed is None:
+        raise ImproperlyConfigured(f"{name}: {value!r} is not an http(s) origin (scheme://host[:port])")
+    return parsed
+
+
+_EXTRA_ORIGINS = _typed("SWITCHBOARD_ALLOWED_ORIGINS", env.list, [])
+SWITCHBOARD_ALLOWED_ORIGINS = [
+    _origin("SWITCHBOARD_PUBLIC_URL", SWITCHBOARD_PUBLIC_URL, allow_path=True),
+    *(_origin("SWITCHBOARD_ALLOWED_ORIGINS", value) for value in _EXTRA_ORIGINS),
+]
+CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL, *_EXTRA_ORIGINS]
 
 # -- the queue -------------------------------------------------------------------------------
 SWITCHBOARD_DEFAULT_LEASE = timedelta(
