@@ -80,6 +80,11 @@ SWITCHBOARD_INGEST_RATE_PER_MINUTE = _typed(
     "SWITCHBOARD_INGEST_RATE_PER_MINUTE", env.int, 600, minimum=1
 )
 SWITCHBOARD_MCP_RATE_PER_MINUTE = _typed("SWITCHBOARD_MCP_RATE_PER_MINUTE", env.int, 6000, minimum=1)
+# The largest tools/call result (its JSON) an agent is sent; a larger one (list_todos at a high
+# limit over big payloads) is refused as invalid_argument telling the agent to lower `limit`.
+SWITCHBOARD_MCP_MAX_RESULT_BYTES = _typed(
+    "SWITCHBOARD_MCP_MAX_RESULT_BYTES", env.int, 8 * 1024 * 1024, minimum=64 * 1024
+)
 # MCP sessions (§6) with no request and no open stream for this long are ended by the
 # idle-session sweep; an open notification stream keeps its session alive.
 SWITCHBOARD_MCP_SESSION_IDLE = timedelta(

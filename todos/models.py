@@ -66,6 +66,9 @@ class Todo(models.Model):
     lease_id = models.CharField(max_length=64, null=True, blank=True)
     lease_owner = models.CharField(max_length=200, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The length the lease was granted (claim's ttl, or the last heartbeat's): a heartbeat
+    # without a ttl extends by it, so it never shortens a lease the agent asked to be long.
+    lease_ttl = models.DurationField(null=True, blank=True)
     retry_at = models.DateTimeField(null=True, blank=True)
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)

@@ -192,15 +192,36 @@ def test_unknown_method_is_32601(mcp):
     assert reply.json["id"] == "r-9" and error_code(reply) == -32601
 
 
-def test_unknown_tool_and_bad_arguments_are_32602(mcp):
+def test_only_an_unknown_tool_or_non_object_arguments_are_32602(mcp):
     mcp.initialize()
     assert error_code(mcp.rpc("tools/call", {"name": "drop_table"})) == -32602
-    assert error_code(mcp.rpc("tools/call", {"name": "claim", "arguments": {}})) == -32602
-    assert error_code(mcp.rpc("tools/call", {"name": "claim",
-                                             "arguments": {"todo_id": ["1"]}})) == -32602
     assert error_code(mcp.rpc("tools/call", {"name": "claim", "arguments": "1"})) == -32602
-    assert error_code(mcp.rpc("tools/call", {"name": "claim_next",
-                                             "arguments": {"surprise": 1}})) == -32602
+
+
+@pytest.mark.parametrize("tool, arguments, named, expected", [
+    ("claim", {}, "todo_id", "missing; expected a string or an integer"),
+    ("claim", {"todo_id": ["1"]}, "todo_id", "expected a string or an integer, got list"),
+    ("claim", {"todo_id": None}, "todo_id", "got None (null)"),
+    ("claim_next", {"surprise": 1}, "surprise", "unknown argument; claim_next takes queues"),
+    ("list_todos", {"limit": "10"}, "limit", "expected an integer from 1 to 200, got '10'"),
+    ("list_todos", {"limit": 0}, "limit", "expected an integer from 1 to 200, got 0"),
+    ("heartbeat", {"todo_id": "1", "lease_ttl_seconds": "soon"}, "lease_ttl_seconds",
+     "expected a number from 1 to 86400"),
+    ("claim_next", {"queues": "inbox"}, "queues", "expected a non-empty list of strings"),
+    ("fail", {"todo_id": "1", "error": {"x": 1}}, "error", "expected a string, got object"),
+])
+def test_schema_violations_are_tool_results_the_model_sees(mcp, tool, arguments, named, expected):
+    """Issue 13.6 (SEP-1303): wrong-type, missing and unknown arguments were JSON-RPC -32602
+    errors, which clients do not show the model; they are isError tool results naming the
+    argument and what it expects."""
+    mcp.initialize()
+    reply = mcp.rpc("tools/call", {"name": tool, "arguments": arguments})
+    assert reply.status == 200 and "error" not in reply.json, reply.json
+    result = reply.json["result"]
+    assert result["isError"] is True
+    error = result["structuredContent"]["error"]
+    assert error["code"] == "invalid_argument"
+    assert error["message"].startswith(f"{named}: ") and expected in error["message"], error
 
 
 def test_bad_accept_is_406(mcp):
