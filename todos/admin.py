@@ -83,7 +83,8 @@ class TodoAdmin(admin.ModelAdmin):
     paginator = CappedCountPaginator
     list_per_page = 100
     inlines = [TodoEventInline]
-    actions = ["retry_now", "release_lease", "extend_lease", "complete_lease", "fail_lease"]
+    actions = ["retry_now", "release_lease", "extend_lease", "complete_lease", "fail_lease",
+               "promote"]
     readonly_fields = ["endpoint", "queue", "state", "title", "kind", "source", "trust",
                        "payload_pretty", "result_pretty", "last_error", "idempotency_key",
                        "attempts", "max_attempts", "lease_id", "lease_owner", "lease_expires_at",
@@ -140,6 +141,12 @@ class TodoAdmin(admin.ModelAdmin):
     def retry_now(self, request, queryset):
         self._run(request, queryset, "re-queued",
                   lambda caller, todo: transitions.requeue_todo(caller, todo.pk))
+
+    @admin.action(description="Promote unverified todos (trust operator: handed to agents, rung)",
+                  permissions=["transition"])
+    def promote(self, request, queryset):
+        self._run(request, queryset, "promoted",
+                  lambda caller, todo: transitions.promote_todo(caller, todo.pk))
 
     def _override(self, request, queryset, action, call):
         """Act on whoever holds each todo's lease, as an override when it is not this admin

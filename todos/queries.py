@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.db.models import Q
 
-from .models import LIVE_FOR_IDEMPOTENCY, State, Todo
+from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, Trust
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -94,6 +94,8 @@ def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, curs
     listing. Raises ValueError for a cursor this listing did not return. A queue outside the
     caller's scope yields nothing here (the MCP verb refuses it first)."""
     todos = Todo.objects.filter(endpoint=caller.endpoint)
+    if caller.hides_unverified:
+        todos = todos.exclude(trust=Trust.UNVERIFIED)
     if caller.queues is not None:
         todos = todos.filter(queue__in=caller.queues)
     if queue is not None:

@@ -68,12 +68,16 @@ class Caller:
     endpoint: object
     actor: str
     queues: tuple | None = None
+    # An agent of an endpoint that refuses unverified todos (``accept_unverified`` off): they
+    # are invisible to its claims and lists, exactly like a todo outside its scope.
+    hides_unverified: bool = False
     is_operator: bool = False
 
     @classmethod
     def agent(cls, endpoint, session_id: str) -> "Caller":
         queues = None if endpoint.all_queues else tuple(endpoint.scope)
-        return cls(endpoint=endpoint, actor=session_id, queues=queues)
+        return cls(endpoint=endpoint, actor=session_id, queues=queues,
+                   hides_unverified=not endpoint.accept_unverified)
 
     @classmethod
     def operator(cls, endpoint, username: str) -> "Caller":
@@ -346,7 +350,8 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
                      completing=False, overriding=None) -> Refusal:
     """After a guard missed: read the row once and say why. Invisible looks like missing."""
     todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).first()
-    if todo is None or not caller.covers(todo.queue):
+    if todo is None or not caller.covers(todo.queue) or (
+            claiming and caller.hides_unverified and todo.trust == Trust.UNVERIFIED):
         return Refusal("not_found", f"no todo {todo_id}")
     if claiming:
         return Refusal("not_claimable", f"todo {todo_id} is {todo.state}, not pending")
@@ -494,7 +499,8 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     ttl = _lease_ttl(caller, lease_ttl_seconds)
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
-    where = _visible_where(caller, params) + " AND state = 'pending'"
+    where = (_visible_where(caller, params) + " AND state = 'pending'"
+             + _trust_filter(caller.hides_unverified))
     todo = _one(_apply(
         set_sql=_lease_set(params, caller, ttl, now), where_sql=where, params=params,
         action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
@@ -506,16 +512,25 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     return todo
 
 
-def claim_candidate_sql(params: dict, queues) -> str:
+def _trust_filter(hide_unverified: bool, column: str = "trust") -> str:
+    """The clause that hides unverified todos from a caller that refuses them (§12); a
+    constant, no parameter. Checked on the rows the claim indexes yield in order, so a queue
+    whose head is unverified costs a step past it, not a different plan."""
+    return f" AND {column} <> 'unverified'" if hide_unverified else ""
+
+
+def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False) -> str:
     """The sub-select that picks (and on PostgreSQL locks) claim_next's candidate: the oldest
-    pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue). Kept apart so
-    the plan test can EXPLAIN exactly what claim_next runs."""
+    pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue), unverified
+    ones left out when ``hide_unverified``. Kept apart so the plan test can EXPLAIN exactly
+    what claim_next runs."""
     if _is_postgres() and queues is not None:
         params["queues"] = list(queues)
         return (
             "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
             " SELECT p.id, p.created_at FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s"
-            " AND p.queue = q.name AND p.state = 'pending' ORDER BY p.created_at, p.id"
+            f" AND p.queue = q.name AND p.state = 'pending'{_trust_filter(hide_unverified, 'p.trust')}"
+            " ORDER BY p.created_at, p.id"
             " LIMIT 1 FOR UPDATE SKIP LOCKED) c ORDER BY c.created_at, c.id LIMIT 1"
         )
     queue_filter = ""
@@ -524,7 +539,8 @@ def claim_candidate_sql(params: dict, queues) -> str:
         queue_filter = " AND " + _queue_filter("queue", "queues")
     return (
         "SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND state = 'pending'"
-        f"{queue_filter} ORDER BY created_at, id LIMIT 1{_skip_locked()}"
+        f"{queue_filter}{_trust_filter(hide_unverified)} ORDER BY created_at, id LIMIT 1"
+        f"{_skip_locked()}"
     )
 
 
@@ -551,7 +567,7 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
     else:
         wanted = None if caller.queues is None else sorted(caller.queues)
     params = {"endpoint_id": caller.endpoint.pk}
-    pick = claim_candidate_sql(params, wanted)
+    pick = claim_candidate_sql(params, wanted, hide_unverified=caller.hides_unverified)
     todo = _one(_apply(
         set_sql=_lease_set(params, caller, ttl, now),
         where_sql=f"id = ({pick}) AND state = 'pending'", params=params,
@@ -711,6 +727,34 @@ def requeue_todo(caller: Caller, todo_id, *, now=None) -> Todo:
             raise Refusal("not_found", f"no todo {todo_id}")
         raise Refusal("not_claimable", f"todo {todo_id} is {todo_row.state}, not failed")
     _announce([todo], "requeue")
+    return todo
+
+
+def promote_todo(caller: Caller, todo_id, *, now=None) -> Todo:
+    """The operator vouches for an unverified todo (§12): pending and ``unverified`` -> trust
+    ``operator``, with a fresh ring budget, recorded as a ``promote`` event naming the operator
+    (the actor). Announced as ready, so it rings like a new todo and an endpoint that refuses
+    unverified todos now hands it out.
+
+    Refuses ``not_found`` (missing or invisible) and ``not_claimable`` (not pending, or not
+    unverified). Only operator surfaces (board, admin) call it.
+    """
+    now = now or timezone.now()
+    todo_id = _todo_id(todo_id)
+    params = {"todo_id": todo_id}
+    where = _visible_where(caller, params) + " AND state = 'pending' AND trust = 'unverified'"
+    todo = _one(_apply(
+        set_sql="trust = 'operator', ring_attempts = 0, last_ringed_at = NULL",
+        where_sql=where, params=params, action_sql="'promote'", from_state_sql="'pending'",
+        actor=caller.actor, now=now, detail={"from_trust": Trust.UNVERIFIED},
+        endpoint=caller.endpoint,
+    ))
+    if todo is None:
+        refusal = _explain_refusal(caller, todo_id, claiming=True)
+        if refusal.code == "not_claimable":
+            refusal = Refusal("not_claimable", f"todo {todo_id} is not a pending unverified todo")
+        raise refusal
+    _announce([todo], "promote")
     return todo
 
 

@@ -39,6 +39,9 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
     transitions.fail_todo(agent, retried.pk, now=now)                 # dead_letter
     transitions.requeue_todo(operator, retried.pk, now=now)           # requeue
 
+    promoted = make_todo(trust="unverified")
+    transitions.promote_todo(operator, promoted.pk, now=now)            # promote
+
     lapsed = make_todo()
     for _ in range(2):
         transitions.claim_todo(agent, lapsed.pk, lease_ttl_seconds=1, now=now)
