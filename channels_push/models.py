@@ -59,9 +59,9 @@ class McpSession(models.Model):
                 fields=["credential", "last_seen_at"], name="mcp_session_live_by_cred",
                 condition=Q(terminated_at__isnull=True),
             ),
-            # Used by sweeps.expire_idle_sessions: ended sessions, oldest first, to purge.
+            # ingest.sweeps.prune_history: ended sessions past their day of retention.
             models.Index(
-                fields=["terminated_at"], name="mcp_session_ended",
+                fields=["terminated_at"], name="mcp_session_prune",
                 condition=Q(terminated_at__isnull=False),
             ),
             # Attached sessions of an endpoint (the doorbell's pool, issue 5).

@@ -18,12 +18,9 @@ from endpoints.models import Endpoint, Presence
 # One pass ends at most this many idle sessions: agents open a handful of sessions each, so
 # even a fleet's worth of abandoned sessions clears in a few passes of short statements.
 IDLE_SESSION_BATCH = 1000
-# One pass deletes at most this many ended sessions (and ends at most this many sessions whose
-# credential lost its rights): the same reasoning, and a delete of 1000 small rows is short.
-ENDED_SESSION_BATCH = 1000
-# Ended sessions are kept this long (CONTRACT §14), so a client's late request still gets the
-# session's 404 from a row, and the admin can see what ended when.
-ENDED_SESSION_RETENTION = timedelta(days=1)
+# One pass ends at most this many sessions whose credential lost its rights: the same
+# reasoning (a rotation with no grace ends a whole pool's sessions at once).
+REVOKED_SESSION_BATCH = 1000
 # An open stream refreshes its session every STREAM_TOUCH_INTERVAL; silence for two of those
 # (plus a keep-alive of slack) means the process that held it is gone.
 STREAM_SILENCE = 2 * mcp_transport.STREAM_TOUCH_INTERVAL + timedelta(
@@ -32,18 +29,16 @@ STREAM_SILENCE = 2 * mcp_transport.STREAM_TOUCH_INTERVAL + timedelta(
 
 def expire_idle_sessions(*, now=None) -> int:
     """End sessions idle longer than SWITCHBOARD_MCP_SESSION_IDLE (no request, no open stream
-    keeping them seen) and sessions whose credential lost its rights (§12), zero the stream
-    counts of sessions whose streams died with their process, and delete sessions ended more
-    than ENDED_SESSION_RETENTION ago (§14). Each step is one bounded batch. Returns how many
-    sessions ended."""
+    keeping them seen) and sessions whose credential lost its rights (§12), and zero the
+    stream counts of sessions whose streams died with their process. Each step is one bounded
+    batch; ended sessions are deleted a day later by the retention sweep
+    (ingest.sweeps.prune_history). Returns how many sessions ended."""
     now = now or timezone.now()
     session_transitions.reset_stale_stream_counts(silent_before=now - STREAM_SILENCE)
-    ended = session_transitions.end_sessions_without_rights(limit=ENDED_SESSION_BATCH, now=now)
+    ended = session_transitions.end_sessions_without_rights(limit=REVOKED_SESSION_BATCH, now=now)
     ended += session_transitions.expire_idle_sessions(
         idle_before=now - settings.SWITCHBOARD_MCP_SESSION_IDLE, limit=IDLE_SESSION_BATCH, now=now,
     )
-    session_transitions.purge_ended_sessions(ended_before=now - ENDED_SESSION_RETENTION,
-                                             limit=ENDED_SESSION_BATCH)
     return ended
 
 

@@ -185,16 +185,6 @@ def end_sessions_without_rights(*, limit: int, now=None) -> int:
         terminated_at=now)
 
 
-def purge_ended_sessions(*, ended_before, limit: int) -> int:
-    """Delete at most ``limit`` sessions that ended before ``ended_before`` (CONTRACT §14),
-    oldest first (index mcp_session_ended)."""
-    ids = list(McpSession.objects.filter(terminated_at__lt=ended_before)
-               .order_by("terminated_at").values_list("pk", flat=True)[:limit])
-    if not ids:
-        return 0
-    return McpSession.objects.filter(pk__in=ids).delete()[0]
-
-
 def find_ringable_session_ids(*, endpoint_id: int, now=None) -> list[str]:
     """Live sessions of ``endpoint_id`` whose credential still gives its rights: who may
     receive a digest."""

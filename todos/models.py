@@ -32,6 +32,7 @@ EDGES = frozenset({
     ("lease_lapsed", State.CLAIMED, State.FAILED),  # the last attempt's lease lapsed
     ("retry", State.FAILED, State.PENDING),
     ("requeue", State.FAILED, State.PENDING),
+    ("promote", State.PENDING, State.PENDING),  # unverified -> operator trust (§12)
 })
 
 # Idempotency keys collapse while a todo is live: pending, claimed, or failed and waiting to
@@ -61,14 +62,18 @@ class Todo(models.Model):
     delivery_event = models.ForeignKey(
         "ingest.DeliveryEvent", null=True, blank=True, on_delete=models.PROTECT, related_name="todos"
     )
-    # Copied from the delivery event at create and never changed: the doorbell gate and every
-    # board row need it, and a join on each would cost more than the 10 bytes.
+    # Copied from the delivery event at create; changed only by an operator's promote
+    # (unverified -> operator). The doorbell gate and every board row need it, and a join on
+    # each would cost more than the 10 bytes.
     trust = models.CharField(max_length=16, choices=Trust.choices, default=Trust.UNVERIFIED)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=5)
     lease_id = models.CharField(max_length=64, null=True, blank=True)
     lease_owner = models.CharField(max_length=200, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The length the lease was granted (claim's ttl, or the last heartbeat's): a heartbeat
+    # without a ttl extends by it, so it never shortens a lease the agent asked to be long.
+    lease_ttl = models.DurationField(null=True, blank=True)
     retry_at = models.DateTimeField(null=True, blank=True)
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
@@ -104,6 +109,15 @@ class Todo(models.Model):
                 fields=["retry_at"],
                 condition=Q(state="failed", retry_at__isnull=False),
                 name="todo_retry_promoter",
+            ),
+            # ingest.sweeps.prune_history: done todos past retention, oldest first. Partial, so
+            # it costs one index insert at complete and nothing for live todos.
+            models.Index(fields=["updated_at"], condition=Q(state="done"), name="todo_prune_done"),
+            # The same sweep for dead letters, when SWITCHBOARD_RETAIN_DEAD_DAYS is set.
+            models.Index(
+                fields=["dead_lettered_at"],
+                condition=Q(state="failed", dead_lettered_at__isnull=False),
+                name="todo_prune_dead",
             ),
             # Board and list_todos: an endpoint's todos by state, newest first.
             models.Index(fields=["endpoint", "state", "queue"], name="todo_by_state"),
@@ -151,3 +165,26 @@ class TodoEvent(models.Model):
 
     def __str__(self):
         return f"{self.action} {self.from_state}->{self.to_state} by {self.actor}"
+
+
+class PrunedEventTally(models.Model):
+    """Audit events that retention deleted, counted by (action, to_state).
+
+    /metrics counts transitions from the audit trail; the prune sweep folds every event it
+    deletes into this table in the same statement, so the counters never go down when history
+    is pruned (§9, §14). The sum of ``count`` grows with every fold: a scrape that sees it
+    change recounts the remaining events instead of trusting its cached running total, which
+    still holds the rows that were just folded in here.
+    """
+
+    action = models.CharField(max_length=32)
+    to_state = models.CharField(max_length=16)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["action", "to_state"], name="pruned_event_tally_key"),
+        ]
+
+    def __str__(self):
+        return f"{self.action}->{self.to_state}: {self.count}"

@@ -1,12 +1,14 @@
 """manage.py seed_demo: the §11 JSON shape, re-runs, and a printed curl that really delivers."""
 
+import json
 import subprocess
+from datetime import timedelta
 
 import pytest
 
 from endpoints import queries as endpoint_queries
 from ingest.models import Route, Webhook
-from tests.cli import run_manage
+from tests.cli import json_printed_after, run_manage
 from todos.models import Todo, Trust
 
 CONTRACT_KEYS = {"operator", "endpoint", "mcp_url", "credential", "webhook", "hook_url", "secret",
@@ -23,19 +25,39 @@ def test_seed_demo_json_shape_and_rerun(capsys, settings):
     assert first["mcp_url"] == "https://sb.example/mcp/demo-agent"
     assert first["hook_url"] == "https://sb.example/hooks/demo-hook"
     server = first["mcp_json"]["mcpServers"]["switchboard"]
+    # The file meant for committing names the variable; the credential goes in the export.
     assert server == {"type": "http", "url": first["mcp_url"],
-                      "headers": {"Authorization": f"Bearer {first['credential']}"}}
+                      "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}}
+    assert first["credential"] not in json.dumps(first["mcp_json"])
     assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"])
     assert Route.objects.filter(webhook__slug="demo-hook", endpoint__slug="demo-agent",
                                 queue="inbox").count() == 1
 
+    # Issue 13.16: a re-run revoked the credential printed before; it reuses it now.
     again = run_manage(capsys, "seed_demo", "--json").json()
-    assert again["credential"] != first["credential"]
-    # Re-running revokes what earlier runs printed: no grace for a demo credential.
-    assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"]) is None
-    assert endpoint_queries.find_endpoint_for_credential("demo-agent", again["credential"])
+    assert again["credential"] == first["credential"]
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"])
     assert again["secret"] == first["secret"]
     assert Webhook.objects.count() == 1 and Route.objects.count() == 1
+    # --rotate mints a new one and revokes what earlier runs printed (no grace for a demo).
+    rotated = run_manage(capsys, "seed_demo", "--rotate", "--json").json()
+    assert rotated["credential"] != first["credential"]
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"]) is None
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", rotated["credential"])
+    assert run_manage(capsys, "seed_demo", "--json").json()["credential"] == rotated["credential"]
+
+
+@pytest.mark.django_db
+def test_seed_demo_mints_anew_when_the_demo_credential_was_rotated_away(capsys):
+    from endpoints import transitions as endpoint_transitions
+    from endpoints.models import Endpoint
+
+    first = run_manage(capsys, "seed_demo", "--json").json()
+    other = endpoint_transitions.rotate_credential(Endpoint.objects.get(slug="demo-agent"),
+                                                   grace=timedelta(0))
+    again = run_manage(capsys, "seed_demo", "--json").json()
+    assert again["credential"] not in (first["credential"], other)
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", again["credential"])
 
 
 def password_in(text: str) -> str:
@@ -49,7 +71,9 @@ def test_seed_demo_operator_can_sign_in_to_the_admin(capsys, client, django_user
     password = password_in(run.err)
     user = django_user_model.objects.get(username="demo")
     assert user.is_staff and not user.is_superuser and user.check_password(password)
-    assert client.login(username="demo", password=password)
+    # Through the real sign-in form (client.login() passes no request, which the sign-in
+    # throttle refuses).
+    assert client.post("/admin/login/", {"username": "demo", "password": password}).status_code == 302
     assert client.get("/admin/").status_code == 200
     endpoints = client.get("/admin/endpoints/endpoint/")
     assert endpoints.status_code == 200 and "demo-agent" in endpoints.content.decode()
@@ -67,6 +91,13 @@ def test_seed_demo_human_output_shows_a_generated_password_and_takes_a_given_one
         capsys, django_user_model):
     run = run_manage(capsys, "seed_demo", "--operator", "dana")
     assert run.code == 0, run.err
+    credential = run.out.split("export SWITCHBOARD_TOKEN=")[1].split()[0]
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", credential)
+    printed_json = json_printed_after(run.out, ".mcp.json")
+    assert printed_json["mcpServers"]["switchboard"]["headers"] == {
+        "Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}
+    assert credential not in json.dumps(printed_json)
+    assert "claude mcp add --transport http --scope local switchboard " in run.out
     assert django_user_model.objects.get(username="dana").check_password(password_in(run.out))
     run = run_manage(capsys, "seed_demo", "--operator", "erin", "--password", "s3cret-demo-pw",
                      "--endpoint", "erins-agent", "--webhook", "erins-hook")

@@ -5,6 +5,7 @@ from django.db import IntegrityError
 
 from endpoints import transitions
 from endpoints.models import ALL_QUEUES
+from switchboard import commands
 from switchboard.commands import JsonCommand, csv_list, get_user
 
 
@@ -19,6 +20,9 @@ class Command(JsonCommand):
         parser.add_argument("--verbs", help="comma-separated verb allowlist (default: all)")
         parser.add_argument("--lease-seconds", type=int, help="default lease (server default if unset)")
         parser.add_argument("--max-attempts", type=int, default=5)
+        parser.add_argument("--no-unverified", dest="accept_unverified", action="store_false",
+                            help="never hand unverified todos (from unsigned webhooks) to the "
+                                 "agent; they wait on the board until an operator promotes one")
 
     def handle(self, *args, **options):
         owner = get_user(options["owner"])
@@ -31,6 +35,7 @@ class Command(JsonCommand):
                 verbs=csv_list(options["verbs"]) if options["verbs"] is not None else None,
                 default_lease_seconds=options["lease_seconds"],
                 max_attempts=options["max_attempts"],
+                accept_unverified=options["accept_unverified"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()))
@@ -39,7 +44,9 @@ class Command(JsonCommand):
         mcp_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{endpoint.slug}"
         self.emit(
             options,
-            {"slug": endpoint.slug, "mcp_url": mcp_url, "credential": credential},
+            {"slug": endpoint.slug, "mcp_url": mcp_url, "credential": credential,
+             "mcp_json": commands.mcp_json(mcp_url)},
             f"endpoint {endpoint.slug}\n  MCP URL:    {mcp_url}\n  credential: {credential}\n"
-            "  (the credential is shown only now; store it in your agent's config)",
+            "  (the credential is shown only now; store it in your agent's environment)\n\n"
+            + commands.connect_text(mcp_url, credential),
         )
