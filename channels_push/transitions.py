@@ -172,13 +172,7 @@ def end_sessions_without_rights(*, limit: int, now=None) -> int:
     on their own next keep-alive; this makes the rows say so for doorbells and the board even
     when no stream is open. Safe when two runs overlap (re-guarded by the UPDATE)."""
     now = now or timezone.now()
-    params = {"limit": limit}
-    rights = _session_rights_sql(params, now)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT s.id FROM channels_push_mcpsession s WHERE s.terminated_at IS NULL"
-            f" AND NOT {rights} LIMIT %(limit)s", params)
-        ids = [row[0] for row in cursor.fetchall()]
+    ids = _live_session_ids("NOT {rights} LIMIT %(limit)s", {"limit": limit}, now)
     if not ids:
         return 0
     return McpSession.objects.filter(pk__in=ids, terminated_at__isnull=True).update(
@@ -189,12 +183,17 @@ def find_ringable_session_ids(*, endpoint_id: int, now=None) -> list[str]:
     """Live sessions of ``endpoint_id`` whose credential still gives its rights: who may
     receive a digest."""
     now = now or timezone.now()
-    params = {"endpoint_id": endpoint_id}
+    return _live_session_ids("s.endpoint_id = %(endpoint_id)s AND {rights}",
+                             {"endpoint_id": endpoint_id}, now)
+
+
+def _live_session_ids(condition: str, params: dict, now) -> list[str]:
+    """Ids of live sessions ``s`` matching ``condition``, where ``{rights}`` stands for
+    "its credential still gives its rights"."""
     rights = _session_rights_sql(params, now)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT s.id FROM channels_push_mcpsession s WHERE s.endpoint_id = %(endpoint_id)s"
-            f" AND s.terminated_at IS NULL AND {rights}", params)
+        cursor.execute("SELECT s.id FROM channels_push_mcpsession s WHERE s.terminated_at IS NULL"
+                       " AND " + condition.format(rights=rights), params)
         return [row[0] for row in cursor.fetchall()]
 
 
