@@ -24,6 +24,7 @@ import logging
 import jsonschema
 import mcp.types as types
 
+from endpoints import transitions as endpoint_transitions
 from todos import queries as todo_queries
 from todos import transitions
 from todos.models import State
@@ -181,8 +182,8 @@ def build_instructions(endpoint) -> str:
         "is retried with backoff and dead-lettered after its last attempt) or release (hand it "
         "back). A lapsed lease returns the todo to the queue for another worker, and your "
         "late complete gets lease_lost. Refusals come back as tool results with isError and "
-        "error.code: not_found, not_in_scope, not_claimable, lease_lost, verb_not_allowed, "
-        "invalid_argument. Secrets in payloads are refs: fetch them with read_secret and never "
+        "error.code: not_found, not_in_scope, not_claimable, lease_lost, paused, "
+        "verb_not_allowed, invalid_argument. Secrets in payloads are refs: fetch them with read_secret and never "
         "repeat their values."
     )
     return text[:INSTRUCTIONS_MAX_CHARS]
@@ -274,16 +275,23 @@ def _list_todos(caller, args):
 
 
 def _clock(caller, presence: str) -> dict:
-    from . import doorbells  # doorbells -> mcp_transport -> mcp_tools: imported at call time
-
-    return {"presence": doorbells.clock(caller.endpoint, presence, reason="clock_in")}
+    """``{"presence"}``, plus ``override_until`` when an operator override decides it (a
+    clock_in during an override changes nothing yet, and the agent learns why and until when)."""
+    endpoint_transitions.clock(caller.endpoint, presence, reason="clock_in")
+    report = endpoint_transitions.presence_report(caller.endpoint)
+    return {key: value for key, value in report.items() if value is not None}
 
 
 def _claim_next(caller, args):
     todo = transitions.claim_next_todo(
         caller, queues=args.get("queues"), lease_ttl_seconds=args.get("lease_ttl_seconds")
     )
-    return {"empty": True} if todo is None else _todo(todo)
+    if todo is not None:
+        return _todo(todo)
+    # Everything asked for is paused (§14): say so, so the agent waits instead of concluding
+    # the queue is drained.
+    paused = caller.endpoint.paused_among(args.get("queues") or caller.queues)
+    return {"empty": True, "paused": paused} if paused else {"empty": True}
 
 
 _VERBS = {

@@ -7,12 +7,11 @@ credentials go through ``endpoints.transitions`` like the commands do.
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.db import transaction
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from . import transitions
-from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint
+from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint, EndpointEvent
 
 
 class EndpointForm(forms.ModelForm):
@@ -57,6 +56,21 @@ class CredentialInline(admin.TabularInline):
         return False
 
 
+class EndpointEventInline(admin.TabularInline):
+    """Pause and resume, who and when (read-only: the actions and commands write them)."""
+
+    model = EndpointEvent
+    fields = ["at", "action", "queue", "actor"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    ordering = ["-at", "-id"]
+    verbose_name_plural = "work events (pause / resume)"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 def show_credentials_once(request, credentials, *, title):
     """A page with freshly minted credentials: the only time they are ever displayed. Not a
     message: messages may sit in a cookie."""
@@ -72,15 +86,17 @@ def show_credentials_once(request, credentials, *, title):
 @admin.register(Endpoint)
 class EndpointAdmin(admin.ModelAdmin):
     form = EndpointForm
-    inlines = [CredentialInline]
+    inlines = [CredentialInline, EndpointEventInline]
     list_display = ["slug", "owner", "scope_display", "default_lease_seconds", "max_attempts",
-                    "active", "presence_display", "created_at"]
+                    "active", "presence_display", "paused_display", "created_at"]
     list_filter = ["active"]
     list_select_related = ["owner"]
     search_fields = ["slug"]
     show_full_result_count = False
-    actions = ["rotate_credentials", "clock_in", "clock_out"]
-    readonly_fields = ["presence_state", "presence_hold_until", "presence_boundary_at"]
+    actions = ["rotate_credentials", "clock_in", "clock_out", "clear_override", "pause_work",
+               "resume_work"]
+    readonly_fields = ["presence_state", "presence_hold_until", "presence_boundary_at",
+                       "paused_queues"]
 
     @admin.display(description="scope")
     def scope_display(self, obj):
@@ -88,14 +104,45 @@ class EndpointAdmin(admin.ModelAdmin):
 
     @admin.display(description="presence (now)")
     def presence_display(self, obj):
-        return obj.presence_at(timezone.now()) if obj.pk else "-"
+        if not obj.pk:
+            return "-"
+        report = transitions.presence_report(obj)
+        if report["override_until"]:
+            return f"{report['presence']} (override until {report['override_until']})"
+        return report["presence"]
+
+    @admin.display(description="paused")
+    def paused_display(self, obj):
+        return ", ".join(obj.paused_queues or []) or "-"
 
     def _clock(self, request, queryset, state):
-        from channels_push import doorbells  # endpoints -> channels_push only at call time
-
         for endpoint in queryset:
-            presence = doorbells.clock(endpoint, state, reason="operator")
+            transitions.clock(endpoint, state, reason="operator")
+            report = transitions.presence_report(endpoint)
+            note = (f" (operator override until {report['override_until']})"
+                    if report["override_until"] else "")
+            self.message_user(request, f"{endpoint.slug} is {report['presence']}{note}")
+
+    @admin.action(description="Clear the operator override (schedule or clock rules again)",
+                  permissions=["change"])
+    def clear_override(self, request, queryset):
+        for endpoint in queryset:
+            presence = transitions.clear_override(endpoint)
             self.message_user(request, f"{endpoint.slug} is {presence}")
+
+    @admin.action(description="Pause work (agents take nothing; ingest continues)",
+                  permissions=["change"])
+    def pause_work(self, request, queryset):
+        for endpoint in queryset:
+            transitions.pause_work(endpoint, actor=request.user.get_username())
+            self.message_user(request, f"{endpoint.slug} paused")
+
+    @admin.action(description="Resume work (waiting work arrives as one digest)",
+                  permissions=["change"])
+    def resume_work(self, request, queryset):
+        for endpoint in queryset:
+            transitions.resume_work(endpoint, actor=request.user.get_username())
+            self.message_user(request, f"{endpoint.slug} resumed")
 
     @admin.action(description="Clock in (waiting work arrives as one digest)", permissions=["change"])
     def clock_in(self, request, queryset):
@@ -117,15 +164,12 @@ class EndpointAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change:
-            from channels_push import doorbells
-
             # An edited override or schedule may turn presence in right now: announce it like
             # a clock-in by the operator (the boundary sweep only sees boundaries in time).
             now = timezone.now()
             before = Endpoint.objects.get(pk=obj.pk).presence_at(now)
             super().save_model(request, obj, form, change)
-            if before == "out" and obj.presence_at(now) == "in":
-                transaction.on_commit(lambda: doorbells.send_digest(obj, "operator", now=now))
+            transitions.announce_edited_presence(obj, before, now=now)
             return None
         # Vending mints the first credential with the endpoint, in one transaction.
         vended, credential = transitions.vend_endpoint(
