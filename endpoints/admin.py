@@ -8,10 +8,15 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 from django.utils import timezone
 
 from . import transitions
-from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint, EndpointEvent
+from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint
+
+# The endpoint page lists this many recent pause/resume events.
+WORK_EVENTS_SHOWN = 20
 
 
 class EndpointForm(forms.ModelForm):
@@ -56,21 +61,6 @@ class CredentialInline(admin.TabularInline):
         return False
 
 
-class EndpointEventInline(admin.TabularInline):
-    """Pause and resume, who and when (read-only: the actions and commands write them)."""
-
-    model = EndpointEvent
-    fields = ["at", "action", "queue", "actor"]
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    ordering = ["-at", "-id"]
-    verbose_name_plural = "work events (pause / resume)"
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-
 def show_credentials_once(request, credentials, *, title):
     """A page with freshly minted credentials: the only time they are ever displayed. Not a
     message: messages may sit in a cookie."""
@@ -86,7 +76,7 @@ def show_credentials_once(request, credentials, *, title):
 @admin.register(Endpoint)
 class EndpointAdmin(admin.ModelAdmin):
     form = EndpointForm
-    inlines = [CredentialInline, EndpointEventInline]
+    inlines = [CredentialInline]
     list_display = ["slug", "owner", "scope_display", "default_lease_seconds", "max_attempts",
                     "active", "presence_display", "paused_display", "created_at"]
     list_filter = ["active"]
@@ -96,7 +86,7 @@ class EndpointAdmin(admin.ModelAdmin):
     actions = ["rotate_credentials", "clock_in", "clock_out", "clear_override", "pause_work",
                "resume_work"]
     readonly_fields = ["presence_state", "presence_hold_until", "presence_boundary_at",
-                       "paused_queues"]
+                       "paused_queues", "work_events"]
 
     @admin.display(description="scope")
     def scope_display(self, obj):
@@ -110,6 +100,17 @@ class EndpointAdmin(admin.ModelAdmin):
         if report["override_until"]:
             return f"{report['presence']} (override until {report['override_until']})"
         return report["presence"]
+
+    @admin.display(description="work events (pause / resume, newest first)")
+    def work_events(self, obj):
+        # Read-only here (not an inline: nothing about them is edited): the actions, the board
+        # and the commands write them.
+        if not obj.pk:
+            return "-"
+        events = obj.events.order_by("-at", "-id")[:WORK_EVENTS_SHOWN]
+        return format_html_join(mark_safe("<br>"), "{} {} {} by {}", (
+            (event.at.isoformat(timespec="seconds"), event.action, event.queue, event.actor)
+            for event in events)) or "-"
 
     @admin.display(description="paused")
     def paused_display(self, obj):
