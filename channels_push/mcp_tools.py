@@ -89,7 +89,9 @@ TOOL_SCHEMAS = {
     ),
     "claim_next": (
         "Claim the oldest pending todo in your queues (or only the given ones). Returns "
-        '{"todo": …} or {"empty": true} when there is nothing to do.',
+        '{"todo": …} or {"empty": true} when there is nothing to do ({"empty": true, '
+        '"paused": […]} when the operator paused every queue you asked for: wait, do not '
+        "conclude the work is done).",
         _schema({
             "queues": {"type": "array", "items": {"type": "string"}, "minItems": 1,
                        "description": "Only these queues (each must be in your scope)."},

@@ -43,9 +43,10 @@ RINGS_PER_SWEEP = 3
 
 def find_ring_receivers(*, now) -> list[int]:
     """Endpoints that can receive a ring now: active, effectively ``in`` (§8: a clocked-out
-    endpoint keeps its whole ring budget), with at least one attached (live) session — with or
-    without an open stream: the doorbell falls back to a streamless session, and a push dropped
-    at the transport still counts (SPEC-0011). Presence needs the schedule's time-zone math, so
+    endpoint keeps its whole ring budget), with at least one attached session (an open stream,
+    or a request within the attach window: ``queries.attached_sql``) — with or without an open
+    stream: the doorbell falls back to a streamless session, and a push dropped at the
+    transport still counts (SPEC-0011). Paused queues are left out by the sweep's statement. Presence needs the schedule's time-zone math, so
     it is evaluated here, over the few endpoints that have a live session."""
     endpoint_ids = queries.attached_endpoint_ids(now)
     return [endpoint.pk for endpoint in Endpoint.objects.filter(pk__in=endpoint_ids)

@@ -110,15 +110,12 @@ def test_an_open_stream_counts_only_while_its_lease_is_renewed(endpoint):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("pending, woken", [(1, 1), (2, 2), (5, 3)])
-def test_presence_digest_goes_to_min_pending_attached_sessions(
-        endpoint, digests, django_capture_on_commit_callbacks, pending, woken):
+def test_presence_digest_goes_to_min_pending_attached_sessions(endpoint, digests, pending, woken):
     now = timezone.now()
     sessions = [open_session(endpoint, now, stream=True) for _ in range(3)]
     for i in range(pending):
         make_ready_todo(endpoint, title=f"t{i}")
-    endpoint_transitions.clock(endpoint, "out", reason="clock_in")
-    with django_capture_on_commit_callbacks(execute=True):
-        endpoint_transitions.clock(endpoint, "in", reason="clock_in")
+    assert doorbells.send_digest(endpoint, "clock_in", now=now) == woken
     assert len(digests) == woken
     assert len({session_id for session_id, _ in digests}) == woken
     assert {session_id for session_id, _ in digests} <= {s.pk for s in sessions}
@@ -232,3 +229,16 @@ def test_doorbells_transport_and_tools_do_not_import_each_other_in_a_circle():
     assert "mcp_transport" not in _imports("doorbells")
     assert "doorbells" not in _imports("mcp_tools")
     assert "session_notify" in _imports("doorbells") & _imports("mcp_transport")
+
+
+@pytest.mark.django_db
+def test_clock_in_by_the_agent_wakes_one_worker_for_one_todo(
+        endpoint, digests, django_capture_on_commit_callbacks):
+    now = timezone.now()
+    for _ in range(3):
+        open_session(endpoint, now, stream=True)
+    make_ready_todo(endpoint)
+    endpoint_transitions.clock(endpoint, "out", reason="clock_in")
+    with django_capture_on_commit_callbacks(execute=True):
+        endpoint_transitions.clock(endpoint, "in", reason="clock_in")
+    assert [params["meta"]["reason"] for _, params in digests] == ["clock_in"]
