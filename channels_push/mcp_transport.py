@@ -487,6 +487,9 @@ class McpEndpoint:
                 done, _ = await asyncio.wait({disconnect, next_frame, ended},
                                              timeout=self.keepalive_seconds,
                                              return_when=asyncio.FIRST_COMPLETED)
+                if loop.time() >= lease_renew_at:  # whichever branch runs: a busy stream too
+                    lease_renew_at = loop.time() + queries.STREAM_LEASE_RENEW.total_seconds()
+                    await self._sync(renew_stream_lease)(session_id)
                 if disconnect in done:
                     if disconnect.result().get("type") == "http.disconnect":
                         return
@@ -515,9 +518,6 @@ class McpEndpoint:
                 if backlog is None or backlog < bound:  # a stalled reader needs no keep-alive
                     await send({"type": "http.response.body", "more_body": True,
                                 "body": mcp_framing.sse_comment("keep-alive")})
-                if loop.time() >= lease_renew_at:
-                    lease_renew_at = loop.time() + queries.STREAM_LEASE_RENEW.total_seconds()
-                    await self._sync(renew_stream_lease)(session_id)
                 if not await self._sync(keep_stream_alive)(endpoint_id, session_id):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return

@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from channels_push import doorbells, metrics, sweeps
+from channels_push import doorbells, metrics, session_notify, sweeps
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
@@ -242,3 +242,35 @@ def test_clock_in_by_the_agent_wakes_one_worker_for_one_todo(
     with django_capture_on_commit_callbacks(execute=True):
         endpoint_transitions.clock(endpoint, "in", reason="clock_in")
     assert [params["meta"]["reason"] for _, params in digests] == ["clock_in"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_open_stream_renews_its_lease_while_it_is_busy(vend, monkeypatch):
+    """The renewal rides on the stream's loop whichever way it wakes (a frame, a keep-alive), so
+    a stream busy with doorbells keeps counting as open."""
+    from channels_push import queries
+
+    monkeypatch.setattr(queries, "STREAM_LEASE_RENEW", timedelta(0))  # renew on every wake-up
+    endpoint, credential = vend("renews")
+    d = McpDriver(endpoint.slug, credential)
+    d.initialize()
+
+    def lease_until():
+        return McpSession.objects.get(pk=d.session_id).stream_lease_until
+
+    async def scenario():
+        stream = await open_stream(d)
+        expired = timezone.now() - timedelta(seconds=1)
+        await database_sync_to_async(McpSession.objects.filter(pk=d.session_id).update,
+                                     thread_sensitive=False)(stream_lease_until=expired)
+        # A frame sent straight to the session (the doorbell itself would now pass the
+        # session by: its lease ran out) wakes the stream's loop.
+        await database_sync_to_async(session_notify.notify_session, thread_sensitive=False)(
+            d.session_id, session_notify.CHANNEL_METHOD, {"content": "wake", "meta": {}})
+        assert (await next_doorbell(stream))["content"] == "wake"
+        renewed = await database_sync_to_async(lease_until, thread_sensitive=False)()
+        await close(stream)
+        return expired, renewed
+
+    expired, renewed = async_to_sync(scenario)()
+    assert renewed > expired + queries.STREAM_LEASE - timedelta(seconds=5)
