@@ -43,6 +43,7 @@ QUICK_ARGS = {
     "push": ["--deliveries", "30", "--warmup", "5"],
     "queue": ["--todos", "200", "--workers", "1,2", "--rounds", "1", "--history", "1000",
               "--samples", "100"],
+    "retention": ["--done", "20000", "--pending", "400"],
 }
 SCRIPT_TIMEOUT_SECONDS = 3600
 

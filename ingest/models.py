@@ -81,6 +81,12 @@ class DeliveryEvent(models.Model):
     source = models.CharField(max_length=64, blank=True, default="")
     kind = models.CharField(max_length=200, blank=True, default="")
 
+    class Meta:
+        indexes = [
+            # sweeps.prune_history: delivery events past retention, oldest first.
+            models.Index(fields=["received_at", "id"], name="delivery_event_prune"),
+        ]
+
     def __str__(self):
         return f"{self.trust} {self.delivery_id or self.pk}"
 
