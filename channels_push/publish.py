@@ -76,13 +76,19 @@ def publish_endpoint_on_commit(endpoint, action: str, *, reason: str, now) -> No
     transaction.on_commit(lambda: _deliver_endpoint_change(endpoint, change))
 
 
-def _deliver_endpoint_change(endpoint, change: dict) -> None:
-    for listener in list(_endpoint_listeners):
+def _call_listeners(listeners, subject, change: dict, *, failure: str, context: dict) -> None:
+    """Call each listener with ``(subject, change)``; one that raises is logged (``failure``,
+    ids in ``context``) and does not stop the others."""
+    for listener in list(listeners):
         try:
-            listener(endpoint, change)
+            listener(subject, change)
         except Exception:
-            log.exception("endpoint listener failed", extra={
-                "endpoint": endpoint.slug, "action": change["action"]})
+            log.exception(failure, extra=context)
+
+
+def _deliver_endpoint_change(endpoint, change: dict) -> None:
+    _call_listeners(_endpoint_listeners, endpoint, change, failure="endpoint listener failed",
+                    context={"endpoint": endpoint.slug, "action": change["action"]})
 
 
 def todo_change(todo, action: str) -> dict:
@@ -104,13 +110,9 @@ def publish_on_commit(todo, action: str) -> None:
 
 
 def deliver(todo, change: dict) -> None:
-    for listener in list(_listeners):
-        try:
-            listener(todo, change)
-        except Exception:
-            log.exception("publish listener failed", extra={
-                "todo_id": change["todo_id"], "endpoint_id": change["endpoint_id"],
-                "action": change["action"]})
+    _call_listeners(_listeners, todo, change, failure="publish listener failed", context={
+        "todo_id": change["todo_id"], "endpoint_id": change["endpoint_id"],
+        "action": change["action"]})
     _board_batch.add(change)
 
 

@@ -131,19 +131,20 @@ class EndpointAdmin(admin.ModelAdmin):
             presence = transitions.clear_override(endpoint)
             self.message_user(request, f"{endpoint.slug} is {presence}")
 
+    def _change_work(self, request, queryset, change):
+        for endpoint in queryset:
+            paused = change(endpoint, actor=request.user.get_username())
+            self.message_user(request, f"{endpoint.slug}: paused {', '.join(paused) or 'nothing'}")
+
     @admin.action(description="Pause work (agents take nothing; ingest continues)",
                   permissions=["change"])
     def pause_work(self, request, queryset):
-        for endpoint in queryset:
-            transitions.pause_work(endpoint, actor=request.user.get_username())
-            self.message_user(request, f"{endpoint.slug} paused")
+        self._change_work(request, queryset, transitions.pause_work)
 
     @admin.action(description="Resume work (waiting work arrives as one digest)",
                   permissions=["change"])
     def resume_work(self, request, queryset):
-        for endpoint in queryset:
-            transitions.resume_work(endpoint, actor=request.user.get_username())
-            self.message_user(request, f"{endpoint.slug} resumed")
+        self._change_work(request, queryset, transitions.resume_work)
 
     @admin.action(description="Clock in (waiting work arrives as one digest)", permissions=["change"])
     def clock_in(self, request, queryset):

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('channels_push', '0002_session_last_doorbell'),
+        ('channels_push', '0003_session_prune_index'),
     ]
 
     operations = [

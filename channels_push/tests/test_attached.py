@@ -31,21 +31,6 @@ def open_session(endpoint, now, *, stream=False):
     return session
 
 
-@pytest.fixture
-def digests(monkeypatch):
-    """Every digest handed to a session: (session_id, params)."""
-    sent = []
-    real = doorbells.send_doorbell
-
-    def record(session_id, params, context):
-        if doorbells.is_digest(params):
-            sent.append((session_id, params))
-        return real(session_id, params, context)
-
-    monkeypatch.setattr(doorbells, "send_doorbell", record)
-    return sent
-
-
 # -- 13.9: attached = an open stream now, or a request within the attach window -----------------
 
 

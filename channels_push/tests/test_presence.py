@@ -28,21 +28,6 @@ def at(*args):
     return datetime(*args, tzinfo=UTC)
 
 
-@pytest.fixture
-def digests(monkeypatch):
-    """Every digest send_doorbell hands to the channel layer: (session_id, params)."""
-    sent = []
-    real = doorbells.send_doorbell
-
-    def record(session_id, params, context):
-        if doorbells.is_digest(params):
-            sent.append((session_id, params))
-        return real(session_id, params, context)
-
-    monkeypatch.setattr(doorbells, "send_doorbell", record)
-    return sent
-
-
 def attach(endpoint, now=None):
     """A session with a notification stream held open across the simulated hours (its stream
     lease reaches past them; a digest to a streamless session is dropped, and what "attached"

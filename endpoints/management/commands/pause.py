@@ -18,24 +18,23 @@ def get_endpoint(slug: str) -> Endpoint:
         raise CommandError(f"no endpoint {slug!r}") from None
 
 
-def run(command, options, change, slug, queue):
-    endpoint = get_endpoint(slug)
-    try:
-        paused = change(endpoint, queue=queue, actor=COMMAND_ACTOR)
-    except (ValueError, ValidationError) as error:
-        raise CommandError("; ".join(getattr(error, "messages", [str(error)]))) from None
-    command.emit(options, {"endpoint": endpoint.slug, "paused": paused},
-                 f"{endpoint.slug}: paused {', '.join(paused) or 'nothing'}")
-
-
 class Command(JsonCommand):
     help = ("Pause an endpoint's work, or one queue of it: claim_next skips it, claim answers "
             "'paused', doorbells and sweeps hold; webhooks keep arriving and held leases keep "
             'working. Prints {"endpoint", "paused": [queues or "*"]} with --json.')
+    # The transition this command runs, and its --queue help (``resume`` overrides both).
+    change = staticmethod(transitions.pause_work)
+    queue_help = "pause only this queue (default: the whole endpoint)"
 
     def add_arguments(self, parser):
         parser.add_argument("slug")
-        parser.add_argument("--queue", help="pause only this queue (default: the whole endpoint)")
+        parser.add_argument("--queue", help=self.queue_help)
 
     def handle(self, *args, slug, queue, **options):
-        run(self, options, transitions.pause_work, slug, queue)
+        endpoint = get_endpoint(slug)
+        try:
+            paused = self.change(endpoint, queue=queue, actor=COMMAND_ACTOR)
+        except (ValueError, ValidationError) as error:
+            raise CommandError("; ".join(getattr(error, "messages", [str(error)]))) from None
+        self.emit(options, {"endpoint": endpoint.slug, "paused": paused},
+                  f"{endpoint.slug}: paused {', '.join(paused) or 'nothing'}")
