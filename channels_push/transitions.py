@@ -204,8 +204,8 @@ def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
             cursor.execute(sql, params)
             rows = cursor.fetchall()
         if rows:
-            order = {True: 0, False: 1}
-            return sorted(((row[0], bool(row[1])) for row in rows), key=lambda r: order[r[1]])
+            # Streaming sessions first, as they were picked.
+            return sorted(((row[0], bool(row[1])) for row in rows), key=lambda r: not r[1])
         if not queries.has_attached_session(endpoint_id, now):
             return []
     return []

@@ -70,7 +70,9 @@ def test_queue_and_endpoint_pause_with_a_running_sdk_client(daphne_server):
             assert not error
             assert await asyncio.to_thread(command, "pause", endpoint.slug) == {
                 "endpoint": "pausable", "paused": ["*"]}
-            waiting = await asyncio.to_thread(make_ready_todo, endpoint, "inbox", "waits")
+            waiting = await asyncio.to_thread(make_ready_todo, endpoint, "inbox", "waits",
+                                              now=timezone.now() - timedelta(minutes=10))
+            assert await asyncio.to_thread(sweeps.ring_due_todos) == 0  # overdue, but held
             assert await call(client, "claim_next") == (False, {"empty": True, "paused": ["*"]})
             refused, answer = await call(client, "claim", {"todo_id": str(waiting.pk)})
             assert refused and answer["error"]["code"] == "paused"

@@ -430,7 +430,7 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     """pending -> claimed for ``todo_id`` under a fresh lease; counts one attempt.
 
     Refuses ``not_found`` (missing or invisible to the caller), ``not_claimable`` (not pending),
-    ``invalid_argument`` (lease ttl outside 1 s … 24 h).
+    ``paused`` (its queue is paused, §14), ``invalid_argument`` (lease ttl outside 1 s … 24 h).
     """
     now = now or timezone.now()
     ttl = _lease_ttl(caller, lease_ttl_seconds)
@@ -449,14 +449,14 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     return todo
 
 
-def _unpaused_where(endpoint, params: dict, column: str = "queue") -> str:
+def _unpaused_where(endpoint, params: dict) -> str:
     """Pause (CONTRACT §14): the guard clause that keeps paused queues out of a claim."""
     if endpoint.paused_all:
         return " AND FALSE"
     if not endpoint.paused_queues:
         return ""
     params["paused"] = _queue_list_param(endpoint.paused_queues)
-    return " AND NOT " + _queue_filter(column, "paused")
+    return " AND NOT " + _queue_filter("queue", "paused")
 
 
 def claim_candidate_sql(params: dict, queues, *, endpoint=None) -> str:
