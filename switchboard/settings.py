@@ -78,6 +78,10 @@ SWITCHBOARD_ATTACH_WINDOW = timedelta(
 SWITCHBOARD_STREAM_BUFFER_BYTES = _typed(
     "SWITCHBOARD_STREAM_BUFFER_BYTES", env.int, 256 * 1024, minimum=1024
 )
+# A long-polling claim_next (§6) answering over SSE sends a keep-alive comment this often, below
+# the 30-60 s idle cut of common proxies (tests shorten it).
+SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS = _typed(
+    "SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS", env.float, 15.0, minimum=0.05)
 # -- retention (§14): what the hourly prune sweep deletes, and after how long ----------------
 # Done todos, with their audit events, secrets and the delivery events no other todo needs.
 SWITCHBOARD_RETAIN_DONE = timedelta(
