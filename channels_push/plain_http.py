@@ -85,6 +85,25 @@ def host_allowed(request: Request, scope) -> bool:
     return bool(domain) and validate_host(domain, allowed)
 
 
+class AllowedHostsOnly:
+    """ASGI middleware answering 400 (JSON) to a request whose Host is not in ALLOWED_HOSTS.
+
+    Django checks the Host only for views behind CommonMiddleware; the routes asgi.py serves
+    without Django's request machinery (the MCP endpoint, the board's event stream, static
+    files) would otherwise answer any Host, which is what DNS rebinding needs. ``SyncHandlerApp``
+    checks on its own (it answers in its endpoint's error format)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and not host_allowed(request_from_scope(scope), scope):
+            await send_answer(send, json_answer(400, {"error": {
+                "code": "bad_request", "message": "Host not allowed"}}))
+            return
+        return await self.app(scope, receive, send)
+
+
 class ClientGone(Exception):
     """The client disconnected before its body was complete: nothing may run on a part."""
 

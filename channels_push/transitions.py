@@ -376,10 +376,10 @@ def sweep_rings_sql(*, endpoint_ids, schedule, limit: int, now=None, select_only
 
 
 def refuses_unverified(endpoint) -> bool:
-    """HOOK: whether claim_next withholds ``trust: unverified`` todos from this endpoint's
-    agents (``accept_unverified``, CONTRACT §12, a field another branch adds; until it exists
-    every endpoint accepts them, as claim_next then hands them out too)."""
-    return not getattr(endpoint, "accept_unverified", True)
+    """Whether claim_next withholds ``trust: unverified`` todos from this endpoint's agents
+    (``accept_unverified`` off, CONTRACT §12; ``todos.transitions.Caller.agent`` reads it the
+    same way)."""
+    return not endpoint.accept_unverified
 
 
 def claimable_sql(alias: str, endpoint, params: dict) -> str:

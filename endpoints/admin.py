@@ -32,6 +32,7 @@ class EndpointForm(forms.ModelForm):
     class Meta:
         model = Endpoint
         fields = ["slug", "owner", "scope", "verbs", "default_lease_seconds", "max_attempts", "active",
+                  "accept_unverified",
                   # §8 presence: the manual state is set by the clock actions (they send the
                   # digest); schedule and override are edited here.
                   "shift_timezone", "shift_schedule", "presence_override", "presence_override_until"]

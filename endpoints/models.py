@@ -153,6 +153,12 @@ class Endpoint(models.Model):
     )
     max_attempts = models.PositiveSmallIntegerField(default=5)
     active = models.BooleanField(default=True)
+    # Off: claim, claim_next and list_todos never hand out an unverified todo (anyone who
+    # knows an unsigned webhook's URL can create one); it waits on the board, where the
+    # operator can promote it. On by default: the seeds make every pending todo visible.
+    accept_unverified = models.BooleanField(
+        default=True, help_text="Hand unverified todos (from unsigned webhooks) to agents. Off: "
+                                "they wait on the board until an operator promotes one.")
     created_at = models.DateTimeField(auto_now_add=True)
     # Presence (§8). Effective presence = an unexpired override, else the shift schedule (when
     # there is one; a clock in/out holds against it until presence_hold_until), else the

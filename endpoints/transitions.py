@@ -34,11 +34,13 @@ def _issue_credential(endpoint: Endpoint) -> str:
 
 
 @transaction.atomic
-def vend_endpoint(*, slug, owner, scope=None, verbs=None, default_lease_seconds=None, max_attempts=5):
+def vend_endpoint(*, slug, owner, scope=None, verbs=None, default_lease_seconds=None, max_attempts=5,
+                  accept_unverified=True):
     """Create an endpoint and its first credential. Returns ``(endpoint, credential)``; the
     plaintext credential exists only in this return value."""
     endpoint = Endpoint(slug=slug, owner=owner, max_attempts=max_attempts,
-                        default_lease_seconds=default_lease_seconds)
+                        default_lease_seconds=default_lease_seconds,
+                        accept_unverified=accept_unverified)
     if scope is not None:
         endpoint.scope = scope
     if verbs is not None:

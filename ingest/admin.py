@@ -123,6 +123,10 @@ class WebhookAdmin(admin.ModelAdmin):
             self.message_user(request, format_html(
                 "Webhook {} secret (shown only now): <code>{}</code>", obj.slug, secret),
                 messages.SUCCESS)
+        if obj.source == "unsigned":
+            self.message_user(request, f"Webhook {obj.slug} is unsigned: anyone who knows its URL "
+                                       "can create work (todos of trust unverified).",
+                              messages.WARNING)
 
     @admin.action(description="Rotate secret (the old one stays accepted for 24 h)")
     def rotate_secret(self, request, queryset):

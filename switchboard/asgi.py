@@ -2,7 +2,8 @@
 
 Long-lived streams (the MCP endpoint, the board's SSE) are Channels consumers; the webhook
 hooks are a plain ASGI app (channels_push.plain_http: the hot path, without Django's request
-machinery); everything else is Django's ASGI handler.
+machinery); everything else is Django's ASGI handler. Every route checks the Host header
+against ALLOWED_HOSTS (plain_http.AllowedHostsOnly, or SyncHandlerApp's own check).
 """
 
 import asyncio
@@ -24,9 +25,10 @@ from ingest import views as ingest_views  # noqa: E402
 
 http_routes = [
     # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
-    re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
+    re_path(mcp_transport.ROUTE_PATTERN, plain_http.AllowedHostsOnly(mcp_transport.McpEndpoint())),
     # The Todos board's live stream (issue 7): session-authenticated like the board itself.
-    re_path(r"^todos/events$", AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi())),
+    re_path(r"^todos/events$", plain_http.AllowedHostsOnly(
+        AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi()))),
     # Webhook deliveries (§5), /hooks/<webhook_slug>: any slug text is captured so that an
     # unknown one gets ingest's JSON 404.
     re_path(ingest_views.HOOK_ROUTE_PATTERN,
@@ -35,7 +37,8 @@ http_routes = [
     # installed apps by Django's own handler: switchboard's static files are a few admin
     # assets, not worth a separate server or collectstatic step; put a CDN or proxy cache in
     # front in production if you like.
-    re_path(r"", ASGIStaticFilesHandler(django_asgi_app)),
+    # Django checks the Host of its views itself; the static files handler does not.
+    re_path(r"", plain_http.AllowedHostsOnly(ASGIStaticFilesHandler(django_asgi_app))),
 ]
 
 router = ProtocolTypeRouter({"http": URLRouter(http_routes)})

@@ -32,6 +32,9 @@ def test_readyz_is_503_when_redis_is_unreachable(client):
         ("SWITCHBOARD_MAX_BODY_BYTES", "-1"),
         ("DATABASE_URL", "nosuchdb://x"),
         ("REDIS_URL", "http://127.0.0.1:6379"),
+        ("SWITCHBOARD_ALLOWED_ORIGINS", "http://evil\\@127.0.0.1"),
+        ("SWITCHBOARD_PUBLIC_URL", "ftp://example.org"),
+        ("SWITCHBOARD_SIGNIN_FAILURE_LIMIT", "0"),
     ],
 )
 def test_a_bad_setting_fails_at_start_naming_the_variable(variable, value):

@@ -35,6 +35,7 @@ LOGIN_URL = reverse_lazy("board-login")
 board_login_required = login_required(login_url=LOGIN_URL)
 
 BOARD_SCRIPT = Path(__file__).resolve().parent / "static" / "todos" / "board.js"
+BOARD_STYLE = BOARD_SCRIPT.with_name("board.css")
 
 
 def oidc_login_url():
@@ -112,6 +113,14 @@ def board_script(request):
     return response
 
 
+@require_GET
+def board_style(request):
+    # A file like the script, not an inline <style>: the CSP allows no inline style.
+    response = HttpResponse(BOARD_STYLE.read_bytes(), content_type="text/css")
+    response["Cache-Control"] = "private, max-age=300"
+    return response
+
+
 @board_login_required
 @require_GET
 @never_cache
@@ -151,24 +160,37 @@ def _lease_seconds(text: str):
         raise transitions.Refusal("invalid_argument", "lease seconds must be a whole number") from None
 
 
-# One entry per board button: how it calls the transition. The operator acts as lease owner,
-# so complete/fail/extend/release are fenced to the operator's own claim, like an agent's.
+# One entry per board button: how it calls the transition. ``overriding`` is None when the
+# operator holds the lease (or the todo is not claimed), else the agent's lease the operator
+# saw: complete/fail/extend/release then act on it as an override (§4).
 ACTIONS = {
-    "claim": lambda caller, todo, post: transitions.claim_todo(
+    "claim": lambda caller, todo, post, overriding: transitions.claim_todo(
         caller, todo.pk, lease_ttl_seconds=_lease_seconds(post.get("lease_seconds"))),
-    "complete": lambda caller, todo, post: transitions.complete_todo(
-        caller, todo.pk, result=_parse_result(post.get("result", ""))),
-    "fail": lambda caller, todo, post: transitions.fail_todo(
-        caller, todo.pk, error=post.get("error", "").strip() or "failed by operator"),
-    "extend": lambda caller, todo, post: transitions.heartbeat_todo(
-        caller, todo.pk, lease_ttl_seconds=_lease_seconds(post.get("lease_seconds"))),
-    "release": lambda caller, todo, post: transitions.release_todo(caller, todo.pk),
-    "retry": lambda caller, todo, post: transitions.requeue_todo(caller, todo.pk),
+    "complete": lambda caller, todo, post, overriding: transitions.complete_todo(
+        caller, todo.pk, result=_parse_result(post.get("result", "")), overriding=overriding),
+    "fail": lambda caller, todo, post, overriding: transitions.fail_todo(
+        caller, todo.pk, error=post.get("error", "").strip() or "failed by operator",
+        overriding=overriding),
+    "extend": lambda caller, todo, post, overriding: transitions.heartbeat_todo(
+        caller, todo.pk, lease_ttl_seconds=_lease_seconds(post.get("lease_seconds")),
+        overriding=overriding),
+    "release": lambda caller, todo, post, overriding: transitions.release_todo(
+        caller, todo.pk, overriding=overriding),
+    "retry": lambda caller, todo, post, overriding: transitions.requeue_todo(caller, todo.pk),
+    "promote": lambda caller, todo, post, overriding: transitions.promote_todo(caller, todo.pk),
 }
 ACTION_DONE = {
     "claim": "claimed", "complete": "completed", "fail": "failed", "extend": "extended the lease of",
-    "release": "released", "retry": "re-queued",
+    "release": "released", "retry": "re-queued", "promote": "promoted (now trust operator)",
 }
+OVERRIDABLE = frozenset({"complete", "fail", "extend", "release"})
+
+
+def agent_lease_to_override(todo, username: str, action: str):
+    """The lease an operator's button overrides: an agent's (anyone's but theirs) claim."""
+    if action in OVERRIDABLE and todo.state == State.CLAIMED and todo.lease_owner != username:
+        return transitions.HeldLease.of(todo)
+    return None
 
 
 @board_login_required
@@ -178,12 +200,23 @@ def todo_act(request, todo_id, action):
         raise Http404("no such action")
     todo = get_visible_todo(request.user, todo_id)
     caller = transitions.Caller.operator(todo.endpoint, request.user.username)
+    overriding = agent_lease_to_override(todo, request.user.username, action)
+    shown_lease = request.POST.get("lease", "")
     try:
-        ACTIONS[action](caller, todo, request.POST)
+        if overriding is not None and shown_lease and not overriding.lease_id.startswith(shown_lease):
+            # The page showed another lease than the one holding the todo now: act on the
+            # lease the operator saw or on nothing (the write itself is fenced by lease id).
+            raise transitions.Refusal("lease_lost", f"todo {todo.pk}: the agent's lease changed "
+                                                    "since the page was shown; nothing changed")
+        ACTIONS[action](caller, todo, request.POST, overriding)
     except transitions.Refusal as refusal:
         messages.error(request, f"#{todo.pk}: {refusal.message} ({refusal.code})")
     else:
-        messages.success(request, f"{ACTION_DONE[action]} #{todo.pk}")
+        done = f"{ACTION_DONE[action]} #{todo.pk}"
+        if overriding is not None:
+            done += " (override: the agent's lease " + (
+                "was extended; the agent keeps it)" if action == "extend" else "ended)")
+        messages.success(request, done)
     next_url = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(next_url, {request.get_host()}, request.is_secure()):
         next_url = reverse("todos-detail", args=[todo.pk])

@@ -223,3 +223,11 @@ def test_oidc_is_wired_only_when_configured():
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode != 0 and "OIDC_OP_TOKEN_ENDPOINT" in done.stderr
+
+
+def test_adding_an_unsigned_webhook_in_admin_warns_that_anyone_can_create_work(admin_client, operator):
+    answer = admin_client.post("/admin/ingest/webhook/add/", {
+        "slug": "open-hook", "owner": operator.pk, "source": "unsigned", "active": "on",
+        "routes-TOTAL_FORMS": "0", "routes-INITIAL_FORMS": "0",
+    }, follow=True)
+    assert "anyone who knows its URL can create work" in answer.content.decode()

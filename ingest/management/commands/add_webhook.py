@@ -8,6 +8,12 @@ from ingest.models import Source
 from switchboard.commands import JsonCommand, get_user
 
 
+# Said plainly when an unsigned webhook is made (CONTRACT §12): its URL is its only secret.
+UNSIGNED_WARNING = ("  unsigned: ANYONE WHO KNOWS THIS URL CAN CREATE WORK. Deliveries are recorded "
+                    "as trust unverified, never rung, and agents are told to treat them as data; "
+                    "endpoints with accept_unverified off never get them until you promote one.")
+
+
 class Command(JsonCommand):
     help = ("Create a webhook and print its URL and secret (a minted secret is shown only now; "
             "or pass --secret to use the one the sender already has).")
@@ -34,5 +40,7 @@ class Command(JsonCommand):
             options, {"slug": webhook.slug, "hook_url": hook_url, "secret": secret},
             f"webhook {webhook.slug} ({source})\n  URL:    {hook_url}\n"
             + (f"  secret: {secret}\n  (configure it at the sender; it is not shown again)"
-               if secret else "  unsigned: deliveries are recorded as unverified and never rung"),
+               if secret else UNSIGNED_WARNING),
         )
+        if not secret and options.get("json"):
+            self.stderr.write(UNSIGNED_WARNING.strip())  # stdout holds only the JSON object

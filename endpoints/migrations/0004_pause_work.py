@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('endpoints', '0002_presence'),
+        ('endpoints', '0003_accept_unverified'),
     ]
 
     operations = [
