@@ -234,6 +234,11 @@ def _output_schema(properties: dict, *alternatives) -> dict:
 
 
 _TODO_RESULT = _output_schema({"todo": _TODO_OUTPUT}, ["todo"])
+_PRESENCE_RESULT = _output_schema({
+    "presence": {"type": "string", "enum": ["in", "out"]},
+    "override_until": {"type": "string", "description": "Present while an operator override "
+                       "decides presence: when it ends (ISO-8601 UTC)."},
+}, ["presence"])
 OUTPUT_SCHEMAS = {
     "list_todos": _output_schema({
         "todos": {"type": "array", "items": _TODO_OUTPUT},
@@ -241,18 +246,19 @@ OUTPUT_SCHEMAS = {
         "has_more": {"type": "boolean"},
     }, ["todos", "next_cursor", "has_more"]),
     "claim": _TODO_RESULT,
-    "claim_next": _output_schema({"todo": _TODO_OUTPUT, "empty": {"type": "boolean"}},
-                                 ["todo"], ["empty"]),
+    "claim_next": _output_schema({
+        "todo": _TODO_OUTPUT, "empty": {"type": "boolean"},
+        "paused": {"type": "array", "items": {"type": "string"},
+                   "description": 'With empty: every queue asked for is paused ("*": all).'},
+    }, ["todo"], ["empty"]),
     "heartbeat": _TODO_RESULT,
     "complete": _TODO_RESULT,
     "fail": _TODO_RESULT,
     "release": _TODO_RESULT,
     "read_secret": _output_schema({"ref": {"type": "string"}, "value": {"type": "string"}},
                                   ["ref", "value"]),
-    "clock_in": _output_schema({"presence": {"type": "string", "enum": ["in", "out"]}},
-                               ["presence"]),
-    "clock_out": _output_schema({"presence": {"type": "string", "enum": ["in", "out"]}},
-                                ["presence"]),
+    "clock_in": _PRESENCE_RESULT,
+    "clock_out": _PRESENCE_RESULT,
 }
 assert set(OUTPUT_SCHEMAS) == set(TOOL_SCHEMAS)
 
@@ -384,7 +390,7 @@ def _refusals(endpoint, verbs) -> str:
     if "complete" in verbs:
         codes.append("already_done")
     if "claim" in verbs:
-        codes.append("paused (the operator paused that queue; claim_next says so too)")
+        codes.append("paused (the operator paused that queue)")
     codes += ["verb_not_allowed", "invalid_argument (names the argument to fix)"]
     return "Refusals are isError results with error.code: " + ", ".join(codes) + "."
 

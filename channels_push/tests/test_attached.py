@@ -259,3 +259,16 @@ def test_an_open_stream_renews_its_lease_while_it_is_busy(vend, monkeypatch):
 
     expired, renewed = async_to_sync(scenario)()
     assert renewed > expired + queries.STREAM_LEASE - timedelta(seconds=5)
+
+
+@pytest.mark.django_db
+def test_paused_and_override_answers_validate_against_the_output_schemas(endpoint):
+    import jsonschema
+
+    from channels_push import mcp_tools
+
+    paused = {"empty": True, "paused": ["*"]}
+    override = {"presence": "out", "override_until": "2099-01-01T00:00:00Z"}
+    jsonschema.validate(paused, mcp_tools.OUTPUT_SCHEMAS["claim_next"])
+    jsonschema.validate(override, mcp_tools.OUTPUT_SCHEMAS["clock_in"])
+    assert "paused" in mcp_tools.OUTPUT_SCHEMAS["claim_next"]["properties"]
