@@ -7,10 +7,12 @@ credentials go through ``endpoints.transitions`` like the commands do.
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.template.response import TemplateResponse
 from django.utils.html import format_html_join
 from django.utils.safestring import mark_safe
+from django.urls import reverse
 from django.utils import timezone
+
+from switchboard import admin_pages
 
 from . import transitions
 from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint
@@ -63,15 +65,12 @@ class CredentialInline(admin.TabularInline):
 
 
 def show_credentials_once(request, credentials, *, title):
-    """A page with freshly minted credentials: the only time they are ever displayed. Not a
-    message: messages may sit in a cookie."""
-    rows = [(slug, f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{slug}", credential)
-            for slug, credential in credentials]
-    response = TemplateResponse(request, "admin/endpoints/credentials_once.html", {
-        **admin.site.each_context(request), "title": title, "credentials": rows,
-    })
-    response["Cache-Control"] = "no-store"
-    return response
+    """A page with freshly minted credentials: the only time they are ever displayed."""
+    return admin_pages.show_secrets_once(
+        request, title=title, headers=["endpoint", "MCP URL", "credential"],
+        rows=[(slug, f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{slug}", credential)
+              for slug, credential in credentials],
+        back_url=reverse("admin:endpoints_endpoint_changelist"))
 
 
 @admin.register(Endpoint)

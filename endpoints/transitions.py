@@ -18,7 +18,7 @@ from django.utils import timezone
 from channels_push import publish
 
 from .models import (ALL_QUEUES, Credential, Endpoint, EndpointEvent, Presence, hash_credential,
-                     next_shift_boundary)
+                     next_shift_boundary, validate_shift_schedule)
 
 log = logging.getLogger("switchboard.endpoints")
 
@@ -94,6 +94,24 @@ def set_presence(endpoint: Endpoint, presence: str, *, until=None, now=None) -> 
     for name in ("presence_state", "presence_override", "presence_override_until",
                  "presence_hold_until"):
         setattr(endpoint, name, getattr(row, name))
+    return before, row.presence_at(now)
+
+
+def set_shift_schedule(endpoint: Endpoint, *, timezone_name: str, windows: list,
+                       now=None) -> tuple[str, str]:
+    """Replace ``endpoint``'s shift schedule (validated as the model's clean() does: at most
+    SWITCHBOARD_MAX_SHIFT_WINDOWS windows; raises ValidationError, writing nothing). Returns
+    its effective presence ``(before, after)``, read under the same row lock; when that turned
+    presence in, waiting work arrives as one digest (reason ``operator``) after commit."""
+    validate_shift_schedule(windows, timezone_name)
+    now = now or timezone.now()
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        before = row.presence_at(now)
+        row.shift_timezone, row.shift_schedule = timezone_name, windows
+        row.save(update_fields=["shift_timezone", "shift_schedule"])
+        endpoint.shift_timezone, endpoint.shift_schedule = timezone_name, windows
+        _announce_if_turned_in(endpoint, before, row.presence_at(now), reason="operator", now=now)
     return before, row.presence_at(now)
 
 

@@ -1,7 +1,8 @@
 """Admin for webhooks (routes inline, secret rotation), deliveries and operator API tokens.
 
-Secrets are never rendered: a minted webhook secret or API token is shown once, in the success
-message of the action that made it.
+Secrets are never rendered: a minted API token is shown once, on a page of its own
+(switchboard.admin_pages); a minted webhook secret once, in the success message of the action
+that made it.
 
 A staff operator who is not a superuser sees and changes only their own rows: their webhooks,
 the deliveries attributed to them, their API tokens; routes may point only at their endpoints,
@@ -12,9 +13,11 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
+from django.urls import reverse
 from django.utils.html import format_html
 
 from endpoints.models import Endpoint
+from switchboard import admin_pages
 
 from . import transitions
 from .models import DeliveryEvent, OperatorToken, Route, Webhook
@@ -183,8 +186,16 @@ class OperatorTokenAdmin(admin.ModelAdmin):
             obj.user = request.user
         row, token = transitions.mint_operator_token(user=obj.user, name=obj.name)
         obj.pk = row.pk
-        self.message_user(request, format_html(
-            "API token for {} (shown only now): <code>{}</code>", obj.user, token), messages.SUCCESS)
+        request._minted_token = token  # for response_add's page, never a message
+
+    def response_add(self, request, obj, post_url_continue=None):
+        token = getattr(request, "_minted_token", None)
+        if token is None:
+            return super().response_add(request, obj, post_url_continue)
+        return admin_pages.show_secrets_once(
+            request, title=f"API token for {obj.user}", headers=["operator", "name", "token"],
+            rows=[(obj.user.get_username(), obj.name, token)],
+            back_url=reverse("admin:ingest_operatortoken_changelist"))
 
     @admin.action(description="Revoke selected tokens")
     def revoke(self, request, queryset):

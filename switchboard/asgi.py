@@ -22,6 +22,7 @@ from django.urls import re_path  # noqa: E402
 
 from channels_push import board_stream, mcp_transport, plain_http, publish  # noqa: E402
 from ingest import views as ingest_views  # noqa: E402
+from switchboard import client_address  # noqa: E402
 
 http_routes = [
     # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
@@ -47,4 +48,5 @@ router = ProtocolTypeRouter({"http": URLRouter(http_routes)})
 async def application(scope, receive, send):
     # After-commit publishes from request threads are handed to this (the server's) loop.
     publish.bind_server_loop(asyncio.get_running_loop())
-    return await router(scope, receive, send)
+    # Behind the reverse proxy, every route sees the client's address, not the proxy's.
+    return await router(client_address.scope_with_client_address(scope), receive, send)

@@ -10,6 +10,7 @@ Two runtime modes fall out of two variables:
 A malformed value fails at import time with a message naming the variable.
 """
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -36,13 +37,26 @@ def _typed(name, cast, default, *, minimum=None):
     return value
 
 
+def _make_private_file(path: Path) -> bool:
+    """Create ``path`` readable by its owner only (0600) if it is missing, and tighten it if an
+    older version left it wider. True when this call created it."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        try:
+            path.chmod(0o600)
+        except PermissionError:  # someone else's file: theirs to fix, not a reason to stop
+            pass
+        return False
+
+
 def _dev_secret_key():
     """Generated once into var/ so sessions survive restarts of the embedded default."""
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     key_file = VAR_DIR / "secret_key"
-    if not key_file.exists():
+    if _make_private_file(key_file):  # 0600 from the first byte, not chmod-ed after writing
         key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
     return key_file.read_text().strip()
 
 
@@ -199,6 +213,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Tests need a file (threads and child processes share it), next to the database it mirrors.
     _sqlite_file = Path(DATABASES["default"]["NAME"])
     _sqlite_file.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet
+    # The ledger holds payloads and secrets' ciphertexts: 0600. SQLite gives the -wal and -shm
+    # files it creates the database file's mode, so creating the database first covers them.
+    for _suffix in ("", "-wal", "-shm"):
+        _path = Path(f"{_sqlite_file}{_suffix}")
+        if (not _suffix or _path.exists()) and str(_sqlite_file) != ":memory:":
+            _make_private_file(_path)
     DATABASES["default"].setdefault("TEST", {})["NAME"] = str(
         _sqlite_file.with_name("test_" + _sqlite_file.name))
 else:
@@ -235,6 +255,36 @@ else:
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# -- production posture (issue 15: metrics access, the reverse proxy, secrets at rest) --------
+# Production = a configured database and DEBUG off; the embedded default (no DATABASE_URL) and
+# DEBUG runs are not. /metrics is off in production unless SWITCHBOARD_METRICS_TOKEN is set
+# (superusers always read it); operator secrets need a key of their own there.
+SWITCHBOARD_PRODUCTION = not EMBEDDED and not DEBUG
+# Windows per endpoint shift schedule (§12): a clock in/out derives them all under a row lock.
+SWITCHBOARD_MAX_SHIFT_WINDOWS = _typed("SWITCHBOARD_MAX_SHIFT_WINDOWS", env.int, 50, minimum=1)
+# Reverse proxies whose X-Forwarded-For is believed (switchboard/client_address.py): addresses,
+# networks, or "unix" for daphne on a unix socket. Empty: the peer is the client.
+SWITCHBOARD_TRUSTED_PROXIES = _typed("SWITCHBOARD_TRUSTED_PROXIES", env.list, [])
+from switchboard.client_address import parse_trusted_proxies  # noqa: E402 - checked at start
+
+parse_trusted_proxies(tuple(SWITCHBOARD_TRUSTED_PROXIES))
+if SWITCHBOARD_PRODUCTION:
+    if not SWITCHBOARD_SECRETS_KEY.strip(" ,"):
+        raise ImproperlyConfigured(
+            "SWITCHBOARD_SECRETS_KEY is required in production (DATABASE_URL set, DEBUG off): "
+            "a Fernet key of its own for secrets at rest, not derived from SECRET_KEY. Generate "
+            "one with: python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())'")
+    from cryptography.fernet import Fernet
+
+    for _key in [k.strip() for k in SWITCHBOARD_SECRETS_KEY.split(",") if k.strip()]:
+        try:
+            Fernet(_key)
+        except ValueError:
+            raise ImproperlyConfigured(
+                "SWITCHBOARD_SECRETS_KEY: not a Fernet key (32 url-safe base64-encoded bytes; "
+                "several keys are separated by commas, newest first)") from None
 
 # -- redis: channel layer and Celery ---------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")

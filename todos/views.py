@@ -7,6 +7,7 @@ username becomes the lease owner and the event actor, exactly as a session id do
 The live part (``/todos/events``) is a Channels consumer in ``channels_push/board_stream.py``.
 """
 
+import hashlib
 import hmac
 import json
 from pathlib import Path
@@ -274,34 +275,49 @@ def pause_endpoint(request, slug, action):
 # -- /metrics ------------------------------------------------------------------------------------
 
 
-# Without a token, /metrics answers only local scrapers and signed-in staff: its labels name
-# every operator's endpoints and queues, which one operator must not read about another's.
+# /metrics labels name every operator's endpoints and queues, which one operator must not read
+# about another's (every operator is staff): it answers a scraper's bearer token or a superuser.
+# With no token configured it is off in production; the embedded default answers loopback
+# scrapers (REMOTE_ADDR is the client's, not a trusted proxy's: switchboard/client_address.py).
 LOOPBACK_ADDRESSES = frozenset({"127.0.0.1", "::1"})
 
 
-def _metrics_token_ok(request) -> bool:
-    token = getattr(settings, "SWITCHBOARD_METRICS_TOKEN", "")
-    if not token:
-        user = getattr(request, "user", None)
-        return request.META.get("REMOTE_ADDR") in LOOPBACK_ADDRESSES or bool(
-            user is not None and user.is_authenticated and user.is_staff)
-    header = request.headers.get("Authorization", "")
-    presented = header[len("Bearer "):] if header.startswith("Bearer ") else ""
-    return hmac.compare_digest(presented.encode(), token.encode())
+def _refuse_metrics(request) -> HttpResponse | None:
+    """None when ``request`` may read /metrics, else the refusal to send."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_superuser:
+        return None
+    token = settings.SWITCHBOARD_METRICS_TOKEN
+    if token:
+        header = request.headers.get("Authorization", "")
+        presented = header[len("Bearer "):] if header.startswith("Bearer ") else ""
+        # Digests first: compare_digest is constant-time only between equal lengths.
+        if hmac.compare_digest(hashlib.sha256(presented.encode()).digest(),
+                               hashlib.sha256(token.encode()).digest()):
+            return None
+        if user is not None and user.is_authenticated:
+            return HttpResponse("metrics are for superusers and the scraper's token\n",
+                                status=403, content_type="text/plain")
+        response = HttpResponse("metrics need the bearer token\n", status=401,
+                                content_type="text/plain")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    if not settings.SWITCHBOARD_PRODUCTION and (
+            request.META.get("REMOTE_ADDR") in LOOPBACK_ADDRESSES):
+        return None
+    return HttpResponse("not found\n", status=404, content_type="text/plain")
 
 
 @require_GET
 @never_cache
 def metrics(request):
-    """Prometheus text exposition. With SWITCHBOARD_METRICS_TOKEN set, that token is required
-    as a bearer (scrapers send it with ``authorization``); without it, only loopback scrapers
-    and signed-in staff get an answer."""
+    """Prometheus text exposition, for a superuser or the bearer SWITCHBOARD_METRICS_TOKEN
+    (without a token: nobody else in production, loopback on the embedded default)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     from channels_push import metrics as push_metrics
 
-    if not _metrics_token_ok(request):
-        response = HttpResponse("metrics need the bearer token\n", status=401, content_type="text/plain")
-        response["WWW-Authenticate"] = "Bearer"
-        return response
+    refusal = _refuse_metrics(request)
+    if refusal is not None:
+        return refusal
     return HttpResponse(generate_latest(push_metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -49,14 +49,19 @@ def test_adding_a_webhook_in_admin_mints_a_secret(admin_client, operator):
     assert webhook.secret in answer.content.decode()
 
 
-def test_adding_a_token_in_admin_shows_it_once(admin_client, operator):
+def test_adding_a_token_in_admin_shows_it_once_on_a_page_of_its_own(admin_client, operator):
+    """Not in a Django message: messages may ride in a cookie (signed, not encrypted) and are
+    shown again on the next page."""
     answer = admin_client.post("/admin/ingest/operatortoken/add/",
-                               {"user": operator.pk, "name": "laptop"}, follow=True)
-    assert answer.status_code == 200
+                               {"user": operator.pk, "name": "laptop"})
+    assert answer.status_code == 200 and "no-store" in answer["Cache-Control"]
     row = OperatorToken.objects.get(name="laptop")
     html = answer.content.decode()
     token = html[html.index("sbo_"):].split("<")[0]
     assert queries.find_operator_for_token(token) == operator and row.user == operator
+    assert all(token not in cookie.value for cookie in answer.cookies.values())
+    assert token not in str(dict(admin_client.session))
+    assert token not in admin_client.get("/admin/ingest/operatortoken/").content.decode()
 
 
 # -- route checks in the admin (the same as add_webhook_route's) -------------------------------
