@@ -659,6 +659,21 @@ def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None
                     queues=tuple(sorted(set(queues))) if queues is not None else None)
 
 
+def release_undelivered_claim(endpoint, session_id: str, envelope: dict) -> str | None:
+    """A long poll claimed a todo for a client that left before the answer could be sent:
+    give the todo back at once (refunding the attempt, fenced by the lease just granted)
+    instead of letting it sit under a lease nobody holds. Returns the todo id released."""
+    todo = ((envelope.get("result") or {}).get("structuredContent") or {}).get("todo") or {}
+    if not todo.get("lease_id"):
+        return None
+    try:
+        transitions.release_todo(transitions.Caller.agent(endpoint, session_id), todo["id"],
+                                 lease_id=todo["lease_id"])
+    except transitions.Refusal:
+        return None  # the lease is gone already (lapsed, overridden): nothing to give back
+    return todo["id"]
+
+
 def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallToolResult:
     """Run one tools/call for a session of ``endpoint``. Raises ToolCallError for a malformed
     call (unknown tool, ``arguments`` not an object); every other outcome, argument errors and

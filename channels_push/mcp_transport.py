@@ -293,6 +293,20 @@ def answer_post(request: plain_http.Request, *, woken: bool = False) -> Answer:
     return answer
 
 
+def release_claim_of_departed_client(request: plain_http.Request, answer: Answer) -> None:
+    """The client of a woken long poll left between the claim and its answer: the claim is
+    given back (the bearer is checked again: a client gone is no reason to act for a revoked
+    one)."""
+    endpoint, refusal = _authorize(request, rate_limited=False)
+    if refusal:
+        return
+    released = mcp_tools.release_undelivered_claim(
+        endpoint, answer.headers["Mcp-Session-Id"], json.loads(answer.body))
+    if released is not None:
+        log.info("mcp long poll client left after its claim; released",
+                 extra={"slug": request.slug, "todo_id": released})
+
+
 def answer_delete(request: plain_http.Request) -> Answer:
     """End the session; its streams (on any process) are closed by the caller's group send."""
     endpoint, refusal = _authorize(request)
@@ -533,6 +547,11 @@ class McpEndpoint:
                     if streaming:
                         await send({"type": "http.response.body", "more_body": True,
                                     "body": self._keepalive_frames(answer, poll, started)})
+            if answer.long_poll is None:
+                await asyncio.sleep(0)  # a disconnect the server already queued lands here
+                if disconnect.done() and disconnect.result().get("type") == "http.disconnect":
+                    await self._sync(release_claim_of_departed_client)(request, answer)
+                    return
             if not streaming:
                 await plain_http.send_answer(send, answer)
                 return
