@@ -10,6 +10,8 @@ class ChannelsPushConfig(AppConfig):
         # The doorbell rides the one after-commit publish path (STYLE: side effects only after
         # commit): a ready todo rings once its transaction has committed, never before.
         publish.add_listener(doorbells.ring_ready_todo)
+        # Presence turned in / paused work resumed (endpoints.transitions): one digest.
+        publish.add_endpoint_listener(doorbells.digest_on_endpoint_change)
 
         # A logout ends the board streams its Django session opened (CONTRACT §12). The signal,
         # not a view: the board's logout, the admin's and OIDC's all end in auth.logout, which

@@ -8,9 +8,8 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from . import doorbells, mcp_transport, publish
+from . import doorbells, publish, queries
 from . import transitions as session_transitions
-from .models import McpSession
 
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint, Presence
@@ -21,20 +20,16 @@ IDLE_SESSION_BATCH = 1000
 # One pass ends at most this many sessions whose credential lost its rights: the same
 # reasoning (a rotation with no grace ends a whole pool's sessions at once).
 REVOKED_SESSION_BATCH = 1000
-# An open stream refreshes its session every STREAM_TOUCH_INTERVAL; silence for two of those
-# (plus a keep-alive of slack) means the process that held it is gone.
-STREAM_SILENCE = 2 * mcp_transport.STREAM_TOUCH_INTERVAL + timedelta(
-    seconds=mcp_transport.KEEPALIVE_SECONDS)
 
 
 def expire_idle_sessions(*, now=None) -> int:
     """End sessions idle longer than SWITCHBOARD_MCP_SESSION_IDLE (no request, no open stream
     keeping them seen) and sessions whose credential lost its rights (§12), and zero the
-    stream counts of sessions whose streams died with their process. Each step is one bounded
-    batch; ended sessions are deleted a day later by the retention sweep
-    (ingest.sweeps.prune_history). Returns how many sessions ended."""
+    stream counts of sessions whose streams died with their process (their stream lease ran
+    out). Each step is one bounded batch; ended sessions are deleted a day later by the
+    retention sweep (ingest.sweeps.prune_history). Returns how many sessions ended."""
     now = now or timezone.now()
-    session_transitions.reset_stale_stream_counts(silent_before=now - STREAM_SILENCE)
+    session_transitions.reset_stale_stream_counts(now=now)
     ended = session_transitions.end_sessions_without_rights(limit=REVOKED_SESSION_BATCH, now=now)
     ended += session_transitions.expire_idle_sessions(
         idle_before=now - settings.SWITCHBOARD_MCP_SESSION_IDLE, limit=IDLE_SESSION_BATCH, now=now,
@@ -55,12 +50,12 @@ RINGS_PER_SWEEP = 3
 
 def find_ring_receivers(*, now) -> list[int]:
     """Endpoints that can receive a ring now: active, effectively ``in`` (§8: a clocked-out
-    endpoint keeps its whole ring budget), with at least one attached (live) session — with or
-    without an open stream: the doorbell falls back to a streamless session, and a push dropped
-    at the transport still counts (SPEC-0011). Presence needs the schedule's time-zone math, so
+    endpoint keeps its whole ring budget), with at least one attached session (an open stream,
+    or a request within the attach window: ``queries.attached_sql``) — with or without an open
+    stream: the doorbell falls back to a streamless session, and a push dropped at the
+    transport still counts (SPEC-0011). Paused queues are left out by the sweep's statement. Presence needs the schedule's time-zone math, so
     it is evaluated here, over the few endpoints that have a live session."""
-    endpoint_ids = (McpSession.objects.filter(terminated_at__isnull=True, endpoint__active=True)
-                    .values_list("endpoint_id", flat=True).distinct())
+    endpoint_ids = queries.attached_endpoint_ids(now)
     return [endpoint.pk for endpoint in Endpoint.objects.filter(pk__in=endpoint_ids)
             if endpoint.presence_at(now) == Presence.IN]
 

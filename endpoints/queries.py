@@ -11,20 +11,22 @@ from switchboard import statements
 from .models import Endpoint, hash_credential
 
 
-def credential_rights_sql(credential: str = "c", endpoint: str = "e",
-                          owner: str = "u") -> tuple[str, str]:
+def credential_rights_sql(credential: str = "c", endpoint: str = "e", owner: str = "u", *,
+                          now_param: str = "now") -> tuple[str, str]:
     """``(joins, condition)``, over a credential row aliased ``credential``, that hold only while
     that credential still gives its rights (CONTRACT §12): unexpired (or in its rotation grace),
     its endpoint active, the endpoint's owner active. The one spelling of that rule, shared by
     the bearer check of every MCP request and the re-check of every stream keep-alive (and the
-    sweep that ends sessions whose credential lost its rights). Expects ``%(now)s``."""
+    sweep that ends sessions whose credential lost its rights). Expects the time as the named
+    parameter ``now_param``."""
     users = get_user_model()._meta.db_table
     joins = (
         f" JOIN endpoints_endpoint {endpoint} ON {endpoint}.id = {credential}.endpoint_id"
         f" AND {endpoint}.active"
         f" JOIN {users} {owner} ON {owner}.id = {endpoint}.owner_id AND {owner}.is_active"
     )
-    return joins, f"({credential}.expires_at IS NULL OR {credential}.expires_at > %(now)s)"
+    return joins, (f"({credential}.expires_at IS NULL"
+                   f" OR {credential}.expires_at > %({now_param})s)")
 
 
 def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_sql: str = "",

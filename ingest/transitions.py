@@ -9,6 +9,7 @@ back, and a Redis outage cannot fail the write (the publish helper logs and drop
 
 import base64
 import hashlib
+import logging
 import secrets
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,6 +25,8 @@ from todos import transitions as todo_transitions
 from .models import (DeliveryEvent, OperatorSecret, OperatorToken, Route, Source, TrustMode,
                      Webhook)
 from .verification import STANDARD_SECRET_PREFIX, decode_standard_secret
+
+log = logging.getLogger("switchboard.ingest")
 
 DEFAULT_SECRET_ROTATION_GRACE = timedelta(hours=24)
 OPERATOR_SOURCE = "operator"
@@ -118,6 +121,18 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None) -> 
     return route
 
 
+def route_in_scope(route: Route) -> bool:
+    """A route whose queue its endpoint's scope no longer covers delivers nothing: the todo
+    would be one no agent of the endpoint can see, and nobody would be rung for it. Narrowing
+    a scope is refused while routes target queues outside it (``Endpoint.clean``); this guard
+    holds against a route that raced the narrowing, and says so in the log."""
+    if route.endpoint.covers(route.queue):
+        return True
+    log.warning("route skipped: queue outside its endpoint's scope", extra={
+        "webhook": route.webhook_id, "endpoint": route.endpoint.slug, "queue": route.queue})
+    return False
+
+
 def route_matches(route: Route, kind: str) -> bool:
     """An empty filter takes every kind; ``issues`` takes ``issues`` and ``issues.*``."""
     if not route.kinds:
@@ -195,7 +210,8 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     pile up empty records; the answer then names the original event.
     """
     now = now or timezone.now()
-    matching = [r for r in routes if r.endpoint.active and route_matches(r, kind)]
+    matching = [r for r in routes if r.endpoint.active and route_matches(r, kind)
+                and route_in_scope(r)]
     key = idempotency_key_for(webhook, delivery_id, body_sha256)
     first_routes = first_route_per_endpoint(routes)
     with transaction.atomic():

@@ -114,6 +114,17 @@ SWITCHBOARD_STREAM_KEEPALIVE_SECONDS = _typed(
 SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL = _typed(
     "SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL", env.int, 32, minimum=1)
 SWITCHBOARD_MAX_OPEN_STREAMS = _typed("SWITCHBOARD_MAX_OPEN_STREAMS", env.int, 4, minimum=1)
+# A session counts as attached (a receiver for doorbells, sweeps and digests, §7) while it has
+# an open notification stream, or made a request within this window: a client that vanished
+# without DELETE stops costing ring budget after it, not after the idle limit above.
+SWITCHBOARD_ATTACH_WINDOW = timedelta(
+    seconds=_typed("SWITCHBOARD_ATTACH_WINDOW_SECONDS", env.int, 120, minimum=1)
+)
+# A notification stream whose client has not drained this many bytes (frames the transport
+# has not yet written to the socket) drops new doorbells instead of buffering them (§7).
+SWITCHBOARD_STREAM_BUFFER_BYTES = _typed(
+    "SWITCHBOARD_STREAM_BUFFER_BYTES", env.int, 256 * 1024, minimum=1024
+)
 # A long-polling claim_next (§6) answering over SSE sends a keep-alive comment this often, below
 # the 30-60 s idle cut of common proxies (tests shorten it).
 SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS = _typed(

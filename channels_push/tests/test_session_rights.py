@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from channels_push import mcp_transport, sweeps
+from channels_push import mcp_transport, queries, sweeps
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver
@@ -107,11 +107,14 @@ def test_a_revoked_session_is_never_chosen_for_a_doorbell(mcp):
 
     mcp.initialize()
     todo = make_ready_todo(mcp.endpoint)
-    McpSession.objects.filter(pk=mcp.session_id).update(open_streams=1)
+    # Attached by every measure: a stream open under a live lease, and a request just now.
+    McpSession.objects.filter(pk=mcp.session_id).update(
+        open_streams=1, stream_lease_until=timezone.now() + timedelta(minutes=5))
+    assert queries.has_attached_session(mcp.endpoint.pk, timezone.now())
     Credential.objects.filter(endpoint=mcp.endpoint).update(expires_at=timezone.now())
-    assert session_transitions.choose_doorbell_session(
-        endpoint_id=mcp.endpoint.pk, todo_id=todo.pk) is None
-    assert session_transitions.find_ringable_session_ids(endpoint_id=mcp.endpoint.pk) == []
+    assert session_transitions.choose_sessions(
+        endpoint_id=mcp.endpoint.pk, limit=1, todo_id=todo.pk) == []
+    assert not queries.has_attached_session(mcp.endpoint.pk, timezone.now())
 
 
 def _row_version(session_id):
@@ -141,15 +144,15 @@ def test_idle_stream_keep_alives_write_nothing_to_the_database(mcp):
     assert before == after
 
 
-def test_a_stream_refreshes_its_session_only_when_the_touch_interval_passed(mcp):
+def test_a_keep_alive_re_check_writes_only_when_it_ends_the_session(mcp):
     mcp.initialize()
-    stale = timezone.now() - mcp_transport.STREAM_TOUCH_INTERVAL * 2
-    McpSession.objects.filter(pk=mcp.session_id).update(last_seen_at=stale)
+    before = _row_version(mcp.session_id) if connection.vendor == "postgresql" else None
     assert mcp_transport.keep_stream_alive(mcp.session_id)
-    assert McpSession.objects.get(pk=mcp.session_id).last_seen_at > stale
-    fresh = McpSession.objects.get(pk=mcp.session_id).last_seen_at
-    assert mcp_transport.keep_stream_alive(mcp.session_id)
-    assert McpSession.objects.get(pk=mcp.session_id).last_seen_at == fresh
+    if before is not None:
+        assert _row_version(mcp.session_id) == before
+    Credential.objects.filter(endpoint=mcp.endpoint).update(expires_at=timezone.now())
+    assert not mcp_transport.keep_stream_alive(mcp.session_id)
+    assert McpSession.objects.get(pk=mcp.session_id).terminated_at is not None
 
 
 def test_300_initializes_on_one_credential_leave_at_most_32_live_sessions(mcp):
