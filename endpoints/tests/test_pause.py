@@ -18,7 +18,7 @@ from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from endpoints import transitions
 from endpoints.models import Endpoint
-from tests.factories import EndpointFactory, UserFactory
+from tests.factories import EndpointFactory, UserFactory, credential_for
 from todos import transitions as todo_transitions
 
 pytestmark = pytest.mark.django_db
@@ -84,7 +84,7 @@ def test_claim_next_through_mcp_answers_paused(operator):
 
 def test_doorbells_and_sweeps_hold_for_a_paused_queue(endpoint):
     now = timezone.now()
-    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
     session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk)
     transitions.pause_work(endpoint, queue="reviews", actor="alice")
     held = make_ready_todo(endpoint, "reviews", now=now - timedelta(minutes=10))
