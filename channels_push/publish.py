@@ -268,3 +268,9 @@ def send_to_group(group: str, message: dict, *, context: dict) -> bool:
     if layer is None:
         return False
     return _sender.submit(lambda: layer.group_send(group, message), {"group": group, **context})
+
+
+def send_to_group_on_commit(group: str, message: dict, *, context: dict) -> None:
+    """``send_to_group`` once the surrounding transaction commits (at once when there is none):
+    never announce a row that may roll back."""
+    transaction.on_commit(lambda: send_to_group(group, message, context=context))

@@ -13,7 +13,8 @@ from switchboard import statements
 from todos.models import Todo
 from todos.transitions import Refusal
 
-from .models import SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, Webhook
+from .models import (SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, Webhook,
+                     unseal_text)
 
 
 # The ingest hot path's one read. Written as SQL because the ORM's select_related over three
@@ -51,6 +52,8 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
     webhook_width, route_width = len(_WEBHOOK_FIELDS), len(_ROUTE_FIELDS)
     first = rows[0]
     webhook_values = list(first[:webhook_width])
+    webhook_values[4] = unseal_text(webhook_values[4])
+    webhook_values[5] = unseal_text(webhook_values[5])
     webhook_values[6] = _datetime(webhook_values[6])
     webhook_values[8] = _datetime(webhook_values[8])
     webhook = Webhook.from_db(db, _WEBHOOK_FIELDS, webhook_values)
@@ -119,3 +122,9 @@ def read_secret(caller, ref) -> dict:
         # The secrets key changed without keeping the old one (SWITCHBOARD_SECRETS_KEY list).
         raise Refusal("not_found", f"secret {ref} can no longer be decrypted") from None
     return {"ref": ref, "value": value}
+
+
+def todos_of_delivery_event(event_id) -> list:
+    """The todos one delivery event created, endpoints loaded, oldest first."""
+    return list(Todo.objects.filter(delivery_event_id=event_id).select_related("endpoint")
+                .order_by("id"))

@@ -188,7 +188,7 @@ def test_previous_secret_accepted_over_http_during_rotation(make_webhook):
     webhook = make_webhook("github")
     transitions.rotate_webhook_secret(webhook, secret="the-new-secret-0123456789")
     assert deliver(webhook).status_code == 202  # signed with the old secret
-    body = signing.body_of(ISSUE)
+    body = signing.body_of({**ISSUE, "action": "edited"})  # another event, not a replay
     answer = post_hook(webhook.slug, body,
                        signing.github("the-new-secret-0123456789", body))
     assert answer.status_code == 202
@@ -348,9 +348,9 @@ def test_the_asgi_routing_serves_hooks_with_answer_hook():
 @override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=3)
 def test_rate_limit_is_429_with_retry_after(make_webhook):
     webhook = make_webhook("github")
-    statuses = [deliver(webhook).status_code for _ in range(4)]
+    statuses = [deliver(webhook, {**ISSUE, "n": n}).status_code for n in range(4)]
     assert statuses == [202, 202, 202, 429]
-    answer = deliver(webhook)
+    answer = deliver(webhook, {**ISSUE, "n": 4})
     assert answer.status_code == 429
     assert 1 <= int(answer["Retry-After"]) <= 60
     assert answer.json()["error"]["code"] == "rate_limited"
