@@ -256,3 +256,62 @@ class BoardStreamConsumer(AsyncConsumer):
             "headers": [(b"content-type", b"text/plain; charset=utf-8")],
         })
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class GroupStreamConsumer(AsyncConsumer):
+    """A board page's live stream of one channel-layer group (a webhook page's deliveries,
+    CONTRACT §14): ``authorize(user, url_kwargs)`` — a sync function the routing file passes
+    in, run in one database hop — names the group the signed-in user may watch, or None (403).
+    Then, as for the Todos board: join the group FIRST, send ``sync`` (the page re-fetches),
+    and forward each ``stream.event`` message as an SSE event of its ``event`` name; keep-alive
+    comments in between. The messages carry ids and outcomes, never a body."""
+
+    def __init__(self, authorize, keepalive_interval: timedelta = KEEPALIVE_INTERVAL):
+        self.authorize = authorize
+        self.keepalive_interval = keepalive_interval
+        self.group = None
+        self.keepalive_task = None
+        self.closed = False
+
+    async def http_request(self, message):
+        if message.get("more_body"):
+            return
+        user = self.scope.get("user")
+        group = None
+        if user is not None and user.is_authenticated:
+            kwargs = self.scope.get("url_route", {}).get("kwargs", {})
+            group = await database_sync_to_async(self.authorize)(user, kwargs)
+        if group is None:
+            await self.send({"type": "http.response.start", "status": 403,
+                             "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+            await self.send({"type": "http.response.body", "body": b"not yours to watch\n"})
+            raise StopConsumer()
+        await self.send({
+            "type": "http.response.start", "status": 200,
+            "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache, no-store"), (b"x-accel-buffering", b"no")],
+        })
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.group = group
+        await self.send_chunk(format_retry(RECONNECT_DELAY) + format_event("sync", {}))
+        self.keepalive_task = asyncio.ensure_future(self.keep_alive())
+
+    async def stream_event(self, message):
+        if self.group is not None and not self.closed:
+            await self.send_chunk(format_event(message["event"], message.get("data", {})))
+
+    async def http_disconnect(self, message):
+        self.closed = True
+        if self.keepalive_task is not None:
+            self.keepalive_task.cancel()
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        raise StopConsumer()
+
+    async def keep_alive(self):
+        while not self.closed:
+            await asyncio.sleep(self.keepalive_interval.total_seconds())
+            await self.send_chunk(format_comment("keep-alive"))
+
+    async def send_chunk(self, body: bytes):
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})

@@ -40,11 +40,19 @@ async def run_every(sweep, interval_seconds: float):
 
 
 def embedded_sweeps():
-    """Every (sweep, interval) pair the embedded scheduler runs. Apps list their own."""
-    from channels_push import sweeps as session_sweeps
-    from todos import sweeps as todo_sweeps
+    """Every (sweep, interval) pair the embedded scheduler runs. Apps list their own, as
+    ``EMBEDDED_SWEEPS`` in their ``sweeps`` module; found through the app registry so this
+    module imports no app (channels_push never imports ingest)."""
+    from importlib import import_module
 
-    return list(todo_sweeps.EMBEDDED_SWEEPS) + list(session_sweeps.EMBEDDED_SWEEPS)
+    from django.apps import apps
+    from django.utils.module_loading import module_has_submodule
+
+    found = []
+    for app in apps.get_app_configs():
+        if module_has_submodule(app.module, "sweeps"):
+            found.extend(getattr(import_module(f"{app.name}.sweeps"), "EMBEDDED_SWEEPS", ()))
+    return found
 
 
 def start(loop=None) -> list:

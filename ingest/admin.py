@@ -1,7 +1,9 @@
-"""Admin for webhooks (routes inline, secret rotation), deliveries and operator API tokens.
+"""Admin for webhooks (routes inline, secret rotation), deliveries, the delivery log and
+operator API tokens.
 
-Secrets are never rendered: a minted webhook secret or API token is shown once, in the success
-message of the action that made it.
+Secrets are never rendered again: a new webhook secret is shown once, on a page of its own
+(never in a message, which may sit in a cookie), as endpoint credentials are; an API token is
+shown once in the success message of the action that made it.
 
 A staff operator who is not a superuser sees and changes only their own rows: their webhooks,
 the deliveries attributed to them, their API tokens; routes may point only at their endpoints,
@@ -9,15 +11,32 @@ and tokens are minted for themselves only. Superusers see everything.
 """
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
+from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.html import format_html
 
 from endpoints.models import Endpoint
 
 from . import transitions
-from .models import DeliveryEvent, OperatorToken, Route, Webhook
+from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Source, Webhook
+
+
+def show_secrets_once(request, secrets, *, title):
+    """A page with fresh webhook secrets (``[(webhook, secret)]``): the only time they are
+    displayed. Not a message: messages may sit in a cookie. An unsigned webhook gets the
+    plain warning that anyone who knows its URL can create work."""
+    rows = [(webhook.slug, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}", secret,
+             transitions.UNSIGNED_WARNING if webhook.source == Source.UNSIGNED else "")
+            for webhook, secret in secrets]
+    response = TemplateResponse(request, "admin/ingest/secrets_once.html", {
+        **admin.site.each_context(request), "title": title, "secrets": rows,
+    })
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 class RouteFormSet(BaseInlineFormSet):
@@ -61,7 +80,8 @@ class WebhookForm(forms.ModelForm):
     new_secret = forms.CharField(
         required=False, widget=forms.PasswordInput(render_value=False),
         help_text="Leave empty to mint one (shown once after saving). On an existing webhook, "
-                  "use the 'Rotate secret' action instead.",
+                  "use the 'Rotate secret' action instead. An unsigned webhook takes none: "
+                  "anyone who knows its URL can create work.",
     )
 
     class Meta:
@@ -82,11 +102,12 @@ class WebhookForm(forms.ModelForm):
 @admin.register(Webhook)
 class WebhookAdmin(admin.ModelAdmin):
     form = WebhookForm
-    list_display = ("slug", "source", "owner", "active", "route_count", "rotation")
+    list_display = ("slug", "source", "owner", "active", "route_count", "rotation",
+                    "delivery_log_link")
     list_filter = ("source", "active")
     search_fields = ("slug",)
     inlines = [RouteInline]
-    actions = ["rotate_secret"]
+    actions = ["rotate_secret", "drop_previous_secret"]
 
     def get_queryset(self, request):
         webhooks = super().get_queryset(request)
@@ -119,22 +140,37 @@ class WebhookAdmin(admin.ModelAdmin):
         secret = form.cleaned_data.get("new_secret") or transitions.mint_webhook_secret(obj.source)
         obj.secret = secret
         super().save_model(request, obj, form, change)
-        if secret:
-            self.message_user(request, format_html(
-                "Webhook {} secret (shown only now): <code>{}</code>", obj.slug, secret),
-                messages.SUCCESS)
+        request._new_webhook_secret = (obj, secret)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        created = getattr(request, "_new_webhook_secret", None)
+        if created:
+            return show_secrets_once(request, [created], title=f"Webhook {obj.slug} created")
+        return super().response_add(request, obj, post_url_continue)
 
     @admin.action(description="Rotate secret (the old one stays accepted for 24 h)")
     def rotate_secret(self, request, queryset):
+        minted = []
         for webhook in queryset:
-            if webhook.source == "unsigned":
+            if webhook.source == Source.UNSIGNED:
                 self.message_user(request, f"{webhook.slug} is unsigned; nothing to rotate",
                                   messages.WARNING)
                 continue
-            secret = transitions.rotate_webhook_secret(webhook)
-            self.message_user(request, format_html(
-                "New secret for {} (shown only now): <code>{}</code>", webhook.slug, secret),
-                messages.SUCCESS)
+            minted.append((webhook, transitions.rotate_webhook_secret(webhook)))
+        if minted:
+            return show_secrets_once(request, minted, title="New webhook secrets")
+        return None
+
+    @admin.action(description="Drop previous secret (end the rotation grace now)")
+    def drop_previous_secret(self, request, queryset):
+        count = transitions.drop_previous_webhook_secrets(queryset)
+        self.message_user(request, f"dropped the previous secret of {count} webhook(s); only "
+                                   f"the current secret verifies now")
+
+    @admin.display(description="deliveries")
+    def delivery_log_link(self, obj):
+        return format_html('<a href="{}">delivery log</a>',
+                           reverse("webhook-page", args=[obj.slug]))
 
 
 @admin.register(DeliveryEvent)
@@ -154,6 +190,32 @@ class DeliveryEventAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DeliveryRecord)
+class DeliveryRecordAdmin(admin.ModelAdmin):
+    """The delivery log (§14), read-only: every request that named a webhook."""
+
+    list_display = ("id", "at", "webhook", "outcome", "status", "kind", "delivery_id", "size",
+                    "source_address", "reason", "redelivered_from")
+    list_filter = ("outcome", "webhook")
+    search_fields = ("delivery_id", "kind", "body_sha256")
+    date_hierarchy = "at"
+    list_select_related = ("webhook",)
+
+    def get_queryset(self, request):
+        records = super().get_queryset(request)
+        return records if request.user.is_superuser else records.filter(
+            webhook__owner=request.user)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
 

@@ -128,3 +128,33 @@ def todos_of_delivery_event(event_id) -> list:
     """The todos one delivery event created, endpoints loaded, oldest first."""
     return list(Todo.objects.filter(delivery_event_id=event_id).select_related("endpoint")
                 .order_by("id"))
+
+
+def latest_deliveries(webhook, *, outcome=None, limit=200) -> list:
+    """The webhook's delivery log, newest first, each with ``todo_id_list`` filled: the todos an
+    accepted delivery created (through its event) or those a duplicate named. Two queries."""
+    from .models import DeliveryRecord
+
+    records = DeliveryRecord.objects.filter(webhook=webhook).select_related("attributed_to")
+    if outcome:
+        records = records.filter(outcome=outcome)
+    records = list(records.order_by("-id")[:limit])
+    event_ids = [r.delivery_event_id for r in records if r.delivery_event_id]
+    created = {}
+    for todo_id, event_id in (Todo.objects.filter(delivery_event_id__in=event_ids)
+                              .order_by("id").values_list("id", "delivery_event_id")):
+        created.setdefault(event_id, []).append(str(todo_id))
+    for record in records:
+        record.todo_id_list = created.get(record.delivery_event_id, []) or [
+            str(t) for t in record.todo_ids or []]
+    return records
+
+
+def delivery_as_dict(record) -> dict:
+    """One delivery log entry as ``manage.py deliveries --json`` prints it (CONTRACT §11)."""
+    return {
+        "id": str(record.pk), "at": record.at.isoformat().replace("+00:00", "Z"),
+        "outcome": record.outcome, "status": record.status, "delivery_id": record.delivery_id,
+        "kind": record.kind, "size": record.size, "todos": record.todo_id_list,
+        "redelivered_from": str(record.redelivered_from_id) if record.redelivered_from_id else None,
+    }

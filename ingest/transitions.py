@@ -35,6 +35,10 @@ from .verification import STANDARD_SECRET_PREFIX, decode_standard_secret
 log = logging.getLogger("switchboard.ingest")
 
 DEFAULT_SECRET_ROTATION_GRACE = timedelta(hours=24)
+# Said by add_webhook and the admin whenever an unsigned webhook is created (§12).
+UNSIGNED_WARNING = ("unsigned: anyone who knows this URL can create work. Deliveries are "
+                    "recorded as unverified (never rung), bodies are capped at "
+                    "SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES; keep the URL secret.")
 OPERATOR_SOURCE = "operator"
 # Operator keys live in their own namespace: "@" cannot appear in a webhook slug, so an
 # operator-chosen key can never collide with "<webhook slug>:<delivery id>".

@@ -16,12 +16,17 @@ sessions, CSRF and OIDC sign-in, and is not a hot path.
 import dataclasses
 import logging
 import re
+from pathlib import Path
 from urllib.parse import parse_qs
 
 from django.conf import settings
+from django.contrib import messages
 from django.core.validators import slug_re
 from django.db import DatabaseError
-from django.http import JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
@@ -32,9 +37,10 @@ from channels_push import plain_http
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries
+from todos import views as todo_views
 
 from . import queries, titles, transitions, verification
-from .models import Outcome, Source, TrustMode
+from .models import DeliveryRecord, Outcome, Source, TrustMode, Webhook
 
 log = logging.getLogger("switchboard.ingest")
 
@@ -531,3 +537,114 @@ def hand_over(request, endpoint_slug):
     })
     return JsonResponse({"todo": todo_queries.todo_as_dict(todo), "duplicate": not created},
                         status=201 if created else 200)
+
+
+# -- the webhook pages of the board (CONTRACT §14) -----------------------------------------------
+#
+# Per webhook the operator owns (superusers: all): URL, source, routes and the last 200
+# deliveries with their outcome, live over the board's SSE mechanism (/todos/webhooks/<slug>/events,
+# channels_push.board_stream.GroupStreamConsumer), filterable by outcome, with a redeliver
+# button on accepted deliveries.
+
+WEBHOOK_PAGE_DELIVERIES = 200
+
+
+WEBHOOK_SCRIPT = Path(__file__).resolve().parent / "static" / "ingest" / "webhook.js"
+_board_login_required = todo_views.board_login_required
+
+
+@_board_login_required
+@require_GET
+def webhook_script(request):
+    # Served by Django like the board's script: daphne serves no static files.
+    response = HttpResponse(WEBHOOK_SCRIPT.read_bytes(), content_type="text/javascript")
+    response["Cache-Control"] = "private, max-age=300"
+    return response
+
+
+def get_visible_webhook(user, slug) -> Webhook:
+    """The webhook if ``user`` may see it, else 404 (missing and forbidden look the same)."""
+    webhooks = Webhook.objects.filter(slug=slug)
+    if not user.is_superuser:
+        webhooks = webhooks.filter(owner=user)
+    webhook = webhooks.first()
+    if webhook is None:
+        raise Http404("no such webhook")
+    return webhook
+
+
+def delivery_stream_group(user, url_kwargs) -> str | None:
+    """Which live group a signed-in ``user`` may watch for ``/todos/webhooks/<slug>/events``
+    (None: refused). Called by the stream consumer in one database hop."""
+    try:
+        webhook = get_visible_webhook(user, url_kwargs.get("slug", ""))
+    except Http404:
+        return None
+    return transitions.deliveries_group(webhook.pk)
+
+
+def _webhook_context(request, webhook):
+    outcome = request.GET.get("outcome") or ""
+    if outcome not in Outcome.values:
+        outcome = ""
+    return {
+        "webhook": webhook,
+        "outcome": outcome,
+        "outcomes": Outcome.values,
+        "deliveries": queries.latest_deliveries(webhook, outcome=outcome or None,
+                                                limit=WEBHOOK_PAGE_DELIVERIES),
+        "query": f"outcome={outcome}" if outcome else "",
+    }
+
+
+@_board_login_required
+@never_cache
+def webhook_list(request):
+    webhooks = Webhook.objects.order_by("slug")
+    if not request.user.is_superuser:
+        webhooks = webhooks.filter(owner=request.user)
+    return render(request, "ingest/webhooks.html", {"webhooks": webhooks})
+
+
+@_board_login_required
+@never_cache
+def webhook_page(request, slug):
+    webhook = get_visible_webhook(request.user, slug)
+    context = _webhook_context(request, webhook)
+    context.update({
+        "hook_url": f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}",
+        "routes": webhook.routes.select_related("endpoint").order_by("id"),
+        "drops": webhook.drops.filter(dropped__gt=0).order_by("-minute")[:20],
+        "unsigned_warning": transitions.UNSIGNED_WARNING if webhook.source == Source.UNSIGNED else "",
+    })
+    return render(request, "ingest/webhook.html", context)
+
+
+@_board_login_required
+@never_cache
+def webhook_rows(request, slug):
+    """The deliveries table body alone: what the page re-fetches on every live event."""
+    webhook = get_visible_webhook(request.user, slug)
+    return render(request, "ingest/_deliveries.html", _webhook_context(request, webhook))
+
+
+@_board_login_required
+@require_POST
+def redeliver_delivery(request, slug, record_id):
+    webhook = get_visible_webhook(request.user, slug)
+    record = DeliveryRecord.objects.filter(pk=record_id, webhook=webhook).first()
+    if record is None:
+        raise Http404("no such delivery")
+    _, routes = queries.find_webhook_with_routes(webhook.slug)
+    if not webhook.active:
+        messages.error(request, f"webhook {webhook.slug} is inactive; nothing was re-sent")
+        return redirect("webhook-page", slug=webhook.slug)
+    try:
+        arrival = transitions.redeliver(record, operator=request.user, routes=routes)
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        created = [str(todo.pk) for todo, was_created in arrival.todos if was_created]
+        messages.success(request, f"redelivered #{record.pk} as #{arrival.record.pk}: "
+                                  f"{len(created)} new todo(s)")
+    return redirect("webhook-page", slug=webhook.slug)

@@ -27,6 +27,10 @@ http_routes = [
     re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
     # The Todos board's live stream (issue 7): session-authenticated like the board itself.
     re_path(r"^todos/events$", AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi())),
+    # A webhook page's live delivery log (§14): the same mechanism, one group per webhook.
+    re_path(r"^todos/webhooks/(?P<slug>[-a-zA-Z0-9_]+)/events$",
+            AuthMiddlewareStack(board_stream.GroupStreamConsumer.as_asgi(
+                authorize=ingest_views.delivery_stream_group))),
     # Webhook deliveries (§5), /hooks/<webhook_slug>: any slug text is captured so that an
     # unknown one gets ingest's JSON 404.
     re_path(ingest_views.HOOK_ROUTE_PATTERN,

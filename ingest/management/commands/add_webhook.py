@@ -34,5 +34,5 @@ class Command(JsonCommand):
             options, {"slug": webhook.slug, "hook_url": hook_url, "secret": secret},
             f"webhook {webhook.slug} ({source})\n  URL:    {hook_url}\n"
             + (f"  secret: {secret}\n  (configure it at the sender; it is not shown again)"
-               if secret else "  unsigned: deliveries are recorded as unverified and never rung"),
+               if secret else "  " + transitions.UNSIGNED_WARNING),
         )

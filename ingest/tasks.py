@@ -1,0 +1,15 @@
+"""Celery wrappers: each task calls one sweep function and nothing else."""
+
+from celery import shared_task
+
+from . import sweeps
+
+
+@shared_task(name="ingest.tasks.prune_replay_ledger")
+def prune_replay_ledger():
+    return sweeps.prune_replay_ledger()
+
+
+@shared_task(name="ingest.tasks.fold_dropped_delivery_counts")
+def fold_dropped_delivery_counts():
+    return sweeps.fold_dropped_delivery_counts()
