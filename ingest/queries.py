@@ -131,8 +131,9 @@ def todos_of_delivery_event(event_id) -> list:
 
 
 def latest_deliveries(webhook, *, outcome=None, limit=200) -> list:
-    """The webhook's delivery log, newest first, each with ``todo_id_list`` filled: the todos an
-    accepted delivery created (through its event) or those a duplicate named. Two queries."""
+    """The webhook's delivery log, newest first, each with ``todo_id_list`` filled (the todos an
+    accepted delivery created, through its event, or those a duplicate named) and
+    ``redelivered_as`` (the records that re-sent it). Three queries."""
     from .models import DeliveryRecord
 
     records = DeliveryRecord.objects.filter(webhook=webhook).select_related("attributed_to")
@@ -144,9 +145,15 @@ def latest_deliveries(webhook, *, outcome=None, limit=200) -> list:
     for todo_id, event_id in (Todo.objects.filter(delivery_event_id__in=event_ids)
                               .order_by("id").values_list("id", "delivery_event_id")):
         created.setdefault(event_id, []).append(str(todo_id))
+    redelivered_as = {}
+    for record_id, source_id in (DeliveryRecord.objects.filter(
+            redelivered_from__in=[r.pk for r in records if r.outcome == "accepted"])
+            .order_by("id").values_list("id", "redelivered_from_id")):
+        redelivered_as.setdefault(source_id, []).append(record_id)
     for record in records:
         record.todo_id_list = created.get(record.delivery_event_id, []) or [
             str(t) for t in record.todo_ids or []]
+        record.redelivered_as = redelivered_as.get(record.pk, [])
     return records
 
 

@@ -280,6 +280,7 @@ def test_redelivery_creates_new_operator_todos_and_the_log_links_both(make_webho
     assert todo.idempotency_key != Todo.objects.get(pk=first["todos"][0]["id"]).idempotency_key
     rows = signed_in.get(f"/todos/webhooks/{webhook.slug}/rows").content.decode()
     assert f'redelivered from <a href="#delivery-{original.pk}">#{original.pk}</a>' in rows
+    assert f'redelivered as <a href="#delivery-{again.pk}">#{again.pk}</a>' in rows
     assert f"/todos/{todo.pk}/" in rows and f"/todos/{first['todos'][0]['id']}/" in rows
     # Only accepted deliveries can be re-sent, and only by their webhook's owner.
     meta["HTTP_X_HUB_SIGNATURE_256"] = "sha256=" + "0" * 64
