@@ -330,7 +330,7 @@ def deliveries_group(webhook_id: int) -> str:
 
 
 def announce_record(webhook_id: int, record_id: int, outcome: str) -> None:
-    publish.send_to_group_on_commit(
+    publish.nudge_group_on_commit(
         deliveries_group(webhook_id),
         {"type": "stream.event", "event": "delivery",
          "data": {"id": str(record_id), "outcome": outcome}},

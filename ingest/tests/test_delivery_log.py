@@ -304,3 +304,14 @@ def test_the_admin_shows_the_delivery_log_read_only(make_webhook, admin_client):
     assert admin_client.post(f"/admin/ingest/deliveryrecord/{record.pk}/change/",
                              {"outcome": "replay"}).status_code == 403
     assert only_record(webhook).outcome == "accepted"
+
+
+def test_only_the_owner_or_a_superuser_may_watch_a_webhooks_live_log(make_webhook, operator):
+    from ingest import views
+
+    webhook = make_webhook("github")
+    assert views.delivery_stream_group(operator, {"slug": webhook.slug}) == (
+        transitions.deliveries_group(webhook.pk))
+    assert views.delivery_stream_group(UserFactory(username="mallory"), {"slug": webhook.slug}) is None
+    boss = UserFactory(username="boss", is_superuser=True)
+    assert views.delivery_stream_group(boss, {"slug": webhook.slug}) is not None
