@@ -11,8 +11,14 @@ One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is mig
   daphne process until ``{"empty": true}``. Clients are processes so the client side's Python
   is not what is measured.
 
-Prints cycles/s for both, the ratio mcp/direct (target >= 0.3) and the tool-call latency
-p50/p99 seen by the clients. A benchmark, not a test: nothing here asserts a speed.
+Prints cycles/s for both and the tool-call latency p50/p99 seen by the clients. A benchmark,
+not a test: nothing here asserts a speed.
+
+The target (issue 17) is server CPU: the same SDK clients then drive the SDK's own Streamable
+HTTP server (bench/mcp_reference_server.py: MCPServer, stateless, JSON answers, uvicorn, a no-op
+tool) for as many tool calls, and the ratio of daphne's CPU per tools/call to the reference
+server's is printed (target <= 1.0: switchboard doing real work costs no more server CPU per call
+than the reference doing none).
 
 It also prints where the CPU went (read from /proc: Linux, with PostgreSQL on this machine):
 per direct cycle, this process and its PostgreSQL backends; per MCP tool call, the daphne
@@ -133,6 +139,67 @@ def mcp_worker(url: str, slug: str, credential: str, start_at: float, results):
     results.put(asyncio.run(loop()))
 
 
+def reference_worker(url: str, calls: int, start_at: float, results):
+    """The same SDK client against the reference server: ``calls`` no-op tool calls."""
+    sys.path.insert(0, str(HERE.parent))
+    from tests.mcp_clients import sdk_client
+
+    async def loop():
+        latencies = []
+        async with sdk_client(url, "reference", "unused") as client:
+            await client.call_tool("noop", {})  # warm the connection
+            while time.time() < start_at:
+                await asyncio.sleep(0.001)
+            for n in range(calls):
+                t0 = time.perf_counter()
+                await client.call_tool("noop", {"todo_id": str(n), "result": {"ok": True}})
+                latencies.append(time.perf_counter() - t0)
+        return len(latencies), latencies, time.time(), 0.0
+
+    results.put(asyncio.run(loop()))
+
+
+def run_reference(calls_per_client: int, clients: int):
+    """Start the SDK's own server, drive it with ``clients`` SDK clients; returns (tool calls,
+    server CPU seconds)."""
+    import subprocess
+
+    import socket
+
+    from tests.servers import free_port
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(HERE / "mcp_reference_server.py"), str(port)])
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline or process.poll() is not None:
+                    raise RuntimeError("the reference server did not start") from None
+                time.sleep(0.1)
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        start_at = time.time() + 8.0
+        workers = [context.Process(target=reference_worker,
+                                   args=(f"http://127.0.0.1:{port}", calls_per_client, start_at,
+                                         results)) for _ in range(clients)]
+        for worker in workers:
+            worker.start()
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu = process_cpu_seconds(process.pid)
+        outcomes = [results.get(timeout=600) for _ in workers]
+        cpu = process_cpu_seconds(process.pid) - cpu
+        for worker in workers:
+            worker.join()
+        return sum(o[0] for o in outcomes), cpu
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU time of ``pid`` so far (0.0 once it is gone)."""
     try:
@@ -220,6 +287,9 @@ def main():
     finally:
         server.stop()
 
+    reference_calls, reference_cpu = run_reference(
+        calls_per_client=max(1, (2 * mcp_cycles) // args.clients), clients=args.clients)
+
     direct_rate = direct_cycles / direct_seconds
     mcp_rate = mcp_cycles / mcp_seconds
     print(f"switchboard bench/mcp.py — {args.clients} clients, {args.todos} todos per run, "
@@ -228,7 +298,8 @@ def main():
           f"{direct_seconds:.2f} s = {direct_rate:,.0f} cycles/s")
     print(f"  mcp    (SDK clients over HTTP):      {mcp_cycles} cycles in "
           f"{mcp_seconds:.2f} s = {mcp_rate:,.0f} cycles/s")
-    print(f"  ratio mcp/direct: {mcp_rate / direct_rate:.2f} (target >= 0.3)")
+    print(f"  mcp/direct throughput: {mcp_rate / direct_rate:.2f} (information only: the clients "
+          f"share the cores)")
     print(f"  tool-call latency: p50 {percentile(latencies, 0.50) * 1000:.1f} ms, "
           f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, mean "
           f"{statistics.fmean(latencies) * 1000:.1f} ms over {len(latencies)} calls")
@@ -237,6 +308,14 @@ def main():
           f"{direct_backend_cpu / direct_cycles * 1000:.2f} ms; mcp per tool call (2 a cycle): "
           f"daphne {server_cpu / calls * 1000:.2f} ms, sdk clients "
           f"{client_cpu / calls * 1000:.2f} ms, postgres {backend_cpu / calls * 1000:.2f} ms")
+    daphne_per_call = server_cpu / calls
+    reference_per_call = reference_cpu / reference_calls
+    print(f"  server cpu per tools/call: switchboard (claim_next/complete: auth, session, rate "
+          f"limit, database) {daphne_per_call * 1000:.2f} ms; the SDK's own server (MCPServer, "
+          f"stateless JSON, uvicorn, a no-op tool) {reference_per_call * 1000:.2f} ms "
+          f"over {reference_calls} calls")
+    print(f"  ratio server cpu per call switchboard/reference: "
+          f"{daphne_per_call / reference_per_call:.2f} (target <= 1.0)")
     print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
           f"{os.cpu_count()} cores")
 

@@ -40,9 +40,10 @@ QUICK_ARGS = {
     "ingest": ["--deliveries", "200", "--rounds", "1", "--warmup", "50", "--max-seconds", "10"],
     "mcp": ["--todos", "200", "--clients", "2"],
     "metrics_scrape": ["--rows", "2000"],
-    "push": ["--deliveries", "30", "--warmup", "5"],
+    "push": ["--deliveries", "30", "--warmup", "5", "--waiters", "50"],
     "queue": ["--todos", "200", "--workers", "1,2", "--rounds", "1", "--history", "1000",
               "--samples", "100"],
+    "retention": ["--done", "20000", "--pending", "400"],
 }
 SCRIPT_TIMEOUT_SECONDS = 3600
 

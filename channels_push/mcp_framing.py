@@ -78,6 +78,15 @@ def parse_message(body: bytes) -> Message:
                        request_id)
 
 
+def request_id_of(body: bytes):
+    """The id of the request in ``body`` when one can be read, else None: a refusal given
+    before the message is handled (an unsupported protocol version) still echoes it."""
+    try:
+        return parse_message(body).id
+    except FramingError as error:
+        return error.request_id
+
+
 # Result fields the mcp types carry for the 2026-07-28 (sessionless) era only; the handshake-era
 # versions this endpoint speaks do not define them, so they are left off the wire.
 MODERN_ONLY_RESULT_FIELDS = ("resultType", "ttlMs", "cacheScope")

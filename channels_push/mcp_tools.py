@@ -20,6 +20,7 @@ registered every ref is ``not_found``.
 
 import json
 import logging
+from dataclasses import dataclass
 
 import jsonschema
 import mcp.types as types
@@ -36,6 +37,9 @@ SERVER_NAME = "switchboard"
 SERVER_VERSION = "1.0"
 # Keep the whole text under the 2,048 characters some clients truncate instructions at.
 INSTRUCTIONS_MAX_CHARS = 2048
+# claim_next's long poll (CONTRACT §6): at most this long, like SQS's WaitTimeSeconds cap of 20 s
+# but longer, since a waiting claim here costs neither a connection nor a thread.
+MAX_WAIT_SECONDS = 60
 
 
 class ToolCallError(Exception):
@@ -88,11 +92,16 @@ TOOL_SCHEMAS = {
     ),
     "claim_next": (
         "Claim the oldest pending todo in your queues (or only the given ones). Returns "
-        '{"todo": …} or {"empty": true} when there is nothing to do.',
+        '{"todo": …} or {"empty": true} when there is nothing to do. With wait_seconds, waits '
+        "up to that long for a todo to become ready before answering empty (a long poll).",
         _schema({
             "queues": {"type": "array", "items": {"type": "string"}, "minItems": 1,
                        "description": "Only these queues (each must be in your scope)."},
             "lease_ttl_seconds": _LEASE_TTL,
+            "wait_seconds": {
+                "type": "number", "minimum": 0, "maximum": MAX_WAIT_SECONDS,
+                "description": f"Long poll: with nothing to claim, wait up to this many seconds "
+                               f"(0-{MAX_WAIT_SECONDS}, default 0) for a todo to become ready."},
         }),
     ),
     "heartbeat": (
@@ -173,7 +182,8 @@ def build_instructions(endpoint) -> str:
         "meta.todo_id names one todo: call claim with that todo_id (not_claimable means "
         "another worker took it; move on). (2) digest - meta.kind is \"digest\" with "
         "meta.pending and meta.queues: drain the queue with claim_next until it returns "
-        "{\"empty\": true}. With no doorbell, poll claim_next now and then. clock_out stops "
+        "{\"empty\": true}. Pull-only agents (no doorbells) loop on claim_next with "
+        "wait_seconds (up to 60): it answers as soon as a todo is ready. clock_out stops "
         "doorbells while you are away (todos wait); clock_in resumes them with a digest. "
         f"Lease contract: a claim holds the todo under a lease of {lease_seconds} seconds by "
         "default (lease_ttl_seconds overrides, 1-86400). Call heartbeat before the lease "
@@ -306,6 +316,32 @@ _VERBS = {
     "clock_out": lambda caller, a: _clock(caller, "out"),
 }
 assert set(_VERBS) == set(TOOL_SCHEMAS)
+
+
+@dataclass(frozen=True)
+class LongPoll:
+    """An empty claim_next that asked to wait: how long, and for which queues (None: every
+    queue of the endpoint) a ready todo should wake it."""
+
+    endpoint_id: int
+    wait_seconds: float
+    queues: tuple | None
+
+
+def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None:
+    """Whether the answer to tools/call ``params`` (``result``, as on the wire) should wait
+    instead of going out now: a claim_next that found nothing and was given wait_seconds > 0."""
+    params = params or {}
+    arguments = params.get("arguments") or {}
+    wait_seconds = arguments.get("wait_seconds") or 0
+    if (params.get("name") != "claim_next" or result.get("isError") or wait_seconds <= 0
+            or not (result.get("structuredContent") or {}).get("empty")):
+        return None
+    queues = arguments.get("queues")
+    if queues is None and not endpoint.all_queues:
+        queues = endpoint.scope
+    return LongPoll(endpoint_id=endpoint.pk, wait_seconds=float(wait_seconds),
+                    queues=tuple(sorted(set(queues))) if queues is not None else None)
 
 
 def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallToolResult:

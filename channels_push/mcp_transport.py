@@ -13,7 +13,8 @@ Layout: each HTTP method is answered by a plain sync function (``answer_post``,
 ``answer_delete``, ``open_stream``) that runs in one ``database_sync_to_async`` hop — auth, rate
 limit, session check and the tool call share that hop, so a tool call costs one thread switch.
 ``McpEndpoint`` is the thin ASGI application around them: it reads the capped body, writes the
-answer, and runs the long-lived notification stream (GET).
+answer, and runs the long-lived notification stream (GET) and the long poll (a claim_next with
+``wait_seconds`` that found nothing waits in ``longpoll``'s wait room, answering over SSE).
 
 Order of checks on every request: method (405) → body size (413) → Origin (403) → bearer
 (401) → rate limit (429) → Accept (406) → protocol version (400) → JSON-RPC framing (400) →
@@ -21,6 +22,7 @@ session (400 missing / 404 unknown, terminated or another endpoint's).
 """
 
 import asyncio
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -37,7 +39,7 @@ from endpoints.models import hash_credential
 
 from switchboard import health, ratelimit
 
-from . import doorbells, mcp_framing, mcp_tools, metrics, plain_http, publish
+from . import doorbells, longpoll, mcp_framing, mcp_tools, metrics, plain_http, publish
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
@@ -45,6 +47,9 @@ log = logging.getLogger("switchboard.mcp")
 # /mcp/<endpoint_slug>, with an optional trailing slash served as is: never a redirect
 # (clients must not follow redirects on POST).
 ROUTE_PATTERN = r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$"
+# The session-based (handshake) protocol versions only, on purpose: Claude Code turns channels
+# off on the stateless 2026-07-28 protocol, so offering it would silence every doorbell. A
+# client probing for it gets the refusal below, which lists these, and falls back to initialize.
 SUPPORTED_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_PROTOCOL_VERSION = SUPPORTED_PROTOCOL_VERSIONS[0]
 ALLOWED_METHODS = "GET, POST, DELETE"
@@ -100,6 +105,11 @@ class Answer(plain_http.Answer):
     # Set when a GET may open its stream.
     stream_session: str | None = None
     stream_endpoint_id: int | None = None
+    # Set when a tools/call may wait (a claim_next with wait_seconds that found nothing): the
+    # body is what to answer at the deadline; the async layer waits and re-runs the request
+    # when woken (McpEndpoint._long_poll).
+    long_poll: mcp_tools.LongPoll | None = None
+    progress_token: str | int | None = None
 
 
 def _json_answer(status: int, payload, headers=None) -> Answer:
@@ -177,9 +187,11 @@ def _content_type_is_json(header: str | None) -> bool:
 # -- sync handlers (one database_sync_to_async hop each) ----------------------------------------
 
 
-def _authorize(request: plain_http.Request):
+def _authorize(request: plain_http.Request, *, rate_limited: bool = True):
     """Origin, bearer, rate limit. Returns (endpoint, None) or (None, refusal Answer). The
-    request's session is read in the same statement as the bearer (see ``_live_session``)."""
+    request's session is read in the same statement as the bearer (see ``_live_session``).
+    ``rate_limited=False``: a woken long poll re-checks its bearer without taking a second
+    token for the one request it is."""
     if not origin_allowed(request.header("origin")):
         return None, _fault(403, "Forbidden: Origin not allowed")
     # Unknown slugs and bad bearers spend their client address's budget (§12), not a query.
@@ -200,6 +212,8 @@ def _authorize(request: plain_http.Request):
         # Same answer for a missing, wrong, expired or other endpoint's credential.
         return None, _fault(401, "Unauthorized: a valid bearer credential for this endpoint "
                                  "is required", headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
+    if not rate_limited:
+        return endpoint, None
     decision = ratelimit.take_token("mcp", hash_credential(credential),
                                       per_minute=settings.SWITCHBOARD_MCP_RATE_PER_MINUTE)
     if not decision.allowed:
@@ -284,9 +298,11 @@ def _dispatch(endpoint, session_id: str, message) -> dict:
                                       f"Method not found: {message.method}")
 
 
-def answer_post(request: plain_http.Request) -> Answer:
-    """One JSON-RPC message in, one JSON answer out (or 202 for notifications/responses)."""
-    endpoint, refusal = _authorize(request)
+def answer_post(request: plain_http.Request, *, woken: bool = False) -> Answer:
+    """One JSON-RPC message in, one JSON answer out (or 202 for notifications/responses).
+    A long poll that was woken runs its request again (``woken``): bearer, session and the
+    claim are all checked afresh, since any of them may have changed while it waited."""
+    endpoint, refusal = _authorize(request, rate_limited=not woken)
     if refusal:
         return refusal
     if not accepts(request.header("accept"), "application/json"):
@@ -296,7 +312,7 @@ def answer_post(request: plain_http.Request) -> Answer:
         return _fault(415, "Unsupported Media Type: Content-Type must be application/json")
     version = request.header("mcp-protocol-version")
     if version is not None and version not in SUPPORTED_PROTOCOL_VERSIONS:
-        return _version_refusal(version)
+        return _version_refusal(version, mcp_framing.request_id_of(request.body))
     try:
         message = mcp_framing.parse_message(request.body)
     except mcp_framing.FramingError as error:
@@ -310,8 +326,13 @@ def answer_post(request: plain_http.Request) -> Answer:
         return refusal
     if message.kind != "request":
         return Answer(202, headers={"Mcp-Session-Id": session_id})
-    return _json_answer(200, _dispatch(endpoint, session_id, message),
-                        {"Mcp-Session-Id": session_id})
+    envelope = _dispatch(endpoint, session_id, message)
+    answer = _json_answer(200, envelope, {"Mcp-Session-Id": session_id})
+    if message.method == "tools/call" and "result" in envelope:
+        answer.long_poll = mcp_tools.long_poll_of(endpoint, message.params, envelope["result"])
+        meta = (message.params or {}).get("_meta")
+        answer.progress_token = meta.get("progressToken") if isinstance(meta, dict) else None
+    return answer
 
 
 def answer_delete(request: plain_http.Request) -> Answer:
@@ -408,7 +429,12 @@ class McpEndpoint:
                 await plain_http.send_answer(send, _fault(413, "Payload Too Large"))
                 return
             if request.method == "POST":
-                await plain_http.send_answer(send, await self._sync(answer_post)(request))
+                started = asyncio.get_running_loop().time()
+                answer = await self._sync(answer_post)(request)
+                if answer.long_poll is None:
+                    await plain_http.send_answer(send, answer)
+                else:
+                    await self._long_poll(request, answer, started, receive, send)
             elif request.method == "DELETE":
                 answer = await self._sync(answer_delete)(request)
                 await plain_http.send_answer(send, answer)
@@ -459,12 +485,8 @@ class McpEndpoint:
             for params, context in frames:
                 offer_frame(buffer, mcp_framing.notification_envelope(
                     doorbells.CHANNEL_METHOD, params), context)
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/event-stream"),
-                (b"cache-control", b"no-cache, no-transform"),
-                (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
-                (b"mcp-session-id", session_id.encode()),
-            ]})
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": _sse_headers(session_id)})
             # Headers go out with the first body bytes, so send some at once.
             await send({"type": "http.response.body", "more_body": True,
                         "body": mcp_framing.sse_comment("switchboard stream open")
@@ -474,6 +496,96 @@ class McpEndpoint:
         finally:
             await _leave_group(layer, group, membership.get("channel"))
             await self._sync(close_stream)(session_id)
+
+    async def _long_poll(self, request, answer: Answer, started: float, receive, send):
+        """Answer a claim_next that waits (CONTRACT §6). The wait is this coroutine parked in
+        the process's wait room: no thread, no database connection. Woken (a todo may be
+        ready, or the re-check), it first makes sure the client is still there — a client
+        that went away must not be handed a lease — then runs the request again in one
+        thread hop (``database_sync_to_async`` refreshes old connections around it).
+
+        When the client accepts text/event-stream the answer is an SSE response opened at
+        once, with a keep-alive comment every SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS (and
+        ``notifications/progress`` when the call carried a progressToken), so proxies and
+        clients that cut idle responses keep waiting; otherwise the JSON answer comes at
+        the end. At the deadline: the last empty answer, ``{"empty": true}``."""
+        loop = asyncio.get_running_loop()
+        poll, request_id = answer.long_poll, mcp_framing.request_id_of(request.body)
+        deadline = started + poll.wait_seconds
+        keepalive_seconds = settings.SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS
+        streaming = accepts(request.header("accept"), "text/event-stream")
+        room = longpoll.room()
+        waiter = room.add(poll.endpoint_id, poll.queues, started_at=started)
+        disconnect = asyncio.ensure_future(receive())
+        woken = asyncio.ensure_future(waiter.event.wait())
+        try:
+            if streaming:
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": _sse_headers(answer.headers["Mcp-Session-Id"])})
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": mcp_framing.sse_comment("waiting for a todo")})
+            next_beat = loop.time() + keepalive_seconds
+            while (now := loop.time()) < deadline:
+                done, _ = await asyncio.wait({disconnect, woken},
+                                             timeout=min(deadline, next_beat) - now,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if disconnect in done:
+                    if disconnect.result().get("type") == "http.disconnect":
+                        return  # nobody to answer; nothing was claimed for them
+                    disconnect = asyncio.ensure_future(receive())
+                    continue
+                if woken in done:
+                    # A disconnect already queued by the server lands in this turn of the loop.
+                    await asyncio.sleep(0)
+                    if disconnect.done():
+                        continue
+                    retried = await self._retry_long_poll(request, answer)
+                    room.attempted(waiter, claimed=retried.long_poll is None)
+                    woken = asyncio.ensure_future(waiter.event.wait())
+                    answer = retried
+                    if answer.long_poll is None:
+                        break
+                    continue
+                if loop.time() >= next_beat:
+                    next_beat += keepalive_seconds
+                    if streaming:
+                        await send({"type": "http.response.body", "more_body": True,
+                                    "body": self._keepalive_frames(answer, poll, started)})
+            if not streaming:
+                await plain_http.send_answer(send, answer)
+                return
+            envelope = json.loads(answer.body)
+            if envelope.get("id") is None:  # a refusal built before the id was read
+                envelope["id"] = request_id
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": mcp_framing.sse_event(envelope)})
+        finally:
+            room.remove(waiter)
+            for task in (disconnect, woken):
+                if not task.done():
+                    task.cancel()
+
+    async def _retry_long_poll(self, request, answer: Answer) -> Answer:
+        """The woken request, run again; on a failure (the database gone for a moment) the
+        poll keeps waiting with its last answer and the re-check tries again."""
+        try:
+            return await self._sync(answer_post)(request, woken=True)
+        except Exception as exc:
+            log.exception("mcp long poll retry failed", extra={"slug": request.slug})
+            if isinstance(exc, DatabaseError):
+                await database_sync_to_async(health.discard_broken_pooled_connections)()
+            return answer
+
+    @staticmethod
+    def _keepalive_frames(answer: Answer, poll, started: float) -> bytes:
+        frames = mcp_framing.sse_comment("keep-alive")
+        if answer.progress_token is not None:
+            waited = asyncio.get_running_loop().time() - started
+            frames += mcp_framing.sse_event(mcp_framing.notification_envelope(
+                "notifications/progress", {
+                    "progressToken": answer.progress_token, "progress": round(waited, 3),
+                    "total": poll.wait_seconds, "message": "waiting for a todo"}))
+        return frames
 
     async def _pump(self, session_id, endpoint_id, layer, group, membership, buffer, receive,
                     send):
@@ -516,6 +628,16 @@ class McpEndpoint:
             for task in (reader, disconnect, next_frame, ended):
                 if task is not None and not task.done():
                     task.cancel()
+
+
+def _sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:
+    """Response headers of an SSE answer: the GET stream and a waiting POST alike."""
+    return [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache, no-transform"),
+        (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+        (b"mcp-session-id", session_id.encode()),
+    ]
 
 
 def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:

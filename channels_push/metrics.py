@@ -78,8 +78,12 @@ class EventTally:
 
     def __init__(self):
         self._lock = threading.Lock()
+        self._forget_settled(pruned_total=0)
+
+    def _forget_settled(self, *, pruned_total):
         self._settled_through = 0
         self._settled = collections.Counter()
+        self._pruned_total = pruned_total
 
     def counts(self, *, now=None) -> collections.Counter:
         from django.utils import timezone
@@ -87,7 +91,13 @@ class EventTally:
         from todos import queries
 
         now = now or timezone.now()
-        with self._lock:
+        with self._lock, queries.metrics_snapshot():
+            # Retention folds the events it deletes into a tally (§14). The running total
+            # cached here still holds those events, so after a prune it is recounted once:
+            # remaining events + tally, never both for the same event.
+            pruned = queries.count_pruned_events()
+            if sum(pruned.values()) != self._pruned_total:
+                self._forget_settled(pruned_total=sum(pruned.values()))
             settled_id = queries.find_settled_event_id(
                 after_id=self._settled_through, written_before=now - 2 * EVENT_SETTLE_TIME
             )
@@ -98,6 +108,7 @@ class EventTally:
                     self._settled[(action, to_state)] += n
                 self._settled_through = settled_id
             totals = collections.Counter(self._settled)
+            totals.update(pruned)
             for action, to_state, n in queries.count_todo_events(after_id=self._settled_through):
                 totals[(action, to_state)] += n
             return totals

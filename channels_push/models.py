@@ -45,6 +45,11 @@ class McpSession(models.Model):
                 fields=["last_seen_at"], name="mcp_session_live_idle",
                 condition=Q(terminated_at__isnull=True),
             ),
+            # ingest.sweeps.prune_history: ended sessions past their day of retention.
+            models.Index(
+                fields=["terminated_at"], name="mcp_session_prune",
+                condition=Q(terminated_at__isnull=False),
+            ),
             # Attached sessions of an endpoint (the doorbell's pool, issue 5).
             models.Index(
                 fields=["endpoint", "last_seen_at"], name="mcp_session_live_by_endpoint",

@@ -40,9 +40,9 @@ async def run_every(sweep, interval_seconds: float):
 
 
 def embedded_sweeps():
-    """Every (sweep, interval) pair the embedded scheduler runs. Apps list their own, as
-    ``EMBEDDED_SWEEPS`` in their ``sweeps`` module; found through the app registry so this
-    module imports no app (channels_push never imports ingest)."""
+    """Every (sweep, interval) pair the embedded scheduler runs: each installed app's
+    ``sweeps.EMBEDDED_SWEEPS``, found the way Celery's autodiscover_tasks finds ``tasks.py`` (so
+    this module imports no app above it)."""
     from importlib import import_module
 
     from django.apps import apps
@@ -51,7 +51,7 @@ def embedded_sweeps():
     found = []
     for app in apps.get_app_configs():
         if module_has_submodule(app.module, "sweeps"):
-            found.extend(getattr(import_module(f"{app.name}.sweeps"), "EMBEDDED_SWEEPS", ()))
+            found += getattr(import_module(f"{app.name}.sweeps"), "EMBEDDED_SWEEPS", [])
     return found
 
 

@@ -120,6 +120,12 @@ class DeliveryEvent(models.Model):
     source = models.CharField(max_length=64, blank=True, default="")
     kind = models.CharField(max_length=200, blank=True, default="")
 
+    class Meta:
+        indexes = [
+            # sweeps.prune_history: delivery events past retention, oldest first.
+            models.Index(fields=["received_at", "id"], name="delivery_event_prune"),
+        ]
+
     def __str__(self):
         return f"{self.trust} {self.delivery_id or self.pk}"
 
@@ -157,13 +163,15 @@ class DeliveryRecord(models.Model):
     source_address = models.CharField(max_length=64, blank=True, default="")
     # Why it was refused, as safe to show as a log line (never the body or a signature).
     reason = models.CharField(max_length=200, blank=True, default="")
-    delivery_event = models.ForeignKey(DeliveryEvent, null=True, blank=True,
-                                       on_delete=models.SET_NULL, related_name="records")
+    # No database constraints on these two links: the retention prune deletes delivery events
+    # (and may delete records) with plain SQL, and a log line outliving its event is fine.
+    delivery_event = models.ForeignKey(DeliveryEvent, null=True, blank=True, db_constraint=False,
+                                       on_delete=models.DO_NOTHING, related_name="records")
     # Todos named by a duplicate (the live ones it collapsed into); accepted records reach
     # theirs through delivery_event.
     todo_ids = models.JSONField(default=list, blank=True)
-    redelivered_from = models.ForeignKey("self", null=True, blank=True,
-                                         on_delete=models.SET_NULL, related_name="redeliveries")
+    redelivered_from = models.ForeignKey("self", null=True, blank=True, db_constraint=False,
+                                         on_delete=models.DO_NOTHING, related_name="redeliveries")
     attributed_to = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                       on_delete=models.SET_NULL, related_name="+")
 

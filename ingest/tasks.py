@@ -5,6 +5,11 @@ from celery import shared_task
 from . import sweeps
 
 
+@shared_task(name="ingest.tasks.prune_history")
+def prune_history():
+    return sweeps.prune_history_sweep()
+
+
 @shared_task(name="ingest.tasks.prune_replay_ledger")
 def prune_replay_ledger():
     return sweeps.prune_replay_ledger()

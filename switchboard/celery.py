@@ -29,6 +29,9 @@ app.conf.beat_schedule = {
     # §7: doorbell heartbeat; the shortest re-ring interval is 5 min and a sweep rings at
     # most 3 todos, so every 30 s keeps a first re-ring within a tenth of its interval.
     "ring-due-doorbells": {"task": "channels_push.tasks.ring_due_todos", "schedule": 30.0},
+    # §14: retention. Kept for days, so hourly is plenty; each run deletes in bounded batches
+    # until it has caught up.
+    "prune-history": {"task": "ingest.tasks.prune_history", "schedule": 3600.0},
     # §8: shift starts and override ends send a digest; 30 s keeps it within half a minute
     # of the boundary (overlapping runs announce each boundary once).
     "announce-presence-boundaries": {"task": "channels_push.tasks.announce_presence_boundaries",

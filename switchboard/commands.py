@@ -5,6 +5,7 @@ errors go to stderr with a non-zero exit (``CommandError``).
 """
 
 import json
+import shlex
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
@@ -34,3 +35,38 @@ def get_user(username: str):
 
 def csv_list(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+# -- connecting an agent (CONTRACT §6, §11) -------------------------------------------------------
+
+# The environment variable the printed client config reads the bearer from. Claude Code expands
+# ``${VAR}`` in .mcp.json, so the file can be committed while the credential stays in the shell.
+TOKEN_VARIABLE = "SWITCHBOARD_TOKEN"
+MCP_SERVER_NAME = "switchboard"
+
+
+def mcp_json(mcp_url: str) -> dict:
+    """The ``.mcp.json`` for an endpoint: never the credential itself, only its variable."""
+    return {"mcpServers": {MCP_SERVER_NAME: {
+        "type": "http", "url": mcp_url,
+        "headers": {"Authorization": f"Bearer ${{{TOKEN_VARIABLE}}}"},
+    }}}
+
+
+def connect_text(mcp_url: str, credential: str) -> str:
+    """What a person pastes to connect Claude Code: the export line (the one place the
+    credential appears), the committable .mcp.json, and the ``claude mcp add`` equivalent."""
+    # Double quotes: the shell expands the variable when the command runs, and --scope local
+    # keeps the expanded header in the user's own config, never in the project's files.
+    header = f'"Authorization: Bearer ${{{TOKEN_VARIABLE}}}"'
+    return "\n".join([
+        "export the credential (shown only now; keep it out of files you commit):",
+        f"  export {TOKEN_VARIABLE}={shlex.quote(credential)}",
+        "",
+        ".mcp.json (safe to commit: it names the variable, not the credential):",
+        json.dumps(mcp_json(mcp_url), indent=2),
+        "",
+        "or register it with Claude Code:",
+        f"  claude mcp add --transport http --scope local {MCP_SERVER_NAME} "
+        f"{shlex.quote(mcp_url)} --header {header}",
+    ])

@@ -88,6 +88,20 @@ SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE = _typed(
 SWITCHBOARD_MCP_SESSION_IDLE = timedelta(
     seconds=_typed("SWITCHBOARD_MCP_SESSION_IDLE_SECONDS", env.int, 3600, minimum=60)
 )
+# A long-polling claim_next (§6) answering over SSE sends a keep-alive comment this often, below
+# the 30-60 s idle cut of common proxies (tests shorten it).
+SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS = _typed(
+    "SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS", env.float, 15.0, minimum=0.05)
+# -- retention (§14): what the hourly prune sweep deletes, and after how long ----------------
+# Done todos, with their audit events, secrets and the delivery events no other todo needs.
+SWITCHBOARD_RETAIN_DONE = timedelta(
+    days=_typed("SWITCHBOARD_RETAIN_DONE_DAYS", env.int, 30, minimum=1)
+)
+# Dead letters are kept until a human acts on them, unless this is set.
+_retain_dead_days = _typed("SWITCHBOARD_RETAIN_DEAD_DAYS", env.int, 0, minimum=0)
+SWITCHBOARD_RETAIN_DEAD = timedelta(days=_retain_dead_days) if _retain_dead_days else None
+# Ended (terminated or expired) MCP sessions: kept a day for the admin's sake, then deleted.
+SWITCHBOARD_RETAIN_ENDED_SESSIONS = timedelta(days=1)
 # Fernet key for operator-supplied secrets (§5); derived from SECRET_KEY when unset.
 SWITCHBOARD_SECRETS_KEY = env.str("SWITCHBOARD_SECRETS_KEY", default="")
 # When set, GET /metrics requires "Authorization: Bearer <this token>" (board, issue 7).

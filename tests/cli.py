@@ -39,3 +39,9 @@ def run_manage(capsys, name, *argv) -> Run:
         code = error.returncode
     captured = capsys.readouterr()
     return Run(code, captured.out, captured.err)
+
+
+def json_printed_after(text: str, marker: str):
+    """The first JSON object printed after ``marker`` in a command's human output."""
+    rest = text.split(marker, 1)[1]
+    return json.JSONDecoder().raw_decode(rest[rest.index("{"):])[0]

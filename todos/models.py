@@ -100,6 +100,15 @@ class Todo(models.Model):
                 condition=Q(state="failed", retry_at__isnull=False),
                 name="todo_retry_promoter",
             ),
+            # ingest.sweeps.prune_history: done todos past retention, oldest first. Partial, so
+            # it costs one index insert at complete and nothing for live todos.
+            models.Index(fields=["updated_at"], condition=Q(state="done"), name="todo_prune_done"),
+            # The same sweep for dead letters, when SWITCHBOARD_RETAIN_DEAD_DAYS is set.
+            models.Index(
+                fields=["dead_lettered_at"],
+                condition=Q(state="failed", dead_lettered_at__isnull=False),
+                name="todo_prune_dead",
+            ),
             # Board and list_todos: an endpoint's todos by state, newest first.
             models.Index(fields=["endpoint", "state", "queue"], name="todo_by_state"),
         ]
@@ -138,3 +147,26 @@ class TodoEvent(models.Model):
 
     def __str__(self):
         return f"{self.action} {self.from_state}->{self.to_state} by {self.actor}"
+
+
+class PrunedEventTally(models.Model):
+    """Audit events that retention deleted, counted by (action, to_state).
+
+    /metrics counts transitions from the audit trail; the prune sweep folds every event it
+    deletes into this table in the same statement, so the counters never go down when history
+    is pruned (§9, §14). The sum of ``count`` grows with every fold: a scrape that sees it
+    change recounts the remaining events instead of trusting its cached running total, which
+    still holds the rows that were just folded in here.
+    """
+
+    action = models.CharField(max_length=32)
+    to_state = models.CharField(max_length=16)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["action", "to_state"], name="pruned_event_tally_key"),
+        ]
+
+    def __str__(self):
+        return f"{self.action}->{self.to_state}: {self.count}"

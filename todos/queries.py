@@ -154,6 +154,37 @@ def count_todo_events(*, after_id=0, up_to_id=None):
     return list(events.values_list("action", "to_state").annotate(n=Count("id")).order_by())
 
 
+def count_pruned_events() -> dict:
+    """``{(action, to_state): count}`` of the audit events retention has deleted (§14)."""
+    from .models import PrunedEventTally
+
+    return {(action, to_state): count for action, to_state, count in
+            PrunedEventTally.objects.values_list("action", "to_state", "count")}
+
+
+def metrics_snapshot():
+    """A context in which the scrape's several reads see one state of the database. On
+    PostgreSQL a REPEATABLE READ transaction: without it a prune committing between reading the
+    pruned tally and counting the events would make a counter dip. SQLite (the embedded default)
+    needs none: its sweeps and requests share Django's one sync thread, so a prune never runs
+    in the middle of a scrape."""
+    import contextlib
+
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return contextlib.nullcontext()  # inside a transaction already: its snapshot rules
+
+    @contextlib.contextmanager
+    def snapshot():
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield
+
+    return snapshot()
+
+
 def find_settled_event_id(*, after_id, written_before):
     """The largest event id after ``after_id`` among events written before ``written_before``
     (None if none): a scan of the primary-key range after ``after_id`` only."""

@@ -249,6 +249,19 @@ def test_probe_for_the_sessionless_era_is_answered_so_clients_fall_back(mcp):
     assert error_code(mcp.rpc("server/discover", {})) == -32022
 
 
+@pytest.mark.parametrize("method", ["server/discover", "initialize", "tools/list"])
+def test_version_refusal_echoes_the_request_id_and_lists_the_versions(mcp, method):
+    reply = mcp.rpc(method, {"protocolVersion": "2026-07-28"}, request_id="probe-7",
+                    mcp_protocol_version="2026-07-28")
+    assert reply.status == 400 and error_code(reply) == -32022
+    assert reply.json["id"] == "probe-7"
+    assert reply.json["error"]["data"] == {
+        "supported": ["2025-11-25", "2025-06-18", "2025-03-26"], "requested": "2026-07-28"}
+    # A body that is no JSON-RPC request has no id to echo: null, still the same refusal.
+    reply = mcp.post(b"{not json", mcp_protocol_version="2026-07-28")
+    assert reply.status == 400 and error_code(reply) == -32022 and reply.json["id"] is None
+
+
 def test_notifications_and_responses_are_202(mcp):
     mcp.initialize()
     assert mcp.post({"jsonrpc": "2.0", "method": "notifications/cancelled",

@@ -1,10 +1,12 @@
 """manage.py vend_endpoint and rotate_credential: happy paths, bad arguments, --json, --help."""
 
+import json
+
 import pytest
 
 from endpoints import queries
 from endpoints.models import AGENT_VERBS, Endpoint
-from tests.cli import run_manage
+from tests.cli import json_printed_after, run_manage
 
 pytestmark = pytest.mark.django_db
 
@@ -21,13 +23,33 @@ def test_vend_endpoint_json(capsys, operator, settings):
                      "--max-attempts", "2", "--json")
     assert run.code == 0, run.err
     data = run.json()
-    assert set(data) == {"slug", "mcp_url", "credential"}
+    assert set(data) == {"slug", "mcp_url", "credential", "mcp_json"}
     assert data["slug"] == "reviewer"
     assert data["mcp_url"] == f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/reviewer"
     endpoint = Endpoint.objects.get(slug="reviewer")
     assert (endpoint.scope, endpoint.verbs, endpoint.default_lease_seconds, endpoint.max_attempts) == (
         ["inbox", "reviews"], ["list_todos", "claim"], 60, 2)
     assert queries.find_endpoint_for_credential("reviewer", data["credential"]) == endpoint
+
+
+def test_vend_endpoint_prints_an_mcp_json_that_names_the_token_variable_not_the_token(
+        capsys, operator, settings):
+    settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
+    data = run_manage(capsys, "vend_endpoint", "coder", "--owner", "alice", "--json").json()
+    assert data["mcp_json"] == {"mcpServers": {"switchboard": {
+        "type": "http", "url": "https://sb.example/mcp/coder",
+        "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}}}}
+    assert data["credential"] not in json.dumps(data["mcp_json"])
+
+    run = run_manage(capsys, "vend_endpoint", "coder2", "--owner", "alice")
+    credential = run.out.split("export SWITCHBOARD_TOKEN=")[1].split()[0]
+    assert queries.find_endpoint_for_credential("coder2", credential)
+    printed_json = json_printed_after(run.out, ".mcp.json")
+    assert printed_json["mcpServers"]["switchboard"]["url"] == "https://sb.example/mcp/coder2"
+    assert credential not in json.dumps(printed_json)
+    assert ("claude mcp add --transport http --scope local switchboard "
+            "https://sb.example/mcp/coder2 --header "
+            "\"Authorization: Bearer ${SWITCHBOARD_TOKEN}\"") in run.out
 
 
 def test_vend_endpoint_defaults_and_human_output(capsys, operator):

@@ -1,12 +1,13 @@
 """manage.py seed_demo: the §11 JSON shape, re-runs, and a printed curl that really delivers."""
 
+import json
 import subprocess
 
 import pytest
 
 from endpoints import queries as endpoint_queries
 from ingest.models import Route, Webhook
-from tests.cli import run_manage
+from tests.cli import json_printed_after, run_manage
 from todos.models import Todo, Trust
 
 CONTRACT_KEYS = {"operator", "endpoint", "mcp_url", "credential", "webhook", "hook_url", "secret",
@@ -23,8 +24,10 @@ def test_seed_demo_json_shape_and_rerun(capsys, settings):
     assert first["mcp_url"] == "https://sb.example/mcp/demo-agent"
     assert first["hook_url"] == "https://sb.example/hooks/demo-hook"
     server = first["mcp_json"]["mcpServers"]["switchboard"]
+    # The file meant for committing names the variable; the credential goes in the export.
     assert server == {"type": "http", "url": first["mcp_url"],
-                      "headers": {"Authorization": f"Bearer {first['credential']}"}}
+                      "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}}
+    assert first["credential"] not in json.dumps(first["mcp_json"])
     assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"])
     assert Route.objects.filter(webhook__slug="demo-hook", endpoint__slug="demo-agent",
                                 queue="inbox").count() == 1
@@ -67,6 +70,13 @@ def test_seed_demo_human_output_shows_a_generated_password_and_takes_a_given_one
         capsys, django_user_model):
     run = run_manage(capsys, "seed_demo", "--operator", "dana")
     assert run.code == 0, run.err
+    credential = run.out.split("export SWITCHBOARD_TOKEN=")[1].split()[0]
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", credential)
+    printed_json = json_printed_after(run.out, ".mcp.json")
+    assert printed_json["mcpServers"]["switchboard"]["headers"] == {
+        "Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}
+    assert credential not in json.dumps(printed_json)
+    assert "claude mcp add --transport http --scope local switchboard " in run.out
     assert django_user_model.objects.get(username="dana").check_password(password_in(run.out))
     run = run_manage(capsys, "seed_demo", "--operator", "erin", "--password", "s3cret-demo-pw",
                      "--endpoint", "erins-agent", "--webhook", "erins-hook")

@@ -19,7 +19,7 @@ from .test_views import deliver
 
 pytestmark = pytest.mark.django_db
 
-MIGRATION = importlib.import_module("ingest.migrations.0003_delivery_log_replay_ledger_sealed_secrets")
+MIGRATION = importlib.import_module("ingest.migrations.0004_delivery_log_replay_ledger_sealed_secrets")
 
 
 def stored(webhook) -> tuple[str, str]:

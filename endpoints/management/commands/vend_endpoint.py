@@ -5,6 +5,7 @@ from django.db import IntegrityError
 
 from endpoints import transitions
 from endpoints.models import ALL_QUEUES
+from switchboard import commands
 from switchboard.commands import JsonCommand, csv_list, get_user
 
 
@@ -39,7 +40,9 @@ class Command(JsonCommand):
         mcp_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{endpoint.slug}"
         self.emit(
             options,
-            {"slug": endpoint.slug, "mcp_url": mcp_url, "credential": credential},
+            {"slug": endpoint.slug, "mcp_url": mcp_url, "credential": credential,
+             "mcp_json": commands.mcp_json(mcp_url)},
             f"endpoint {endpoint.slug}\n  MCP URL:    {mcp_url}\n  credential: {credential}\n"
-            "  (the credential is shown only now; store it in your agent's config)",
+            "  (the credential is shown only now; store it in your agent's environment)\n\n"
+            + commands.connect_text(mcp_url, credential),
         )

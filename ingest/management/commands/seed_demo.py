@@ -1,7 +1,8 @@
 """``manage.py seed_demo``: everything needed to watch one todo go round (CONTRACT §2, §11).
 
 Creates (or reuses) an operator, an endpoint with a fresh credential, a GitHub-style webhook
-and a route between them, then prints a ready-to-paste ``.mcp.json`` and a ``curl`` that
+and a route between them, then prints a ready-to-paste ``.mcp.json`` (it names
+``$SWITCHBOARD_TOKEN``, never the credential, so it can be committed) and a ``curl`` that
 delivers a signed sample event. The shell mints a nonce in the body, signs it (openssl) and
 mints the delivery id on each paste, so every paste is a new delivery rather than an
 idempotent repeat or a refused replay. Safe to run again:
@@ -29,6 +30,7 @@ from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint
 from ingest import transitions
 from ingest.models import Route, Source, Webhook
+from switchboard import commands
 from switchboard.commands import JsonCommand
 
 DEMO_QUEUE = "inbox"
@@ -90,9 +92,7 @@ class Command(JsonCommand):
         base = settings.SWITCHBOARD_PUBLIC_URL
         mcp_url = f"{base}/mcp/{agent_endpoint.slug}"
         hook_url = f"{base}/hooks/{hook.slug}"
-        mcp_json = {"mcpServers": {"switchboard": {
-            "type": "http", "url": mcp_url, "headers": {"Authorization": f"Bearer {credential}"},
-        }}}
+        mcp_json = commands.mcp_json(mcp_url)
         curl = build_curl(hook_url, hook.secret)
         data = {
             "operator": user.get_username(), "endpoint": agent_endpoint.slug, "mcp_url": mcp_url,
@@ -115,7 +115,7 @@ class Command(JsonCommand):
             f"  {sign_in}",
             f"endpoint {agent_endpoint.slug}: {mcp_url}",
             f"webhook {hook.slug} (github): {hook_url}",
-            "", ".mcp.json (the credential is shown only now):", json.dumps(mcp_json, indent=2),
+            "", commands.connect_text(mcp_url, credential),
             "", "deliver a signed sample event:", curl,
             "", f"then watch it on {base}/todos/",
         ]))

@@ -1,0 +1,269 @@
+"""Long-poll ``claim_next`` (CONTRACT §6): where a waiting claim waits.
+
+A waiting claim holds no database connection and no thread: it is a coroutine parked on an
+``asyncio.Event`` in this process's ``WaitRoom`` until a todo it could claim may be ready, and
+only then runs one claim (one thread hop, one pooled connection, returned at once).
+
+How the room learns that a todo is ready: every committed todo change of every process (web,
+Celery, the embedded sweeps) already goes to the board's channel-layer group
+(``publish.BOARD_GROUP``, batched per ``publish.BOARD_BATCH_WINDOW``), and a change that leaves
+a todo ``pending`` is exactly "ready" (create, release, retry promotion, requeue, lease lapse).
+So the room follows that group with one channel per process — the publishers pay nothing extra
+for long polls, and a todo created on any process wakes a waiter on any other. Each ready
+change wakes ONE waiter of that endpoint whose queues cover the todo (the oldest), not the whole
+pool: a thundering herd of claims for one todo would cost a claim per waiter. A woken waiter
+that finds nothing (another worker was faster) waits again; a ready change that finds every
+covering waiter busy with a claim (which may have read the queue just before the todo
+committed) is kept for the first of them that is idle again.
+
+Wake-ups are lossy (Redis down, a dropped batch), so the room also re-checks: every
+``RECHECK_SECONDS`` it wakes the waiter of each (endpoint, queues) that tried longest ago, and
+when a re-check claims something it wakes the next one at once (more may have been missed). A
+lost wake-up therefore costs at most ``RECHECK_SECONDS`` of latency, never a todo.
+
+The gap between a waiter's first (empty) claim and its joining the room: a todo made ready in
+between is announced before the waiter listens. The room remembers when it last saw each
+endpoint's ready change, and a waiter whose request started before that (or before the room
+was following the group at all) is woken at once.
+"""
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from channels.layers import get_channel_layer
+
+from . import publish
+
+log = logging.getLogger("switchboard.longpoll")
+
+# The re-check period: the worst-case latency a lost wake-up costs (CONTRACT §6: ≤ 5 s). Each
+# (endpoint, queues) pair of waiters costs at most one claim per period, however many wait.
+RECHECK_SECONDS = 5.0
+# A room that cannot join the channel layer retries after this long, doubling up to the cap
+# (the re-check keeps waiters served meanwhile).
+FOLLOW_RETRY_FIRST_SECONDS = 0.5
+FOLLOW_RETRY_MAX_SECONDS = 5.0
+BOARD_CHANGES_TYPE = "todos.changed"
+# Why a waiter was woken when no ready change named a todo for it.
+RECHECK = "recheck"
+# Bound on remembered unserved changes per endpoint (a memory bound: past it the re-check serves).
+UNSERVED_MAX = 1000
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One waiting claim: its endpoint and the queues it claims from (None: every queue of the
+    endpoint). While woken, ``woken_for`` is the todo id whose change woke it (in
+    ``woken_queue``), or ``RECHECK``."""
+
+    endpoint_id: int
+    queues: frozenset | None
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    woken_for: str | None = None
+    woken_queue: str | None = None
+    last_attempt_at: float = 0.0
+
+    @property
+    def key(self):
+        return self.endpoint_id, self.queues
+
+    @property
+    def idle(self) -> bool:
+        return not self.event.is_set()
+
+    def covers(self, queue: str) -> bool:
+        return self.queues is None or queue in self.queues
+
+    def wake(self, reason: str, queue: str | None = None) -> None:
+        self.woken_for, self.woken_queue = reason, queue
+        self.event.set()
+
+    def rearm(self, now: float) -> None:
+        """Back to waiting after a claim attempt made at ``now``."""
+        self.woken_for = self.woken_queue = None
+        self.last_attempt_at = now
+        self.event.clear()
+
+
+class WaitRoom:
+    """This process's waiting claims, woken by ready changes and by the re-check. Lives on one
+    event loop (the server's); everything here runs on that loop, so no locks."""
+
+    def __init__(self, loop, *, recheck_seconds: float | None = None, follow: bool = True):
+        self.loop = loop
+        self.recheck_seconds = RECHECK_SECONDS if recheck_seconds is None else recheck_seconds
+        # False: no background tasks (unit tests drive on_changes and recheck by hand).
+        self.follow = follow
+        self.waiters: dict[int, list[Waiter]] = {}
+        # Queues of ready changes that found every covering waiter busy with a claim attempt
+        # (which may have read the queue before the todo committed): served as soon as one of
+        # them is idle again, instead of at the next re-check.
+        self.unserved: dict[int, list[str]] = {}
+        # Loop time of the last ready change seen per endpoint (for the join gap; one float
+        # per endpoint that ever had a ready todo, a bound as small as the endpoint table).
+        self.last_ready_at: dict[int, float] = {}
+        # Loop time since which the room has followed the group without interruption, or None.
+        self.following_since: float | None = None
+        self._tasks = []
+
+    # -- waiters --------------------------------------------------------------------------------
+
+    def add(self, endpoint_id: int, queues, *, started_at: float) -> Waiter:
+        """Register a waiting claim whose request (and first, empty claim) started at
+        ``started_at`` (loop time). Woken at once when a ready change for its endpoint may have
+        been missed in between."""
+        self._start()
+        waiter = Waiter(endpoint_id, frozenset(queues) if queues is not None else None,
+                        last_attempt_at=started_at)
+        self.waiters.setdefault(endpoint_id, []).append(waiter)
+        # Not following yet: joining wakes every kind of waiter (``recheck_all``) anyway.
+        if self.following_since is not None and (
+                self.following_since > started_at
+                or self.last_ready_at.get(endpoint_id, float("-inf")) >= started_at):
+            waiter.wake(RECHECK)
+        return waiter
+
+    def remove(self, waiter: Waiter) -> None:
+        """The waiter is done (answered, timed out, or its client left). A wake-up it had not
+        acted on passes to another waiter."""
+        waiters = self.waiters.get(waiter.endpoint_id, [])
+        if waiter not in waiters:
+            return
+        waiters.remove(waiter)
+        if not waiters:
+            self.waiters.pop(waiter.endpoint_id, None)
+            self.unserved.pop(waiter.endpoint_id, None)
+            return
+        if waiter.woken_for == RECHECK:
+            self._wake_first(waiter.endpoint_id, lambda other: other.key == waiter.key, RECHECK)
+        elif waiter.woken_for is not None:
+            self._offer(waiter.endpoint_id, waiter.woken_queue, waiter.woken_for)
+
+    def attempted(self, waiter: Waiter, *, claimed: bool) -> None:
+        """A woken waiter's claim attempt is done; ``claimed``: it has its answer and leaves.
+        After a re-check that found work, the next waiter of the same kind is woken: the lost
+        wake-ups may have been for more than one todo."""
+        reason = waiter.woken_for
+        waiter.rearm(self.loop.time())
+        if claimed:
+            self.remove(waiter)
+            if reason == RECHECK:
+                self._wake_first(waiter.endpoint_id, lambda other: other.key == waiter.key,
+                                 RECHECK)
+        for queue in self.unserved.pop(waiter.endpoint_id, []):
+            self._offer(waiter.endpoint_id, queue, "unserved")
+
+    # -- wake-ups -------------------------------------------------------------------------------
+
+    def _wake_first(self, endpoint_id: int, matches, reason: str, queue=None) -> bool:
+        for waiter in self.waiters.get(endpoint_id, ()):
+            if waiter.idle and matches(waiter):
+                waiter.wake(reason, queue)
+                return True
+        return False
+
+    def _offer(self, endpoint_id: int, queue: str, reason: str) -> None:
+        """Wake the oldest idle waiter of ``endpoint_id`` covering ``queue``; when every
+        covering waiter is busy, keep the queue for the first of them that is idle again."""
+        if self._wake_first(endpoint_id, lambda waiter: waiter.covers(queue), reason, queue):
+            return
+        if any(waiter.covers(queue) for waiter in self.waiters.get(endpoint_id, ())):
+            unserved = self.unserved.setdefault(endpoint_id, [])
+            if len(unserved) < UNSERVED_MAX:
+                unserved.append(queue)
+
+    def on_changes(self, changes) -> None:
+        """Board changes arrived: each that left a todo pending wakes one idle waiter of its
+        endpoint whose queues cover it."""
+        now = self.loop.time()
+        for change in changes:
+            if change.get("state") != "pending":
+                continue
+            endpoint_id = change.get("endpoint_id")
+            self.last_ready_at[endpoint_id] = now
+            if endpoint_id in self.waiters:
+                self._offer(endpoint_id, change.get("queue"), str(change.get("todo_id")))
+
+    def recheck(self) -> None:
+        """Wake, per (endpoint, queues), the idle waiter that tried longest ago, if that was at
+        least a re-check period ago."""
+        due = self.loop.time() - self.recheck_seconds
+        oldest = {}
+        for waiters in self.waiters.values():
+            for waiter in waiters:
+                if not waiter.idle or waiter.last_attempt_at > due:
+                    continue
+                best = oldest.get(waiter.key)
+                if best is None or waiter.last_attempt_at < best.last_attempt_at:
+                    oldest[waiter.key] = waiter
+        for waiter in oldest.values():
+            waiter.wake(RECHECK)
+
+    def recheck_all(self) -> None:
+        """Wake one idle waiter per (endpoint, queues) now, whenever it last tried."""
+        seen = set()
+        for waiters in self.waiters.values():
+            for waiter in waiters:
+                if waiter.key not in seen and waiter.idle:
+                    seen.add(waiter.key)
+                    waiter.wake(RECHECK)
+
+    # -- background tasks -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._tasks or not self.follow:
+            return
+        self._tasks = [self.loop.create_task(self._follow()), self.loop.create_task(self._tick())]
+
+    async def _tick(self):
+        while True:
+            await asyncio.sleep(self.recheck_seconds)
+            self.recheck()
+
+    async def _follow(self):
+        """Follow the board group for as long as the process lives (one channel; a process
+        that served one long poll is likely to serve the next), rejoining after a loss."""
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        delay = FOLLOW_RETRY_FIRST_SECONDS
+        while True:
+            channel = None
+            try:
+                channel = await layer.new_channel()
+                await layer.group_add(publish.BOARD_GROUP, channel)
+                self.following_since = self.loop.time()
+                # Changes may have been missed while not following: check now.
+                self.recheck_all()
+                delay = FOLLOW_RETRY_FIRST_SECONDS
+                while True:
+                    message = await layer.receive(channel)
+                    if message.get("type") == BOARD_CHANGES_TYPE:
+                        self.on_changes(message.get("changes") or ())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.following_since = None
+                log.warning("long poll lost its channel layer; re-checking meanwhile",
+                            extra={"error": type(exc).__name__})
+                if channel is not None:
+                    try:
+                        await layer.group_discard(publish.BOARD_GROUP, channel)
+                    except Exception:  # the layer is gone; the membership goes with it
+                        pass
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, FOLLOW_RETRY_MAX_SECONDS)
+
+
+_room: WaitRoom | None = None
+
+
+def room() -> WaitRoom:
+    """The wait room of the running event loop (daphne's one loop; a test's loops each get
+    their own, since asyncio objects cannot cross loops)."""
+    global _room
+    loop = asyncio.get_running_loop()
+    if _room is None or _room.loop is not loop:
+        _room = WaitRoom(loop)
+    return _room

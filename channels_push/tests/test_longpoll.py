@@ -1,0 +1,101 @@
+"""The wait room of long-poll claim_next (channels_push/longpoll.py): who is woken for what."""
+
+import asyncio
+
+import pytest
+
+from channels_push import longpoll
+
+
+def change(todo_id, endpoint_id=1, queue="inbox", state="pending", action="create"):
+    return {"action": action, "todo_id": str(todo_id), "endpoint_id": endpoint_id,
+            "queue": queue, "state": state}
+
+
+@pytest.fixture
+def room():
+    loop = asyncio.new_event_loop()
+    room = longpoll.WaitRoom(loop, follow=False)
+    room.following_since = loop.time() - 100  # following the board group since long ago
+    yield room
+    loop.close()
+
+
+def woken(waiters):
+    return [w.woken_for for w in waiters]
+
+
+def test_each_ready_change_wakes_one_idle_waiter_oldest_first(room):
+    now = room.loop.time()
+    waiters = [room.add(1, None, started_at=now) for _ in range(3)]
+    room.on_changes([change(10)])
+    assert woken(waiters) == ["10", None, None]
+    room.on_changes([change(11), change(12)])
+    assert woken(waiters) == ["10", "11", "12"]
+
+
+def test_changes_that_do_not_make_a_todo_ready_wake_nobody(room):
+    waiter = room.add(1, None, started_at=room.loop.time())
+    room.on_changes([change(10, state="claimed", action="claim"), change(11, state="done"),
+                     change(12, endpoint_id=2)])
+    assert waiter.idle
+
+
+@pytest.mark.parametrize("action", ["create", "release", "retry", "requeue", "lease_lapsed"])
+def test_every_kind_of_readiness_wakes(room, action):
+    waiter = room.add(1, None, started_at=room.loop.time())
+    room.on_changes([change(10, action=action)])
+    assert waiter.woken_for == "10"
+
+
+def test_only_waiters_whose_queues_cover_the_todo_are_woken(room):
+    now = room.loop.time()
+    reviews = room.add(1, ("reviews",), started_at=now)
+    inbox = room.add(1, ("inbox", "triage"), started_at=now)
+    room.on_changes([change(10, queue="inbox")])
+    assert reviews.idle and inbox.woken_for == "10"
+
+
+def test_a_change_that_finds_every_waiter_busy_goes_to_the_first_idle_again(room):
+    waiter = room.add(1, None, started_at=room.loop.time())
+    room.on_changes([change(10)])  # woken; its claim is under way...
+    room.on_changes([change(11)])  # ...when the next todo commits
+    room.attempted(waiter, claimed=False)  # its claim missed todo 11 (read before the commit)
+    assert not waiter.idle  # woken again at once, not at the next re-check
+
+
+def test_a_wake_up_its_waiter_did_not_act_on_passes_to_the_next(room):
+    now = room.loop.time()
+    gone, other = room.add(1, None, started_at=now), room.add(1, None, started_at=now)
+    room.on_changes([change(10)])
+    room.remove(gone)  # the client left (or the deadline passed) before it claimed
+    assert other.woken_for == "10"
+
+
+def test_recheck_wakes_one_waiter_per_kind_and_a_successful_one_wakes_the_next(room):
+    long_ago = room.loop.time() - 60
+    first, second = room.add(1, None, started_at=long_ago), room.add(1, None, started_at=long_ago)
+    narrow = room.add(1, ("reviews",), started_at=long_ago)
+    fresh = room.add(2, None, started_at=room.loop.time())  # just tried: not due
+    room.recheck()
+    assert woken([first, second, narrow, fresh]) == ["recheck", None, "recheck", None]
+    room.attempted(first, claimed=True)  # a lost wake-up: more may be waiting
+    assert second.woken_for == "recheck"
+    room.attempted(second, claimed=False)  # nothing more: the chain ends
+    assert all(w.idle for w in room.waiters[1] if w is not narrow)
+
+
+def test_a_waiter_that_may_have_missed_a_change_before_it_joined_is_woken_at_once(room):
+    before = room.loop.time() - 1
+    room.on_changes([change(10)])  # nobody was waiting yet
+    assert room.add(1, None, started_at=before).woken_for == "recheck"
+    assert room.add(1, None, started_at=room.loop.time() + 1).idle
+    room.following_since = None  # not (yet) following: joining re-checks every kind
+    late = room.add(3, None, started_at=before)
+    assert late.idle
+    room.recheck_all()
+    assert late.woken_for == "recheck"
+
+
+def test_the_recheck_period_bounds_a_lost_wake_up_to_five_seconds():
+    assert longpoll.RECHECK_SECONDS <= 5
