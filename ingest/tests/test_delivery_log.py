@@ -315,3 +315,19 @@ def test_only_the_owner_or_a_superuser_may_watch_a_webhooks_live_log(make_webhoo
     assert views.delivery_stream_group(UserFactory(username="mallory"), {"slug": webhook.slug}) is None
     boss = UserFactory(username="boss", is_superuser=True)
     assert views.delivery_stream_group(boss, {"slug": webhook.slug}) is not None
+
+
+def test_the_retention_prune_leaves_the_log_readable(make_webhook, endpoint):
+    from todos import transitions as todo_transitions
+
+    webhook = make_webhook("github")
+    body, meta = signed("github", ISSUE, delivery="gh-1")
+    todo_id = int(post_hook(webhook.slug, body, meta).json()["todos"][0]["id"])
+    agent = todo_transitions.Caller.agent(endpoint, "session-a")
+    todo_transitions.claim_todo(agent, todo_id)
+    todo_transitions.complete_todo(agent, todo_id)
+    pruned = sweeps.prune_history(now=timezone.now() + timedelta(days=400), pause_seconds=0)
+    assert pruned["done_todos"] == 1 and pruned["delivery_events"] == 1
+    (record,) = DeliveryRecord.objects.all()
+    assert record.outcome == "accepted"
+    call_command("deliveries", webhook.slug, "--json")  # still printable, its todos gone
