@@ -347,19 +347,21 @@ def minute_of(now) -> int:
     return int(now.timestamp() // 60)
 
 
-def record_refused(webhook: Webhook, *, outcome: str, status: int, observed: Observed,
+def record_refused(webhook: Webhook, *, outcome: str, status: int, observe,
                    reason: str = "", now, todo_ids=()) -> DeliveryRecord | None:
     """Log a delivery that created nothing, unless this webhook already logged
     SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE of them this minute: then it is only counted
     (``sweeps.fold_dropped_delivery_counts`` writes the counts), so a flood of anonymous
-    requests costs at most the cap in rows. Never raises: a log must not fail the answer."""
+    requests costs at most the cap in rows. ``observe()`` gives the ``Observed`` facts, called
+    only when the row is written (a dropped one costs no hashing of its body). Never raises:
+    a log must not fail the answer."""
     try:
         count = ratelimit.count_hit(DROP_COUNTER_SCOPE, f"{webhook.pk}:{minute_of(now)}",
                                     ttl_seconds=DROP_COUNTER_TTL_SECONDS)
         if count > settings.SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE:
             return None
         row = _record_row(webhook_id=webhook.pk, at=now, outcome=outcome, status=status,
-                          observed=observed, reason=reason, todo_ids=todo_ids)
+                          observed=observe(), reason=reason, todo_ids=todo_ids)
         row["todo_ids"] = json.loads(row["todo_ids"])
         # Its own (sub)transaction: a failed write must not poison a caller's transaction.
         with transaction.atomic():
@@ -459,8 +461,9 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     if refused:
         raise _ledger_verdict(webhook, fingerprint, delivery_id)
     # Every todo was a live duplicate: nothing of this arrival was kept but its log line.
-    record = record_refused(webhook, outcome=Outcome.DUPLICATE, status=status, observed=observed,
-                            now=now, todo_ids=[todo.pk for todo, _ in results])
+    record = record_refused(webhook, outcome=Outcome.DUPLICATE, status=status,
+                            observe=lambda: observed, now=now,
+                            todo_ids=[todo.pk for todo, _ in results])
     return Arrival(delivery_event=None, todos=results, outcome=Outcome.DUPLICATE, record=record)
 
 

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.validators import slug_re
 from django.db import DatabaseError
-from django.http import Http404, HttpResponse, JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -272,9 +272,14 @@ def _claimed(request, names) -> str:
 
 
 def _observe(request, body: bytes) -> transitions.Observed:
-    """What the delivery log keeps of this request, as the sender claimed it."""
+    """What the delivery log keeps of this request, as the sender claimed it (a body over the
+    cap was not read: its declared length stands for its size)."""
+    size = len(body)
+    declared = request.header("content-length") or ""
+    if request.too_large and declared.isdigit():
+        size = int(declared)
     return transitions.Observed(
-        address=request.client, size=len(body),
+        address=request.client, size=min(size, 2**31 - 1),
         body_sha256=transitions.body_digest(body) if body else "",
         delivery_id=_claimed(request, DELIVERY_HEADERS), kind=_claimed(request, EVENT_HEADERS),
     )
@@ -397,7 +402,7 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
                 raise problem from None
             answer = _duplicate_answer(refused.duplicate_event_id)
             transitions.record_refused(webhook, outcome=Outcome.DUPLICATE, status=202,
-                                       observed=observed, now=now,
+                                       observe=lambda: observed, now=now,
                                        todo_ids=[t["id"] for t in answer["todos"]],
                                        reason="this signed request was already accepted")
             return plain_http.json_answer(202, answer)
@@ -407,7 +412,7 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
             transitions.record_refused(
                 webhook, outcome=getattr(problem, "outcome", None)
                 or OUTCOME_FOR_STATUS.get(problem.status, Outcome.MALFORMED),
-                status=problem.status, observed=_observe(request, request.body),
+                status=problem.status, observe=lambda: _observe(request, request.body),
                 reason=getattr(problem, "reason", problem.message), now=now)
         return problem.answer()
     except DatabaseError as exc:
@@ -556,10 +561,7 @@ _board_login_required = todo_views.board_login_required
 @_board_login_required
 @require_GET
 def webhook_script(request):
-    # Served by Django like the board's script: daphne serves no static files.
-    response = HttpResponse(WEBHOOK_SCRIPT.read_bytes(), content_type="text/javascript")
-    response["Cache-Control"] = "private, max-age=300"
-    return response
+    return todo_views.script_response(WEBHOOK_SCRIPT)
 
 
 def get_visible_webhook(user, slug) -> Webhook:
