@@ -63,13 +63,24 @@ HOOK_ROUTE_PATTERN = r"^hooks/(?P<webhook_slug>[^/]+)/?$"
 FORM_SOURCES = (Source.GITHUB, Source.GITEA)
 
 
+# Refusals the delivery log records, by status, unless the Problem names its own outcome.
+OUTCOME_FOR_STATUS = {400: Outcome.MALFORMED, 401: Outcome.BAD_SIGNATURE, 409: Outcome.REPLAY,
+                      413: Outcome.TOO_LARGE, 415: Outcome.UNSUPPORTED_TYPE,
+                      429: Outcome.RATE_LIMITED}
+
+
 class Problem(Exception):
     """An answer other than success: HTTP status, machine code, human message."""
 
-    def __init__(self, status: int, code: str, message: str, headers=None):
+    def __init__(self, status: int, code: str, message: str, headers=None, *, outcome=None,
+                 reason=None):
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.headers = headers or {}
+        # For the delivery log: the outcome when the status alone does not say it, and the
+        # reason when the message is not the line to keep.
+        self.outcome = outcome or OUTCOME_FOR_STATUS.get(status, Outcome.MALFORMED)
+        self.reason = reason or message
 
     def payload(self) -> dict:
         return {"error": {"code": self.code, "message": self.message}}
@@ -257,10 +268,6 @@ KIND_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 EVENT_HEADERS = ("x-github-event", "x-forgejo-event", "x-gitea-event", "x-gitlab-event")
 DELIVERY_HEADERS = ("x-github-delivery", "x-forgejo-delivery", "x-gitea-delivery",
                     "idempotency-key", "x-gitlab-event-uuid", "webhook-id")
-# Refusals the delivery log records, by status, unless the Problem names its own outcome.
-OUTCOME_FOR_STATUS = {400: Outcome.MALFORMED, 401: Outcome.BAD_SIGNATURE, 409: Outcome.REPLAY,
-                      413: Outcome.TOO_LARGE, 415: Outcome.UNSUPPORTED_TYPE,
-                      429: Outcome.RATE_LIMITED}
 
 
 def _claimed(request, names) -> str:
@@ -323,9 +330,8 @@ def _verify(webhook, request, now):
             per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
         if not verdict.allowed:
             raise _rate_limited(verdict, settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE) from None
-        problem = Problem(401, "bad_signature", f"delivery not verified: {failure.reason}")
-        problem.outcome = Outcome.STALE_TIMESTAMP if failure.stale else Outcome.BAD_SIGNATURE
-        raise problem from None
+        raise Problem(401, "bad_signature", f"delivery not verified: {failure.reason}",
+                      outcome=Outcome.STALE_TIMESTAMP if failure.stale else None) from None
     _check_rate(f"ingest:{webhook.pk}")
     return envelope
 
@@ -395,11 +401,10 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
             if refused.outcome == Outcome.REPLAY:
                 log.warning("webhook replay refused", extra={"webhook": webhook.slug,
                                                              "delivery_id": delivery_id[:64]})
-                problem = Problem(409, "replay",
-                                  "this signed body was already accepted under another delivery "
-                                  "id; a sender's redelivery keeps its delivery id")
-                problem.reason = "body already accepted under another delivery id"
-                raise problem from None
+                raise Problem(409, "replay",
+                              "this signed body was already accepted under another delivery id; "
+                              "a sender's redelivery keeps its delivery id",
+                              reason="body already accepted under another delivery id") from None
             answer = _duplicate_answer(refused.duplicate_event_id)
             transitions.record_refused(webhook, outcome=Outcome.DUPLICATE, status=202,
                                        observe=lambda: observed, now=now,
@@ -410,10 +415,8 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
         push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
         if webhook is not None:
             transitions.record_refused(
-                webhook, outcome=getattr(problem, "outcome", None)
-                or OUTCOME_FOR_STATUS.get(problem.status, Outcome.MALFORMED),
-                status=problem.status, observe=lambda: _observe(request, request.body),
-                reason=getattr(problem, "reason", problem.message), now=now)
+                webhook, outcome=problem.outcome, status=problem.status,
+                observe=lambda: _observe(request, request.body), reason=problem.reason, now=now)
         return problem.answer()
     except DatabaseError as exc:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
