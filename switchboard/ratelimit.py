@@ -216,7 +216,7 @@ def count_hit(scope: str, key: str, *, ttl_seconds: int) -> int:
     if settings.REDIS_URL and time.monotonic() >= _redis_down_until:
         try:
             _redis()
-            if _count_script is None:
+            if _count_script is None or _count_script.registered_client is not _redis_client:
                 _count_script = _redis_client.register_script(_COUNT_LUA)
             return int(_count_script(keys=[_count_key(scope, key)], args=[ttl_seconds]))
         except redis.RedisError as exc:

@@ -14,7 +14,6 @@ from ingest import transitions
 from ingest.models import Webhook, build_fernet, unseal_text
 
 from .conftest import SECRETS
-from .test_admin import admin_client  # noqa: F401 — the fixture
 from .test_views import deliver
 
 pytestmark = pytest.mark.django_db
@@ -74,7 +73,7 @@ def test_rotate_webhook_secret_keeps_the_old_one_for_the_default_grace(make_webh
     assert deliver(webhook).status_code == 202
 
 
-def test_drop_previous_secret_admin_action_ends_the_grace(admin_client, make_webhook):  # noqa: F811
+def test_drop_previous_secret_admin_action_ends_the_grace(admin_client, make_webhook):
     webhook = make_webhook("github")
     transitions.rotate_webhook_secret(webhook, secret="the-new-secret-0123456789")
     assert deliver(webhook).status_code == 202
@@ -85,7 +84,7 @@ def test_drop_previous_secret_admin_action_ends_the_grace(admin_client, make_web
     assert deliver(webhook, {"action": "edited"}).status_code == 401
 
 
-def test_a_new_webhook_secret_is_shown_on_its_own_page(admin_client, operator):  # noqa: F811
+def test_a_new_webhook_secret_is_shown_on_its_own_page(admin_client, operator):
     answer = admin_client.post("/admin/ingest/webhook/add/", {
         "slug": "fresh", "owner": operator.pk, "source": "standard", "active": "on",
         "new_secret": "", "routes-TOTAL_FORMS": "0", "routes-INITIAL_FORMS": "0"})
@@ -97,7 +96,7 @@ def test_a_new_webhook_secret_is_shown_on_its_own_page(admin_client, operator): 
 
 
 def test_creating_an_unsigned_webhook_says_anyone_with_the_url_can_create_work(
-        admin_client, operator, capsys):  # noqa: F811
+        admin_client, operator, capsys):
     call_command("add_webhook", "open-hook", "--owner", operator.username, "--source", "unsigned")
     assert "anyone who knows this URL can create work" in capsys.readouterr().out
     answer = admin_client.post("/admin/ingest/webhook/add/", {
