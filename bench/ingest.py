@@ -252,6 +252,8 @@ def main():
     env = {
         **os.environ, "DATABASE_URL": database_url, "DJANGO_SETTINGS_MODULE": "switchboard.settings",
         "SECRET_KEY": os.environ.get("SECRET_KEY", "bench-secret-key"),
+        # Production settings need a secrets key of their own (issue 15); a bench-only one.
+        "SWITCHBOARD_SECRETS_KEY": os.environ.get("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE="),
         "ALLOWED_HOSTS": "127.0.0.1,localhost", "SWITCHBOARD_INGEST_RATE_PER_MINUTE": "1000000000",
         "PYTHONPATH": str(REPO),
     }

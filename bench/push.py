@@ -49,6 +49,8 @@ ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
+# Production settings need a secrets key of their own (issue 15); a bench-only one.
+os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 
 SECRET = "bench-push-secret-0123456789abcdef"
 UNTHROTTLED = {"SWITCHBOARD_INGEST_RATE_PER_MINUTE": "100000000",

@@ -32,6 +32,8 @@ from pathlib import Path  # noqa: E402
 import psycopg  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# Production settings need a secrets key of their own (issue 15); a bench-only one.
+os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432").rstrip("/")
 DB_NAME = "sb_bench_retention"
 DB = f"{PG}/{DB_NAME}"

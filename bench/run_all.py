@@ -187,6 +187,8 @@ def main():
     env = dict(os.environ)
     env.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sb_bench")
     env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+    # Production settings need a secrets key of their own (issue 15); a bench-only one.
+    env.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
     # queue.py names its server with BENCH_PG (it creates its own databases there).
     env.setdefault("BENCH_PG", env["DATABASE_URL"].rsplit("/", 1)[0])
     if not env["DATABASE_URL"].startswith("postgres"):

@@ -37,6 +37,8 @@ sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
 # The board's session cookies are minted here and checked by daphne: one SECRET_KEY for both.
 os.environ.setdefault("SECRET_KEY", "bench-streams-secret-key")
+# Production settings need a secrets key of their own (issue 15); a bench-only one.
+os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 
 SECRET = "bench-streams-secret"
 PROTOCOL = "2025-06-18"

@@ -6,8 +6,9 @@ a doorbell names stays pending and pullable whatever happens to the push.
 
 Three parts, kept apart so each is tested on its own:
 
-* Frames (pure): the notification's ``params`` — one legible line of ``content`` with any
-  ``</channel>`` neutralized, and identifier-safe string ``meta``. No lease, payload or secret.
+* Frames (pure): the notification's ``params`` — one legible line of ``content`` in which no
+  tag can be spelled, and identifier-safe string ``meta`` over a small alphabet
+  (``doorbell_text``). No lease, payload or secret.
 * Eligibility (pure): only ``signed`` or ``operator`` todos attributed to a human are pushed.
 * Ringing: ``ring_ready_todo`` is a publish listener (after commit only); it picks ONE session
   of the owning endpoint with a guarded UPDATE (``transitions.choose_doorbell_session``) and
@@ -17,7 +18,6 @@ Three parts, kept apart so each is tested on its own:
 
 import functools
 import logging
-import re
 
 from collections import Counter
 
@@ -28,7 +28,7 @@ from endpoints import transitions as endpoint_transitions
 from endpoints.models import Presence
 from switchboard import statements
 
-from . import mcp_transport, metrics, publish
+from . import doorbell_text, mcp_transport, metrics, publish
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.doorbell")
@@ -38,40 +38,19 @@ CHANNEL_METHOD = "notifications/claude/channel"
 # handed over by the endpoint's authenticated owner. Unverified deliveries never ring.
 PUSH_TRUST = frozenset({"signed", "operator"})
 DIGEST_KIND = "digest"
-# A closing tag in any spelling a lenient parser might accept: case, inner whitespace.
-_CLOSING_TAG_RE = re.compile(r"<\s*/\s*channel\s*>", re.IGNORECASE)
-CLOSING_TAG_SUBSTITUTE = "«/channel»"
-# The channel standard silently drops meta keys that are not identifier-safe.
-META_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+# Kept under these names for callers and tests; doorbell_text owns the rules.
+META_KEY_RE = doorbell_text.META_KEY_RE
+META_VALUE_MAX_CHARS = doorbell_text.META_VALUE_MAX_CHARS
 # One line the harness shows in-session: long enough for a GitHub-style title, short enough
 # that a webhook cannot flood the agent's context through the doorbell.
 CONTENT_MAX_CHARS = 300
-META_VALUE_MAX_CHARS = 200
 
 
 # -- frames (pure) -------------------------------------------------------------------------------
 
 
-def neutralize(text) -> str:
-    """One line of untrusted text made safe inside ``<channel>…</channel>``: newlines and runs
-    of whitespace folded to one space, every closing tag replaced by «/channel»."""
-    folded = " ".join(str(text).split())
-    return _CLOSING_TAG_RE.sub(CLOSING_TAG_SUBSTITUTE, folded)
-
-
 def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _meta(pairs) -> dict:
-    """String meta with identifier-safe keys; empty values are left out."""
-    meta = {}
-    for key, value in pairs:
-        if not META_KEY_RE.match(key):
-            raise ValueError(f"meta key {key!r} is not identifier-safe")
-        if value is not None and str(value) != "":
-            meta[key] = _clip(neutralize(value), META_VALUE_MAX_CHARS)
-    return meta
 
 
 def todo_doorbell(todo) -> dict:
@@ -80,12 +59,13 @@ def todo_doorbell(todo) -> dict:
     ``meta``: ``todo_id``, ``queue``, and ``kind`` / ``source`` when the todo has them. A todo
     whose own kind is ``digest`` (kind is copied from the payload, an open vocabulary) carries
     it as ``todo_kind``, so no todo doorbell can pass for a digest (SPEC-0011)."""
-    kind = neutralize(todo.kind or "")
-    kind_key = "todo_kind" if kind.strip().lower() == DIGEST_KIND else "kind"
-    meta = _meta([("todo_id", todo.pk), ("queue", todo.queue), (kind_key, kind),
-                  ("source", todo.source)])
+    kind = doorbell_text.sanitize_meta_value(todo.kind or "")
+    kind_key = "todo_kind" if kind.lower() == DIGEST_KIND else "kind"
+    meta = doorbell_text.build_meta([("todo_id", todo.pk), ("queue", todo.queue), (kind_key, kind),
+                                     ("source", todo.source)])
     label = f" [{meta[kind_key]}]" if kind_key in meta else ""
-    content = f"Todo {todo.pk} ready in {neutralize(todo.queue)}{label}: {neutralize(todo.title)}"
+    content = (f"Todo {todo.pk} ready in {doorbell_text.sanitize_content(todo.queue)}{label}: "
+               f"{doorbell_text.sanitize_content(todo.title)}")
     return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
 
 
@@ -115,12 +95,13 @@ def digest_doorbell(counts: dict, oldest_age, reason: str) -> dict:
         raise ValueError(f"unknown digest reason {reason!r}")
     queues = sorted(counts)
     pending = sum(counts.values())
-    per_queue = ", ".join(f"{neutralize(queue)} {counts[queue]}" for queue in queues)
+    per_queue = ", ".join(f"{doorbell_text.sanitize_content(queue)} {counts[queue]}"
+                          for queue in queues)
     content = (f"Digest ({reason}): {pending} pending todo{'s' if pending != 1 else ''} "
                f"({per_queue}); oldest waiting {describe_age(oldest_age)}. "
                "Drain them with claim_next.")
-    meta = _meta([("kind", DIGEST_KIND), ("pending", pending), ("queues", ",".join(queues)),
-                  ("reason", reason)])
+    meta = doorbell_text.build_meta([("kind", DIGEST_KIND), ("pending", pending),
+                                     ("queues", queues), ("reason", reason)])
     return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
 
 

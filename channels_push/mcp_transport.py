@@ -27,17 +27,15 @@ import logging
 import re
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import urlsplit
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import DatabaseError
-from django.http.request import validate_host
 
 from endpoints.models import hash_credential
 
-from switchboard import health, ratelimit
+from switchboard import health, origins, ratelimit
 
 from . import doorbells, longpoll, mcp_framing, mcp_tools, metrics, plain_http, publish
 from . import transitions as session_transitions
@@ -77,7 +75,6 @@ TERMINATE_MESSAGE_TYPE = "mcp.terminate"
 # or is longer than the column cannot be one of ours.
 SESSION_ID_RE = re.compile(r"^[\x21-\x7e]{1,64}$")
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
-LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def session_group(session_id: str) -> str:
@@ -127,24 +124,14 @@ def _fault(status: int, message: str, *, code=mcp_framing.INVALID_REQUEST, reque
 
 
 def origin_allowed(origin: str | None) -> bool:
-    """Absent Origin (non-browser clients) is allowed. A present one must name this server's
-    public host, an ALLOWED_HOSTS entry or localhost: that is what stops a web page from
-    driving a local agent's endpoint (DNS rebinding). A wildcard ALLOWED_HOSTS does not count:
-    it would switch that protection off."""
+    """Absent Origin (non-browser clients) is allowed. A present one must equal, as (scheme,
+    host, port), one of SWITCHBOARD_ALLOWED_ORIGINS (the public URL's origin plus the configured
+    extras): that is what stops a web page — another local port, a rebound DNS name — from
+    driving an agent's endpoint. Anything unparseable, ``null`` included, is refused."""
     if origin is None:
         return True
-    parts = urlsplit(origin.strip())
-    try:
-        host = parts.hostname
-    except ValueError:
-        return False
-    if parts.scheme not in ("http", "https") or not host:
-        return False
-    if host in LOCAL_HOSTS:
-        return True
-    if host == urlsplit(settings.SWITCHBOARD_PUBLIC_URL).hostname:
-        return True
-    return validate_host(host, [h for h in settings.ALLOWED_HOSTS if h != "*"])
+    parsed = origins.parse_origin(origin)
+    return parsed is not None and parsed in settings.SWITCHBOARD_ALLOWED_ORIGINS
 
 
 def bearer_of(authorization: str | None) -> str | None:

@@ -42,7 +42,8 @@ class Request:
     body: bytes = b""
     # The body passed the size cap (by Content-Length or as read); reading stopped there.
     too_large: bool = False
-    # The peer's address (ASGI ``client``; the client's own behind daphne --proxy-headers).
+    # The client's address (ASGI ``client``, which switchboard/client_address.py has made the
+    # client's own behind a trusted proxy).
     client: str = ""
 
     def header(self, name: str) -> str | None:
@@ -86,6 +87,25 @@ def host_allowed(request: Request, scope) -> bool:
     if settings.DEBUG and not allowed:
         allowed = DEBUG_LOCAL_HOSTS
     return bool(domain) and validate_host(domain, allowed)
+
+
+class AllowedHostsOnly:
+    """ASGI middleware answering 400 (JSON) to a request whose Host is not in ALLOWED_HOSTS.
+
+    Django checks the Host only for views behind CommonMiddleware; the routes asgi.py serves
+    without Django's request machinery (the MCP endpoint, the board's event stream, static
+    files) would otherwise answer any Host, which is what DNS rebinding needs. ``SyncHandlerApp``
+    checks on its own (it answers in its endpoint's error format)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and not host_allowed(request_from_scope(scope), scope):
+            await send_answer(send, json_answer(400, {"error": {
+                "code": "bad_request", "message": "Host not allowed"}}))
+            return
+        return await self.app(scope, receive, send)
 
 
 class ClientGone(Exception):

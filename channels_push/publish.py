@@ -25,7 +25,7 @@ log = logging.getLogger("switchboard.publish")
 
 BOARD_GROUP = "todos.board"
 # Changes after which a todo is ready for an agent to pick up: the doorbell's triggers (§7).
-READY_ACTIONS = frozenset({"create", "retry", "requeue"})
+READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote"})
 # Sends in flight per process before we start dropping. A healthy Redis drains thousands per
 # second; this only bites when the layer hangs, and then memory stays bounded.
 MAX_PENDING_SENDS = 10_000

@@ -8,8 +8,10 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db import transaction
-from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
+
+from switchboard import admin_pages
 
 from . import transitions
 from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint
@@ -28,6 +30,7 @@ class EndpointForm(forms.ModelForm):
     class Meta:
         model = Endpoint
         fields = ["slug", "owner", "scope", "verbs", "default_lease_seconds", "max_attempts", "active",
+                  "accept_unverified",
                   # §8 presence: the manual state is set by the clock actions (they send the
                   # digest); schedule and override are edited here.
                   "shift_timezone", "shift_schedule", "presence_override", "presence_override_until"]
@@ -58,15 +61,12 @@ class CredentialInline(admin.TabularInline):
 
 
 def show_credentials_once(request, credentials, *, title):
-    """A page with freshly minted credentials: the only time they are ever displayed. Not a
-    message: messages may sit in a cookie."""
-    rows = [(slug, f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{slug}", credential)
-            for slug, credential in credentials]
-    response = TemplateResponse(request, "admin/endpoints/credentials_once.html", {
-        **admin.site.each_context(request), "title": title, "credentials": rows,
-    })
-    response["Cache-Control"] = "no-store"
-    return response
+    """A page with freshly minted credentials: the only time they are ever displayed."""
+    return admin_pages.show_secrets_once(
+        request, title=title, headers=["endpoint", "MCP URL", "credential"],
+        rows=[(slug, f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{slug}", credential)
+              for slug, credential in credentials],
+        back_url=reverse("admin:endpoints_endpoint_changelist"))
 
 
 @admin.register(Endpoint)

@@ -56,10 +56,15 @@ def _clock_time(text: str) -> tuple[time, int]:
 
 
 def validate_shift_schedule(schedule, timezone_name: str) -> None:
-    """Raise ValidationError unless ``schedule`` is a list of well-formed windows and
-    ``timezone_name`` an IANA zone (required as soon as there is a window)."""
+    """Raise ValidationError unless ``schedule`` is a list of at most
+    SWITCHBOARD_MAX_SHIFT_WINDOWS well-formed windows and ``timezone_name`` an IANA zone
+    (required as soon as there is a window)."""
     if not isinstance(schedule, list):
         raise ValidationError({"shift_schedule": "a list of {day, start, end} windows"})
+    # Checked first: every clock in/out derives all windows under the endpoint's row lock.
+    cap = settings.SWITCHBOARD_MAX_SHIFT_WINDOWS
+    if len(schedule) > cap:
+        raise ValidationError({"shift_schedule": f"at most {cap} windows, got {len(schedule)}"})
     for window in schedule:
         if (not isinstance(window, dict) or set(window) != {"day", "start", "end"}
                 or window["day"] not in WEEKDAYS
@@ -79,18 +84,19 @@ def shift_windows(schedule, timezone_name: str, start: datetime, end: datetime):
     """Every shift window ``(begins, ends)`` (aware UTC instants) that overlaps [start, end],
     in order of beginning."""
     zone = ZoneInfo(timezone_name)
+    by_weekday = {day: [] for day in WEEKDAYS}
+    for window in schedule:
+        begin_time, _ = _clock_time(window["start"])
+        end_time, extra = _clock_time(window["end"])
+        if extra == 0 and end_time <= begin_time:
+            extra = 1  # runs past midnight
+        by_weekday[window["day"]].append((begin_time, end_time, extra))
     first = start.astimezone(zone).date() - timedelta(days=2)
     last = end.astimezone(zone).date() + timedelta(days=1)
     windows = []
     day = first
     while day <= last:
-        for window in schedule:
-            if WEEKDAYS[day.weekday()] != window["day"]:
-                continue
-            begin_time, _ = _clock_time(window["start"])
-            end_time, extra = _clock_time(window["end"])
-            if extra == 0 and end_time <= begin_time:
-                extra = 1  # runs past midnight
+        for begin_time, end_time, extra in by_weekday[WEEKDAYS[day.weekday()]]:
             begins = datetime.combine(day, begin_time, tzinfo=zone).astimezone(ZoneInfo("UTC"))
             ends = datetime.combine(day + timedelta(days=extra), end_time,
                                     tzinfo=zone).astimezone(ZoneInfo("UTC"))
@@ -106,16 +112,24 @@ def on_shift(schedule, timezone_name: str, now: datetime) -> bool:
 
 def shift_boundaries(schedule, timezone_name: str, start: datetime, end: datetime):
     """Instants in (start, end] where the schedule's on/off state changes, each with the
-    state it changes to: ``[(instant, "in" | "out")]``. Touching or overlapping windows merge."""
+    state it changes to: ``[(instant, "in" | "out")]``. Touching or overlapping windows merge.
+
+    One pass over the windows in order of beginning: each either extends the running shift
+    (it begins at or before the running end) or closes it and opens the next, so the shift's
+    edges are the boundaries. The windows overlapping [start, end] are all that can decide a
+    state inside it."""
     changes = []
-    before = on_shift(schedule, timezone_name, start)
-    instants = sorted({t for window in shift_windows(schedule, timezone_name, start, end)
-                       for t in window if start < t <= end})
-    for instant in instants:
-        now_on = on_shift(schedule, timezone_name, instant)
-        if now_on != before:
-            changes.append((instant, Presence.IN if now_on else Presence.OUT))
-            before = now_on
+    running = None  # (begins, ends) of the merged shift being extended
+    for begins, ends in shift_windows(schedule, timezone_name, start, end) + [(None, None)]:
+        if running is not None and begins is not None and begins <= running[1]:
+            running = (running[0], max(running[1], ends))
+            continue
+        if running is not None:
+            if start < running[0] <= end:
+                changes.append((running[0], Presence.IN))
+            if start < running[1] <= end:
+                changes.append((running[1], Presence.OUT))
+        running = (begins, ends)
     return changes
 
 
@@ -153,6 +167,12 @@ class Endpoint(models.Model):
     )
     max_attempts = models.PositiveSmallIntegerField(default=5)
     active = models.BooleanField(default=True)
+    # Off: claim, claim_next and list_todos never hand out an unverified todo (anyone who
+    # knows an unsigned webhook's URL can create one); it waits on the board, where the
+    # operator can promote it. On by default: the seeds make every pending todo visible.
+    accept_unverified = models.BooleanField(
+        default=True, help_text="Hand unverified todos (from unsigned webhooks) to agents. Off: "
+                                "they wait on the board until an operator promotes one.")
     created_at = models.DateTimeField(auto_now_add=True)
     # Presence (§8). Effective presence = an unexpired override, else the shift schedule (when
     # there is one; a clock in/out holds against it until presence_hold_until), else the

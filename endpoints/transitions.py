@@ -6,7 +6,8 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .models import Credential, Endpoint, Presence, hash_credential, next_shift_boundary
+from .models import (Credential, Endpoint, Presence, hash_credential, next_shift_boundary,
+                     validate_shift_schedule)
 
 DEFAULT_ROTATION_GRACE = timedelta(hours=24)
 
@@ -20,11 +21,13 @@ def _issue_credential(endpoint: Endpoint) -> str:
 
 
 @transaction.atomic
-def vend_endpoint(*, slug, owner, scope=None, verbs=None, default_lease_seconds=None, max_attempts=5):
+def vend_endpoint(*, slug, owner, scope=None, verbs=None, default_lease_seconds=None, max_attempts=5,
+                  accept_unverified=True):
     """Create an endpoint and its first credential. Returns ``(endpoint, credential)``; the
     plaintext credential exists only in this return value."""
     endpoint = Endpoint(slug=slug, owner=owner, max_attempts=max_attempts,
-                        default_lease_seconds=default_lease_seconds)
+                        default_lease_seconds=default_lease_seconds,
+                        accept_unverified=accept_unverified)
     if scope is not None:
         endpoint.scope = scope
     if verbs is not None:
@@ -78,6 +81,22 @@ def set_presence(endpoint: Endpoint, presence: str, *, until=None, now=None) -> 
     for name in ("presence_state", "presence_override", "presence_override_until",
                  "presence_hold_until"):
         setattr(endpoint, name, getattr(row, name))
+    return before, row.presence_at(now)
+
+
+def set_shift_schedule(endpoint: Endpoint, *, timezone_name: str, windows: list,
+                       now=None) -> tuple[str, str]:
+    """Replace ``endpoint``'s shift schedule (validated as the model's clean() does: at most
+    SWITCHBOARD_MAX_SHIFT_WINDOWS windows; raises ValidationError, writing nothing). Returns
+    its effective presence ``(before, after)``, read under the same row lock."""
+    validate_shift_schedule(windows, timezone_name)
+    now = now or timezone.now()
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        before = row.presence_at(now)
+        row.shift_timezone, row.shift_schedule = timezone_name, windows
+        row.save(update_fields=["shift_timezone", "shift_schedule"])
+    endpoint.shift_timezone, endpoint.shift_schedule = timezone_name, windows
     return before, row.presence_at(now)
 
 

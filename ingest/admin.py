@@ -1,9 +1,8 @@
 """Admin for webhooks (routes inline, secret rotation), deliveries, the delivery log and
 operator API tokens.
 
-Secrets are never rendered again: a new webhook secret is shown once, on a page of its own
-(never in a message, which may sit in a cookie), as endpoint credentials are; an API token is
-shown once in the success message of the action that made it.
+Secrets are never rendered again: a minted webhook secret or API token is shown once, on a
+page of its own (switchboard.admin_pages), never in a message.
 
 A staff operator who is not a superuser sees and changes only their own rows: their webhooks,
 the deliveries attributed to them, their API tokens; routes may point only at their endpoints,
@@ -15,28 +14,24 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
-from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
 from endpoints.models import Endpoint
+from switchboard import admin_pages
 
 from . import transitions
 from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Source, Webhook
 
 
-def show_secrets_once(request, secrets, *, title):
-    """A page with fresh webhook secrets (``[(webhook, secret)]``): the only time they are
-    displayed. Not a message: messages may sit in a cookie. An unsigned webhook gets the
-    plain warning that anyone who knows its URL can create work."""
-    rows = [(webhook.slug, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}", secret,
-             transitions.UNSIGNED_WARNING if webhook.source == Source.UNSIGNED else "")
-            for webhook, secret in secrets]
-    response = TemplateResponse(request, "admin/ingest/secrets_once.html", {
-        **admin.site.each_context(request), "title": title, "secrets": rows,
-    })
-    response["Cache-Control"] = "no-store"
-    return response
+def show_webhook_secrets_once(request, minted, *, title):
+    """The page for fresh webhook secrets (``[(webhook, secret)]``)."""
+    return admin_pages.show_secrets_once(
+        request, title=title, headers=["webhook", "URL", "secret"],
+        rows=[(webhook.slug, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}", secret)
+              for webhook, secret in minted],
+        back_url=reverse("admin:ingest_webhook_changelist"),
+        note="switchboard keeps it encrypted and never displays it again.")
 
 
 class RouteFormSet(BaseInlineFormSet):
@@ -140,12 +135,17 @@ class WebhookAdmin(admin.ModelAdmin):
         secret = form.cleaned_data.get("new_secret") or transitions.mint_webhook_secret(obj.source)
         obj.secret = secret
         super().save_model(request, obj, form, change)
-        request._new_webhook_secret = (obj, secret)
+        if secret:
+            request._new_webhook_secret = (obj, secret)  # for response_add's page
+        if obj.source == Source.UNSIGNED:
+            self.message_user(request, f"Webhook {obj.slug} is unsigned: anyone who knows its URL "
+                                       "can create work (todos of trust unverified).",
+                              messages.WARNING)
 
     def response_add(self, request, obj, post_url_continue=None):
         created = getattr(request, "_new_webhook_secret", None)
         if created:
-            return show_secrets_once(request, [created], title=f"Webhook {obj.slug} created")
+            return show_webhook_secrets_once(request, [created], title=f"Webhook {obj.slug} created")
         return super().response_add(request, obj, post_url_continue)
 
     @admin.action(description="Rotate secret (the old one stays accepted for 24 h)")
@@ -158,7 +158,7 @@ class WebhookAdmin(admin.ModelAdmin):
                 continue
             minted.append((webhook, transitions.rotate_webhook_secret(webhook)))
         if minted:
-            return show_secrets_once(request, minted, title="New webhook secrets")
+            return show_webhook_secrets_once(request, minted, title="New webhook secrets")
         return None
 
     @admin.action(description="Drop previous secret (end the rotation grace now)")
@@ -241,8 +241,16 @@ class OperatorTokenAdmin(admin.ModelAdmin):
             obj.user = request.user
         row, token = transitions.mint_operator_token(user=obj.user, name=obj.name)
         obj.pk = row.pk
-        self.message_user(request, format_html(
-            "API token for {} (shown only now): <code>{}</code>", obj.user, token), messages.SUCCESS)
+        request._minted_token = token  # for response_add's page, never a message
+
+    def response_add(self, request, obj, post_url_continue=None):
+        token = getattr(request, "_minted_token", None)
+        if token is None:
+            return super().response_add(request, obj, post_url_continue)
+        return admin_pages.show_secrets_once(
+            request, title=f"API token for {obj.user}", headers=["operator", "name", "token"],
+            rows=[(obj.user.get_username(), obj.name, token)],
+            back_url=reverse("admin:ingest_operatortoken_changelist"))
 
     @admin.action(description="Revoke selected tokens")
     def revoke(self, request, queryset):

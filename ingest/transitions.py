@@ -35,10 +35,12 @@ from .verification import STANDARD_SECRET_PREFIX, decode_standard_secret
 log = logging.getLogger("switchboard.ingest")
 
 DEFAULT_SECRET_ROTATION_GRACE = timedelta(hours=24)
-# Said by add_webhook and the admin whenever an unsigned webhook is created (§12).
-UNSIGNED_WARNING = ("unsigned: anyone who knows this URL can create work. Deliveries are "
-                    "recorded as unverified (never rung), bodies are capped at "
-                    "SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES; keep the URL secret.")
+# Said plainly whenever an unsigned webhook is made or shown (CONTRACT §12): add_webhook, the
+# admin, the webhook's page. Its URL is its only secret.
+UNSIGNED_WARNING = ("unsigned: ANYONE WHO KNOWS THIS URL CAN CREATE WORK. Deliveries are recorded "
+                    "as trust unverified, never rung, and agents are told to treat them as data; "
+                    "endpoints with accept_unverified off never get them until you promote one. "
+                    "Bodies are capped at SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES (64 KiB).")
 OPERATOR_SOURCE = "operator"
 # Operator keys live in their own namespace: "@" cannot appear in a webhook slug, so an
 # operator-chosen key can never collide with "<webhook slug>:<delivery id>".

@@ -2,7 +2,8 @@
 
 Long-lived streams (the MCP endpoint, the board's SSE) are Channels consumers; the webhook
 hooks are a plain ASGI app (channels_push.plain_http: the hot path, without Django's request
-machinery); everything else is Django's ASGI handler.
+machinery); everything else is Django's ASGI handler. Every route checks the Host header
+against ALLOWED_HOSTS (plain_http.AllowedHostsOnly, or SyncHandlerApp's own check).
 """
 
 import asyncio
@@ -21,16 +22,18 @@ from django.urls import re_path  # noqa: E402
 
 from channels_push import board_stream, mcp_transport, plain_http, publish  # noqa: E402
 from ingest import views as ingest_views  # noqa: E402
+from switchboard import client_address  # noqa: E402
 
 http_routes = [
     # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
-    re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
+    re_path(mcp_transport.ROUTE_PATTERN, plain_http.AllowedHostsOnly(mcp_transport.McpEndpoint())),
     # The Todos board's live stream (issue 7): session-authenticated like the board itself.
-    re_path(r"^todos/events$", AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi())),
+    re_path(r"^todos/events$", plain_http.AllowedHostsOnly(
+        AuthMiddlewareStack(board_stream.BoardStreamConsumer.as_asgi()))),
     # A webhook page's live delivery log (§14): the same mechanism, one group per webhook.
-    re_path(r"^todos/webhooks/(?P<slug>[-a-zA-Z0-9_]+)/events$",
-            AuthMiddlewareStack(board_stream.GroupStreamConsumer.as_asgi(
-                authorize=ingest_views.delivery_stream_group))),
+    re_path(r"^todos/webhooks/(?P<slug>[-a-zA-Z0-9_]+)/events$", plain_http.AllowedHostsOnly(
+        AuthMiddlewareStack(board_stream.GroupStreamConsumer.as_asgi(
+            authorize=ingest_views.delivery_stream_group)))),
     # Webhook deliveries (§5), /hooks/<webhook_slug>: any slug text is captured so that an
     # unknown one gets ingest's JSON 404.
     re_path(ingest_views.HOOK_ROUTE_PATTERN,
@@ -39,7 +42,8 @@ http_routes = [
     # installed apps by Django's own handler: switchboard's static files are a few admin
     # assets, not worth a separate server or collectstatic step; put a CDN or proxy cache in
     # front in production if you like.
-    re_path(r"", ASGIStaticFilesHandler(django_asgi_app)),
+    # Django checks the Host of its views itself; the static files handler does not.
+    re_path(r"", plain_http.AllowedHostsOnly(ASGIStaticFilesHandler(django_asgi_app))),
 ]
 
 router = ProtocolTypeRouter({"http": URLRouter(http_routes)})
@@ -48,4 +52,5 @@ router = ProtocolTypeRouter({"http": URLRouter(http_routes)})
 async def application(scope, receive, send):
     # After-commit publishes from request threads are handed to this (the server's) loop.
     publish.bind_server_loop(asyncio.get_running_loop())
-    return await router(scope, receive, send)
+    # Behind the reverse proxy, every route sees the client's address, not the proxy's.
+    return await router(client_address.scope_with_client_address(scope), receive, send)

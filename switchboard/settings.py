@@ -10,12 +10,15 @@ Two runtime modes fall out of two variables:
 A malformed value fails at import time with a message naming the variable.
 """
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+
+from switchboard import origins
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("SWITCHBOARD_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -34,13 +37,26 @@ def _typed(name, cast, default, *, minimum=None):
     return value
 
 
+def _make_private_file(path: Path) -> bool:
+    """Create ``path`` readable by its owner only (0600) if it is missing, and tighten it if an
+    older version left it wider. True when this call created it."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        try:
+            path.chmod(0o600)
+        except PermissionError:  # someone else's file: theirs to fix, not a reason to stop
+            pass
+        return False
+
+
 def _dev_secret_key():
     """Generated once into var/ so sessions survive restarts of the embedded default."""
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     key_file = VAR_DIR / "secret_key"
-    if not key_file.exists():
+    if _make_private_file(key_file):  # 0600 from the first byte, not chmod-ed after writing
         key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
     return key_file.read_text().strip()
 
 
@@ -50,7 +66,23 @@ ALLOWED_HOSTS = _typed("ALLOWED_HOSTS", env.list, ["localhost", "127.0.0.1", "[:
 SWITCHBOARD_PUBLIC_URL = env.str("SWITCHBOARD_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip(
     "/"
 )
-CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL]
+# Browser origins allowed to call /mcp (exact scheme, host and port; CONTRACT §12): the public
+# URL's own origin plus SWITCHBOARD_ALLOWED_ORIGINS (comma-separated, e.g. a browser-based
+# inspector's http://localhost:6274). A request without Origin (any non-browser client) is
+# never refused for it.
+def _origin(name, value, *, allow_path=False):
+    parsed = origins.parse_origin(value, allow_path=allow_path)
+    if parsed is None:
+        raise ImproperlyConfigured(f"{name}: {value!r} is not an http(s) origin (scheme://host[:port])")
+    return parsed
+
+
+_EXTRA_ORIGINS = _typed("SWITCHBOARD_ALLOWED_ORIGINS", env.list, [])
+SWITCHBOARD_ALLOWED_ORIGINS = [
+    _origin("SWITCHBOARD_PUBLIC_URL", SWITCHBOARD_PUBLIC_URL, allow_path=True),
+    *(_origin("SWITCHBOARD_ALLOWED_ORIGINS", value) for value in _EXTRA_ORIGINS),
+]
+CSRF_TRUSTED_ORIGINS = [SWITCHBOARD_PUBLIC_URL, *_EXTRA_ORIGINS]
 
 # -- the queue -------------------------------------------------------------------------------
 SWITCHBOARD_DEFAULT_LEASE = timedelta(
@@ -82,6 +114,11 @@ SWITCHBOARD_REPLAY_WINDOW = timedelta(
 # Delivery log (§14): refused deliveries recorded per webhook per minute; the rest are counted.
 SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE = _typed(
     "SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE", env.int, 60, minimum=0
+)
+# The largest tools/call result (its JSON) an agent is sent; a larger one (list_todos at a high
+# limit over big payloads) is refused as invalid_argument telling the agent to lower `limit`.
+SWITCHBOARD_MCP_MAX_RESULT_BYTES = _typed(
+    "SWITCHBOARD_MCP_MAX_RESULT_BYTES", env.int, 8 * 1024 * 1024, minimum=64 * 1024
 )
 # MCP sessions (§6) with no request and no open stream for this long are ended by the
 # idle-session sweep; an open notification stream keeps its session alive.
@@ -117,10 +154,12 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",
     "endpoints",
     "todos",
     "ingest",
     "channels_push",
+    "accounts",
 ]
 
 MIDDLEWARE = [
@@ -131,6 +170,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "switchboard.csp.ContentSecurityPolicyMiddleware",
+    # Last, as django-axes requires: turns a locked-out sign-in into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "switchboard.urls"
@@ -181,6 +223,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Tests need a file (threads and child processes share it), next to the database it mirrors.
     _sqlite_file = Path(DATABASES["default"]["NAME"])
     _sqlite_file.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet
+    # The ledger holds payloads and secrets' ciphertexts: 0600. SQLite gives the -wal and -shm
+    # files it creates the database file's mode, so creating the database first covers them.
+    for _suffix in ("", "-wal", "-shm"):
+        _path = Path(f"{_sqlite_file}{_suffix}")
+        if (not _suffix or _path.exists()) and str(_sqlite_file) != ":memory:":
+            _make_private_file(_path)
     DATABASES["default"].setdefault("TEST", {})["NAME"] = str(
         _sqlite_file.with_name("test_" + _sqlite_file.name))
 else:
@@ -218,6 +266,36 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# -- production posture (issue 15: metrics access, the reverse proxy, secrets at rest) --------
+# Production = a configured database and DEBUG off; the embedded default (no DATABASE_URL) and
+# DEBUG runs are not. /metrics is off in production unless SWITCHBOARD_METRICS_TOKEN is set
+# (superusers always read it); operator secrets need a key of their own there.
+SWITCHBOARD_PRODUCTION = not EMBEDDED and not DEBUG
+# Windows per endpoint shift schedule (§12): a clock in/out derives them all under a row lock.
+SWITCHBOARD_MAX_SHIFT_WINDOWS = _typed("SWITCHBOARD_MAX_SHIFT_WINDOWS", env.int, 50, minimum=1)
+# Reverse proxies whose X-Forwarded-For is believed (switchboard/client_address.py): addresses,
+# networks, or "unix" for daphne on a unix socket. Empty: the peer is the client.
+SWITCHBOARD_TRUSTED_PROXIES = _typed("SWITCHBOARD_TRUSTED_PROXIES", env.list, [])
+from switchboard.client_address import parse_trusted_proxies  # noqa: E402 - checked at start
+
+parse_trusted_proxies(tuple(SWITCHBOARD_TRUSTED_PROXIES))
+if SWITCHBOARD_PRODUCTION:
+    if not SWITCHBOARD_SECRETS_KEY.strip(" ,"):
+        raise ImproperlyConfigured(
+            "SWITCHBOARD_SECRETS_KEY is required in production (DATABASE_URL set, DEBUG off): "
+            "a Fernet key of its own for secrets at rest, not derived from SECRET_KEY. Generate "
+            "one with: python -c 'from cryptography.fernet import Fernet; "
+            "print(Fernet.generate_key().decode())'")
+    from cryptography.fernet import Fernet
+
+    for _key in [k.strip() for k in SWITCHBOARD_SECRETS_KEY.split(",") if k.strip()]:
+        try:
+            Fernet(_key)
+        except ValueError:
+            raise ImproperlyConfigured(
+                "SWITCHBOARD_SECRETS_KEY: not a Fernet key (32 url-safe base64-encoded bytes; "
+                "several keys are separated by commas, newest first)") from None
+
 # -- redis: channel layer and Celery ---------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
 if REDIS_URL:
@@ -238,7 +316,34 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 
+# -- sign-in throttling (CONTRACT §12): django-axes ---------------------------------------------
+# Why django-axes rather than switchboard/ratelimit.py's token bucket: a lockout must count
+# failed sign-ins only (a bucket charges every request, so an operator's successful sign-ins
+# would spend it), per username AND per address, forget them after a success, and be shared by
+# every web process in the embedded default too (the bucket falls back to per-process memory
+# without Redis). Axes keeps its counters in the database (both backends), sits in front of
+# every authenticate() call — the board's /accounts/login/, /admin/login/ and OIDC alike — and
+# lists attempts and lockouts in the admin (reset: manage.py axes_reset).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out sign-in
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = _typed("SWITCHBOARD_SIGNIN_FAILURE_LIMIT", env.int, 10, minimum=1)
+AXES_COOLOFF_TIME = timedelta(
+    seconds=_typed("SWITCHBOARD_SIGNIN_LOCKOUT_SECONDS", env.int, 900, minimum=1))
+# Either one locks: a username guessed from many addresses, or one address trying many names.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+# The client address is REMOTE_ADDR — the ASGI client, never a header a client could forge
+# (ipware is not installed, so axes reads nothing else). Behind the reverse proxy it must be
+# the client's, not the proxy's, or one attacker locks every operator out: the ASGI entry point
+# is where a trusted proxy's X-Forwarded-For becomes the client (never daphne --proxy-headers,
+# which believes the entry a client writes).
+AXES_CLIENT_IP_CALLABLE = None
+AXES_DISABLE_ACCESS_LOG = True  # failures are what lock; no row per successful sign-in
+
 # -- operator sign-in through OIDC (mozilla-django-oidc), only when OIDC_* is set -------------
+OIDC_BACKEND = "accounts.oidc.SubjectOIDCBackend"
 OIDC_ENABLED = bool(env.str("OIDC_RP_CLIENT_ID", default=""))
 if OIDC_ENABLED:
     _OIDC_REQUIRED = ("OIDC_RP_CLIENT_ID", "OIDC_RP_CLIENT_SECRET", "OIDC_OP_AUTHORIZATION_ENDPOINT",
@@ -254,14 +359,17 @@ if OIDC_ENABLED:
         raise ImproperlyConfigured("OIDC_OP_JWKS_ENDPOINT is needed with OIDC_RP_SIGN_ALGO=RS*")
     OIDC_RP_SCOPES = env.str("OIDC_RP_SCOPES", default="openid email profile")
     INSTALLED_APPS.append("mozilla_django_oidc")
-    AUTHENTICATION_BACKENDS = [
-        "django.contrib.auth.backends.ModelBackend",
-        "mozilla_django_oidc.auth.OIDCAuthenticationBackend",
-    ]
+    # Links accounts by the `sub` claim, requires email_verified (accounts/oidc.py).
+    AUTHENTICATION_BACKENDS.append(OIDC_BACKEND)
+    # No account is created for an unknown subject unless asked for (the library's own
+    # setting is OIDC_CREATE_USER, default on).
+    OIDC_CREATE_USER = _typed("OIDC_CREATE_USERS", env.bool, False)
 
 # -- auth, i18n, static ----------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in ("UserAttributeSimilarityValidator", "MinimumLengthValidator",
+                 "CommonPasswordValidator", "NumericPasswordValidator")
 ]
 LOGIN_URL = "/admin/login/"
 LOGIN_REDIRECT_URL = "/todos/"
@@ -273,6 +381,30 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
+
+# -- https posture (CONTRACT §12): on whenever the public URL is https ------------------------
+# The supported production shape terminates TLS in the reverse proxy, which sets
+# X-Forwarded-Proto (deploy/nginx.conf); only then is that header trusted.
+HTTPS = SWITCHBOARD_PUBLIC_URL.startswith("https://")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Off only when the proxy in front cannot say https (TLS ends further out and the proxy
+    # forwards X-Forwarded-Proto: http): the redirect would then loop.
+    SECURE_SSL_REDIRECT = _typed("SWITCHBOARD_SSL_REDIRECT", env.bool, True)
+    # Probes and scrapers ask over plain http on the inside; /mcp and /hooks never redirect
+    # (they are served before Django, asgi.py).
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+    SECURE_HSTS_SECONDS = _typed("SWITCHBOARD_HSTS_SECONDS", env.int, 31536000, minimum=0)
+    # Domain-wide promises (every subdomain, the browsers' preload list) are the operator's to
+    # make, not a default: opt in with these. check --deploy's reminders of them are silenced.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _typed("SWITCHBOARD_HSTS_INCLUDE_SUBDOMAINS", env.bool, False)
+    SECURE_HSTS_PRELOAD = _typed("SWITCHBOARD_HSTS_PRELOAD", env.bool, False)
+    SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
+# No inline script or style anywhere (the board's script and style are files), so the policy
+# needs no 'unsafe-inline'. Sent on every Django page (switchboard.csp).
+CONTENT_SECURITY_POLICY = ("default-src 'self'; frame-ancestors 'none'; base-uri 'self'; "
+                           "object-src 'none'")
 
 # -- logging: key=value lines; never a bearer, secret or body (CONTRACT §10) ----------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()

@@ -7,6 +7,10 @@ import os
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/switchboard")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
 os.environ.setdefault("SECRET_KEY", "test-secret-key-not-for-production")
+# Production settings (a DATABASE_URL, DEBUG off) refuse to start without a secrets key of their
+# own; child processes (daphne, celery, manage.py) inherit this one. base64("switchboard-tests-
+# only-secrets!!"): a test key, never for production.
+os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtdGVzdHMtb25seS1zZWNyZXRzISE=")
 # Tests run many threads against one process's pool (8 drain workers, Channels' thread pool,
 # live servers); a production-sized pool of 10 would make them queue for connections.
 os.environ.setdefault("DATABASE_POOL_MAX_SIZE", "40")

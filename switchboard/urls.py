@@ -21,6 +21,7 @@ urlpatterns = [
     path("todos/", todo_views.board, name="todos-board"),
     path("todos/rows", todo_views.board_rows, name="todos-rows"),
     path("todos/board.js", todo_views.board_script, name="todos-board-js"),
+    path("todos/board.css", todo_views.board_style, name="todos-board-css"),
     path("todos/<int:todo_id>/", todo_views.todo_detail, name="todos-detail"),
     path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
     path("todos/endpoints/<slug:slug>/clock/<str:state>", todo_views.clock_endpoint,

@@ -113,8 +113,15 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 800})
             page.set_default_timeout(WAIT_MS)
+            # The pages run under the CSP (no inline script or style): nothing is blocked.
+            blocked = []
+            page.on("console", lambda message: blocked.append(message.text)
+                    if "Content Security Policy" in message.text else None)
             sign_in(page, live_daphne.url)
             page.evaluate("window.__sameDocument = true")
+            assert "frame-ancestors 'none'" in httpx.get(f"{live_daphne.url}/accounts/login/") \
+                .headers["content-security-policy"]
+            assert page.evaluate("getComputedStyle(document.body).marginTop") == "0px"  # board.css
 
             in_thread(transitions.create_todo, endpoint=bobs, queue="inbox",
                       title="bob's todo must not show", actor="test", trust=Trust.SIGNED)
@@ -154,6 +161,7 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
             assert '"full_name": "acme/widgets"' in page.locator("#payload").inner_text()
             assert "acme/widgets#7 opened: Deploy the release" in page.locator("h1").inner_text()
             page.screenshot(path=str(tmp_path / "todo.png"), full_page=True)
+            assert blocked == []
         finally:
             browser.close()
     assert (tmp_path / "board.png").stat().st_size > 0

@@ -104,3 +104,35 @@ def test_no_missing_migrations():
         capture_output=True, text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_embedded_database_and_secret_key_are_private_files(tmp_path):
+    """SQLite's database, its WAL and shared-memory files, and the generated secret key are
+    readable by their owner only (0600), even under a permissive umask; a database left 0644
+    by an older version is tightened at start."""
+    var_dir = tmp_path / "var"
+    script = (
+        "import os, stat, django; django.setup()\n"
+        "from django.db import connection\n"
+        "with connection.cursor() as cursor:\n"
+        "    cursor.execute('CREATE TABLE IF NOT EXISTS probe (x int)')\n"
+        "    cursor.execute('INSERT INTO probe VALUES (1)')\n"
+        "    d = os.environ['SWITCHBOARD_VAR_DIR']\n"
+        "    for name in ('switchboard.sqlite3', 'switchboard.sqlite3-wal',\n"
+        "                 'switchboard.sqlite3-shm', 'secret_key'):\n"
+        "        print(name, oct(stat.S_IMODE(os.stat(os.path.join(d, name)).st_mode)))\n"
+    )
+
+    def modes():
+        done = subprocess.run([PYTHON, "-c", "import os; os.umask(0o022); exec(os.environ['S'])"],
+                              cwd=ROOT, env={**embedded_env(var_dir), "S": script,
+                                             "DJANGO_SETTINGS_MODULE": "switchboard.settings"},
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return dict(line.split() for line in done.stdout.splitlines())
+
+    assert set(modes().values()) == {"0o600"}
+    for name in ("switchboard.sqlite3", "switchboard.sqlite3-wal", "switchboard.sqlite3-shm"):
+        if (var_dir / name).exists():
+            os.chmod(var_dir / name, 0o644)
+    assert set(modes().values()) == {"0o600"}

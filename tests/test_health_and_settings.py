@@ -32,6 +32,9 @@ def test_readyz_is_503_when_redis_is_unreachable(client):
         ("SWITCHBOARD_MAX_BODY_BYTES", "-1"),
         ("DATABASE_URL", "nosuchdb://x"),
         ("REDIS_URL", "http://127.0.0.1:6379"),
+        ("SWITCHBOARD_ALLOWED_ORIGINS", "http://evil\\@127.0.0.1"),
+        ("SWITCHBOARD_PUBLIC_URL", "ftp://example.org"),
+        ("SWITCHBOARD_SIGNIN_FAILURE_LIMIT", "0"),
     ],
 )
 def test_a_bad_setting_fails_at_start_naming_the_variable(variable, value):
@@ -71,3 +74,26 @@ def test_prepared_statements_can_be_turned_off_for_a_pooler(value, threshold):
          "print(settings.DATABASES['default']['OPTIONS']['prepare_threshold'])"],
         cwd=ROOT, env=env, capture_output=True, text=True)
     assert result.stdout.strip() == threshold, result.stderr
+
+
+def start_settings(tmp_path, **variables) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "DEBUG", "SWITCHBOARD_SECRETS_KEY")}
+    env.update(DJANGO_SETTINGS_MODULE="switchboard.settings", SWITCHBOARD_VAR_DIR=str(tmp_path),
+               **variables)
+    return subprocess.run([PYTHON, "-c", "import django; django.setup()"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+
+
+def test_production_refuses_to_start_without_a_secrets_key_of_its_own(tmp_path):
+    production = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/any"}
+    refused = start_settings(tmp_path, **production)
+    assert refused.returncode != 0
+    assert "ImproperlyConfigured: SWITCHBOARD_SECRETS_KEY is required in production" in refused.stderr
+    bad_key = start_settings(tmp_path, SWITCHBOARD_SECRETS_KEY="not-a-fernet-key", **production)
+    assert bad_key.returncode != 0 and "SWITCHBOARD_SECRETS_KEY" in bad_key.stderr
+    key = "c3dpdGNoYm9hcmQtdGVzdHMtb25seS1zZWNyZXRzISE="
+    assert start_settings(tmp_path, SWITCHBOARD_SECRETS_KEY=key, **production).returncode == 0
+    # Not production: the embedded default and DEBUG runs derive a key from SECRET_KEY.
+    assert start_settings(tmp_path).returncode == 0
+    assert start_settings(tmp_path, DEBUG="true", **production).returncode == 0

@@ -1,7 +1,7 @@
 """End to end: the official mcp SDK client against a real daphne process (CONTRACT §6)."""
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -20,6 +20,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def vend(slug, **kwargs):
     owner = UserFactory(username=f"owner-{slug}")
     return endpoint_transitions.vend_endpoint(slug=slug, owner=owner, **kwargs)
+
+
+def parse_time(text):
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def add_todos(endpoint, *titles, queue="inbox"):
@@ -110,7 +114,7 @@ def test_two_clients_get_different_todos_and_another_endpoint_sees_none(daphne_s
         return listed, by_id, nothing, first, second
 
     listed, by_id, nothing, first, second = asyncio.run(scenario())
-    assert listed.structured_content == {"todos": []}
+    assert listed.structured_content == {"todos": [], "next_cursor": None, "has_more": False}
     assert by_id.is_error and by_id.structured_content["error"]["code"] == "not_found"
     assert nothing.structured_content == {"empty": True}
     assert not set(first) & set(second)
@@ -156,3 +160,78 @@ def test_sdk_client_opens_the_stream_and_the_count_follows_it(daphne_server):
     assert poll(lambda: open_streams() == 0)
     assert McpSession.objects.get(endpoint=endpoint).terminated_at is not None  # DELETE on exit
     assert credential not in daphne_server.log_text()
+
+
+def test_the_amended_agent_contract_through_the_sdk(daphne_server):
+    """Issue 13 items 1, 2, 3, 4, 5, 6, 8 as an agent sees them through the official SDK
+    client (which also validates every successful structuredContent against the tool's
+    outputSchema)."""
+    endpoint, credential = vend("e2e-contract", default_lease_seconds=60)
+    todos = add_todos(endpoint, *[f"t{i}" for i in range(120)])
+
+    async def scenario():
+        async with sdk_client(daphne_server.url, endpoint.slug, credential) as client:
+            seen = {}
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            seen["annotations"] = {name: (tool.annotations.read_only_hint,
+                                          tool.annotations.idempotent_hint,
+                                          tool.output_schema is not None)
+                                   for name, tool in tools.items()}
+            # 13.5: the whole queue in pages.
+            listed, cursor = [], None
+            while True:
+                page = (await client.call_tool(
+                    "list_todos", {"limit": 50, **({"cursor": cursor} if cursor else {})}
+                )).structured_content
+                listed += [todo["id"] for todo in page["todos"]]
+                cursor = page["next_cursor"]
+                if not page["has_more"]:
+                    break
+            seen["listed"] = listed
+            # 13.1: a long lease is not shortened by a heartbeat without a ttl.
+            long = (await client.call_tool("claim", {"todo_id": int(todos[0].pk),
+                                                     "lease_ttl_seconds": 3600})).structured_content
+            seen["long"] = (await client.call_tool(
+                "heartbeat", {"todo_id": long["todo"]["id"]})).structured_content["todo"]
+            # 13.4: complete twice with the same lease.
+            done = await client.call_tool("complete", {"todo_id": long["todo"]["id"],
+                                                       "lease_id": long["todo"]["lease_id"]})
+            again = await client.call_tool("complete", {"todo_id": long["todo"]["id"],
+                                                        "lease_id": long["todo"]["lease_id"]})
+            seen["done"], seen["again"] = done.structured_content["todo"], again
+            # 13.2: a lapsed lease is lost before the reaper runs (no reaper here).
+            short = (await client.call_tool("claim", {"todo_id": str(todos[1].pk),
+                                                      "lease_ttl_seconds": 1})).structured_content
+            lapsed = parse_time(short["todo"]["lease_expires_at"])
+            while timezone.now() <= lapsed:
+                await asyncio.sleep(0.05)  # waiting for the wall clock the lease runs on
+            seen["lapsed"] = await client.call_tool("complete", {"todo_id": short["todo"]["id"]})
+            # 13.3: an operator override ends the agent's lease; the next call is lease_lost.
+            held = (await client.call_tool("claim", {"todo_id": str(todos[2].pk)})
+                    ).structured_content["todo"]
+            await asyncio.to_thread(override_release, endpoint, held["id"])
+            seen["overridden"] = await client.call_tool("heartbeat", {"todo_id": held["id"]})
+            # 13.6: a wrong type is a tool result the model sees.
+            seen["bad"] = await client.call_tool("claim", {"todo_id": ["1"]})
+            return seen
+
+    def override_release(endpoint, todo_id):
+        todo = Todo.objects.get(pk=todo_id)
+        operator = transitions.Caller.operator(endpoint, "alice")
+        transitions.release_todo(operator, todo_id, overriding=transitions.HeldLease.of(todo))
+
+    seen = asyncio.run(scenario())
+    assert seen["listed"] == [str(t.pk) for t in todos]
+    assert seen["annotations"]["list_todos"] == (True, True, True)
+    assert seen["annotations"]["claim"] == (False, False, True)
+    assert (parse_time(seen["long"]["lease_expires_at"]) - timezone.now()).total_seconds() > 3500
+    assert seen["done"]["state"] == "done" and seen["done"]["lease_id"] is None
+    assert seen["again"].is_error
+    assert seen["again"].structured_content["error"]["code"] == "already_done"
+    assert seen["lapsed"].is_error
+    assert seen["lapsed"].structured_content["error"]["code"] == "lease_lost"
+    assert Todo.objects.get(pk=todos[1].pk).state == "claimed"  # the reaper moves it, later
+    assert seen["overridden"].structured_content["error"]["code"] == "lease_lost"
+    assert seen["bad"].is_error
+    assert seen["bad"].structured_content["error"]["code"] == "invalid_argument"
+    assert "todo_id" in seen["bad"].structured_content["error"]["message"]

@@ -45,11 +45,29 @@ def npx(*args):
     )
 
 
+def run_inspector(url, credential, *args):
+    return npx("-p", INSPECTOR, "--", "mcp-inspector", "--cli", url, "--transport", "http",
+               "--header", f"Authorization: Bearer {credential}", *args)
+
+
 def inspector(url, credential, *args):
-    result = npx("-p", INSPECTOR, "--", "mcp-inspector", "--cli", url, "--transport", "http",
-                 "--header", f"Authorization: Bearer {credential}", *args)
+    result = run_inspector(url, credential, *args)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(result.stdout)
+
+
+def test_mcp_inspector_strict_schema_check_finds_nothing(daphne_server):
+    """Issue 13.8: todo_id's ``"type": ["string", "integer"]`` and the untyped ``result``
+    were portability findings; every tool schema, input and output, passes --strict clean."""
+    endpoint, credential = vend("inspector-strict")
+    url = f"{daphne_server.url}/mcp/{endpoint.slug}"
+    result = run_inspector(url, credential, "--method", "tools/list", "--strict", "--format", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    envelope = json.loads(result.stdout)
+    assert "schemaFindings" not in envelope, envelope.get("schemaFindings")
+    assert "Warning:" not in result.stderr and "Error:" not in result.stderr, result.stderr
+    tools = envelope["result"]["tools"]
+    assert len(tools) == 10 and all("outputSchema" in tool and tool["annotations"] for tool in tools)
 
 
 def test_mcp_inspector_cli_lists_tools_and_calls_claim_next(daphne_server):

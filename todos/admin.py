@@ -61,6 +61,16 @@ class TodoEventInline(admin.TabularInline):
         return False
 
 
+def lease_override_action(action: str, description: str, call):
+    """An admin action running ``call(caller, todo, lease)`` through ``TodoAdmin._override``."""
+
+    @admin.action(description=description, permissions=["transition"])
+    def run(self, request, queryset):
+        self._override(request, queryset, action, call)
+
+    return run
+
+
 @admin.register(Todo)
 class TodoAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "endpoint", "queue", "state", "trust", "attempts",
@@ -73,7 +83,8 @@ class TodoAdmin(admin.ModelAdmin):
     paginator = CappedCountPaginator
     list_per_page = 100
     inlines = [TodoEventInline]
-    actions = ["retry_now", "release_lease"]
+    actions = ["retry_now", "release_lease", "extend_lease", "complete_lease", "fail_lease",
+               "promote"]
     readonly_fields = ["endpoint", "queue", "state", "title", "kind", "source", "trust",
                        "payload_pretty", "result_pretty", "last_error", "idempotency_key",
                        "attempts", "max_attempts", "lease_id", "lease_owner", "lease_expires_at",
@@ -131,10 +142,35 @@ class TodoAdmin(admin.ModelAdmin):
         self._run(request, queryset, "re-queued",
                   lambda caller, todo: transitions.requeue_todo(caller, todo.pk))
 
-    @admin.action(description="Release the current lease (claimed -> pending)",
+    @admin.action(description="Promote unverified todos (trust operator: handed to agents, rung)",
                   permissions=["transition"])
-    def release_lease(self, request, queryset):
-        # Fenced by the lease just read: a claim that changes between that read and the
-        # release is refused rather than taken back.
-        self._run(request, queryset, "released",
-                  lambda caller, todo: transitions.release_todo(caller, todo.pk, lease_id=todo.lease_id))
+    def promote(self, request, queryset):
+        self._run(request, queryset, "promoted",
+                  lambda caller, todo: transitions.promote_todo(caller, todo.pk))
+
+    def _override(self, request, queryset, action, call):
+        """Act on whoever holds each todo's lease, as an override when it is not this admin
+        user's own (the board's rule, ``views.agent_lease_to_override``). Fenced by the lease
+        just read: a claim that changes between that read and the action is refused rather
+        than taken over."""
+        from .views import ACTION_DONE, agent_lease_to_override
+
+        username = request.user.get_username()
+        self._run(request, queryset, ACTION_DONE[action], lambda caller, todo: call(
+            caller, todo, agent_lease_to_override(todo, username, action)))
+
+    release_lease = lease_override_action(
+        "release", "Release the agent's lease (claimed -> pending)",
+        lambda caller, todo, lease: transitions.release_todo(caller, todo.pk, overriding=lease))
+    extend_lease = lease_override_action(
+        "extend", "Extend the agent's lease by the endpoint's default lease",
+        lambda caller, todo, lease: transitions.heartbeat_todo(
+            caller, todo.pk, overriding=lease,
+            lease_ttl_seconds=todo.endpoint.effective_lease.total_seconds()))
+    complete_lease = lease_override_action(
+        "complete", "Complete, overriding the agent's lease (claimed -> done)",
+        lambda caller, todo, lease: transitions.complete_todo(caller, todo.pk, overriding=lease))
+    fail_lease = lease_override_action(
+        "fail", "Fail, overriding the agent's lease (claimed -> failed)",
+        lambda caller, todo, lease: transitions.fail_todo(
+            caller, todo.pk, error="failed by operator (admin)", overriding=lease))

@@ -32,6 +32,7 @@ EDGES = frozenset({
     ("lease_lapsed", State.CLAIMED, State.FAILED),  # the last attempt's lease lapsed
     ("retry", State.FAILED, State.PENDING),
     ("requeue", State.FAILED, State.PENDING),
+    ("promote", State.PENDING, State.PENDING),  # unverified -> operator trust (§12)
 })
 
 # Idempotency keys collapse while a todo is live: pending, claimed, or failed and waiting to
@@ -56,14 +57,18 @@ class Todo(models.Model):
     delivery_event = models.ForeignKey(
         "ingest.DeliveryEvent", null=True, blank=True, on_delete=models.PROTECT, related_name="todos"
     )
-    # Copied from the delivery event at create and never changed: the doorbell gate and every
-    # board row need it, and a join on each would cost more than the 10 bytes.
+    # Copied from the delivery event at create; changed only by an operator's promote
+    # (unverified -> operator). The doorbell gate and every board row need it, and a join on
+    # each would cost more than the 10 bytes.
     trust = models.CharField(max_length=16, choices=Trust.choices, default=Trust.UNVERIFIED)
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=5)
     lease_id = models.CharField(max_length=64, null=True, blank=True)
     lease_owner = models.CharField(max_length=200, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # The length the lease was granted (claim's ttl, or the last heartbeat's): a heartbeat
+    # without a ttl extends by it, so it never shortens a lease the agent asked to be long.
+    lease_ttl = models.DurationField(null=True, blank=True)
     retry_at = models.DateTimeField(null=True, blank=True)
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)

@@ -1,6 +1,13 @@
 """Reads on todos used by more than one surface (MCP verbs, operator API, board, commands)."""
 
-from .models import LIVE_FOR_IDEMPOTENCY, State, Todo
+import base64
+import hashlib
+import json
+from datetime import datetime
+
+from django.db.models import Q
+
+from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, Trust
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -11,7 +18,11 @@ def _iso(value):
 
 
 def todo_as_dict(todo: Todo) -> dict:
-    """The wire shape of a todo (CONTRACT §11). Ids are strings outside the database."""
+    """The wire shape of a todo (CONTRACT §11). Ids are strings outside the database.
+
+    A done todo shows no lease: its row keeps the completing lease only so a repeated complete
+    can be told ``already_done``, and that lease is nobody's business any more."""
+    done = todo.state == State.DONE
     return {
         "id": str(todo.pk),
         "endpoint": todo.endpoint.slug,
@@ -24,8 +35,8 @@ def todo_as_dict(todo: Todo) -> dict:
         "payload": todo.payload,
         "attempts": todo.attempts,
         "max_attempts": todo.max_attempts,
-        "lease_id": todo.lease_id,
-        "lease_owner": todo.lease_owner,
+        "lease_id": None if done else todo.lease_id,
+        "lease_owner": None if done else todo.lease_owner,
         "lease_expires_at": _iso(todo.lease_expires_at),
         "retry_at": _iso(todo.retry_at),
         "dead_lettered_at": _iso(todo.dead_lettered_at),
@@ -36,20 +47,81 @@ def todo_as_dict(todo: Todo) -> dict:
     }
 
 
-def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT):
-    """The caller's visible todos, oldest first, with full payloads. A queue outside the
-    caller's scope yields nothing (invisible, not an error)."""
+# Without a state filter, list_todos lists the live todos in this order: what can be claimed
+# first, then what is being worked on, then what waits to retry (dead letters and done todos
+# only when asked for by state).
+LIVE_LISTING = (
+    (State.PENDING, Q()),
+    (State.CLAIMED, Q()),
+    (State.FAILED, Q(dead_lettered_at__isnull=True)),
+)
+
+
+def _cursor_filters_tag(queue, state) -> str:
+    # A cursor only continues the listing it came from: same queue and state filters.
+    return hashlib.sha256(json.dumps([queue, state]).encode()).hexdigest()[:8]
+
+
+def _encode_cursor(group: int, todo: Todo, tag: str) -> str:
+    raw = json.dumps([group, todo.created_at.isoformat(), todo.pk, tag], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, tag: str):
+    """``(group, created_at, id)`` from a cursor this function's twin made; ValueError for
+    anything else (forged, truncated, or from a listing with other filters)."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        group, created_at, todo_id, cursor_tag = json.loads(raw)
+        created = datetime.fromisoformat(created_at)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise ValueError("cursor is not one a listing returned") from None
+    if cursor_tag != tag:
+        raise ValueError("cursor belongs to a listing with other queue/state filters")
+    if not (isinstance(group, int) and isinstance(todo_id, int)) or created.tzinfo is None:
+        raise ValueError("cursor is not one a listing returned")
+    return group, created, todo_id
+
+
+def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, cursor=None):
+    """One page of the caller's visible todos with full payloads: ``(todos, next_cursor)``,
+    ``next_cursor`` None on the last page.
+
+    Without ``state``: the live todos, pending, then claimed, then failed waiting to retry,
+    each oldest first (LIVE_LISTING); with ``state``: that state, oldest first. Keyset pages
+    (``created_at, id`` after the cursor's), so a page costs the same however deep it is; a
+    todo that changes state between pages may be listed twice or not at all, as in any live
+    listing. Raises ValueError for a cursor this listing did not return. A queue outside the
+    caller's scope yields nothing here (the MCP verb refuses it first)."""
     todos = Todo.objects.filter(endpoint=caller.endpoint)
+    if caller.hides_unverified:
+        todos = todos.exclude(trust=Trust.UNVERIFIED)
     if caller.queues is not None:
         todos = todos.filter(queue__in=caller.queues)
     if queue is not None:
         todos = todos.filter(queue=queue)
-    if state is not None:
-        todos = todos.filter(state=state)
-    rows = list(todos.order_by("created_at", "id")[:limit])
+    groups = LIVE_LISTING if state is None else ((state, Q()),)
+    tag = _cursor_filters_tag(queue, state)
+    start, after = 0, None
+    if cursor is not None:
+        start, created, after_id = _decode_cursor(cursor, tag)
+        if not 0 <= start < len(groups):
+            raise ValueError("cursor is not one a listing returned")
+        after = Q(created_at__gt=created) | Q(created_at=created, id__gt=after_id)
+    page = []  # (group, todo); one row past the limit tells whether there is more
+    for group in range(start, len(groups)):
+        group_state, extra = groups[group]
+        rows = todos.filter(extra, state=group_state)
+        if group == start and after is not None:
+            rows = rows.filter(after)
+        page += [(group, row) for row in rows.order_by("created_at", "id")[: limit + 1 - len(page)]]
+        if len(page) > limit:
+            break
+    next_cursor = _encode_cursor(*page[limit - 1], tag) if len(page) > limit else None
+    rows = [row for _, row in page[:limit]]
     for row in rows:
         row.endpoint = caller.endpoint
-    return rows
+    return rows, next_cursor
 
 
 def dead_letters(*, endpoint, queue=None):

@@ -38,7 +38,7 @@ from switchboard import statements
 from switchboard.statements import is_postgres as _is_postgres
 
 from . import queries
-from .models import Todo, Trust
+from .models import State, Todo, Trust
 
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=24)
@@ -50,8 +50,9 @@ _BACKOFF_STEPS = 6
 
 
 class Refusal(Exception):
-    """A transition that did not apply, with a machine-readable code (§6):
-    ``not_found``, ``not_in_scope``, ``not_claimable``, ``lease_lost``, ``invalid_argument``."""
+    """A transition that did not apply, with a machine-readable code (§6, §11):
+    ``not_found``, ``not_in_scope``, ``not_claimable``, ``lease_lost``, ``already_done``,
+    ``invalid_argument``."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -67,19 +68,43 @@ class Caller:
     endpoint: object
     actor: str
     queues: tuple | None = None
+    # An agent of an endpoint that refuses unverified todos (``accept_unverified`` off): they
+    # are invisible to its claims and lists, exactly like a todo outside its scope.
+    hides_unverified: bool = False
+    is_operator: bool = False
 
     @classmethod
     def agent(cls, endpoint, session_id: str) -> "Caller":
         queues = None if endpoint.all_queues else tuple(endpoint.scope)
-        return cls(endpoint=endpoint, actor=session_id, queues=queues)
+        return cls(endpoint=endpoint, actor=session_id, queues=queues,
+                   hides_unverified=not endpoint.accept_unverified)
 
     @classmethod
     def operator(cls, endpoint, username: str) -> "Caller":
         # The endpoint's owner (or a superuser) sees every queue of it.
-        return cls(endpoint=endpoint, actor=username, queues=None)
+        return cls(endpoint=endpoint, actor=username, queues=None, is_operator=True)
 
     def covers(self, queue: str) -> bool:
         return self.queues is None or queue in self.queues
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """The lease an operator override acts on, as the operator saw it (board or admin). The
+    override is fenced by both values, so it acts on exactly that lease or on nothing, and the
+    event can name the lease it overrode without reading the row first."""
+
+    lease_id: str
+    owner: str
+
+    @classmethod
+    def of(cls, todo) -> "HeldLease":
+        return cls(lease_id=todo.lease_id or "", owner=todo.lease_owner or "")
+
+    def as_detail(self) -> dict:
+        # Hints, like the wire shape's lease_owner: enough to tell leases apart in the history,
+        # nothing an agent could present as its lease.
+        return {"lease_id": self.lease_id[:8], "lease_owner": self.owner[:8]}
 
 
 # -- SQL plumbing --------------------------------------------------------------------------------
@@ -101,6 +126,25 @@ def _db_time(value):
     if value is None or _is_postgres():
         return value
     return connection.ops.adapt_datetimefield_value(value)
+
+
+def _db_duration(value: timedelta):
+    """Duration parameter as the backend stores it (SQLite: microseconds as an integer)."""
+    if _is_postgres():
+        return value
+    return int(value / timedelta(microseconds=1))
+
+
+def _plus_duration(at_param: str, duration_sql: str) -> str:
+    """SQL for the datetime parameter ``at_param`` plus a duration column or expression.
+
+    The one place the transitions do date arithmetic in SQL: a heartbeat without a ttl extends
+    by the lease's own stored length, which Python does not know without reading the row first.
+    SQLite has no datetime type; Django registers ``django_format_dtdelta`` on every SQLite
+    connection for exactly this sum, and it writes the text format Django stores."""
+    if _is_postgres():
+        return f"%({at_param})s + {duration_sql}"
+    return f"django_format_dtdelta('+', %({at_param})s, {duration_sql})"
 
 
 def _json(param: str) -> str:
@@ -302,28 +346,48 @@ def _todo_id(todo_id) -> int:
     return value
 
 
-def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=False) -> Refusal:
+def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=False, now=None,
+                     completing=False, overriding=None) -> Refusal:
     """After a guard missed: read the row once and say why. Invisible looks like missing."""
     todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).first()
-    if todo is None or not caller.covers(todo.queue):
+    if todo is None or not caller.covers(todo.queue) or (
+            claiming and caller.hides_unverified and todo.trust == Trust.UNVERIFIED):
         return Refusal("not_found", f"no todo {todo_id}")
     if claiming:
         return Refusal("not_claimable", f"todo {todo_id} is {todo.state}, not pending")
-    return Refusal(
-        "lease_lost",
-        f"todo {todo_id} is {todo.state} and not held by this "
-        + ("lease" if lease_id else "session")
-        + "; claim it again if it is pending",
-    )
+    if overriding is not None:
+        return Refusal("lease_lost", f"todo {todo_id} is {todo.state} and the agent's lease "
+                                     "you acted on has ended or changed; nothing was changed")
+    held = todo.lease_id == lease_id if lease_id else todo.lease_owner == caller.actor
+    holder = "you" if caller.is_operator else ("this lease" if lease_id else "this session")
+    if held and todo.state == State.DONE and completing:
+        # The same lease already completed it: a retry after a lost answer, not a conflict.
+        return Refusal("already_done", f"todo {todo_id} is already done: {holder} completed it "
+                                       "and the result was recorded; nothing more to do")
+    if held and todo.state == State.CLAIMED and now is not None and todo.lease_expires_at <= now:
+        return Refusal("lease_lost", f"the lease {holder} held on todo {todo_id} lapsed at "
+                                     f"{todo.lease_expires_at.isoformat()}; the todo goes back to "
+                                     "the queue: stop working on it")
+    return Refusal("lease_lost", f"todo {todo_id} is {todo.state} and not held by {holder}; "
+                                 "claim it again if it is pending")
 
 
-def _fence(params: dict, caller: Caller, lease_id) -> str:
-    """Fenced writes: only the current lease may act — by lease_id when given, else by owner."""
+def _fence(params: dict, caller: Caller, lease_id, overriding=None) -> str:
+    """Fenced writes: only the current, unexpired lease may act — by lease_id when given, else
+    by owner. ``lease_expires_at > now`` makes a lapsed lease lost at once, before the reaper
+    gets to the row (the reaper still is what moves it back). An operator override is fenced
+    by the lease it saw instead, expired or not: acting on a stuck lease is its purpose."""
+    if overriding is not None:
+        params.update(held_lease_id=overriding.lease_id, held_owner=overriding.owner)
+        return ("state = 'claimed' AND lease_id = %(held_lease_id)s "
+                "AND lease_owner = %(held_owner)s")
     if lease_id is not None:
         params["lease_id"] = str(lease_id)
-        return "state = 'claimed' AND lease_id = %(lease_id)s"
-    params["owner"] = caller.actor
-    return "state = 'claimed' AND lease_owner = %(owner)s"
+        fence = "state = 'claimed' AND lease_id = %(lease_id)s"
+    else:
+        params["owner"] = caller.actor
+        fence = "state = 'claimed' AND lease_owner = %(owner)s"
+    return fence + " AND lease_expires_at > %(now)s"
 
 
 def _lease_set(params: dict, caller: Caller, ttl: timedelta, now) -> str:
@@ -331,10 +395,12 @@ def _lease_set(params: dict, caller: Caller, ttl: timedelta, now) -> str:
         lease_id=secrets.token_urlsafe(16),
         owner=caller.actor,
         expires=_db_time(now + ttl),
+        ttl=_db_duration(ttl),
     )
     return (
         "state = 'claimed', lease_id = %(lease_id)s, lease_owner = %(owner)s, "
-        "lease_expires_at = %(expires)s, attempts = attempts + 1, retry_at = NULL"
+        "lease_expires_at = %(expires)s, lease_ttl = %(ttl)s, attempts = attempts + 1, "
+        "retry_at = NULL"
     )
 
 
@@ -433,7 +499,8 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     ttl = _lease_ttl(caller, lease_ttl_seconds)
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
-    where = _visible_where(caller, params) + " AND state = 'pending'"
+    where = (_visible_where(caller, params) + " AND state = 'pending'"
+             + _trust_filter(caller.hides_unverified))
     todo = _one(_apply(
         set_sql=_lease_set(params, caller, ttl, now), where_sql=where, params=params,
         action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
@@ -445,16 +512,25 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     return todo
 
 
-def claim_candidate_sql(params: dict, queues) -> str:
+def _trust_filter(hide_unverified: bool, column: str = "trust") -> str:
+    """The clause that hides unverified todos from a caller that refuses them (§12); a
+    constant, no parameter. Checked on the rows the claim indexes yield in order, so a queue
+    whose head is unverified costs a step past it, not a different plan."""
+    return f" AND {column} <> 'unverified'" if hide_unverified else ""
+
+
+def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False) -> str:
     """The sub-select that picks (and on PostgreSQL locks) claim_next's candidate: the oldest
-    pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue). Kept apart so
-    the plan test can EXPLAIN exactly what claim_next runs."""
+    pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue), unverified
+    ones left out when ``hide_unverified``. Kept apart so the plan test can EXPLAIN exactly
+    what claim_next runs."""
     if _is_postgres() and queues is not None:
         params["queues"] = list(queues)
         return (
             "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
             " SELECT p.id, p.created_at FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s"
-            " AND p.queue = q.name AND p.state = 'pending' ORDER BY p.created_at, p.id"
+            f" AND p.queue = q.name AND p.state = 'pending'{_trust_filter(hide_unverified, 'p.trust')}"
+            " ORDER BY p.created_at, p.id"
             " LIMIT 1 FOR UPDATE SKIP LOCKED) c ORDER BY c.created_at, c.id LIMIT 1"
         )
     queue_filter = ""
@@ -463,7 +539,8 @@ def claim_candidate_sql(params: dict, queues) -> str:
         queue_filter = " AND " + _queue_filter("queue", "queues")
     return (
         "SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND state = 'pending'"
-        f"{queue_filter} ORDER BY created_at, id LIMIT 1{_skip_locked()}"
+        f"{queue_filter}{_trust_filter(hide_unverified)} ORDER BY created_at, id LIMIT 1"
+        f"{_skip_locked()}"
     )
 
 
@@ -490,7 +567,7 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
     else:
         wanted = None if caller.queues is None else sorted(caller.queues)
     params = {"endpoint_id": caller.endpoint.pk}
-    pick = claim_candidate_sql(params, wanted)
+    pick = claim_candidate_sql(params, wanted, hide_unverified=caller.hides_unverified)
     todo = _one(_apply(
         set_sql=_lease_set(params, caller, ttl, now),
         where_sql=f"id = ({pick}) AND state = 'pending'", params=params,
@@ -503,41 +580,70 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
 
 
 def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, action, now,
-            detail=None) -> Todo:
+            detail=None, overriding=None) -> Todo:
     todo_id = _todo_id(todo_id)
     params["todo_id"] = todo_id
-    where = _visible_where(caller, params) + " AND " + _fence(params, caller, lease_id)
+    where = _visible_where(caller, params) + " AND " + _fence(params, caller, lease_id, overriding)
+    if overriding is not None:
+        if not caller.is_operator:
+            raise ValueError("only an operator overrides another holder's lease")
+        detail = {**(detail or {}), "override": True, "overridden_lease": overriding.as_detail()}
     todo = _one(_apply(
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
         endpoint=caller.endpoint,
     ))
     if todo is None:
-        raise _explain_refusal(caller, todo_id, lease_id)
+        raise _explain_refusal(caller, todo_id, lease_id, now=now, completing=action == "complete",
+                               overriding=overriding)
     _announce([todo], action)
     return todo
 
 
-def heartbeat_todo(caller: Caller, todo_id, *, lease_id=None, lease_ttl_seconds=None, now=None) -> Todo:
-    """Extend the caller's lease to ``now + ttl``. Fenced: refuses ``lease_lost`` unless the todo
-    is claimed by this lease (``lease_id``) or, without one, by this caller."""
+# An override that ends the lease (complete, fail) takes the row out of the agent's hands: the
+# lease it saw is cleared and the operator is recorded as the last holder, so the agent's retry
+# is lease_lost (not already_done: the agent did not complete it).
+_TAKE_OVER_SQL = ", lease_id = NULL, lease_owner = %(actor)s"
+
+
+def heartbeat_todo(caller: Caller, todo_id, *, lease_id=None, lease_ttl_seconds=None, now=None,
+                   overriding: HeldLease | None = None) -> Todo:
+    """Extend the caller's lease. Fenced: refuses ``lease_lost`` unless the todo is claimed by
+    this lease (``lease_id``) or, without one, by this caller, and that lease has not lapsed.
+
+    With ``lease_ttl_seconds`` the lease expires at ``now + ttl`` and that ttl becomes the
+    lease's length; without, it expires at ``now +`` the lease's own stored length (the ttl it
+    was granted), so a heartbeat never shortens a lease the caller did not ask to shorten.
+    ``overriding``: an operator extends an agent's lease (the agent keeps it).
+    """
     now = now or timezone.now()
-    ttl = _lease_ttl(caller, lease_ttl_seconds)
-    params = {"expires": _db_time(now + ttl)}
-    return _fenced(caller, todo_id, lease_id, set_sql="lease_expires_at = %(expires)s",
-                   params=params, action_sql="'heartbeat'", action="heartbeat", now=now)
+    if lease_ttl_seconds is None:
+        params = {"default_ttl": _db_duration(caller.endpoint.effective_lease)}
+        # COALESCE: leases granted before the length was stored extend by the default.
+        set_sql = "lease_expires_at = " + _plus_duration(
+            "now", "COALESCE(lease_ttl, %(default_ttl)s)")
+    else:
+        ttl = _lease_ttl(caller, lease_ttl_seconds)
+        params = {"expires": _db_time(now + ttl), "ttl": _db_duration(ttl)}
+        set_sql = "lease_expires_at = %(expires)s, lease_ttl = %(ttl)s"
+    return _fenced(caller, todo_id, lease_id, set_sql=set_sql, params=params,
+                   action_sql="'heartbeat'", action="heartbeat", now=now, overriding=overriding)
 
 
-def complete_todo(caller: Caller, todo_id, *, lease_id=None, result=None, now=None) -> Todo:
-    """claimed -> done (terminal), storing ``result``. Fenced like heartbeat. Refuses
-    ``invalid_argument`` for a result no database can store (NaN, NUL, …)."""
+def complete_todo(caller: Caller, todo_id, *, lease_id=None, result=None, now=None,
+                  overriding: HeldLease | None = None) -> Todo:
+    """claimed -> done (terminal), storing ``result``. Fenced like heartbeat. The row keeps the
+    completing lease, so the same lease completing again is told ``already_done`` (a retry
+    after a lost answer), anyone else ``lease_lost``. Refuses ``invalid_argument`` for a result
+    no database can store (NaN, NUL, …)."""
     now = now or timezone.now()
     _check_storable(result=result)
     params = {"result": json.dumps(result) if result is not None else None}
-    return _fenced(
-        caller, todo_id, lease_id, params=params, action_sql="'complete'", action="complete",
-        set_sql=f"state = 'done', result = {_json('result')}, lease_expires_at = NULL", now=now,
-    )
+    set_sql = f"state = 'done', result = {_json('result')}, lease_expires_at = NULL"
+    if overriding is not None:
+        set_sql += _TAKE_OVER_SQL
+    return _fenced(caller, todo_id, lease_id, params=params, action_sql="'complete'",
+                   action="complete", set_sql=set_sql, now=now, overriding=overriding)
 
 
 def _retry_at_by_attempts(now) -> tuple[str, dict]:
@@ -551,7 +657,8 @@ def _retry_at_by_attempts(now) -> tuple[str, dict]:
     return "CASE " + " ".join(branches) + " ELSE %(retry_cap)s END", params
 
 
-def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None, now=None) -> Todo:
+def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None, now=None,
+              overriding: HeldLease | None = None) -> Todo:
     """claimed -> failed. With attempts left, ``retry_at = now + backoff`` (30 s doubling, cap
     15 min); with attempts spent, a dead letter (``retry_at`` null, ``dead_lettered_at`` set).
     Fenced like heartbeat."""
@@ -568,22 +675,26 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
         f"dead_lettered_at = CASE WHEN {spent} THEN %(now)s ELSE NULL END, "
         f"retry_at = CASE WHEN {spent} THEN NULL ELSE {retry_case} END"
     )
+    if overriding is not None:
+        set_sql += _TAKE_OVER_SQL
     return _fenced(
         caller, todo_id, lease_id, set_sql=set_sql, params=params, action="fail", now=now,
         action_sql="CASE WHEN t.dead_lettered_at IS NULL THEN 'fail' ELSE 'dead_letter' END",
-        detail={"error": error} if error else None,
+        detail={"error": error} if error else None, overriding=overriding,
     )
 
 
-def release_todo(caller: Caller, todo_id, *, lease_id=None, now=None) -> Todo:
-    """claimed -> pending at once, refunding the attempt the claim counted. Fenced."""
+def release_todo(caller: Caller, todo_id, *, lease_id=None, now=None,
+                 overriding: HeldLease | None = None) -> Todo:
+    """claimed -> pending at once, refunding the attempt the claim counted. Fenced; with
+    ``overriding``, an operator frees an agent's (possibly stuck) lease."""
     now = now or timezone.now()
     set_sql = (
         "state = 'pending', lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL, "
-        "attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
+        "lease_ttl = NULL, attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
     )
     return _fenced(caller, todo_id, lease_id, set_sql=set_sql, params={}, now=now,
-                   action_sql="'release'", action="release")
+                   action_sql="'release'", action="release", overriding=overriding)
 
 
 # -- humans --------------------------------------------------------------------------------------
@@ -604,7 +715,7 @@ def requeue_todo(caller: Caller, todo_id, *, now=None) -> Todo:
             todo = _one(_apply(
                 set_sql="state = 'pending', attempts = 0, retry_at = NULL, dead_lettered_at = NULL, "
                         "lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL, "
-                        "ring_attempts = 0, last_ringed_at = NULL",
+                        "lease_ttl = NULL, ring_attempts = 0, last_ringed_at = NULL",
                 where_sql=where, params=params, action_sql="'requeue'", from_state_sql="'failed'",
                 actor=caller.actor, now=now, endpoint=caller.endpoint,
             ))
@@ -616,6 +727,34 @@ def requeue_todo(caller: Caller, todo_id, *, now=None) -> Todo:
             raise Refusal("not_found", f"no todo {todo_id}")
         raise Refusal("not_claimable", f"todo {todo_id} is {todo_row.state}, not failed")
     _announce([todo], "requeue")
+    return todo
+
+
+def promote_todo(caller: Caller, todo_id, *, now=None) -> Todo:
+    """The operator vouches for an unverified todo (§12): pending and ``unverified`` -> trust
+    ``operator``, with a fresh ring budget, recorded as a ``promote`` event naming the operator
+    (the actor). Announced as ready, so it rings like a new todo and an endpoint that refuses
+    unverified todos now hands it out.
+
+    Refuses ``not_found`` (missing or invisible) and ``not_claimable`` (not pending, or not
+    unverified). Only operator surfaces (board, admin) call it.
+    """
+    now = now or timezone.now()
+    todo_id = _todo_id(todo_id)
+    params = {"todo_id": todo_id}
+    where = _visible_where(caller, params) + " AND state = 'pending' AND trust = 'unverified'"
+    todo = _one(_apply(
+        set_sql="trust = 'operator', ring_attempts = 0, last_ringed_at = NULL",
+        where_sql=where, params=params, action_sql="'promote'", from_state_sql="'pending'",
+        actor=caller.actor, now=now, detail={"from_trust": Trust.UNVERIFIED},
+        endpoint=caller.endpoint,
+    ))
+    if todo is None:
+        refusal = _explain_refusal(caller, todo_id, claiming=True)
+        if refusal.code == "not_claimable":
+            refusal = Refusal("not_claimable", f"todo {todo_id} is not a pending unverified todo")
+        raise refusal
+    _announce([todo], "promote")
     return todo
 
 
@@ -648,7 +787,8 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
             f"state = CASE WHEN {spent} THEN 'failed' ELSE 'pending' END, "
             f"dead_lettered_at = CASE WHEN {spent} THEN %(now)s ELSE NULL END, "
             "last_error = CASE WHEN " + spent + " THEN 'lease lapsed on the last attempt' "
-            "ELSE last_error END, lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL"
+            "ELSE last_error END, lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL, "
+            "lease_ttl = NULL"
         ),
         where_sql=f"id IN ({lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
         params={"limit": limit}, action_sql="'lease_lapsed'", from_state_sql="'claimed'",

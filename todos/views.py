@@ -7,6 +7,7 @@ username becomes the lease owner and the event actor, exactly as a session id do
 The live part (``/todos/events``) is a Channels consumer in ``channels_push/board_stream.py``.
 """
 
+import hashlib
 import hmac
 import json
 from pathlib import Path
@@ -33,6 +34,7 @@ LOGIN_URL = reverse_lazy("board-login")
 board_login_required = login_required(login_url=LOGIN_URL)
 
 BOARD_SCRIPT = Path(__file__).resolve().parent / "static" / "todos" / "board.js"
+BOARD_STYLE = BOARD_SCRIPT.with_name("board.css")
 
 
 def oidc_login_url():
@@ -113,6 +115,14 @@ def script_response(path: Path) -> HttpResponse:
     return response
 
 
+@require_GET
+def board_style(request):
+    # A file like the script, not an inline <style>: the CSP allows no inline style.
+    response = HttpResponse(BOARD_STYLE.read_bytes(), content_type="text/css")
+    response["Cache-Control"] = "private, max-age=300"
+    return response
+
+
 @board_login_required
 @require_GET
 @never_cache
@@ -152,24 +162,37 @@ def _lease_seconds(text: str):
         raise transitions.Refusal("invalid_argument", "lease seconds must be a whole number") from None
 
 
-# One entry per board button: how it calls the transition. The operator acts as lease owner,
-# so complete/fail/extend/release are fenced to the operator's own claim, like an agent's.
+# One entry per board button: how it calls the transition. ``overriding`` is None when the
+# operator holds the lease (or the todo is not claimed), else the agent's lease the operator
+# saw: complete/fail/extend/release then act on it as an override (§4).
 ACTIONS = {
-    "claim": lambda caller, todo, post: transitions.claim_todo(
+    "claim": lambda caller, todo, post, overriding: transitions.claim_todo(
         caller, todo.pk, lease_ttl_seconds=_lease_seconds(post.get("lease_seconds"))),
-    "complete": lambda caller, todo, post: transitions.complete_todo(
-        caller, todo.pk, result=_parse_result(post.get("result", ""))),
-    "fail": lambda caller, todo, post: transitions.fail_todo(
-        caller, todo.pk, error=post.get("error", "").strip() or "failed by operator"),
-    "extend": lambda caller, todo, post: transitions.heartbeat_todo(
-        caller, todo.pk, lease_ttl_seconds=_lease_seconds(post.get("lease_seconds"))),
-    "release": lambda caller, todo, post: transitions.release_todo(caller, todo.pk),
-    "retry": lambda caller, todo, post: transitions.requeue_todo(caller, todo.pk),
+    "complete": lambda caller, todo, post, overriding: transitions.complete_todo(
+        caller, todo.pk, result=_parse_result(post.get("result", "")), overriding=overriding),
+    "fail": lambda caller, todo, post, overriding: transitions.fail_todo(
+        caller, todo.pk, error=post.get("error", "").strip() or "failed by operator",
+        overriding=overriding),
+    "extend": lambda caller, todo, post, overriding: transitions.heartbeat_todo(
+        caller, todo.pk, lease_ttl_seconds=_lease_seconds(post.get("lease_seconds")),
+        overriding=overriding),
+    "release": lambda caller, todo, post, overriding: transitions.release_todo(
+        caller, todo.pk, overriding=overriding),
+    "retry": lambda caller, todo, post, overriding: transitions.requeue_todo(caller, todo.pk),
+    "promote": lambda caller, todo, post, overriding: transitions.promote_todo(caller, todo.pk),
 }
 ACTION_DONE = {
     "claim": "claimed", "complete": "completed", "fail": "failed", "extend": "extended the lease of",
-    "release": "released", "retry": "re-queued",
+    "release": "released", "retry": "re-queued", "promote": "promoted (now trust operator)",
 }
+OVERRIDABLE = frozenset({"complete", "fail", "extend", "release"})
+
+
+def agent_lease_to_override(todo, username: str, action: str):
+    """The lease an operator's button overrides: an agent's (anyone's but theirs) claim."""
+    if action in OVERRIDABLE and todo.state == State.CLAIMED and todo.lease_owner != username:
+        return transitions.HeldLease.of(todo)
+    return None
 
 
 @board_login_required
@@ -179,12 +202,23 @@ def todo_act(request, todo_id, action):
         raise Http404("no such action")
     todo = get_visible_todo(request.user, todo_id)
     caller = transitions.Caller.operator(todo.endpoint, request.user.username)
+    overriding = agent_lease_to_override(todo, request.user.username, action)
+    shown_lease = request.POST.get("lease", "")
     try:
-        ACTIONS[action](caller, todo, request.POST)
+        if overriding is not None and shown_lease and not overriding.lease_id.startswith(shown_lease):
+            # The page showed another lease than the one holding the todo now: act on the
+            # lease the operator saw or on nothing (the write itself is fenced by lease id).
+            raise transitions.Refusal("lease_lost", f"todo {todo.pk}: the agent's lease changed "
+                                                    "since the page was shown; nothing changed")
+        ACTIONS[action](caller, todo, request.POST, overriding)
     except transitions.Refusal as refusal:
         messages.error(request, f"#{todo.pk}: {refusal.message} ({refusal.code})")
     else:
-        messages.success(request, f"{ACTION_DONE[action]} #{todo.pk}")
+        done = f"{ACTION_DONE[action]} #{todo.pk}"
+        if overriding is not None:
+            done += " (override: the agent's lease " + (
+                "was extended; the agent keeps it)" if action == "extend" else "ended)")
+        messages.success(request, done)
     next_url = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(next_url, {request.get_host()}, request.is_secure()):
         next_url = reverse("todos-detail", args=[todo.pk])
@@ -214,34 +248,49 @@ def clock_endpoint(request, slug, state):
 # -- /metrics ------------------------------------------------------------------------------------
 
 
-# Without a token, /metrics answers only local scrapers and signed-in staff: its labels name
-# every operator's endpoints and queues, which one operator must not read about another's.
+# /metrics labels name every operator's endpoints and queues, which one operator must not read
+# about another's (every operator is staff): it answers a scraper's bearer token or a superuser.
+# With no token configured it is off in production; the embedded default answers loopback
+# scrapers (REMOTE_ADDR is the client's, not a trusted proxy's: switchboard/client_address.py).
 LOOPBACK_ADDRESSES = frozenset({"127.0.0.1", "::1"})
 
 
-def _metrics_token_ok(request) -> bool:
-    token = getattr(settings, "SWITCHBOARD_METRICS_TOKEN", "")
-    if not token:
-        user = getattr(request, "user", None)
-        return request.META.get("REMOTE_ADDR") in LOOPBACK_ADDRESSES or bool(
-            user is not None and user.is_authenticated and user.is_staff)
-    header = request.headers.get("Authorization", "")
-    presented = header[len("Bearer "):] if header.startswith("Bearer ") else ""
-    return hmac.compare_digest(presented.encode(), token.encode())
+def _refuse_metrics(request) -> HttpResponse | None:
+    """None when ``request`` may read /metrics, else the refusal to send."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_superuser:
+        return None
+    token = settings.SWITCHBOARD_METRICS_TOKEN
+    if token:
+        header = request.headers.get("Authorization", "")
+        presented = header[len("Bearer "):] if header.startswith("Bearer ") else ""
+        # Digests first: compare_digest is constant-time only between equal lengths.
+        if hmac.compare_digest(hashlib.sha256(presented.encode()).digest(),
+                               hashlib.sha256(token.encode()).digest()):
+            return None
+        if user is not None and user.is_authenticated:
+            return HttpResponse("metrics are for superusers and the scraper's token\n",
+                                status=403, content_type="text/plain")
+        response = HttpResponse("metrics need the bearer token\n", status=401,
+                                content_type="text/plain")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    if not settings.SWITCHBOARD_PRODUCTION and (
+            request.META.get("REMOTE_ADDR") in LOOPBACK_ADDRESSES):
+        return None
+    return HttpResponse("not found\n", status=404, content_type="text/plain")
 
 
 @require_GET
 @never_cache
 def metrics(request):
-    """Prometheus text exposition. With SWITCHBOARD_METRICS_TOKEN set, that token is required
-    as a bearer (scrapers send it with ``authorization``); without it, only loopback scrapers
-    and signed-in staff get an answer."""
+    """Prometheus text exposition, for a superuser or the bearer SWITCHBOARD_METRICS_TOKEN
+    (without a token: nobody else in production, loopback on the embedded default)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     from channels_push import metrics as push_metrics
 
-    if not _metrics_token_ok(request):
-        response = HttpResponse("metrics need the bearer token\n", status=401, content_type="text/plain")
-        response["WWW-Authenticate"] = "Bearer"
-        return response
+    refusal = _refuse_metrics(request)
+    if refusal is not None:
+        return refusal
     return HttpResponse(generate_latest(push_metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)

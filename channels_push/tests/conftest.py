@@ -46,8 +46,8 @@ class McpDriver:
         self.session_id = None
 
     def headers(self, **overrides):
-        headers = {"authorization": f"Bearer {self.credential}", "accept": ACCEPT_BOTH,
-                   "content-type": "application/json"}
+        headers = {"host": "localhost", "authorization": f"Bearer {self.credential}",
+                   "accept": ACCEPT_BOTH, "content-type": "application/json"}
         if self.session_id:
             headers["mcp-session-id"] = self.session_id
         for name, value in overrides.items():

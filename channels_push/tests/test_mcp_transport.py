@@ -3,13 +3,15 @@
 import json
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 from hypothesis import HealthCheck, example, given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from channels_push import mcp_framing, mcp_transport
+from channels_push import mcp_framing, mcp_transport, plain_http
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver
+from switchboard import origins
 from todos import transitions
 from todos.models import Todo, TodoEvent
 
@@ -190,15 +192,36 @@ def test_unknown_method_is_32601(mcp):
     assert reply.json["id"] == "r-9" and error_code(reply) == -32601
 
 
-def test_unknown_tool_and_bad_arguments_are_32602(mcp):
+def test_only_an_unknown_tool_or_non_object_arguments_are_32602(mcp):
     mcp.initialize()
     assert error_code(mcp.rpc("tools/call", {"name": "drop_table"})) == -32602
-    assert error_code(mcp.rpc("tools/call", {"name": "claim", "arguments": {}})) == -32602
-    assert error_code(mcp.rpc("tools/call", {"name": "claim",
-                                             "arguments": {"todo_id": ["1"]}})) == -32602
     assert error_code(mcp.rpc("tools/call", {"name": "claim", "arguments": "1"})) == -32602
-    assert error_code(mcp.rpc("tools/call", {"name": "claim_next",
-                                             "arguments": {"surprise": 1}})) == -32602
+
+
+@pytest.mark.parametrize("tool, arguments, named, expected", [
+    ("claim", {}, "todo_id", "missing; expected a string or an integer"),
+    ("claim", {"todo_id": ["1"]}, "todo_id", "expected a string or an integer, got list"),
+    ("claim", {"todo_id": None}, "todo_id", "got None (null)"),
+    ("claim_next", {"surprise": 1}, "surprise", "unknown argument; claim_next takes queues"),
+    ("list_todos", {"limit": "10"}, "limit", "expected an integer from 1 to 200, got '10'"),
+    ("list_todos", {"limit": 0}, "limit", "expected an integer from 1 to 200, got 0"),
+    ("heartbeat", {"todo_id": "1", "lease_ttl_seconds": "soon"}, "lease_ttl_seconds",
+     "expected a number from 1 to 86400"),
+    ("claim_next", {"queues": "inbox"}, "queues", "expected a non-empty list of strings"),
+    ("fail", {"todo_id": "1", "error": {"x": 1}}, "error", "expected a string, got object"),
+])
+def test_schema_violations_are_tool_results_the_model_sees(mcp, tool, arguments, named, expected):
+    """Issue 13.6 (SEP-1303): wrong-type, missing and unknown arguments were JSON-RPC -32602
+    errors, which clients do not show the model; they are isError tool results naming the
+    argument and what it expects."""
+    mcp.initialize()
+    reply = mcp.rpc("tools/call", {"name": tool, "arguments": arguments})
+    assert reply.status == 200 and "error" not in reply.json, reply.json
+    result = reply.json["result"]
+    assert result["isError"] is True
+    error = result["structuredContent"]["error"]
+    assert error["code"] == "invalid_argument"
+    assert error["message"].startswith(f"{named}: ") and expected in error["message"], error
 
 
 def test_bad_accept_is_406(mcp):
@@ -215,20 +238,39 @@ def test_wrong_content_type_is_415(mcp):
     assert mcp.rpc("ping", content_type="text/plain").status == 415
 
 
-@pytest.mark.parametrize("origin", ["http://evil.example.com", "null", "file://x",
-                                    "http://127.0.0.1.evil.example.com:8000"])
-def test_foreign_origin_is_403(mcp, origin):
+@pytest.mark.parametrize("origin", [
+    "http://evil.example.com", "null", "file://x", "http://127.0.0.1.evil.example.com:8000",
+    # Parsers disagree on these: a browser's host is "evil", Python's urlsplit says 127.0.0.1.
+    "http://evil\\@127.0.0.1:8000", "http://evil@127.0.0.1:8000", "http://127.0.0.1:8000\\@evil",
+    # Another port or scheme of the same host is another origin (another local web app).
+    "http://localhost:5173", "http://127.0.0.1:8001", "https://127.0.0.1:8000",
+    "http://127.0.0.1", "http://localhost:8000", "http://127.0.0.1:8000/", "http://127.0.0.1:8000#x",
+    " ", "http://", "http://[::1]:8000",
+])
+def test_any_origin_but_the_configured_ones_is_403(mcp, origin):
     assert mcp.rpc("initialize", {}, origin=origin).status == 403
     assert not McpSession.objects.exists()
 
 
-@pytest.mark.parametrize("origin", ["http://localhost:5173", "http://127.0.0.1:8000",
-                                    "https://switchboard.example.org"])
-@override_settings(SWITCHBOARD_PUBLIC_URL="https://switchboard.example.org")
-def test_local_and_public_origins_are_allowed(mcp, origin):
-    assert mcp.rpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                                  "clientInfo": {"name": "x", "version": "1"}},
-                   origin=origin).status == 200
+INIT = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}}
+
+
+@pytest.mark.parametrize("origin", ["http://127.0.0.1:8000", "HTTP://127.0.0.1:8000"])
+def test_the_public_urls_origin_is_allowed(mcp, origin):
+    assert settings.SWITCHBOARD_PUBLIC_URL == "http://127.0.0.1:8000"
+    assert mcp.rpc("initialize", INIT, origin=origin).status == 200
+
+
+@pytest.mark.parametrize("origin, status", [
+    ("https://switchboard.example.org", 200), ("https://switchboard.example.org:443", 200),
+    ("http://localhost:6274", 200), ("http://switchboard.example.org", 403),
+    ("https://switchboard.example.org:8443", 403), ("http://localhost:6275", 403),
+])
+def test_configured_origins_are_compared_by_scheme_host_and_port(mcp, origin, status):
+    allowed = [origins.parse_origin("https://switchboard.example.org/", allow_path=True),
+               origins.parse_origin("http://localhost:6274")]
+    with override_settings(SWITCHBOARD_ALLOWED_ORIGINS=allowed):
+        assert mcp.rpc("initialize", INIT, origin=origin).status == status
 
 
 def test_unsupported_protocol_version_header_is_400(mcp):
@@ -430,5 +472,6 @@ def test_the_asgi_application_routes_mcp_to_the_endpoint_in_the_thread_pool():
 
     route = http_routes[0]
     assert route.pattern.regex.pattern == mcp_transport.ROUTE_PATTERN
-    assert isinstance(route.callback, mcp_transport.McpEndpoint)
-    assert route.callback.thread_sensitive is False
+    assert isinstance(route.callback, plain_http.AllowedHostsOnly)
+    assert isinstance(route.callback.app, mcp_transport.McpEndpoint)
+    assert route.callback.app.thread_sensitive is False

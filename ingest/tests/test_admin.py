@@ -54,14 +54,19 @@ def test_adding_a_webhook_in_admin_mints_a_secret(admin_client, operator):
     assert webhook.secret in answer.content.decode()
 
 
-def test_adding_a_token_in_admin_shows_it_once(admin_client, operator):
+def test_adding_a_token_in_admin_shows_it_once_on_a_page_of_its_own(admin_client, operator):
+    """Not in a Django message: messages may ride in a cookie (signed, not encrypted) and are
+    shown again on the next page."""
     answer = admin_client.post("/admin/ingest/operatortoken/add/",
-                               {"user": operator.pk, "name": "laptop"}, follow=True)
-    assert answer.status_code == 200
+                               {"user": operator.pk, "name": "laptop"})
+    assert answer.status_code == 200 and "no-store" in answer["Cache-Control"]
     row = OperatorToken.objects.get(name="laptop")
     html = answer.content.decode()
     token = html[html.index("sbo_"):].split("<")[0]
     assert queries.find_operator_for_token(token) == operator and row.user == operator
+    assert all(token not in cookie.value for cookie in answer.cookies.values())
+    assert token not in str(dict(admin_client.session))
+    assert token not in admin_client.get("/admin/ingest/operatortoken/").content.decode()
 
 
 # -- route checks in the admin (the same as add_webhook_route's) -------------------------------
@@ -228,3 +233,11 @@ def test_oidc_is_wired_only_when_configured():
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode != 0 and "OIDC_OP_TOKEN_ENDPOINT" in done.stderr
+
+
+def test_adding_an_unsigned_webhook_in_admin_warns_that_anyone_can_create_work(admin_client, operator):
+    answer = admin_client.post("/admin/ingest/webhook/add/", {
+        "slug": "open-hook", "owner": operator.pk, "source": "unsigned", "active": "on",
+        "routes-TOTAL_FORMS": "0", "routes-INITIAL_FORMS": "0",
+    }, follow=True)
+    assert "anyone who knows its URL can create work" in answer.content.decode()

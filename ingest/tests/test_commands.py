@@ -133,3 +133,15 @@ def test_mint_operator_token_human_output_shows_the_token_once(capsys, operator)
     token = run.out.split(": ")[1].split()[0]
     assert run.code == 0 and token.startswith("sbo_")
     assert queries.find_operator_for_token(token) == operator
+
+
+def test_add_webhook_says_plainly_that_anyone_with_an_unsigned_url_can_create_work(operator):
+    human, err = StringIO(), StringIO()
+    call_command("add_webhook", "open", "--owner", operator.username, "--source", "unsigned",
+                 stdout=human)
+    assert "ANYONE WHO KNOWS THIS URL CAN CREATE WORK" in human.getvalue()
+    out = StringIO()
+    call_command("add_webhook", "open2", "--owner", operator.username, "--source", "unsigned",
+                 "--json", stdout=out, stderr=err)
+    assert json.loads(out.getvalue())["secret"] == ""
+    assert "ANYONE WHO KNOWS THIS URL CAN CREATE WORK" in err.getvalue()

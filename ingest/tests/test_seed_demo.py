@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+from datetime import timedelta
 
 import pytest
 
@@ -32,13 +33,31 @@ def test_seed_demo_json_shape_and_rerun(capsys, settings):
     assert Route.objects.filter(webhook__slug="demo-hook", endpoint__slug="demo-agent",
                                 queue="inbox").count() == 1
 
+    # Issue 13.16: a re-run revoked the credential printed before; it reuses it now.
     again = run_manage(capsys, "seed_demo", "--json").json()
-    assert again["credential"] != first["credential"]
-    # Re-running revokes what earlier runs printed: no grace for a demo credential.
-    assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"]) is None
-    assert endpoint_queries.find_endpoint_for_credential("demo-agent", again["credential"])
+    assert again["credential"] == first["credential"]
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"])
     assert again["secret"] == first["secret"]
     assert Webhook.objects.count() == 1 and Route.objects.count() == 1
+    # --rotate mints a new one and revokes what earlier runs printed (no grace for a demo).
+    rotated = run_manage(capsys, "seed_demo", "--rotate", "--json").json()
+    assert rotated["credential"] != first["credential"]
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", first["credential"]) is None
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", rotated["credential"])
+    assert run_manage(capsys, "seed_demo", "--json").json()["credential"] == rotated["credential"]
+
+
+@pytest.mark.django_db
+def test_seed_demo_mints_anew_when_the_demo_credential_was_rotated_away(capsys):
+    from endpoints import transitions as endpoint_transitions
+    from endpoints.models import Endpoint
+
+    first = run_manage(capsys, "seed_demo", "--json").json()
+    other = endpoint_transitions.rotate_credential(Endpoint.objects.get(slug="demo-agent"),
+                                                   grace=timedelta(0))
+    again = run_manage(capsys, "seed_demo", "--json").json()
+    assert again["credential"] not in (first["credential"], other)
+    assert endpoint_queries.find_endpoint_for_credential("demo-agent", again["credential"])
 
 
 def password_in(text: str) -> str:
@@ -52,7 +71,9 @@ def test_seed_demo_operator_can_sign_in_to_the_admin(capsys, client, django_user
     password = password_in(run.err)
     user = django_user_model.objects.get(username="demo")
     assert user.is_staff and not user.is_superuser and user.check_password(password)
-    assert client.login(username="demo", password=password)
+    # Through the real sign-in form (client.login() passes no request, which the sign-in
+    # throttle refuses).
+    assert client.post("/admin/login/", {"username": "demo", "password": password}).status_code == 302
     assert client.get("/admin/").status_code == 200
     endpoints = client.get("/admin/endpoints/endpoint/")
     assert endpoints.status_code == 200 and "demo-agent" in endpoints.content.decode()

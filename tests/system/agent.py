@@ -2,7 +2,9 @@
 endpoint, draining with claim_next + complete. One line per event on stdout (flushed):
 
     ready                                                      (a session is open)
-    claimed <todo id> / completed <todo id> / lost <todo id>  (complete refused: lease_lost)
+    claimed <todo id> / completed <todo id> / lost <todo id>  (complete refused: lease_lost;
+                                                   already_done, a retried complete whose
+                                                   first answer was lost, is "completed")
     doorbell <todo id or "digest">                             (notifications/claude/channel)
     retry <exception type>                                     (a call failed; same session)
     reconnect <exception type>                                 (the client died; new session)
@@ -59,7 +61,7 @@ async def call(client, name, arguments):
             with anyio.fail_after(CALL_TIMEOUT_SECONDS):
                 result = await client.call_tool(name, arguments)
             if result.is_error and (result.structured_content or {}).get("error", {}).get(
-                    "code") not in ("lease_lost", "not_claimable", "not_found"):
+                    "code") not in ("lease_lost", "not_claimable", "not_found", "already_done"):
                 # A domain answer we do not expect here (e.g. a 5xx turned into an error
                 # result): treat like a transport failure and retry.
                 raise RuntimeError(f"tool error {result.structured_content}")
@@ -109,7 +111,9 @@ async def work_one_session(args, credential, state) -> None:
                     done = await call(client, "complete", {"todo_id": todo["id"],
                                                            "lease_id": todo["lease_id"],
                                                            "result": {"by": os.getpid()}})
-                    say("lost" if done.is_error else "completed", todo["id"])
+                    code = (done.structured_content or {}).get("error", {}).get("code")
+                    say("lost" if done.is_error and code != "already_done" else "completed",
+                        todo["id"])
             finally:
                 printer.cancel()
 

@@ -7,9 +7,14 @@
   server, where other test runs live;
 * a private Redis (``redis-server --port <free> --save '' --appendonly no``) — restartable for
   the same reason;
-* two ``daphne switchboard.asgi:application`` web processes on different free ports, one
-  ``celery -A switchboard worker`` and one ``celery -A switchboard beat`` (schedule file in the
-  temporary directory), all with production settings on that PostgreSQL and Redis.
+* two ``daphne switchboard.asgi:application`` web processes on different free ports of
+  127.0.0.1, one ``celery -A switchboard worker`` and one ``celery -A switchboard beat``
+  (schedule file in the temporary directory), all with production settings on that PostgreSQL
+  and Redis;
+* the real nginx in front, configured by ``deploy/nginx.conf`` (the production shape, §12)
+  rendered with the suite's ports: one listening port per web process, so a scenario can still
+  address "web0" or "web1" (``web_urls``, through nginx); ``daphne_urls`` reach the web
+  processes directly, for probes that compare the two.
 
 Every process's stdout+stderr goes to a log file; ``all_logs()`` returns them all, so a test
 can check that no bearer, secret or body was ever logged. Faults are methods: ``kill_web``,
@@ -17,6 +22,8 @@ can check that no bearer, secret or body was ever logged. Faults are methods: ``
 """
 
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -30,7 +37,24 @@ import httpx
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def find_pg_bindir() -> Path:
+    """The newest installed PostgreSQL server binaries (Debian keeps them off PATH); the same
+    search as scripts/test-services.sh."""
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"),
+                            key=lambda path: [int(part) for part in path.parent.name.split(".")
+                                              if part.isdigit()], reverse=True):
+        if (candidate / "initdb").exists() and (candidate / "pg_ctl").exists():
+            return candidate
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        return Path(initdb).parent
+    raise RuntimeError("the system suite starts a private PostgreSQL: apt-get install postgresql")
+
+
+PG_BIN = find_pg_bindir()
+NGINX_SITE = ROOT / "deploy" / "nginx.conf"
 READY_DEADLINE_SECONDS = 60.0
 # Production-like limits, except the rate limits: the scenarios deliberately push thousands of
 # deliveries through one webhook and one credential within a minute.
@@ -62,6 +86,47 @@ def poll(predicate, deadline_seconds: float, interval_seconds: float = 0.1):
 def _pg_user() -> list[str]:
     """initdb refuses to run as root: run the cluster as the ``postgres`` user then."""
     return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+def procfile_web_argv(port: int) -> list[str]:
+    """The Procfile's ``web:`` command as it runs with ``PORT=port`` (daphne from this
+    interpreter), so the suite runs exactly the production bind."""
+    line = next(line for line in (ROOT / "Procfile").read_text().splitlines()
+                if line.startswith("web:"))
+    argv = shlex.split(line.split(":", 1)[1].replace("${PORT:-8000}", str(port)))
+    assert argv[0] == "daphne", argv
+    return [sys.executable, "-m", "daphne", *argv[1:]]
+
+
+def find_nginx() -> str:
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if not found:
+        raise RuntimeError("the system suite runs behind nginx: apt-get install nginx "
+                           "(bash scripts/test installs it when run as root)")
+    return found
+
+
+def _replace_once(text: str, pattern: str, replacement: str, *, count: int = 1) -> str:
+    """re.sub that insists on ``count`` matches, so a changed deploy/nginx.conf fails the
+    rendering loudly instead of testing something else."""
+    rendered, found = re.subn(pattern, replacement, text, flags=re.MULTILINE)
+    if found != count:
+        raise AssertionError(f"deploy/nginx.conf: expected {count} match(es) of {pattern!r}, "
+                             f"found {found}")
+    return rendered
+
+
+def render_nginx_site(site: str, *, index: int, listen_port: int, upstream_port: int) -> str:
+    """deploy/nginx.conf for web process ``index``: its own upstream (the one daphne) and
+    listening port; the per-address zone is declared by the first copy only (the copies share
+    it, as one server would)."""
+    site = _replace_once(site, r"^upstream switchboard_web \{\n(?:\s+server [^\n]+;\n)+",
+                         f"upstream switchboard_web {{\n    server 127.0.0.1:{upstream_port};\n")
+    site = _replace_once(site, r"\bswitchboard_web\b", f"switchboard_web{index}", count=4)
+    site = _replace_once(site, r"^    listen 80;$", f"    listen 127.0.0.1:{listen_port};")
+    if index:
+        site = _replace_once(site, r"^limit_conn_zone .*$", "")
+    return site
 
 
 class Process:
@@ -124,6 +189,11 @@ class Topology:
             "SECRET_KEY": "system-suite-secret-key-not-for-production",
             "SWITCHBOARD_VAR_DIR": str(self.dir / "var"),
             "SWITCHBOARD_PUBLIC_URL": "http://127.0.0.1:8000",
+            # Production refuses to start without a secrets key of its own (a test key).
+            "SWITCHBOARD_SECRETS_KEY": "c3lzdGVtLXN1aXRlLW9ubHktc2VjcmV0cy1rZXkhISE=",
+            # nginx (deploy/nginx.conf) is the peer of every request: believe its
+            # X-Forwarded-For, as production does.
+            "SWITCHBOARD_TRUSTED_PROXIES": "127.0.0.1",
             "SWITCHBOARD_INGEST_RATE_PER_MINUTE": str(RATE_PER_MINUTE),
             "SWITCHBOARD_MCP_RATE_PER_MINUTE": str(RATE_PER_MINUTE),
             "PYTHONPATH": str(ROOT),
@@ -131,8 +201,9 @@ class Topology:
             "LOG_LEVEL": "INFO",
         }
         self.webs: list[Process] = []
-        self.web_urls: list[str] = []
-        self.worker = self.beat = self.redis = None
+        self.web_urls: list[str] = []  # through nginx
+        self.daphne_urls: list[str] = []  # the web processes themselves
+        self.worker = self.beat = self.redis = self.nginx = None
 
     # -- PostgreSQL (private cluster) ------------------------------------------------------
 
@@ -198,16 +269,16 @@ class Topology:
         return done.stdout
 
     def start_web(self, index: int):
-        port = int(self.web_urls[index].rsplit(":", 1)[1])
-        process = Process(f"web{index}", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                                          str(port), "switchboard.asgi:application"],
-                          self.env, self.log_dir).start()
+        port = int(self.daphne_urls[index].rsplit(":", 1)[1])
+        process = Process(f"web{index}", procfile_web_argv(port), self.env, self.log_dir).start()
         self.webs[index] = process
         self.wait_web_ready(index)
         return process
 
     def wait_web_ready(self, index: int):
-        url, process = self.web_urls[index], self.webs[index]
+        process = self.webs[index]
+        # Through nginx once it runs (both hops answer), else the process directly.
+        url = self.web_urls[index] if self.nginx is not None else self.daphne_urls[index]
 
         def ready():
             if not process.alive:
@@ -239,20 +310,64 @@ class Topology:
     def kill_beat(self):
         self.beat.kill(signal.SIGKILL)
 
+    # -- nginx in front (deploy/nginx.conf) -------------------------------------------------
+
+    def start_nginx(self):
+        prefix = self.dir / "nginx"
+        prefix.mkdir()
+        temp = {}
+        for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            temp[name] = prefix / f"{name}_temp"
+            temp[name].mkdir()
+            os.chmod(temp[name], 0o777)  # started as root, nginx's workers run as nobody
+        site = NGINX_SITE.read_text()
+        sites = [render_nginx_site(site, index=index,
+                                   listen_port=int(self.web_urls[index].rsplit(":", 1)[1]),
+                                   upstream_port=int(self.daphne_urls[index].rsplit(":", 1)[1]))
+                 for index in range(len(self.web_urls))]
+        (prefix / "site.conf").write_text("\n".join(sites))
+        # What Debian's /etc/nginx/nginx.conf gives the site, with this run's paths.
+        (prefix / "nginx.conf").write_text(f"""
+worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {self.log_dir}/nginx-error.log info;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {self.log_dir}/nginx-access.log;
+    client_body_temp_path {temp["client_body"]};
+    proxy_temp_path {temp["proxy"]};
+    fastcgi_temp_path {temp["fastcgi"]};
+    uwsgi_temp_path {temp["uwsgi"]};
+    scgi_temp_path {temp["scgi"]};
+    gzip on;
+    include {prefix}/site.conf;
+}}
+""")
+        self.nginx = Process("nginx", [find_nginx(), "-p", str(prefix), "-c",
+                                       str(prefix / "nginx.conf"), "-g", "daemon off;"],
+                             self.env, self.log_dir).start()
+        for index, url in enumerate(self.web_urls):
+            assert poll(lambda: httpx.get(url + "/readyz", timeout=2.0).status_code == 200,
+                        READY_DEADLINE_SECONDS), (
+                f"nginx -> web{index} not ready:\n{self.nginx.log_text()[-3000:]}"
+                f"{(self.log_dir / 'nginx-error.log').read_text(errors='replace')[-3000:]}")
+
     def start(self):
         self.init_postgres()
         self.start_redis()
         self.manage("migrate", "-v0")
+        self.daphne_urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
         self.web_urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
         self.webs = [None, None]
         for index in range(2):
             self.start_web(index)
+        self.start_nginx()
         self.start_worker()
         self.start_beat()
         return self
 
     def stop(self):
-        for process in [*self.webs, self.worker, self.beat, self.redis]:
+        for process in [self.nginx, *self.webs, self.worker, self.beat, self.redis]:
             if process is not None:
                 process.kill(signal.SIGTERM)
         self.stop_postgres("immediate")

@@ -4,7 +4,7 @@ import pytest
 
 from tests.factories import UserFactory
 from todos import transitions
-from todos.models import State
+from todos.models import State, Todo
 
 pytestmark = pytest.mark.django_db
 
@@ -65,6 +65,26 @@ def test_release_action_returns_a_claimed_todo_and_refuses_others(root_client, m
     claimed.refresh_from_db()
     assert claimed.state == State.PENDING and claimed.lease_owner is None
     assert f"#{pending.pk}:" in response.content.decode()  # refusal reported
+    event = claimed.events.order_by("-id").first()
+    assert event.actor == "root" and event.detail["override"] is True
+
+
+@pytest.mark.parametrize("action, state", [("fail_lease", State.FAILED),
+                                           ("complete_lease", State.DONE),
+                                           ("extend_lease", State.CLAIMED)])
+def test_admin_overrides_an_agents_lease(root_client, make_todo, agent, action, state):
+    """Issue 13.3: operators act on an agent's lease from admin too, recorded as overrides."""
+    held = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=60)
+    response = root_client.post("/admin/todos/todo/", {
+        "action": action, "_selected_action": [held.pk]}, follow=True)
+    assert response.status_code == 200
+    todo = Todo.objects.get(pk=held.pk)
+    assert todo.state == state
+    event = todo.events.order_by("-id").first()
+    assert event.actor == "root" and event.detail["override"] is True
+    assert event.detail["overridden_lease"]["lease_id"] == held.lease_id[:8]
+    if action == "extend_lease":
+        assert todo.lease_expires_at > held.lease_expires_at and todo.lease_id == held.lease_id
 
 
 def test_staff_operator_sees_only_own_todos_and_endpoints_in_admin(client, make_todo):

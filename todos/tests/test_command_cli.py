@@ -63,7 +63,7 @@ def test_requeue_dead_letters_of_an_endpoint_and_queue_with_dry_run(capsys, dead
     inbox, reviews = dead_letter("inbox"), dead_letter("reviews")
     run = run_manage(capsys, "requeue", "--dead-letters", "--endpoint", "once", "--queue", "reviews",
                      "--dry-run", "--json")
-    assert run.json() == {"requeued": [str(reviews.pk)]}
+    assert run.json() == {"would_requeue": [str(reviews.pk)]}  # §11: a dry run says "would"
     reviews.refresh_from_db()
     assert reviews.is_dead_letter  # dry run changed nothing
     run = run_manage(capsys, "requeue", "--dead-letters", "--endpoint", "once", "--json")

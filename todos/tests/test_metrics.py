@@ -3,18 +3,29 @@
 from datetime import timedelta
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from channels_push import metrics as push_metrics
-from tests.factories import EndpointFactory
+from tests.factories import EndpointFactory, UserFactory
 from todos import sweeps, transitions
 
 pytestmark = pytest.mark.django_db
 
 
+SCRAPE_TOKEN = "scrape-token-for-tests"
+
+
 def scrape(client, **headers):
-    response = client.get("/metrics", **headers)
+    """Without an Authorization header given, scrape as a Prometheus scraper in production
+    does: with the configured bearer."""
+    if "HTTP_AUTHORIZATION" in headers:
+        response = client.get("/metrics", **headers)
+    else:
+        with override_settings(SWITCHBOARD_METRICS_TOKEN=SCRAPE_TOKEN):
+            response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {SCRAPE_TOKEN}",
+                                  **headers)
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain; version=")
     values = {}
@@ -83,6 +94,7 @@ def test_metrics_token_is_required_as_bearer_when_set(client, settings):
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     assert client.get("/metrics", HTTP_AUTHORIZATION="scrape-me").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-mee").status_code == 401
     scrape(client, HTTP_AUTHORIZATION="Bearer scrape-me")
 
 
@@ -94,7 +106,7 @@ def test_scrape_cost_does_not_grow_with_endpoints_or_todos(client, operator,
     # backlog (one statement), then the event tally: pruned tally, settled id, (increment),
     # recent range
     with django_assert_max_num_queries(5):
-        client.get("/metrics")
+        scrape(client)
 
 
 def test_event_tally_folds_settled_events_once_and_recounts_recent_ones(make_todo):
@@ -116,13 +128,62 @@ def test_event_tally_folds_settled_events_once_and_recounts_recent_ones(make_tod
     assert tally.counts(now=later)[("create", "pending")] == 4
 
 
-def test_without_a_token_metrics_answer_only_local_scrapers_and_staff(client, operator, settings):
-    settings.SWITCHBOARD_METRICS_TOKEN = ""
-    assert client.get("/metrics").status_code == 200  # the test client is 127.0.0.1
-    remote = {"REMOTE_ADDR": "203.0.113.9"}
-    assert client.get("/metrics", **remote).status_code == 401
-    client.force_login(operator)
-    assert client.get("/metrics", **remote).status_code == 401  # an operator, not staff
+REMOTE = {"REMOTE_ADDR": "203.0.113.9"}
+
+
+@pytest.mark.parametrize("token", ["", "scrape-me"])
+def test_staff_operators_who_are_not_superusers_never_read_metrics(client, operator, settings,
+                                                                   token):
+    """Every operator is staff; /metrics names every tenant's endpoints and queues."""
+    settings.SWITCHBOARD_METRICS_TOKEN = token
     operator.is_staff = True
     operator.save()
-    assert client.get("/metrics", **remote).status_code == 200
+    client.force_login(operator)
+    for where in ({}, REMOTE):  # from loopback too: a same-host proxy makes everyone loopback
+        assert client.get("/metrics", **where).status_code in (403, 404)
+
+
+@pytest.mark.parametrize("token", ["", "scrape-me"])
+def test_a_superuser_session_reads_metrics_with_or_without_a_token(client, settings, token):
+    settings.SWITCHBOARD_METRICS_TOKEN = token
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    scrape(client, HTTP_AUTHORIZATION="", **REMOTE)
+
+
+def test_without_a_token_metrics_are_off_in_production(client, settings):
+    settings.SWITCHBOARD_METRICS_TOKEN = ""
+    settings.SWITCHBOARD_PRODUCTION = True
+    assert client.get("/metrics").status_code == 404  # the test client is 127.0.0.1
+    assert client.get("/metrics", **REMOTE).status_code == 404
+
+
+def test_without_a_token_the_embedded_default_answers_loopback_only(client, settings):
+    settings.SWITCHBOARD_METRICS_TOKEN = ""
+    settings.SWITCHBOARD_PRODUCTION = False
+    scrape(client, HTTP_AUTHORIZATION="")  # the test client is 127.0.0.1
+    assert client.get("/metrics", **REMOTE).status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_behind_a_trusted_proxy_loopback_means_the_client_not_the_proxy(settings):
+    """Through the real ASGI app: a same-host proxy makes every peer 127.0.0.1."""
+    import asyncio
+
+    import httpx
+
+    from switchboard.asgi import application
+
+    settings.SWITCHBOARD_METRICS_TOKEN = ""
+    settings.SWITCHBOARD_PRODUCTION = False
+
+    async def get(forwarded_for):
+        transport = httpx.ASGITransport(app=application, client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+            return (await http.get("/metrics", headers={"X-Forwarded-For": forwarded_for})
+                    ).status_code
+
+    assert asyncio.run(get("203.0.113.9")) == 200  # no proxy trusted: the peer is the client
+    settings.SWITCHBOARD_TRUSTED_PROXIES = ["127.0.0.1"]
+    assert asyncio.run(get("203.0.113.9")) == 404
+    assert asyncio.run(get("127.0.0.1, 203.0.113.9")) == 404  # a client-written hop is ignored
+    assert asyncio.run(get("127.0.0.1")) == 200  # a scraper on the proxy's host

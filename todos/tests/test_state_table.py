@@ -39,6 +39,9 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
     transitions.fail_todo(agent, retried.pk, now=now)                 # dead_letter
     transitions.requeue_todo(operator, retried.pk, now=now)           # requeue
 
+    promoted = make_todo(trust="unverified")
+    transitions.promote_todo(operator, promoted.pk, now=now)            # promote
+
     lapsed = make_todo()
     for _ in range(2):
         transitions.claim_todo(agent, lapsed.pk, lease_ttl_seconds=1, now=now)
@@ -46,6 +49,70 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
         sweeps.expire_lapsed_leases(now=now)                           # lapse, then lapse to dead
 
     assert recorded_edges() == set(EDGES)
+
+
+@pytest.mark.parametrize("verb, edges", [
+    ("heartbeat", {("heartbeat", "claimed", "claimed")}),
+    ("complete", {("complete", "claimed", "done")}),
+    ("fail", {("fail", "claimed", "failed")}),
+    ("release", {("release", "claimed", "pending")}),
+])
+def test_operator_overrides_take_the_same_edges_marked_override(agent, make_todo, verb, edges):
+    held = transitions.claim_todo(agent, make_todo().pk)
+    before = TodoEvent.objects.count()
+    getattr(transitions, f"{verb}_todo")(Caller.operator(agent.endpoint, "alice"), held.pk,
+                                         overriding=transitions.HeldLease.of(held))
+    new = TodoEvent.objects.order_by("id")[before:]
+    assert {(e.action, e.from_state, e.to_state) for e in new} == edges <= set(EDGES)
+    assert [(e.actor, e.detail["override"]) for e in new] == [("alice", True)]
+
+
+# The refusals a fenced verb answers instead of taking an edge: (situation, verb) -> code.
+FENCED = ("heartbeat", "complete", "fail", "release")
+REFUSALS = {
+    **{("lease lapsed, reaper not yet run", verb): "lease_lost" for verb in FENCED},
+    **{("another lease holds it", verb): "lease_lost" for verb in FENCED},
+    **{("an operator released it", verb): "lease_lost" for verb in FENCED},
+    **{("completed by this lease", verb): "lease_lost" for verb in FENCED},
+    ("completed by this lease", "complete"): "already_done",
+    **{("the override's lease changed", verb): "lease_lost" for verb in FENCED},
+}
+
+
+def situation(name, agent, make_todo, now):
+    """A claimed-then-something todo; returns (caller, todo id, kwargs) for the refused call."""
+    operator = Caller.operator(agent.endpoint, "alice")
+    held = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=1, now=now)
+    lease = {"lease_id": held.lease_id, "now": now}
+    if name == "lease lapsed, reaper not yet run":
+        return agent, held.pk, {**lease, "now": now + timedelta(seconds=2)}
+    if name == "another lease holds it":
+        transitions.release_todo(agent, held.pk, now=now)
+        transitions.claim_todo(Caller.agent(agent.endpoint, "session-b"), held.pk, now=now)
+        return agent, held.pk, lease
+    if name == "an operator released it":
+        transitions.release_todo(operator, held.pk, overriding=transitions.HeldLease.of(held),
+                                 now=now)
+        return agent, held.pk, lease
+    if name == "completed by this lease":
+        transitions.complete_todo(agent, held.pk, now=now, **{"lease_id": held.lease_id})
+        return agent, held.pk, lease
+    if name == "the override's lease changed":
+        transitions.heartbeat_todo(agent, held.pk, now=now)  # same lease: still overridable
+        transitions.release_todo(agent, held.pk, now=now)
+        transitions.claim_todo(agent, held.pk, now=now)  # a new lease of the same session
+        return operator, held.pk, {"overriding": transitions.HeldLease.of(held), "now": now}
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name, verb", sorted(REFUSALS))
+def test_fenced_refusals_match_the_table_and_record_nothing(agent, make_todo, name, verb):
+    caller, todo_id, kwargs = situation(name, agent, make_todo, timezone.now())
+    before = TodoEvent.objects.count()
+    with pytest.raises(Refusal) as refused:
+        getattr(transitions, f"{verb}_todo")(caller, todo_id, **kwargs)
+    assert refused.value.code == REFUSALS[(name, verb)]
+    assert TodoEvent.objects.count() == before
 
 
 def test_a_refused_transition_records_no_event(agent, make_todo):

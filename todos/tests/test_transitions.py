@@ -191,7 +191,7 @@ def test_heartbeat_extends_only_the_current_lease(agent, make_todo):
     assert extended.lease_expires_at == later + timedelta(seconds=600)
     assert extended.lease_id == todo.lease_id and extended.attempts == 1
     by_owner = transitions.heartbeat_todo(agent, todo.pk, now=later)  # no lease_id: by session
-    assert by_owner.lease_expires_at == later + timedelta(seconds=300)
+    assert by_owner.lease_expires_at == later + timedelta(seconds=600)  # the lease's own length
     stranger = Caller.agent(agent.endpoint, "session-b")
     assert refusal_code(transitions.heartbeat_todo, stranger, todo.pk) == "lease_lost"
     assert refusal_code(transitions.heartbeat_todo, agent, todo.pk, lease_id="forged") == "lease_lost"
@@ -213,11 +213,143 @@ def test_stale_holder_after_reaper_and_reclaim_gets_lease_lost(agent, make_todo)
     assert transitions.complete_todo(other, fresh.pk, lease_id=fresh.lease_id).state == State.DONE
 
 
+def test_heartbeat_without_a_ttl_never_shortens_the_lease(agent, endpoint, make_todo):
+    """Issue 13.1: on a 60 s endpoint, heartbeat(ttl 3600) then heartbeat() moved expiry from
+    +1 h to +60 s, and an agent heartbeating every 30 min lost its todo mid-flight."""
+    endpoint.default_lease_seconds = 60
+    endpoint.save()
+    now = timezone.now()
+    todo = transitions.claim_todo(agent, make_todo().pk, now=now)
+    assert todo.lease_expires_at == now + timedelta(seconds=60)
+    long = transitions.heartbeat_todo(agent, todo.pk, lease_ttl_seconds=3600, now=now)
+    assert long.lease_expires_at == now + timedelta(hours=1)
+    half_hour = now + timedelta(minutes=30)
+    again = transitions.heartbeat_todo(agent, todo.pk, now=half_hour)
+    assert again.lease_expires_at == half_hour + timedelta(hours=1)
+    # Claimed for an hour: heartbeats without a ttl extend by the hour it was granted.
+    claimed_long = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=3600, now=now)
+    beat = transitions.heartbeat_todo(agent, claimed_long.pk, lease_id=claimed_long.lease_id,
+                                      now=half_hour)
+    assert beat.lease_expires_at == half_hour + timedelta(hours=1)
+    # Asking for a shorter ttl is the one way to shorten it, and it becomes the lease's length.
+    short = transitions.heartbeat_todo(agent, todo.pk, lease_ttl_seconds=10, now=half_hour)
+    assert short.lease_expires_at == half_hour + timedelta(seconds=10)
+    after = transitions.heartbeat_todo(agent, todo.pk, now=half_hour + timedelta(seconds=5))
+    assert after.lease_expires_at == half_hour + timedelta(seconds=15)
+    assert Todo.objects.get(pk=todo.pk).lease_expires_at == after.lease_expires_at
+
+
+@pytest.mark.parametrize("verb", ["heartbeat", "complete", "fail", "release"])
+@pytest.mark.parametrize("by_lease_id", [True, False])
+def test_a_lapsed_lease_is_lost_before_the_reaper_runs(agent, make_todo, verb, by_lease_id):
+    """Issue 13.2: a claim of 1 s, 1.3 s later heartbeat revived it, complete marked it done
+    and release refunded the attempt, all before the reaper ran."""
+    now = timezone.now()
+    todo = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=1, now=now)
+    events = TodoEvent.objects.filter(todo=todo).count()
+    call = getattr(transitions, f"{verb}_todo")
+    lease = {"lease_id": todo.lease_id} if by_lease_id else {}
+    with pytest.raises(Refusal) as refused:
+        call(agent, todo.pk, now=now + timedelta(seconds=1.3), **lease)
+    assert refused.value.code == "lease_lost" and "lapsed" in refused.value.message
+    row = Todo.objects.get(pk=todo.pk)
+    assert row.state == State.CLAIMED and row.attempts == 1  # untouched: the reaper moves it
+    assert TodoEvent.objects.filter(todo=todo).count() == events
+    # Exactly at expiry the lease is already gone (the reaper takes lease_expires_at <= now).
+    with pytest.raises(Refusal):
+        call(agent, todo.pk, now=now + timedelta(seconds=1), **lease)
+    assert sweeps.expire_lapsed_leases(now=now + timedelta(seconds=2)) == 1
+    assert history(todo)[-1] == ("lease_lapsed", "claimed", "pending")
+
+
+def test_completing_twice_with_the_same_lease_is_already_done(agent, make_todo):
+    """Issue 13.4: a complete retried after a network error was told lease_lost."""
+    todo = transitions.claim_todo(agent, make_todo().pk)
+    transitions.complete_todo(agent, todo.pk, lease_id=todo.lease_id, result={"n": 1})
+    assert refusal_code(transitions.complete_todo, agent, todo.pk,
+                        lease_id=todo.lease_id) == "already_done"
+    assert refusal_code(transitions.complete_todo, agent, todo.pk) == "already_done"  # by session
+    stranger = Caller.agent(agent.endpoint, "session-b")
+    assert refusal_code(transitions.complete_todo, stranger, todo.pk) == "lease_lost"
+    assert refusal_code(transitions.complete_todo, agent, todo.pk, lease_id="forged") == "lease_lost"
+    assert refusal_code(transitions.heartbeat_todo, agent, todo.pk) == "lease_lost"
+    assert Todo.objects.get(pk=todo.pk).result == {"n": 1}
+    assert [a for a, *_ in history(todo)] == ["create", "claim", "complete"]
+
+
+def test_a_done_todo_shows_no_lease_in_the_wire_shape(agent, make_todo):
+    todo = transitions.claim_todo(agent, make_todo().pk)
+    done = transitions.complete_todo(agent, todo.pk)
+    shown = queries.todo_as_dict(done)
+    assert shown["lease_id"] is None and shown["lease_owner"] is None
+    assert shown["lease_expires_at"] is None
+
+
+# -- operator overrides (issue 13.3) ----------------------------------------------------------
+
+
+def override(verb, todo, **kwargs):
+    operator = Caller.operator(todo.endpoint, "alice")
+    call = getattr(transitions, f"{verb}_todo")
+    return call(operator, todo.pk, overriding=transitions.HeldLease.of(todo), **kwargs)
+
+
+@pytest.mark.parametrize("verb, state", [("release", State.PENDING), ("fail", State.FAILED),
+                                         ("complete", State.DONE)])
+def test_an_operator_override_ends_the_agents_lease(agent, make_todo, verb, state):
+    held = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=86400)
+    changed = override(verb, held)
+    assert changed.state == state
+    event = TodoEvent.objects.filter(todo=held).order_by("-id").first()
+    assert event.actor == "alice" and event.detail["override"] is True
+    assert event.detail["overridden_lease"] == {"lease_id": held.lease_id[:8],
+                                                "lease_owner": "session-"}
+    for late in ("heartbeat", "complete", "fail", "release"):
+        for lease in ({"lease_id": held.lease_id}, {}):
+            assert refusal_code(getattr(transitions, f"{late}_todo"), agent, held.pk,
+                                **lease) == "lease_lost", (late, lease)
+
+
+def test_an_operator_extends_an_agents_lease_and_the_agent_keeps_it(agent, make_todo):
+    now = timezone.now()
+    held = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=60, now=now)
+    extended = override("heartbeat", held, lease_ttl_seconds=3600, now=now)
+    assert extended.lease_expires_at == now + timedelta(hours=1)
+    assert extended.lease_id == held.lease_id and extended.lease_owner == "session-a"
+    assert TodoEvent.objects.filter(todo=held).order_by("-id").first().detail["override"] is True
+    assert transitions.complete_todo(agent, held.pk, lease_id=held.lease_id).state == State.DONE
+
+
+def test_an_override_acts_on_the_lease_it_saw_or_on_nothing(agent, make_todo):
+    seen = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=1)
+    transitions.release_todo(agent, seen.pk)
+    reclaimed = transitions.claim_todo(Caller.agent(agent.endpoint, "session-b"), seen.pk)
+    with pytest.raises(Refusal) as refused:
+        override("release", seen)  # the lease the operator saw is gone: a new one holds it
+    assert refused.value.code == "lease_lost" and "the agent's lease" in refused.value.message
+    assert "session" not in refused.value.message
+    assert Todo.objects.get(pk=seen.pk).lease_id == reclaimed.lease_id
+
+
+def test_an_override_frees_a_lapsed_lease_the_reaper_has_not_moved(agent, make_todo):
+    now = timezone.now()
+    stuck = transitions.claim_todo(agent, make_todo().pk, lease_ttl_seconds=1, now=now)
+    released = override("release", stuck, now=now + timedelta(minutes=5))
+    assert released.state == State.PENDING and released.attempts == 0
+
+
+def test_only_an_operator_overrides(agent, make_todo):
+    held = transitions.claim_todo(agent, make_todo().pk)
+    other = Caller.agent(agent.endpoint, "session-b")
+    with pytest.raises(ValueError):
+        transitions.release_todo(other, held.pk, overriding=transitions.HeldLease.of(held))
+
+
 def test_complete_stores_the_result(agent, make_todo):
     todo = transitions.claim_todo(agent, make_todo().pk)
     done = transitions.complete_todo(agent, todo.pk, lease_id=todo.lease_id, result={"pr": 7})
     assert done.state == State.DONE and done.result == {"pr": 7}
-    assert refusal_code(transitions.complete_todo, agent, todo.pk) == "lease_lost"
+    assert refusal_code(transitions.complete_todo, agent, todo.pk) == "already_done"
 
 
 def test_fail_schedules_retry_then_dead_letters(agent, endpoint, make_todo):
@@ -325,9 +457,9 @@ def test_list_todos_filters_and_caps(agent, make_todo):
         make_todo("a", f"a{i}")
     make_todo("b")
     transitions.claim_next_todo(agent)
-    assert len(queries.list_todos(agent, queue="a")) == 3
-    assert len(queries.list_todos(agent, state="claimed")) == 1
-    assert len(queries.list_todos(agent, limit=2)) == 2
+    assert len(queries.list_todos(agent, queue="a")[0]) == 3
+    assert len(queries.list_todos(agent, state="claimed")[0]) == 1
+    assert len(queries.list_todos(agent, limit=2)[0]) == 2
 
 
 def test_todo_as_dict_has_the_contract_shape(agent, make_todo):
@@ -446,3 +578,18 @@ def test_absurdly_deep_json_is_refused_not_walked(agent, make_todo):
         deep = [deep]
     todo = transitions.claim_todo(agent, make_todo().pk)
     assert refusal_code(transitions.complete_todo, agent, todo.pk, result=deep) == "invalid_argument"
+
+
+def test_heartbeat_and_overrides_stay_one_statement(agent, make_todo, django_assert_max_num_queries):
+    """The amended fences (expiry, the stored lease length, the override's lease) live in the
+    one guarded statement: no read before the write."""
+    from django.db import connection
+
+    postgres = connection.vendor == "postgresql"
+    todo = transitions.claim_todo(agent, make_todo().pk)
+    with django_assert_max_num_queries(1 if postgres else 4):
+        transitions.heartbeat_todo(agent, todo.pk)
+    with django_assert_max_num_queries(1 if postgres else 4):
+        transitions.heartbeat_todo(agent, todo.pk, lease_id=todo.lease_id, lease_ttl_seconds=60)
+    with django_assert_max_num_queries(1 if postgres else 4):
+        override("release", todo)

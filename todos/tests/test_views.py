@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
-from todos.models import State, Trust
+from todos.models import State, Todo, Trust
 
 pytestmark = pytest.mark.django_db
 
@@ -157,14 +157,70 @@ def test_fail_release_and_retry_now(alice_client, make_todo):
 def test_refusal_becomes_a_message_not_an_error(alice_client, make_todo, agent):
     todo = make_todo()
     transitions.claim_todo(agent, todo.pk)  # an agent session holds it
-    response = post_action(alice_client, todo, "complete")
-    assert response.status_code == 302
-    page = alice_client.get("/todos/")
-    assert "lease_lost" in page.content.decode()
-    todo.refresh_from_db()
-    assert todo.state == State.CLAIMED and todo.lease_owner == "session-a"
     post_action(alice_client, todo, "claim")
     assert "not_claimable" in alice_client.get("/todos/").content.decode()
+    todo.refresh_from_db()
+    assert todo.state == State.CLAIMED and todo.lease_owner == "session-a"
+
+
+@pytest.mark.parametrize("action, state", [("release", State.PENDING), ("fail", State.FAILED),
+                                           ("complete", State.DONE), ("extend", State.CLAIMED)])
+def test_board_buttons_override_an_agents_lease(alice_client, make_todo, agent, action, state):
+    """Issue 13.3: complete, fail, extend and release on a todo an agent held answered "not
+    held by this session (lease_lost)", so a stuck 24 h lease could only be freed in admin."""
+    todo = make_todo()
+    held = transitions.claim_todo(agent, todo.pk, lease_ttl_seconds=86400)
+    post_action(alice_client, todo, action, lease_seconds="600")
+    page = alice_client.get("/todos/").content.decode()
+    assert "the agent&#x27;s lease" in page or "the agent's lease" in page
+    assert "this session" not in page and "lease_lost" not in page
+    todo.refresh_from_db()
+    assert todo.state == state
+    event = todo.events.order_by("-id").first()
+    assert event.actor == "alice" and event.detail["override"] is True
+    assert event.detail["overridden_lease"]["lease_id"] == held.lease_id[:8]
+    outcome = transitions.Refusal
+    if action == "extend":  # the agent keeps an extended lease
+        assert transitions.complete_todo(agent, todo.pk, lease_id=held.lease_id).state == State.DONE
+    else:
+        with pytest.raises(outcome) as refused:
+            transitions.heartbeat_todo(agent, todo.pk, lease_id=held.lease_id)
+        assert refused.value.code == "lease_lost"
+    detail = alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    assert "override" in detail  # the history names the override
+
+
+def test_a_board_override_acts_on_the_lease_the_page_showed(alice_client, make_todo, agent):
+    todo = make_todo()
+    shown = transitions.claim_todo(agent, todo.pk)
+    page = alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    assert "act on the agent&#x27;s lease as an override" in page or \
+        "act on the agent's lease as an override" in page
+    assert f'name="lease" value="{shown.lease_id[:8]}"' in page
+    transitions.release_todo(agent, todo.pk)
+    now_held = transitions.claim_todo(transitions.Caller.agent(todo.endpoint, "session-b"), todo.pk)
+    post_action(alice_client, todo, "release", lease=shown.lease_id[:8])
+    message = alice_client.get("/todos/").content.decode()
+    assert "changed since the page was shown" in message and "this session" not in message
+    todo.refresh_from_db()
+    assert todo.state == State.CLAIMED and todo.lease_id == now_held.lease_id
+    post_action(alice_client, todo, "release", lease=now_held.lease_id[:8])
+    todo.refresh_from_db()
+    assert todo.state == State.PENDING
+
+
+def test_an_override_of_a_lease_that_changed_meanwhile_says_so(make_todo, agent):
+    todo = make_todo()
+    transitions.claim_todo(agent, todo.pk)
+    seen = Todo.objects.get(pk=todo.pk)  # what the operator's page showed
+    transitions.release_todo(agent, todo.pk)
+    transitions.claim_todo(transitions.Caller.agent(todo.endpoint, "session-b"), todo.pk)
+    caller = transitions.Caller.operator(todo.endpoint, "alice")
+    with pytest.raises(transitions.Refusal) as refused:
+        transitions.release_todo(caller, todo.pk, overriding=transitions.HeldLease.of(seen))
+    assert "the agent's lease" in refused.value.message and "session" not in refused.value.message
+    todo.refresh_from_db()
+    assert todo.lease_owner == "session-b"
 
 
 def test_forged_action_on_another_operators_todo_is_404_and_changes_nothing(alice_client, bob_todo):

@@ -20,6 +20,9 @@ class Command(JsonCommand):
         parser.add_argument("--verbs", help="comma-separated verb allowlist (default: all)")
         parser.add_argument("--lease-seconds", type=int, help="default lease (server default if unset)")
         parser.add_argument("--max-attempts", type=int, default=5)
+        parser.add_argument("--no-unverified", dest="accept_unverified", action="store_false",
+                            help="never hand unverified todos (from unsigned webhooks) to the "
+                                 "agent; they wait on the board until an operator promotes one")
 
     def handle(self, *args, **options):
         owner = get_user(options["owner"])
@@ -32,6 +35,7 @@ class Command(JsonCommand):
                 verbs=csv_list(options["verbs"]) if options["verbs"] is not None else None,
                 default_lease_seconds=options["lease_seconds"],
                 max_attempts=options["max_attempts"],
+                accept_unverified=options["accept_unverified"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()))

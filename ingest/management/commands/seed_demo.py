@@ -6,8 +6,12 @@ and a route between them, then prints a ready-to-paste ``.mcp.json`` (it names
 delivers a signed sample event. The shell mints a nonce in the body, signs it (openssl) and
 mints the delivery id on each paste, so every paste is a new delivery rather than an
 idempotent repeat or a refused replay. Safe to run again:
-existing rows are reused and the endpoint gets a new credential; the ones printed by earlier
-runs stop working at once (zero grace), so a pasted-around demo credential does not linger.
+existing rows are reused, and so is the demo credential, so what an earlier run printed keeps
+working. ``--rotate`` mints a new one and revokes the earlier ones at once (zero grace).
+
+Credentials are stored as digests only, so the demo credential is one seed_demo can derive
+again: an HMAC of its credential row's id under SECRET_KEY (``demo_credential_for``). A re-run
+reprints it while that row is live; rows are never reused, so a revoked one never comes back.
 
 The operator is staff (not superuser) with the permissions the admin needs for its own rows
 (endpoints, webhooks, todos: every admin page scopes them to the owner), and can sign in: with
@@ -15,6 +19,8 @@ no --password, a password is generated when the account has no usable one and pr
 (to stderr under --json, whose keys are exactly §11's).
 """
 
+import base64
+import hmac
 import json
 import secrets
 import shlex
@@ -25,9 +31,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.core.management.base import CommandError
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from endpoints import transitions as endpoint_transitions
-from endpoints.models import Endpoint
+from endpoints.models import CREDENTIAL_PREFIX, Credential, Endpoint, hash_credential
 from ingest import transitions
 from ingest.models import Route, Source, Webhook
 from switchboard import commands
@@ -69,6 +78,31 @@ def build_curl(hook_url: str, secret: str) -> str:
     ])
 
 
+def demo_credential_for(credential_row) -> str:
+    """The demo credential a credential row stands for (derived, so never stored in plain)."""
+    digest = salted_hmac("switchboard.seed_demo.credential", str(credential_row.pk),
+                         algorithm="sha256").digest()
+    return CREDENTIAL_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def ensure_demo_credential(endpoint, *, rotate: bool) -> str:
+    """The endpoint's live demo credential, reused; a new one (every other credential revoked
+    at once) with ``rotate`` or when none is live (first run, or rotated away by hand)."""
+    if not rotate:
+        for row in endpoint.credentials.filter(
+                Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())).order_by("-pk"):
+            credential = demo_credential_for(row)
+            if hmac.compare_digest(row.digest, hash_credential(credential)):
+                return credential
+    # Zero grace: credentials printed by earlier runs stop working now.
+    endpoint_transitions.rotate_credential(endpoint, grace=timedelta(0))
+    row = endpoint.credentials.order_by("-pk").first()
+    credential = demo_credential_for(row)
+    Credential.objects.filter(pk=row.pk).update(digest=hash_credential(credential),
+                                                hint=credential[:12])
+    return credential
+
+
 class Command(JsonCommand):
     help = ("Create a demo operator, endpoint (+ credential), GitHub-style webhook and route; "
             "print a ready-to-paste .mcp.json and a curl that delivers a signed sample event.")
@@ -79,11 +113,15 @@ class Command(JsonCommand):
                                  "default: generate one when the account has none (printed once)")
         parser.add_argument("--endpoint", default="demo-agent", help="endpoint slug")
         parser.add_argument("--webhook", default="demo-hook", help="webhook slug")
+        parser.add_argument("--rotate", action="store_true",
+                            help="mint a new demo credential and revoke the earlier ones at once "
+                                 "(default: reuse the one earlier runs printed)")
 
-    def handle(self, *args, operator, password, endpoint, webhook, **options):
+    def handle(self, *args, operator, password, endpoint, webhook, rotate, **options):
         with transaction.atomic():
             user, new_password = self.find_or_create_operator(operator, password)
-            agent_endpoint, credential = self.find_or_vend_endpoint(endpoint, user)
+            agent_endpoint = self.find_or_vend_endpoint(endpoint, user)
+            credential = ensure_demo_credential(agent_endpoint, rotate=rotate)
             hook = self.find_or_create_webhook(webhook, user)
             if not Route.objects.filter(webhook=hook, endpoint=agent_endpoint,
                                         queue=DEMO_QUEUE).exists():
@@ -115,7 +153,8 @@ class Command(JsonCommand):
             f"  {sign_in}",
             f"endpoint {agent_endpoint.slug}: {mcp_url}",
             f"webhook {hook.slug} (github): {hook_url}",
-            "", commands.connect_text(mcp_url, credential),
+            "", "re-runs print the same credential; --rotate replaces it.",
+            commands.connect_text(mcp_url, credential),
             "", "deliver a signed sample event:", curl,
             "", f"then watch it on {base}/todos/",
         ]))
@@ -139,11 +178,10 @@ class Command(JsonCommand):
     def find_or_vend_endpoint(self, slug, owner):
         existing = Endpoint.objects.filter(slug=slug).first()
         if existing is None:
-            return endpoint_transitions.vend_endpoint(slug=slug, owner=owner)
+            return endpoint_transitions.vend_endpoint(slug=slug, owner=owner)[0]
         if existing.owner_id != owner.pk:
             raise CommandError(f"endpoint {slug!r} exists and belongs to someone else")
-        # Zero grace: credentials printed by earlier runs stop working now.
-        return existing, endpoint_transitions.rotate_credential(existing, grace=timedelta(0))
+        return existing
 
     def find_or_create_webhook(self, slug, owner):
         existing = Webhook.objects.filter(slug=slug).first()

@@ -1,0 +1,172 @@
+"""Tool descriptions an agent's client reads: output schemas every result validates against,
+annotations, portable schemas, instructions per allowlist, and the size of an answer
+(CONTRACT §6, issue 13 items 7-8, issue 15 item 3)."""
+
+import itertools
+import json
+import re
+
+import jsonschema
+import pytest
+
+from channels_push import mcp_tools
+from endpoints.models import AGENT_VERBS
+from todos import transitions
+
+pytestmark = pytest.mark.django_db
+
+
+def call(endpoint, name, arguments=None, session="session-a"):
+    return mcp_tools.call_tool(endpoint=endpoint, session_id=session,
+                               params={"name": name, "arguments": arguments or {}})
+
+
+def tools_by_name(endpoint):
+    return {tool.name: tool for tool in mcp_tools.tools_for(endpoint)}
+
+
+def test_every_result_success_and_refusal_validates_against_its_output_schema(endpoint, make_todo,
+                                                                              vend):
+    installed = mcp_tools._secret_reader
+    mcp_tools.register_secret_reader(lambda caller, ref: {"ref": ref, "value": "v"})
+    try:
+        tools = tools_by_name(endpoint)
+        first, second, third = (make_todo(payload={"n": n}) for n in range(3))
+        held = transitions.claim_todo(transitions.Caller.agent(endpoint, "other"), third.pk)
+        one = str(first.pk)
+        outcomes = {
+            "list_todos": [({}, False), ({"limit": 1}, False), ({"limit": 0}, True)],
+            "claim": [({"todo_id": one}, False), ({"todo_id": one}, True)],
+            "heartbeat": [({"todo_id": one}, False), ({"todo_id": "424242"}, True)],
+            "complete": [({"todo_id": one, "result": [1, "x"]}, False),
+                         ({"todo_id": one}, True)],  # already_done
+            "claim_next": [({}, False), ({"queues": ["nowhere"]}, False), ({}, False),
+                           ({"lease_ttl_seconds": 0}, True)],
+            "fail": [({"todo_id": str(second.pk), "error": "boom"}, False),
+                     ({"todo_id": str(held.pk)}, True)],
+            "release": [({"todo_id": str(held.pk)}, True)],
+            "read_secret": [({"ref": "secret:1"}, False), ({"ref": 1}, True)],
+            "clock_in": [({}, False), ({"x": 1}, True)],
+            "clock_out": [({}, False)],
+        }
+        seen = set()
+        for name, cases in outcomes.items():
+            validator = jsonschema.Draft202012Validator(tools[name].output_schema)
+            for arguments, is_error in cases:
+                result = call(endpoint, name, arguments)
+                assert result.is_error is is_error, (name, arguments, result.structured_content)
+                validator.validate(result.structured_content)
+                seen.add((name, is_error))
+        assert {name for name, _ in seen} == set(AGENT_VERBS)
+        assert len({name for name, is_error in seen if is_error}) == 9  # all but clock_out
+        limited, _ = vend(slug="limited", verbs=["list_todos"])
+        refused = call(limited, "claim_next")
+        jsonschema.validate(refused.structured_content, tools["claim_next"].output_schema)
+    finally:
+        mcp_tools.register_secret_reader(installed)
+
+
+def test_output_schemas_are_valid_json_schema_objects(endpoint):
+    for tool in mcp_tools.tools_for(endpoint):
+        jsonschema.Draft202012Validator.check_schema(tool.output_schema)
+        jsonschema.Draft202012Validator.check_schema(tool.input_schema)
+        assert tool.output_schema["type"] == "object"
+
+
+def unportable_nodes(schema, path="$"):
+    """The MCP Inspector's --strict rules, here so they run without Node: no ``type`` arrays,
+    no boolean schemas, no schema node that constrains nothing."""
+    if isinstance(schema, bool):
+        yield path, "boolean schema"
+        return
+    if isinstance(schema.get("type"), list):
+        yield path, "type array"
+    constraining = set(schema) - {"description", "title", "default", "examples", "$comment"}
+    if not constraining:
+        yield path, "constrains nothing"
+    for key in ("properties", "$defs"):
+        for name, child in schema.get(key, {}).items():
+            yield from unportable_nodes(child, f"{path}.{key}.{name}")
+    for key in ("anyOf", "oneOf", "allOf"):
+        for index, child in enumerate(schema.get(key, [])):
+            yield from unportable_nodes(child, f"{path}.{key}[{index}]")
+    if isinstance(schema.get("items"), dict):
+        yield from unportable_nodes(schema["items"], f"{path}.items")
+
+
+def test_schemas_keep_to_the_portable_subset(endpoint):
+    """todo_id was ``"type": ["string", "integer"]``, which single-type dialects reject."""
+    for tool in mcp_tools.tools_for(endpoint):
+        for schema in (tool.input_schema, tool.output_schema):
+            assert list(unportable_nodes(schema)) == [], tool.name
+    todo_id = mcp_tools.TOOL_SCHEMAS["claim"][1]["properties"]["todo_id"]
+    validator = jsonschema.Draft202012Validator(todo_id)
+    assert validator.is_valid("12") and validator.is_valid(12)
+    assert not validator.is_valid(True) and not validator.is_valid(None)
+
+
+def test_tools_carry_annotations(endpoint):
+    tools = tools_by_name(endpoint)
+    for name, tool in tools.items():
+        notes = tool.annotations
+        assert tool.title and notes.title == tool.title
+        assert notes.destructive_hint is False and notes.open_world_hint is False
+        assert notes.read_only_hint is (name in ("list_todos", "read_secret"))
+    idempotent = {name for name, tool in tools.items() if tool.annotations.idempotent_hint}
+    assert {"heartbeat", "release", "complete", "list_todos"} <= idempotent
+    assert not {"claim", "claim_next"} & idempotent
+    wire = mcp_tools.list_tools_result(endpoint).model_dump(by_alias=True, exclude_none=True)
+    heartbeat = next(t for t in wire["tools"] if t["name"] == "heartbeat")
+    assert heartbeat["annotations"] == {"title": "Extend a lease", "readOnlyHint": False,
+                                        "destructiveHint": False, "idempotentHint": True,
+                                        "openWorldHint": False}
+    assert "outputSchema" in heartbeat
+
+
+def test_instructions_fit_every_allowlist_and_name_only_granted_verbs(vend):
+    """Issue 13.7: the instructions named every verb even when the allowlist granted two."""
+    endpoint, _ = vend(slug="x" * 64, default_lease_seconds=86400)
+    for size in range(1, len(AGENT_VERBS) + 1):
+        for verbs in itertools.combinations(AGENT_VERBS, size):
+            endpoint.verbs = list(verbs)
+            text = mcp_tools.build_instructions(endpoint)
+            assert len(text) <= mcp_tools.INSTRUCTIONS_MAX_CHARS, verbs
+            for verb in set(AGENT_VERBS) - set(verbs):
+                assert not re.search(rf"\b{verb}\b", text), (verb, verbs)
+            assert "meta.todo_id" in text and '"digest"' in text, verbs
+
+
+def test_instructions_describe_the_amended_lease_listing_and_refusals(endpoint):
+    text = mcp_tools.build_instructions(endpoint)
+    assert "extends by the lease's own length" in text
+    assert "already_done" in text and "lease_lost" in text and "lost at once" in text
+    assert "next_cursor" in text and "pending, claimed, then failed" in text
+
+
+def test_a_large_result_is_summarised_in_text_and_whole_in_structured_content(endpoint, make_todo):
+    """Issue 15.3: list_todos at limit 200 sent every payload twice (text and structured)."""
+    for n in range(30):
+        make_todo(payload={"blob": "x" * 2000, "n": n})
+    result = call(endpoint, "list_todos", {"limit": 200})
+    structured = result.structured_content
+    assert len(structured["todos"]) == 30 and structured["todos"][0]["payload"]["blob"]
+    whole = len(json.dumps(structured))
+    text = result.content[0].text
+    assert len(text) <= mcp_tools.TEXT_RENDERING_MAX_CHARS < whole
+    summary = json.loads(text)
+    assert "structuredContent" in summary["summary"] and summary["has_more"] is False
+    assert [t["id"] for t in summary["todos"]] == [t["id"] for t in structured["todos"]]
+    small = call(endpoint, "list_todos", {"limit": 1})
+    assert json.loads(small.content[0].text) == small.structured_content  # small: the same JSON
+
+
+def test_an_answer_over_the_cap_asks_for_a_lower_limit(endpoint, make_todo, settings):
+    settings.SWITCHBOARD_MCP_MAX_RESULT_BYTES = 64 * 1024
+    for n in range(40):
+        make_todo(payload={"blob": "y" * 4000})
+    result = call(endpoint, "list_todos", {"limit": 40})
+    assert result.is_error is True
+    error = result.structured_content["error"]
+    assert error["code"] == "invalid_argument" and "lower limit" in error["message"]
+    assert error["message"].startswith("limit:")
+    assert call(endpoint, "list_todos", {"limit": 5}).is_error is False

@@ -1,0 +1,49 @@
+"""Every route of the real ASGI application checks Host against ALLOWED_HOSTS (CONTRACT §12,
+issue 15 item 9): the routes served without Django's middleware too."""
+
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import HttpCommunicator
+
+from channels_push.tests.conftest import ACCEPT_BOTH
+from switchboard.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROUTES = [
+    ("POST", "/mcp/some-agent", {"accept": ACCEPT_BOTH, "content-type": "application/json"}),
+    ("GET", "/mcp/some-agent", {"accept": "text/event-stream"}),
+    ("GET", "/todos/events", {"accept": "text/event-stream"}),
+    ("POST", "/hooks/some-hook", {"content-type": "application/json"}),
+    ("GET", "/static/admin/css/missing.css", {}),
+    ("GET", "/healthz", {}),
+]
+
+
+def answer(method, path, headers):
+    async def go():
+        communicator = HttpCommunicator(
+            application, method, path, body=b"{}",
+            headers=[(k.encode(), v.encode()) for k, v in headers.items()])
+        return await communicator.get_response(timeout=10)
+
+    return async_to_sync(go)()
+
+
+@pytest.mark.parametrize("method, path, headers", ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
+@pytest.mark.parametrize("host", ["evil.example", "127.0.0.1.nip.io:8000", "attacker:80"])
+def test_a_host_outside_allowed_hosts_is_refused_on_every_route(method, path, headers, host):
+    response = answer(method, path, {**headers, "host": host})
+    assert response["status"] == 400
+    if path != "/healthz":  # Django's own answer is its plain 400 page
+        assert json.loads(response["body"])["error"]["code"] == "bad_request"
+
+
+@pytest.mark.parametrize("method, path, headers", ROUTES, ids=[f"{m} {p}" for m, p, _ in ROUTES])
+def test_an_allowed_host_passes_the_check(method, path, headers):
+    response = answer(method, path, {**headers, "host": "127.0.0.1:8000"})
+    # Whatever the route then says (401 without a bearer, 403 anonymous, 404 unknown hook),
+    # it is not the Host refusal.
+    assert response["status"] != 400 or b"Host not allowed" not in response["body"]
