@@ -39,7 +39,7 @@ def test_rotate_secret_action_keeps_the_old_one_for_a_grace(admin_client, make_w
     assert webhook.previous_secret_expires_at is not None
     # Shown once, on a page of its own: never in a message, which may ride in a cookie.
     assert webhook.secret in answer.content.decode()
-    assert answer.templates[0].name == "admin/ingest/secrets_once.html"
+    assert answer.templates[0].name == "admin/shown_once.html"
     assert "no-store" in answer["Cache-Control"]
     assert webhook.secret not in str(answer.cookies)
     assert not list(answer.context["messages"])

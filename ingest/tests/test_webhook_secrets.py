@@ -90,7 +90,7 @@ def test_a_new_webhook_secret_is_shown_on_its_own_page(admin_client, operator):
         "new_secret": "", "routes-TOTAL_FORMS": "0", "routes-INITIAL_FORMS": "0"})
     webhook = Webhook.objects.get(slug="fresh")
     assert answer.status_code == 200
-    assert answer.templates[0].name == "admin/ingest/secrets_once.html"
+    assert answer.templates[0].name == "admin/shown_once.html"
     assert webhook.secret in answer.content.decode() and "no-store" in answer["Cache-Control"]
     assert webhook.secret not in str(answer.cookies)
 
