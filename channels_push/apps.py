@@ -10,3 +10,5 @@ class ChannelsPushConfig(AppConfig):
         # The doorbell rides the one after-commit publish path (STYLE: side effects only after
         # commit): a ready todo rings once its transaction has committed, never before.
         publish.add_listener(doorbells.ring_ready_todo)
+        # Presence turned in / paused work resumed (endpoints.transitions): one digest.
+        publish.add_endpoint_listener(doorbells.digest_on_endpoint_change)

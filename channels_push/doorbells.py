@@ -10,10 +10,13 @@ Three parts, kept apart so each is tested on its own:
   tag can be spelled, and identifier-safe string ``meta`` over a small alphabet
   (``doorbell_text``). No lease, payload or secret.
 * Eligibility (pure): only ``signed`` or ``operator`` todos attributed to a human are pushed.
-* Ringing: ``ring_ready_todo`` is a publish listener (after commit only); it picks ONE session
-  of the owning endpoint with a guarded UPDATE (``transitions.choose_doorbell_session``) and
-  hands the frame to the channel layer fire-and-forget (``publish.send_to_group``), so neither a
-  slow Redis nor a dead one can block or fail the request that committed the todo.
+* Ringing: ``ring_ready_todo`` is a publish listener (after commit only); it picks ONE
+  attached session of the owning endpoint with a guarded UPDATE
+  (``transitions.choose_doorbell_session``) and hands the frame to the channel layer
+  fire-and-forget (``session_notify``), so neither a slow Redis nor a dead one can block or
+  fail the request that committed the todo. Every doorbell rung or dropped is one INFO line.
+* Digests (§8): ``digest_on_endpoint_change`` reacts to an endpoint's committed change
+  (presence turned in, work resumed; ``endpoints.transitions`` announces it).
 """
 
 import functools
@@ -24,16 +27,15 @@ from collections import Counter
 from django.db import transaction
 from django.utils import timezone
 
-from endpoints import transitions as endpoint_transitions
 from endpoints.models import Presence
 from switchboard import statements
 
-from . import doorbell_text, mcp_transport, metrics, publish
+from . import doorbell_text, metrics, publish, queries, session_notify
 from . import transitions as session_transitions
+from .session_notify import CHANNEL_METHOD
 
 log = logging.getLogger("switchboard.doorbell")
 
-CHANNEL_METHOD = "notifications/claude/channel"
 # The trust modes that may ring (SPEC-0011 "Sender Gate"): verified by source signature, or
 # handed over by the endpoint's authenticated owner. Unverified deliveries never ring.
 PUSH_TRUST = frozenset({"signed", "operator"})
@@ -69,7 +71,8 @@ def todo_doorbell(todo) -> dict:
     return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
 
 
-DIGEST_REASONS = frozenset({"clock_in", "operator", "shift_start", "override_end", "reconnect"})
+DIGEST_REASONS = frozenset({"clock_in", "operator", "shift_start", "override_end", "reconnect",
+                            "resumed"})
 
 
 def describe_age(age) -> str:
@@ -87,10 +90,11 @@ def describe_age(age) -> str:
     return f"{days} d {hours} h" if hours else f"{days} d"
 
 
-def digest_doorbell(counts: dict, oldest_age, reason: str) -> dict:
+def digest_doorbell(counts: dict, oldest_age, reason: str, *, unverified: int = 0) -> dict:
     """The ``params`` of a digest (§8): how much waits, where, and for how long — counts and
     queue names only (queue names are the operator's routing config, not webhook text), never
-    a title or payload. ``counts``: queue -> pending count."""
+    a title or payload. ``counts``: queue -> pending count (what claim_next would hand);
+    ``unverified``: how many of them came from an unauthenticated sender."""
     if reason not in DIGEST_REASONS:
         raise ValueError(f"unknown digest reason {reason!r}")
     queues = sorted(counts)
@@ -98,10 +102,11 @@ def digest_doorbell(counts: dict, oldest_age, reason: str) -> dict:
     per_queue = ", ".join(f"{doorbell_text.sanitize_content(queue)} {counts[queue]}"
                           for queue in queues)
     content = (f"Digest ({reason}): {pending} pending todo{'s' if pending != 1 else ''} "
-               f"({per_queue}); oldest waiting {describe_age(oldest_age)}. "
-               "Drain them with claim_next.")
+               f"({per_queue}), {unverified} unverified; oldest waiting "
+               f"{describe_age(oldest_age)}. Drain them with claim_next.")
     meta = doorbell_text.build_meta([("kind", DIGEST_KIND), ("pending", pending),
-                                     ("queues", queues), ("reason", reason)])
+                                     ("queues", queues), ("reason", reason),
+                                     ("unverified", str(unverified))])
     return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
 
 
@@ -130,75 +135,96 @@ def _context(todo, endpoint_slug: str) -> dict:
 
 def send_doorbell(session_id: str, params: dict, context: dict) -> bool:
     """Hand one frame to the session's stream(s), wherever they are, without waiting."""
-    return mcp_transport.notify_session(session_id, CHANNEL_METHOD, params, context=context)
+    return session_notify.notify_session(session_id, CHANNEL_METHOD, params, context=context)
+
+
+def drop_doorbell(reason: str, context: dict) -> None:
+    """A doorbell that reaches nobody: one INFO line (ids only) and the drop counter."""
+    log.info(f"doorbell dropped: {reason}", extra=context)
+    metrics.DOORBELLS_DROPPED.inc()
+
+
+def _ring_session(session_id: str, has_stream: bool, params: dict, context: dict) -> None:
+    """Send to one chosen session, or, when it has no open stream (attached by a recent request
+    only), record the drop: the ring is spent either way (SPEC-0011), and it is never silent."""
+    context = {**context, "session": session_id[:8]}
+    if not has_stream:
+        drop_doorbell("session has no open stream", context)
+        return
+    send_doorbell(session_id, params, context)
+    log.info("doorbell rung", extra=context)
 
 
 @functools.cache
-def _endpoint_for_ring_sql() -> str:
-    """The endpoint row and whether it has any live session, in one statement. Built once per
-    process: this runs after every commit that makes a todo ready."""
+def _endpoint_for_ring_select() -> str:
+    """The endpoint's columns (built once per process: this runs after every commit that makes
+    a todo ready)."""
     from endpoints.models import Endpoint
 
-    select = statements.model_columns(Endpoint, "e")[0]
-    return (
-        f"SELECT {select}, EXISTS (SELECT 1 FROM channels_push_mcpsession s"
-        " WHERE s.endpoint_id = e.id AND s.terminated_at IS NULL)"
-        " FROM endpoints_endpoint e WHERE e.id = %s"
-    )
+    return statements.model_columns(Endpoint, "e")[0]
 
 
-def _find_endpoint_for_ring(endpoint_id: int):
-    """The endpoint, fresh, with ``has_live_session`` set; None when it is gone."""
+def _find_endpoint_for_ring(endpoint_id: int, now):
+    """The endpoint, fresh, with ``has_attached_session`` set, in one statement; None when it
+    is gone."""
     from endpoints.models import Endpoint
 
+    params = {"endpoint_id": endpoint_id}
+    sql = (f"SELECT {_endpoint_for_ring_select()}, EXISTS (SELECT 1 FROM channels_push_mcpsession s"
+           f" WHERE s.endpoint_id = e.id AND {queries.attached_sql('s', params, now)})"
+           " FROM endpoints_endpoint e WHERE e.id = %(endpoint_id)s")
     with statements.statement_cursor() as cursor:
-        cursor.execute(_endpoint_for_ring_sql(), [endpoint_id])
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         return None
     endpoint = statements.instance_from_row(Endpoint, "e", row[:-1])
-    endpoint.has_live_session = bool(row[-1])
+    endpoint.has_attached_session = bool(row[-1])
     return endpoint
 
 
 def ring_todo(todo, *, now=None) -> str | None:
-    """Ring one session of ``todo``'s endpoint for it. Returns the session id rung, or None
-    when the todo may not ring (gate, scope) or no session is attached (silently dropped: the
-    todo stays pending for pull)."""
+    """Ring one attached session of ``todo``'s endpoint for it. Returns the session id rung
+    (its push may still be dropped at the transport), or None when the todo may not ring (gate,
+    scope), is held (presence out, work paused) or nobody is attached (then the drop is logged:
+    the todo stays pending for pull)."""
     if todo.trust not in PUSH_TRUST:
         return None
     if not publish.can_reach_streams():
         # A command on the in-memory layer: no stream is reachable, so nothing is recorded.
         return None
-    # Read fresh: the instance the todo carries may predate a clock out in this very request
-    # or process, and presence is what decides whether anything may ring at all.
-    endpoint = _find_endpoint_for_ring(todo.endpoint_id)
+    now = now or timezone.now()
+    # Read fresh: the instance the todo carries may predate a clock out or a pause in this
+    # very request or process, and those decide whether anything may ring at all.
+    endpoint = _find_endpoint_for_ring(todo.endpoint_id, now)
     if endpoint is None or not endpoint.active or not endpoint.covers(todo.queue):
         return None
-    now = now or timezone.now()
-    if endpoint.presence_at(now) != Presence.IN:
-        # Held (§8): no doorbell and no ring recorded; the todo stays pending and pullable,
-        # and the digest on return summarizes it.
-        log.debug("doorbell held: endpoint is out", extra=_context(todo, endpoint.slug))
+    context = _context(todo, endpoint.slug)
+    if endpoint.presence_at(now) != Presence.IN or endpoint.is_paused(todo.queue):
+        # Held (§8, §14): no doorbell and no ring recorded; the todo stays pending and
+        # pullable, and the digest on return (clock in, resume) summarizes it.
+        log.info("doorbell held: endpoint is out or the queue is paused", extra=context)
         return None
     # One guarded statement picks the session AND re-checks the todo (still pending, trusted,
     # attributed to a human), so an ineligible or already-claimed todo rings nobody. With no
-    # live session (known from the read above; the commonest case, agents that pull) it is
-    # skipped: a ready todo then costs one statement here, not three.
-    session_id = session_transitions.choose_doorbell_session(
-        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now) if endpoint.has_live_session else None
-    context = _context(todo, endpoint.slug)
-    if session_id is None:
-        log.debug("doorbell not sent: no attached session", extra=context)
-        metrics.DOORBELLS_DROPPED.inc()
+    # attached session (known from the read above; the commonest case, agents that pull) it
+    # is skipped: a ready todo then costs one statement here, not three.
+    chosen = session_transitions.choose_doorbell_session(
+        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now) if endpoint.has_attached_session else None
+    if chosen is None:
+        drop_doorbell("no attached session", context)
         return None
-    send_doorbell(session_id, todo_doorbell(todo), {**context, "session": session_id[:8]})
+    session_id, has_stream = chosen
+    _ring_session(session_id, has_stream, todo_doorbell(todo), context)
     return session_id
 
 
 def ring_ready_todo(todo, change: dict) -> None:
-    """Publish listener (after commit): ring for a todo that just became ready."""
+    """Publish listener (after commit): ring for a todo that just became ready — created,
+    retried, re-queued, or back to pending from a lapsed lease or a release (§4)."""
     if change.get("action") not in publish.READY_ACTIONS or todo.trust not in PUSH_TRUST:
+        return
+    if todo.state != "pending":  # a lapse on the last attempt dead-letters instead
         return
     ring_todo(todo)
 
@@ -222,58 +248,51 @@ RECONNECT_DIGEST = True
 
 
 def build_digest(endpoint, reason: str, now, *, cooldown=None) -> dict | None:
-    """Mark the endpoint's pending push-eligible todos as rung (no attempt spent) and build the
-    digest that summarizes them; None when nothing is pending, or (with ``cooldown``) when
-    every one of them was rung or digested within it (no digest is sent)."""
+    """Mark what claim_next would hand ``endpoint`` as rung (no attempt spent) and build the
+    digest that summarizes it; None when nothing is pending, or (with ``cooldown``) when every
+    one of them was rung or digested within it (no digest is sent)."""
     counted = session_transitions.record_digest(endpoint=endpoint, now=now, cooldown=cooldown)
     if not counted:
         return None
-    counts = Counter(queue for queue, _ in counted)
-    oldest = min(created for _, created in counted)
-    return digest_doorbell(dict(counts), now - oldest, reason)
+    counts = Counter(queue for queue, _, _ in counted)
+    oldest = min(created for _, created, _ in counted)
+    unverified = sum(1 for _, _, trust in counted if trust not in PUSH_TRUST)
+    return digest_doorbell(dict(counts), now - oldest, reason, unverified=unverified)
 
 
 def send_digest(endpoint, reason: str, *, now=None) -> int:
-    """One digest to each attached session of ``endpoint`` (presence just turned in). Returns
-    how many sessions it was sent to; 0 when no session is attached (then nothing is marked:
-    the reconnect digest will summarize instead) or nothing is pending."""
-    from .models import McpSession
-
+    """One digest to at most min(pending, attached sessions) sessions of ``endpoint``, chosen
+    as todo doorbells are (open streams first, then whoever was rung least recently): one
+    waiting todo wakes one worker, never the whole pool. Returns how many sessions it went to;
+    0 when none is attached (then nothing is marked: the reconnect digest will summarize
+    instead) or nothing is pending."""
     now = now or timezone.now()
+    context = {"endpoint": endpoint.slug, "reason": reason}
     if not publish.can_reach_streams():
         # Nothing marked: the digest would reach nobody, and the reconnect digest (sent by the
         # server, which can reach its streams) summarizes instead.
-        log.info("doorbell digest not sent: no stream reachable from this process",
-                 extra={"endpoint": endpoint.slug, "reason": reason})
+        log.info("doorbell digest not sent: no stream reachable from this process", extra=context)
         return 0
-    sessions = list(McpSession.objects.filter(endpoint=endpoint, terminated_at__isnull=True)
-                    .values_list("pk", flat=True))
-    if not sessions:
+    if endpoint.paused_all or endpoint.presence_at(now) != Presence.IN:
+        return 0
+    if not queries.has_attached_session(endpoint.pk, now):
         return 0
     params = build_digest(endpoint, reason, now)
     if params is None:
         return 0
-    for session_id in sessions:
-        send_doorbell(session_id, params, {"endpoint": endpoint.slug, "session": session_id[:8],
-                                           "reason": reason, "pending": params["meta"]["pending"]})
-    log.info("doorbell digest", extra={"endpoint": endpoint.slug, "reason": reason,
-                                       "pending": params["meta"]["pending"],
-                                       "sessions": len(sessions)})
-    return len(sessions)
+    pending = int(params["meta"]["pending"])
+    chosen = session_transitions.choose_sessions(endpoint_id=endpoint.pk, limit=pending, now=now)
+    for session_id, has_stream in chosen:
+        _ring_session(session_id, has_stream, params, {**context, "pending": str(pending)})
+    log.info("doorbell digest", extra={**context, "pending": str(pending), "sessions": len(chosen)})
+    return len(chosen)
 
 
-def clock(endpoint, presence: str, *, reason: str, until=None, now=None) -> str:
-    """Clock ``endpoint`` in or out (agent verb ``reason="clock_in"``; board, admin and
-    ``manage.py clock`` ``reason="operator"``) and, when that turned its effective presence
-    in, send the digest after commit. Returns the effective presence."""
-    now = now or timezone.now()
-    before, after = endpoint_transitions.set_presence(endpoint, presence, until=until, now=now)
-    log.info("endpoint clocked", extra={"endpoint": endpoint.slug, "clocked": presence,
-                                        "presence": after,
-                                        "by": "agent" if reason == "clock_in" else reason})
-    if before == Presence.OUT and after == Presence.IN:
-        transaction.on_commit(lambda: send_digest(endpoint, reason, now=now))
-    return after
+def digest_on_endpoint_change(endpoint, change: dict) -> None:
+    """Endpoint listener (after commit): presence turned in, or paused work resumed — send the
+    waiting work as one digest."""
+    if change.get("action") in ("presence_in", "resumed"):
+        send_digest(endpoint, change["reason"], now=change.get("at"))
 
 
 def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tuple[dict, dict]]:

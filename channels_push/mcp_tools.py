@@ -30,6 +30,7 @@ import jsonschema
 import mcp.types as types
 from django.conf import settings
 
+from endpoints import transitions as endpoint_transitions
 from todos import queries as todo_queries
 from todos import transitions
 from todos.models import State
@@ -117,8 +118,10 @@ TOOL_SCHEMAS = {
     ),
     "claim_next": (
         "Claim the oldest pending todo in your queues (or only the given ones). Returns "
-        '{"todo": …} or {"empty": true} when there is nothing to do. With wait_seconds, waits '
-        "up to that long for a todo to become ready before answering empty (a long poll).",
+        '{"todo": …} or {"empty": true} when there is nothing to do ({"empty": true, '
+        '"paused": […]} when the operator paused every queue you asked for: wait, do not '
+        "conclude the work is done). With wait_seconds, waits up to that long for a todo to "
+        "become ready before answering empty (a long poll).",
         _schema({
             "queues": {"type": "array", "items": {"type": "string"}, "minItems": 1,
                        "description": "Only these queues (each must be in your scope)."},
@@ -231,6 +234,11 @@ def _output_schema(properties: dict, *alternatives) -> dict:
 
 
 _TODO_RESULT = _output_schema({"todo": _TODO_OUTPUT}, ["todo"])
+_PRESENCE_RESULT = _output_schema({
+    "presence": {"type": "string", "enum": ["in", "out"]},
+    "override_until": {"type": "string", "description": "Present while an operator override "
+                       "decides presence: when it ends (ISO-8601 UTC)."},
+}, ["presence"])
 OUTPUT_SCHEMAS = {
     "list_todos": _output_schema({
         "todos": {"type": "array", "items": _TODO_OUTPUT},
@@ -238,18 +246,19 @@ OUTPUT_SCHEMAS = {
         "has_more": {"type": "boolean"},
     }, ["todos", "next_cursor", "has_more"]),
     "claim": _TODO_RESULT,
-    "claim_next": _output_schema({"todo": _TODO_OUTPUT, "empty": {"type": "boolean"}},
-                                 ["todo"], ["empty"]),
+    "claim_next": _output_schema({
+        "todo": _TODO_OUTPUT, "empty": {"type": "boolean"},
+        "paused": {"type": "array", "items": {"type": "string"},
+                   "description": 'With empty: every queue asked for is paused ("*": all).'},
+    }, ["todo"], ["empty"]),
     "heartbeat": _TODO_RESULT,
     "complete": _TODO_RESULT,
     "fail": _TODO_RESULT,
     "release": _TODO_RESULT,
     "read_secret": _output_schema({"ref": {"type": "string"}, "value": {"type": "string"}},
                                   ["ref", "value"]),
-    "clock_in": _output_schema({"presence": {"type": "string", "enum": ["in", "out"]}},
-                               ["presence"]),
-    "clock_out": _output_schema({"presence": {"type": "string", "enum": ["in", "out"]}},
-                                ["presence"]),
+    "clock_in": _PRESENCE_RESULT,
+    "clock_out": _PRESENCE_RESULT,
 }
 assert set(OUTPUT_SCHEMAS) == set(TOOL_SCHEMAS)
 
@@ -380,6 +389,8 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("lease_lost")
     if "complete" in verbs:
         codes.append("already_done")
+    if "claim" in verbs:
+        codes.append("paused (the operator paused that queue)")
     codes += ["verb_not_allowed", "invalid_argument (names the argument to fix)"]
     return "Refusals are isError results with error.code: " + ", ".join(codes) + "."
 
@@ -581,16 +592,23 @@ def _list_todos(caller, args):
 
 
 def _clock(caller, presence: str) -> dict:
-    from . import doorbells  # doorbells -> mcp_transport -> mcp_tools: imported at call time
-
-    return {"presence": doorbells.clock(caller.endpoint, presence, reason="clock_in")}
+    """``{"presence"}``, plus ``override_until`` when an operator override decides it (a
+    clock_in during an override changes nothing yet, and the agent learns why and until when)."""
+    endpoint_transitions.clock(caller.endpoint, presence, reason="clock_in")
+    report = endpoint_transitions.presence_report(caller.endpoint)
+    return {key: value for key, value in report.items() if value is not None}
 
 
 def _claim_next(caller, args):
     todo = transitions.claim_next_todo(
         caller, queues=args.get("queues"), lease_ttl_seconds=args.get("lease_ttl_seconds")
     )
-    return {"empty": True} if todo is None else _todo(todo)
+    if todo is not None:
+        return _todo(todo)
+    # Everything asked for is paused (§14): say so, so the agent waits instead of concluding
+    # the queue is drained.
+    paused = caller.endpoint.paused_among(args.get("queues") or caller.queues)
+    return {"empty": True, "paused": paused} if paused else {"empty": True}
 
 
 _VERBS = {
@@ -639,6 +657,21 @@ def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None
         queues = endpoint.scope
     return LongPoll(endpoint_id=endpoint.pk, wait_seconds=float(wait_seconds),
                     queues=tuple(sorted(set(queues))) if queues is not None else None)
+
+
+def release_undelivered_claim(endpoint, session_id: str, envelope: dict) -> str | None:
+    """A long poll claimed a todo for a client that left before the answer could be sent:
+    give the todo back at once (refunding the attempt, fenced by the lease just granted)
+    instead of letting it sit under a lease nobody holds. Returns the todo id released."""
+    todo = ((envelope.get("result") or {}).get("structuredContent") or {}).get("todo") or {}
+    if not todo.get("lease_id"):
+        return None
+    try:
+        transitions.release_todo(transitions.Caller.agent(endpoint, session_id), todo["id"],
+                                 lease_id=todo["lease_id"])
+    except transitions.Refusal:
+        return None  # the lease is gone already (lapsed, overridden): nothing to give back
+    return todo["id"]
 
 
 def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallToolResult:

@@ -22,6 +22,7 @@ session (400 missing / 404 unknown, terminated or another endpoint's).
 """
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -37,8 +38,10 @@ from endpoints.models import hash_credential
 
 from switchboard import health, origins, ratelimit
 
-from . import doorbells, longpoll, mcp_framing, mcp_tools, metrics, plain_http, publish
+from . import doorbells, longpoll, mcp_framing, mcp_tools, metrics, plain_http, queries
 from . import transitions as session_transitions
+from .session_notify import (CHANNEL_METHOD, NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE,
+                             session_group)
 
 log = logging.getLogger("switchboard.mcp")
 
@@ -67,32 +70,10 @@ STREAM_BUFFER_FRAMES = 100
 # rest of its life, and a Redis that stays down costs one attempt per cap per stream.
 LAYER_RETRY_FIRST_SECONDS = 0.5
 LAYER_RETRY_MAX_SECONDS = 5.0
-# Channel-layer group per session; the doorbell (any process) sends to it.
-SESSION_GROUP_PREFIX = "mcp.session."
-NOTIFY_MESSAGE_TYPE = "mcp.notify"
-TERMINATE_MESSAGE_TYPE = "mcp.terminate"
 # Mcp-Session-Id values we mint are 43 URL-safe characters; anything that is not visible ASCII
 # or is longer than the column cannot be one of ours.
 SESSION_ID_RE = re.compile(r"^[\x21-\x7e]{1,64}$")
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
-
-
-def session_group(session_id: str) -> str:
-    return SESSION_GROUP_PREFIX + session_id
-
-
-def notify_session(session_id: str, method: str, params: dict | None = None, *,
-                   context: dict | None = None) -> bool:
-    """Send a JSON-RPC notification to the session's open stream(s), from any process, without
-    waiting (sync callers; the doorbell). Lossy by design: no stream, no delivery; False when
-    the send was dropped at once. ``context`` (ids only) rides along for the log line of a
-    stream that has to drop it; the full session id never goes into a log."""
-    context = {"session": session_id[:8], "method": method, **(context or {})}
-    message = mcp_framing.notification_envelope(method, params)
-    return publish.send_to_group(
-        session_group(session_id),
-        {"type": NOTIFY_MESSAGE_TYPE, "message": message, "context": context},
-        context={**context, "group": SESSION_GROUP_PREFIX + session_id[:8] + "…"})
 
 
 @dataclass
@@ -322,6 +303,20 @@ def answer_post(request: plain_http.Request, *, woken: bool = False) -> Answer:
     return answer
 
 
+def release_claim_of_departed_client(request: plain_http.Request, answer: Answer) -> None:
+    """The client of a woken long poll left between the claim and its answer: the claim is
+    given back (the bearer is checked again: a client gone is no reason to act for a revoked
+    one)."""
+    endpoint, refusal = _authorize(request, rate_limited=False)
+    if refusal:
+        return
+    released = mcp_tools.release_undelivered_claim(
+        endpoint, answer.headers["Mcp-Session-Id"], json.loads(answer.body))
+    if released is not None:
+        log.info("mcp long poll client left after its claim; released",
+                 extra={"slug": request.slug, "todo_id": released})
+
+
 def answer_delete(request: plain_http.Request) -> Answer:
     """End the session; its streams (on any process) are closed by the caller's group send."""
     endpoint, refusal = _authorize(request)
@@ -356,6 +351,27 @@ def open_stream(request: plain_http.Request) -> Answer:
     return Answer(200, stream_session=session_id, stream_endpoint_id=endpoint.pk)
 
 
+def renew_stream_lease(session_id: str) -> bool:
+    """An open stream's rare write (see ``queries.STREAM_LEASE``): it keeps counting as open."""
+    return session_transitions.renew_stream_lease(session_id=session_id)
+
+
+def transport_backlog_bytes(send) -> int | None:
+    """Bytes this response has handed to the server that the socket has not yet taken: what a
+    client that stopped reading leaves piling up in the server's memory. daphne's ``send``
+    never pushes back (it is ``functools.partial(Server.handle_reply, protocol)``, and the
+    protocol writes straight into its Twisted transport), so the stream asks the transport:
+    a Twisted ``FileDescriptor`` keeps unsent bytes in ``dataBuffer`` (from ``offset``) plus
+    ``_tempDataLen`` (see twisted.internet.abstract). None when ``send`` is not daphne's
+    (test communicators, another server): then only the frame bound applies."""
+    protocol = send.args[0] if isinstance(send, functools.partial) and send.args else None
+    transport = getattr(getattr(protocol, "channel", None), "transport", None)
+    try:
+        return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+    except (AttributeError, TypeError):
+        return None
+
+
 def keep_stream_alive(endpoint_id: int, session_id: str) -> bool:
     """Each keep-alive also marks the session seen; False once it was terminated or expired."""
     return session_transitions.touch_session(endpoint=endpoint_id, session_id=session_id)
@@ -380,11 +396,14 @@ class McpEndpoint:
 
     def __init__(self, *, keepalive_seconds: float = KEEPALIVE_SECONDS,
                  thread_sensitive: bool = False, buffer_frames: int = STREAM_BUFFER_FRAMES,
+                 buffer_bytes: int | None = None,
                  layer_retry_seconds: tuple = (LAYER_RETRY_FIRST_SECONDS,
                                                LAYER_RETRY_MAX_SECONDS)):
         self.keepalive_seconds = keepalive_seconds
         self.layer_retry_seconds = layer_retry_seconds
         self.buffer_frames = buffer_frames
+        # Unsent bytes (transport_backlog_bytes) beyond which a frame is dropped, not written.
+        self.buffer_bytes = buffer_bytes
         # Requests run their sync handler in the thread pool, not Django's one shared sync
         # thread: they share no state but the database, and one thread would queue every
         # agent's tool call behind the others' database round trips. In-process tests pass
@@ -471,7 +490,7 @@ class McpEndpoint:
                 frames = []
             for params, context in frames:
                 offer_frame(buffer, mcp_framing.notification_envelope(
-                    doorbells.CHANNEL_METHOD, params), context)
+                    CHANNEL_METHOD, params), context)
             await send({"type": "http.response.start", "status": 200,
                         "headers": _sse_headers(session_id)})
             # Headers go out with the first body bytes, so send some at once.
@@ -538,6 +557,11 @@ class McpEndpoint:
                     if streaming:
                         await send({"type": "http.response.body", "more_body": True,
                                     "body": self._keepalive_frames(answer, poll, started)})
+            if answer.long_poll is None:
+                await asyncio.sleep(0)  # a disconnect the server already queued lands here
+                if disconnect.done() and disconnect.result().get("type") == "http.disconnect":
+                    await self._sync(release_claim_of_departed_client)(request, answer)
+                    return
             if not streaming:
                 await plain_http.send_answer(send, answer)
                 return
@@ -583,11 +607,17 @@ class McpEndpoint:
         disconnect = asyncio.ensure_future(receive())
         next_frame = asyncio.ensure_future(buffer.get())
         ended = asyncio.ensure_future(terminated.wait())
+        loop = asyncio.get_running_loop()
+        lease_renew_at = loop.time() + queries.STREAM_LEASE_RENEW.total_seconds()
+        bound = self.buffer_bytes or settings.SWITCHBOARD_STREAM_BUFFER_BYTES
         try:
             while True:
                 done, _ = await asyncio.wait({disconnect, next_frame, ended},
                                              timeout=self.keepalive_seconds,
                                              return_when=asyncio.FIRST_COMPLETED)
+                if loop.time() >= lease_renew_at:  # whichever branch runs: a busy stream too
+                    lease_renew_at = loop.time() + queries.STREAM_LEASE_RENEW.total_seconds()
+                    await self._sync(renew_stream_lease)(session_id)
                 if disconnect in done:
                     if disconnect.result().get("type") == "http.disconnect":
                         return
@@ -597,17 +627,25 @@ class McpEndpoint:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
                 if next_frame in done:
-                    message = next_frame.result()
+                    message, context = next_frame.result()
                     next_frame = asyncio.ensure_future(buffer.get())
-                    # A slow client stalls us here; the reader keeps draining the layer into
-                    # the bounded buffer meanwhile, and drops once it is full.
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": mcp_framing.sse_event(message)})
-                    if message.get("method") == doorbells.CHANNEL_METHOD:
+                    body = mcp_framing.sse_event(message)
+                    # A client that stopped reading: its unsent bytes sit in the server's
+                    # memory (daphne's send never waits), so past the bound the frame is
+                    # dropped here instead of piling up there (§7).
+                    backlog = transport_backlog_bytes(send)
+                    if backlog is not None and backlog + len(body) > bound:
+                        drop_frame("stream backlog over its bound",
+                                   {**context, "unsent_bytes": backlog})
+                        continue
+                    await send({"type": "http.response.body", "more_body": True, "body": body})
+                    if message.get("method") == CHANNEL_METHOD:
                         metrics.DOORBELLS_SENT.inc()
                     continue
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": mcp_framing.sse_comment("keep-alive")})
+                backlog = transport_backlog_bytes(send)
+                if backlog is None or backlog < bound:  # a stalled reader needs no keep-alive
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": mcp_framing.sse_comment("keep-alive")})
                 if not await self._sync(keep_stream_alive)(endpoint_id, session_id):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
@@ -615,6 +653,13 @@ class McpEndpoint:
             for task in (reader, disconnect, next_frame, ended):
                 if task is not None and not task.done():
                     task.cancel()
+
+
+def drop_frame(reason: str, context: dict) -> None:
+    """A notification this stream will not write: one INFO line (ids only: endpoint slug,
+    todo id, short session) and the doorbell drop counter."""
+    log.info(f"doorbell dropped: {reason}", extra=context)
+    metrics.DOORBELLS_DROPPED.inc()
 
 
 def _sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:
@@ -631,11 +676,10 @@ def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:
     """Queue one notification for the client, or drop it (logged) when the buffer is full:
     never wait, so neither the channel layer nor the publisher is slowed by a slow reader."""
     try:
-        buffer.put_nowait(message)
+        buffer.put_nowait((message, context))
         return True
     except asyncio.QueueFull:
-        log.warning("doorbell dropped: stream buffer full", extra=context)
-        metrics.DOORBELLS_DROPPED.inc()
+        drop_frame("stream buffer full", context)
         return False
 
 

@@ -156,5 +156,18 @@ class QueueCollector:
         family.add_metric([], dead)
         yield family
 
+        from endpoints.models import Endpoint
+
+        paused = GaugeMetricFamily(
+            "switchboard_paused_queues",
+            'Paused work by endpoint and queue (1 while paused; queue "*": the whole endpoint).',
+            labels=["endpoint", "queue"],
+        )
+        for slug, queues in (Endpoint.objects.exclude(paused_queues=[])
+                             .values_list("slug", "paused_queues")):
+            for queue in queues or []:
+                paused.add_metric([slug, str(queue)], 1)
+        yield paused
+
 
 REGISTRY.register(QueueCollector())

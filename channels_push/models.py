@@ -32,6 +32,11 @@ class McpSession(models.Model):
     # Incremented/decremented by the stream consumer; a crashed process leaves it high, which
     # the idle-session sweep corrects (see channels_push/sweeps.py).
     open_streams = models.PositiveIntegerField(default=0)
+    # The streams' lease: stamped when a stream opens and renewed by open streams every
+    # STREAM_LEASE_RENEW (a rare write, not one per keep-alive). ``open_streams`` counts only
+    # while this is in the future, so streams that died with their process stop counting as
+    # open within STREAM_LEASE even before the sweep zeroes them (queries.attached_sql).
+    stream_lease_until = models.DateTimeField(null=True, blank=True)
     # When this session was last chosen for a doorbell. The doorbell picks the least recently
     # rung session of the pool and stamps it in the same UPDATE (transitions.choose_doorbell_
     # session), so concurrent publishers rotate over the pool instead of piling on one.

@@ -25,7 +25,9 @@ log = logging.getLogger("switchboard.publish")
 
 BOARD_GROUP = "todos.board"
 # Changes after which a todo is ready for an agent to pick up: the doorbell's triggers (§7).
-READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote"})
+# A lease that lapsed and a release put the todo back to pending: ready again exactly as a new
+# one (§4), when the change left it pending (a lapse on the last attempt dead-letters it).
+READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote", "lease_lapsed", "release"})
 # Sends in flight per process before we start dropping. A healthy Redis drains thousands per
 # second; this only bites when the layer hangs, and then memory stays bounded.
 MAX_PENDING_SENDS = 10_000
@@ -52,6 +54,43 @@ def remove_listener(listener):
     _listeners.remove(listener)
 
 
+# Endpoint changes the push layer reacts to, after commit: presence turned in, paused work
+# resumed. ``endpoints.transitions`` announces them here, so the endpoint app never imports the
+# doorbell (STYLE "Lessons": presence is the endpoint's state; the push layer reacts to it).
+_endpoint_listeners = []
+
+
+def add_endpoint_listener(listener):
+    _endpoint_listeners.append(listener)
+
+
+def remove_endpoint_listener(listener):
+    _endpoint_listeners.remove(listener)
+
+
+def publish_endpoint_on_commit(endpoint, action: str, *, reason: str, now) -> None:
+    """Announce ``action`` (``presence_in``, ``resumed``) on ``endpoint`` once the surrounding
+    transaction commits. ``reason`` names why (a digest reason); ``now`` is the operation's
+    clock read."""
+    change = {"action": action, "endpoint_id": endpoint.pk, "reason": reason, "at": now}
+    transaction.on_commit(lambda: _deliver_endpoint_change(endpoint, change))
+
+
+def _call_listeners(listeners, subject, change: dict, *, failure: str, context: dict) -> None:
+    """Call each listener with ``(subject, change)``; one that raises is logged (``failure``,
+    ids in ``context``) and does not stop the others."""
+    for listener in list(listeners):
+        try:
+            listener(subject, change)
+        except Exception:
+            log.exception(failure, extra=context)
+
+
+def _deliver_endpoint_change(endpoint, change: dict) -> None:
+    _call_listeners(_endpoint_listeners, endpoint, change, failure="endpoint listener failed",
+                    context={"endpoint": endpoint.slug, "action": change["action"]})
+
+
 def todo_change(todo, action: str) -> dict:
     """What a change looks like on the wire to the board: identifiers and state, no payload."""
     return {
@@ -71,13 +110,9 @@ def publish_on_commit(todo, action: str) -> None:
 
 
 def deliver(todo, change: dict) -> None:
-    for listener in list(_listeners):
-        try:
-            listener(todo, change)
-        except Exception:
-            log.exception("publish listener failed", extra={
-                "todo_id": change["todo_id"], "endpoint_id": change["endpoint_id"],
-                "action": change["action"]})
+    _call_listeners(_listeners, todo, change, failure="publish listener failed", context={
+        "todo_id": change["todo_id"], "endpoint_id": change["endpoint_id"],
+        "action": change["action"]})
     _board_batch.add(change)
 
 

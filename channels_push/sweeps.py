@@ -8,9 +8,8 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from . import doorbells, mcp_transport, publish
+from . import doorbells, publish, queries
 from . import transitions as session_transitions
-from .models import McpSession
 
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint, Presence
@@ -18,17 +17,14 @@ from endpoints.models import Endpoint, Presence
 # One pass ends at most this many idle sessions: agents open a handful of sessions each, so
 # even a fleet's worth of abandoned sessions clears in a few passes of short statements.
 IDLE_SESSION_BATCH = 1000
-# A stream touches its session every keep-alive; silence for this long means the process that
-# held it is gone (three missed keep-alives, so one slow tick is not mistaken for a crash).
-STREAM_SILENCE = timedelta(seconds=3 * mcp_transport.KEEPALIVE_SECONDS)
 
 
 def expire_idle_sessions(*, now=None) -> int:
     """End sessions idle longer than SWITCHBOARD_MCP_SESSION_IDLE (no request, no open stream
     keeping them seen), and zero the stream counts of sessions whose streams died with their
-    process. Returns how many sessions ended."""
+    process (their stream lease ran out). Returns how many sessions ended."""
     now = now or timezone.now()
-    session_transitions.reset_stale_stream_counts(silent_before=now - STREAM_SILENCE)
+    session_transitions.reset_stale_stream_counts(now=now)
     return session_transitions.expire_idle_sessions(
         idle_before=now - settings.SWITCHBOARD_MCP_SESSION_IDLE, limit=IDLE_SESSION_BATCH, now=now,
     )
@@ -47,12 +43,12 @@ RINGS_PER_SWEEP = 3
 
 def find_ring_receivers(*, now) -> list[int]:
     """Endpoints that can receive a ring now: active, effectively ``in`` (§8: a clocked-out
-    endpoint keeps its whole ring budget), with at least one attached (live) session — with or
-    without an open stream: the doorbell falls back to a streamless session, and a push dropped
-    at the transport still counts (SPEC-0011). Presence needs the schedule's time-zone math, so
+    endpoint keeps its whole ring budget), with at least one attached session (an open stream,
+    or a request within the attach window: ``queries.attached_sql``) — with or without an open
+    stream: the doorbell falls back to a streamless session, and a push dropped at the
+    transport still counts (SPEC-0011). Paused queues are left out by the sweep's statement. Presence needs the schedule's time-zone math, so
     it is evaluated here, over the few endpoints that have a live session."""
-    endpoint_ids = (McpSession.objects.filter(terminated_at__isnull=True, endpoint__active=True)
-                    .values_list("endpoint_id", flat=True).distinct())
+    endpoint_ids = queries.attached_endpoint_ids(now)
     return [endpoint.pk for endpoint in Endpoint.objects.filter(pk__in=endpoint_ids)
             if endpoint.presence_at(now) == Presence.IN]
 

@@ -11,12 +11,13 @@ import json
 from datetime import timedelta
 
 from django.db import connection
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from endpoints import queries as endpoint_queries
 
+from . import queries
 from .models import McpSession
 
 
@@ -77,8 +78,17 @@ def attach_stream(*, endpoint, session_id: str, now=None) -> bool:
     """Count one more open notification stream on a live session. False: no such session."""
     now = now or timezone.now()
     return _live(endpoint, session_id).update(
-        open_streams=F("open_streams") + 1, last_seen_at=now
+        open_streams=F("open_streams") + 1, last_seen_at=now,
+        stream_lease_until=now + queries.STREAM_LEASE,
     ) == 1
+
+
+def renew_stream_lease(*, session_id: str, now=None) -> bool:
+    """An open stream's rare write (every ``queries.STREAM_LEASE_RENEW``): its session keeps
+    counting as "stream open" for another STREAM_LEASE. False: the session is gone."""
+    now = now or timezone.now()
+    return McpSession.objects.filter(pk=session_id, terminated_at__isnull=True).update(
+        stream_lease_until=now + queries.STREAM_LEASE, last_seen_at=now) == 1
 
 
 def detach_stream(*, session_id: str, now=None) -> None:
@@ -105,13 +115,14 @@ def expire_idle_sessions(*, idle_before, limit: int, now=None) -> int:
     )
 
 
-def reset_stale_stream_counts(*, silent_before) -> int:
-    """A stream touches its session every keep-alive; a session with a nonzero count that has
-    been silent since ``silent_before`` lost its streams with a crashed process. Zero them so
-    the doorbell does not prefer a session nobody listens on."""
-    return McpSession.objects.filter(open_streams__gt=0, last_seen_at__lt=silent_before).update(
-        open_streams=0
-    )
+def reset_stale_stream_counts(*, now=None) -> int:
+    """Open streams renew their session's stream lease; a session with a nonzero count whose
+    lease ran out lost its streams with a crashed process. Zero them (``queries.attached_sql``
+    already ignores such counts; this keeps the column honest for the board and admin)."""
+    now = now or timezone.now()
+    return McpSession.objects.filter(open_streams__gt=0).filter(
+        Q(stream_lease_until__isnull=True) | Q(stream_lease_until__lt=now)
+    ).update(open_streams=0)
 
 
 # -- doorbells (CONTRACT §7) ---------------------------------------------------------------------
@@ -156,37 +167,55 @@ def _eligible_sql(alias: str) -> str:
     )
 
 
-def choose_doorbell_session(*, endpoint_id: int, todo_id: int, now=None) -> str | None:
-    """Pick ONE attached (live) session of ``endpoint_id`` to ring for ``todo_id`` and stamp
-    it, in one UPDATE … RETURNING. Sessions with an open stream come first, then the least
-    recently rung, so the pool takes turns; a session whose stream is momentarily closed is
-    still chosen when it is the only one (its push is then dropped at the transport, which is
-    the lossy contract). None: no attached session, or the todo is no longer eligible.
+def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
+                    now=None) -> list[tuple[str, bool]]:
+    """Pick up to ``limit`` attached sessions of ``endpoint_id`` (``queries.attached_sql``) and
+    stamp them as just rung, in one UPDATE … RETURNING: sessions with an open stream first,
+    then the least recently rung, so the pool takes turns (a todo doorbell picks one, a digest
+    one per waiting todo). A session without an open stream is still chosen when no streaming
+    one is left; its push is then dropped at the transport (the lossy contract). Returns
+    ``[(session_id, has_open_stream)]``; empty when none is attached or (with ``todo_id``) the
+    todo is no longer eligible to ring.
 
     PostgreSQL: SKIP LOCKED lets concurrent publishers each take a different session; when
     every session is taken by a concurrent publisher the statement is repeated without it
     (waiting milliseconds) rather than dropping the doorbell.
     """
     now = now or timezone.now()
-    params = {"endpoint_id": endpoint_id, "todo_id": todo_id, "now": _time(now)}
+    params = {"endpoint_id": endpoint_id, "todo_id": todo_id, "now": _time(now), "limit": limit}
+    attached = queries.attached_sql("s", params, now)
+    stream_open = queries.stream_open_sql("s", params, now)
+    eligible = "" if todo_id is None else (
+        " AND EXISTS (SELECT 1 FROM todos_todo t WHERE t.id = %(todo_id)s"
+        f" AND t.endpoint_id = s.endpoint_id AND {_eligible_sql('t')})")
     for lock in ((" FOR UPDATE SKIP LOCKED", "") if _postgres() else ("",)):
+        # MATERIALIZED: an ``IN (… LIMIT n FOR UPDATE SKIP LOCKED)`` sub-select may be re-run
+        # during the semi-join and stamp more than n rows; the CTE is evaluated once.
         sql = (
-            "UPDATE channels_push_mcpsession SET last_doorbell_at = %(now)s WHERE id = ("
-            " SELECT s.id FROM channels_push_mcpsession s"
-            " WHERE s.endpoint_id = %(endpoint_id)s AND s.terminated_at IS NULL"
-            " AND EXISTS (SELECT 1 FROM todos_todo t WHERE t.id = %(todo_id)s"
-            f" AND t.endpoint_id = s.endpoint_id AND {_eligible_sql('t')})"
-            " ORDER BY (s.open_streams > 0) DESC, s.last_doorbell_at ASC NULLS FIRST, s.id"
-            f" LIMIT 1{lock}) RETURNING id"
+            "WITH picked AS MATERIALIZED (SELECT s.id FROM channels_push_mcpsession s"
+            f" WHERE s.endpoint_id = %(endpoint_id)s AND {attached}{eligible}"
+            f" ORDER BY {stream_open} DESC, s.last_doorbell_at ASC NULLS FIRST, s.id"
+            f" LIMIT %(limit)s{lock})"
+            " UPDATE channels_push_mcpsession SET last_doorbell_at = %(now)s"
+            " WHERE id IN (SELECT id FROM picked) RETURNING id,"
+            f" {queries.stream_open_sql('channels_push_mcpsession', params, now)}"
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            row = cursor.fetchone()
-        if row is not None:
-            return row[0]
-        if not McpSession.objects.filter(endpoint_id=endpoint_id, terminated_at__isnull=True).exists():
-            return None
-    return None
+            rows = cursor.fetchall()
+        if rows:
+            # Streaming sessions first, as they were picked.
+            return sorted(((row[0], bool(row[1])) for row in rows), key=lambda r: not r[1])
+        if not queries.has_attached_session(endpoint_id, now):
+            return []
+    return []
+
+
+def choose_doorbell_session(*, endpoint_id: int, todo_id: int, now=None) -> tuple[str, bool] | None:
+    """ONE attached session to ring for ``todo_id`` (``choose_sessions``), as
+    ``(session_id, has_open_stream)``; None when nobody is attached or the todo may not ring."""
+    chosen = choose_sessions(endpoint_id=endpoint_id, limit=1, todo_id=todo_id, now=now)
+    return chosen[0] if chosen else None
 
 
 def _ringed_todos(sql: str, params: dict):
@@ -254,13 +283,31 @@ def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
     return _ringed_todos(*statement)
 
 
+def _pairs_sql(alias: str, pairs, params: dict, name: str) -> str:
+    """``(alias.endpoint_id, alias.queue)`` is one of ``pairs``, as SQL."""
+    if _postgres():
+        params[f"{name}_ids"] = [endpoint_id for endpoint_id, _ in pairs]
+        params[f"{name}_queues"] = [queue for _, queue in pairs]
+        return (f"({alias}.endpoint_id, {alias}.queue) IN (SELECT * FROM"
+                f" unnest(%({name}_ids)s::bigint[], %({name}_queues)s::text[]))")
+    params[f"{name}_pairs"] = json.dumps(list(pairs))
+    return (f"EXISTS (SELECT 1 FROM json_each(%({name}_pairs)s) j"
+            f" WHERE json_extract(j.value, '$[0]') = {alias}.endpoint_id"
+            f" AND json_extract(j.value, '$[1]') = {alias}.queue)")
+
+
 def _scope_sql(alias: str, endpoint_ids, params: dict) -> str:
-    """``alias``'s queue is covered by its endpoint's scope ('*' covers all), for the endpoints
-    ``endpoint_ids``, as SQL; the scopes are read here and passed as parameters."""
+    """``alias``'s queue is covered by its endpoint's scope ('*' covers all) and not paused
+    (§14: a paused queue's todos keep their ring budget), for the endpoints ``endpoint_ids``,
+    as SQL; the scopes are read here and passed as parameters."""
     from endpoints.models import ALL_QUEUES, Endpoint
 
-    everything, pairs = [], []
-    for endpoint_id, scope in Endpoint.objects.filter(pk__in=endpoint_ids).values_list("pk", "scope"):
+    everything, pairs, paused = [], [], []
+    rows = Endpoint.objects.filter(pk__in=endpoint_ids).values_list("pk", "scope", "paused_queues")
+    for endpoint_id, scope, paused_queues in rows:
+        if ALL_QUEUES in (paused_queues or []):
+            continue
+        paused.extend((endpoint_id, str(queue)) for queue in paused_queues or [])
         if ALL_QUEUES in scope:
             everything.append(endpoint_id)
         else:
@@ -269,18 +316,13 @@ def _scope_sql(alias: str, endpoint_ids, params: dict) -> str:
     if everything:
         clauses.append(_id_list(f"{alias}.endpoint_id", "scope_all", params, everything))
     if pairs:
-        if _postgres():
-            params["scope_ids"] = [endpoint_id for endpoint_id, _ in pairs]
-            params["scope_queues"] = [queue for _, queue in pairs]
-            clauses.append(f"({alias}.endpoint_id, {alias}.queue) IN (SELECT * FROM"
-                           " unnest(%(scope_ids)s::bigint[], %(scope_queues)s::text[]))")
-        else:
-            params["scope_pairs"] = json.dumps(pairs)
-            clauses.append(
-                "EXISTS (SELECT 1 FROM json_each(%(scope_pairs)s) j"
-                f" WHERE json_extract(j.value, '$[0]') = {alias}.endpoint_id"
-                f" AND json_extract(j.value, '$[1]') = {alias}.queue)")
-    return "(" + " OR ".join(clauses) + ")" if clauses else "FALSE"
+        clauses.append(_pairs_sql(alias, pairs, params, "scope"))
+    if not clauses:
+        return "FALSE"
+    covered = "(" + " OR ".join(clauses) + ")"
+    if paused:
+        covered += f" AND NOT {_pairs_sql(alias, paused, params, 'paused')}"
+    return covered
 
 
 def sweep_rings_sql(*, endpoint_ids, schedule, limit: int, now=None, select_only=False):
@@ -309,7 +351,7 @@ def sweep_rings_sql(*, endpoint_ids, schedule, limit: int, now=None, select_only
     select = (
         "WITH receivers AS ("
         " SELECT s.endpoint_id, MAX(s.last_doorbell_at) AS rung_at FROM channels_push_mcpsession s"
-        f" WHERE s.terminated_at IS NULL AND {receivers} GROUP BY s.endpoint_id),"
+        f" WHERE {queries.attached_sql('s', params, now)} AND {receivers} GROUP BY s.endpoint_id),"
         " candidates AS ("
         " SELECT p.id, r.rung_at, COALESCE(p.last_ringed_at, p.created_at) AS base,"
         " row_number() OVER (PARTITION BY p.endpoint_id"
@@ -333,35 +375,51 @@ def sweep_rings_sql(*, endpoint_ids, schedule, limit: int, now=None, select_only
     return sql, params
 
 
-def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, object]]:
-    """Mark every pending push-eligible todo of ``endpoint`` in its scope as just rung
+def refuses_unverified(endpoint) -> bool:
+    """Whether claim_next withholds ``trust: unverified`` todos from this endpoint's agents
+    (``accept_unverified`` off, CONTRACT §12; ``todos.transitions.Caller.agent`` reads it the
+    same way)."""
+    return not endpoint.accept_unverified
+
+
+def claimable_sql(alias: str, endpoint, params: dict) -> str:
+    """SQL over the todo row ``alias``: what claim_next would hand ``endpoint``'s agents now —
+    pending, in its scope, not in a paused queue, and (when the endpoint refuses them) not
+    unverified. The digest counts exactly this."""
+    if endpoint.paused_all:
+        return "FALSE"
+    params["claimable_endpoint_id"] = endpoint.pk
+    sql = f"{alias}.endpoint_id = %(claimable_endpoint_id)s AND {alias}.state = 'pending'"
+    if not endpoint.all_queues:
+        sql += " AND " + _id_list(f"{alias}.queue", f"{alias}_scope", params, endpoint.scope)
+    paused = list(endpoint.paused_queues or [])
+    if paused:
+        sql += " AND NOT " + _id_list(f"{alias}.queue", f"{alias}_paused", params, paused)
+    if refuses_unverified(endpoint):
+        sql += f" AND {alias}.trust <> 'unverified'"
+    return sql
+
+
+def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, object, str]]:
+    """Mark every todo claim_next would hand ``endpoint`` (``claimable_sql``) as just rung
     (last_ringed_at = now) WITHOUT spending a ring attempt, and return what was counted as
-    ``[(queue, created_at)]``: the digest's content and the mark are one statement, so the
-    heartbeat's next ring counts its backoff from exactly the digest that was sent.
+    ``[(queue, created_at, trust)]``: the digest's content and the mark are one statement, so
+    the heartbeat's next ring counts its backoff from exactly the digest that was sent.
 
     With ``cooldown`` (the reconnect digest): nothing is marked or counted unless at least one
     of those todos was not rung or digested within it, so a flapping stream is not handed the
     same summary again and again (nor does it keep pushing the heartbeat's backoff out)."""
     now = now or timezone.now()
-    params = {"endpoint_id": endpoint.pk, "now": _time(now)}
-
-    def in_scope(alias, name):
-        if endpoint.all_queues:
-            return ""
-        return " AND " + _id_list(f"{alias}.queue", name, params, endpoint.scope)
-
+    params = {"now": _time(now)}
     fresh = ""
     if cooldown is not None:
         params["cooled"] = _time(now - cooldown)
-        fresh = (
-            " AND EXISTS (SELECT 1 FROM todos_todo c WHERE c.endpoint_id = %(endpoint_id)s"
-            f" AND {_eligible_sql('c')}{in_scope('c', 'fresh_queues')}"
-            " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")
+        fresh = (f" AND EXISTS (SELECT 1 FROM todos_todo c WHERE {claimable_sql('c', endpoint, params)}"
+                 " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")
     sql = (
         "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
-        " SELECT t.id FROM todos_todo t WHERE t.endpoint_id = %(endpoint_id)s"
-        f" AND {_eligible_sql('t')}{in_scope('t', 'queues')}) AND state = 'pending'{fresh}"
-        " RETURNING queue, created_at"
+        f" SELECT t.id FROM todos_todo t WHERE {claimable_sql('t', endpoint, params)})"
+        f" AND state = 'pending'{fresh} RETURNING queue, created_at, trust"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -371,5 +429,6 @@ def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, objec
         from todos.models import Todo
 
         field = Todo._meta.get_field("created_at")
-        rows = [(queue, converter(created, field, connection)) for queue, created in rows]
+        rows = [(queue, converter(created, field, connection), trust)
+                for queue, created, trust in rows]
     return rows

@@ -7,7 +7,8 @@ credentials go through ``endpoints.transitions`` like the commands do.
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.db import transaction
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 from django.urls import reverse
 from django.utils import timezone
 
@@ -15,6 +16,9 @@ from switchboard import admin_pages
 
 from . import transitions
 from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint
+
+# The endpoint page lists this many recent pause/resume events.
+WORK_EVENTS_SHOWN = 20
 
 
 class EndpointForm(forms.ModelForm):
@@ -74,13 +78,15 @@ class EndpointAdmin(admin.ModelAdmin):
     form = EndpointForm
     inlines = [CredentialInline]
     list_display = ["slug", "owner", "scope_display", "default_lease_seconds", "max_attempts",
-                    "active", "presence_display", "created_at"]
+                    "active", "presence_display", "paused_display", "created_at"]
     list_filter = ["active"]
     list_select_related = ["owner"]
     search_fields = ["slug"]
     show_full_result_count = False
-    actions = ["rotate_credentials", "clock_in", "clock_out"]
-    readonly_fields = ["presence_state", "presence_hold_until", "presence_boundary_at"]
+    actions = ["rotate_credentials", "clock_in", "clock_out", "clear_override", "pause_work",
+               "resume_work"]
+    readonly_fields = ["presence_state", "presence_hold_until", "presence_boundary_at",
+                       "paused_queues", "work_events"]
 
     @admin.display(description="scope")
     def scope_display(self, obj):
@@ -88,14 +94,57 @@ class EndpointAdmin(admin.ModelAdmin):
 
     @admin.display(description="presence (now)")
     def presence_display(self, obj):
-        return obj.presence_at(timezone.now()) if obj.pk else "-"
+        if not obj.pk:
+            return "-"
+        report = transitions.presence_report(obj)
+        if report["override_until"]:
+            return f"{report['presence']} (override until {report['override_until']})"
+        return report["presence"]
+
+    @admin.display(description="work events (pause / resume, newest first)")
+    def work_events(self, obj):
+        # Read-only here (not an inline: nothing about them is edited): the actions, the board
+        # and the commands write them.
+        if not obj.pk:
+            return "-"
+        events = obj.events.order_by("-at", "-id")[:WORK_EVENTS_SHOWN]
+        return format_html_join(mark_safe("<br>"), "{} {} {} by {}", (
+            (event.at.isoformat(timespec="seconds"), event.action, event.queue, event.actor)
+            for event in events)) or "-"
+
+    @admin.display(description="paused")
+    def paused_display(self, obj):
+        return ", ".join(obj.paused_queues or []) or "-"
 
     def _clock(self, request, queryset, state):
-        from channels_push import doorbells  # endpoints -> channels_push only at call time
-
         for endpoint in queryset:
-            presence = doorbells.clock(endpoint, state, reason="operator")
+            transitions.clock(endpoint, state, reason="operator")
+            report = transitions.presence_report(endpoint)
+            note = (f" (operator override until {report['override_until']})"
+                    if report["override_until"] else "")
+            self.message_user(request, f"{endpoint.slug} is {report['presence']}{note}")
+
+    @admin.action(description="Clear the operator override (schedule or clock rules again)",
+                  permissions=["change"])
+    def clear_override(self, request, queryset):
+        for endpoint in queryset:
+            presence = transitions.clear_override(endpoint)
             self.message_user(request, f"{endpoint.slug} is {presence}")
+
+    def _change_work(self, request, queryset, change):
+        for endpoint in queryset:
+            paused = change(endpoint, actor=request.user.get_username())
+            self.message_user(request, f"{endpoint.slug}: paused {', '.join(paused) or 'nothing'}")
+
+    @admin.action(description="Pause work (agents take nothing; ingest continues)",
+                  permissions=["change"])
+    def pause_work(self, request, queryset):
+        self._change_work(request, queryset, transitions.pause_work)
+
+    @admin.action(description="Resume work (waiting work arrives as one digest)",
+                  permissions=["change"])
+    def resume_work(self, request, queryset):
+        self._change_work(request, queryset, transitions.resume_work)
 
     @admin.action(description="Clock in (waiting work arrives as one digest)", permissions=["change"])
     def clock_in(self, request, queryset):
@@ -117,15 +166,12 @@ class EndpointAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change:
-            from channels_push import doorbells
-
             # An edited override or schedule may turn presence in right now: announce it like
             # a clock-in by the operator (the boundary sweep only sees boundaries in time).
             now = timezone.now()
             before = Endpoint.objects.get(pk=obj.pk).presence_at(now)
             super().save_model(request, obj, form, change)
-            if before == "out" and obj.presence_at(now) == "in":
-                transaction.on_commit(lambda: doorbells.send_digest(obj, "operator", now=now))
+            transitions.announce_edited_presence(obj, before, now=now)
             return None
         # Vending mints the first credential with the endpoint, in one transaction.
         vended, credential = transitions.vend_endpoint(

@@ -195,6 +195,10 @@ class Endpoint(models.Model):
     # The last presence boundary (shift change, override end) the boundary sweep handled:
     # advanced by one guarded UPDATE, so overlapping sweeps announce a boundary exactly once.
     presence_boundary_at = models.DateTimeField(null=True, blank=True)
+    # Paused work (CONTRACT §14): queue names an operator paused, or ["*"] for the whole
+    # endpoint. claim_next skips them, claim refuses ``paused``, doorbells and sweeps hold;
+    # ingest and held leases go on. Written only by transitions.pause_work / resume_work.
+    paused_queues = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["slug"]
@@ -226,6 +230,7 @@ class Endpoint(models.Model):
         if self.default_lease_seconds is not None and not 1 <= self.default_lease_seconds <= 86400:
             raise ValidationError({"default_lease_seconds": "between 1 and 86400"})
         validate_shift_schedule(self.shift_schedule, self.shift_timezone)
+        self._check_routes_in_scope()
         if self.presence_override and self.presence_override_until is None:
             raise ValidationError({"presence_override_until": "an override needs an expiry"})
 
@@ -267,9 +272,48 @@ class Endpoint(models.Model):
             instants.append((self.presence_override_until, "override_end"))
         return sorted(instants)
 
+    def _check_routes_in_scope(self):
+        """A narrower scope is refused while webhook routes still target queues outside it:
+        their deliveries would create todos no agent of this endpoint can see (and nobody would
+        be rung for). Routes reach endpoints by their reverse relation (ingest depends on
+        endpoints, not the other way round)."""
+        if self.pk is None or not isinstance(self.scope, list) or ALL_QUEUES in self.scope:
+            return
+        stranded = sorted(self.routes.exclude(queue__in=[str(n) for n in self.scope])
+                          .values_list("webhook__slug", "queue"))
+        if stranded:
+            named = ", ".join(f"{webhook} -> {queue}" for webhook, queue in stranded)
+            raise ValidationError({"scope": f"routes still deliver outside this scope ({named}); "
+                                            "remove or retarget them first"})
+
     @property
     def all_queues(self) -> bool:
         return ALL_QUEUES in self.scope
+
+    # -- paused work (§14) ---------------------------------------------------------------------
+
+    @property
+    def paused_all(self) -> bool:
+        return ALL_QUEUES in (self.paused_queues or [])
+
+    def is_paused(self, queue: str) -> bool:
+        return self.paused_all or queue in (self.paused_queues or [])
+
+    def unpaused(self, queues):
+        """``queues`` (None: every queue of the endpoint) without the paused ones; None again
+        when nothing among every queue is excluded by name."""
+        if queues is None:
+            return None
+        return [queue for queue in queues if not self.is_paused(queue)]
+
+    def paused_among(self, queues) -> list:
+        """When EVERY queue of ``queues`` (None: all of the endpoint's queues) is paused, what
+        to tell the caller (``["*"]`` or the paused names); else ``[]``."""
+        if self.paused_all:
+            return [ALL_QUEUES]
+        if queues is None or not queues:
+            return []
+        return sorted(queues) if all(self.is_paused(queue) for queue in queues) else []
 
     def covers(self, queue: str) -> bool:
         return self.all_queues or queue in self.scope
@@ -304,3 +348,20 @@ class Credential(models.Model):
     @staticmethod
     def mint() -> str:
         return CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+
+
+class EndpointEvent(models.Model):
+    """An operator's change to how an endpoint takes work (pause, resume): who, when, what."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="events")
+    action = models.CharField(max_length=32)
+    queue = models.CharField(max_length=64, blank=True, default="")
+    actor = models.CharField(max_length=200)
+    at = models.DateTimeField()
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self):
+        return f"{self.endpoint_id} {self.action} {self.queue or '*'}"

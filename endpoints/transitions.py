@@ -1,13 +1,26 @@
-"""Writes on endpoints and their credentials: vending and rotation."""
+"""Writes on endpoints and their credentials: vending, rotation, scope, presence (§8) and
+paused work (§14).
 
+Presence and pause are the endpoint's own state: they change here, and a change that makes
+waiting work receivable again (presence turned ``in``, work resumed) is announced after commit
+through ``channels_push.publish``; the push layer reacts with a digest. Nothing here imports
+the doorbell.
+"""
+
+import logging
 from datetime import timedelta
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .models import (Credential, Endpoint, Presence, hash_credential, next_shift_boundary,
-                     validate_shift_schedule)
+from channels_push import publish
+
+from .models import (ALL_QUEUES, Credential, Endpoint, EndpointEvent, Presence, hash_credential,
+                     next_shift_boundary, validate_shift_schedule)
+
+log = logging.getLogger("switchboard.endpoints")
 
 DEFAULT_ROTATION_GRACE = timedelta(hours=24)
 
@@ -88,7 +101,8 @@ def set_shift_schedule(endpoint: Endpoint, *, timezone_name: str, windows: list,
                        now=None) -> tuple[str, str]:
     """Replace ``endpoint``'s shift schedule (validated as the model's clean() does: at most
     SWITCHBOARD_MAX_SHIFT_WINDOWS windows; raises ValidationError, writing nothing). Returns
-    its effective presence ``(before, after)``, read under the same row lock."""
+    its effective presence ``(before, after)``, read under the same row lock; when that turned
+    presence in, waiting work arrives as one digest (reason ``operator``) after commit."""
     validate_shift_schedule(windows, timezone_name)
     now = now or timezone.now()
     with transaction.atomic():
@@ -96,7 +110,8 @@ def set_shift_schedule(endpoint: Endpoint, *, timezone_name: str, windows: list,
         before = row.presence_at(now)
         row.shift_timezone, row.shift_schedule = timezone_name, windows
         row.save(update_fields=["shift_timezone", "shift_schedule"])
-    endpoint.shift_timezone, endpoint.shift_schedule = timezone_name, windows
+        endpoint.shift_timezone, endpoint.shift_schedule = timezone_name, windows
+        _announce_if_turned_in(endpoint, before, row.presence_at(now), reason="operator", now=now)
     return before, row.presence_at(now)
 
 
@@ -106,3 +121,142 @@ def record_presence_boundary(endpoint_id: int, boundary) -> bool:
     return Endpoint.objects.filter(pk=endpoint_id).filter(
         Q(presence_boundary_at__isnull=True) | Q(presence_boundary_at__lt=boundary)
     ).update(presence_boundary_at=boundary) == 1
+
+
+def _announce_if_turned_in(endpoint, before: str, after: str, *, reason: str, now) -> None:
+    if before == Presence.OUT and after == Presence.IN:
+        publish.publish_endpoint_on_commit(endpoint, "presence_in", reason=reason, now=now)
+
+
+def clock(endpoint: Endpoint, presence: str, *, reason: str, until=None, now=None) -> str:
+    """Clock ``endpoint`` in or out (agent verb: ``reason="clock_in"``; board, admin and
+    ``manage.py clock``: ``reason="operator"``). When that turned its effective presence in,
+    the push layer sends the digest after commit. Returns the effective presence (an operator
+    override still in force wins over a manual clock: see ``presence_report``)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        before, after = set_presence(endpoint, presence, until=until, now=now)
+        _announce_if_turned_in(endpoint, before, after, reason=reason, now=now)
+    log.info("endpoint clocked", extra={"endpoint": endpoint.slug, "clocked": presence,
+                                        "presence": after,
+                                        "by": "agent" if reason == "clock_in" else reason})
+    return after
+
+
+def clear_override(endpoint: Endpoint, *, now=None) -> str:
+    """Lift the operator override: the schedule or manual state rules again at once (a digest,
+    reason ``operator``, when that turned presence in). Returns the effective presence."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        before = row.presence_at(now)
+        row.presence_override, row.presence_override_until = "", None
+        row.save(update_fields=["presence_override", "presence_override_until"])
+        endpoint.presence_override, endpoint.presence_override_until = "", None
+        after = row.presence_at(now)
+        _announce_if_turned_in(endpoint, before, after, reason="operator", now=now)
+    log.info("endpoint override cleared", extra={"endpoint": endpoint.slug, "presence": after})
+    return after
+
+
+def announce_edited_presence(endpoint: Endpoint, before: str, *, now) -> None:
+    """An operator edited the override or schedule (admin): announce presence turning in like
+    a clock-in by the operator (the boundary sweep only sees boundaries in time)."""
+    _announce_if_turned_in(endpoint, before, endpoint.presence_at(now), reason="operator", now=now)
+
+
+def override_in_force(endpoint: Endpoint, now):
+    """The override's end when an operator override governs presence at ``now``, else None."""
+    if endpoint.presence_override and endpoint.presence_override_until \
+            and now < endpoint.presence_override_until:
+        return endpoint.presence_override_until
+    return None
+
+
+def presence_report(endpoint: Endpoint, *, now=None) -> dict:
+    """``{"presence", "override_until"}``: the effective presence and, when an operator
+    override decides it, until when (ISO-8601 UTC; None without one) — so a clock_in that
+    changed nothing says why."""
+    now = now or timezone.now()
+    until = override_in_force(endpoint, now)
+    return {"presence": endpoint.presence_at(now),
+            "override_until": until.isoformat().replace("+00:00", "Z") if until else None}
+
+
+# -- scope (§3) ----------------------------------------------------------------------------------
+
+
+def set_scope(endpoint: Endpoint, scope: list) -> Endpoint:
+    """Change the queues ``endpoint`` may see. Refused (ValidationError naming them) while
+    webhook routes target queues outside the new scope (``Endpoint.clean``); the row is locked
+    so a concurrent narrowing and route creation are serialized on it."""
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        row.scope = list(scope)
+        row.full_clean()
+        row.save(update_fields=["scope"])
+    endpoint.scope = row.scope
+    return endpoint
+
+
+# -- paused work (§14) ---------------------------------------------------------------------------
+
+
+def _record(endpoint, action: str, *, queue: str, actor: str, now, detail=None) -> None:
+    EndpointEvent.objects.create(endpoint=endpoint, action=action, queue=queue, actor=actor,
+                                 at=now, detail=detail or {})
+
+
+def pause_work(endpoint: Endpoint, *, queue: str | None = None, actor: str, now=None) -> list:
+    """Pause the whole endpoint (``queue`` None) or one queue of it. While paused, claim_next
+    skips the queue, claim refuses ``paused``, doorbells and sweeps hold (ring budget
+    untouched); ingest and leases already held go on. Recorded as an event. Returns the
+    endpoint's paused list (``["*"]`` for all)."""
+    now = now or timezone.now()
+    if queue is not None and not endpoint.covers(queue):
+        raise ValidationError(f"queue {queue!r} is outside endpoint {endpoint.slug}'s scope "
+                              f"{endpoint.scope}")
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        paused = list(row.paused_queues or [])
+        if queue is None:
+            paused = [ALL_QUEUES]
+        elif not row.is_paused(queue):
+            paused = sorted({*paused, queue})
+        changed = paused != list(row.paused_queues or [])
+        if changed:
+            row.paused_queues = paused
+            row.save(update_fields=["paused_queues"])
+            _record(row, "pause", queue=queue or ALL_QUEUES, actor=actor, now=now)
+    endpoint.paused_queues = paused
+    log.info("endpoint paused", extra={"endpoint": endpoint.slug, "queue": queue or ALL_QUEUES,
+                                       "by": actor, "changed": changed})
+    return paused
+
+
+def resume_work(endpoint: Endpoint, *, queue: str | None = None, actor: str, now=None) -> list:
+    """Resume the whole endpoint (``queue`` None: every pause lifted) or one paused queue.
+    When anything resumed, the push layer sends one digest (reason ``resumed``) after commit
+    if work waited. Refuses (ValueError) to resume one queue of a wholly paused endpoint.
+    Returns the endpoint's paused list."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        before = list(row.paused_queues or [])
+        if queue is None:
+            paused = []
+        elif row.paused_all:
+            raise ValueError(f"all of {endpoint.slug} is paused; resume it without a queue")
+        else:
+            paused = [name for name in before if name != queue]
+        changed = paused != before
+        if changed:
+            row.paused_queues = paused
+            row.save(update_fields=["paused_queues"])
+            _record(row, "resume", queue=queue or ALL_QUEUES, actor=actor, now=now)
+            endpoint.paused_queues = paused
+            publish.publish_endpoint_on_commit(endpoint, "resumed", reason="resumed", now=now)
+    endpoint.paused_queues = paused
+    log.info("endpoint resumed", extra={"endpoint": endpoint.slug, "queue": queue or ALL_QUEUES,
+                                        "by": actor, "changed": changed})
+    return paused

@@ -140,6 +140,18 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None) -> 
     return route
 
 
+def route_in_scope(route: Route) -> bool:
+    """A route whose queue its endpoint's scope no longer covers delivers nothing: the todo
+    would be one no agent of the endpoint can see, and nobody would be rung for it. Narrowing
+    a scope is refused while routes target queues outside it (``Endpoint.clean``); this guard
+    holds against a route that raced the narrowing, and says so in the log."""
+    if route.endpoint.covers(route.queue):
+        return True
+    log.warning("route skipped: queue outside its endpoint's scope", extra={
+        "webhook": route.webhook_id, "endpoint": route.endpoint.slug, "queue": route.queue})
+    return False
+
+
 def route_matches(route: Route, kind: str) -> bool:
     """An empty filter takes every kind; ``issues`` takes ``issues`` and ``issues.*``."""
     if not route.kinds:
@@ -415,7 +427,8 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     """
     now = now or timezone.now()
     observed = observed or Observed(body_sha256=body_sha256, delivery_id=delivery_id, kind=kind)
-    matching = [r for r in routes if r.endpoint.active and route_matches(r, kind)]
+    matching = [r for r in routes if r.endpoint.active and route_matches(r, kind)
+                and route_in_scope(r)]
     key = idempotency_key or idempotency_key_for(webhook, delivery_id, body_sha256)
     first_routes = first_route_per_endpoint(routes)
     attributed_to_id = attributed_to_id or webhook.owner_id

@@ -33,6 +33,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -296,16 +297,16 @@ async def _drain(stream, tail: Tail):
         tail.add(chunk)
 
 
+PLACEHOLDER = re.compile(r"\{(todo_json|todo_id|title)\}")
+
+
 def agent_argv(command: list[str], todo: dict) -> list[str]:
-    """Substitute the three placeholders, literally (a prompt may hold other braces)."""
-    values = {"{todo_json}": json.dumps(todo, ensure_ascii=False), "{todo_id}": str(todo["id"]),
-              "{title}": todo.get("title") or ""}
-    argv = []
-    for arg in command:
-        for placeholder, value in values.items():
-            arg = arg.replace(placeholder, value)
-        argv.append(arg)
-    return argv
+    """Substitute the three placeholders, literally (a prompt may hold other braces), in one
+    pass: a title or payload that itself contains ``{title}`` or ``{todo_id}`` is text, never
+    substituted again. Each result stays one argument (no shell sees it)."""
+    values = {"todo_json": json.dumps(todo, ensure_ascii=False), "todo_id": str(todo["id"]),
+              "title": todo.get("title") or ""}
+    return [PLACEHOLDER.sub(lambda match: values[match.group(1)], arg) for arg in command]
 
 
 def agent_env(todo: dict, url: str) -> dict:

@@ -125,6 +125,17 @@ SWITCHBOARD_MCP_MAX_RESULT_BYTES = _typed(
 SWITCHBOARD_MCP_SESSION_IDLE = timedelta(
     seconds=_typed("SWITCHBOARD_MCP_SESSION_IDLE_SECONDS", env.int, 3600, minimum=60)
 )
+# A session counts as attached (a receiver for doorbells, sweeps and digests, §7) while it has
+# an open notification stream, or made a request within this window: a client that vanished
+# without DELETE stops costing ring budget after it, not after the idle limit above.
+SWITCHBOARD_ATTACH_WINDOW = timedelta(
+    seconds=_typed("SWITCHBOARD_ATTACH_WINDOW_SECONDS", env.int, 120, minimum=1)
+)
+# A notification stream whose client has not drained this many bytes (frames the transport
+# has not yet written to the socket) drops new doorbells instead of buffering them (§7).
+SWITCHBOARD_STREAM_BUFFER_BYTES = _typed(
+    "SWITCHBOARD_STREAM_BUFFER_BYTES", env.int, 256 * 1024, minimum=1024
+)
 # A long-polling claim_next (§6) answering over SSE sends a keep-alive comment this often, below
 # the 30-60 s idle cut of common proxies (tests shorten it).
 SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS = _typed(

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 
 from ingest import views as ingest_views
 from todos import views as todo_views
@@ -26,6 +27,8 @@ urlpatterns = [
     path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
     path("todos/endpoints/<slug:slug>/clock/<str:state>", todo_views.clock_endpoint,
          name="todos-clock"),
+    path("todos/endpoints/<slug:slug>/work/<str:action>", todo_views.pause_endpoint,
+         name="todos-pause"),
     path("metrics", todo_views.metrics, name="metrics"),
     # Webhook pages with their delivery log (§14); .../events is the SSE route in asgi.py.
     path("todos/webhooks/", ingest_views.webhook_list, name="webhook-list"),
@@ -34,6 +37,8 @@ urlpatterns = [
     path("todos/webhooks/<slug:slug>/rows", ingest_views.webhook_rows, name="webhook-rows"),
     path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/redeliver",
          ingest_views.redeliver_delivery, name="webhook-redeliver"),
+    # GET / leads to the board (§9).
+    path("", RedirectView.as_view(pattern_name="todos-board", permanent=False), name="home"),
 ]
 
 if settings.OIDC_ENABLED:

@@ -237,7 +237,8 @@ def test_clocked_out_agent_gets_no_doorbell_then_one_digest_on_clock_in(daphne_s
     out, held, back, digest, drained = asyncio.run(scenario())
     assert out.structured_content == {"presence": "out"}
     assert back.structured_content == {"presence": "in"}
-    assert digest.meta == {"kind": "digest", "pending": "1", "queues": "issues", "reason": "clock_in"}
+    assert digest.meta == {"kind": "digest", "pending": "1", "queues": "issues", "reason": "clock_in",
+                           "unverified": "0"}
     assert "todo_id" not in digest.meta and "It broke" not in digest.content
     assert drained.structured_content["todo"]["id"] == held
     assert Todo.objects.get(pk=held).ring_attempts == 0

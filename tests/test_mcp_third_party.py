@@ -84,10 +84,13 @@ def test_mcp_inspector_cli_lists_tools_and_calls_claim_next(daphne_server):
 
 
 @pytest.fixture
-def bearer_proxy(daphne_server):
-    """The conformance CLI cannot send headers: front daphne with tests/auth_proxy.py."""
+def bearer_proxy(start_daphne):
+    """The conformance CLI cannot send headers: front daphne with tests/auth_proxy.py. The
+    proxy's localhost origin is the deployment's public origin here, so daphne allows it (and,
+    as the suite's DNS-rebinding scenario checks, no other)."""
     endpoint, credential = vend("conformance")
     port = free_port()
+    daphne_server = start_daphne(SWITCHBOARD_ALLOWED_ORIGINS=f"http://localhost:{port}")
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.auth_proxy", "--listen-port", str(port),
          "--target", daphne_server.url, "--header", f"Authorization: Bearer {credential}"],

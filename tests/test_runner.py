@@ -706,6 +706,14 @@ def test_agent_arguments_substitute_only_the_three_placeholders():
     assert argv == ["-p", f"Todo 7: fix {{it}} {json.dumps(todo)} {{x}}"]
 
 
+def test_placeholders_inside_a_todo_are_text_not_substituted_again():
+    runner = load_runner_module()
+    todo = {"id": "7", "title": 'say "hi" to {title} {todo_json}', "payload": {"x": "{todo_id}"}}
+    json_arg, title_arg = runner.agent_argv(["{todo_json}", "{title}"], todo)
+    assert json.loads(json_arg) == todo
+    assert title_arg == todo["title"]
+
+
 def test_tail_keeps_the_last_bytes_and_drops_nul():
     runner = load_runner_module()
     tail = runner.Tail(limit=10)

@@ -52,6 +52,7 @@ _BACKOFF_STEPS = 6
 class Refusal(Exception):
     """A transition that did not apply, with a machine-readable code (§6, §11):
     ``not_found``, ``not_in_scope``, ``not_claimable``, ``lease_lost``, ``already_done``,
+    ``paused``,
     ``invalid_argument``."""
 
     def __init__(self, code: str, message: str):
@@ -353,6 +354,8 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
     if todo is None or not caller.covers(todo.queue) or (
             claiming and caller.hides_unverified and todo.trust == Trust.UNVERIFIED):
         return Refusal("not_found", f"no todo {todo_id}")
+    if claiming and todo.state == "pending" and caller.endpoint.is_paused(todo.queue):
+        return Refusal("paused", f"queue {todo.queue} of this endpoint is paused by its operator")
     if claiming:
         return Refusal("not_claimable", f"todo {todo_id} is {todo.state}, not pending")
     if overriding is not None:
@@ -493,14 +496,14 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     """pending -> claimed for ``todo_id`` under a fresh lease; counts one attempt.
 
     Refuses ``not_found`` (missing or invisible to the caller), ``not_claimable`` (not pending),
-    ``invalid_argument`` (lease ttl outside 1 s … 24 h).
+    ``paused`` (its queue is paused, §14), ``invalid_argument`` (lease ttl outside 1 s … 24 h).
     """
     now = now or timezone.now()
     ttl = _lease_ttl(caller, lease_ttl_seconds)
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
     where = (_visible_where(caller, params) + " AND state = 'pending'"
-             + _trust_filter(caller.hides_unverified))
+             + _trust_filter(caller.hides_unverified) + _unpaused_where(caller.endpoint, params))
     todo = _one(_apply(
         set_sql=_lease_set(params, caller, ttl, now), where_sql=where, params=params,
         action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
@@ -519,11 +522,22 @@ def _trust_filter(hide_unverified: bool, column: str = "trust") -> str:
     return f" AND {column} <> 'unverified'" if hide_unverified else ""
 
 
-def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False) -> str:
+def _unpaused_where(endpoint, params: dict) -> str:
+    """Pause (CONTRACT §14): the guard clause that keeps paused queues out of a claim."""
+    if endpoint.paused_all:
+        return " AND FALSE"
+    if not endpoint.paused_queues:
+        return ""
+    params["paused"] = _queue_list_param(endpoint.paused_queues)
+    return " AND NOT " + _queue_filter("queue", "paused")
+
+
+def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
+                        endpoint=None) -> str:
     """The sub-select that picks (and on PostgreSQL locks) claim_next's candidate: the oldest
-    pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue), unverified
-    ones left out when ``hide_unverified``. Kept apart so the plan test can EXPLAIN exactly
-    what claim_next runs."""
+    pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue not paused on
+    ``endpoint``), unverified ones left out when ``hide_unverified``. Kept apart so the plan
+    test can EXPLAIN exactly what claim_next runs."""
     if _is_postgres() and queues is not None:
         params["queues"] = list(queues)
         return (
@@ -537,6 +551,8 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False) 
     if queues is not None:
         params["queues"] = _queue_list_param(queues)
         queue_filter = " AND " + _queue_filter("queue", "queues")
+    elif endpoint is not None:
+        queue_filter = _unpaused_where(endpoint, params)
     return (
         "SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND state = 'pending'"
         f"{queue_filter}{_trust_filter(hide_unverified)} ORDER BY created_at, id LIMIT 1"
@@ -566,8 +582,13 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
         wanted = sorted(set(queues))
     else:
         wanted = None if caller.queues is None else sorted(caller.queues)
+    # Pause (§14): paused queues are skipped; with every wanted queue paused there is nothing.
+    wanted = caller.endpoint.unpaused(wanted)
+    if wanted == [] or caller.endpoint.paused_all:
+        return None
     params = {"endpoint_id": caller.endpoint.pk}
-    pick = claim_candidate_sql(params, wanted, hide_unverified=caller.hides_unverified)
+    pick = claim_candidate_sql(params, wanted, hide_unverified=caller.hides_unverified,
+                               endpoint=caller.endpoint)
     todo = _one(_apply(
         set_sql=_lease_set(params, caller, ttl, now),
         where_sql=f"id = ({pick}) AND state = 'pending'", params=params,

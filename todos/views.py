@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
@@ -25,6 +26,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from endpoints import queries as endpoint_queries
+from endpoints import transitions as endpoint_transitions
 from switchboard import json_input
 
 from . import queries, transitions
@@ -89,6 +91,8 @@ def board(request):
     now = timezone.now()
     for endpoint in endpoints:
         endpoint.presence_now = endpoint.presence_at(now)  # §8: the clock in/out buttons
+        # Why it is out, when an operator override decides it (§8), and until when.
+        endpoint.override_until = endpoint_transitions.override_in_force(endpoint, now)
     context.update(endpoints=endpoints, states=State.values)
     return render(request, "todos/board.html", context)
 
@@ -230,19 +234,47 @@ def todo_act(request, todo_id, action):
 def clock_endpoint(request, slug, state):
     """Board button: clock an endpoint in or out (§8) as its operator; clocking in sends the
     waiting work as one digest (reason ``operator``)."""
-    from channels_push import doorbells
-
     if state not in ("in", "out"):
         raise Http404("no such state")
-    endpoint = endpoint_queries.visible_endpoints(request.user).filter(slug=slug).first()
+    endpoint = _visible_endpoint_or_404(request.user, slug)
+    endpoint_transitions.clock(endpoint, state, reason="operator")
+    report = endpoint_transitions.presence_report(endpoint)
+    note = f" (operator override until {report['override_until']})" if report["override_until"] else ""
+    messages.success(request, f"{endpoint.slug} is {report['presence']}{note}")
+    return _back_to_board(request)
+
+
+def _visible_endpoint_or_404(user, slug):
+    endpoint = endpoint_queries.visible_endpoints(user).filter(slug=slug).first()
     if endpoint is None:
         raise Http404("no such endpoint")
-    presence = doorbells.clock(endpoint, state, reason="operator")
-    messages.success(request, f"{endpoint.slug} is {presence}")
+    return endpoint
+
+
+def _back_to_board(request):
     next_url = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(next_url, {request.get_host()}, request.is_secure()):
         next_url = reverse("todos-board")
     return redirect(next_url)
+
+
+@board_login_required
+@require_POST
+def pause_endpoint(request, slug, action):
+    """Board buttons: pause or resume an endpoint's work, or one queue of it (§14), as its
+    operator. Resuming sends the waiting work as one digest (reason ``resumed``)."""
+    if action not in ("pause", "resume"):
+        raise Http404("no such action")
+    endpoint = _visible_endpoint_or_404(request.user, slug)
+    queue = request.POST.get("queue", "").strip() or None
+    change = endpoint_transitions.pause_work if action == "pause" else endpoint_transitions.resume_work
+    try:
+        paused = change(endpoint, queue=queue, actor=request.user.username)
+    except (ValueError, ValidationError) as error:
+        messages.error(request, f"{endpoint.slug}: {'; '.join(getattr(error, 'messages', [str(error)]))}")
+    else:
+        messages.success(request, f"{endpoint.slug}: paused {', '.join(paused) or 'nothing'}")
+    return _back_to_board(request)
 
 
 # -- /metrics ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from endpoints import transitions as endpoint_transitions
 from channels.routing import URLRouter
 from django.urls import re_path
 
-from channels_push import mcp_transport
+from channels_push import doorbells, mcp_transport
 
 # The production route, with the handler on the test's thread so it sees the test transaction
 # (McpEndpoint's thread_sensitive; production runs handlers in the pool).
@@ -126,3 +126,18 @@ def make_ready_todo(endpoint, queue="inbox", title="a todo", *, trust="signed", 
     todo, _ = transitions.create_todo(endpoint=endpoint, queue=queue, title=title, actor="test",
                                       delivery_event=event, trust=trust, **kwargs)
     return todo
+
+
+@pytest.fixture
+def digests(monkeypatch):
+    """Every digest send_doorbell hands to the channel layer: (session_id, params)."""
+    sent = []
+    real = doorbells.send_doorbell
+
+    def record(session_id, params, context):
+        if doorbells.is_digest(params):
+            sent.append((session_id, params))
+        return real(session_id, params, context)
+
+    monkeypatch.setattr(doorbells, "send_doorbell", record)
+    return sent

@@ -218,7 +218,7 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
         await asyncio.wait_for(task, 5)
         return frames, drops()
 
-    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.INFO)
     from channels_push import metrics
 
     sent_before = metrics.DOORBELLS_SENT._value.get()
@@ -305,8 +305,9 @@ def test_pool_rotates_and_prefers_a_session_with_an_open_stream(vend):
                for _ in range(3))
 
     def choose(offset):
-        return session_transitions.choose_doorbell_session(
+        chosen = session_transitions.choose_doorbell_session(
             endpoint_id=endpoint.pk, todo_id=todo.pk, now=now + timedelta(seconds=offset))
+        return chosen and chosen[0]
 
     # No stream anywhere: fall back to the attached sessions, taking turns.
     assert {choose(0), choose(1), choose(2)} == {a.pk, b.pk, c.pk}
@@ -333,8 +334,8 @@ def test_concurrent_publishers_spread_over_the_pool(vend):
         barrier.wait()
         try:
             for _ in range(5):
-                picks.append(session_transitions.choose_doorbell_session(
-                    endpoint_id=endpoint.pk, todo_id=todo.pk))
+                picks.append((session_transitions.choose_doorbell_session(
+                    endpoint_id=endpoint.pk, todo_id=todo.pk) or (None,))[0])
         finally:
             connection.close()
 
@@ -351,6 +352,7 @@ def test_concurrent_publishers_spread_over_the_pool(vend):
 def test_publish_failure_is_logged_with_context_and_dropped(vend, settings, caplog):
     endpoint, credential = vend("redis-gone")
     session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25")
+    session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk)
     todo = make_ready_todo(endpoint, title="still pullable")
     settings.CHANNEL_LAYERS = {"default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",

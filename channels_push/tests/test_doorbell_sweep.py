@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from channels_push import sweeps
 from channels_push import transitions as session_transitions
+from channels_push.models import McpSession
 from channels_push.tests.conftest import make_ready_todo
 from tests.factories import EndpointFactory, UserFactory
 from todos.models import Todo
@@ -20,11 +21,19 @@ from todos.models import Todo
 T0 = timezone.now().replace(microsecond=0) - timedelta(days=2)
 
 
+@pytest.fixture(autouse=True)
+def sessions_stay_attached(settings):
+    """This module drives the ring schedule across simulated days: its sessions stay attached
+    the whole time (what "attached" means is tested in test_attached.py)."""
+    settings.SWITCHBOARD_ATTACH_WINDOW = timedelta(days=60)
+
+
 def attach(endpoint, *, stream=False):
     session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
                                                now=T0)
     if stream:
         session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk, now=T0)
+        McpSession.objects.filter(pk=session.pk).update(stream_lease_until=T0 + timedelta(days=60))
     return session
 
 

@@ -239,6 +239,34 @@ def test_a_client_that_disconnects_mid_wait_claims_nothing(agent):
     assert Todo.objects.get(pk=todo.pk).state == State.PENDING
 
 
+def test_a_client_gone_between_the_claim_and_its_answer_gets_the_claim_released(agent,
+                                                                               monkeypatch):
+    from channels_push.mcp_transport import McpEndpoint
+
+    claim_then_leave = McpEndpoint._retry_long_poll
+    calls = []
+
+    async def retry_and_client_leaves(self, request, answer):
+        retried = await claim_then_leave(self, request, answer)
+        if retried.long_poll is None:  # this retry claimed: the client leaves right now
+            await calls[0].communicator.send_input({"type": "http.disconnect"})
+        return retried
+
+    monkeypatch.setattr(McpEndpoint, "_retry_long_poll", retry_and_client_leaves)
+
+    async def scenario():
+        calls.append(await Call(agent, {"wait_seconds": 20}).start())
+        await waiting(agent.endpoint.pk)
+        todo = await database_sync_to_async(make_ready_todo)(agent.endpoint)
+        await calls[0].communicator.wait(timeout=5)  # the application returned
+        return todo
+
+    todo = run(scenario)
+    todo.refresh_from_db()
+    assert todo.state == State.PENDING and todo.attempts == 0  # claimed, then given back
+    assert list(todo.events.values_list("action", flat=True)) == ["create", "claim", "release"]
+
+
 def test_a_terminated_session_gets_its_refusal_not_a_lease(agent):
     async def scenario():
         call = await Call(agent, {"wait_seconds": 20}).start()

@@ -12,7 +12,7 @@ from channels.routing import URLRouter
 from channels.testing import ApplicationCommunicator
 from django.urls import re_path
 
-from channels_push import mcp_transport
+from channels_push import mcp_transport, session_notify
 from channels_push.models import McpSession
 
 # Streams run the consumer's DB calls between awaits, where channels closes "obsolete"
@@ -164,7 +164,7 @@ def test_notify_session_helper_reaches_the_stream(mcp):
 
     async def scenario():
         communicator, _, _ = await open_stream(mcp)
-        await database_sync_to_async(mcp_transport.notify_session, thread_sensitive=False)(
+        await database_sync_to_async(session_notify.notify_session, thread_sensitive=False)(
             mcp.session_id, "notifications/claude/channel", {"content": "x", "meta": {}})
         frame = b""
         while b"data: " not in frame:

@@ -12,8 +12,10 @@ from django.utils import timezone
 
 from channels_push import doorbells, sweeps
 from channels_push import transitions as session_transitions
+from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
+from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint
 from todos.models import Todo
 
@@ -26,24 +28,16 @@ def at(*args):
     return datetime(*args, tzinfo=UTC)
 
 
-@pytest.fixture
-def digests(monkeypatch):
-    """Every digest send_doorbell hands to the channel layer: (session_id, params)."""
-    sent = []
-    real = doorbells.send_doorbell
-
-    def record(session_id, params, context):
-        if doorbells.is_digest(params):
-            sent.append((session_id, params))
-        return real(session_id, params, context)
-
-    monkeypatch.setattr(doorbells, "send_doorbell", record)
-    return sent
-
-
 def attach(endpoint, now=None):
-    return session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
-                                            now=now)
+    """A session with a notification stream held open across the simulated hours (its stream
+    lease reaches past them; a digest to a streamless session is dropped, and what "attached"
+    means is tested in test_attached.py)."""
+    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+                                               now=now)
+    session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk, now=now)
+    McpSession.objects.filter(pk=session.pk).update(
+        stream_lease_until=(now or timezone.now()) + timedelta(days=400))
+    return session
 
 
 @pytest.mark.django_db
@@ -58,16 +52,17 @@ def test_digest_carries_counts_not_content(endpoint, digests):
     assert doorbells.send_digest(endpoint, "clock_in", now=now) == 1
     [(session_id, params)] = digests
     assert session_id == session.pk
-    assert params["meta"] == {"kind": "digest", "pending": "7", "queues": "lane-m,reviews",
-                              "reason": "clock_in"}
+    # What claim_next would hand: the unverified todo too, and the digest says so (issue 13.11).
+    assert params["meta"] == {"kind": "digest", "pending": "8", "queues": "lane-m,reviews",
+                              "reason": "clock_in", "unverified": "1"}
     assert "todo_id" not in params["meta"] and doorbells.is_digest(params)
     assert "secret" not in params["content"] and "unsigned" not in params["content"]
-    assert "lane-m 2" in params["content"] and "reviews 5" in params["content"]
+    assert "lane-m 2" in params["content"] and "reviews 6" in params["content"]
+    assert "1 unverified" in params["content"]
     assert "2 h" in params["content"] and "\n" not in params["content"]
     # The counted todos are marked as rung without spending an attempt.
-    counted = Todo.objects.filter(endpoint=endpoint, trust="signed")
+    counted = Todo.objects.filter(endpoint=endpoint)
     assert {(t.ring_attempts, t.last_ringed_at) for t in counted} == {(0, now)}
-    assert Todo.objects.get(endpoint=endpoint, trust="unverified").last_ringed_at is None
 
 
 @pytest.mark.django_db
@@ -95,7 +90,7 @@ def test_clocked_out_endpoint_is_not_rung_and_clock_in_sends_one_digest(vend):
         assert clocked["result"]["structuredContent"] == {"presence": "in"}
         params = await next_doorbell(stream)  # the first thing the stream sees
         assert params["meta"] == {"kind": "digest", "pending": "1", "queues": "inbox",
-                                  "reason": "clock_in"}
+                                  "reason": "clock_in", "unverified": "0"}
         await close(stream)
         return held
 
@@ -109,12 +104,12 @@ def test_clocked_out_endpoint_keeps_its_ring_budget_in_sweeps(endpoint):
     attach(endpoint)
     now = timezone.now()
     todo = make_ready_todo(endpoint, now=now - timedelta(hours=1))
-    doorbells.clock(endpoint, "out", reason="operator", now=now - timedelta(minutes=30))
+    endpoint_transitions.clock(endpoint, "out", reason="operator", now=now - timedelta(minutes=30))
     assert sweeps.ring_due_todos(now=now) == 0
     row = Todo.objects.get(pk=todo.pk)
     assert (row.ring_attempts, row.last_ringed_at) == (0, None)
     assert doorbells.ring_todo(row) is None  # held
-    doorbells.clock(endpoint, "in", reason="operator", now=now)
+    endpoint_transitions.clock(endpoint, "in", reason="operator", now=now)
     assert sweeps.ring_due_todos(now=now + timedelta(minutes=6)) == 1
 
 
@@ -149,7 +144,7 @@ def test_reconnect_digest_replaces_individual_rings(vend):
         stream = await open_stream(d)
         params = await next_doorbell(stream)
         assert params["meta"] == {"kind": "digest", "pending": "3", "queues": "reviews",
-                                  "reason": "reconnect"}
+                                  "reason": "reconnect", "unverified": "0"}
         control = await ring(endpoint, "reviews", title="control")
         assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)  # no rings
         await close(stream)
@@ -162,7 +157,7 @@ def test_reconnect_digest_replaces_individual_rings(vend):
 def test_clocked_out_reconnect_gets_nothing(endpoint):
     make_ready_todo(endpoint)
     session = attach(endpoint)
-    doorbells.clock(endpoint, "out", reason="operator")
+    endpoint_transitions.clock(endpoint, "out", reason="operator")
     assert doorbells.reconnect_frames(endpoint_id=endpoint.pk, session_id=session.pk) == []
 
 
@@ -217,7 +212,7 @@ def test_override_ending_yields_override_end(endpoint, digests):
     attach(endpoint)
     now = timezone.now()
     make_ready_todo(endpoint, now=now)
-    doorbells.clock(endpoint, "out", reason="operator", until=now + timedelta(hours=1), now=now)
+    endpoint_transitions.clock(endpoint, "out", reason="operator", until=now + timedelta(hours=1), now=now)
     assert sweeps.announce_presence_boundaries(now=now + timedelta(minutes=59)) == 0
     assert sweeps.announce_presence_boundaries(now=now + timedelta(hours=1, seconds=10)) == 1
     assert [p["meta"]["reason"] for _, p in digests] == ["override_end"]
@@ -229,10 +224,10 @@ def test_operator_clock_in_sends_an_operator_digest(endpoint, digests,
                                                     django_capture_on_commit_callbacks):
     attach(endpoint)
     make_ready_todo(endpoint)
-    doorbells.clock(endpoint, "out", reason="operator")
+    endpoint_transitions.clock(endpoint, "out", reason="operator")
     with django_capture_on_commit_callbacks(execute=True):
-        assert doorbells.clock(endpoint, "in", reason="operator") == "in"
-        assert doorbells.clock(endpoint, "in", reason="operator") == "in"  # already in: none
+        assert endpoint_transitions.clock(endpoint, "in", reason="operator") == "in"
+        assert endpoint_transitions.clock(endpoint, "in", reason="operator") == "in"  # already in: none
     assert [p["meta"]["reason"] for _, p in digests] == ["operator"]
 
 
@@ -265,9 +260,9 @@ def test_agent_clock_in_does_not_lift_an_operator_override(endpoint, digests,
     now = timezone.now()
     todo = make_ready_todo(endpoint, now=now)
     until = now + timedelta(hours=1)
-    doorbells.clock(endpoint, "out", reason="operator", until=until, now=now)
+    endpoint_transitions.clock(endpoint, "out", reason="operator", until=until, now=now)
     with django_capture_on_commit_callbacks(execute=True):
-        assert doorbells.clock(endpoint, "in", reason="clock_in",
+        assert endpoint_transitions.clock(endpoint, "in", reason="clock_in",
                                now=now + timedelta(minutes=1)) == "out"
     row = Endpoint.objects.get(pk=endpoint.pk)
     assert (row.presence_override, row.presence_override_until) == ("out", until)

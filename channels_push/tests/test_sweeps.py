@@ -2,7 +2,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from channels_push import scheduler, sweeps
+from channels_push import queries, scheduler, sweeps
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
 
@@ -24,11 +24,14 @@ def test_idle_sessions_expire_and_active_ones_stay(endpoint, settings):
 
 
 def test_stream_counts_left_by_a_crashed_process_are_zeroed(endpoint):
+    """Open streams renew their stream lease every STREAM_LEASE_RENEW; a count whose lease ran
+    out was left by a process that died with its streams."""
     now = timezone.now()
+    crashed_at = now - queries.STREAM_LEASE - timedelta(seconds=1)
     session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
-                                               now=now - timedelta(minutes=2))
+                                               now=crashed_at)
     assert session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk,
-                                             now=now - timedelta(minutes=2))
+                                             now=crashed_at)
     live = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25", now=now)
     assert session_transitions.attach_stream(endpoint=endpoint, session_id=live.pk, now=now)
     sweeps.expire_idle_sessions(now=now)

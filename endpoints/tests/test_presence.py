@@ -110,10 +110,12 @@ def test_the_boundary_mark_moves_forward_once(endpoint):
 def test_clock_command_prints_endpoint_and_presence(endpoint):
     out = io.StringIO()
     call_command("clock", "out", endpoint.slug, "--json", stdout=out)
-    assert json.loads(out.getvalue()) == {"endpoint": endpoint.slug, "presence": "out"}
+    assert json.loads(out.getvalue()) == {"endpoint": endpoint.slug, "presence": "out",
+                                          "override_until": None}
     out = io.StringIO()
     call_command("clock", "in", endpoint.slug, "--until", "2099-01-01T00:00:00Z", "--json", stdout=out)
-    assert json.loads(out.getvalue()) == {"endpoint": endpoint.slug, "presence": "in"}
+    assert json.loads(out.getvalue()) == {"endpoint": endpoint.slug, "presence": "in",
+                                          "override_until": "2099-01-01T00:00:00Z"}
     row = Endpoint.objects.get(pk=endpoint.pk)
     assert row.presence_override == "in" and row.presence_override_until == at(2099, 1, 1)
     with pytest.raises(CommandError):

@@ -4,11 +4,10 @@ import json
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
-from django.db import transaction
 from django.utils import timezone
 
 from endpoints import transitions
-from endpoints.models import Endpoint, Presence
+from endpoints.models import Endpoint
 from switchboard.commands import JsonCommand
 
 
@@ -44,11 +43,6 @@ class Command(JsonCommand):
         except ValidationError as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}"
                                          for k, v in exc.message_dict.items())) from None
-        if before == Presence.OUT and after == Presence.IN:
-            from channels_push import doorbells
-
-            # Waiting work arrives as one digest, as when the admin edits a schedule.
-            transaction.on_commit(lambda: doorbells.send_digest(endpoint, "operator", now=now))
         self.emit(options, {"endpoint": endpoint.slug, "timezone": zone, "windows": parsed,
                             "presence": after},
                   f"{endpoint.slug}: {len(parsed)} shift window(s) in {zone or '-'}; now {after}")

@@ -1,0 +1,31 @@
+"""Sending to one MCP session's notification stream(s), from any process: the piece the
+doorbell (which decides who is rung) and the MCP transport (which owns the streams) share.
+Both import this module and neither imports the other for it, so there is no import circle.
+"""
+
+from . import mcp_framing, publish
+
+# The doorbell's JSON-RPC method (CONTRACT §7): Claude Code's channel extension.
+CHANNEL_METHOD = "notifications/claude/channel"
+# Channel-layer group per session; the doorbell (any process) sends to it.
+SESSION_GROUP_PREFIX = "mcp.session."
+NOTIFY_MESSAGE_TYPE = "mcp.notify"
+TERMINATE_MESSAGE_TYPE = "mcp.terminate"
+
+
+def session_group(session_id: str) -> str:
+    return SESSION_GROUP_PREFIX + session_id
+
+
+def notify_session(session_id: str, method: str, params: dict | None = None, *,
+                   context: dict | None = None) -> bool:
+    """Send a JSON-RPC notification to the session's open stream(s), from any process, without
+    waiting (sync callers; the doorbell). Lossy by design: no stream, no delivery; False when
+    the send was dropped at once. ``context`` (ids only) rides along for the log line of a
+    stream that has to drop it; the full session id never goes into a log."""
+    context = {"session": session_id[:8], "method": method, **(context or {})}
+    message = mcp_framing.notification_envelope(method, params)
+    return publish.send_to_group(
+        session_group(session_id),
+        {"type": NOTIFY_MESSAGE_TYPE, "message": message, "context": context},
+        context={**context, "group": SESSION_GROUP_PREFIX + session_id[:8] + "…"})

@@ -1,0 +1,274 @@
+"""Who is rung (CONTRACT §7, issue 13 items 9, 10, 13, 16): "attached" means an open stream now
+or a request within the attach window; a digest wakes one worker per waiting todo; a todo back
+to pending from a lapsed lease or a release rings like a new one; every ring that reaches no
+stream is logged and counted. Clock driven with ``now=``, never by sleeping."""
+
+import ast
+import logging
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from django.utils import timezone
+
+from channels_push import doorbells, metrics, session_notify, sweeps
+from channels_push import transitions as session_transitions
+from channels_push.models import McpSession
+from channels_push.tests.conftest import McpDriver, make_ready_todo
+from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
+from endpoints import transitions as endpoint_transitions
+from todos import sweeps as todo_sweeps
+from todos.models import Todo
+
+
+def open_session(endpoint, now, *, stream=False):
+    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+                                               now=now)
+    if stream:
+        session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk, now=now)
+    return session
+
+
+# -- 13.9: attached = an open stream now, or a request within the attach window -----------------
+
+
+@pytest.mark.django_db
+def test_a_client_that_vanished_without_delete_is_no_receiver_after_the_attach_window(
+        endpoint, settings, digests):
+    settings.SWITCHBOARD_ATTACH_WINDOW = timedelta(seconds=120)
+    now = timezone.now()
+    vanished = open_session(endpoint, now - timedelta(seconds=121))  # its last request
+    todo = make_ready_todo(endpoint, now=now - timedelta(hours=1))
+    # Not attached: the todo doorbell, the sweep and the digest all pass it by.
+    assert session_transitions.choose_doorbell_session(
+        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now) is None
+    assert sweeps.ring_due_todos(now=now) == 0
+    assert (Todo.objects.get(pk=todo.pk).ring_attempts, McpSession.objects.get(
+        pk=vanished.pk).last_doorbell_at) == (0, None)
+    endpoint_transitions.clock(endpoint, "out", reason="operator", now=now)
+    assert doorbells.send_digest(endpoint, "operator", now=now) == 0 and digests == []
+    # A request inside the window attaches it again.
+    assert session_transitions.touch_session(endpoint=endpoint, session_id=vanished.pk, now=now)
+    assert session_transitions.choose_doorbell_session(
+        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now + timedelta(seconds=119)) == (
+        vanished.pk, False)
+
+
+@pytest.mark.django_db
+def test_overnight_with_a_client_that_just_disappears(endpoint):
+    """SPEC-0011 "agent offline overnight" without a DELETE: the agent's last request was at
+    17:55, a todo arrives at 18:00, sweeps run all night: no ring budget is spent."""
+    evening = timezone.now().replace(microsecond=0) - timedelta(days=1)
+    open_session(endpoint, evening - timedelta(minutes=5))  # never DELETEd (Claude Code)
+    todo = make_ready_todo(endpoint, now=evening)
+    for minutes in range(5, 15 * 60, 10):  # sweeps all night (the idle expiry is an hour away)
+        assert sweeps.ring_due_todos(now=evening + timedelta(minutes=minutes)) == 0
+    row = Todo.objects.get(pk=todo.pk)
+    assert (row.ring_attempts, row.last_ringed_at, row.state) == (0, None, "pending")
+
+
+@pytest.mark.django_db
+def test_an_open_stream_counts_only_while_its_lease_is_renewed(endpoint):
+    """A keep-alive does not write the session row; an open stream renews its stream lease
+    rarely, and a count left by a process that died stops counting when the lease runs out."""
+    from channels_push import queries
+
+    now = timezone.now()
+    streaming = open_session(endpoint, now - timedelta(hours=1), stream=True)
+    todo = make_ready_todo(endpoint, now=now - timedelta(hours=2))
+    lease_end = now - timedelta(hours=1) + queries.STREAM_LEASE
+    assert session_transitions.choose_doorbell_session(
+        endpoint_id=endpoint.pk, todo_id=todo.pk, now=lease_end - timedelta(seconds=1)) == (
+        streaming.pk, True)
+    assert session_transitions.choose_doorbell_session(
+        endpoint_id=endpoint.pk, todo_id=todo.pk, now=lease_end) is None  # its process died
+    assert session_transitions.renew_stream_lease(session_id=streaming.pk, now=now)
+    assert session_transitions.choose_doorbell_session(
+        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now + timedelta(minutes=4)) == (
+        streaming.pk, True)
+
+
+# -- 13.10: a digest wakes one worker per waiting todo --------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("pending, woken", [(1, 1), (2, 2), (5, 3)])
+def test_presence_digest_goes_to_min_pending_attached_sessions(endpoint, digests, pending, woken):
+    now = timezone.now()
+    sessions = [open_session(endpoint, now, stream=True) for _ in range(3)]
+    for i in range(pending):
+        make_ready_todo(endpoint, title=f"t{i}")
+    assert doorbells.send_digest(endpoint, "clock_in", now=now) == woken
+    assert len(digests) == woken
+    assert len({session_id for session_id, _ in digests}) == woken
+    assert {session_id for session_id, _ in digests} <= {s.pk for s in sessions}
+
+
+@pytest.mark.django_db
+def test_digest_prefers_open_streams_and_rotates(endpoint, digests):
+    now = timezone.now()
+    streamless = open_session(endpoint, now)
+    a = open_session(endpoint, now, stream=True)
+    b = open_session(endpoint, now, stream=True)
+    make_ready_todo(endpoint)
+    first = doorbells.send_digest(endpoint, "operator", now=now)
+    second = doorbells.send_digest(endpoint, "operator", now=now + timedelta(seconds=1))
+    assert (first, second) == (1, 1)
+    assert {digests[0][0], digests[1][0]} == {a.pk, b.pk}  # in turn, never the streamless one
+    assert streamless.pk not in {session_id for session_id, _ in digests}
+
+
+# -- 13.13: a lapsed lease or a release rings like a retry ---------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("how", ["lease_lapsed", "release"])
+def test_a_todo_back_to_pending_rings_again(vend, how):
+    endpoint, credential = vend("again")
+    d = McpDriver(endpoint.slug, credential)
+    d.initialize()
+    worker = McpDriver(endpoint.slug, credential)
+    worker.initialize()
+
+    async def scenario():
+        stream = await open_stream(d)
+        todo = await ring(endpoint, title="comes back")
+        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(todo.pk)
+        call = database_sync_to_async(worker.call, thread_sensitive=False)
+        claimed = await call("claim", {"todo_id": str(todo.pk), "lease_ttl_seconds": 1})
+        assert not claimed["result"]["isError"], claimed
+        if how == "release":
+            assert not (await call("release", {"todo_id": str(todo.pk)}))["result"]["isError"]
+        else:
+            reap = database_sync_to_async(todo_sweeps.expire_lapsed_leases, thread_sensitive=False)
+            assert await reap(now=timezone.now() + timedelta(seconds=2)) == 1
+        params = await next_doorbell(stream)  # rung again, exactly like a new todo
+        assert params["meta"]["todo_id"] == str(todo.pk)
+        await close(stream)
+        return todo
+
+    todo = async_to_sync(scenario)()
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
+
+
+@pytest.mark.django_db
+def test_a_lapse_on_the_last_attempt_rings_nobody(endpoint, agent):
+    from todos import transitions
+
+    session = open_session(endpoint, timezone.now(), stream=True)
+    todo = make_ready_todo(endpoint)
+    Todo.objects.filter(pk=todo.pk).update(max_attempts=1)
+    rung_at = McpSession.objects.get(pk=session.pk).last_doorbell_at
+    claimed = transitions.claim_todo(agent, todo.pk, lease_ttl_seconds=1)
+    [dead] = transitions.return_lapsed_leases(now=claimed.lease_expires_at, limit=10)
+    assert dead.state == "failed"
+    doorbells.ring_ready_todo(dead, {"action": "lease_lapsed"})
+    assert McpSession.objects.get(pk=session.pk).last_doorbell_at == rung_at
+
+
+# -- 13.16: every ring that reaches no stream is logged and counted -------------------------------
+
+
+@pytest.mark.django_db
+def test_a_sweep_ring_to_a_streamless_session_is_logged_and_counted(
+        endpoint, caplog, django_capture_on_commit_callbacks):
+    now = timezone.now()
+    open_session(endpoint, now)  # attached by a request, no stream
+    todo = make_ready_todo(endpoint, now=now - timedelta(minutes=6))
+    caplog.set_level(logging.INFO, logger="switchboard.doorbell")
+    dropped_before = metrics.DOORBELLS_DROPPED._value.get()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweeps.ring_due_todos(now=now) == 1
+    [line] = [r for r in caplog.records if r.getMessage().startswith("doorbell dropped")]
+    assert line.levelno == logging.INFO
+    assert (line.endpoint, line.todo_id) == (endpoint.slug, str(todo.pk))
+    assert metrics.DOORBELLS_DROPPED._value.get() == dropped_before + 1
+
+
+@pytest.mark.django_db
+def test_a_ring_with_nobody_attached_is_logged_at_info(
+        endpoint, caplog, django_capture_on_commit_callbacks):
+    caplog.set_level(logging.INFO, logger="switchboard.doorbell")
+    with django_capture_on_commit_callbacks(execute=True):
+        todo = make_ready_todo(endpoint)
+    [line] = [r for r in caplog.records if r.getMessage().startswith("doorbell dropped")]
+    assert line.levelno == logging.INFO and line.todo_id == str(todo.pk)
+
+
+# -- the shared piece has its own module (STYLE "Lessons": no import circles) --------------------
+
+
+def _imports(module: str) -> set:
+    tree = ast.parse((Path(__file__).resolve().parents[1] / f"{module}.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names.update(alias.name for alias in node.names)
+            names.add(node.module or "")
+    return names
+
+
+def test_doorbells_transport_and_tools_do_not_import_each_other_in_a_circle():
+    assert "mcp_transport" not in _imports("doorbells")
+    assert "doorbells" not in _imports("mcp_tools")
+    assert "session_notify" in _imports("doorbells") & _imports("mcp_transport")
+
+
+@pytest.mark.django_db
+def test_clock_in_by_the_agent_wakes_one_worker_for_one_todo(
+        endpoint, digests, django_capture_on_commit_callbacks):
+    now = timezone.now()
+    for _ in range(3):
+        open_session(endpoint, now, stream=True)
+    make_ready_todo(endpoint)
+    endpoint_transitions.clock(endpoint, "out", reason="clock_in")
+    with django_capture_on_commit_callbacks(execute=True):
+        endpoint_transitions.clock(endpoint, "in", reason="clock_in")
+    assert [params["meta"]["reason"] for _, params in digests] == ["clock_in"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_open_stream_renews_its_lease_while_it_is_busy(vend, monkeypatch):
+    """The renewal rides on the stream's loop whichever way it wakes (a frame, a keep-alive), so
+    a stream busy with doorbells keeps counting as open."""
+    from channels_push import queries
+
+    monkeypatch.setattr(queries, "STREAM_LEASE_RENEW", timedelta(0))  # renew on every wake-up
+    endpoint, credential = vend("renews")
+    d = McpDriver(endpoint.slug, credential)
+    d.initialize()
+
+    def lease_until():
+        return McpSession.objects.get(pk=d.session_id).stream_lease_until
+
+    async def scenario():
+        stream = await open_stream(d)
+        expired = timezone.now() - timedelta(seconds=1)
+        await database_sync_to_async(McpSession.objects.filter(pk=d.session_id).update,
+                                     thread_sensitive=False)(stream_lease_until=expired)
+        # A frame sent straight to the session (the doorbell itself would now pass the
+        # session by: its lease ran out) wakes the stream's loop.
+        await database_sync_to_async(session_notify.notify_session, thread_sensitive=False)(
+            d.session_id, session_notify.CHANNEL_METHOD, {"content": "wake", "meta": {}})
+        assert (await next_doorbell(stream))["content"] == "wake"
+        renewed = await database_sync_to_async(lease_until, thread_sensitive=False)()
+        await close(stream)
+        return expired, renewed
+
+    expired, renewed = async_to_sync(scenario)()
+    assert renewed > expired + queries.STREAM_LEASE - timedelta(seconds=5)
+
+
+@pytest.mark.django_db
+def test_paused_and_override_answers_validate_against_the_output_schemas(endpoint):
+    import jsonschema
+
+    from channels_push import mcp_tools
+
+    paused = {"empty": True, "paused": ["*"]}
+    override = {"presence": "out", "override_until": "2099-01-01T00:00:00Z"}
+    jsonschema.validate(paused, mcp_tools.OUTPUT_SCHEMAS["claim_next"])
+    jsonschema.validate(override, mcp_tools.OUTPUT_SCHEMAS["clock_in"])
+    assert "paused" in mcp_tools.OUTPUT_SCHEMAS["claim_next"]["properties"]
