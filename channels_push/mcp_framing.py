@@ -66,7 +66,9 @@ def parse_message(body: bytes) -> Message:
         if not isinstance(method, str) or not method:
             raise FramingError(INVALID_REQUEST, "Invalid Request: method must be a string", request_id)
         if params is not None and not isinstance(params, dict):
-            raise FramingError(INVALID_REQUEST, "Invalid Request: params must be an object", request_id)
+            # A request whose params is not an object is well-formed JSON-RPC with bad params:
+            # -32602, as CONTRACT §6 says ("a malformed params object is a JSON-RPC error").
+            raise FramingError(INVALID_PARAMS, "Invalid params: params must be an object", request_id)
         if "id" not in data:
             return Message(kind="notification", method=method, params=params)
         if not _valid_id(data["id"]):

@@ -133,10 +133,14 @@ def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
 
 def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None) -> Route:
     queue_name_validator(queue)
-    check_route_target(webhook=webhook, endpoint=endpoint, queue=queue)
-    route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []))
-    route.full_clean()
-    route.save()
+    with transaction.atomic():
+        # The endpoint row locked, as endpoints.transitions.set_scope locks it: a route and a
+        # concurrent narrowing of the scope are serialized, so neither sees the other half-done.
+        endpoint = type(endpoint).objects.select_for_update().get(pk=endpoint.pk)
+        check_route_target(webhook=webhook, endpoint=endpoint, queue=queue)
+        route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []))
+        route.full_clean()
+        route.save()
     return route
 
 

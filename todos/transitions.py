@@ -368,11 +368,14 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
         return Refusal("already_done", f"todo {todo_id} is already done: {holder} completed it "
                                        "and the result was recorded; nothing more to do")
     if held and todo.state == State.CLAIMED and now is not None and todo.lease_expires_at <= now:
-        return Refusal("lease_lost", f"the lease {holder} held on todo {todo_id} lapsed at "
+        whose = "your lease" if lease_id or caller.is_operator else "the lease this session held"
+        return Refusal("lease_lost", f"{whose} on todo {todo_id} lapsed at "
                                      f"{todo.lease_expires_at.isoformat()}; the todo goes back to "
                                      "the queue: stop working on it")
-    return Refusal("lease_lost", f"todo {todo_id} is {todo.state} and not held by {holder}; "
-                                 "claim it again if it is pending")
+    if todo.state == State.PENDING:
+        return Refusal("lease_lost", f"todo {todo_id} is pending and not held by {holder}; "
+                                     "claim it again to work on it")
+    return Refusal("lease_lost", f"todo {todo_id} is {todo.state} and not held by {holder}")
 
 
 def _fence(params: dict, caller: Caller, lease_id, overriding=None) -> str:

@@ -28,7 +28,7 @@ def test_parse_request_notification_and_response():
     (b"42", framing.INVALID_REQUEST),
     (b'{"jsonrpc":"1.0","id":1,"method":"ping"}', framing.INVALID_REQUEST),
     (b'{"jsonrpc":"2.0","id":1,"method":5}', framing.INVALID_REQUEST),
-    (b'{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}', framing.INVALID_REQUEST),
+    (b'{"jsonrpc":"2.0","id":1,"method":"x","params":[1]}', framing.INVALID_PARAMS),
     (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', framing.INVALID_REQUEST),
     (b'{"jsonrpc":"2.0","id":true,"method":"ping"}', framing.INVALID_REQUEST),
     (b'{"jsonrpc":"2.0","id":1}', framing.INVALID_REQUEST),
