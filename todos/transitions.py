@@ -617,15 +617,41 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
     params = {"endpoint_id": caller.endpoint.pk}
     pick = claim_candidate_sql(params, wanted, hide_unverified=caller.hides_unverified,
                                endpoint=caller.endpoint)
-    todo = _one(_apply(
-        set_sql=_lease_set(params, caller, ttl, now),
-        where_sql=f"id = ({pick}) AND state = 'pending'", params=params,
-        action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
-        endpoint=caller.endpoint,
-    ))
-    if todo is not None:
-        _announce([todo], "claim")
-    return todo
+    for pause_seconds in (*CLAIM_PAUSES_WHILE_LOCKED_SECONDS, None):
+        todo = _one(_apply(
+            set_sql=_lease_set(params, caller, ttl, now),
+            where_sql=f"id = ({pick}) AND state = 'pending'", params=params,
+            action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
+            endpoint=caller.endpoint,
+        ))
+        if todo is not None:
+            _announce([todo], "claim")
+            return todo
+        if pause_seconds is None or not _is_postgres() or not _claimable_exists(caller, wanted):
+            return None
+        time.sleep(pause_seconds)
+    return None
+
+
+# SKIP LOCKED skips every locked row, not only rows other claims hold: a digest or a ring
+# stamping last_ringed_at, or an operator's action, holds its row for a moment too, and a claim
+# landing in that moment found "nothing" while the todo waited (an agent reconnecting is rung
+# a digest exactly as it starts claiming). So an empty claim looks once more, without locks:
+# while a claimable row exists it tries again after a short pause. A row another claim holds
+# stops existing as pending when that claim commits, so contention costs a retry or two, and
+# an empty queue one extra index probe.
+CLAIM_PAUSES_WHILE_LOCKED_SECONDS = (0.002, 0.005, 0.01, 0.02, 0.04)
+
+
+def _claimable_exists(caller: Caller, wanted) -> bool:
+    todos = Todo.objects.filter(endpoint_id=caller.endpoint.pk, state=State.PENDING)
+    if wanted is not None:
+        todos = todos.filter(queue__in=wanted)
+    elif caller.endpoint.paused_queues:
+        todos = todos.exclude(queue__in=caller.endpoint.paused_queues)
+    if caller.hides_unverified:
+        todos = todos.exclude(trust=Trust.UNVERIFIED)
+    return todos.exists()
 
 
 def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, action, now,
