@@ -1,4 +1,6 @@
 import pytest
+import redis
+from django.conf import settings
 
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
@@ -47,3 +49,20 @@ def published():
 
 # Live-server fixtures (daphne subprocess on the test database): see tests/servers.py.
 pytest_plugins = ["tests.servers"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_rate_limits():
+    """Rate-limit buckets, failure budgets and log counters live in Redis for minutes (and
+    in-process): start every test with none."""
+    from switchboard import ratelimit
+
+    ratelimit.reset_local_state()
+    if settings.REDIS_URL:
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        keys = list(client.scan_iter(ratelimit._redis_key("*", "*")))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    yield
+    ratelimit.reset_local_state()

@@ -169,6 +169,8 @@ def signed_requests(count: int, run_id: str) -> list[bytes]:
                       "body": "Steps to reproduce: run the benchmark. " * 8},
             "repository": {"full_name": "bench/switchboard"},
             "sender": {"login": "bench"},
+            # Unique per run: the same body under a new delivery id is a refused replay (§12).
+            "run": run_id,
         }).encode()
         signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
         head = (

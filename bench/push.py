@@ -82,8 +82,10 @@ def prepare(run_id: str, kind: str = "push"):
 
 
 def signed_delivery(number: int) -> tuple[bytes, dict]:
+    # A nonce: the same body under a new delivery id is a refused replay (§12).
     body = json.dumps({"action": "opened", "issue": {"number": number, "title": f"bench {number}"},
-                       "repository": {"full_name": "bench/push"}}).encode()
+                       "repository": {"full_name": "bench/push"},
+                       "nonce": uuid.uuid4().hex}).encode()
     signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     return body, {"Content-Type": "application/json", "X-Hub-Signature-256": f"sha256={signature}",
                   "X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4())}

@@ -178,8 +178,9 @@ async def open_agent_stream(port, slug, credential, arrivals) -> Stream:
 
 
 async def deliver(port, webhook_slug, number) -> tuple[str, float]:
+    # A nonce: the same body under a new delivery id is a refused replay (§12).
     body = json.dumps({"action": "opened", "issue": {"number": number, "title": "bench"},
-                       "repository": {"full_name": "acme/app"}}).encode()
+                       "repository": {"full_name": "acme/app"}, "nonce": uuid.uuid4().hex}).encode()
     signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     began = time.perf_counter()
     status, _, payload = await request(port, "POST", f"/hooks/{webhook_slug}", {

@@ -30,7 +30,9 @@ from urllib.parse import parse_qsl
 
 from importlib import import_module
 
+from channels.consumer import AsyncConsumer
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.template.loader import render_to_string
@@ -474,3 +476,78 @@ def application():
     from channels.auth import AuthMiddlewareStack
 
     return with_database_guard(AuthMiddlewareStack(BoardStreamConsumer.as_asgi()))
+
+
+class GroupStreamConsumer(AsyncConsumer):
+    """A board page's live stream of one channel-layer group (a webhook page's deliveries,
+    CONTRACT §14): ``authorize(user, url_kwargs)`` — a sync function the routing file passes
+    in, run in one database hop — names the group the signed-in user may watch, or None (403).
+    Then, as for the Todos board: join the group FIRST, send ``sync`` (the page re-fetches),
+    and forward each ``stream.event`` message as an SSE event of its ``event`` name; keep-alive
+    comments in between. The messages carry ids and outcomes, never a body."""
+
+    def __init__(self, authorize, keepalive_interval: timedelta | None = None):
+        self.authorize = authorize
+        self.keepalive_interval = keepalive_interval or timedelta(
+            seconds=settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS)
+        self.group = None
+        self.keepalive_task = None
+        self.closed = False
+
+    async def http_request(self, message):
+        if message.get("more_body"):
+            return
+        user = self.scope.get("user")
+        group = None
+        if user is not None and user.is_authenticated:
+            kwargs = self.scope.get("url_route", {}).get("kwargs", {})
+            group = await database_sync_to_async(self.authorize)(user, kwargs)
+        if group is None:
+            await self.send({"type": "http.response.start", "status": 403,
+                             "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+            await self.send({"type": "http.response.body", "body": b"not yours to watch\n"})
+            raise StopConsumer()
+        await self.send({
+            "type": "http.response.start", "status": 200,
+            "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                        (b"cache-control", b"no-cache, no-store"), (b"x-accel-buffering", b"no")],
+        })
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.group = group
+        await self.send_chunk(format_retry(RECONNECT_DELAY) + format_event("sync", {}))
+        self.keepalive_task = asyncio.ensure_future(self.keep_alive())
+
+    async def stream_event(self, message):
+        if self.group is not None and not self.closed:
+            await self.send_chunk(format_event(message["event"], message.get("data", {})))
+
+    async def http_disconnect(self, message):
+        self.closed = True
+        if self.keepalive_task is not None:
+            self.keepalive_task.cancel()
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+        raise StopConsumer()
+
+    async def keep_alive(self):
+        """A keep-alive comment, after the same re-check as the Todos board's (CONTRACT §12):
+        a logged-out or deactivated operator, or one who no longer owns the webhook, has
+        their stream ended."""
+        user = self.scope["user"]
+        session = self.scope.get("session")
+        kwargs = self.scope.get("url_route", {}).get("kwargs", {})
+        while not self.closed:
+            await asyncio.sleep(self.keepalive_interval.total_seconds())
+            if not await database_sync_to_async(self.may_still_watch)(
+                    user, getattr(session, "session_key", None), session is not None, kwargs):
+                self.closed = True
+                await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await self.send_chunk(format_comment("keep-alive"))
+
+    def may_still_watch(self, user, session_key, check_session, kwargs) -> bool:
+        return (recheck_viewer(user.pk, session_key, check_session) is not None
+                and self.authorize(user, kwargs) == self.group)
+
+    async def send_chunk(self, body: bytes):
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})

@@ -161,11 +161,21 @@ def _authorize(request: plain_http.Request, *, rate_limited: bool = True):
     token for the one request it is."""
     if not origin_allowed(request.header("origin")):
         return None, _fault(403, "Forbidden: Origin not allowed")
+    # Unknown slugs and bad bearers spend their client address's budget (§12), not a query.
+    refused = ratelimit.refuse_failing_client("mcp-auth", request.client)
+    if not refused.allowed:
+        return None, _fault(429, "Too Many Requests",
+                            headers={"Retry-After": str(refused.retry_after_seconds)})
     credential = bearer_of(request.header("authorization"))
     endpoint = session_transitions.find_endpoint_with_session(
         slug=request.slug, credential=credential or "", session_id=_session_id_of(request),
         fresh_within=SESSION_TOUCH_INTERVAL)
     if endpoint is None:
+        refused = ratelimit.charge_client_failure(
+            "mcp-auth", request.client, per_minute=settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
+        if not refused.allowed:
+            return None, _fault(429, "Too Many Requests",
+                                headers={"Retry-After": str(refused.retry_after_seconds)})
         # Same answer for a missing, wrong, expired or other endpoint's credential.
         return None, _fault(401, "Unauthorized: a valid bearer credential for this endpoint "
                                  "is required", headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})

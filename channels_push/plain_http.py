@@ -42,6 +42,9 @@ class Request:
     body: bytes = b""
     # The body passed the size cap (by Content-Length or as read); reading stopped there.
     too_large: bool = False
+    # The client's address (ASGI ``client``, which switchboard/client_address.py has made the
+    # client's own behind a trusted proxy).
+    client: str = ""
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -67,8 +70,9 @@ def request_from_scope(scope) -> Request:
     for name, value in scope.get("headers", []):
         headers[name.decode("latin-1").lower()] = value.decode("latin-1")
     kwargs = scope.get("url_route", {}).get("kwargs", {})
+    peer = scope.get("client") or ("", 0)
     return Request(method=scope["method"].upper(), slug=next(iter(kwargs.values()), ""),
-                   headers=headers)
+                   headers=headers, client=str(peer[0] or ""))
 
 
 def host_allowed(request: Request, scope) -> bool:

@@ -268,6 +268,7 @@ def _forget_parent_sends():
     # fork), so the module-level aliases of their methods stay valid.
     _sender.__init__()
     _board_batch.__init__()
+    _nudges.__init__()
 
 
 os.register_at_fork(after_in_child=_forget_parent_sends)
@@ -303,3 +304,42 @@ def send_to_group(group: str, message: dict, *, context: dict) -> bool:
     if layer is None:
         return False
     return _sender.submit(lambda: layer.group_send(group, message), {"group": group, **context})
+
+
+
+class _Nudges:
+    """"Something changed here" messages for a page that re-fetches on any of them (a
+    webhook's delivery log): per group, at most one send per ``BOARD_BATCH_WINDOW`` per
+    process, carrying the latest message, so a burst of deliveries costs one channel-layer
+    send, not one each (the hook is the hot path)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._latest = {}
+
+    def add(self, group: str, message: dict, context: dict) -> None:
+        if get_channel_layer() is None:
+            return
+        with self._lock:
+            scheduled = group in self._latest
+            self._latest[group] = message
+            if scheduled:
+                return
+        _sender.submit_later(BOARD_BATCH_WINDOW, lambda: self._send(group),
+                             {"group": group, **context})
+
+    async def _send(self, group: str):
+        with self._lock:
+            message = self._latest.pop(group, None)
+        if message is not None:
+            await get_channel_layer().group_send(group, message)
+
+
+_nudges = _Nudges()
+
+
+def nudge_group_on_commit(group: str, message: dict, *, context: dict) -> None:
+    """Send ``message`` to ``group`` once the surrounding transaction commits (at once when
+    there is none), coalesced with other nudges of the group (``_Nudges``): never announce a
+    row that may roll back."""
+    transaction.on_commit(lambda: _nudges.add(group, message, context))

@@ -1,8 +1,8 @@
-"""Admin for webhooks (routes inline, secret rotation), deliveries and operator API tokens.
+"""Admin for webhooks (routes inline, secret rotation), deliveries, the delivery log and
+operator API tokens.
 
-Secrets are never rendered: a minted API token is shown once, on a page of its own
-(switchboard.admin_pages); a minted webhook secret once, in the success message of the action
-that made it.
+Secrets are never rendered again: a minted webhook secret or API token is shown once, on a
+page of its own (switchboard.admin_pages), never in a message.
 
 A staff operator who is not a superuser sees and changes only their own rows: their webhooks,
 the deliveries attributed to them, their API tokens; routes may point only at their endpoints,
@@ -10,6 +10,7 @@ and tokens are minted for themselves only. Superusers see everything.
 """
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
@@ -20,7 +21,17 @@ from endpoints.models import Endpoint
 from switchboard import admin_pages
 
 from . import transitions
-from .models import DeliveryEvent, OperatorToken, Route, Webhook
+from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Source, Webhook
+
+
+def show_webhook_secrets_once(request, minted, *, title):
+    """The page for fresh webhook secrets (``[(webhook, secret)]``)."""
+    return admin_pages.show_secrets_once(
+        request, title=title, headers=["webhook", "URL", "secret"],
+        rows=[(webhook.slug, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}", secret)
+              for webhook, secret in minted],
+        back_url=reverse("admin:ingest_webhook_changelist"),
+        note="switchboard keeps it encrypted and never displays it again.")
 
 
 class RouteFormSet(BaseInlineFormSet):
@@ -64,7 +75,8 @@ class WebhookForm(forms.ModelForm):
     new_secret = forms.CharField(
         required=False, widget=forms.PasswordInput(render_value=False),
         help_text="Leave empty to mint one (shown once after saving). On an existing webhook, "
-                  "use the 'Rotate secret' action instead.",
+                  "use the 'Rotate secret' action instead. An unsigned webhook takes none: "
+                  "anyone who knows its URL can create work.",
     )
 
     class Meta:
@@ -85,11 +97,12 @@ class WebhookForm(forms.ModelForm):
 @admin.register(Webhook)
 class WebhookAdmin(admin.ModelAdmin):
     form = WebhookForm
-    list_display = ("slug", "source", "owner", "active", "route_count", "rotation")
+    list_display = ("slug", "source", "owner", "active", "route_count", "rotation",
+                    "delivery_log_link")
     list_filter = ("source", "active")
     search_fields = ("slug",)
     inlines = [RouteInline]
-    actions = ["rotate_secret"]
+    actions = ["rotate_secret", "drop_previous_secret"]
 
     def get_queryset(self, request):
         webhooks = super().get_queryset(request)
@@ -123,25 +136,41 @@ class WebhookAdmin(admin.ModelAdmin):
         obj.secret = secret
         super().save_model(request, obj, form, change)
         if secret:
-            self.message_user(request, format_html(
-                "Webhook {} secret (shown only now): <code>{}</code>", obj.slug, secret),
-                messages.SUCCESS)
-        if obj.source == "unsigned":
+            request._new_webhook_secret = (obj, secret)  # for response_add's page
+        if obj.source == Source.UNSIGNED:
             self.message_user(request, f"Webhook {obj.slug} is unsigned: anyone who knows its URL "
                                        "can create work (todos of trust unverified).",
                               messages.WARNING)
 
+    def response_add(self, request, obj, post_url_continue=None):
+        created = getattr(request, "_new_webhook_secret", None)
+        if created:
+            return show_webhook_secrets_once(request, [created], title=f"Webhook {obj.slug} created")
+        return super().response_add(request, obj, post_url_continue)
+
     @admin.action(description="Rotate secret (the old one stays accepted for 24 h)")
     def rotate_secret(self, request, queryset):
+        minted = []
         for webhook in queryset:
-            if webhook.source == "unsigned":
+            if webhook.source == Source.UNSIGNED:
                 self.message_user(request, f"{webhook.slug} is unsigned; nothing to rotate",
                                   messages.WARNING)
                 continue
-            secret = transitions.rotate_webhook_secret(webhook)
-            self.message_user(request, format_html(
-                "New secret for {} (shown only now): <code>{}</code>", webhook.slug, secret),
-                messages.SUCCESS)
+            minted.append((webhook, transitions.rotate_webhook_secret(webhook)))
+        if minted:
+            return show_webhook_secrets_once(request, minted, title="New webhook secrets")
+        return None
+
+    @admin.action(description="Drop previous secret (end the rotation grace now)")
+    def drop_previous_secret(self, request, queryset):
+        count = transitions.drop_previous_webhook_secrets(queryset)
+        self.message_user(request, f"dropped the previous secret of {count} webhook(s); only "
+                                   f"the current secret verifies now")
+
+    @admin.display(description="deliveries")
+    def delivery_log_link(self, obj):
+        return format_html('<a href="{}">delivery log</a>',
+                           reverse("webhook-page", args=[obj.slug]))
 
 
 @admin.register(DeliveryEvent)
@@ -161,6 +190,32 @@ class DeliveryEventAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DeliveryRecord)
+class DeliveryRecordAdmin(admin.ModelAdmin):
+    """The delivery log (§14), read-only: every request that named a webhook."""
+
+    list_display = ("id", "at", "webhook", "outcome", "status", "kind", "delivery_id", "size",
+                    "source_address", "reason", "redelivered_from")
+    list_filter = ("outcome", "webhook")
+    search_fields = ("delivery_id", "kind", "body_sha256")
+    date_hierarchy = "at"
+    list_select_related = ("webhook",)
+
+    def get_queryset(self, request):
+        records = super().get_queryset(request)
+        return records if request.user.is_superuser else records.filter(
+            webhook__owner=request.user)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
 

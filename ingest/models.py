@@ -1,14 +1,18 @@
 """Ingest: webhooks, their routes, and the record of every accepted arrival (CONTRACT §3, §5)."""
 
 import base64
+import functools
 import hashlib
 import hmac
+import logging
 import secrets
 
-from cryptography.fernet import Fernet, MultiFernet
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import models
+
+log = logging.getLogger("switchboard.ingest")
 
 
 class Source(models.TextChoices):
@@ -20,15 +24,50 @@ class Source(models.TextChoices):
     UNSIGNED = "unsigned"
 
 
+class SealedSecretField(models.TextField):
+    """A secret kept Fernet-encrypted in the database with the operator-secret keyring
+    (``build_fernet``; CONTRACT §12) and plain text in Python. Empty stays empty (unsigned
+    webhooks, no previous secret). A value the keyring cannot decrypt reads as empty, which
+    verifies nothing, and is logged: the secrets key changed without keeping the old one."""
+
+    def from_db_value(self, value, expression, connection):
+        return unseal_text(value)
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        return seal_text(value) if value else ""
+
+
+def seal_text(value: str) -> str:
+    return build_fernet().encrypt(value.encode()).decode("ascii") if value else ""
+
+
+def unseal_text(value) -> str:
+    if not value:
+        return ""
+    return _unseal(value, settings.SWITCHBOARD_SECRETS_KEY, settings.SECRET_KEY)
+
+
+# Every delivery reads its webhook's sealed secrets: decrypt each ciphertext once per process
+# (a ciphertext never changes meaning; rotation writes a new one).
+@functools.lru_cache(maxsize=1024)
+def _unseal(value: str, secrets_key: str, secret_key: str) -> str:
+    try:
+        return _fernet_for(secrets_key, secret_key).decrypt(value.encode("ascii")).decode()
+    except (InvalidToken, UnicodeEncodeError):
+        log.warning("a stored webhook secret could not be decrypted with SWITCHBOARD_SECRETS_KEY")
+        return ""
+
+
 class Webhook(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="webhooks"
     )
     source = models.CharField(max_length=16, choices=Source.choices)
-    secret = models.CharField(max_length=200, blank=True, default="")
+    secret = SealedSecretField(blank=True, default="")
     # Accepted as well during rotation, until previous_secret_expires_at.
-    previous_secret = models.CharField(max_length=200, blank=True, default="")
+    previous_secret = SealedSecretField(blank=True, default="")
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -91,6 +130,100 @@ class DeliveryEvent(models.Model):
         return f"{self.trust} {self.delivery_id or self.pk}"
 
 
+# -- the delivery log and the replay ledger (§12, §14) -------------------------------------------
+
+
+class Outcome(models.TextChoices):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    REPLAY = "replay"
+    BAD_SIGNATURE = "bad_signature"
+    STALE_TIMESTAMP = "stale_timestamp"
+    MALFORMED = "malformed"
+    TOO_LARGE = "too_large"
+    UNSUPPORTED_TYPE = "unsupported_type"
+    RATE_LIMITED = "rate_limited"
+    NO_ROUTE = "no_route"
+
+
+class DeliveryRecord(models.Model):
+    """One request to ``/hooks/<slug>`` naming this webhook, whatever became of it: what the
+    sender claimed (delivery id, kind), the body's size and digest, where it came from and what
+    was answered. Never the body or a secret header. Accepted ones link their delivery event,
+    whose todos are the ones created; a redelivery names the record it re-sent."""
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="records")
+    at = models.DateTimeField()
+    outcome = models.CharField(max_length=20, choices=Outcome.choices)
+    status = models.PositiveSmallIntegerField()
+    delivery_id = models.CharField(max_length=300, blank=True, default="")
+    kind = models.CharField(max_length=200, blank=True, default="")
+    size = models.PositiveIntegerField(default=0)
+    body_sha256 = models.CharField(max_length=64, blank=True, default="")
+    source_address = models.CharField(max_length=64, blank=True, default="")
+    # Why it was refused, as safe to show as a log line (never the body or a signature).
+    reason = models.CharField(max_length=200, blank=True, default="")
+    # No database constraints on these two links: the retention prune deletes delivery events
+    # (and may delete records) with plain SQL, and a log line outliving its event is fine.
+    delivery_event = models.ForeignKey(DeliveryEvent, null=True, blank=True, db_constraint=False,
+                                       on_delete=models.DO_NOTHING, related_name="records")
+    # Todos named by a duplicate (the live ones it collapsed into); accepted records reach
+    # theirs through delivery_event.
+    todo_ids = models.JSONField(default=list, blank=True)
+    redelivered_from = models.ForeignKey("self", null=True, blank=True, db_constraint=False,
+                                         on_delete=models.DO_NOTHING, related_name="redeliveries")
+    attributed_to = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                      on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        indexes = [
+            # The webhook page and `manage.py deliveries`: newest first per webhook.
+            models.Index(fields=["webhook", "-id"], name="deliveryrecord_webhook_newest"),
+            # The retention sweep: oldest first.
+            models.Index(fields=["at"], name="deliveryrecord_at"),
+        ]
+
+    def __str__(self):
+        return f"#{self.pk} {self.outcome} {self.status}"
+
+
+class DeliveryDrops(models.Model):
+    """Refused deliveries past the per-minute recording cap: only counted, per webhook and
+    minute (folded in from the shared counters by ``sweeps.fold_dropped_delivery_counts``)."""
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="drops")
+    minute = models.DateTimeField()
+    dropped = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["webhook", "minute"],
+                                               name="deliverydrops_webhook_minute")]
+
+
+class ReplayLedgerEntry(models.Model):
+    """A signed body accepted for a webhook: its fingerprint (sha256 of the body, or for
+    Stripe/Standard of the exact signed message, timestamp included), the delivery id it came
+    under and when. A later delivery of the same fingerprint under another id inside the
+    replay window is a replay; for timestamped sources any repeat is a duplicate. Bounded:
+    ``sweeps.prune_replay_ledger`` deletes entries past the window."""
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="+")
+    fingerprint = models.CharField(max_length=64)
+    delivery_id = models.CharField(max_length=300, blank=True, default="")
+    accepted_at = models.DateTimeField()
+    # The accepted delivery event (a duplicate answers with its todos); no constraint: the
+    # ledger must not hold up pruning deliveries.
+    delivery_event_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["webhook", "fingerprint"],
+                                               name="replayledger_webhook_fingerprint")]
+        indexes = [
+            # prune_replay_ledger: entries older than the window, oldest first.
+            models.Index(fields=["accepted_at"], name="replayledger_accepted_at"),
+        ]
+
+
 # -- operator secrets (§5): stored apart from the payload, encrypted at rest ---------------------
 
 SECRET_REF_PREFIX = "sec_"
@@ -98,13 +231,19 @@ OPERATOR_TOKEN_PREFIX = "sbo_"
 
 
 def build_fernet() -> MultiFernet:
-    """The secrets cipher. ``SWITCHBOARD_SECRETS_KEY`` is one Fernet key, or several separated
+    return _fernet_for(settings.SWITCHBOARD_SECRETS_KEY, settings.SECRET_KEY)
+
+
+@functools.lru_cache(maxsize=4)
+def _fernet_for(secrets_key: str, secret_key: str) -> MultiFernet:
+    """The secrets cipher, built once per key setting (webhook secrets are read on every
+    delivery). ``SWITCHBOARD_SECRETS_KEY`` is one Fernet key, or several separated
     by commas (the first encrypts, all decrypt: key rotation without re-encrypting first).
     Unset, a key is derived from SECRET_KEY so the embedded default needs no setup; rotating
     SECRET_KEY then makes stored secrets unreadable, which is why production should set it."""
-    configured = [k.strip() for k in settings.SWITCHBOARD_SECRETS_KEY.split(",") if k.strip()]
+    configured = [k.strip() for k in secrets_key.split(",") if k.strip()]
     if not configured:
-        digest = hashlib.sha256(b"switchboard.ingest.secrets:" + settings.SECRET_KEY.encode()).digest()
+        digest = hashlib.sha256(b"switchboard.ingest.secrets:" + secret_key.encode()).digest()
         configured = [base64.urlsafe_b64encode(digest).decode()]
     try:
         return MultiFernet([Fernet(key) for key in configured])

@@ -14,7 +14,8 @@ from switchboard import statements
 from todos.models import State, Todo
 from todos.transitions import Refusal
 
-from .models import SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, Webhook
+from .models import (SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, Webhook,
+                     unseal_text)
 
 
 # The ingest hot path's one read. Written as SQL because the ORM's select_related over three
@@ -52,6 +53,8 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
     webhook_width, route_width = len(_WEBHOOK_FIELDS), len(_ROUTE_FIELDS)
     first = rows[0]
     webhook_values = list(first[:webhook_width])
+    webhook_values[4] = unseal_text(webhook_values[4])
+    webhook_values[5] = unseal_text(webhook_values[5])
     webhook_values[6] = _datetime(webhook_values[6])
     webhook_values[8] = _datetime(webhook_values[8])
     webhook = Webhook.from_db(db, _WEBHOOK_FIELDS, webhook_values)
@@ -128,3 +131,46 @@ def read_secret(caller, ref) -> dict:
         # The secrets key changed without keeping the old one (SWITCHBOARD_SECRETS_KEY list).
         raise Refusal("not_found", f"secret {ref} can no longer be decrypted") from None
     return {"ref": ref, "value": value}
+
+
+def todos_of_delivery_event(event_id) -> list:
+    """The todos one delivery event created, endpoints loaded, oldest first."""
+    return list(Todo.objects.filter(delivery_event_id=event_id).select_related("endpoint")
+                .order_by("id"))
+
+
+def latest_deliveries(webhook, *, outcome=None, limit=200) -> list:
+    """The webhook's delivery log, newest first, each with ``todo_id_list`` filled (the todos an
+    accepted delivery created, through its event, or those a duplicate named) and
+    ``redelivered_as`` (the records that re-sent it). Three queries."""
+    from .models import DeliveryRecord
+
+    records = DeliveryRecord.objects.filter(webhook=webhook).select_related("attributed_to")
+    if outcome:
+        records = records.filter(outcome=outcome)
+    records = list(records.order_by("-id")[:limit])
+    event_ids = [r.delivery_event_id for r in records if r.delivery_event_id]
+    created = {}
+    for todo_id, event_id in (Todo.objects.filter(delivery_event_id__in=event_ids)
+                              .order_by("id").values_list("id", "delivery_event_id")):
+        created.setdefault(event_id, []).append(str(todo_id))
+    redelivered_as = {}
+    for record_id, source_id in (DeliveryRecord.objects.filter(
+            redelivered_from__in=[r.pk for r in records if r.outcome == "accepted"])
+            .order_by("id").values_list("id", "redelivered_from_id")):
+        redelivered_as.setdefault(source_id, []).append(record_id)
+    for record in records:
+        record.todo_id_list = created.get(record.delivery_event_id, []) or [
+            str(t) for t in record.todo_ids or []]
+        record.redelivered_as = redelivered_as.get(record.pk, [])
+    return records
+
+
+def delivery_as_dict(record) -> dict:
+    """One delivery log entry as ``manage.py deliveries --json`` prints it (CONTRACT §11)."""
+    return {
+        "id": str(record.pk), "at": record.at.isoformat().replace("+00:00", "Z"),
+        "outcome": record.outcome, "status": record.status, "delivery_id": record.delivery_id,
+        "kind": record.kind, "size": record.size, "todos": record.todo_id_list,
+        "redelivered_from": str(record.redelivered_from_id) if record.redelivered_from_id else None,
+    }

@@ -15,7 +15,7 @@ rows. Celery beat runs ``prune_history`` hourly; the embedded scheduler calls th
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone as dt_timezone
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -24,7 +24,10 @@ from django.utils import timezone
 from channels_push.models import McpSession
 from todos.models import PrunedEventTally, State, Todo, TodoEvent
 
-from .models import DeliveryEvent, OperatorSecret
+from switchboard import ratelimit
+
+from . import transitions
+from .models import DeliveryDrops, DeliveryEvent, OperatorSecret, ReplayLedgerEntry, Webhook
 
 # Rows per statement: large enough that a backlog of a million rows clears in a few minutes,
 # small enough that one batch holds its row locks for tens of milliseconds.
@@ -247,6 +250,58 @@ def prune_history_sweep() -> int:
     return sum(prune_history().values())
 
 
-# The embedded scheduler's share (the beat schedule in switchboard/celery.py names the same
-# cadence): retention is measured in days, so hourly keeps any row within an hour of its due.
-EMBEDDED_SWEEPS = [(prune_history_sweep, 3600.0)]
+# -- the replay ledger and the delivery log's dropped counts (CONTRACT §12, §14) ----------------
+# Their own small sweeps, apart from the hourly prune: the ledger's window is its own, and the
+# dropped counts must reach the database within seconds, not an hour.
+
+# One pass deletes at most this many ledger entries: a short statement that never holds many
+# row locks; a busy install accepts far fewer deliveries per pass interval (60 s).
+REPLAY_LEDGER_PRUNE_BATCH = 1000
+
+
+def prune_replay_ledger(*, now=None) -> int:
+    """Delete replay-ledger entries older than SWITCHBOARD_REPLAY_WINDOW (they can no longer
+    refuse anything), oldest first, at most REPLAY_LEDGER_PRUNE_BATCH. Returns how many."""
+    now = now or timezone.now()
+    expired = list(ReplayLedgerEntry.objects.filter(
+        accepted_at__lt=now - settings.SWITCHBOARD_REPLAY_WINDOW,
+    ).order_by("accepted_at").values_list("pk", flat=True)[:REPLAY_LEDGER_PRUNE_BATCH])
+    if not expired:
+        return 0
+    deleted, _ = ReplayLedgerEntry.objects.filter(pk__in=expired).delete()
+    return deleted
+
+
+def fold_dropped_delivery_counts() -> int:
+    """Write the per-minute counts of refused deliveries that the delivery log did not record
+    (past SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE) into ``DeliveryDrops``. The counters
+    live in Redis (or this process) for ten minutes and only grow, so each pass rewrites the
+    same or larger numbers. Returns how many minutes it wrote."""
+    cap = settings.SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE
+    rows = {}
+    for key, count in ratelimit.read_counts(transitions.DROP_COUNTER_SCOPE).items():
+        webhook_id, _, minute = key.partition(":")
+        if count > cap and webhook_id.isdigit() and minute.isdigit():
+            rows[(int(webhook_id), int(minute))] = count - cap
+    if not rows:
+        return 0
+    existing = set(Webhook.objects.filter(pk__in={w for w, _ in rows}).values_list("pk", flat=True))
+    drops = [
+        DeliveryDrops(webhook_id=webhook_id, dropped=dropped,
+                      minute=datetime.fromtimestamp(minute * 60, tz=dt_timezone.utc))
+        for (webhook_id, minute), dropped in rows.items() if webhook_id in existing
+    ]
+    DeliveryDrops.objects.bulk_create(drops, update_conflicts=True,
+                                      unique_fields=["webhook", "minute"],
+                                      update_fields=["dropped"])
+    return len(drops)
+
+
+# The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
+# switchboard/celery.py names the same cadence): retention is measured in days, so hourly keeps
+# any row within an hour of its due.
+EMBEDDED_SWEEPS = [
+    (prune_history_sweep, 3600.0),
+    (prune_replay_ledger, 60.0),
+    (fold_dropped_delivery_counts, 15.0),
+]

@@ -8,3 +8,13 @@ from . import sweeps
 @shared_task(name="ingest.tasks.prune_history")
 def prune_history():
     return sweeps.prune_history_sweep()
+
+
+@shared_task(name="ingest.tasks.prune_replay_ledger")
+def prune_replay_ledger():
+    return sweeps.prune_replay_ledger()
+
+
+@shared_task(name="ingest.tasks.fold_dropped_delivery_counts")
+def fold_dropped_delivery_counts():
+    return sweeps.fold_dropped_delivery_counts()

@@ -8,27 +8,39 @@ back, and a Redis outage cannot fail the write (the publish helper logs and drop
 """
 
 import base64
+import functools
 import hashlib
+import json
 import logging
 import secrets
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 
+from channels_push import publish
 from endpoints.models import queue_name_validator
-from switchboard import statements
+from switchboard import ratelimit, statements
 from todos import transitions as todo_transitions
 
-from .models import (DeliveryEvent, OperatorSecret, OperatorToken, Route, Source, TrustMode,
-                     Webhook)
+from . import titles
+from .models import (DeliveryEvent, DeliveryRecord, OperatorSecret, OperatorToken, Outcome,
+                     ReplayLedgerEntry, Route, Source, TrustMode, Webhook)
 from .verification import STANDARD_SECRET_PREFIX, decode_standard_secret
 
 log = logging.getLogger("switchboard.ingest")
 
 DEFAULT_SECRET_ROTATION_GRACE = timedelta(hours=24)
+# Said plainly whenever an unsigned webhook is made or shown (CONTRACT §12): add_webhook, the
+# admin, the webhook's page. Its URL is its only secret.
+UNSIGNED_WARNING = ("unsigned: ANYONE WHO KNOWS THIS URL CAN CREATE WORK. Deliveries are recorded "
+                    "as trust unverified, never rung, and agents are told to treat them as data; "
+                    "endpoints with accept_unverified off never get them until you promote one. "
+                    "Bodies are capped at SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES (64 KiB).")
 OPERATOR_SOURCE = "operator"
 # Operator keys live in their own namespace: "@" cannot appear in a webhook slug, so an
 # operator-chosen key can never collide with "<webhook slug>:<delivery id>".
@@ -96,6 +108,13 @@ def rotate_webhook_secret(webhook: Webhook, *, secret: str | None = None,
     return secret
 
 
+def drop_previous_webhook_secrets(webhooks) -> int:
+    """End a rotation's grace now: only the current secret verifies from here on. Returns how
+    many webhooks still had a previous secret."""
+    return webhooks.exclude(previous_secret="").update(previous_secret="",
+                                                       previous_secret_expires_at=None)
+
+
 def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
     """Raise ValidationError when ``webhook`` may not route to ``endpoint``/``queue``: the queue
     must lie in the endpoint's scope (its agent could never see the todos otherwise), and the
@@ -151,10 +170,25 @@ def route_matches(route: Route, kind: str) -> bool:
 @dataclass
 class Arrival:
     """What a delivery turned into: its event (None when every todo was a duplicate of a live
-    one, and the redundant event was not kept) and ``[(todo, created), …]`` in route order."""
+    one, and the redundant event was not kept) and ``[(todo, created), …]`` in route order;
+    the outcome the delivery log recorded, and its record."""
 
     delivery_event: DeliveryEvent | None
     todos: list = field(default_factory=list)
+    outcome: str = Outcome.ACCEPTED
+    record: DeliveryRecord | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the delivery log keeps of one request besides its outcome: what the sender claimed
+    and where it came from, never the body or a secret header."""
+
+    address: str = ""
+    size: int = 0
+    body_sha256: str = ""
+    delivery_id: str = ""
+    kind: str = ""
 
 
 def idempotency_key_for(webhook: Webhook, delivery_id: str, body_sha256: str) -> str:
@@ -203,8 +237,184 @@ def record_delivery_event(**values) -> DeliveryEvent:
                                  [event_id, *row])
 
 
+# -- the arrival's own rows: delivery event, replay ledger entry, delivery log record ------------
+
+_LEDGER = ReplayLedgerEntry._meta.db_table
+_RECORD = DeliveryRecord._meta.db_table
+_RECORD_FIELDS = ("webhook_id", "at", "outcome", "status", "delivery_id", "kind", "size",
+                  "body_sha256", "source_address", "reason", "delivery_event_id", "todo_ids",
+                  "redelivered_from_id", "attributed_to_id")
+# The ledger takes a fingerprint when nothing holds it, when its holder is past the replay
+# window, or (unless the source is timestamped) when the same delivery id comes again: a
+# sender's redelivery, which §4's idempotency then answers. Otherwise it returns no row.
+_LEDGER_UPSERT = (
+    f"INSERT INTO {_LEDGER} AS l (webhook_id, fingerprint, delivery_id, accepted_at,"
+    " delivery_event_id) {source} ON CONFLICT (webhook_id, fingerprint) DO UPDATE SET"
+    " delivery_id = EXCLUDED.delivery_id, accepted_at = EXCLUDED.accepted_at,"
+    " delivery_event_id = EXCLUDED.delivery_event_id"
+    " WHERE l.accepted_at < %(window_start)s"
+    " OR (%(same_id_redelivers)s AND l.delivery_id = EXCLUDED.delivery_id) RETURNING 1"
+)
+_RECORD_COLUMNS = ", ".join(_RECORD_FIELDS)
+
+
+def _record_values(event_ref: str) -> str:
+    names = [f"%(r_{name})s" for name in _RECORD_FIELDS]
+    names[_RECORD_FIELDS.index("delivery_event_id")] = event_ref
+    if statements.is_postgres():
+        # In a SELECT list an untyped parameter (None, JSON text) is resolved as text, which
+        # the id and jsonb columns would refuse: say what they are.
+        for name, cast in (("todo_ids", "jsonb"), ("redelivered_from_id", "bigint"),
+                           ("attributed_to_id", "bigint")):
+            names[_RECORD_FIELDS.index(name)] = f"%(r_{name})s::{cast}"
+    return ", ".join(names)
+
+
+@functools.cache
+def _arrival_sql_postgres(with_ledger: bool) -> str:
+    """Event, ledger entry and log record in ONE statement (PostgreSQL's data-modifying CTEs):
+    the record is written only when the ledger took the fingerprint."""
+    event_columns = ", ".join(_DELIVERY_EVENT_FIELDS)
+    event_values = ", ".join(f"%(e_{name})s" for name in _DELIVERY_EVENT_FIELDS)
+    ledger = ""
+    gate = ""
+    if with_ledger:
+        ledger = ", ledger AS (" + _LEDGER_UPSERT.format(
+            source="SELECT %(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(now)s, event.id"
+                   " FROM event") + ")"
+        gate = " WHERE EXISTS (SELECT 1 FROM ledger)"
+    return (
+        f"WITH event AS (INSERT INTO {DeliveryEvent._meta.db_table} ({event_columns})"
+        f" VALUES ({event_values}) RETURNING id){ledger},"
+        f" record AS (INSERT INTO {_RECORD} ({_RECORD_COLUMNS})"
+        f" SELECT {_record_values('event.id')} FROM event{gate} RETURNING id)"
+        " SELECT event.id, (SELECT id FROM record) FROM event"
+    )
+
+
+def _record_arrival(*, event_values: dict, record_values: dict, ledger: dict | None):
+    """Insert the delivery event, take the ledger entry (when ``ledger`` is given) and insert
+    the log record, inside the caller's transaction. Returns ``(event id, record id)``; the
+    record id is None when the ledger refused the fingerprint (a replay or, for timestamped
+    sources, a duplicate): the caller rolls back."""
+    params = {f"e_{name}": value for name, value in event_values.items()}
+    params.update({f"r_{name}": value for name, value in record_values.items()})
+    params["e_received_at"] = connection.ops.adapt_datetimefield_value(params["e_received_at"])
+    params["r_at"] = connection.ops.adapt_datetimefield_value(params["r_at"])
+    if ledger is not None:
+        params.update(ledger)
+        params["now"] = connection.ops.adapt_datetimefield_value(params["now"])
+        params["window_start"] = connection.ops.adapt_datetimefield_value(params["window_start"])
+    if statements.is_postgres():
+        with statements.statement_cursor() as cursor:
+            cursor.execute(_arrival_sql_postgres(ledger is not None), params)
+            return tuple(cursor.fetchone())
+    # SQLite has no data-modifying CTEs: the same three writes, one statement each.
+    event = record_delivery_event(**event_values)
+    params["event_id"] = event.pk
+    with connection.cursor() as cursor:
+        if ledger is not None:
+            cursor.execute(_LEDGER_UPSERT.format(
+                source="VALUES (%(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(now)s,"
+                       " %(event_id)s)"), params)
+            if cursor.fetchone() is None:
+                return event.pk, None
+        cursor.execute(f"INSERT INTO {_RECORD} ({_RECORD_COLUMNS})"
+                       f" VALUES ({_record_values('%(event_id)s')}) RETURNING id", params)
+        return event.pk, cursor.fetchone()[0]
+
+
+def _printable(value: str, limit: int) -> str:
+    # Claimed values are the sender's to fill: no NUL or control character reaches a column.
+    return "".join(ch for ch in str(value)[:limit * 2] if ch.isprintable())[:limit]
+
+
+def _record_row(*, webhook_id, at, outcome, status, observed: Observed, reason="",
+                delivery_event_id=None, todo_ids=(), redelivered_from_id=None,
+                attributed_to_id=None) -> dict:
+    return {
+        "webhook_id": webhook_id, "at": at, "outcome": outcome, "status": status,
+        "delivery_id": _printable(observed.delivery_id, 300), "kind": _printable(observed.kind, 200),
+        "size": observed.size, "body_sha256": observed.body_sha256,
+        "source_address": _printable(observed.address, 64), "reason": _printable(reason, 200),
+        "delivery_event_id": delivery_event_id, "todo_ids": json.dumps([str(t) for t in todo_ids]),
+        "redelivered_from_id": redelivered_from_id, "attributed_to_id": attributed_to_id,
+    }
+
+
+def deliveries_group(webhook_id: int) -> str:
+    """The channel-layer group of a webhook page's live stream."""
+    return f"ingest.deliveries.{webhook_id}"
+
+
+def announce_record(webhook_id: int, record_id: int, outcome: str) -> None:
+    publish.nudge_group_on_commit(
+        deliveries_group(webhook_id),
+        {"type": "stream.event", "event": "delivery",
+         "data": {"id": str(record_id), "outcome": outcome}},
+        context={"webhook": webhook_id, "record": record_id})
+
+
+# Counters of refused deliveries per webhook and minute outlive their minute long enough for
+# the fold sweep (every 15 s) to read their final value several times.
+DROP_COUNTER_TTL_SECONDS = 600
+DROP_COUNTER_SCOPE = "deliverylog"
+
+
+def minute_of(now) -> int:
+    return int(now.timestamp() // 60)
+
+
+def record_refused(webhook: Webhook, *, outcome: str, status: int, observe,
+                   reason: str = "", now, todo_ids=()) -> DeliveryRecord | None:
+    """Log a delivery that created nothing, unless this webhook already logged
+    SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE of them this minute: then it is only counted
+    (``sweeps.fold_dropped_delivery_counts`` writes the counts), so a flood of anonymous
+    requests costs at most the cap in rows. ``observe()`` gives the ``Observed`` facts, called
+    only when the row is written (a dropped one costs no hashing of its body). Never raises:
+    a log must not fail the answer."""
+    try:
+        count = ratelimit.count_hit(DROP_COUNTER_SCOPE, f"{webhook.pk}:{minute_of(now)}",
+                                    ttl_seconds=DROP_COUNTER_TTL_SECONDS)
+        if count > settings.SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE:
+            return None
+        row = _record_row(webhook_id=webhook.pk, at=now, outcome=outcome, status=status,
+                          observed=observe(), reason=reason, todo_ids=todo_ids)
+        row["todo_ids"] = json.loads(row["todo_ids"])
+        # Its own (sub)transaction: a failed write must not poison a caller's transaction.
+        with transaction.atomic():
+            record = DeliveryRecord.objects.create(**row)
+            announce_record(webhook.pk, record.pk, outcome)
+        return record
+    except Exception as exc:  # noqa: BLE001 — the answer matters more than its log row
+        log.warning("delivery log write failed",
+                    extra={"webhook": webhook.slug, "outcome": outcome, "error": type(exc).__name__})
+        return None
+
+
+class Refused(Exception):
+    """The ledger refused an arrival: a replay (another delivery id) or a repeat of a
+    timestamped request (``duplicate_event_id`` names the accepted one)."""
+
+    def __init__(self, outcome: str, duplicate_event_id=None):
+        super().__init__(outcome)
+        self.outcome = outcome
+        self.duplicate_event_id = duplicate_event_id
+
+
+def _ledger_verdict(webhook: Webhook, fingerprint: str, delivery_id: str) -> Refused:
+    entry = (ReplayLedgerEntry.objects.filter(webhook_id=webhook.pk, fingerprint=fingerprint)
+             .values("delivery_id", "delivery_event_id").first())
+    if entry is not None and entry["delivery_id"] == delivery_id:
+        return Refused(Outcome.DUPLICATE, entry["delivery_event_id"])
+    return Refused(Outcome.REPLAY)
+
+
 def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, kind: str,
-                    title: str, payload: dict, body_sha256: str, now=None) -> Arrival:
+                    title: str, payload: dict, body_sha256: str, observed: Observed | None = None,
+                    fingerprint: str = "", timestamped: bool = False, status: int = 202,
+                    attributed_to_id=None, idempotency_key: str | None = None,
+                    redelivered_from_id=None, note: str = "", now=None) -> Arrival:
     """Record one verified webhook delivery and create one todo per matching route, in one
     transaction: all of them or none (an exception rolls the whole delivery back).
 
@@ -212,31 +422,97 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     them). Redelivery of a key whose todo is live returns that todo (``created`` False). When
     *every* todo was a duplicate the new delivery event is rolled back, so redeliveries do not
     pile up empty records; the answer then names the original event.
+
+    With a ``fingerprint`` the replay ledger is consulted in the statement that writes the
+    delivery event and the log record: a fingerprint held under another delivery id inside
+    SWITCHBOARD_REPLAY_WINDOW raises ``Refused("replay")`` — and so does any repeat when the
+    source is ``timestamped`` (``Refused("duplicate")``) — with nothing written. The log
+    record of a duplicate is written after the rollback (``record_refused``).
     """
     now = now or timezone.now()
+    observed = observed or Observed(body_sha256=body_sha256, delivery_id=delivery_id, kind=kind)
     matching = [r for r in routes if r.endpoint.active and route_matches(r, kind)
                 and route_in_scope(r)]
-    key = idempotency_key_for(webhook, delivery_id, body_sha256)
+    key = idempotency_key or idempotency_key_for(webhook, delivery_id, body_sha256)
     first_routes = first_route_per_endpoint(routes)
+    attributed_to_id = attributed_to_id or webhook.owner_id
+    event_values = {
+        "webhook_id": webhook.pk, "trust": trust, "delivery_id": delivery_id, "received_at": now,
+        "body_sha256": body_sha256, "attributed_to_id": attributed_to_id,
+        "source": webhook.source, "kind": kind,
+    }
+    outcome = Outcome.ACCEPTED if matching else Outcome.NO_ROUTE
+    record_values = _record_row(webhook_id=webhook.pk, at=now, outcome=outcome, status=status,
+                                observed=observed, reason=note,
+                                redelivered_from_id=redelivered_from_id,
+                                attributed_to_id=attributed_to_id if redelivered_from_id else None)
+    ledger = None
+    if fingerprint:
+        ledger = {"webhook_id": webhook.pk, "fingerprint": fingerprint, "delivery_id": delivery_id,
+                  "now": now, "window_start": now - settings.SWITCHBOARD_REPLAY_WINDOW,
+                  "same_id_redelivers": not timestamped}
+    refused = None
     with transaction.atomic():
-        event = record_delivery_event(
-            webhook_id=webhook.pk, trust=trust, delivery_id=delivery_id, received_at=now,
-            body_sha256=body_sha256, attributed_to_id=webhook.owner_id, source=webhook.source,
-            kind=kind,
-        )
-        results = [
-            todo_transitions.create_todo(
-                endpoint=route.endpoint, queue=route.queue, title=title, actor=f"webhook:{webhook.slug}",
-                payload=payload, kind=kind, source=webhook.source,
-                idempotency_key=route_idempotency_key(route, key, first_routes),
-                delivery_event=event, trust=trust, now=now,
-            )
-            for route in matching
-        ]
-        if results and not any(created for _, created in results):
+        event_id, record_id = _record_arrival(event_values=event_values,
+                                              record_values=record_values, ledger=ledger)
+        if record_id is None:
             transaction.set_rollback(True)
-            event = None
-    return Arrival(delivery_event=event, todos=results)
+            refused = True
+        else:
+            event = DeliveryEvent.from_db(connection.alias, ("id", *_DELIVERY_EVENT_FIELDS),
+                                          [event_id, *event_values.values()])
+            results = [
+                todo_transitions.create_todo(
+                    endpoint=route.endpoint, queue=route.queue, title=title,
+                    actor=f"webhook:{webhook.slug}", payload=payload, kind=kind,
+                    source=webhook.source,
+                    idempotency_key=route_idempotency_key(route, key, first_routes),
+                    delivery_event=event, trust=trust, now=now,
+                )
+                for route in matching
+            ]
+            if results and not any(created for _, created in results):
+                transaction.set_rollback(True)
+            else:
+                announce_record(webhook.pk, record_id, outcome)
+                record = DeliveryRecord.from_db(connection.alias, ("id",), [record_id])
+                return Arrival(delivery_event=event, todos=results, outcome=outcome, record=record)
+    if refused:
+        raise _ledger_verdict(webhook, fingerprint, delivery_id)
+    # Every todo was a live duplicate: nothing of this arrival was kept but its log line.
+    record = record_refused(webhook, outcome=Outcome.DUPLICATE, status=status,
+                            observe=lambda: observed, now=now,
+                            todo_ids=[todo.pk for todo, _ in results])
+    return Arrival(delivery_event=None, todos=results, outcome=Outcome.DUPLICATE, record=record)
+
+
+def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
+    """An operator sends an accepted delivery through the webhook's routes again: the payload
+    its todos were created with (the body itself is never stored), as a new delivery of trust
+    ``operator`` attributed to ``operator``, under a fresh idempotency key, logged as
+    "redelivered from #N". ``routes`` are the webhook's current routes (endpoints loaded).
+    Raises ValueError when there is nothing to re-send."""
+    from todos.models import Todo
+
+    if record.outcome != Outcome.ACCEPTED or record.delivery_event_id is None:
+        raise ValueError("only an accepted delivery can be redelivered")
+    todo = (Todo.objects.filter(delivery_event_id=record.delivery_event_id).order_by("id")
+            .only("payload", "kind").first())
+    if todo is None:
+        raise ValueError("the delivery's todos are gone (pruned); nothing to re-send")
+    webhook = record.webhook
+    kind = todo.kind
+    payload = todo.payload
+    return ingest_delivery(
+        webhook=webhook, routes=routes, trust=TrustMode.OPERATOR, delivery_id="", kind=kind,
+        title=titles.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),
+        payload=payload, body_sha256=record.body_sha256,
+        observed=Observed(size=record.size, body_sha256=record.body_sha256,
+                          delivery_id=record.delivery_id, kind=kind),
+        attributed_to_id=operator.pk,
+        idempotency_key=f"{OPERATOR_KEY_PREFIX}redelivery:{uuid.uuid4().hex}",
+        redelivered_from_id=record.pk, note=f"redelivered from #{record.pk}", now=now,
+    )
 
 
 # -- operator hand-offs (ADR-0040) ---------------------------------------------------------------

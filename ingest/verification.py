@@ -27,9 +27,11 @@ STANDARD_SECRET_PREFIX = "whsec_"
 class VerificationFailed(Exception):
     """The delivery is not from whoever holds the webhook's secret. ``reason`` is loggable."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, *, stale: bool = False):
         super().__init__(reason)
         self.reason = reason
+        # The signature scheme's timestamp is outside the tolerance (outcome stale_timestamp).
+        self.stale = stale
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,10 @@ class Envelope:
     trust: str
     delivery_id: str  # "" when the headers carry none (Stripe and Cairn put it in the body)
     event: str  # the source's event header ("" when it has none)
+    # Stripe and Standard sign a timestamp with the body: the sha256 of exactly what was
+    # signed identifies this one request (the replay ledger's fingerprint); "" elsewhere, where
+    # the body's own digest serves.
+    signed_digest: str = ""
 
 
 def _bytes(text: str) -> bytes:
@@ -84,7 +90,7 @@ def _check_timestamp(raw: str, now) -> int:
     except ValueError:
         raise VerificationFailed("timestamp is not an integer") from None
     if abs(now.timestamp() - stamp) > TIMESTAMP_TOLERANCE.total_seconds():
-        raise VerificationFailed("timestamp outside the 300 s tolerance")
+        raise VerificationFailed("timestamp outside the 300 s tolerance", stale=True)
     return stamp
 
 
@@ -139,7 +145,7 @@ def _verify_stripe(webhook, headers, body, now) -> Envelope:
     expected = [_hmac_hex(secret, signed) for secret in accepted_secrets(webhook, now)]
     if not _matches_any(expected, signatures):
         raise VerificationFailed("signature mismatch")
-    return Envelope(TrustMode.SIGNED, "", "")
+    return Envelope(TrustMode.SIGNED, "", "", hashlib.sha256(signed).hexdigest())
 
 
 def decode_standard_secret(secret: str) -> bytes:
@@ -171,7 +177,7 @@ def _verify_standard(webhook, headers, body, now) -> Envelope:
         expected.append(base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()))
     if not _matches_any(expected, given):
         raise VerificationFailed("signature mismatch")
-    return Envelope(TrustMode.SIGNED, message_id, "")
+    return Envelope(TrustMode.SIGNED, message_id, "", hashlib.sha256(signed).hexdigest())
 
 
 def _accept_unsigned(webhook, headers, body, now) -> Envelope:

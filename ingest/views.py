@@ -13,13 +13,20 @@ plain_http for why and what it keeps). The operator API is an ordinary Django vi
 sessions, CSRF and OIDC sign-in, and is not a hot path.
 """
 
+import dataclasses
 import logging
+import re
+from pathlib import Path
 from urllib.parse import parse_qs
 
 from django.conf import settings
+from django.contrib import messages
 from django.core.validators import slug_re
 from django.db import DatabaseError
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
@@ -30,9 +37,10 @@ from channels_push import plain_http
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries
+from todos import views as todo_views
 
 from . import queries, titles, transitions, verification
-from .models import Source
+from .models import DeliveryRecord, Outcome, Source, TrustMode, Webhook
 
 log = logging.getLogger("switchboard.ingest")
 
@@ -55,13 +63,24 @@ HOOK_ROUTE_PATTERN = r"^hooks/(?P<webhook_slug>[^/]+)/?$"
 FORM_SOURCES = (Source.GITHUB, Source.GITEA)
 
 
+# Refusals the delivery log records, by status, unless the Problem names its own outcome.
+OUTCOME_FOR_STATUS = {400: Outcome.MALFORMED, 401: Outcome.BAD_SIGNATURE, 409: Outcome.REPLAY,
+                      413: Outcome.TOO_LARGE, 415: Outcome.UNSUPPORTED_TYPE,
+                      429: Outcome.RATE_LIMITED}
+
+
 class Problem(Exception):
     """An answer other than success: HTTP status, machine code, human message."""
 
-    def __init__(self, status: int, code: str, message: str, headers=None):
+    def __init__(self, status: int, code: str, message: str, headers=None, *, outcome=None,
+                 reason=None):
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.headers = headers or {}
+        # For the delivery log: the outcome when the status alone does not say it, and the
+        # reason when the message is not the line to keep.
+        self.outcome = outcome or OUTCOME_FOR_STATUS.get(status, Outcome.MALFORMED)
+        self.reason = reason or message
 
     def payload(self) -> dict:
         return {"error": {"code": self.code, "message": self.message}}
@@ -153,6 +172,8 @@ def _parse_json_text(text: str, *, what: str = "body"):
     # which jsonb cannot store) are a 400 naming the problem, not a failed write later.
     try:
         value = json_input.loads_strict(text)
+    except json_input.TooDeep as exc:
+        raise Problem(400, "too_deep", f"{what}: {exc}") from None
     except ValueError as exc:
         # The decoder's messages give a position or name a number (cut to 40 characters);
         # they never quote the body beyond that.
@@ -239,44 +260,162 @@ def _could_be_slug(value: str) -> bool:
     return len(value) <= MAX_SLUG_CHARS and slug_re.match(value) is not None
 
 
+# Event and kind names an agent, a route and a doorbell will see (CONTRACT §12): anything else
+# (quotes, spaces, markup) is refused rather than cleaned, so what is stored is what was sent.
+KIND_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# The event header each source names its event in (the claimed kind in the delivery log).
+EVENT_HEADERS = ("x-github-event", "x-forgejo-event", "x-gitea-event", "x-gitlab-event")
+DELIVERY_HEADERS = ("x-github-delivery", "x-forgejo-delivery", "x-gitea-delivery",
+                    "idempotency-key", "x-gitlab-event-uuid", "webhook-id")
+
+
+def _claimed(request, names) -> str:
+    for name in names:
+        value = request.header(name)
+        if value:
+            return _one_line(value, 200)
+    return ""
+
+
+def _observe(request, body: bytes) -> transitions.Observed:
+    """What the delivery log keeps of this request, as the sender claimed it (a body over the
+    cap was not read: its declared length stands for its size)."""
+    size = len(body)
+    declared = request.header("content-length") or ""
+    if request.too_large and declared.isdigit():
+        size = int(declared)
+    return transitions.Observed(
+        address=request.client, size=min(size, 2**31 - 1),
+        body_sha256=transitions.body_digest(body) if body else "",
+        delivery_id=_claimed(request, DELIVERY_HEADERS), kind=_claimed(request, EVENT_HEADERS),
+    )
+
+
+def _check_kind(kind: str) -> None:
+    if kind and not KIND_RE.match(kind):
+        raise Problem(400, "bad_kind",
+                      "event/kind must be 1-64 of A-Z a-z 0-9 _ . - (from the event header and "
+                      "the payload's action or type)")
+
+
+def _refuse_unknown_webhook(request, webhook_slug: str) -> Problem:
+    verdict = ratelimit.charge_client_failure(
+        "hook-unknown", request.client, per_minute=settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
+    if not verdict.allowed:
+        return _rate_limited(verdict, settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
+    return Problem(404, "unknown_webhook",
+                   f"no active webhook {webhook_slug[:MAX_ECHOED_SLUG_CHARS]!r}")
+
+
+def _rate_limited(verdict, per_minute: int) -> Problem:
+    return Problem(429, "rate_limited",
+                   f"more than {per_minute} requests a minute; "
+                   f"retry in {verdict.retry_after_seconds} s",
+                   headers={"Retry-After": str(verdict.retry_after_seconds)})
+
+
+def _verify(webhook, request, now):
+    """Verify, spending the right budget (§12): a failure spends its client address's budget
+    for this webhook (and is a 429 once that is gone), a success the webhook's own — so no
+    number of failures can push a verified sender into 429."""
+    try:
+        envelope = verification.verify_delivery(
+            webhook, CaseInsensitiveMapping(request.headers), request.body, now=now)
+    except verification.VerificationFailed as failure:
+        log.warning("webhook verification failed",
+                    extra={"webhook": webhook.slug, "reason": failure.reason})
+        verdict = ratelimit.charge_client_failure(
+            "hook-failures", f"{webhook.pk}:{request.client}",
+            per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+        if not verdict.allowed:
+            raise _rate_limited(verdict, settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE) from None
+        raise Problem(401, "bad_signature", f"delivery not verified: {failure.reason}",
+                      outcome=Outcome.STALE_TIMESTAMP if failure.stale else None) from None
+    _check_rate(f"ingest:{webhook.pk}")
+    return envelope
+
+
+def _check_body_size(webhook, request) -> None:
+    if request.too_large:
+        raise _too_large()
+    _check_declared_length(request.header("content-length"))
+    if webhook.source == Source.UNSIGNED and len(request.body) > settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES:
+        raise Problem(413, "too_large",
+                      f"unsigned webhooks take bodies of at most "
+                      f"{settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES} bytes")
+
+
+def _duplicate_answer(event_id) -> dict:
+    """A repeated timestamped request: the todos its first arrival created, as duplicates."""
+    todos = queries.todos_of_delivery_event(event_id) if event_id else []
+    return {
+        "delivery": str(event_id) if event_id is not None else None,
+        "todos": [{"id": str(todo.pk), "endpoint": todo.endpoint.slug, "queue": todo.queue,
+                   "duplicate": True} for todo in todos],
+    }
+
+
 def answer_hook(request: plain_http.Request) -> plain_http.Answer:
     """Verify one delivery and turn it into todos (202), or say why not. Runs in one thread
-    hop (plain_http): lookup, rate limit, verification and the one write."""
+    hop (plain_http): lookup, verification, rate limit and the one write. Every request naming
+    a webhook is logged (``DeliveryRecord``): accepted ones in the delivery's own statement,
+    refused ones capped per minute (``transitions.record_refused``)."""
     webhook_slug = request.slug
+    webhook = None
+    now = timezone.now()
     try:
         if request.method != "POST":
             raise Problem(405, "method_not_allowed", "POST a webhook delivery here",
                           headers={"Allow": "POST"})
-        if request.too_large:
-            raise _too_large()
-        _check_declared_length(request.header("content-length"))
         # A path that cannot be a slug (a NUL, say, which PostgreSQL refuses outright and
         # which turned into a 503) is answered like any unknown webhook, without a query.
         webhook, routes = (queries.find_webhook_with_routes(webhook_slug)
                            if _could_be_slug(webhook_slug) else (None, None))
         if webhook is None:
-            raise Problem(404, "unknown_webhook",
-                          f"no active webhook {webhook_slug[:MAX_ECHOED_SLUG_CHARS]!r}")
-        _check_rate(f"ingest:{webhook.pk}")
+            raise _refuse_unknown_webhook(request, webhook_slug)
+        _check_body_size(webhook, request)
+        envelope = _verify(webhook, request, now)
         body = request.body
-        now = timezone.now()
-        try:
-            envelope = verification.verify_delivery(
-                webhook, CaseInsensitiveMapping(request.headers), body, now=now)
-        except verification.VerificationFailed as failure:
-            log.warning("webhook verification failed",
-                        extra={"webhook": webhook.slug, "reason": failure.reason})
-            raise Problem(401, "bad_signature", f"delivery not verified: {failure.reason}") from None
         payload = _parse_delivery_body(webhook, _media_type(request.header("content-type")), body)
         kind = titles.derive_kind(webhook.source, envelope.event, payload)
-        arrival = transitions.ingest_delivery(
-            webhook=webhook, routes=routes, trust=envelope.trust,
-            delivery_id=_delivery_id(webhook, envelope, payload), kind=kind,
-            title=titles.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),
-            payload=payload, body_sha256=transitions.body_digest(body), now=now,
-        )
+        _check_kind(kind)
+        delivery_id = _delivery_id(webhook, envelope, payload)
+        observed = _observe(request, body)
+        if kind or delivery_id:
+            observed = dataclasses.replace(observed, kind=kind or observed.kind,
+                                           delivery_id=delivery_id or observed.delivery_id)
+        body_sha256 = observed.body_sha256 or transitions.body_digest(body)
+        try:
+            arrival = transitions.ingest_delivery(
+                webhook=webhook, routes=routes, trust=envelope.trust, delivery_id=delivery_id,
+                kind=kind, title=titles.derive_title(webhook.source, kind, payload,
+                                                     webhook_slug=webhook.slug),
+                payload=payload, body_sha256=body_sha256, observed=observed,
+                # Unsigned bodies prove nothing, so they have no replay to refuse.
+                fingerprint="" if envelope.trust == TrustMode.UNVERIFIED
+                else envelope.signed_digest or body_sha256,
+                timestamped=bool(envelope.signed_digest), now=now,
+            )
+        except transitions.Refused as refused:
+            if refused.outcome == Outcome.REPLAY:
+                log.warning("webhook replay refused", extra={"webhook": webhook.slug,
+                                                             "delivery_id": delivery_id[:64]})
+                raise Problem(409, "replay",
+                              "this signed body was already accepted under another delivery id; "
+                              "a sender's redelivery keeps its delivery id",
+                              reason="body already accepted under another delivery id") from None
+            answer = _duplicate_answer(refused.duplicate_event_id)
+            transitions.record_refused(webhook, outcome=Outcome.DUPLICATE, status=202,
+                                       observe=lambda: observed, now=now,
+                                       todo_ids=[t["id"] for t in answer["todos"]],
+                                       reason="this signed request was already accepted")
+            return plain_http.json_answer(202, answer)
     except Problem as problem:
         push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
+        if webhook is not None:
+            transitions.record_refused(
+                webhook, outcome=problem.outcome, status=problem.status,
+                observe=lambda: _observe(request, request.body), reason=problem.reason, now=now)
         return problem.answer()
     except DatabaseError as exc:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
@@ -405,3 +544,111 @@ def hand_over(request, endpoint_slug):
     })
     return JsonResponse({"todo": todo_queries.todo_as_dict(todo), "duplicate": not created},
                         status=201 if created else 200)
+
+
+# -- the webhook pages of the board (CONTRACT §14) -----------------------------------------------
+#
+# Per webhook the operator owns (superusers: all): URL, source, routes and the last 200
+# deliveries with their outcome, live over the board's SSE mechanism (/todos/webhooks/<slug>/events,
+# channels_push.board_stream.GroupStreamConsumer), filterable by outcome, with a redeliver
+# button on accepted deliveries.
+
+WEBHOOK_PAGE_DELIVERIES = 200
+
+
+WEBHOOK_SCRIPT = Path(__file__).resolve().parent / "static" / "ingest" / "webhook.js"
+_board_login_required = todo_views.board_login_required
+
+
+@_board_login_required
+@require_GET
+def webhook_script(request):
+    return todo_views.script_response(WEBHOOK_SCRIPT)
+
+
+def get_visible_webhook(user, slug) -> Webhook:
+    """The webhook if ``user`` may see it, else 404 (missing and forbidden look the same)."""
+    webhooks = Webhook.objects.filter(slug=slug)
+    if not user.is_superuser:
+        webhooks = webhooks.filter(owner=user)
+    webhook = webhooks.first()
+    if webhook is None:
+        raise Http404("no such webhook")
+    return webhook
+
+
+def delivery_stream_group(user, url_kwargs) -> str | None:
+    """Which live group a signed-in ``user`` may watch for ``/todos/webhooks/<slug>/events``
+    (None: refused). Called by the stream consumer in one database hop."""
+    try:
+        webhook = get_visible_webhook(user, url_kwargs.get("slug", ""))
+    except Http404:
+        return None
+    return transitions.deliveries_group(webhook.pk)
+
+
+def _webhook_context(request, webhook):
+    outcome = request.GET.get("outcome") or ""
+    if outcome not in Outcome.values:
+        outcome = ""
+    return {
+        "webhook": webhook,
+        "outcome": outcome,
+        "outcomes": Outcome.values,
+        "deliveries": queries.latest_deliveries(webhook, outcome=outcome or None,
+                                                limit=WEBHOOK_PAGE_DELIVERIES),
+        "query": f"outcome={outcome}" if outcome else "",
+    }
+
+
+@_board_login_required
+@never_cache
+def webhook_list(request):
+    webhooks = Webhook.objects.order_by("slug")
+    if not request.user.is_superuser:
+        webhooks = webhooks.filter(owner=request.user)
+    return render(request, "ingest/webhooks.html", {"webhooks": webhooks})
+
+
+@_board_login_required
+@never_cache
+def webhook_page(request, slug):
+    webhook = get_visible_webhook(request.user, slug)
+    context = _webhook_context(request, webhook)
+    context.update({
+        "hook_url": f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}",
+        "routes": webhook.routes.select_related("endpoint").order_by("id"),
+        "drops": webhook.drops.filter(dropped__gt=0).order_by("-minute")[:20],
+        "unsigned_warning": transitions.UNSIGNED_WARNING if webhook.source == Source.UNSIGNED else "",
+    })
+    return render(request, "ingest/webhook.html", context)
+
+
+@_board_login_required
+@never_cache
+def webhook_rows(request, slug):
+    """The deliveries table body alone: what the page re-fetches on every live event."""
+    webhook = get_visible_webhook(request.user, slug)
+    return render(request, "ingest/_deliveries.html", _webhook_context(request, webhook))
+
+
+@_board_login_required
+@require_POST
+def redeliver_delivery(request, slug, record_id):
+    webhook = get_visible_webhook(request.user, slug)
+    record = DeliveryRecord.objects.filter(pk=record_id, webhook=webhook).first()
+    if record is None:
+        raise Http404("no such delivery")
+    _, routes = queries.find_webhook_with_routes(webhook.slug)
+    if not webhook.active:
+        messages.error(request, f"webhook {webhook.slug} is inactive; nothing was re-sent")
+        return redirect("webhook-page", slug=webhook.slug)
+    try:
+        arrival = transitions.redeliver(record, operator=request.user, routes=routes)
+    except ValueError as exc:
+        messages.error(request, str(exc))
+    else:
+        created = [str(todo.pk) for todo, was_created in arrival.todos if was_created]
+        messages.success(request, f"redelivered #{record.pk} as #{arrival.record.pk}: "
+                                  f"{len(created)} new todo(s)")
+    return redirect("webhook-page", slug=webhook.slug)

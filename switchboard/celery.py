@@ -36,4 +36,11 @@ app.conf.beat_schedule = {
     # of the boundary (overlapping runs announce each boundary once).
     "announce-presence-boundaries": {"task": "channels_push.tasks.announce_presence_boundaries",
                                      "schedule": 30.0},
+    # §12: replay-ledger entries past the replay window (7 days) can refuse nothing; a
+    # minute's lag is nothing against a week, and one pass deletes at most 1,000.
+    "prune-replay-ledger": {"task": "ingest.tasks.prune_replay_ledger", "schedule": 60.0},
+    # §14: refused deliveries past the log's per-minute cap are only counted (in Redis); every
+    # 15 s writes those counts so the webhook page shows them within a quarter minute.
+    "fold-dropped-delivery-counts": {"task": "ingest.tasks.fold_dropped_delivery_counts",
+                                     "schedule": 15.0},
 }

@@ -3,12 +3,48 @@ board's result field).
 
 Python's json accepts ``NaN``, ``Infinity`` and number literals that overflow to ``inf``; none
 of them is JSON and neither database can store them, so they are refused at the door with a
-ValueError, like any other malformed text. Over-deep nesting raises ValueError too (not
-RecursionError), so callers have one exception to turn into a 400 / -32700.
+ValueError, like any other malformed text. Nesting deeper than ``MAX_JSON_DEPTH`` raises
+``TooDeep`` (a ValueError naming the limit) before the decoder runs, so callers have one
+exception to turn into a 400 / -32700 and no deep document ever reaches code that walks it
+recursively (or a later check that would refuse it as a 500).
 """
 
 import json
 import math
+import re
+
+# Arrays and objects inside one another (CONTRACT §12); no real payload comes close.
+MAX_JSON_DEPTH = 100
+
+# A JSON string literal (escapes included); removed before counting so brackets in text do not
+# count. Both passes are C-speed regex substitutions: counting char by char in Python cost a
+# webhook's whole CPU budget on large bodies.
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
+# An innermost pair once everything but brackets is gone: peeling them off once per level.
+_INNERMOST_PAIR_RE = re.compile(r"\[\]|\{\}")
+
+
+class TooDeep(ValueError):
+    def __init__(self, limit: int = MAX_JSON_DEPTH):
+        super().__init__(f"JSON nested deeper than {limit} levels (the limit is {limit})")
+        self.limit = limit
+
+
+def check_depth(text: str, limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise TooDeep when ``text`` nests arrays/objects more than ``limit`` deep. Malformed text
+    is left to the decoder (an unbalanced bracket just stops the peeling)."""
+    if text.count("[") + text.count("{") <= limit:
+        return  # cannot nest deeper than it has openers: the common small body costs nothing
+    brackets = _NOT_BRACKET_RE.sub("", _STRING_RE.sub("", text))
+    for _ in range(limit):
+        peeled = _INNERMOST_PAIR_RE.sub("", brackets)
+        if not peeled or peeled == brackets:
+            return
+        brackets = peeled
+    # ``limit`` levels peeled and brackets remain: is there one more balanced level?
+    if _INNERMOST_PAIR_RE.search(brackets):
+        raise TooDeep(limit)
 
 
 def _refuse_constant(name):
@@ -23,7 +59,10 @@ def _finite_float(text):
 
 
 def loads_strict(text):
+    # Bytes are counted as latin-1: brackets, quotes and backslashes are ASCII, and no byte of a
+    # UTF-8 multi-byte character is; the decoder still gets the bytes as given.
+    check_depth(text.decode("latin-1") if isinstance(text, (bytes, bytearray)) else text)
     try:
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        raise TooDeep() from None

@@ -130,6 +130,9 @@ def reset_local_state() -> None:
     global _redis_down_until
     with _local_lock:
         _local_buckets.clear()
+        _local_counts.clear()
+    with _failing_lock:
+        _failing_until.clear()
     _redis_down_until = 0.0
 
 
@@ -147,3 +150,112 @@ def take_token(scope: str, key: str, *, per_minute: int) -> Decision:
             log.warning("rate limit counting in-process: redis unavailable",
                         extra={"scope": scope, "error": type(exc).__name__})
     return _take_local(f"{scope}:{digest}", per_minute)
+
+
+# -- anonymous failures per client address (CONTRACT §12) ---------------------------------------
+#
+# Unknown hook slugs, failed verifications and bad MCP bearers spend a budget of their own, keyed
+# by the client address, never the budget of the webhook or credential they name: an unsigned
+# flood cannot push a signed sender into 429. The bucket is charged only after a failure (the
+# shared Redis bucket above); once it is empty this process also remembers the address until
+# the bucket refills, so later requests from it are refused before any database query, at the
+# cost of a dict lookup on every request. Behind a reverse proxy the address must be the
+# client's (SWITCHBOARD_TRUSTED_PROXIES, switchboard/client_address.py), or every client
+# shares the proxy's budget.
+
+_failing_lock = threading.Lock()
+_failing_until: dict[str, float] = {}
+
+
+def refuse_failing_client(scope: str, address: str) -> Decision:
+    """Before the query: is ``address`` out of its ``scope`` failure budget (as this process
+    last heard)? No Redis call, no charge."""
+    key = f"{scope}:{address}"
+    until = _failing_until.get(key)
+    if until is None:
+        return Decision(True)
+    left = until - time.monotonic()
+    if left <= 0:
+        with _failing_lock:
+            _failing_until.pop(key, None)
+        return Decision(True)
+    return Decision(False, max(1, math.ceil(left)))
+
+
+def charge_client_failure(scope: str, address: str, *, per_minute: int) -> Decision:
+    """After a failure: spend one of ``address``'s ``scope`` failures; a denial is remembered
+    (see ``refuse_failing_client``)."""
+    decision = take_token(scope, address, per_minute=per_minute)
+    if not decision.allowed:
+        with _failing_lock:
+            _failing_until[f"{scope}:{address}"] = time.monotonic() + decision.retry_after_seconds
+            while len(_failing_until) > MAX_LOCAL_BUCKETS:
+                _failing_until.pop(next(iter(_failing_until)))
+    return decision
+
+
+# -- counters per time window (the delivery log's cap, §14) -------------------------------------
+
+_COUNT_LUA = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1])) end
+return n
+"""
+_count_script = None
+_local_counts: dict[str, tuple[int, float]] = {}
+
+
+def _count_key(scope: str, key: str) -> str:
+    return _redis_key("count:" + scope, key)
+
+
+def count_hit(scope: str, key: str, *, ttl_seconds: int) -> int:
+    """Add one to ``key``'s counter in ``scope`` (kept ``ttl_seconds`` from its first hit) and
+    return the new count: shared by every process through Redis, in-process without it or
+    while it is down (then each process counts on its own: a cap may be passed by that factor)."""
+    global _redis_down_until, _count_script
+    if settings.REDIS_URL and time.monotonic() >= _redis_down_until:
+        try:
+            _redis()
+            if _count_script is None or _count_script.registered_client is not _redis_client:
+                _count_script = _redis_client.register_script(_COUNT_LUA)
+            return int(_count_script(keys=[_count_key(scope, key)], args=[ttl_seconds]))
+        except redis.RedisError as exc:
+            _redis_down_until = time.monotonic() + REDIS_RETRY_AFTER_FAILURE_SECONDS
+            log.warning("counting in-process: redis unavailable",
+                        extra={"scope": scope, "error": type(exc).__name__})
+    now = time.monotonic()
+    local_key = f"{scope}:{key}"
+    with _local_lock:
+        count, expires = _local_counts.get(local_key, (0, now + ttl_seconds))
+        if expires <= now:
+            count, expires = 0, now + ttl_seconds
+        _local_counts[local_key] = (count + 1, expires)
+        for stale in [k for k, (_, e) in _local_counts.items() if e <= now][:100]:
+            del _local_counts[stale]
+    return count + 1
+
+
+def read_counts(scope: str) -> dict[str, int]:
+    """Every live counter of ``scope``: ``{key: count}`` (this process's own when counting
+    in-process). For sweeps that fold counts into the database."""
+    counts = {}
+    prefix = f"{scope}:"
+    now = time.monotonic()
+    with _local_lock:
+        for local_key, (count, expires) in _local_counts.items():
+            if local_key.startswith(prefix) and expires > now:
+                counts[local_key[len(prefix):]] = count
+    if settings.REDIS_URL and time.monotonic() >= _redis_down_until:
+        try:
+            _redis()
+            head = _count_key(scope, "")
+            for name in _redis_client.scan_iter(match=head + "*", count=1000):
+                value = _redis_client.get(name)
+                if value is not None:
+                    key = name.decode()[len(head):]
+                    counts[key] = max(counts.get(key, 0), int(value))
+        except redis.RedisError as exc:
+            log.warning("reading counters: redis unavailable",
+                        extra={"scope": scope, "error": type(exc).__name__})
+    return counts

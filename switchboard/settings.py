@@ -94,6 +94,27 @@ SWITCHBOARD_INGEST_RATE_PER_MINUTE = _typed(
     "SWITCHBOARD_INGEST_RATE_PER_MINUTE", env.int, 600, minimum=1
 )
 SWITCHBOARD_MCP_RATE_PER_MINUTE = _typed("SWITCHBOARD_MCP_RATE_PER_MINUTE", env.int, 6000, minimum=1)
+# Failed verifications per webhook and client address, and unknown hook slugs / bad MCP
+# bearers per client address (CONTRACT §12): counted apart from the verified budget above, so
+# anonymous traffic can never spend a signed sender's tokens.
+SWITCHBOARD_INGEST_FAILURES_PER_MINUTE = _typed(
+    "SWITCHBOARD_INGEST_FAILURES_PER_MINUTE", env.int, 60, minimum=1
+)
+SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE = _typed(
+    "SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE", env.int, 60, minimum=1
+)
+# Body cap for `unsigned` webhooks (anyone who knows the URL may post; §12).
+SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES = _typed(
+    "SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES", env.int, 64 * 1024, minimum=1
+)
+# A signed body accepted under one delivery id is refused under another for this long (§12).
+SWITCHBOARD_REPLAY_WINDOW = timedelta(
+    days=_typed("SWITCHBOARD_REPLAY_WINDOW_DAYS", env.int, 7, minimum=1)
+)
+# Delivery log (§14): refused deliveries recorded per webhook per minute; the rest are counted.
+SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE = _typed(
+    "SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE", env.int, 60, minimum=0
+)
 # The largest tools/call result (its JSON) an agent is sent; a larger one (list_todos at a high
 # limit over big payloads) is refused as invalid_argument telling the agent to lower `limit`.
 SWITCHBOARD_MCP_MAX_RESULT_BYTES = _typed(

@@ -30,6 +30,13 @@ urlpatterns = [
     path("todos/endpoints/<slug:slug>/work/<str:action>", todo_views.pause_endpoint,
          name="todos-pause"),
     path("metrics", todo_views.metrics, name="metrics"),
+    # Webhook pages with their delivery log (§14); .../events is the SSE route in asgi.py.
+    path("todos/webhooks/", ingest_views.webhook_list, name="webhook-list"),
+    path("todos/webhooks/webhook.js", ingest_views.webhook_script, name="webhook-js"),
+    path("todos/webhooks/<slug:slug>/", ingest_views.webhook_page, name="webhook-page"),
+    path("todos/webhooks/<slug:slug>/rows", ingest_views.webhook_rows, name="webhook-rows"),
+    path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/redeliver",
+         ingest_views.redeliver_delivery, name="webhook-redeliver"),
     # GET / leads to the board (§9).
     path("", RedirectView.as_view(pattern_name="todos-board", permanent=False), name="home"),
 ]

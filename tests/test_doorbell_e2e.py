@@ -41,7 +41,8 @@ def setup_route(slug):
 def deliver(base_url, webhook, number):
     body = json.dumps({"action": "opened", "issue": {"number": number, "title": "It broke",
                                                        "body": BODY_MARKER},
-                       "repository": {"full_name": "acme/app"}}).encode()
+                       # A nonce: the same body under a new delivery id is a replay (§12).
+                       "repository": {"full_name": "acme/app"}, "nonce": uuid.uuid4().hex}).encode()
     signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     answer = httpx.post(f"{base_url}/hooks/{webhook.slug}", content=body, timeout=10, headers={
         "Content-Type": "application/json", "X-Hub-Signature-256": f"sha256={signature}",

@@ -49,8 +49,9 @@ def setup_route(slug):
 
 
 def signed(number: int, secret: str = SECRET) -> tuple[bytes, dict]:
+    # A nonce: the same body under a new delivery id is a refused replay (§12).
     body = json.dumps({"action": "opened", "issue": {"number": number, "title": f"n{number}"},
-                       "repository": {"full_name": "acme/app"}}).encode()
+                       "repository": {"full_name": "acme/app"}, "nonce": uuid.uuid4().hex}).encode()
     signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return body, {"Content-Type": "application/json", "X-Hub-Signature-256": f"sha256={signature}",
                   "X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4())}

@@ -66,3 +66,29 @@ def test_redis_down_falls_back_to_in_process_buckets_with_one_log_line(caplog):
     finally:
         rate_limits.reset_local_state()
         rate_limits._redis_client = None
+
+
+def test_a_client_out_of_failures_is_refused_before_any_query_until_its_bucket_refills(settings):
+    address = f"198.51.100.{uuid.uuid4().int % 250}"
+    assert rate_limits.refuse_failing_client("test-auth", address).allowed  # nothing spent yet
+    assert [rate_limits.charge_client_failure("test-auth", address, per_minute=2).allowed
+            for _ in range(3)] == [True, True, False]
+    refused = rate_limits.refuse_failing_client("test-auth", address)
+    assert not refused.allowed and 1 <= refused.retry_after_seconds <= 30
+    assert rate_limits.refuse_failing_client("test-auth", "203.0.113.1").allowed  # per address
+    assert rate_limits.refuse_failing_client("other-scope", address).allowed  # per scope
+
+
+def test_window_counters_are_shared_through_redis_and_readable_for_a_sweep(settings):
+    assert settings.REDIS_URL
+    key = uuid.uuid4().hex
+    assert [rate_limits.count_hit("test-count", key, ttl_seconds=60) for _ in range(3)] == [1, 2, 3]
+    assert rate_limits.read_counts("test-count")[key] == 3
+
+
+def test_window_counters_count_in_process_without_redis(settings):
+    settings.REDIS_URL = ""
+    rate_limits.reset_local_state()
+    key = uuid.uuid4().hex
+    assert [rate_limits.count_hit("test-count", key, ttl_seconds=60) for _ in range(2)] == [1, 2]
+    assert rate_limits.read_counts("test-count") == {key: 2}

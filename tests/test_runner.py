@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from channels_push import doorbells
 from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
@@ -197,7 +196,7 @@ def test_non_zero_exit_fails_with_the_exit_code_and_the_stderr_tail(setup, runne
     assert runner.wait() == 0, runner.log_text()
 
     todo.refresh_from_db()
-    assert todo.state == "failed" and todo.retry_at is not None  # retried later with backoff
+    assert todo.state == "failed" and todo.retry_at is not None, (list(todo.events.values_list("action", "actor", "detail")), runner.log_text())  # retried later with backoff
     assert todo.last_error.startswith("agent exited with code 3: ")
     assert "boom-marker" in todo.last_error
     assert todo.result == {"exit_code": 3,
@@ -271,7 +270,7 @@ def test_agent_that_settles_the_todo_itself_is_left_alone(setup, runners, tmp_pa
     assert runner.wait() == 0, runner.log_text()
 
     todo.refresh_from_db()
-    assert todo.state == state
+    assert todo.state == state, runner.log_text()
     assert TodoEvent.objects.filter(todo=todo, action=verb).count() == 1
     if verb == "complete":
         assert todo.result == {"by": "agent"}  # the agent's, not overwritten by the runner's
@@ -427,12 +426,12 @@ def test_a_digest_wakes_the_idle_runner(setup, runners, tmp_path):
     endpoint, credential, url = setup
     runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--wait-seconds", "0",
                                       "--poll-seconds", "60")
-    doorbells.clock(endpoint, "out", reason="operator")
+    endpoint_transitions.clock(endpoint, "out", reason="operator")
     # An operator's todo (push-eligible) handed over while out: no doorbell, it waits.
     ingest_transitions.hand_over_todo(endpoint=endpoint, operator=endpoint.owner, queue="ops",
                                       title="while you were out")
     clocked_in_at = time.time()
-    doorbells.clock(endpoint, "in", reason="operator")
+    endpoint_transitions.clock(endpoint, "in", reason="operator")
     assert stamp.seconds_after(clocked_in_at, runner) < 1.0, runner.log_text()
     assert "digest pending=1" in runner.log_text()
     assert "doorbell todo_id" not in runner.log_text()  # the digest woke it, not a ring

@@ -108,8 +108,13 @@ def board_rows(request):
 @board_login_required
 @require_GET
 def board_script(request):
-    # Served by Django because daphne serves no static files; small and cacheable.
-    response = HttpResponse(BOARD_SCRIPT.read_bytes(), content_type="text/javascript")
+    return script_response(BOARD_SCRIPT)
+
+
+def script_response(path: Path) -> HttpResponse:
+    """A page script: served by Django because daphne serves no static files; small and
+    cacheable."""
+    response = HttpResponse(path.read_bytes(), content_type="text/javascript")
     response["Cache-Control"] = "private, max-age=300"
     return response
 

@@ -1,10 +1,7 @@
 import pytest
-import redis
-from django.conf import settings
 from django.test import Client
 
 from ingest import transitions
-from switchboard import ratelimit
 from tests.factories import EndpointFactory
 
 SECRETS = {
@@ -16,20 +13,6 @@ SECRETS = {
     "standard": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
     "unsigned": "",
 }
-
-
-@pytest.fixture(autouse=True)
-def fresh_rate_limits():
-    """Rate-limit buckets live in Redis for a minute; start every test with none."""
-    ratelimit.reset_local_state()
-    if settings.REDIS_URL:
-        client = redis.Redis.from_url(settings.REDIS_URL)
-        keys = list(client.scan_iter(ratelimit._redis_key("ingest", "*")))
-        if keys:
-            client.delete(*keys)
-        client.close()
-    yield
-    ratelimit.reset_local_state()
 
 
 @pytest.fixture

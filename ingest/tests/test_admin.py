@@ -37,7 +37,12 @@ def test_rotate_secret_action_keeps_the_old_one_for_a_grace(admin_client, make_w
     webhook.refresh_from_db()
     assert webhook.secret != old and webhook.previous_secret == old
     assert webhook.previous_secret_expires_at is not None
-    assert webhook.secret in answer.content.decode()  # shown once, in the message
+    # Shown once, on a page of its own: never in a message, which may ride in a cookie.
+    assert webhook.secret in answer.content.decode()
+    assert answer.templates[0].name == "admin/shown_once.html"
+    assert "no-store" in answer["Cache-Control"]
+    assert webhook.secret not in str(answer.cookies)
+    assert not list(answer.context["messages"])
 
 
 def test_adding_a_webhook_in_admin_mints_a_secret(admin_client, operator):

@@ -188,7 +188,7 @@ def test_previous_secret_accepted_over_http_during_rotation(make_webhook):
     webhook = make_webhook("github")
     transitions.rotate_webhook_secret(webhook, secret="the-new-secret-0123456789")
     assert deliver(webhook).status_code == 202  # signed with the old secret
-    body = signing.body_of(ISSUE)
+    body = signing.body_of({**ISSUE, "action": "edited"})  # another event, not a replay
     answer = post_hook(webhook.slug, body,
                        signing.github("the-new-secret-0123456789", body))
     assert answer.status_code == 202
@@ -348,9 +348,9 @@ def test_the_asgi_routing_serves_hooks_with_answer_hook():
 @override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=3)
 def test_rate_limit_is_429_with_retry_after(make_webhook):
     webhook = make_webhook("github")
-    statuses = [deliver(webhook).status_code for _ in range(4)]
+    statuses = [deliver(webhook, {**ISSUE, "n": n}).status_code for n in range(4)]
     assert statuses == [202, 202, 202, 429]
-    answer = deliver(webhook)
+    answer = deliver(webhook, {**ISSUE, "n": 4})
     assert answer.status_code == 429
     assert 1 <= int(answer["Retry-After"]) <= 60
     assert answer.json()["error"]["code"] == "rate_limited"
@@ -596,17 +596,19 @@ def test_operator_api_queue_outside_scope_is_400(client, operator, token):
 def test_delivery_query_count_is_pinned(make_webhook, endpoint, other_endpoints,
                                         django_assert_num_queries):
     """The hot path: one read (routes + webhook + endpoints), then savepoint, the delivery
-    event, one INSERT … RETURNING per route (its todo event rides in the same statement on
-    PostgreSQL; SQLite needs a second statement per todo and pins its own count)."""
+    event (with its replay-ledger entry and delivery-log record in the same statement on
+    PostgreSQL), one INSERT … RETURNING per route (its todo event rides in the same statement
+    on PostgreSQL; SQLite needs a second statement per todo, two more for the ledger and the
+    log, and pins its own count)."""
     from django.db import connection
 
     # SQLite: each todo is its own SAVEPOINT, INSERT, event INSERT, RELEASE (4 per route).
     postgres = connection.vendor == "postgresql"
     one_route = make_webhook("github")
-    with django_assert_num_queries(5 if postgres else 8):
+    with django_assert_num_queries(5 if postgres else 10):
         assert deliver(one_route).status_code == 202
     three_routes = make_webhook("gitea", routes=[(endpoint, "inbox", None),
                                                  (other_endpoints[0], "inbox", None),
                                                  (other_endpoints[1], "inbox", None)])
-    with django_assert_num_queries(7 if postgres else 16):
+    with django_assert_num_queries(7 if postgres else 18):
         assert deliver(three_routes).status_code == 202

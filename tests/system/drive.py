@@ -29,17 +29,21 @@ SEND_RETRY_WINDOW_SECONDS = 120.0
 
 def github_delivery(secret: str, number: int, *, delivery_id: str | None = None,
                     repo: str = "acme/widgets") -> tuple[bytes, dict]:
+    # The delivery id rides in the body too: a sender's retry (same id) re-sends the same body,
+    # while the same body under a new id would be a refused replay (§12).
+    delivery_id = delivery_id or str(uuid.uuid4())
     body = json.dumps({
         "action": "opened",
         "issue": {"number": number, "title": f"issue {number}", "body": BODY_MARKER},
         "repository": {"full_name": repo},
+        "delivery": delivery_id,
     }).encode()
     signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return body, {
         "Content-Type": "application/json",
         "X-Hub-Signature-256": f"sha256={signature}",
         "X-GitHub-Event": "issues",
-        "X-GitHub-Delivery": delivery_id or str(uuid.uuid4()),
+        "X-GitHub-Delivery": delivery_id,
     }
 
 

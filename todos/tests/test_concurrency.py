@@ -177,3 +177,32 @@ def test_fifth_lapse_dead_letters_and_the_requeue_command_revives_it(capsys):
     assert f'"requeued": ["{todo.pk}"]' in capsys.readouterr().out
     todo.refresh_from_db()
     assert todo.state == State.PENDING and todo.attempts == 0 and todo.dead_lettered_at is None
+
+
+def test_a_todo_a_stamp_holds_for_a_moment_is_claimed_not_reported_empty(endpoint):
+    """A digest or ring stamping last_ringed_at locks the row briefly; SKIP LOCKED skipped it
+    and claim_next answered "empty" with the todo waiting. It must look again."""
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite's single writer serialises them")
+    from django.db import transaction
+
+    todo, _ = transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="test")
+    locked, release = threading.Event(), threading.Event()
+
+    def stamp_like_a_digest():
+        with transaction.atomic():
+            Todo.objects.filter(pk=todo.pk).update(last_ringed_at=timezone.now())
+            locked.set()
+            release.wait(5)
+        connections["default"].close()
+
+    holder = threading.Thread(target=stamp_like_a_digest)
+    holder.start()
+    try:
+        assert locked.wait(5)
+        threading.Timer(0.01, release.set).start()  # the stamp commits 10 ms later
+        claimed = transitions.claim_next_todo(transitions.Caller.agent(endpoint, "s1"))
+    finally:
+        release.set()
+        holder.join()
+    assert claimed is not None and claimed.pk == todo.pk

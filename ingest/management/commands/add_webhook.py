@@ -9,9 +9,7 @@ from switchboard.commands import JsonCommand, get_user
 
 
 # Said plainly when an unsigned webhook is made (CONTRACT §12): its URL is its only secret.
-UNSIGNED_WARNING = ("  unsigned: ANYONE WHO KNOWS THIS URL CAN CREATE WORK. Deliveries are recorded "
-                    "as trust unverified, never rung, and agents are told to treat them as data; "
-                    "endpoints with accept_unverified off never get them until you promote one.")
+UNSIGNED_WARNING = "  " + transitions.UNSIGNED_WARNING
 
 
 class Command(JsonCommand):

@@ -3,9 +3,9 @@
 Creates (or reuses) an operator, an endpoint with a fresh credential, a GitHub-style webhook
 and a route between them, then prints a ready-to-paste ``.mcp.json`` (it names
 ``$SWITCHBOARD_TOKEN``, never the credential, so it can be committed) and a ``curl`` that
-delivers a signed sample event. GitHub's scheme signs the body only, so the printed signature
-stays valid however late the curl is pasted; the delivery id is minted by the shell on each
-paste, so every paste is a new delivery rather than an idempotent repeat. Safe to run again:
+delivers a signed sample event. The shell mints a nonce in the body, signs it (openssl) and
+mints the delivery id on each paste, so every paste is a new delivery rather than an
+idempotent repeat or a refused replay. Safe to run again:
 existing rows are reused, and so is the demo credential, so what an earlier run printed keeps
 working. ``--rotate`` mints a new one and revokes the earlier ones at once (zero grace).
 
@@ -20,7 +20,6 @@ no --password, a password is generated when the account has no usable one and pr
 """
 
 import base64
-import hashlib
 import hmac
 import json
 import secrets
@@ -55,20 +54,27 @@ SAMPLE_EVENT = {
 }
 
 
-def sign_github(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+# Stands in the sample body for the shell's per-paste nonce (see build_curl).
+NONCE_PLACEHOLDER = "@@NONCE@@"
 
 
 def build_curl(hook_url: str, secret: str) -> str:
-    body = json.dumps(SAMPLE_EVENT, separators=(",", ":"))
-    return " ".join([
-        "curl -sS -X POST", shlex.quote(hook_url),
-        "-H 'Content-Type: application/json'",
-        "-H 'X-GitHub-Event: issues'",
-        # Minted by the shell at paste time: each paste is a new delivery.
-        '-H "X-GitHub-Delivery: demo-$(date +%s%N)"',
-        "-H " + shlex.quote(f"X-Hub-Signature-256: {sign_github(secret, body.encode())}"),
-        "--data-binary", shlex.quote(body),
+    """A curl that delivers the sample event, signed by the shell at paste time (openssl): the
+    body carries a per-paste nonce, so each paste is a new signed body, not a replay of the
+    last one under a new delivery id (which switchboard refuses, §12)."""
+    body = json.dumps({**SAMPLE_EVENT, "demo_paste": NONCE_PLACEHOLDER}, separators=(",", ":"))
+    head, _, tail = body.partition(NONCE_PLACEHOLDER)
+    return "".join([
+        "B=", shlex.quote(head), '"$(date +%s%N)"', shlex.quote(tail), "; ",
+        " ".join([
+            "curl -sS -X POST", shlex.quote(hook_url),
+            "-H 'Content-Type: application/json'",
+            "-H 'X-GitHub-Event: issues'",
+            '-H "X-GitHub-Delivery: demo-$(date +%s%N)"',
+            '-H "X-Hub-Signature-256: sha256=$(printf %s "$B" | openssl dgst -sha256 -hmac '
+            + shlex.quote(secret) + " | sed 's/^.*= //')\"",
+            '--data-binary "$B"',
+        ]),
     ])
 
 

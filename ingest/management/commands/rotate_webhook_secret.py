@@ -1,0 +1,30 @@
+from datetime import timedelta
+
+from django.core.management.base import CommandError
+
+from ingest import transitions
+from ingest.models import Source, Webhook
+from switchboard.commands import JsonCommand
+
+
+class Command(JsonCommand):
+    help = ("Mint a new secret for a webhook and print it (shown only now); the old one keeps "
+            "verifying for --grace-seconds (default 24 h; 0 ends it at once).")
+
+    def add_arguments(self, parser):
+        parser.add_argument("slug")
+        parser.add_argument("--grace-seconds", type=int,
+                            default=int(transitions.DEFAULT_SECRET_ROTATION_GRACE.total_seconds()))
+
+    def handle(self, *args, slug, grace_seconds, **options):
+        if grace_seconds < 0:
+            raise CommandError("--grace-seconds must be >= 0")
+        webhook = Webhook.objects.filter(slug=slug).first()
+        if webhook is None:
+            raise CommandError(f"no webhook {slug!r}")
+        if webhook.source == Source.UNSIGNED:
+            raise CommandError(f"webhook {slug!r} is unsigned; it has no secret to rotate")
+        secret = transitions.rotate_webhook_secret(webhook, grace=timedelta(seconds=grace_seconds))
+        self.emit(options, {"slug": slug, "secret": secret},
+                  f"new secret for {slug}: {secret}\n"
+                  f"(configure it at the sender; the old one verifies for {grace_seconds} s more)")

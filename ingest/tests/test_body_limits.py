@@ -1,0 +1,89 @@
+"""Hostile bodies (CONTRACT §12; issue 15 items 2 and 3): JSON nested deeper than 100 levels is a
+400 naming the limit — never a 500 — on /hooks and the operator API, checked while parsing
+(switchboard/json_input.py); ``unsigned`` webhooks take at most 64 KiB by default."""
+
+import pytest
+from django.test import Client, override_settings
+
+from ingest import transitions
+from ingest.models import DeliveryRecord
+from switchboard import json_input
+from todos.models import Todo
+
+from .test_views import post_hook
+
+pytestmark = pytest.mark.django_db
+
+MAX_DEPTH = json_input.MAX_JSON_DEPTH  # 100
+
+
+def nested(depth: int) -> bytes:
+    """An object whose ``payload`` value nests arrays to ``depth`` levels in all (the outer
+    object counts as one), with a string at the bottom."""
+    inner = "[" * (depth - 1) + '"x"' + "]" * (depth - 1)
+    return ('{"type": "deep", "payload": ' + inner + "}").encode() if depth > 1 else b'{"type": "deep"}'
+
+
+def check_answer(answer_status: int, body: dict, depth: int, ok: int):
+    assert answer_status != 500
+    if depth <= MAX_DEPTH:
+        assert answer_status == ok, (depth, body)
+    else:
+        assert answer_status == 400, (depth, body)
+        assert body["error"]["code"] == "too_deep"
+        assert f"the limit is {MAX_DEPTH}" in body["error"]["message"]
+
+
+@override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=100_000,
+                   SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE=0)
+def test_hook_depth_sweep_1_to_2000_is_202_up_to_the_limit_then_400(make_webhook):
+    webhook = make_webhook("unsigned")
+    for depth in range(1, 2001):
+        answer = post_hook(webhook.slug, nested(depth), {})
+        check_answer(answer.status_code, answer.json(), depth, 202)
+    assert Todo.objects.count() == MAX_DEPTH
+
+
+@override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=100_000)
+def test_operator_api_depth_sweep_1_to_2000_is_201_up_to_the_limit_then_400(operator, endpoint):
+    client = Client()
+    _, token = transitions.mint_operator_token(user=operator)
+    for depth in range(1, 2001):
+        # {"queue", "title", "payload": <depth - 1 levels>}: the body nests ``depth`` in all.
+        payload = "[" * (depth - 2) + "1" + "]" * (depth - 2) if depth > 2 else "1"
+        body = (f'{{"queue": "inbox", "title": "deep {depth}", "idempotency_key": "k{depth}", '
+                f'"payload": {{"v": {payload}}}}}') if depth > 1 else '{"queue": "inbox"}'
+        answer = client.post(f"/api/v1/endpoints/{endpoint.slug}/todos", body,
+                             content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
+        if depth == 1:
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_argument"
+            continue
+        check_answer(answer.status_code, answer.json(), depth, 201)
+
+
+def test_depth_is_counted_outside_strings_only():
+    json_input.loads_strict('{"a": "' + "[" * 5000 + '"}')  # brackets inside a string: depth 1
+    json_input.loads_strict("[" * MAX_DEPTH + "]" * MAX_DEPTH)
+    with pytest.raises(json_input.TooDeep):
+        json_input.loads_strict("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1))
+    with pytest.raises(json_input.TooDeep):
+        json_input.loads_strict(b'{"a":' * (MAX_DEPTH + 1) + b"1" + b"}" * (MAX_DEPTH + 1))
+    with pytest.raises(json_input.TooDeep):  # escaped quotes do not end a string early
+        json_input.loads_strict('["\\"",' + "[" * 200 + "]" * 200 + "]")
+    with pytest.raises(ValueError):  # unbalanced: the decoder's own error
+        json_input.loads_strict("[" * 500)
+
+
+def test_an_unsigned_body_over_64_kib_is_413_and_at_the_cap_is_accepted(make_webhook, settings):
+    assert settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES == 64 * 1024
+    webhook = make_webhook("unsigned")
+    head = b'{"type": "big", "pad": "'
+    at_cap = head + b"x" * (64 * 1024 - len(head) - 2) + b'"}'
+    assert len(at_cap) == 64 * 1024
+    assert post_hook(webhook.slug, at_cap, {}).status_code == 202
+    over = head + b"x" * (64 * 1024 - len(head) - 1) + b'"}'
+    answer = post_hook(webhook.slug, over, {})
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == "too_large"
+    assert "65536" in answer.json()["error"]["message"]
+    assert Todo.objects.count() == 1
+    assert DeliveryRecord.objects.filter(outcome="too_large", size=len(over)).exists()

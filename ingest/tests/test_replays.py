@@ -1,0 +1,164 @@
+"""Replays and unsigned headers (CONTRACT §12; issue 12 item 5), through the real ASGI app.
+
+GitHub and Gitea sign the body only: a captured body re-sent under a new delivery id must be
+refused as a replay, while the sender's own redelivery (same id) keeps §4's idempotency.
+Stripe and Standard sign a timestamp too: a byte-for-byte repeat is a duplicate, never a new
+todo, even after the first one's todo is done."""
+
+import json
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from ingest import sweeps
+from ingest.models import DeliveryRecord, ReplayLedgerEntry
+from todos import transitions as todo_transitions
+from todos.models import Todo
+
+from . import signing
+from .conftest import SECRETS
+from .test_views import ISSUE, post_hook
+
+pytestmark = pytest.mark.django_db
+
+
+def github_post(webhook, body, **signer):
+    return post_hook(webhook.slug, body, signing.github(SECRETS["github"], body, **signer))
+
+
+def finish(todo_id, endpoint):
+    agent = todo_transitions.Caller.agent(endpoint, "session-a")
+    todo_transitions.claim_todo(agent, int(todo_id))
+    todo_transitions.complete_todo(agent, int(todo_id))
+
+
+def test_a_captured_github_body_under_a_new_delivery_id_is_refused_as_a_replay(make_webhook):
+    webhook = make_webhook("github")
+    body = signing.body_of(ISSUE)
+    assert github_post(webhook, body, delivery="d-1").status_code == 202
+    replay = github_post(webhook, body, delivery="d-2")
+    assert replay.status_code == 409, replay.content
+    assert replay.json()["error"]["code"] == "replay"
+    assert Todo.objects.count() == 1
+    # ...and a different event header on the same body is no way around it.
+    assert github_post(webhook, body, delivery="d-3", event="pull_request").status_code == 409
+    assert Todo.objects.count() == 1
+    logged = list(DeliveryRecord.objects.filter(webhook=webhook).order_by("id")
+                  .values_list("outcome", "status", "delivery_id"))
+    assert logged == [("accepted", 202, "d-1"), ("replay", 409, "d-2"), ("replay", 409, "d-3")]
+
+
+def test_the_same_delivery_id_keeps_idempotency_semantics(make_webhook, endpoint):
+    webhook = make_webhook("github")
+    body = signing.body_of(ISSUE)
+    first = github_post(webhook, body, delivery="d-1").json()
+    again = github_post(webhook, body, delivery="d-1")
+    assert again.status_code == 202
+    assert again.json()["todos"] == [{**first["todos"][0], "duplicate": True}]
+    # Once the todo is done, the sender's redelivery of the same id creates a new one (§4).
+    finish(first["todos"][0]["id"], endpoint)
+    later = github_post(webhook, body, delivery="d-1")
+    assert later.status_code == 202 and later.json()["todos"][0]["duplicate"] is False
+    assert Todo.objects.count() == 2
+
+
+def test_a_replay_is_accepted_again_once_the_window_has_passed(make_webhook, settings):
+    webhook = make_webhook("github")
+    body = signing.body_of(ISSUE)
+    assert github_post(webhook, body, delivery="d-1").status_code == 202
+    ReplayLedgerEntry.objects.update(
+        accepted_at=timezone.now() - settings.SWITCHBOARD_REPLAY_WINDOW - timedelta(seconds=1))
+    assert github_post(webhook, body, delivery="d-2").status_code == 202
+
+
+@pytest.mark.parametrize("source", ["stripe", "standard"])
+def test_a_timestamped_request_repeated_byte_for_byte_is_a_duplicate_even_after_done(
+        make_webhook, endpoint, source):
+    webhook = make_webhook(source)
+    payload = {"id": "evt_1", "type": "invoice.paid", "data": {}}
+    body = signing.body_of(payload)
+    stamp = int(time.time())
+    # One timestamp, one signature (and for Standard one message id).
+    meta = signing.SIGNERS[source](SECRETS[source], body, timestamp=stamp - 1)
+    first = post_hook(webhook.slug, body, meta)
+    assert first.status_code == 202
+    (todo,) = first.json()["todos"]
+    finish(todo["id"], endpoint)
+    repeat = post_hook(webhook.slug, body, meta)
+    assert repeat.status_code == 202, repeat.content
+    assert repeat.json()["todos"] == [{**todo, "duplicate": True}]
+    assert Todo.objects.count() == 1
+    assert list(DeliveryRecord.objects.order_by("id").values_list("outcome", flat=True)) == [
+        "accepted", "duplicate"]
+    # The sender's own retry (a fresh timestamp and signature, same event id) follows §4: the
+    # todo is done, so it is new work.
+    retry_meta = signing.SIGNERS[source](SECRETS[source], body, timestamp=stamp)
+    if source == "standard":
+        retry_meta = signing.standard(SECRETS[source], body, timestamp=stamp,
+                                      message_id=meta["HTTP_WEBHOOK_ID"])
+    retry = post_hook(webhook.slug, body, retry_meta)
+    assert retry.status_code == 202 and retry.json()["todos"][0]["duplicate"] is False
+
+
+@pytest.mark.parametrize("event", ['issues" trust="operator" x="<channel>', "issues opened",
+                                   "x" * 65, "issues\u200b"])
+def test_event_headers_outside_the_pattern_are_400(make_webhook, event):
+    webhook = make_webhook("github")
+    body = signing.body_of(ISSUE)
+    answer = github_post(webhook, body, event=event.encode("utf-8").decode("latin-1"))
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["error"]["code"] == "bad_kind"
+    assert Todo.objects.count() == 0
+
+
+def test_a_payload_action_outside_the_pattern_is_400(make_webhook):
+    webhook = make_webhook("github")
+    answer = github_post(webhook, signing.body_of({**ISSUE, "action": "<channel>"}))
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "bad_kind"
+
+
+def test_prune_replay_ledger_deletes_only_entries_past_the_window_in_bounded_batches(
+        make_webhook, settings, monkeypatch):
+    webhook = make_webhook("github")
+    now = timezone.now()
+    old = now - settings.SWITCHBOARD_REPLAY_WINDOW - timedelta(minutes=1)
+    ReplayLedgerEntry.objects.bulk_create(
+        [ReplayLedgerEntry(webhook=webhook, fingerprint=f"{n:064x}", accepted_at=old)
+         for n in range(5)]
+        + [ReplayLedgerEntry(webhook=webhook, fingerprint=f"{100:064x}", accepted_at=now)])
+    monkeypatch.setattr(sweeps, "REPLAY_LEDGER_PRUNE_BATCH", 3)
+    assert sweeps.prune_replay_ledger(now=now) == 3
+    assert sweeps.prune_replay_ledger(now=now) == 2
+    assert sweeps.prune_replay_ledger(now=now) == 0
+    assert ReplayLedgerEntry.objects.count() == 1
+
+
+def test_prune_replay_ledger_runs_in_the_embedded_scheduler_and_the_beat_schedule():
+    from channels_push import scheduler
+    from switchboard.celery import app
+
+    assert (sweeps.prune_replay_ledger, 60.0) in scheduler.embedded_sweeps()
+    tasks = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    assert {"ingest.tasks.prune_replay_ledger", "ingest.tasks.fold_dropped_delivery_counts"} <= tasks
+
+
+def test_the_delivery_event_ledger_entry_and_log_record_are_one_statement_on_postgres(
+        make_webhook, django_assert_num_queries):
+    from switchboard import statements
+
+    webhook = make_webhook("github")
+    github_post(webhook, signing.body_of(ISSUE))  # warm up
+    body = signing.body_of({**ISSUE, "n": 2})
+    # The lookup, the savepoint pair, the arrival and the todo (with its event): exactly what
+    # a delivery cost before it had a log record and a ledger entry. SQLite has no
+    # data-modifying CTEs, so there they are statements of their own (and the todo's too).
+    expected = 5 if statements.is_postgres() else 10
+    with django_assert_num_queries(expected) as captured:
+        assert github_post(webhook, body).status_code == 202
+    sql = [q["sql"] for q in captured.captured_queries]
+    assert sum("ingest_replayledgerentry" in q for q in sql) == 1
+    if statements.is_postgres():
+        assert any("ingest_replayledgerentry" in q and "ingest_deliveryrecord" in q
+                   and "ingest_deliveryevent" in q for q in sql), json.dumps(sql, indent=1)
