@@ -27,7 +27,8 @@ from todos.models import PrunedEventTally, State, Todo, TodoEvent
 from switchboard import ratelimit
 
 from . import transitions
-from .models import DeliveryDrops, DeliveryEvent, OperatorSecret, ReplayLedgerEntry, Webhook
+from .models import (DeliveryDrops, DeliveryEvent, DeliveryRecord, OperatorSecret,
+                     ReplayLedgerEntry, Webhook)
 
 # Rows per statement: large enough that a backlog of a million rows clears in a few minutes,
 # small enough that one batch holds its row locks for tens of milliseconds.
@@ -37,7 +38,8 @@ PAUSE_BETWEEN_BATCHES_SECONDS = 0.05
 
 # The kinds ``prune_history`` reports, in the order it deletes them: todos before the delivery
 # events they point at.
-KINDS = ("done_todos", "dead_letters", "todo_events", "delivery_events", "mcp_sessions")
+KINDS = ("done_todos", "dead_letters", "todo_events", "delivery_events", "delivery_log",
+         "mcp_sessions")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class Cutoffs:
     dead_before: datetime | None
     deliveries_before: datetime
     sessions_before: datetime
+    delivery_log_before: datetime
 
     @classmethod
     def at(cls, now: datetime) -> "Cutoffs":
@@ -59,6 +62,7 @@ class Cutoffs:
             # may be: deliveries that created no todo (no route) age out the same way.
             deliveries_before=now - settings.SWITCHBOARD_RETAIN_DONE,
             sessions_before=now - settings.SWITCHBOARD_RETAIN_ENDED_SESSIONS,
+            delivery_log_before=now - settings.SWITCHBOARD_RETAIN_DELIVERY_LOG,
         )
 
 
@@ -82,6 +86,7 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
                 break
             time.sleep(pause_seconds)
     for kind, delete_batch in (("delivery_events", _delete_delivery_event_batch),
+                               ("delivery_log", _delete_delivery_log_batch),
                                ("mcp_sessions", _delete_session_batch)):
         while True:
             deleted = delete_batch(cutoffs, batch)
@@ -107,6 +112,8 @@ def count_prunable(cutoffs: Cutoffs) -> dict:
         "delivery_events": DeliveryEvent.objects.filter(received_at__lt=cutoffs.deliveries_before)
         .exclude(id__in=kept_todos.filter(delivery_event__isnull=False)
                  .values("delivery_event_id")).count(),
+        "delivery_log": DeliveryRecord.objects.filter(at__lt=cutoffs.delivery_log_before).count()
+        + DeliveryDrops.objects.filter(minute__lt=cutoffs.delivery_log_before).count(),
         "mcp_sessions": McpSession.objects.filter(
             terminated_at__lt=cutoffs.sessions_before).count(),
     }
@@ -227,6 +234,23 @@ def _delete_delivery_event_batch(cutoffs: Cutoffs, batch: int) -> int:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(sql, (cutoffs.deliveries_before, batch))
         return cursor.rowcount
+
+
+def _delete_delivery_log_batch(cutoffs: Cutoffs, batch: int) -> int:
+    """The delivery log's records past their window (served by deliveryrecord_at), then its
+    per-minute dropped counts of the same age (a handful of rows per webhook and minute)."""
+    lock = "FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"""
+            DELETE FROM ingest_deliveryrecord WHERE id IN (
+                SELECT id FROM ingest_deliveryrecord WHERE at < %s ORDER BY at LIMIT %s {lock}
+            )""", (cutoffs.delivery_log_before, batch))
+        deleted = cursor.rowcount
+        cursor.execute(f"""
+            DELETE FROM ingest_deliverydrops WHERE id IN (
+                SELECT id FROM ingest_deliverydrops WHERE minute < %s LIMIT %s {lock}
+            )""", (cutoffs.delivery_log_before, batch))
+        return deleted + cursor.rowcount
 
 
 def _delete_session_batch(cutoffs: Cutoffs, batch: int) -> int:

@@ -160,6 +160,10 @@ _retain_dead_days = _typed("SWITCHBOARD_RETAIN_DEAD_DAYS", env.int, 0, minimum=0
 SWITCHBOARD_RETAIN_DEAD = timedelta(days=_retain_dead_days) if _retain_dead_days else None
 # Ended (terminated or expired) MCP sessions: kept a day for the admin's sake, then deleted.
 SWITCHBOARD_RETAIN_ENDED_SESSIONS = timedelta(days=1)
+# The delivery log (§14: what each request to a webhook became) and its dropped counts.
+SWITCHBOARD_RETAIN_DELIVERY_LOG = timedelta(
+    days=_typed("SWITCHBOARD_RETAIN_DELIVERY_LOG_DAYS", env.int, 30, minimum=1)
+)
 # Fernet key for operator-supplied secrets (§5); derived from SECRET_KEY when unset.
 SWITCHBOARD_SECRETS_KEY = env.str("SWITCHBOARD_SECRETS_KEY", default="")
 # When set, GET /metrics requires "Authorization: Bearer <this token>" (board, issue 7).

@@ -118,7 +118,7 @@ def test_dry_run_counts_what_the_prune_then_deletes_and_deletes_nothing(history,
             DeliveryEvent.objects.count()) == before
     assert sweeps.prune_history(now=NOW) == would
     assert would == {"done_todos": 3, "dead_letters": 1, "todo_events": 12,
-                     "delivery_events": 4, "mcp_sessions": 1}
+                     "delivery_events": 4, "delivery_log": 0, "mcp_sessions": 1}
 
 
 def test_ended_sessions_are_deleted_after_a_day_and_live_ones_never(endpoint):
@@ -216,7 +216,7 @@ def test_prune_command_prints_counts_as_json(history):
     call_command("prune", "--dry-run", "--json", stdout=out)
     assert json.loads(out.getvalue()) == {"would_prune": {
         "done_todos": 3, "dead_letters": 0, "todo_events": 9, "delivery_events": 3,
-        "mcp_sessions": 0}}
+        "delivery_log": 0, "mcp_sessions": 0}}
     out = StringIO()
     call_command("prune", "--json", stdout=out)
     assert json.loads(out.getvalue())["pruned"]["done_todos"] == 3
@@ -253,7 +253,8 @@ def test_prune_batches_use_their_partial_indexes(endpoint):
     text = plan(sweeps.done_past_retention(cutoffs))
     assert "todo_prune_done" in text and "Sort" not in text, text
     text = plan(sweeps.dead_past_retention(sweeps.Cutoffs(
-        done_before=NOW, dead_before=NOW, deliveries_before=NOW, sessions_before=NOW)))
+        done_before=NOW, dead_before=NOW, deliveries_before=NOW, sessions_before=NOW,
+        delivery_log_before=NOW)))
     assert "todo_prune_dead" in text and "Sort" not in text, text
 
 
@@ -275,3 +276,24 @@ def test_a_pruned_todo_answers_a_clear_not_found_page(client, operator, make_tod
     admin = client.get(f"/admin/todos/todo/{todo.pk}/change/", follow=True)
     assert admin.status_code == 200
     assert b"doesn" in admin.content  # "… doesn't exist. Perhaps it was deleted?"
+
+
+def test_the_delivery_log_is_pruned_after_its_own_window(operator, settings):
+    from ingest.models import DeliveryDrops, DeliveryRecord, Outcome
+    from ingest import transitions as ingest_transitions
+
+    settings.SWITCHBOARD_RETAIN_DELIVERY_LOG = timedelta(days=14)
+    webhook, _ = ingest_transitions.create_webhook(slug="logged", owner=operator, source="github")
+
+    def record(at):
+        return DeliveryRecord.objects.create(webhook=webhook, at=at, outcome=Outcome.BAD_SIGNATURE,
+                                             status=401)
+
+    old, fresh = record(NOW - timedelta(days=15)), record(NOW - timedelta(days=13))
+    DeliveryDrops.objects.create(webhook=webhook, minute=NOW - timedelta(days=20), dropped=7)
+    kept_drops = DeliveryDrops.objects.create(webhook=webhook, minute=NOW, dropped=3)
+    assert sweeps.prune_history(now=NOW, dry_run=True)["delivery_log"] == 2
+    assert sweeps.prune_history(now=NOW)["delivery_log"] == 2
+    assert list(DeliveryRecord.objects.values_list("pk", flat=True)) == [fresh.pk]
+    assert list(DeliveryDrops.objects.values_list("pk", flat=True)) == [kept_drops.pk]
+    assert not DeliveryRecord.objects.filter(pk=old.pk).exists()
