@@ -61,7 +61,10 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
         f" FROM endpoints_credential c{joins}{join_sql}"
         f" WHERE c.digest = %(digest)s AND e.slug = %(slug)s AND {rights} LIMIT 1"
     )
-    with connection.cursor() as cursor:
+    # Server-side binding, prepared after a few runs (switchboard/statements.py): the text is
+    # fixed per caller, and planning it on every request cost more than running it (profiled:
+    # ~150 µs client + ~230 µs PostgreSQL per MCP request unprepared, ~40 + ~25 prepared).
+    with statements.statement_cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None or not hmac.compare_digest(row[len(names)], params["digest"]):

@@ -62,3 +62,21 @@ def test_the_endpoint_found_by_credential_reads_like_the_orms(operator):
     for field in type(endpoint)._meta.concrete_fields:
         assert getattr(found, field.attname) == getattr(expected, field.attname), field.name
     assert found.owner == operator
+
+
+def test_the_bearer_lookup_is_prepared_after_a_few_runs(db):
+    """Every MCP request runs it: PostgreSQL plans it once per connection, not per request."""
+    from django.db import connection
+
+    from endpoints import queries, transitions
+    from tests.factories import UserFactory
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no prepared statements to look for; the PostgreSQL pass checks this")
+    endpoint, credential = transitions.vend_endpoint(slug="prepared", owner=UserFactory())
+    for _ in range(6):
+        assert queries.find_endpoint_for_credential("prepared", credential) == endpoint
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [statement for (statement,) in cursor.fetchall()]
+    assert any("FROM endpoints_credential c" in statement for statement in prepared), prepared
