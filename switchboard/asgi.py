@@ -23,7 +23,9 @@ from django.urls import re_path  # noqa: E402
 
 from channels_push import board_stream, mcp_transport, plain_http, publish  # noqa: E402
 from ingest import views as ingest_views  # noqa: E402
-from switchboard import client_address  # noqa: E402
+from switchboard import client_address, daphne_tuning  # noqa: E402
+
+daphne_tuning.skip_form_parsing()
 
 http_routes = [
     # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
