@@ -1,0 +1,66 @@
+"""switchboard/db_pool.py: the pool's check trusts a connection returned moments ago whose
+socket is quiet, and tests every other one (a terminated backend is never handed out)."""
+
+import time
+
+import psycopg
+import pytest
+from django.db import connection
+from psycopg_pool import ConnectionPool
+
+from switchboard import db_pool
+
+
+@pytest.fixture
+def raw_connection(db):
+    if connection.vendor != "postgresql":
+        pytest.skip("the pool is PostgreSQL's")
+    params = connection.get_connection_params()
+    conn = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory",)},
+                           autocommit=True)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def full_checks(monkeypatch):
+    calls = []
+    real = db_pool._empty_query_check
+    monkeypatch.setattr(db_pool, "_empty_query_check", lambda conn: (calls.append(conn), real(conn)))
+    return calls
+
+
+def test_a_connection_just_returned_and_quiet_is_handed_out_without_a_query(raw_connection,
+                                                                              full_checks):
+    db_pool.note_returned(raw_connection)
+    db_pool.check_pooled_connection(raw_connection)
+    assert full_checks == []
+
+
+def test_a_connection_returned_long_ago_or_never_gets_the_full_check(raw_connection, full_checks,
+                                                                     monkeypatch):
+    db_pool.check_pooled_connection(raw_connection)  # never returned: checked
+    db_pool.note_returned(raw_connection)
+    later = time.monotonic() + db_pool.TRUSTED_AFTER_RETURN_SECONDS + 1
+    monkeypatch.setattr(db_pool.time, "monotonic", lambda: later)
+    db_pool.check_pooled_connection(raw_connection)
+    assert full_checks == [raw_connection, raw_connection]
+
+
+def test_a_terminated_backend_is_refused_even_just_after_its_return(raw_connection):
+    db_pool.note_returned(raw_connection)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [raw_connection.info.backend_pid])
+    deadline = time.monotonic() + 5
+    while db_pool._socket_quiet(raw_connection):  # the goodbye arrives
+        assert time.monotonic() < deadline
+        time.sleep(0.01)  # poll interval, bounded by the deadline above
+    with pytest.raises(psycopg.OperationalError):
+        db_pool.check_pooled_connection(raw_connection)
+
+
+def test_the_pool_django_builds_uses_this_check(db):
+    if connection.vendor != "postgresql" or not connection.pool:
+        pytest.skip("no pool configured (SQLite, or DATABASE_POOL_MAX_SIZE=0)")
+    assert connection.pool._check is db_pool.check_pooled_connection
+    assert connection.pool._reset is db_pool.note_returned
