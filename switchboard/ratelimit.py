@@ -60,10 +60,12 @@ def _decision(allowed: bool, wait_ms: float) -> Decision:
 
 # -- Redis -------------------------------------------------------------------------------------
 
-# KEYS[1] bucket hash; ARGV[1] per_minute. Returns {allowed, wait_ms}. The same arithmetic as
-# refill_bucket, in one atomic script.
+# KEYS[1] bucket hash; ARGV[1] per_minute; ARGV[2] how many tokens to take at most (the batch,
+# see _reservation_size). Returns {allowed, wait_ms, taken}: the same arithmetic as
+# refill_bucket, in one atomic script, taking up to the batch when the bucket holds that many.
 _TAKE_TOKEN_LUA = """
 local capacity = tonumber(ARGV[1])
+local batch = tonumber(ARGV[2]) or 1
 local rate = capacity / 60000.0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -73,16 +75,51 @@ local ts = tonumber(state[2]) or now
 tokens = math.min(capacity, tokens + math.max(0, now - ts) * rate)
 local allowed = 0
 local wait = 0
+local taken = 0
 if tokens >= 1 then
-  tokens = tokens - 1
+  taken = math.min(batch, math.floor(tokens))
+  tokens = tokens - taken
   allowed = 1
 else
   wait = math.ceil((1 - tokens) / rate)
 end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(60000 * (capacity - tokens) / capacity) + 1000)
-return {allowed, wait}
+return {allowed, wait, taken}
 """
+
+# A busy key's tokens are taken from Redis a few at a time and spent here, so a process does one
+# round trip per batch instead of one per request (~55 µs each, profiled on /mcp). The shared
+# bucket is still the only source of tokens, so all processes together never pass the limit;
+# a process holds at most a batch for at most RESERVATION_SECONDS (then the rest is dropped,
+# never returned: a little under-admission, never over). Only a limit of 600/min or more
+# batches (at most 10: a tenth of a second of its rate per round trip).
+RESERVATION_SECONDS = 1.0
+MAX_RESERVATION = 10
+
+
+def _reservation_size(per_minute: int) -> int:
+    return max(1, min(MAX_RESERVATION, per_minute // 600))
+
+
+_reserved_lock = threading.Lock()
+_reserved: dict[str, tuple[int, float]] = {}  # bucket key -> (tokens left, expires at)
+
+
+def _spend_reserved(bucket_key: str) -> bool:
+    with _reserved_lock:
+        left, expires = _reserved.get(bucket_key, (0, 0.0))
+        if left <= 0 or expires <= time.monotonic():
+            return False
+        _reserved[bucket_key] = (left - 1, expires)
+        return True
+
+
+def _keep_reserved(bucket_key: str, tokens: int) -> None:
+    with _reserved_lock:
+        _reserved[bucket_key] = (tokens, time.monotonic() + RESERVATION_SECONDS)
+        while len(_reserved) > MAX_LOCAL_BUCKETS:
+            _reserved.pop(next(iter(_reserved)))
 
 _redis_lock = threading.Lock()
 _redis_client = None
@@ -131,6 +168,8 @@ def reset_local_state() -> None:
     with _local_lock:
         _local_buckets.clear()
         _local_counts.clear()
+    with _reserved_lock:
+        _reserved.clear()
     with _failing_lock:
         _failing_until.clear()
     _redis_down_until = 0.0
@@ -142,8 +181,14 @@ def take_token(scope: str, key: str, *, per_minute: int) -> Decision:
     global _redis_down_until
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     if settings.REDIS_URL and time.monotonic() >= _redis_down_until:
+        bucket_key = _redis_key(scope, digest)
+        if _spend_reserved(bucket_key):
+            return Decision(True)
         try:
-            allowed, wait_ms = _redis()(keys=[_redis_key(scope, digest)], args=[per_minute])
+            allowed, wait_ms, taken = _redis()(
+                keys=[bucket_key], args=[per_minute, _reservation_size(per_minute)])
+            if taken > 1:
+                _keep_reserved(bucket_key, int(taken) - 1)
             return _decision(bool(allowed), float(wait_ms))
         except redis.RedisError as exc:
             _redis_down_until = time.monotonic() + REDIS_RETRY_AFTER_FAILURE_SECONDS

@@ -92,3 +92,30 @@ def test_window_counters_count_in_process_without_redis(settings):
     key = uuid.uuid4().hex
     assert [rate_limits.count_hit("test-count", key, ttl_seconds=60) for _ in range(2)] == [1, 2]
     assert rate_limits.read_counts("test-count") == {key: 2}
+
+
+def test_a_busy_key_takes_its_tokens_from_redis_a_batch_at_a_time(settings, monkeypatch):
+    """6000/min reserves 10 tokens a round trip: 25 requests cost 3 Redis calls, and the shared
+    bucket is charged for every token handed out (none minted locally)."""
+    assert settings.REDIS_URL
+    rate_limits.reset_local_state()
+    script = rate_limits._redis()
+    calls = []
+    monkeypatch.setattr(rate_limits, "_redis", lambda: (
+        lambda **kwargs: (calls.append(kwargs), script(**kwargs))[1]))
+    key = uuid.uuid4().hex
+    assert all(rate_limits.take_token("test", key, per_minute=6000).allowed for _ in range(25))
+    assert len(calls) == 3
+    digest = __import__("hashlib").sha256(key.encode()).hexdigest()[:32]
+    tokens = float(script.registered_client.hget(rate_limits._redis_key("test", digest), "tokens"))
+    assert 6000 - 30 <= tokens <= 6000 - 30 + 1  # 3 batches of 10 taken (plus a little refill)
+
+
+def test_a_batch_never_takes_more_than_the_bucket_holds(settings):
+    assert settings.REDIS_URL
+    script = rate_limits._redis()
+    key = rate_limits._redis_key("test", uuid.uuid4().hex)
+    allowed, _, taken = script(keys=[key], args=[3, 10])
+    assert allowed == 1 and taken == 3  # a bucket of 3: all 3, not 10
+    allowed, wait_ms, taken = script(keys=[key], args=[3, 10])
+    assert allowed == 0 and taken == 0 and wait_ms > 0
