@@ -148,7 +148,7 @@ def production_env():
                       REDIS_URL=BENCH_REDIS, CHANNEL_PREFIX="sbbench")
 
 
-def switchboard_worker(ready, start, done_queue):
+def switchboard_worker(ready, start, done_queue, release):
     production_env()
     sys.path.insert(0, str(ROOT))
     import django
@@ -168,6 +168,7 @@ def switchboard_worker(ready, start, done_queue):
         transitions.complete_todo(caller, todo.pk, lease_id=todo.lease_id)
         cycles += 1
     done_queue.put((time.perf_counter(), cycles))
+    release.wait(60)  # keep the connection (and its backend's CPU count) until measured
 
 
 BARE_CLAIM = (
@@ -182,7 +183,7 @@ BARE_COMPLETE = (
 )
 
 
-def drain_with_psycopg(ready, start, done_queue, cycle):
+def drain_with_psycopg(ready, start, done_queue, release, cycle):
     """A plain-psycopg worker: one connection, then ``cycle(conn, endpoint_id, owner)`` (one
     claim + complete; False once nothing is left) until the queue is empty."""
     conn = psycopg.connect(SB_DB, autocommit=True)
@@ -194,6 +195,7 @@ def drain_with_psycopg(ready, start, done_queue, cycle):
     while cycle(conn, ep, owner):
         cycles += 1
     done_queue.put((time.perf_counter(), cycles))
+    release.wait(60)
 
 
 def bare_cycle(conn, ep, owner) -> bool:
@@ -204,8 +206,8 @@ def bare_cycle(conn, ep, owner) -> bool:
     return True
 
 
-def bare_worker(ready, start, done_queue):
-    drain_with_psycopg(ready, start, done_queue, bare_cycle)
+def bare_worker(ready, start, done_queue, release):
+    drain_with_psycopg(ready, start, done_queue, release, bare_cycle)
 
 
 # (d) a diagnostic, not part of the targets: switchboard's own claim_next and complete statements
@@ -258,11 +260,11 @@ def audited_sql_cycle(conn, ep, owner) -> bool:
     return True
 
 
-def audited_sql_worker(ready, start, done_queue):
-    drain_with_psycopg(ready, start, done_queue, audited_sql_cycle)
+def audited_sql_worker(ready, start, done_queue, release):
+    drain_with_psycopg(ready, start, done_queue, release, audited_sql_cycle)
 
 
-def procrastinate_worker(ready, start, done_queue):
+def procrastinate_worker(ready, start, done_queue, release):
     import logging
 
     logging.disable(logging.WARNING)
@@ -274,7 +276,8 @@ def procrastinate_worker(ready, start, done_queue):
         start.wait()
         app.run_worker(concurrency=1, wait=False, install_signal_handlers=False,
                        listen_notify=False, delete_jobs="never")
-    done_queue.put((time.perf_counter(), None))
+        done_queue.put((time.perf_counter(), None))
+        release.wait(60)
 
 
 SYSTEMS = {
@@ -285,13 +288,36 @@ SYSTEMS = {
 }
 
 
-def run_round(worker, refill, todos: int, workers: int) -> float:
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` so far (0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def backends_cpu(database: str) -> dict[int, float]:
+    """CPU so far of every PostgreSQL backend connected to ``database`` (the workers'; this
+    probe's own connection left out). PostgreSQL must run on this machine (/proc)."""
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        pids = [pid for (pid,) in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,)).fetchall()]
+    return {pid: process_cpu_seconds(pid) for pid in pids}
+
+
+def run_round(worker, refill, todos: int, workers: int) -> tuple[float, float]:
+    """One drain: (cycles/s, PostgreSQL CPU seconds per cycle of the workers' backends)."""
     refill(todos)
+    database = "sb_bench_procrastinate" if worker is procrastinate_worker else "sb_bench"
     ctx = mp.get_context("spawn")
     start = ctx.Event()
+    release = ctx.Event()
     ready = ctx.Queue()
     done_queue = ctx.Queue()
-    processes = [ctx.Process(target=worker, args=(ready, start, done_queue)) for _ in range(workers)]
+    processes = [ctx.Process(target=worker, args=(ready, start, done_queue, release))
+                 for _ in range(workers)]
     for process in processes:
         process.start()
     # Open the gate only when every process has imported, set up and connected: on 2 cores,
@@ -300,12 +326,16 @@ def run_round(worker, refill, todos: int, workers: int) -> float:
     for _ in processes:
         ready.get(timeout=120)
     time.sleep(0.2)  # let the last one reach start.wait()
+    before = backends_cpu(database)
     began = time.perf_counter()
     start.set()
     finished = [done_queue.get(timeout=600)[0] for _ in processes]
+    after = backends_cpu(database)
+    release.set()
     for process in processes:
         process.join(timeout=60)
-    return todos / (max(finished) - began)
+    pg_cpu = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+    return todos / (max(finished) - began), pg_cpu / todos
 
 
 # -- latency with history ------------------------------------------------------------------------
@@ -357,16 +387,22 @@ def main():
         print(f"# {conn.execute('SELECT version()').fetchone()[0].split(' on ')[0]}")
     print(f"# {args.todos} todos per round, {args.rounds} interleaved rounds, median shown\n")
     print("| workers | a switchboard | b bare SQL | c procrastinate | d audited SQL, psycopg only "
-          "| a/b | a/c | (d/b) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| a/d (target >= 0.9) | a/c (target >= 3 at 8) | a/b | PG CPU/cycle a, b, d "
+          "| PG a/b (target <= 1.25) | a cycles/s per PG core |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for workers in [int(w) for w in args.workers.split(",")]:
         rates = {name: [] for name in SYSTEMS}
+        pg_cpu = {name: [] for name in SYSTEMS}
         for _ in range(args.rounds):
             for name, (worker, refill) in SYSTEMS.items():
-                rates[name].append(run_round(worker, refill, args.todos, workers))
+                rate, cpu = run_round(worker, refill, args.todos, workers)
+                rates[name].append(rate)
+                pg_cpu[name].append(cpu)
         a, b, c, d = (statistics.median(rates[name]) for name in SYSTEMS)
-        print(f"| {workers} | {a:.0f}/s | {b:.0f}/s | {c:.0f}/s | {d:.0f}/s | {a / b:.2f} "
-              f"| {a / c:.2f} | ({d / b:.2f}) |", flush=True)
+        pa, pb, _, pd = (statistics.median(pg_cpu[name]) for name in SYSTEMS)
+        print(f"| {workers} | {a:.0f}/s | {b:.0f}/s | {c:.0f}/s | {d:.0f}/s | {a / d:.2f} "
+              f"| {a / c:.2f} | {a / b:.2f} | {pa * 1000:.3f} / {pb * 1000:.3f} / "
+              f"{pd * 1000:.3f} ms | {pa / pb:.2f} | {1 / pa:.0f} |", flush=True)
 
     print("\n| done todos in table | claim_next p50 | p99 |")
     print("| --- | --- | --- |")
