@@ -235,6 +235,15 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` so far (0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -277,13 +286,16 @@ def main():
         warm, measured = requests[:args.warmup], requests[args.warmup:]
         warmed = {name: asyncio.run(drive(ports[name], warm, args.concurrency, args.max_seconds))
                   for name in apps}
-        results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}} for name in apps}
+        results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}, "cpu": 0.0}
+                   for name in apps}
         for round_number in range(args.rounds):
             batch = measured[round_number * args.deliveries:(round_number + 1) * args.deliveries]
             for name, port in ports.items():
+                cpu_before = process_cpu_seconds(processes[name].pid)
                 elapsed, latencies, statuses = asyncio.run(
                     drive(port, batch, args.concurrency, args.max_seconds))
                 result = results[name]
+                result["cpu"] += process_cpu_seconds(processes[name].pid) - cpu_before
                 result["elapsed"] += elapsed
                 result["latencies"] += latencies
                 for status, count in statuses.items():
@@ -304,11 +316,16 @@ def main():
               f"p99 {percentile(result['latencies'], 0.99) * 1000:7.2f} ms  "
               f"mean {statistics.fmean(result['latencies']) * 1000:7.2f} ms  "
               f"statuses {dict(sorted(result['statuses'].items()))}")
-    ratio = rates["switchboard"] / rates["floor"] if rates["floor"] else 0.0
-    print(f"  ratio switchboard/floor = {ratio:.2f} (target >= 0.5)")
+    cpu_ms = {name: result["cpu"] / max(1, len(result["latencies"])) * 1000
+              for name, result in results.items()}
+    print(f"  daphne CPU per delivery: switchboard {cpu_ms['switchboard']:.2f} ms, bare-sql "
+          f"{cpu_ms['bare-sql']:.2f} ms, floor {cpu_ms['floor']:.2f} ms")
     if rates["bare-sql"] and rates["floor"]:
-        print(f"  (diagnostic) bare-sql/floor = {rates['bare-sql'] / rates['floor']:.2f}, "
-              f"switchboard/bare-sql = {rates['switchboard'] / rates['bare-sql']:.2f}")
+        print(f"  ratio switchboard/bare-sql = {rates['switchboard'] / rates['bare-sql']:.2f} "
+              f"(target >= 0.75); by daphne CPU per delivery bare-sql/switchboard = "
+              f"{cpu_ms['bare-sql'] / cpu_ms['switchboard']:.2f}")
+        print(f"  (information) switchboard/floor = {rates['switchboard'] / rates['floor']:.2f}, "
+              f"bare-sql/floor = {rates['bare-sql'] / rates['floor']:.2f}")
     sent = len(warmed["switchboard"][1]) + len(results["switchboard"]["latencies"])
     todos = count_bench_todos(env)
     print(f"  todos created {todos} for {sent} deliveries sent (one per delivery: {todos == sent})")
