@@ -3,7 +3,8 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/sb_bench REDIS_URL=redis://127.0.0.1:6379/0 \\
         python bench/run_all.py [--quick] [--only ingest,mcp] [--results bench/RESULTS.md]
 
-A benchmark is any ``bench/*.py`` with a ``__main__`` block (``bare_asgi.py`` is the floor app
+A benchmark is any ``bench/*.py`` with a ``__main__`` block but ``mcp_reference_server.py`` (the
+server ``mcp.py`` starts) (``bare_asgi.py`` is the floor app
 that ``ingest.py`` serves, not a benchmark). Each runs with its own defaults, or with small
 arguments under ``--quick`` (a smoke run: the numbers are then not worth quoting). ``queue.py``
 compares against Procrastinate, so it runs in ``bench/.venv`` (created from
@@ -51,7 +52,8 @@ SCRIPT_TIMEOUT_SECONDS = 3600
 def find_benchmarks() -> list[str]:
     names = []
     for path in sorted(BENCH.glob("*.py")):
-        if path.name in ("__init__.py", "run_all.py"):
+        # Not benchmarks: this runner, and the servers that benchmarks start themselves.
+        if path.name in ("__init__.py", "run_all.py", "mcp_reference_server.py"):
             continue
         if 'if __name__ == "__main__"' in path.read_text():
             names.append(path.stem)
