@@ -30,9 +30,11 @@ _WEBHOOK_WITH_ROUTES_SQL = (
     "SELECT " + ", ".join(f"w.{name}" for name in _WEBHOOK_FIELDS) + ", "
     + ", ".join(f"r.{name}" for name in _ROUTE_FIELDS) + ", "
     + ", ".join(f"e.{name}" for name in _ENDPOINT_FIELDS)
-    + " FROM ingest_webhook w LEFT JOIN ingest_route r ON r.webhook_id = w.id"
+    + " FROM ingest_webhook w JOIN auth_user u ON u.id = w.owner_id"
+    " LEFT JOIN ingest_route r ON r.webhook_id = w.id"
     " LEFT JOIN endpoints_endpoint e ON e.id = r.endpoint_id"
-    " WHERE w.slug = %s AND w.active ORDER BY r.id"
+    # An inactive owner's webhooks are as unknown as inactive ones (§12: offboarding).
+    " WHERE w.slug = %s AND w.active AND u.is_active ORDER BY r.id"
 )
 
 
@@ -42,7 +44,7 @@ def _json_value(value):
 
 
 def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
-    """The active webhook ``slug`` and its routes (endpoints loaded), in route order, in one
+    """The active webhook ``slug`` of an active owner and its routes (endpoints loaded), in route order, in one
     query; ``(None, [])`` when there is no such active webhook."""
     with statements.statement_cursor() as cursor:
         cursor.execute(_WEBHOOK_WITH_ROUTES_SQL, [slug])

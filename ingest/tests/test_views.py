@@ -210,6 +210,22 @@ def test_unknown_and_inactive_webhooks_are_404(make_webhook):
     assert nothing_written()
 
 
+def test_an_inactive_owners_webhooks_are_404_until_reactivated(make_webhook):
+    """Offboarding (CONTRACT §12): deactivating an operator stops their webhooks creating
+    work (an unsigned one included: anyone could otherwise keep feeding it)."""
+    signed, unsigned = make_webhook("github"), make_webhook("unsigned")
+    owner = signed.owner
+    owner.is_active = False
+    owner.save()
+    for webhook in (signed, unsigned):
+        answer = deliver(webhook)
+        assert answer.status_code == 404 and answer.json()["error"]["code"] == "unknown_webhook"
+    assert nothing_written()
+    owner.is_active = True
+    owner.save()
+    assert deliver(signed).status_code == 202
+
+
 def test_a_client_gone_mid_body_gets_nothing_run_or_written(make_webhook):
     """An unsigned webhook would accept the first half of this body as it stands (it is JSON);
     a client that hangs up before the rest must not have a truncated delivery written."""
