@@ -314,6 +314,19 @@ def _rate_limited(verdict, per_minute: int) -> Problem:
                    headers={"Retry-After": str(verdict.retry_after_seconds)})
 
 
+def _charge_repeat_to_the_sender(webhook, request) -> None:
+    """A repeated or replayed signed delivery spends the budget of the address that sent it,
+    not the webhook's (§12): re-sending one captured body must not push the real sender into
+    429. The token ``_verify`` took for it goes back."""
+    ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
+                              per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+    verdict = ratelimit.charge_client_failure(
+        "hook-failures", f"{webhook.pk}:{request.client}",
+        per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+    if not verdict.allowed:
+        raise _rate_limited(verdict, settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+
+
 def _verify(webhook, request, now):
     """Verify, spending the right budget (§12): a failure spends its client address's budget
     for this webhook (and is a 429 once that is gone), a success the webhook's own — so no
@@ -397,6 +410,7 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
                 timestamped=bool(envelope.signed_digest), now=now,
             )
         except transitions.Refused as refused:
+            _charge_repeat_to_the_sender(webhook, request)
             if refused.outcome == Outcome.REPLAY:
                 log.warning("webhook replay refused", extra={"webhook": webhook.slug,
                                                              "delivery_id": delivery_id[:64]})
@@ -420,6 +434,14 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
     except DatabaseError as exc:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
         return _storage_unavailable(exc, webhook=webhook_slug).answer()
+    if arrival.todos and not any(created for _, created in arrival.todos):
+        # A redelivery of a live delivery (same id, §4): answered as a duplicate, charged as
+        # a repeat. The answer stays a 202 even past the sender's repeat budget: its work is
+        # already recorded, and a genuine sender retrying must not be told otherwise.
+        try:
+            _charge_repeat_to_the_sender(webhook, request)
+        except Problem:
+            pass
     push_metrics.INGEST_ACCEPTED.labels(source=webhook.source).inc()
     log.info("webhook delivery accepted", extra={
         "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),

@@ -197,6 +197,38 @@ def take_token(scope: str, key: str, *, per_minute: int) -> Decision:
     return _take_local(f"{scope}:{digest}", per_minute)
 
 
+_GIVE_BACK_LUA = """
+local capacity = tonumber(ARGV[1])
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens'))
+if tokens then
+  redis.call('HSET', KEYS[1], 'tokens', tostring(math.min(capacity, tokens + 1)))
+end
+return 1
+"""
+_give_back_script = None
+
+
+def give_back_token(scope: str, key: str, *, per_minute: int) -> None:
+    """Return the token a request took when it turned out not to be what the budget is for
+    (a repeated or replayed delivery: §12 charges those to the sender's address instead)."""
+    global _give_back_script
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    if settings.REDIS_URL and time.monotonic() >= _redis_down_until:
+        try:
+            _redis()
+            if _give_back_script is None or _give_back_script.registered_client is not _redis_client:
+                _give_back_script = _redis_client.register_script(_GIVE_BACK_LUA)
+            _give_back_script(keys=[_redis_key(scope, digest)], args=[per_minute])
+            return
+        except redis.RedisError:
+            pass  # nothing to give back to; the next take finds Redis down and counts locally
+    with _local_lock:
+        bucket_key = f"{scope}:{digest}"
+        if bucket_key in _local_buckets:
+            tokens, last_ms = _local_buckets[bucket_key]
+            _local_buckets[bucket_key] = (min(float(per_minute), tokens + 1.0), last_ms)
+
+
 # -- anonymous failures per client address (CONTRACT §12) ---------------------------------------
 #
 # Unknown hook slugs, failed verifications and bad MCP bearers spend a budget of their own, keyed

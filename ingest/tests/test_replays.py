@@ -162,3 +162,21 @@ def test_the_delivery_event_ledger_entry_and_log_record_are_one_statement_on_pos
     if statements.is_postgres():
         assert any("ingest_replayledgerentry" in q and "ingest_deliveryrecord" in q
                    and "ingest_deliveryevent" in q for q in sql), json.dumps(sql, indent=1)
+
+
+@pytest.mark.parametrize("repeat", ["same delivery id", "new delivery id"])
+def test_re_sending_a_captured_body_never_starves_the_real_sender(make_webhook, settings, repeat):
+    """Repeats and replays spend the re-sender's address budget, not the webhook's: after 25
+    of them against a webhook budget of 5 a minute, the sender's next delivery is accepted."""
+    from switchboard import ratelimit
+
+    ratelimit.reset_local_state()
+    settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE = 5
+    webhook = make_webhook("github")
+    captured = signing.body_of(ISSUE)
+    assert github_post(webhook, captured, delivery="d-0").status_code == 202
+    for n in range(25):
+        delivery = "d-0" if repeat == "same delivery id" else f"d-replay-{n}"
+        assert github_post(webhook, captured, delivery=delivery).status_code in (202, 409, 429)
+    fresh = signing.body_of({**ISSUE, "issue": {**ISSUE["issue"], "number": 99}})
+    assert github_post(webhook, fresh, delivery="d-fresh").status_code == 202
