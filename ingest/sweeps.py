@@ -283,17 +283,23 @@ def prune_history_sweep() -> int:
 REPLAY_LEDGER_PRUNE_BATCH = 1000
 
 
-def prune_replay_ledger(*, now=None) -> int:
+def prune_replay_ledger(*, now=None, pause_seconds=PAUSE_BETWEEN_BATCHES_SECONDS) -> int:
     """Delete replay-ledger entries older than SWITCHBOARD_REPLAY_WINDOW (they can no longer
-    refuse anything), oldest first, at most REPLAY_LEDGER_PRUNE_BATCH. Returns how many."""
+    refuse anything), oldest first, in batches of REPLAY_LEDGER_PRUNE_BATCH until none is left
+    (one batch per pass fell behind above ~17 accepted deliveries a second). Returns how many."""
     now = now or timezone.now()
-    expired = list(ReplayLedgerEntry.objects.filter(
-        accepted_at__lt=now - settings.SWITCHBOARD_REPLAY_WINDOW,
-    ).order_by("accepted_at").values_list("pk", flat=True)[:REPLAY_LEDGER_PRUNE_BATCH])
-    if not expired:
-        return 0
-    deleted, _ = ReplayLedgerEntry.objects.filter(pk__in=expired).delete()
-    return deleted
+    total = 0
+    while True:
+        expired = list(ReplayLedgerEntry.objects.filter(
+            accepted_at__lt=now - settings.SWITCHBOARD_REPLAY_WINDOW,
+        ).order_by("accepted_at").values_list("pk", flat=True)[:REPLAY_LEDGER_PRUNE_BATCH])
+        if not expired:
+            return total
+        deleted, _ = ReplayLedgerEntry.objects.filter(pk__in=expired).delete()
+        total += deleted
+        if len(expired) < REPLAY_LEDGER_PRUNE_BATCH:
+            return total
+        time.sleep(pause_seconds)
 
 
 def fold_dropped_delivery_counts() -> int:

@@ -9,7 +9,7 @@
 #     REDIS_URL and removed when the calling script exits (trap).
 #   * needed but not installed: says what to install and returns 1, having started nothing.
 # SB_TEST_PG_PORT / SB_TEST_REDIS_PORT replace the default ports (5432 / 6379) and
-# SB_TEST_PG_BINDIR / SB_TEST_REDIS_SERVER the binaries' locations (tests/test_test_services.py
+# SB_TEST_PG_BINDIR / SB_TEST_REDIS_SERVER the binaries' locations (tests/test_scripts_test_services.py
 # probes with them; nothing shared is ever stopped).
 
 port_answers() {  # port_answers PORT: something accepts TCP connections on 127.0.0.1:PORT

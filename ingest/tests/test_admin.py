@@ -241,3 +241,20 @@ def test_adding_an_unsigned_webhook_in_admin_warns_that_anyone_can_create_work(a
         "routes-TOTAL_FORMS": "0", "routes-INITIAL_FORMS": "0",
     }, follow=True)
     assert "anyone who knows its URL can create work" in answer.content.decode()
+
+
+def test_the_delivery_log_filter_lists_only_the_operators_own_webhooks(client):
+    from django.contrib.auth.models import Permission
+
+    from ingest import transitions as ingest_transitions
+    from tests.factories import UserFactory
+
+    mine, theirs = UserFactory(username="log-owner", is_staff=True), UserFactory(username="other")
+    mine.user_permissions.add(Permission.objects.get(codename="view_deliveryrecord"))
+    ingest_transitions.create_webhook(slug="my-hook", owner=mine, source="github")
+    ingest_transitions.create_webhook(slug="victim-secret-project-hook", owner=theirs,
+                                      source="github")
+    client.force_login(mine)
+    page = client.get("/admin/ingest/deliveryrecord/")
+    assert page.status_code == 200
+    assert b"my-hook" in page.content and b"victim-secret-project-hook" not in page.content
