@@ -87,3 +87,18 @@ def test_an_unsigned_body_over_64_kib_is_413_and_at_the_cap_is_accepted(make_web
     assert "65536" in answer.json()["error"]["message"]
     assert Todo.objects.count() == 1
     assert DeliveryRecord.objects.filter(outcome="too_large", size=len(over)).exists()
+
+
+@pytest.mark.timeout(30)
+def test_the_depth_check_is_one_pass_over_unterminated_strings():
+    """Review finding: the string-removal pattern restarted at every quote of an unterminated
+    string and rescanned to the end — quadratic (64 KB: 7 s of CPU, a blocked process; 1 MiB,
+    an authenticated body size, would have taken half an hour). One pass finishes 1 MiB well
+    inside this test's timeout; the quadratic scan would not."""
+    from switchboard import json_input
+
+    for tail in ('\\"' * (512 * 1024), 'x' * (1024 * 1024) + "\\"):
+        body = "[" * 101 + '"' + tail
+        json_input.check_depth(body)  # an unterminated string: the decoder will refuse it
+        with pytest.raises(ValueError):
+            json_input.loads_strict(body)
