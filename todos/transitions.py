@@ -412,8 +412,12 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
                      completing=False, overriding=None) -> Refusal:
     """After a guard missed: read the row once and say why. Invisible looks like missing."""
     todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).first()
-    if todo is None or not caller.covers(todo.queue) or (
-            claiming and caller.hides_unverified and todo.trust == Trust.UNVERIFIED):
+    # An unverified todo hidden from this agent (accept_unverified off) is missing for every
+    # verb, not only claim: a fenced verb's "lease_lost … is pending" told it exists (review).
+    # Its holder (a claim from before the setting changed) still hears about its own lease.
+    hidden = (caller.hides_unverified and todo is not None and todo.trust == Trust.UNVERIFIED
+              and (claiming or todo.lease_owner != caller.actor))
+    if todo is None or not caller.covers(todo.queue) or hidden:
         return Refusal("not_found", f"no todo {todo_id}")
     if claiming and todo.state == "pending" and caller.endpoint.is_paused(todo.queue):
         return Refusal("paused", f"queue {todo.queue} of this endpoint is paused by its operator")
