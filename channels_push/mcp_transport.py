@@ -26,6 +26,7 @@ import functools
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -154,6 +155,23 @@ def _content_type_is_json(header: str | None) -> bool:
 # -- sync handlers (one database_sync_to_async hop each) ----------------------------------------
 
 
+# Bearer digests this process accepted, and until when they pass an address's failure block:
+# only a lookup hint (every request still checks its credential in the database), bounded.
+ACCEPTED_BEARER_MEMORY_SECONDS = 600.0
+_accepted_bearers: dict[str, float] = {}
+
+
+def _recently_accepted(digest: str) -> bool:
+    return bool(digest) and _accepted_bearers.get(digest, 0.0) > time.monotonic()
+
+
+def _note_accepted(digest: str) -> None:
+    _accepted_bearers.pop(digest, None)  # re-insert: dict order is recency
+    _accepted_bearers[digest] = time.monotonic() + ACCEPTED_BEARER_MEMORY_SECONDS
+    while len(_accepted_bearers) > ratelimit.MAX_LOCAL_BUCKETS:
+        _accepted_bearers.pop(next(iter(_accepted_bearers)))
+
+
 def _authorize(request: plain_http.Request, *, rate_limited: bool = True):
     """Origin, bearer, rate limit. Returns (endpoint, None) or (None, refusal Answer). The
     request's session is read in the same statement as the bearer (see ``_live_session``).
@@ -161,12 +179,16 @@ def _authorize(request: plain_http.Request, *, rate_limited: bool = True):
     token for the one request it is."""
     if not origin_allowed(request.header("origin")):
         return None, _fault(403, "Forbidden: Origin not allowed")
-    # Unknown slugs and bad bearers spend their client address's budget (§12), not a query.
+    credential = bearer_of(request.header("authorization"))
+    digest = hash_credential(credential) if credential else ""
+    # Unknown slugs and bad bearers spend their client address's budget (§12), not a query. A
+    # bearer this process accepted recently is let through to its (uncached) check even then:
+    # a flood of bad bearers from an address (a NAT, a CI runner, a stale runner after a
+    # rotation) must not lock out the good agents behind it.
     refused = ratelimit.refuse_failing_client("mcp-auth", request.client)
-    if not refused.allowed:
+    if not refused.allowed and not _recently_accepted(digest):
         return None, _fault(429, "Too Many Requests",
                             headers={"Retry-After": str(refused.retry_after_seconds)})
-    credential = bearer_of(request.header("authorization"))
     endpoint = session_transitions.find_endpoint_with_session(
         slug=request.slug, credential=credential or "", session_id=_session_id_of(request),
         fresh_within=SESSION_TOUCH_INTERVAL)
@@ -179,9 +201,10 @@ def _authorize(request: plain_http.Request, *, rate_limited: bool = True):
         # Same answer for a missing, wrong, expired or other endpoint's credential.
         return None, _fault(401, "Unauthorized: a valid bearer credential for this endpoint "
                                  "is required", headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
+    _note_accepted(digest)
     if not rate_limited:
         return endpoint, None
-    decision = ratelimit.take_token("mcp", hash_credential(credential),
+    decision = ratelimit.take_token("mcp", digest,
                                       per_minute=settings.SWITCHBOARD_MCP_RATE_PER_MINUTE)
     if not decision.allowed:
         log.info("mcp rate limited", extra={"endpoint": endpoint.slug})

@@ -80,3 +80,26 @@ def test_bad_mcp_bearers_are_limited_per_client_address(two_servers):
         assert statuses[:5] == [401] * 5 and statuses[-1] == 429
         assert "retry-after" in {k.lower() for k in client.post(
             f"{two_servers[0].url}/mcp/nope", content=ping, headers=headers).headers}
+
+
+def test_a_bad_bearer_flood_does_not_lock_out_an_agent_already_working_from_that_address(
+        two_servers):
+    """Review finding: the address's failure block refused every request from it, good bearers
+    included. An agent whose bearer the process accepted keeps working through the flood."""
+    alice = UserFactory(username="alice")
+    endpoint_transitions.vend_endpoint(slug="agent", owner=alice)
+    _, good = endpoint_transitions.vend_endpoint(slug="worker", owner=alice)
+    initialize = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}).encode()
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    server = two_servers[0]
+    with httpx.Client(timeout=30) as client:
+        def post(slug, bearer):
+            return client.post(f"{server.url}/mcp/{slug}", content=initialize,
+                               headers={**headers, "Authorization": f"Bearer {bearer}"})
+
+        assert post("worker", good).status_code == 200  # the agent at work
+        flood = [post("agent", f"sbk_wrong{n}").status_code for n in range(20)]
+        assert flood[-1] == 429  # the flood is limited ...
+        assert post("worker", good).status_code == 200  # ... the working agent is not
