@@ -103,3 +103,12 @@ def test_creating_an_unsigned_webhook_says_anyone_with_the_url_can_create_work(
         "slug": "open-admin", "owner": operator.pk, "source": "unsigned", "active": "on",
         "new_secret": "", "routes-TOTAL_FORMS": "0", "routes-INITIAL_FORMS": "0"}, follow=True)
     assert "anyone who knows its URL can create work" in answer.content.decode()
+
+
+@pytest.mark.parametrize("grace", ["-1", "99999999999999"])
+def test_rotate_webhook_secret_refuses_a_grace_out_of_range(make_webhook, grace):
+    from django.core.management.base import CommandError
+
+    webhook = make_webhook("github")
+    with pytest.raises(CommandError, match="--grace-seconds"):
+        call_command("rotate_webhook_secret", webhook.slug, "--grace-seconds", grace)

@@ -7,6 +7,11 @@ from ingest.models import Source, Webhook
 from switchboard.commands import JsonCommand
 
 
+# A grace longer than a month is a rotation that never finishes (and a huge number overflowed
+# the date arithmetic into a traceback: review).
+MAX_GRACE_SECONDS = 30 * 24 * 3600
+
+
 class Command(JsonCommand):
     help = ("Mint a new secret for a webhook and print it (shown only now); the old one keeps "
             "verifying for --grace-seconds (default 24 h; 0 ends it at once).")
@@ -17,8 +22,9 @@ class Command(JsonCommand):
                             default=int(transitions.DEFAULT_SECRET_ROTATION_GRACE.total_seconds()))
 
     def handle(self, *args, slug, grace_seconds, **options):
-        if grace_seconds < 0:
-            raise CommandError("--grace-seconds must be >= 0")
+        if not 0 <= grace_seconds <= MAX_GRACE_SECONDS:
+            raise CommandError(f"--grace-seconds must be between 0 and {MAX_GRACE_SECONDS} "
+                               "(30 days)")
         webhook = Webhook.objects.filter(slug=slug).first()
         if webhook is None:
             raise CommandError(f"no webhook {slug!r}")
