@@ -145,9 +145,9 @@ def run_benchmark(name: str, extra: list[str], env) -> dict:
 
 
 def ratio_lines(stdout: str) -> list[str]:
-    """The lines that state a ratio, a goal/target or a CPU cost per operation, and the rows of any Markdown table
-    (queue.py prints its a/b, a/c ratios as table columns; streams.py states its issue-17 numbers
-    against goals rather than as ratios)."""
+    """The lines that state a ratio, a goal/target or a CPU cost per operation, and the rows of
+    any Markdown table (queue.py prints its a/b, a/c ratios as table columns; streams.py states
+    its issue-17 numbers against goals rather than as ratios)."""
     summary = r"\bratio\b|\bgoal\b|\btarget|\bcpu per\b|\d(?:\.\d+)?x\b"
     if not re.search(r"\bratio\b", stdout, re.I):
         # No ratio at all (push.py: latencies against a target): its headline latency lines too.
