@@ -82,3 +82,40 @@ class McpSession(models.Model):
     @property
     def live(self) -> bool:
         return self.terminated_at is None
+
+
+def mint_host_id() -> str:
+    return secrets.token_hex(16)
+
+
+class StreamHost(models.Model):
+    """One web process that holds MCP notification streams, and its lease (issue 17).
+
+    An idle stream writes nothing: the process renews this one row every
+    ``queries.stream_lease_renew()`` for all the streams it holds, and the streams count as
+    open while ``lease_until`` is in the future. A process killed without a goodbye stops
+    renewing, so its streams stop counting within ``queries.stream_lease()``; the idle-session
+    sweep then deletes the row with its attachments (``transitions.reset_stale_stream_counts``).
+    """
+
+    id = models.CharField(primary_key=True, max_length=32, default=mint_host_id, editable=False)
+    started_at = models.DateTimeField()
+    lease_until = models.DateTimeField(db_index=True)
+
+    def __str__(self):
+        return f"stream host {self.id[:8]}… until {self.lease_until:%H:%M:%S}"
+
+
+class StreamAttachment(models.Model):
+    """One open notification stream: which session, held by which process. Inserted when the
+    stream opens and deleted when it closes (in the same transaction as the session's
+    ``open_streams`` count); a crashed process's rows go with its ``StreamHost``. The retention
+    sweep leaves a session alone while any attachment still names it."""
+
+    session = models.ForeignKey(McpSession, on_delete=models.CASCADE,
+                                related_name="stream_attachments")
+    host = models.ForeignKey(StreamHost, on_delete=models.CASCADE, related_name="attachments")
+    opened_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.session_id[:8]}… on {self.host_id[:8]}…"
