@@ -84,22 +84,28 @@ class StreamHeartbeat:
 
     async def _run(self):
         """While any stream is held: re-check every interval, renew every lease renewal (and
-        once at the start: the row's lease may be as old as the process's previous streams)."""
+        once at the start: the row's lease may be as old as the process's previous streams).
+        One failure never ends the heartbeat of every stream of the process."""
         loop = asyncio.get_running_loop()
         renewed_at = None
         renew_at = loop.time()
         while self._held:
-            if loop.time() >= renew_at:
-                if renewed_at is not None and loop.time() - renewed_at > \
-                        queries.stream_lease().total_seconds():
-                    self.lapsed("stalled past its lease")
-                    renewed_at = None
-                elif await self.renew():
-                    renewed_at = loop.time()
-                renew_at = loop.time() + queries.stream_lease_renew().total_seconds()
-            await asyncio.sleep(self.interval_seconds)
-            if self._held:
-                await self.recheck()
+            try:
+                if loop.time() >= renew_at:
+                    renew_at = loop.time() + queries.stream_lease_renew().total_seconds()
+                    if renewed_at is not None and loop.time() - renewed_at > \
+                            queries.stream_lease().total_seconds():
+                        self.lapsed("stalled past its lease")
+                        renewed_at = None
+                    elif await self.renew():
+                        renewed_at = loop.time()
+                await asyncio.sleep(self.interval_seconds)
+                if self._held:
+                    await self.recheck()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("mcp stream heartbeat failed", extra={"streams": len(self._held)})
 
     async def recheck(self) -> None:
         """ONE read for every held session; close the streams of those that lost their rights.
