@@ -243,6 +243,9 @@ async def measure(port, pid, args, agents, board_keys):
     report["rss_per_stream_kib"] = (rss_kib(pid) - rss_before) / len(streams)
     report["streams"] = len(streams)
 
+    # An idle backend reports its counters up to 10 s late (PostgreSQL's PGSTAT_IDLE_INTERVAL):
+    # let the connections that served the opens report them before the idle window starts.
+    await asyncio.sleep(12)
     writes, xacts = await asyncio.to_thread(database_activity)
     tables = await asyncio.to_thread(table_writes)
     await asyncio.sleep(args.idle_seconds)
