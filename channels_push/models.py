@@ -37,13 +37,15 @@ class McpSession(models.Model):
     last_seen_at = models.DateTimeField()
     terminated_at = models.DateTimeField(null=True, blank=True)
     # Notification streams (GET) currently open on this session, across all web processes.
-    # Incremented/decremented by the stream consumer; a crashed process leaves it high, which
-    # the idle-session sweep corrects (see channels_push/sweeps.py).
+    # Incremented/decremented by the stream consumer (with its StreamAttachment); a crashed
+    # process leaves it high, which the idle-session sweep corrects (see
+    # channels_push/sweeps.py).
     open_streams = models.PositiveIntegerField(default=0)
-    # The streams' lease: stamped when a stream opens and renewed by open streams every
-    # STREAM_LEASE_RENEW (a rare write, not one per keep-alive). ``open_streams`` counts only
-    # while this is in the future, so streams that died with their process stop counting as
-    # open within STREAM_LEASE even before the sweep zeroes them (queries.attached_sql).
+    # The lease a stream's attach grants (queries.stream_lease() from the attach; never renewed
+    # by the stream). ``open_streams`` counts while this or the lease of a process holding one
+    # of its streams (StreamAttachment -> StreamHost, one row renewed per process) is in the
+    # future, so streams that died with their process stop counting as open within the lease
+    # even before the sweep zeroes them (queries.stream_open_sql).
     stream_lease_until = models.DateTimeField(null=True, blank=True)
     # When this session was last chosen for a doorbell. The doorbell picks the least recently
     # rung session of the pool and stamps it in the same UPDATE (transitions.choose_doorbell_
