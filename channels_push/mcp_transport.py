@@ -652,7 +652,9 @@ class McpEndpoint:
         return frames
 
     async def _pump(self, session_id, held, layer, group, membership, buffer, receive, send):
-        terminated = asyncio.Event()
+        # Set by a terminate message (DELETE, eviction) or by the process's heartbeat when the
+        # session lost its rights (CONTRACT §12): either way the stream ends.
+        terminated = held.ended
 
         async def on_message(message) -> bool:
             if message.get("type") == TERMINATE_MESSAGE_TYPE:
@@ -672,8 +674,6 @@ class McpEndpoint:
         disconnect = asyncio.ensure_future(receive())
         next_frame = asyncio.ensure_future(buffer.get())
         ended = asyncio.ensure_future(terminated.wait())
-        # Set by the process's heartbeat when the session lost its rights (CONTRACT §12).
-        revoked = asyncio.ensure_future(held.ended.wait())
         loop = asyncio.get_running_loop()
         # Keep-alives run on a clock of their own, not only when the stream is idle. They cost
         # no query: the heartbeat re-checks every held session (and renews the lease that keeps
@@ -682,7 +682,7 @@ class McpEndpoint:
         bound = self.buffer_bytes or settings.SWITCHBOARD_STREAM_BUFFER_BYTES
         try:
             while True:
-                done, _ = await asyncio.wait({disconnect, next_frame, ended, revoked},
+                done, _ = await asyncio.wait({disconnect, next_frame, ended},
                                              timeout=max(0.0, keepalive_due - loop.time()),
                                              return_when=asyncio.FIRST_COMPLETED)
                 if disconnect in done:
@@ -690,7 +690,7 @@ class McpEndpoint:
                         return
                     disconnect = asyncio.ensure_future(receive())
                     continue
-                if ended in done or revoked in done:
+                if ended in done:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
                 if next_frame in done:
@@ -717,7 +717,7 @@ class McpEndpoint:
                     await send({"type": "http.response.body", "more_body": True,
                                 "body": mcp_framing.sse_comment("keep-alive")})
         finally:
-            for task in (reader, disconnect, next_frame, ended, revoked):
+            for task in (reader, disconnect, next_frame, ended):
                 if task is not None and not task.done():
                     task.cancel()
 
