@@ -9,12 +9,22 @@ the machine): each agent POSTs ``initialize``, then holds ``GET /mcp/<slug>`` op
 SSE frames. Printed, side by side in one run:
 
 * daphne's RSS per open MCP stream (RSS with the streams open minus RSS before, ÷ streams);
-* database writes (rows inserted/updated/deleted, and transactions) per minute while every
-  stream is idle — no beat or worker runs, so anything written is the streams' own;
+* database writes (rows inserted/updated/deleted, from ``pg_stat_database``, and per table
+  from ``pg_stat_user_tables``) and transactions per minute while every stream is idle. No
+  beat, worker or embedded scheduler runs, so no sweep statement is in the window: every row
+  counted is the streams' own (their process heartbeat included);
 * doorbell latency, signed webhook POST → the frame on the agent's stream, p50/p99, with all
   streams attached and then with only 10 attached;
-* the same for ``--boards`` board streams (``/todos/events``, signed-in operators): RSS per
-  stream, and database transactions per committed burst of transitions.
+* the same for ``--boards`` board streams (``/todos/events``, signed-in operators, 4 streams
+  each; half the operators are superusers who see every change, half own none of the
+  endpoints the deliveries reach): RSS per stream; database transactions per committed burst
+  of 5 deliveries (one board batch) beyond the idle rate, with the boards open and closed (the
+  difference is what the boards cost per batch); and the idle boards' own transactions per
+  minute (their keep-alive re-checks). Counts come from ``pg_stat_database`` read after
+  PostgreSQL's late stats reports have landed (an idle backend reports up to 10 s late).
+
+Isolation from other runs on the same machine: the database is DATABASE_URL's, the channel
+layer REDIS_URL's (with CHANNEL_PREFIX), and daphne listens on a free port of its own.
 
 A benchmark, not a test: nothing here asserts a speed.
 """
@@ -67,7 +77,9 @@ def make_agents(run_id: str, endpoints: int):
 
 
 def make_operators(run_id: str, count: int) -> list[str]:
-    """``count`` signed-in operators (4 board streams each at most): their session keys."""
+    """``count`` signed-in operators (4 board streams each at most): their session keys. Every
+    other one is a superuser (sees every change); the rest own one endpoint no delivery
+    reaches (every change is one they may not see)."""
     from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
     from django.contrib.auth import get_user_model
     from django.contrib.sessions.backends.db import SessionStore
@@ -76,7 +88,8 @@ def make_operators(run_id: str, count: int) -> list[str]:
 
     keys = []
     for n in range(count):
-        user = get_user_model().objects.create_user(f"op-{run_id}-{n}", password="x")
+        user = get_user_model().objects.create_user(f"op-{run_id}-{n}", password="x",
+                                                    is_superuser=n % 2 == 0)
         endpoint_transitions.vend_endpoint(slug=f"b{run_id}-{n}", owner=user)
         session = SessionStore()
         session[SESSION_KEY] = str(user.pk)
@@ -97,6 +110,16 @@ def database_activity() -> tuple[int, int]:
             "SELECT tup_inserted + tup_updated + tup_deleted, xact_commit FROM pg_stat_database "
             "WHERE datname = current_database()")
         return cursor.fetchone()
+
+
+def table_writes() -> dict:
+    """Rows written so far per table of this database (inserted + updated + deleted)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables")
+        return dict(cursor.fetchall())
 
 
 def rss_kib(pid: int) -> int:
@@ -222,12 +245,19 @@ async def measure(port, pid, args, agents, board_keys):
     report["rss_per_stream_kib"] = (rss_kib(pid) - rss_before) / len(streams)
     report["streams"] = len(streams)
 
+    # An idle backend reports its counters up to 10 s late (PostgreSQL's PGSTAT_IDLE_INTERVAL):
+    # let the connections that served the opens report them before the idle window starts.
+    await asyncio.sleep(12)
     writes, xacts = await asyncio.to_thread(database_activity)
+    tables = await asyncio.to_thread(table_writes)
     await asyncio.sleep(args.idle_seconds)
     writes2, xacts2 = await asyncio.to_thread(database_activity)
+    tables2 = await asyncio.to_thread(table_writes)
     per_minute = 60 / args.idle_seconds
     report["idle_writes_per_min"] = (writes2 - writes) * per_minute
     report["idle_xacts_per_min"] = (xacts2 - xacts) * per_minute
+    report["idle_tables"] = {name: (rows - tables.get(name, 0)) * per_minute
+                             for name, rows in tables2.items() if rows != tables.get(name, 0)}
 
     ten = agents[:10]
     report["bell_all"] = await doorbell_latencies(port, ten, args.deliveries, arrivals)
@@ -256,22 +286,42 @@ async def measure(port, pid, args, agents, board_keys):
     await asyncio.sleep(2)
     report["boards"] = len(boards)
     report["rss_per_board_kib"] = (rss_kib(pid) - rss_before) / max(1, len(boards))
-    report["board_xacts_per_burst"] = await board_burst_cost(port, ten)
+    report["board_idle_rate"], report["board_xacts_per_burst"] = await board_burst_cost(port, ten)
     for board in boards:
         board.close()
-    report["board_xacts_per_burst_without"] = await board_burst_cost(port, ten)
+    await asyncio.sleep(2)
+    report["board_idle_rate_without"], report["board_xacts_per_burst_without"] = \
+        await board_burst_cost(port, ten)
     return report
 
 
-async def board_burst_cost(port, agents, bursts=10, per_burst=5) -> float:
-    """Database transactions per burst of ``per_burst`` deliveries, less the deliveries' own
-    (measured with the same bursts), so what remains is the board streams' reading."""
+# PostgreSQL reports an idle backend's counters up to 10 s late (PGSTAT_IDLE_INTERVAL).
+STATS_SETTLE_SECONDS = 12
+
+
+async def settled_transactions() -> tuple[int, float]:
+    """(transactions committed, when), read once every backend has reported what it did more
+    than STATS_SETTLE_SECONDS ago."""
+    await asyncio.sleep(STATS_SETTLE_SECONDS)
     _, xacts = await asyncio.to_thread(database_activity)
+    return xacts, time.monotonic()
+
+
+async def board_burst_cost(port, agents, bursts=10, per_burst=5) -> tuple[float, float]:
+    """(transactions per second while nothing changes, transactions per burst of
+    ``per_burst`` deliveries beyond that idle rate). A quiet window first gives the idle rate
+    (the open streams' own re-checks); the burst window's count less that rate times its
+    length is the bursts' cost (the deliveries' own included: the caller runs this with and
+    without the boards and takes the difference)."""
+    xacts0, at0 = await settled_transactions()
+    await asyncio.sleep(15)
+    xacts1, at1 = await settled_transactions()
+    idle_rate = (xacts1 - xacts0) / (at1 - at0)
     for n in range(bursts):
         await asyncio.gather(*(deliver(port, agents[k % len(agents)][2], n) for k in range(per_burst)))
         await asyncio.sleep(0.5)  # one board batch per burst (publish batches 50 ms)
-    _, xacts2 = await asyncio.to_thread(database_activity)
-    return (xacts2 - xacts) / bursts
+    xacts2, at2 = await settled_transactions()
+    return idle_rate, ((xacts2 - xacts1) - idle_rate * (at2 - at1)) / bursts
 
 
 def main():
@@ -321,17 +371,24 @@ def main():
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     print(f"  open MCP streams: {report['streams']}; daphne RSS per stream "
           f"{report['rss_per_stream_kib']:.1f} KiB (goal <= 50)")
-    print(f"  idle for {args.idle_seconds:.0f} s: {report['idle_writes_per_min']:.0f} rows written "
+    print(f"  idle for {args.idle_seconds:.0f} s: {report['idle_writes_per_min']:.1f} rows written "
           f"and {report['idle_xacts_per_min']:.0f} transactions per minute (goal: 0 beyond the "
-          f"sweeps'; none run here)")
+          f"sweeps'; no sweep runs here, so every row counted is the streams' own)")
+    by_table = ", ".join(f"{name} {rows:.1f}" for name, rows in sorted(report["idle_tables"].items()))
+    print(f"    rows per minute by table (pg_stat_user_tables): {by_table or 'none'}")
     for label, key in ((f"{report['streams']} attached", "bell_all"), ("10 attached", "bell_ten")):
         values = report[key]
         print(f"  doorbell webhook -> frame, {label}: p50 {p(values, 0.5):.1f} ms, "
               f"p99 {p(values, 0.99):.1f} ms over {len(values)} (goal p99 < 100 ms)")
     print(f"  board streams: {report['boards']}; daphne RSS per stream "
           f"{report['rss_per_board_kib']:.1f} KiB; database transactions per burst of 5 "
-          f"deliveries: {report['board_xacts_per_burst']:.1f} with the boards open, "
-          f"{report['board_xacts_per_burst_without']:.1f} without")
+          f"deliveries (one board batch) beyond the idle rate: "
+          f"{report['board_xacts_per_burst']:.1f} with the boards open, "
+          f"{report['board_xacts_per_burst_without']:.1f} without, so "
+          f"{report['board_xacts_per_burst'] - report['board_xacts_per_burst_without']:.1f} "
+          f"per batch for {report['boards']} boards")
+    print(f"    idle board streams' own transactions (keep-alive re-checks): "
+          f"{(report['board_idle_rate'] - report['board_idle_rate_without']) * 60:.0f} per minute")
     bell_all, bell_ten = report["bell_all"], report["bell_ten"]
     if bell_all and bell_ten:
         print(f"  ratio doorbell p99 {report['streams']} attached / 10 attached: "

@@ -15,16 +15,23 @@ was already sent. The SSE ``id`` is still set (the row's version, its latest tod
 that the client can discard an older copy of a row that arrives after a newer one.
 
 Visibility is checked per event: superusers see every endpoint, operators only endpoints they
-own. An endpoint vended after the stream opened is looked up once and then remembered; every
-keep-alive re-reads the viewer (session, is_active, visible endpoints), so an endpoint given
-to another owner leaves the old owner's stream within one keep-alive.
+own, judged by the endpoint's owner as read with the batch's rows (so an endpoint vended after
+the stream opened is visible to its owner, and one given to another owner leaves the old
+owner's stream with the next batch).
+
+Shared per process (issue 17): one ``BoardHub`` is the process's single reader of the board
+group. Per committed batch it reads the changed rows ONCE (one query, owners included) and
+renders each distinct board view (query string) once, and every stream picks the rows its
+viewer may see; every keep-alive interval it re-checks every viewer of its streams in two
+queries (users, Django sessions), and ends the streams of a viewer logged out, deactivated or
+whose password changed. 200 open boards cost a batch what one does.
 """
 
 import asyncio
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import parse_qsl
 
@@ -85,63 +92,92 @@ def format_retry(delay: timedelta) -> bytes:
 
 @dataclass
 class Viewer:
-    """Who is watching, and which endpoints we already know they may or may not see."""
+    """Who is watching: what decides which rows their stream may carry."""
 
     user_id: int
     superuser: bool
-    visible: set = field(default_factory=set)
-    hidden: set = field(default_factory=set)
+
+    def may_see(self, owner_id) -> bool:
+        return self.superuser or owner_id == self.user_id
 
 
 def find_viewer(user) -> Viewer:
-    from endpoints import queries as endpoint_queries
+    return Viewer(user_id=user.pk, superuser=user.is_superuser)
 
-    return Viewer(
-        user_id=user.pk,
-        superuser=user.is_superuser,
-        visible=set(endpoint_queries.visible_endpoints(user).values_list("pk", flat=True)),
-    )
+
+def _session_matches(data: dict | None, user) -> bool:
+    """The Django session's data still carries ``user`` with their current password hash."""
+    from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY
+
+    if not data:
+        return False
+    return str(data.get(SESSION_KEY)) == str(user.pk) and constant_time_compare(
+        data.get(HASH_SESSION_KEY) or "", user.get_session_auth_hash())
 
 
 def recheck_viewer(user_id: int, session_key: str | None, check_session: bool) -> Viewer | None:
-    """The keep-alive's re-check (CONTRACT §12): the viewer afresh (superuser flag and visible
-    endpoints re-read, so an endpoint given to another owner leaves this stream), or None when
-    the stream must close: the user is gone or inactive, or (``check_session``) the Django
+    """One viewer's re-check (CONTRACT §12): the viewer afresh (superuser flag re-read), or None
+    when the stream must close: the user is gone or inactive, or (``check_session``) the Django
     session that opened the stream was logged out, expired, or no longer carries this user
-    with their current password hash."""
-    from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
-
-    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
-    if user is None:
-        return None
-    if check_session:
-        if not session_key:
-            return None
-        data = import_module(settings.SESSION_ENGINE).SessionStore(session_key).load()
-        session_hash = data.get(HASH_SESSION_KEY) or ""
-        if str(data.get(SESSION_KEY)) != str(user.pk) or not constant_time_compare(
-                session_hash, user.get_session_auth_hash()):
-            return None
-    return find_viewer(user)
+    with their current password hash. ``recheck_viewers`` does the same for many at once."""
+    return recheck_viewers([(user_id, session_key, check_session)])[(user_id, session_key,
+                                                                       check_session)]
 
 
-def check_endpoint_visible(user_id: int, endpoint_id) -> bool:
-    from endpoints.models import Endpoint
+def _load_sessions(session_keys) -> dict:
+    """``{session_key: data}`` of the live Django sessions among ``session_keys``: one query
+    for a database-backed engine (the default), one load per key for any other."""
+    from django.utils import timezone
 
-    return Endpoint.objects.filter(pk=endpoint_id, owner_id=user_id).exists()
+    store_class = import_module(settings.SESSION_ENGINE).SessionStore
+    if not session_keys:
+        return {}
+    if hasattr(store_class, "get_model_class"):
+        rows = (store_class.get_model_class().objects
+                .filter(session_key__in=session_keys, expire_date__gt=timezone.now())
+                .values_list("session_key", "session_data"))
+        return {key: store_class().decode(data) for key, data in rows}
+    return {key: store_class(key).load() for key in session_keys}
 
 
-def render_changes(todo_ids, filters: dict, next_url: str) -> list[dict]:
-    """The board's view of these todos now, in one query: per todo its row HTML (None when it
-    no longer matches the filters, so the page drops it) and its version. Todos that are gone
-    or whose id is malformed are left out."""
+def recheck_viewers(keys) -> dict:
+    """Re-check many viewers at once (the hub's keep-alive): ``keys`` are ``(user_id,
+    session_key, check_session)``; returns ``{key: Viewer or None}`` as ``recheck_viewer``
+    would, in two queries (the users, their sessions) whatever the number of streams."""
+    from django.contrib.auth import get_user_model
+
+    keys = list(dict.fromkeys(keys))
+    users = get_user_model().objects.filter(
+        pk__in={user_id for user_id, _, _ in keys}, is_active=True).in_bulk()
+    sessions = _load_sessions({key for _, key, check in keys if check and key})
+    result = {}
+    for user_id, session_key, check_session in keys:
+        user = users.get(user_id)
+        if user is None or (check_session and not _session_matches(
+                sessions.get(session_key) if session_key else None, user)):
+            result[(user_id, session_key, check_session)] = None
+        else:
+            result[(user_id, session_key, check_session)] = find_viewer(user)
+    return result
+
+
+def fetch_board_todos(todo_ids) -> list:
+    """The todos of a batch as the board renders them, in one query (endpoint and its owner
+    id included). Gone or malformed ids are left out."""
     from todos import queries
     from todos.models import Todo
 
     ids = [int(todo_id) for todo_id in todo_ids if str(todo_id).isdigit()]
-    todos = queries.with_board_version(
+    return list(queries.with_board_version(
         Todo.objects.filter(pk__in=ids).select_related("endpoint")
-    ).order_by("id")
+    ).order_by("id"))
+
+
+def render_rows(todos, filters: dict, next_url: str) -> list[dict]:
+    """Per todo its row HTML (None when it no longer matches the filters, so the page drops
+    it), version and its endpoint's owner (who may see it). No query."""
+    from todos import queries
+
     rows = []
     for todo in todos:
         html = None
@@ -155,8 +191,28 @@ def render_changes(todo_ids, filters: dict, next_url: str) -> list[dict]:
             "version": todo.version or 0,
             "state": todo.state,
             "html": html,
+            "owner_id": todo.endpoint.owner_id,
         })
     return rows
+
+
+def render_changes(todo_ids, filters: dict, next_url: str) -> list[dict]:
+    """The board's view of these todos now, in one query (see ``render_rows``)."""
+    return render_rows(fetch_board_todos(todo_ids), filters, next_url)
+
+
+def render_batch(todo_ids, views: dict) -> dict:
+    """A committed batch for every board view of a process: ONE query for the rows, then one
+    render per view. ``views``: ``{view key: (filters, next_url, audience)}``, where audience
+    is ``[Viewer]`` of that view's streams: a row no stream of the view may see is not
+    rendered. Returns ``{view key: [row]}``."""
+    todos = fetch_board_todos(todo_ids)
+    rendered = {}
+    for key, (filters, next_url, audience) in views.items():
+        seen = [todo for todo in todos
+                if any(viewer.may_see(todo.endpoint.owner_id) for viewer in audience)]
+        rendered[key] = render_rows(seen, filters, next_url)
+    return rendered
 
 
 # -- who is watching: a group per user, so a logout reaches that user's streams ---------------
@@ -211,16 +267,165 @@ class _OpenBoards:
 _open_boards = _OpenBoards()
 
 
+# -- the process's one reader of the board group ------------------------------------------------
+
+
+class BoardHub:
+    """The board streams of one process that share a configuration (in production: all of
+    them), and the work they share: ONE channel in the board group (kept by
+    ``group_reader.follow_groups``, rejoined when Redis returns, every stream told to ``sync``
+    then), ONE read and one render per view per committed batch (``render_batch``), and ONE
+    re-check of every viewer per keep-alive interval (``recheck_viewers``). A stream is added
+    once its response has started and removed when it ends; the hub stops with its last."""
+
+    def __init__(self, key, *, flush_delay: timedelta, recheck_interval: timedelta,
+                 layer_retry_seconds):
+        self.key = key
+        self.flush_delay = flush_delay
+        self.recheck_interval = recheck_interval
+        self.layer_retry_seconds = layer_retry_seconds
+        self.streams = []
+        self.membership = {"channel": None}
+        self.pending = {}  # todo id -> its latest action, waiting for the next flush
+        self.flush_task = None
+        self.tasks = []
+        self.layer = None
+
+    @property
+    def joined(self) -> bool:
+        return self.membership.get("channel") is not None
+
+    async def add(self, stream) -> None:
+        self.streams.append(stream)
+        if not self.tasks:
+            self.layer = get_channel_layer()
+            self.tasks = [
+                asyncio.ensure_future(group_reader.follow_groups(
+                    self.layer, [publish.BOARD_GROUP], self.membership, self.on_message,
+                    {"board_streams": "hub"}, retry_seconds=self.layer_retry_seconds,
+                    on_join=self.on_join)),
+                asyncio.ensure_future(self.recheck_forever()),
+            ]
+        elif self.joined:
+            # Subscribed already (the hub's channel is in the group): the stream may re-sync.
+            await stream.send_sync()
+
+    async def remove(self, stream) -> None:
+        if stream in self.streams:
+            self.streams.remove(stream)
+        if self.streams:
+            return
+        _hubs.pop(self.key, None)
+        for task in [*self.tasks, self.flush_task]:
+            if task is not None and not task.done():
+                task.cancel()
+        self.tasks, self.flush_task = [], None
+        await group_reader.leave_groups(self.layer, [publish.BOARD_GROUP],
+                                        self.membership.get("channel"))
+        self.membership["channel"] = None
+
+    async def on_join(self):
+        # Subscribed first, then told to re-sync: see the module docstring.
+        for stream in list(self.streams):
+            await stream.send_sync()
+
+    async def on_message(self, message) -> bool:
+        if message.get("type") == "todos.changed":
+            for change in message.get("changes", ()):
+                # Coalesce: a burst of changes (a pool draining a queue) costs the process one
+                # query per FLUSH_DELAY, not one per change, and a todo changed twice is
+                # rendered once.
+                self.pending[str(change["todo_id"])] = change.get("action")
+            if self.pending and self.flush_task is None:
+                self.flush_task = asyncio.ensure_future(self.flush_after_delay())
+        return False
+
+    async def flush_after_delay(self):
+        await asyncio.sleep(self.flush_delay.total_seconds())
+        batch, self.pending = self.pending, {}
+        self.flush_task = None
+        streams = [stream for stream in self.streams if not stream.closed]
+        views = {}
+        for stream in streams:
+            view = views.setdefault(stream.view_key, (stream.filters, stream.next_url, []))
+            view[2].append(stream.viewer)
+        if not views:
+            return
+        try:
+            rendered = await database_sync_to_async(render_batch)(list(batch), views)
+        except Exception as exc:
+            # Skipping the rows would leave the pages stale without telling them; ending the
+            # responses makes the browsers reconnect and re-sync, where correctness lives.
+            log.warning("board streams closed after a failed row render",
+                        extra={"todos": len(batch), "streams": len(streams),
+                               "error": type(exc).__name__})
+            for stream in streams:
+                stream.stop.set()
+            return
+        for stream in streams:
+            for row in rendered.get(stream.view_key, ()):
+                if stream.closed:
+                    break  # the client left while we were reading
+                if not stream.viewer.may_see(row["owner_id"]):
+                    continue
+                event = {key: value for key, value in row.items() if key != "owner_id"}
+                event["action"] = batch.get(row["todo_id"])
+                await stream.send_chunk(format_event("todo", event, event_id=row["version"]))
+
+    async def recheck_forever(self):
+        while True:
+            await asyncio.sleep(self.recheck_interval.total_seconds())
+            try:
+                await self.recheck()
+            except Exception:
+                # Never let one failure end the re-checks of every stream of the process.
+                log.exception("board stream re-check failed", extra={"streams": len(self.streams)})
+
+    async def recheck(self) -> None:
+        """Every viewer of every stream, in one database hop (CONTRACT §12). The database
+        being unreachable is not a logout: streams keep their keep-alives and the next
+        interval checks again."""
+        streams = [stream for stream in self.streams if not stream.closed]
+        if not streams:
+            return
+        try:
+            viewers = await database_sync_to_async(recheck_viewers)(
+                [stream.viewer_key for stream in streams])
+        except health.UNAVAILABLE_ERRORS as exc:
+            log.warning("board stream check skipped: database unavailable",
+                        extra={"streams": len(streams), "error": type(exc).__name__})
+            return
+        for stream in streams:
+            stream.take_recheck(viewers.get(stream.viewer_key))
+
+
+# Hubs of this process by (event loop, channel layer, flush delay, re-check interval): one in
+# production; tests run streams with other timings and on loops of their own.
+_hubs = {}
+
+
+def board_hub(*, flush_delay: timedelta, recheck_interval: timedelta,
+              layer_retry_seconds) -> BoardHub:
+    key = (asyncio.get_running_loop(), id(get_channel_layer()), flush_delay, recheck_interval)
+    hub = _hubs.get(key)
+    if hub is None:
+        hub = _hubs[key] = BoardHub(key, flush_delay=flush_delay,
+                                    recheck_interval=recheck_interval,
+                                    layer_retry_seconds=layer_retry_seconds)
+    return hub
+
+
 # -- the stream ---------------------------------------------------------------------------------
 
 
 class BoardStreamConsumer:
     """One long-lived ``/todos/events`` response, as a plain ASGI application (like the MCP
-    stream, and for the same reason: it must outlive the channel layer going away). Membership
-    in the board group and the viewer's own group is kept by ``group_reader.follow_groups``,
-    which rejoins when Redis returns; ``sync`` is sent after every (re)join, so the page
-    re-fetches whatever it missed while the stream was deaf. Keep-alives flow meanwhile, and
-    each one re-checks the viewer (``recheck_viewer``)."""
+    stream, and for the same reason: it must outlive the channel layer going away). The board
+    group is read by the process's ``BoardHub`` for all streams; ``sync`` is sent once the hub
+    is subscribed and after every rejoin, so the page re-fetches whatever it missed while the
+    stream was deaf. The viewer's own group (logout, re-check) is this stream's, kept by
+    ``group_reader.follow_groups``. Keep-alives flow meanwhile; the hub re-checks the viewer
+    every keep-alive interval."""
 
     def __init__(self, keepalive_interval: timedelta | None = None,
                  flush_delay: timedelta = FLUSH_DELAY,
@@ -230,9 +435,8 @@ class BoardStreamConsumer:
             seconds=settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS)
         self.flush_delay = flush_delay
         self.layer_retry_seconds = layer_retry_seconds
-        self.pending = {}  # todo id -> its latest action, waiting for the next flush
-        self.flush_task = None
         self.closed = False
+        self.resumed = None
         self.stop = None  # an asyncio.Event once the stream runs: set to end it
 
     @classmethod
@@ -259,6 +463,8 @@ class BoardStreamConsumer:
 
         query_string = scope.get("query_string", b"").decode("latin-1")
         self.filters = queries.board_filters_from(dict(parse_qsl(query_string)))
+        # Streams of the same query string are the same board view: rendered once per batch.
+        self.view_key = query_string
         # Buttons on streamed rows return to the same filtered board.
         self.next_url = reverse("todos-board") + (f"?{query_string}" if query_string else "")
         session = scope.get("session")
@@ -291,20 +497,14 @@ class BoardStreamConsumer:
         })
         await self.send_chunk(format_retry(RECONNECT_DELAY))
         layer = get_channel_layer()
-        groups = [publish.BOARD_GROUP, viewer_group(self.viewer.user_id)]
+        groups = [viewer_group(self.viewer.user_id)]
         membership = {"channel": None}
         context = {"board_user": self.viewer.user_id}
-        resumed = self.find_header(b"last-event-id")
-
-        async def on_join():
-            # Subscribed first, then told to re-sync: see the module docstring.
-            await self.send_chunk(format_event("sync", {"resumed_after": resumed}))
+        self.resumed = self.find_header(b"last-event-id")
 
         async def on_message(message) -> bool:
             kind = message.get("type")
-            if kind == "todos.changed":
-                await self.todos_changed(message)
-            elif kind == RECHECK_MESSAGE_TYPE:
+            if kind == RECHECK_MESSAGE_TYPE:
                 if not await self.still_allowed():
                     self.stop.set()
             elif kind == STOP_MESSAGE_TYPE:
@@ -314,20 +514,39 @@ class BoardStreamConsumer:
 
         reader = asyncio.ensure_future(group_reader.follow_groups(
             layer, groups, membership, on_message, context,
-            retry_seconds=self.layer_retry_seconds, on_join=on_join))
+            retry_seconds=self.layer_retry_seconds))
+        hub = board_hub(flush_delay=self.flush_delay, recheck_interval=self.keepalive_interval,
+                        layer_retry_seconds=self.layer_retry_seconds)
         try:
+            await hub.add(self)
             await self.pump(receive)
         finally:
             self.closed = True
-            for task in (reader, self.flush_task):
-                if task is not None and not task.done():
-                    task.cancel()
+            if not reader.done():
+                reader.cancel()
             _open_boards.remove(self.viewer.user_id, self)
+            await hub.remove(self)
             await group_reader.leave_groups(layer, groups, membership.get("channel"))
 
+    async def send_sync(self):
+        await self.send_chunk(format_event("sync", {"resumed_after": self.resumed}))
+
+    @property
+    def viewer_key(self):
+        return (self.viewer.user_id, self.session_key, self.check_session)
+
+    def take_recheck(self, viewer) -> None:
+        """The hub's re-check of this stream's viewer: the fresh viewer, or None (end)."""
+        if viewer is None:
+            log.info("board stream closed: viewer signed out or deactivated",
+                     extra={"board_user": self.viewer.user_id})
+            self.stop.set()
+        else:
+            self.viewer = viewer
+
     async def pump(self, receive):
-        """Until the client leaves or the stream is stopped: keep-alives on their own clock,
-        each re-checking the viewer."""
+        """Until the client leaves or the stream is stopped: keep-alives on their own clock (no
+        query: the hub re-checks every viewer of the process once per interval)."""
         loop = asyncio.get_running_loop()
         interval = self.keepalive_interval.total_seconds()
         keepalive_due = loop.time() + interval
@@ -349,9 +568,6 @@ class BoardStreamConsumer:
                 if loop.time() < keepalive_due:
                     continue
                 keepalive_due = loop.time() + interval
-                if not await self.still_allowed():
-                    await self.end_stream()
-                    return
                 await self.send_chunk(format_comment("keep-alive"))
         finally:
             for task in (disconnect, stopped):
@@ -359,8 +575,9 @@ class BoardStreamConsumer:
                     task.cancel()
 
     async def still_allowed(self) -> bool:
-        """Re-check the viewer; False once the stream must close. The database being
-        unreachable is not a logout: the stream keeps its keep-alives and checks again."""
+        """Re-check the viewer now (a logout without a session key asked for it); False once
+        the stream must close. The database being unreachable is not a logout: the stream
+        keeps its keep-alives and the hub checks again."""
         try:
             viewer = await database_sync_to_async(recheck_viewer)(
                 self.viewer.user_id, self.session_key, self.check_session)
@@ -375,51 +592,9 @@ class BoardStreamConsumer:
         self.viewer = viewer
         return True
 
-    async def todos_changed(self, message):
-        """A batch of committed changes from one process (``publish._BoardBatch``)."""
-        for change in message.get("changes", ()):
-            if not await self.may_see(change.get("endpoint_id")):
-                continue
-            # Coalesce: a burst of changes (a pool draining a queue) costs this board one query
-            # per FLUSH_DELAY, not one per change, and a todo changed twice is rendered once.
-            self.pending[str(change["todo_id"])] = change.get("action")
-        if self.pending and self.flush_task is None:
-            self.flush_task = asyncio.ensure_future(self.flush_after_delay())
-
-    async def flush_after_delay(self):
-        await asyncio.sleep(self.flush_delay.total_seconds())
-        batch, self.pending = self.pending, {}
-        self.flush_task = None
-        try:
-            rows = await database_sync_to_async(render_changes)(
-                list(batch), self.filters, self.next_url
-            )
-            for row in rows:
-                if self.closed:
-                    return  # the client left while we were reading
-                row["action"] = batch.get(row["todo_id"])
-                await self.send_chunk(format_event("todo", row, event_id=row["version"]))
-        except Exception as exc:
-            # Skipping the rows would leave the page stale without telling it; ending the
-            # response makes the browser reconnect and re-sync, where correctness lives anyway.
-            log.warning("board stream closed after a failed row render",
-                        extra={"todos": len(batch), "error": type(exc).__name__})
-            self.stop.set()
-
     async def end_stream(self):
         self.closed = True
         await self.send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def may_see(self, endpoint_id) -> bool:
-        viewer = self.viewer
-        if viewer.superuser or endpoint_id in viewer.visible:
-            return True
-        if endpoint_id in viewer.hidden:
-            return False
-        # An endpoint vended after the stream opened: ask once, remember the answer.
-        seen = await database_sync_to_async(check_endpoint_visible)(viewer.user_id, endpoint_id)
-        (viewer.visible if seen else viewer.hidden).add(endpoint_id)
-        return seen
 
     def find_header(self, name: bytes):
         for key, value in self.scope.get("headers", []):

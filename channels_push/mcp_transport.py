@@ -39,10 +39,11 @@ from endpoints.models import hash_credential
 
 from switchboard import health, origins, ratelimit
 
-from . import doorbells, group_reader, longpoll, mcp_framing, mcp_tools, metrics, plain_http, queries
+from . import doorbells, group_reader, longpoll, mcp_framing, mcp_tools, metrics, plain_http
 from . import transitions as session_transitions
 from .session_notify import (CHANNEL_METHOD, NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE,
                              session_group)
+from .stream_heartbeat import StreamHeartbeat
 
 log = logging.getLogger("switchboard.mcp")
 
@@ -56,8 +57,9 @@ SUPPORTED_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_PROTOCOL_VERSION = SUPPORTED_PROTOCOL_VERSIONS[0]
 ALLOWED_METHODS = "GET, POST, DELETE"
 # Keep-alive comments on a stream (settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS, default
-# 15 s: below the 30-60 s idle cut of common proxies). Each one re-checks the session's
-# credential, so this is also how soon a revoked stream closes (CONTRACT §12).
+# 15 s: below the 30-60 s idle cut of common proxies). The process's stream heartbeat
+# re-checks every held session's credential at the same interval (one query for all), so this
+# is also how soon a revoked stream closes (CONTRACT §12).
 KEEPALIVE_SECONDS = 15.0
 # Reconnect hint sent on every stream: long enough not to hammer a restarting server.
 RETRY_HINT_MS = 3000
@@ -81,6 +83,8 @@ class Answer(plain_http.Answer):
     # Set when a GET may open its stream.
     stream_session: str | None = None
     stream_endpoint_id: int | None = None
+    # The process's StreamHost the stream was attached to (its detach names it).
+    stream_host: str | None = None
     # Sessions an initialize evicted over the per-credential cap: their streams are closed.
     evicted_sessions: list = field(default_factory=list)
     # Set when a tools/call may wait (a claim_next with wait_seconds that found nothing): the
@@ -357,8 +361,9 @@ def answer_delete(request: plain_http.Request) -> Answer:
     return Answer(204, terminated_session=session_id)
 
 
-def open_stream(request: plain_http.Request) -> Answer:
-    """Checks for GET; on success counts the stream on the session and says which to open."""
+def open_stream(request: plain_http.Request, heartbeat: StreamHeartbeat | None = None) -> Answer:
+    """Checks for GET; on success counts the stream on the session (attached to this process's
+    ``heartbeat`` host, whose lease then keeps it counting as open) and says which to open."""
     endpoint, refusal = _authorize(request)
     if refusal:
         return refusal
@@ -371,7 +376,8 @@ def open_stream(request: plain_http.Request) -> Answer:
     if not session_id:
         return _fault(400, "Bad Request: Mcp-Session-Id header is required")
     attached = SESSION_ID_RE.match(session_id) and session_transitions.attach_stream(
-        endpoint=endpoint, session_id=session_id)
+        endpoint=endpoint, session_id=session_id,
+        host_id=heartbeat.host_id if heartbeat is not None else None)
     if attached == "full":
         # Refused rather than closing the oldest: a client that reconnects in a loop must not
         # knock out its own working stream (CONTRACT §12 cap; README "Security model").
@@ -380,12 +386,8 @@ def open_stream(request: plain_http.Request) -> Answer:
                            "or initialize another session")
     if not attached:
         return _fault(404, "Not Found: unknown or terminated session")
-    return Answer(200, stream_session=session_id, stream_endpoint_id=endpoint.pk)
-
-
-def renew_stream_lease(session_id: str) -> bool:
-    """An open stream's rare write (see ``queries.STREAM_LEASE``): it keeps counting as open."""
-    return session_transitions.renew_stream_lease(session_id=session_id)
+    return Answer(200, stream_session=session_id, stream_endpoint_id=endpoint.pk,
+                  stream_host=heartbeat.host_id if heartbeat is not None else None)
 
 
 def transport_backlog_bytes(send) -> int | None:
@@ -405,9 +407,9 @@ def transport_backlog_bytes(send) -> int | None:
 
 
 def keep_stream_alive(session_id: str) -> bool:
-    """A keep-alive's re-check of the session and its credential (a read only: CONTRACT §12,
-    a stream whose state did not change writes nothing; the stream lease is renewed apart, and
-    rarely); False once the stream must close."""
+    """One session's re-check and its credential (a read only while nothing changed: CONTRACT
+    §12); False once its stream must close. Streams are re-checked together by the process's
+    heartbeat (``stream_heartbeat``); this is the same check for one session."""
     return session_transitions.check_stream_session(session_id=session_id)
 
 
@@ -416,8 +418,8 @@ def ring_reconnected_stream(endpoint_id: int, session_id: str) -> list:
     return doorbells.reconnect_frames(endpoint_id=endpoint_id, session_id=session_id)
 
 
-def close_stream(session_id: str) -> None:
-    session_transitions.detach_stream(session_id=session_id)
+def close_stream(session_id: str, host_id: str | None = None) -> None:
+    session_transitions.detach_stream(session_id=session_id, host_id=host_id)
 
 
 # -- the ASGI application ------------------------------------------------------------------------
@@ -444,6 +446,10 @@ class McpEndpoint:
         # True so the handler sees the test's uncommitted transaction on the main thread.
         self.thread_sensitive = thread_sensitive
         self._wrapped = {}
+        # This app's (in production: this process's) streams, re-checked and kept counting as
+        # open by one heartbeat for all of them.
+        self.heartbeat = StreamHeartbeat(interval_seconds=self.keepalive_seconds,
+                                         thread_sensitive=thread_sensitive)
 
     def _sync(self, function):
         # One wrapper per function for the life of the app: building one checks the function
@@ -483,7 +489,7 @@ class McpEndpoint:
                 if answer.terminated_session:
                     await _close_session_streams(answer.terminated_session)
             else:
-                answer = await self._sync(open_stream)(request)
+                answer = await self._sync(open_stream)(request, self.heartbeat)
                 if answer.stream_session is None:
                     await plain_http.send_answer(send, answer)
                 else:
@@ -520,6 +526,7 @@ class McpEndpoint:
         # The channel currently in the group (None while the layer is unreachable); the
         # reader rejoins and updates it, the finally below leaves with whatever it holds.
         membership = {"channel": None}
+        held = self.heartbeat.hold(session_id)
         try:
             # Redis down: serve keep-alives and let the reader keep trying to join.
             membership["channel"] = await group_reader.join_groups(
@@ -543,11 +550,11 @@ class McpEndpoint:
             await send({"type": "http.response.body", "more_body": True,
                         "body": mcp_framing.sse_comment("switchboard stream open")
                         + mcp_framing.sse_retry(RETRY_HINT_MS)})
-            await self._pump(session_id, endpoint_id, layer, group, membership, buffer,
-                             receive, send)
+            await self._pump(session_id, held, layer, group, membership, buffer, receive, send)
         finally:
+            self.heartbeat.release(held)
             await group_reader.leave_groups(layer, [group], membership.get("channel"))
-            await self._sync(close_stream)(session_id)
+            await self._sync(close_stream)(session_id, answer.stream_host)
 
     async def _long_poll(self, request, answer: Answer, started: float, receive, send):
         """Answer a claim_next that waits (CONTRACT §6). The wait is this coroutine parked in
@@ -644,9 +651,10 @@ class McpEndpoint:
                     "total": poll.wait_seconds, "message": "waiting for a todo"}))
         return frames
 
-    async def _pump(self, session_id, endpoint_id, layer, group, membership, buffer, receive,
-                    send):
-        terminated = asyncio.Event()
+    async def _pump(self, session_id, held, layer, group, membership, buffer, receive, send):
+        # Set by a terminate message (DELETE, eviction) or by the process's heartbeat when the
+        # session lost its rights (CONTRACT §12): either way the stream ends.
+        terminated = held.ended
 
         async def on_message(message) -> bool:
             if message.get("type") == TERMINATE_MESSAGE_TYPE:
@@ -667,19 +675,16 @@ class McpEndpoint:
         next_frame = asyncio.ensure_future(buffer.get())
         ended = asyncio.ensure_future(terminated.wait())
         loop = asyncio.get_running_loop()
-        # Keep-alives (and their re-check of the credential) run on a clock of their own, not
-        # only when the stream is idle: a stream busy with doorbells must be re-checked too.
+        # Keep-alives run on a clock of their own, not only when the stream is idle. They cost
+        # no query: the heartbeat re-checks every held session (and renews the lease that keeps
+        # them counting as open) once per interval for the whole process.
         keepalive_due = loop.time() + self.keepalive_seconds
-        lease_renew_at = loop.time() + queries.STREAM_LEASE_RENEW.total_seconds()
         bound = self.buffer_bytes or settings.SWITCHBOARD_STREAM_BUFFER_BYTES
         try:
             while True:
                 done, _ = await asyncio.wait({disconnect, next_frame, ended},
                                              timeout=max(0.0, keepalive_due - loop.time()),
                                              return_when=asyncio.FIRST_COMPLETED)
-                if loop.time() >= lease_renew_at:  # whichever branch runs: a busy stream too
-                    lease_renew_at = loop.time() + queries.STREAM_LEASE_RENEW.total_seconds()
-                    await self._sync(renew_stream_lease)(session_id)
                 if disconnect in done:
                     if disconnect.result().get("type") == "http.disconnect":
                         return
@@ -707,9 +712,6 @@ class McpEndpoint:
                 if loop.time() < keepalive_due:
                     continue
                 keepalive_due = loop.time() + self.keepalive_seconds
-                if not await self._still_allowed(session_id):
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    return
                 backlog = transport_backlog_bytes(send)
                 if backlog is None or backlog < bound:  # a stalled reader needs no keep-alive
                     await send({"type": "http.response.body", "more_body": True,
@@ -718,19 +720,6 @@ class McpEndpoint:
             for task in (reader, disconnect, next_frame, ended):
                 if task is not None and not task.done():
                     task.cancel()
-
-
-    async def _still_allowed(self, session_id: str) -> bool:
-        """The keep-alive's re-check. The database being unreachable is not a revocation: the
-        stream keeps its keep-alives (requests answer 503 meanwhile) and checks again next
-        time."""
-        try:
-            return await self._sync(keep_stream_alive)(session_id)
-        except health.UNAVAILABLE_ERRORS as exc:
-            log.warning("mcp stream check skipped: database unavailable",
-                        extra={"session": session_id[:8], "error": type(exc).__name__})
-            await database_sync_to_async(health.discard_broken_pooled_connections)()
-            return True
 
 
 def drop_frame(reason: str, context: dict) -> None:

@@ -37,13 +37,15 @@ class McpSession(models.Model):
     last_seen_at = models.DateTimeField()
     terminated_at = models.DateTimeField(null=True, blank=True)
     # Notification streams (GET) currently open on this session, across all web processes.
-    # Incremented/decremented by the stream consumer; a crashed process leaves it high, which
-    # the idle-session sweep corrects (see channels_push/sweeps.py).
+    # Incremented/decremented by the stream consumer (with its StreamAttachment); a crashed
+    # process leaves it high, which the idle-session sweep corrects (see
+    # channels_push/sweeps.py).
     open_streams = models.PositiveIntegerField(default=0)
-    # The streams' lease: stamped when a stream opens and renewed by open streams every
-    # STREAM_LEASE_RENEW (a rare write, not one per keep-alive). ``open_streams`` counts only
-    # while this is in the future, so streams that died with their process stop counting as
-    # open within STREAM_LEASE even before the sweep zeroes them (queries.attached_sql).
+    # The lease a stream's attach grants (queries.stream_lease() from the attach; never renewed
+    # by the stream). ``open_streams`` counts while this or the lease of a process holding one
+    # of its streams (StreamAttachment -> StreamHost, one row renewed per process) is in the
+    # future, so streams that died with their process stop counting as open within the lease
+    # even before the sweep zeroes them (queries.stream_open_sql).
     stream_lease_until = models.DateTimeField(null=True, blank=True)
     # When this session was last chosen for a doorbell. The doorbell picks the least recently
     # rung session of the pool and stamps it in the same UPDATE (transitions.choose_doorbell_
@@ -82,3 +84,40 @@ class McpSession(models.Model):
     @property
     def live(self) -> bool:
         return self.terminated_at is None
+
+
+def mint_host_id() -> str:
+    return secrets.token_hex(16)
+
+
+class StreamHost(models.Model):
+    """One web process that holds MCP notification streams, and its lease (issue 17).
+
+    An idle stream writes nothing: the process renews this one row every
+    ``queries.stream_lease_renew()`` for all the streams it holds, and the streams count as
+    open while ``lease_until`` is in the future. A process killed without a goodbye stops
+    renewing, so its streams stop counting within ``queries.stream_lease()``; the idle-session
+    sweep then deletes the row with its attachments (``transitions.reset_stale_stream_counts``).
+    """
+
+    id = models.CharField(primary_key=True, max_length=32, default=mint_host_id, editable=False)
+    started_at = models.DateTimeField()
+    lease_until = models.DateTimeField(db_index=True)
+
+    def __str__(self):
+        return f"stream host {self.id[:8]}… until {self.lease_until:%H:%M:%S}"
+
+
+class StreamAttachment(models.Model):
+    """One open notification stream: which session, held by which process. Inserted when the
+    stream opens and deleted when it closes (in the same transaction as the session's
+    ``open_streams`` count); a crashed process's rows go with its ``StreamHost``. The retention
+    sweep leaves a session alone while any attachment still names it."""
+
+    session = models.ForeignKey(McpSession, on_delete=models.CASCADE,
+                                related_name="stream_attachments")
+    host = models.ForeignKey(StreamHost, on_delete=models.CASCADE, related_name="attachments")
+    opened_at = models.DateTimeField()
+
+    def __str__(self):
+        return f"{self.session_id[:8]}… on {self.host_id[:8]}…"

@@ -5,10 +5,12 @@ made a request within ``SWITCHBOARD_ATTACH_WINDOW``. A session that is neither (
 vanished without DELETE, as Claude Code always does) is no receiver for rings, sweeps or
 digests, so its endpoint's todos keep their ring budget.
 
-"An open stream now" cannot be read from ``last_seen_at``: keep-alives do not write the
-session row on every tick. Instead the open-stream count is believed only while the streams'
-lease (``stream_lease_until``, renewed rarely by each open stream) has not run out, so the
-count a crashed process left behind stops counting within ``STREAM_LEASE`` on its own.
+"An open stream now" cannot be read from ``last_seen_at``: an idle stream writes nothing. The
+open-stream count is believed only while a lease says its streams still live: the lease its
+attach granted (``stream_lease_until``, one ``stream_lease()`` from the attach), or the lease
+of a process that holds one of its streams (a ``StreamAttachment`` on a ``StreamHost``, which
+the process renews with one row write for all its streams). So the count a crashed process
+left behind stops counting within ``stream_lease()`` on its own.
 
 The rule lives in this one SQL fragment; every statement that picks receivers embeds it.
 """
@@ -18,11 +20,18 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import connection
 
-# An open stream renews its session's stream lease this often, and the lease runs this long:
-# a few missed renewals (a stalled loop) do not make a live stream look dead, and a process
-# that died stops counting as "stream open" within STREAM_LEASE.
-STREAM_LEASE_RENEW = timedelta(minutes=2)
-STREAM_LEASE = timedelta(minutes=5)
+
+
+def stream_lease() -> timedelta:
+    """How long a stream lease runs (settings.SWITCHBOARD_STREAM_LEASE_SECONDS, 5 min): a
+    process that died stops counting as "stream open" within it."""
+    return timedelta(seconds=settings.SWITCHBOARD_STREAM_LEASE_SECONDS)
+
+
+def stream_lease_renew() -> timedelta:
+    """How often a process renews its host lease: 2/5 of the lease, so a missed renewal or two
+    (a stalled loop, a database blip) do not make its live streams look dead."""
+    return stream_lease() * 0.4
 
 
 def _time(value):
@@ -32,8 +41,12 @@ def _time(value):
 def stream_open_sql(alias: str, params: dict, now) -> str:
     """SQL over the session row ``alias``: it has an open notification stream now."""
     params["stream_alive_at"] = _time(now)
-    return (f"({alias}.open_streams > 0 AND {alias}.stream_lease_until IS NOT NULL"
-            f" AND {alias}.stream_lease_until > %(stream_alive_at)s)")
+    # COALESCE: never NULL (a NULL would sort first in the doorbell's ``ORDER BY … DESC``).
+    return (f"({alias}.open_streams > 0 AND (COALESCE({alias}.stream_lease_until"
+            " > %(stream_alive_at)s, FALSE)"
+            " OR EXISTS (SELECT 1 FROM channels_push_streamattachment sa"
+            " JOIN channels_push_streamhost sh ON sh.id = sa.host_id"
+            f" WHERE sa.session_id = {alias}.id AND sh.lease_until > %(stream_alive_at)s)))")
 
 
 def session_rights_sql(alias: str, params: dict, now) -> str:

@@ -11,15 +11,15 @@ import json
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import Case, F, Q, When
-from django.db.models.functions import Greatest
+from django.db import connection, transaction
+from django.db.models import Case, Count, F, OuterRef, Q, Subquery, When
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from endpoints import queries as endpoint_queries
 
 from . import queries
-from .models import McpSession
+from .models import McpSession, StreamAttachment, StreamHost
 
 
 def open_session(*, endpoint, protocol_version: str, client_name: str = "", now=None,
@@ -107,36 +107,95 @@ def terminate_session(*, endpoint, session_id: str, now=None) -> bool:
     return _live(endpoint, session_id).update(terminated_at=now, last_seen_at=now) == 1
 
 
-def attach_stream(*, endpoint, session_id: str, max_streams: int | None = None,
-                  now=None) -> str | None:
+def attach_stream(*, endpoint, session_id: str, host_id: str | None = None,
+                  max_streams: int | None = None, now=None) -> str | None:
     """Count one more open notification stream on a live session, unless it already has
-    ``max_streams`` (default: the setting). ``"attached"``, ``"full"`` (the cap refused it), or
-    None (no such live session)."""
+    ``max_streams`` (default: the setting), and record which process holds it (``host_id``, a
+    ``StreamHost``: its lease then keeps the stream counting as open). The host row is created
+    when missing (a no-op insert otherwise: a process's first stream, or its first after the
+    sweep took it), the count's guarded UPDATE and the attachment's INSERT follow in the same
+    transaction. ``"attached"``, ``"full"`` (the cap refused it), or None (no such live
+    session)."""
     now = now or timezone.now()
     cap = max_streams or settings.SWITCHBOARD_MAX_OPEN_STREAMS
-    attached = _live(endpoint, session_id).filter(open_streams__lt=cap).update(
-        open_streams=F("open_streams") + 1, last_seen_at=now,
-        stream_lease_until=now + queries.STREAM_LEASE)
+    with transaction.atomic():
+        if host_id is not None:
+            register_stream_host(host_id=host_id, now=now, renew=False)
+        attached = _live(endpoint, session_id).filter(open_streams__lt=cap).update(
+            open_streams=F("open_streams") + 1, last_seen_at=now,
+            stream_lease_until=now + queries.stream_lease())
+        if attached and host_id is not None:
+            StreamAttachment.objects.create(session_id=session_id, host_id=host_id,
+                                            opened_at=now)
     if attached:
         return "attached"
     return "full" if _live(endpoint, session_id).exists() else None
 
 
-def renew_stream_lease(*, session_id: str, now=None) -> bool:
-    """An open stream's rare write (every ``queries.STREAM_LEASE_RENEW``): its session keeps
-    counting as "stream open" for another STREAM_LEASE. False: the session is gone."""
+def detach_stream(*, session_id: str, host_id: str | None = None, now=None) -> None:
+    """Count one stream fewer (never below zero; the sweep may already have reset it) and drop
+    one of its attachments on ``host_id``, in one transaction. Applies to terminated sessions
+    too, so the count ends at zero."""
     now = now or timezone.now()
-    return McpSession.objects.filter(pk=session_id, terminated_at__isnull=True).update(
-        stream_lease_until=now + queries.STREAM_LEASE, last_seen_at=now) == 1
+    with transaction.atomic():
+        if host_id is not None:
+            one = (StreamAttachment.objects.filter(session_id=session_id, host_id=host_id)
+                   .values("pk")[:1])
+            StreamAttachment.objects.filter(pk__in=one).delete()
+        McpSession.objects.filter(pk=session_id, open_streams__gt=0).update(
+            open_streams=Greatest(F("open_streams") - 1, 0), last_seen_at=now
+        )
 
 
-def detach_stream(*, session_id: str, now=None) -> None:
-    """Count one stream fewer (never below zero; the sweep may already have reset it).
-    Applies to terminated sessions too, so the count ends at zero."""
+# -- stream hosts: one lease row per web process for all the streams it holds ----------------
+
+
+def register_stream_host(*, host_id: str, now=None, renew: bool = True) -> None:
+    """Create the lease row of the process ``host_id`` when it is missing; with ``renew``, an
+    existing row's lease is renewed too, else left as it is (``attach_stream``: no write when
+    the row is there). One statement, so concurrent first streams of a process agree."""
     now = now or timezone.now()
-    McpSession.objects.filter(pk=session_id, open_streams__gt=0).update(
-        open_streams=Greatest(F("open_streams") - 1, 0), last_seen_at=now
-    )
+    lease_until = now + queries.stream_lease()
+    on_conflict = ("DO UPDATE SET lease_until = EXCLUDED.lease_until" if renew
+                   else "DO NOTHING")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO channels_push_streamhost (id, started_at, lease_until)"
+            f" VALUES (%s, %s, %s) ON CONFLICT (id) {on_conflict}",
+            [host_id, _time(now), _time(lease_until)])
+
+
+def renew_stream_host(*, host_id: str, now=None) -> bool:
+    """The process's heartbeat write: ONE row renews the lease of every stream it holds. False
+    when the row is gone (the sweep took the process for dead after a stall longer than the
+    lease): its attachments went with it, so the caller closes its streams."""
+    now = now or timezone.now()
+    return StreamHost.objects.filter(pk=host_id).update(
+        lease_until=now + queries.stream_lease()) == 1
+
+
+def check_stream_sessions(*, session_ids, now=None) -> set[str]:
+    """The process heartbeat's re-check of every session it holds a stream of, in one read:
+    which are still live with a credential that still gives its rights (unexpired or in grace,
+    endpoint active, owner active; CONTRACT §12). The others end here (one guarded UPDATE for
+    all of them) and the caller closes their streams. Returns the ids still allowed. A process
+    whose streams' state did not change writes nothing."""
+    now = now or timezone.now()
+    session_ids = list(dict.fromkeys(session_ids))
+    if not session_ids:
+        return set()
+    params = {}
+    held = _id_list("s.id", "held", params, session_ids)
+    rights = _session_rights_sql(params, now)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT s.id FROM channels_push_mcpsession s"
+                       f" WHERE {held} AND s.terminated_at IS NULL AND {rights}", params)
+        allowed = {row[0] for row in cursor.fetchall()}
+    lost = [session_id for session_id in session_ids if session_id not in allowed]
+    if lost:
+        McpSession.objects.filter(pk__in=lost, terminated_at__isnull=True).update(
+            terminated_at=now)
+    return allowed
 
 
 def _session_rights_sql(params: dict, now) -> str:
@@ -145,23 +204,9 @@ def _session_rights_sql(params: dict, now) -> str:
 
 
 def check_stream_session(*, session_id: str, now=None) -> bool:
-    """A stream's keep-alive: is its session still live, and does the credential that opened
-    it still give its rights (unexpired or in grace, endpoint active, owner active)? When not,
-    the session ends here (one guarded UPDATE) and the stream closes: this runs on every
-    keep-alive of every stream on every process, so a revoked credential's streams close within
-    one keep-alive everywhere. Otherwise a read only (CONTRACT §12: an idle stream writes
-    nothing on its keep-alive; its rare write is ``renew_stream_lease``)."""
-    now = now or timezone.now()
-    params = {"session_id": session_id}
-    rights = _session_rights_sql(params, now)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT 1 FROM channels_push_mcpsession s"
-            f" WHERE s.id = %(session_id)s AND s.terminated_at IS NULL AND {rights}", params)
-        if cursor.fetchone() is not None:
-            return True
-    McpSession.objects.filter(pk=session_id, terminated_at__isnull=True).update(terminated_at=now)
-    return False
+    """One session's re-check (``check_stream_sessions`` for a single id): still live with its
+    rights? When not, the session ends here and its stream must close."""
+    return session_id in check_stream_sessions(session_ids=[session_id], now=now)
 
 
 def end_sessions_without_rights(*, limit: int, now=None) -> int:
@@ -183,13 +228,18 @@ def end_sessions_without_rights(*, limit: int, now=None) -> int:
 
 
 def expire_idle_sessions(*, idle_before, limit: int, now=None) -> int:
-    """End live sessions last seen before ``idle_before``, at most ``limit`` of them. Safe when
-    two runs overlap: each row's guard (still live) is re-checked by the UPDATE itself."""
+    """End live sessions last seen before ``idle_before`` and without an open stream (an idle
+    stream writes nothing on its session, so ``last_seen_at`` stops at its attach), at most
+    ``limit`` of them. Safe when two runs overlap: each row's guard (still live) is re-checked
+    by the UPDATE itself."""
     now = now or timezone.now()
-    ids = list(
-        McpSession.objects.filter(terminated_at__isnull=True, last_seen_at__lt=idle_before)
-        .order_by("last_seen_at").values_list("pk", flat=True)[:limit]
-    )
+    params = {"idle_before": _time(idle_before), "limit": limit}
+    streaming = queries.stream_open_sql("s", params, now)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT s.id FROM channels_push_mcpsession s"
+                       " WHERE s.terminated_at IS NULL AND s.last_seen_at < %(idle_before)s"
+                       f" AND NOT {streaming} ORDER BY s.last_seen_at LIMIT %(limit)s", params)
+        ids = [row[0] for row in cursor.fetchall()]
     if not ids:
         return 0
     return McpSession.objects.filter(pk__in=ids, terminated_at__isnull=True).update(
@@ -198,13 +248,20 @@ def expire_idle_sessions(*, idle_before, limit: int, now=None) -> int:
 
 
 def reset_stale_stream_counts(*, now=None) -> int:
-    """Open streams renew their session's stream lease; a session with a nonzero count whose
-    lease ran out lost its streams with a crashed process. Zero them (``queries.attached_sql``
-    already ignores such counts; this keeps the column honest for the board and admin)."""
+    """Forget the streams of processes that died: delete the hosts whose lease ran out with
+    their attachments, then set every session whose own attach lease ran out to the number of
+    attachments it still has (zero, for a session whose streams all died with their process).
+    ``queries.attached_sql`` already ignores such counts; this keeps the column honest for the
+    cap, the board and the admin. Returns how many sessions were corrected."""
     now = now or timezone.now()
+    dead_hosts = StreamHost.objects.filter(lease_until__lt=now).values("pk")
+    StreamAttachment.objects.filter(host_id__in=dead_hosts).delete()
+    StreamHost.objects.filter(lease_until__lt=now).delete()
+    remaining = Subquery(StreamAttachment.objects.filter(session_id=OuterRef("pk"))
+                         .values("session_id").annotate(n=Count("pk")).values("n"))
     return McpSession.objects.filter(open_streams__gt=0).filter(
         Q(stream_lease_until__isnull=True) | Q(stream_lease_until__lt=now)
-    ).update(open_streams=0)
+    ).exclude(open_streams=Coalesce(remaining, 0)).update(open_streams=Coalesce(remaining, 0))
 
 
 # -- doorbells (CONTRACT §7) ---------------------------------------------------------------------

@@ -115,7 +115,7 @@ def count_prunable(cutoffs: Cutoffs) -> dict:
         "delivery_log": DeliveryRecord.objects.filter(at__lt=cutoffs.delivery_log_before).count()
         + DeliveryDrops.objects.filter(minute__lt=cutoffs.delivery_log_before).count(),
         "mcp_sessions": McpSession.objects.filter(
-            terminated_at__lt=cutoffs.sessions_before).count(),
+            terminated_at__lt=cutoffs.sessions_before, stream_attachments__isnull=True).count(),
     }
 
 
@@ -255,12 +255,17 @@ def _delete_delivery_log_batch(cutoffs: Cutoffs, batch: int) -> int:
 
 def _delete_session_batch(cutoffs: Cutoffs, batch: int) -> int:
     """Ended MCP sessions (terminated, or expired by the idle sweep) past their day.
-    Served by mcp_session_prune (terminated_at WHERE terminated_at IS NOT NULL)."""
+    Served by mcp_session_prune (terminated_at WHERE terminated_at IS NOT NULL). A session a
+    stream attachment still names is left for a later pass (the attachment's foreign key would
+    refuse the delete): its stream closes, or its dead process's rows are swept, first. No new
+    attachment can appear on an ended session (``attach_stream`` guards on a live one)."""
     lock = "FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
     sql = f"""
         DELETE FROM channels_push_mcpsession WHERE id IN (
-            SELECT id FROM channels_push_mcpsession
+            SELECT id FROM channels_push_mcpsession s
             WHERE terminated_at IS NOT NULL AND terminated_at < %s
+            AND NOT EXISTS (SELECT 1 FROM channels_push_streamattachment a
+                            WHERE a.session_id = s.id)
             ORDER BY terminated_at LIMIT %s {lock}
         )
     """

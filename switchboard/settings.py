@@ -130,6 +130,12 @@ SWITCHBOARD_MCP_SESSION_IDLE = timedelta(
 # soon a revoked stream closes. Below the 30-60 s idle cut of common proxies.
 SWITCHBOARD_STREAM_KEEPALIVE_SECONDS = _typed(
     "SWITCHBOARD_STREAM_KEEPALIVE_SECONDS", env.float, 15.0, minimum=0.1)
+# A web process holding MCP notification streams renews ONE lease row of its own (a
+# ``StreamHost``) instead of a write per stream; its streams count as open while that lease
+# runs, so a process killed without a goodbye stops counting within this long. Renewed every
+# 2/5 of it (2 min of the default 5). Tests of a killed process shorten it.
+SWITCHBOARD_STREAM_LEASE_SECONDS = _typed(
+    "SWITCHBOARD_STREAM_LEASE_SECONDS", env.float, 300.0, minimum=1.0)
 # Caps (§12): live MCP sessions per credential (initialize evicts the oldest idle beyond it),
 # and open streams per MCP session and per operator's board.
 SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL = _typed(

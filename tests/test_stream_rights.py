@@ -171,3 +171,100 @@ def test_a_hundred_idle_streams_write_nothing_on_their_keep_alives(start_daphne)
                 deadline_seconds=60)
     assert session_row_versions(endpoint) == before
     assert all(s.ended_at is None for s in streams)
+
+
+def database_transactions() -> int:
+    """Transactions committed in this database so far, every backend (the daphne process's
+    included), with this backend's counters flushed first."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT xact_commit FROM pg_stat_database"
+                       " WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def test_a_process_rechecks_all_its_idle_streams_in_one_query_per_keep_alive(start_daphne):
+    """Issue 17: the keep-alive re-check is one query per process per interval for all of its
+    streams (channels_push.stream_heartbeat), not one per stream: a hundred idle streams over
+    eight intervals commit a handful of transactions, where one check per stream would commit
+    800."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("pg_stat_database is PostgreSQL's")
+    web = start_daphne(SWITCHBOARD_STREAM_KEEPALIVE_SECONDS="0.5",
+                       SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL=str(IDLE_STREAMS))
+    endpoint, credential, _ = setup_route("rights-batched")
+    sessions = [initialize(web.url, endpoint.slug, credential) for _ in range(IDLE_STREAMS)]
+    streams = [RawStream(web.url, endpoint.slug, credential, s) for s in sessions]
+    assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams=1).count()
+                == IDLE_STREAMS, deadline_seconds=60)
+    # An idle backend reports its counters up to 10 s late (PostgreSQL's PGSTAT_IDLE_INTERVAL):
+    # let the pool connections that served the opens report theirs before the window.
+    time.sleep(11.0)
+    before = database_transactions()
+    time.sleep(4.0)  # eight keep-alive intervals: the daphne process's statements only
+    committed = database_transactions() - before
+    # 8 heartbeat reads (+ a lease renewal or two, + this test's own few statements).
+    assert committed < 40, f"{committed} transactions for {IDLE_STREAMS} idle streams"
+    assert all(s.ended_at is None for s in streams)
+
+
+def stream_open_sessions(endpoint) -> set:
+    """The sessions of ``endpoint`` that count as having an open stream now (the doorbell's
+    own rule, ``queries.stream_open_sql``)."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from channels_push import queries
+
+    params = {"endpoint_id": endpoint.pk}
+    sql = ("SELECT s.id FROM channels_push_mcpsession s WHERE s.endpoint_id = %(endpoint_id)s"
+           f" AND {queries.stream_open_sql('s', params, timezone.now())}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {row[0] for row in cursor.fetchall()}
+
+
+LEASE_SECONDS = 2.0
+
+
+def test_streams_of_a_process_killed_with_sigkill_lapse_and_are_swept(start_daphne):
+    """A daphne process killed -9 says no goodbye: its streams' attachments stay behind. They
+    keep counting as open only while its host lease runs (renewed by its heartbeat, one row
+    for all its streams); then they stop counting on their own, and the idle-session sweep
+    deletes the dead host with its attachments and zeroes the sessions' stream counts. The
+    streams of a live process, meanwhile, keep counting past their attach's own lease."""
+    from channels_push import sweeps
+    from channels_push.models import StreamAttachment, StreamHost
+
+    env = {"SWITCHBOARD_STREAM_KEEPALIVE_SECONDS": "0.5",
+           "SWITCHBOARD_STREAM_LEASE_SECONDS": str(LEASE_SECONDS)}
+    doomed, survivor = start_daphne(**env), start_daphne(**env)
+    endpoint, credential, _ = setup_route("killed")
+    on_doomed = [initialize(doomed.url, endpoint.slug, credential) for _ in range(3)]
+    on_survivor = initialize(survivor.url, endpoint.slug, credential)
+    streams = [RawStream(doomed.url, endpoint.slug, credential, s) for s in on_doomed]
+    streams.append(RawStream(survivor.url, endpoint.slug, credential, on_survivor))
+    assert poll(lambda: StreamAttachment.objects.count() == 4, deadline_seconds=30)
+    assert StreamHost.objects.count() == 2
+    # Past the attaches' own lease: the hosts' heartbeats keep all four counting.
+    time.sleep(LEASE_SECONDS + 1.0)
+    assert stream_open_sessions(endpoint) == {*on_doomed, on_survivor}
+
+    doomed.process.kill()  # SIGKILL: no finally, no detach
+    doomed.process.wait()
+    assert StreamAttachment.objects.count() == 4  # left behind
+    assert poll(lambda: stream_open_sessions(endpoint) == {on_survivor},
+                deadline_seconds=LEASE_SECONDS + 5.0), "a dead process's streams kept counting"
+    sweeps.expire_idle_sessions()
+    assert sorted(McpSession.objects.filter(endpoint=endpoint).values_list("id", "open_streams")) \
+        == sorted([(s, 0) for s in on_doomed] + [(on_survivor, 1)])
+    assert list(StreamAttachment.objects.values_list("session_id", flat=True)) == [on_survivor]
+    assert StreamHost.objects.count() == 1
+    # Killed streams' sessions are not ended (their clients reconnect to another process).
+    assert not McpSession.objects.filter(endpoint=endpoint, terminated_at__isnull=False).exists()
+    assert streams[-1].ended_at is None

@@ -4,6 +4,7 @@ to pending from a lapsed lease or a release rings like a new one; every ring tha
 stream is logged and counted. Clock driven with ``now=``, never by sleeping."""
 
 import ast
+import asyncio
 import logging
 from datetime import timedelta
 from pathlib import Path
@@ -71,21 +72,26 @@ def test_overnight_with_a_client_that_just_disappears(endpoint):
 
 
 @pytest.mark.django_db
-def test_an_open_stream_counts_only_while_its_lease_is_renewed(endpoint):
-    """A keep-alive does not write the session row; an open stream renews its stream lease
-    rarely, and a count left by a process that died stops counting when the lease runs out."""
+def test_an_open_stream_counts_only_while_a_lease_runs(endpoint):
+    """A keep-alive does not write the session row: an open stream counts while the lease its
+    attach granted runs, or while the process holding it renews its host lease (one row for
+    all its streams); a count left by a process that died stops counting when both ran out."""
     from channels_push import queries
 
     now = timezone.now()
-    streaming = open_session(endpoint, now - timedelta(hours=1), stream=True)
+    opened = now - timedelta(hours=1)
+    session_transitions.register_stream_host(host_id="proc", now=opened)
+    streaming = open_session(endpoint, opened)
+    assert session_transitions.attach_stream(endpoint=endpoint, session_id=streaming.pk,
+                                             host_id="proc", now=opened)
     todo = make_ready_todo(endpoint, now=now - timedelta(hours=2))
-    lease_end = now - timedelta(hours=1) + queries.STREAM_LEASE
+    lease_end = opened + queries.stream_lease()
     assert session_transitions.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, now=lease_end - timedelta(seconds=1)) == (
         streaming.pk, True)
     assert session_transitions.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, now=lease_end) is None  # its process died
-    assert session_transitions.renew_stream_lease(session_id=streaming.pk, now=now)
+    assert session_transitions.renew_stream_host(host_id="proc", now=now)  # ... or not
     assert session_transitions.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, now=now + timedelta(minutes=4)) == (
         streaming.pk, True)
@@ -231,35 +237,47 @@ def test_clock_in_by_the_agent_wakes_one_worker_for_one_todo(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_open_stream_renews_its_lease_while_it_is_busy(vend, monkeypatch):
-    """The renewal rides on the stream's loop whichever way it wakes (a frame, a keep-alive), so
-    a stream busy with doorbells keeps counting as open."""
-    from channels_push import queries
+def test_an_idle_stream_writes_nothing_and_its_process_renews_one_row(vend, settings):
+    """Issue 17: a stream's keep-alives cost no write; the process's heartbeat renews its one
+    StreamHost row for every stream it holds, which keeps the streams counting as open."""
+    from channels_push.models import StreamAttachment, StreamHost
 
-    monkeypatch.setattr(queries, "STREAM_LEASE_RENEW", timedelta(0))  # renew on every wake-up
+    from channels.routing import URLRouter
+    from django.urls import re_path
+
+    from channels_push import mcp_transport
+
+    settings.SWITCHBOARD_STREAM_LEASE_SECONDS = 1.0  # renewed every 0.4 s
     endpoint, credential = vend("renews")
-    d = McpDriver(endpoint.slug, credential)
-    d.initialize()
+    drivers = [McpDriver(endpoint.slug, credential) for _ in range(3)]
+    for d in drivers:
+        d.initialize()
+    process = mcp_transport.McpEndpoint(keepalive_seconds=0.2)  # one process's streams
+    app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, process)])
 
-    def lease_until():
-        return McpSession.objects.get(pk=d.session_id).stream_lease_until
+    def state():
+        return (list(StreamHost.objects.values_list("pk", "lease_until")),
+                sorted(StreamAttachment.objects.values_list("session_id", "host_id")),
+                sorted(McpSession.objects.values_list("pk", "last_seen_at")))
 
     async def scenario():
-        stream = await open_stream(d)
-        expired = timezone.now() - timedelta(seconds=1)
-        await database_sync_to_async(McpSession.objects.filter(pk=d.session_id).update,
-                                     thread_sensitive=False)(stream_lease_until=expired)
-        # A frame sent straight to the session (the doorbell itself would now pass the
-        # session by: its lease ran out) wakes the stream's loop.
-        await database_sync_to_async(session_notify.notify_session, thread_sensitive=False)(
-            d.session_id, session_notify.CHANNEL_METHOD, {"content": "wake", "meta": {}})
-        assert (await next_doorbell(stream))["content"] == "wake"
-        renewed = await database_sync_to_async(lease_until, thread_sensitive=False)()
-        await close(stream)
-        return expired, renewed
+        streams = [await open_stream(d, app) for d in drivers]
+        await asyncio.sleep(0.3)
+        before = await database_sync_to_async(state, thread_sensitive=False)()
+        await asyncio.sleep(1.0)
+        after = await database_sync_to_async(state, thread_sensitive=False)()
+        for stream in streams:
+            await close(stream)
+        return before, after
 
-    expired, renewed = async_to_sync(scenario)()
-    assert renewed > expired + queries.STREAM_LEASE - timedelta(seconds=5)
+    before, after = async_to_sync(scenario)()
+    (host, leased_before), = before[0]
+    assert host == process.heartbeat.host_id
+    assert before[1] == sorted((d.session_id, host) for d in drivers)
+    (_, leased_after), = after[0]
+    assert leased_after > leased_before  # the one row renewed
+    assert after[1:] == before[1:]  # no session row written by the streams' keep-alives
+    assert not StreamAttachment.objects.exists()  # closed: detached
 
 
 @pytest.mark.django_db

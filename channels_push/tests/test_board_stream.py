@@ -340,7 +340,7 @@ def test_a_failed_render_ends_the_stream_so_the_browser_reconnects_and_resyncs(a
         stream = Stream(alice)
         await stream.open()
         await stream.next_event(kind="sync")
-        monkeypatch.setattr(board_stream, "render_changes", database_gone)
+        monkeypatch.setattr(board_stream, "fetch_board_todos", database_gone)
         await sync_to_async(create)(endpoint, "cannot be shown")
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
@@ -448,3 +448,81 @@ def test_a_forked_child_does_not_inherit_a_board_batch_it_can_never_send():
         with publish._board_batch._lock:
             publish._board_batch._scheduled = False
             publish._board_batch._changes.clear()
+
+
+def test_many_board_streams_share_one_read_and_one_render_per_view_per_batch(
+        alice, bob, monkeypatch):
+    """Issue 17: every board stream of a process is fed by its one hub. A committed batch is
+    read once (owners included) and rendered once per view, whatever the number of streams;
+    each stream still gets only the rows its viewer may see."""
+    root = UserFactory(username="root", is_superuser=True)
+    alices = EndpointFactory(slug="alices", owner=alice)
+    bobs = EndpointFactory(slug="bobs", owner=bob)
+    reads, renders = [], []
+    fetch, render = board_stream.fetch_board_todos, board_stream.render_rows
+    monkeypatch.setattr(board_stream, "fetch_board_todos",
+                        lambda ids: reads.append(sorted(ids)) or fetch(ids))
+    monkeypatch.setattr(board_stream, "render_rows",
+                        lambda todos, filters, url: renders.append(url) or render(todos, filters, url))
+
+    def two_todos():
+        with transaction.atomic():
+            return create(alices, "alice's"), create(bobs, "bob's")
+
+    async def scenario():
+        streams = {"root": [Stream(root) for _ in range(3)],
+                   "alice": [Stream(alice) for _ in range(2)],  # 4 in all: the cap
+                   "alice-filtered": [Stream(alice, query=b"queue=inbox") for _ in range(2)],
+                   "bob": [Stream(bob) for _ in range(3)]}
+        for group in streams.values():
+            for stream in group:
+                await stream.open()
+                await stream.next_event(kind="sync")
+        mine, his = await sync_to_async(two_todos)()
+        seen = {}
+        for name, group in streams.items():
+            for stream in group:
+                for _ in range(2 if name == "root" else 1):
+                    event = await stream.next_event(kind="todo")
+                    seen.setdefault(name, set()).add(json.loads(event["data"])["todo_id"])
+        assert seen == {"root": {str(mine.pk), str(his.pk)}, "alice": {str(mine.pk)},
+                        "alice-filtered": {str(mine.pk)}, "bob": {str(his.pk)}}
+        for group in streams.values():
+            for stream in group:
+                await stream.expect_no_todo_event(timeout=0.2)
+                await stream.close()
+
+    run(scenario)
+    assert len(reads) == 1 and len(reads[0]) == 2  # one read for ten streams
+    assert len(renders) == len(set(renders)) == 2  # one render per view (query string)
+
+
+def test_a_batch_renders_in_one_query_for_every_view(alice, bob, django_assert_num_queries):
+    root = UserFactory(username="root", is_superuser=True)
+    todos = [create(EndpointFactory(slug=f"e{n}", owner=alice if n % 2 else bob), f"t{n}")
+             for n in range(6)]
+    viewers = [board_stream.find_viewer(user) for user in (root, alice, bob)]
+    views = {f"v{n}": ({"endpoint_slug": None, "queue": None, "state": None}, f"/todos/?v={n}",
+                       viewers[n:n + 1]) for n in range(3)}
+    with django_assert_num_queries(1):
+        rendered = board_stream.render_batch([str(t.pk) for t in todos], views)
+    assert [len(rendered[f"v{n}"]) for n in range(3)] == [6, 3, 3]
+    assert {row["owner_id"] for row in rendered["v1"]} == {alice.pk}
+
+
+def test_many_viewers_are_rechecked_in_two_queries(alice, bob, django_assert_num_queries):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    keys = []
+    for user in (alice, bob):
+        client = Client()
+        client.force_login(user)
+        keys.append((user.pk, client.cookies[settings.SESSION_COOKIE_NAME].value, True))
+        keys.append((user.pk, None, False))
+    keys.append((alice.pk, "no-such-session", True))
+    get_user_model().objects.filter(pk=bob.pk).update(is_active=False)
+    with django_assert_num_queries(2):
+        viewers = board_stream.recheck_viewers(keys)
+    assert [viewers[key] is not None for key in keys] == [True, True, False, False, False]
+    assert viewers[keys[0]].user_id == alice.pk

@@ -157,3 +157,25 @@ def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice)
 
     with override_settings(CHANNEL_LAYERS=layers):
         run(scenario)
+
+
+def test_the_shared_recheck_ends_only_the_streams_of_the_viewer_who_lost_the_right(alice):
+    """Issue 17: one re-check per keep-alive interval covers every board stream of the process;
+    a deactivated operator's streams end, the others' stay open."""
+    bob = UserFactory(username="bob")
+    interval = board_stream.timedelta(seconds=KEEPALIVE_SECONDS)
+
+    async def scenario():
+        alices = [Stream(alice, keepalive=interval) for _ in range(2)]
+        bobs = [Stream(bob, keepalive=interval) for _ in range(2)]
+        for stream in alices + bobs:
+            assert (await stream.open())["status"] == 200
+        await sync_to_async(type(bob).objects.filter(pk=bob.pk).update)(is_active=False)
+        for stream in bobs:
+            assert await read_until_end(stream) is not None, "a deactivated viewer's stream"
+        for stream in alices:
+            seen = [await stream.next_event(kind="comment") for _ in range(3)]  # re-checked
+            assert len(seen) == 3
+            await stream.close()
+
+    run(scenario)

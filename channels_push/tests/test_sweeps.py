@@ -5,7 +5,7 @@ from django.utils import timezone
 from tests.factories import credential_for
 from channels_push import queries, scheduler, sweeps
 from channels_push import transitions as session_transitions
-from channels_push.models import McpSession
+from channels_push.models import McpSession, StreamAttachment, StreamHost
 
 
 def test_idle_sessions_expire_and_active_ones_stay(endpoint, settings):
@@ -25,19 +25,104 @@ def test_idle_sessions_expire_and_active_ones_stay(endpoint, settings):
 
 
 def test_stream_counts_left_by_a_crashed_process_are_zeroed(endpoint):
-    """Open streams renew their stream lease every STREAM_LEASE_RENEW; a count whose lease ran
-    out was left by a process that died with its streams."""
+    """An attach grants its stream a lease of stream_lease(); after that the stream counts
+    only while the lease of the process holding it is renewed. A count whose leases all ran
+    out was left by a process that died with its streams: the sweep deletes the dead host with
+    its attachments and sets the count to the attachments left."""
     now = timezone.now()
-    crashed_at = now - queries.STREAM_LEASE - timedelta(seconds=1)
+    crashed_at = now - queries.stream_lease() - timedelta(seconds=1)
+    session_transitions.register_stream_host(host_id="dead", now=crashed_at)
+    session_transitions.register_stream_host(host_id="alive", now=crashed_at)
+    assert session_transitions.renew_stream_host(host_id="alive", now=now)
     session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
                                                now=crashed_at)
     assert session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk,
-                                             now=crashed_at)
+                                             host_id="dead", now=crashed_at)
+    # Attached long ago on a process that is still alive: its host's lease keeps it counting.
+    old = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
+                                           now=crashed_at)
+    assert session_transitions.attach_stream(endpoint=endpoint, session_id=old.pk,
+                                             host_id="alive", now=crashed_at)
+    assert session_transitions.attach_stream(endpoint=endpoint, session_id=old.pk,
+                                             host_id="dead", now=crashed_at)
     live = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25", now=now)
     assert session_transitions.attach_stream(endpoint=endpoint, session_id=live.pk, now=now)
+    assert queries.has_attached_session(endpoint.pk, now)
     sweeps.expire_idle_sessions(now=now)
     assert McpSession.objects.get(pk=session.pk).open_streams == 0
+    assert McpSession.objects.get(pk=old.pk).open_streams == 1  # its stream on "alive"
     assert McpSession.objects.get(pk=live.pk).open_streams == 1
+    assert list(StreamHost.objects.values_list("pk", flat=True)) == ["alive"]
+    assert StreamAttachment.objects.filter(host_id="dead").count() == 0
+    # A stream held by a live process keeps an otherwise idle session from the idle expiry.
+    assert McpSession.objects.get(pk=old.pk).terminated_at is None
+
+
+def test_a_stream_on_a_live_process_keeps_its_session_from_the_idle_expiry(endpoint, settings):
+    settings.SWITCHBOARD_MCP_SESSION_IDLE = timedelta(hours=1)
+    now = timezone.now()
+    long_ago = now - timedelta(hours=3)
+    session_transitions.register_stream_host(host_id="alive", now=now)
+    streaming = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
+                                                 now=long_ago)
+    assert session_transitions.attach_stream(endpoint=endpoint, session_id=streaming.pk,
+                                             host_id="alive", now=long_ago)
+    idle = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
+                                            now=long_ago)
+    assert sweeps.expire_idle_sessions(now=now) == 1
+    assert McpSession.objects.get(pk=idle.pk).terminated_at == now
+    assert McpSession.objects.get(pk=streaming.pk).terminated_at is None
+    # Closed: idle like any other session from then on.
+    session_transitions.detach_stream(session_id=streaming.pk, host_id="alive",
+                                      now=now - timedelta(hours=2))
+    assert not StreamAttachment.objects.exists()
+    assert sweeps.expire_idle_sessions(now=now) == 1
+
+
+def test_the_retention_prune_leaves_a_session_a_stream_attachment_names(endpoint):
+    """The attachment's foreign key would refuse the delete (and fail the whole batch): the
+    prune skips such a session until the stream closes or its dead process is swept."""
+    from ingest import sweeps as ingest_sweeps
+
+    now = timezone.now()
+    session_transitions.register_stream_host(host_id="h", now=now)
+    attached = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
+                                                now=now - timedelta(days=3))
+    assert session_transitions.attach_stream(endpoint=endpoint, session_id=attached.pk,
+                                             host_id="h", now=now - timedelta(days=3))
+    ended = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
+                                             now=now - timedelta(days=3))
+    McpSession.objects.filter(pk__in=[attached.pk, ended.pk]).update(
+        terminated_at=now - timedelta(days=2))
+    assert ingest_sweeps.prune_history(now=now, pause_seconds=0)["mcp_sessions"] == 1
+    assert list(McpSession.objects.values_list("pk", flat=True)) == [attached.pk]
+    session_transitions.detach_stream(session_id=attached.pk, host_id="h")
+    assert ingest_sweeps.prune_history(now=now, pause_seconds=0)["mcp_sessions"] == 1
+    assert not McpSession.objects.exists()
+
+
+def test_one_heartbeat_statement_rechecks_every_held_session(endpoint, vend,
+                                                            django_assert_num_queries):
+    """The process heartbeat: one read for all the sessions it holds; the ones whose
+    credential lost its rights end in one more statement."""
+    now = timezone.now()
+    other, _ = vend(slug="revoked-one")
+    sessions = [session_transitions.open_session(
+        endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
+        now=now).pk for _ in range(5)]
+    lost = session_transitions.open_session(endpoint=other, credential_id=credential_for(other),
+                                            protocol_version="2025-11-25", now=now).pk
+    with django_assert_num_queries(1):
+        assert session_transitions.check_stream_sessions(
+            session_ids=sessions + [lost], now=now) == set(sessions + [lost])
+    other.active = False
+    other.save(update_fields=["active"])
+    with django_assert_num_queries(2):
+        assert session_transitions.check_stream_sessions(
+            session_ids=sessions + [lost], now=now) == set(sessions)
+    assert McpSession.objects.get(pk=lost).terminated_at == now
+    with django_assert_num_queries(1):
+        assert session_transitions.renew_stream_host(host_id="gone", now=now) is False
 
 
 def test_detach_never_goes_below_zero(endpoint):

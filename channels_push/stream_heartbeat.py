@@ -1,0 +1,161 @@
+"""One heartbeat per web process for all the MCP notification streams it holds (issue 17).
+
+A thousand idle agents must cost the database next to nothing. So instead of every stream
+re-checking its session on every keep-alive and renewing a lease of its own, the process does
+both once for all of them:
+
+* every keep-alive interval, ONE read re-checks every session it holds a stream of (still live,
+  its credential still gives its rights: CONTRACT §12); the sessions that lost them end in one
+  guarded UPDATE and their streams close here, so a revoked stream still closes within one
+  keep-alive;
+* every ``queries.stream_lease_renew()``, ONE row write renews the process's ``StreamHost``
+  lease, which keeps all its streams counting as open. A process killed without a goodbye
+  stops renewing: its streams stop counting within ``queries.stream_lease()`` and the
+  idle-session sweep deletes its row and attachments. A process that was merely stalled past
+  its lease (the sweep may have taken it for dead) closes its streams when it wakes, so their
+  clients reconnect and attach afresh, and takes a new host id.
+
+The per-stream keep-alive comments stay on each stream's own clock (they cost no query).
+"""
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+
+from switchboard import health
+
+from . import models, queries
+from . import transitions as session_transitions
+
+log = logging.getLogger("switchboard.mcp")
+
+
+class HeldStream:
+    """One open stream as the heartbeat sees it: ``ended`` is set when it must close."""
+
+    __slots__ = ("session_id", "ended")
+
+    def __init__(self, session_id: str):
+        self.session_id = session_id
+        self.ended = asyncio.Event()
+
+
+class StreamHeartbeat:
+    """The streams one ``McpEndpoint`` (one per process in production) holds, and the task
+    that re-checks and renews them. Runs while at least one stream is held."""
+
+    def __init__(self, *, interval_seconds: float, thread_sensitive: bool = False):
+        self.interval_seconds = interval_seconds
+        # The StreamHost row its streams are attached to (``attach_stream`` creates it when
+        # missing, in the attach's own transaction).
+        self.host_id = models.mint_host_id()
+        self._thread_sensitive = thread_sensitive
+        self._held: dict[str, set[HeldStream]] = {}
+        self._task = None
+
+    # -- called by the stream ----------------------------------------------------------------
+
+    def hold(self, session_id: str) -> HeldStream:
+        """Count an attached stream in (after ``attach_stream`` named ``host_id``)."""
+        held = HeldStream(session_id)
+        self._held.setdefault(session_id, set()).add(held)
+        loop = asyncio.get_running_loop()
+        # A task of another loop (tests run each on a loop of its own) never runs again.
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = loop.create_task(self._run())
+        return held
+
+    def release(self, held: HeldStream) -> None:
+        streams = self._held.get(held.session_id)
+        if streams is not None:
+            streams.discard(held)
+            if not streams:
+                del self._held[held.session_id]
+
+    @property
+    def session_ids(self) -> list[str]:
+        return list(self._held)
+
+    # -- the heartbeat -----------------------------------------------------------------------
+
+    def _sync(self, function):
+        return database_sync_to_async(function, thread_sensitive=self._thread_sensitive)
+
+    async def _run(self):
+        """While any stream is held: re-check every interval, renew every lease renewal (and
+        once at the start: the row's lease may be as old as the process's previous streams).
+        One failure never ends the heartbeat of every stream of the process."""
+        loop = asyncio.get_running_loop()
+        renewed_at = None
+        renew_at = loop.time()
+        while self._held:
+            try:
+                if loop.time() >= renew_at:
+                    renew_at = loop.time() + queries.stream_lease_renew().total_seconds()
+                    if renewed_at is not None and loop.time() - renewed_at > \
+                            queries.stream_lease().total_seconds():
+                        self.lapsed("stalled past its lease")
+                        renewed_at = None
+                    elif await self.renew():
+                        renewed_at = loop.time()
+                await asyncio.sleep(self.interval_seconds)
+                if self._held:
+                    await self.recheck()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("mcp stream heartbeat failed", extra={"streams": len(self._held)})
+
+    async def recheck(self) -> None:
+        """ONE read for every held session; close the streams of those that lost their rights.
+        The database being unreachable is not a revocation: streams keep their keep-alives and
+        the next interval checks again."""
+        held = self.session_ids
+        if not held:
+            return
+        try:
+            allowed = await self._sync(check_sessions)(held)
+        except health.UNAVAILABLE_ERRORS as exc:
+            log.warning("mcp stream check skipped: database unavailable",
+                        extra={"streams": len(held), "error": type(exc).__name__})
+            await database_sync_to_async(health.discard_broken_pooled_connections)()
+            return
+        for session_id in held:
+            if session_id not in allowed:
+                self.end_session(session_id)
+
+    async def renew(self) -> bool:
+        """ONE row write keeps every held stream counting as open. When the row is gone (the
+        sweep deleted it with its attachments) every held stream closes. True when renewed."""
+        try:
+            renewed = await self._sync(renew_host)(self.host_id)
+        except health.UNAVAILABLE_ERRORS as exc:
+            log.warning("mcp stream lease not renewed: database unavailable",
+                        extra={"streams": len(self._held), "error": type(exc).__name__})
+            await database_sync_to_async(health.discard_broken_pooled_connections)()
+            return False
+        if not renewed:
+            self.lapsed("host row gone")
+        return renewed
+
+    def lapsed(self, reason: str) -> None:
+        """The process's lease may have run out and its attachments been swept: close every
+        held stream (their clients reconnect and attach afresh) under a new host id."""
+        log.warning(f"mcp stream host lease lost ({reason}); closing its streams",
+                    extra={"streams": len(self._held)})
+        self.host_id = models.mint_host_id()
+        for session_id in self.session_ids:
+            self.end_session(session_id)
+
+    def end_session(self, session_id: str) -> None:
+        for held in self._held.get(session_id, ()):
+            held.ended.set()
+
+
+def check_sessions(session_ids) -> set:
+    return session_transitions.check_stream_sessions(session_ids=session_ids)
+
+
+def renew_host(host_id: str) -> bool:
+    return session_transitions.renew_stream_host(host_id=host_id)
