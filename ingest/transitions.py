@@ -454,7 +454,8 @@ def _statement_scope():
 
 
 def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key: str,
-                              title: str, payload: dict, kind: str, trust: str, now,
+                              title: str, payload: dict, payload_storable: bool, kind: str,
+                              trust: str, now,
                               event_values: dict, record_values: dict, ledger: dict | None,
                               outcome: str) -> Arrival | None:
     """PostgreSQL, exactly one matching route (the common delivery): the delivery event, ledger
@@ -471,7 +472,7 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
     params.update(todo_transitions.create_todo_params(
         endpoint=route.endpoint, queue=route.queue, title=title, actor=f"webhook:{webhook.slug}",
         payload=payload, kind=kind, source=webhook.source, idempotency_key=idempotency_key,
-        trust=trust, now=now))
+        trust=trust, now=now, payload_storable=payload_storable))
     try:
         with _statement_scope():
             (row,) = todo_transitions.fetch_rows_postgres(
@@ -494,6 +495,7 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
 
 def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, kind: str,
                     title: str, payload: dict, body_sha256: str, observed: Observed | None = None,
+                    payload_storable: bool = False,
                     fingerprint: str = "", timestamped: bool = False, status: int = 202,
                     attributed_to_id=None, idempotency_key: str | None = None,
                     redelivered_from_id=None, note: str = "", now=None) -> Arrival:
@@ -501,7 +503,9 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     transaction: all of them or none (an exception rolls the whole delivery back).
 
     ``routes`` are the webhook's routes with their endpoints loaded (the view already has
-    them). Redelivery of a key whose todo is live returns that todo (``created`` False). When
+    them). ``payload_storable``: the caller knows ``payload`` is storable
+    (``json_input.is_plainly_storable`` of the text it was parsed from), so it is not walked
+    again. Redelivery of a key whose todo is live returns that todo (``created`` False). When
     *every* todo was a duplicate the new delivery event is rolled back, so redeliveries do not
     pile up empty records; the answer then names the original event.
 
@@ -537,6 +541,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         route = matching[0]
         arrival = _deliver_in_one_statement(
             webhook=webhook, route=route, title=title, payload=payload, kind=kind, trust=trust,
+            payload_storable=payload_storable,
             idempotency_key=route_idempotency_key(route, key, first_routes), now=now,
             event_values=event_values, record_values=record_values, ledger=ledger,
             outcome=outcome)

@@ -518,12 +518,15 @@ def _create_values(delivery_event_sql: str) -> str:
 
 def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=None,
                        kind: str = "", source: str = "", idempotency_key: str | None = None,
-                       delivery_event_id=None, trust: str = Trust.UNVERIFIED, now) -> dict:
+                       delivery_event_id=None, trust: str = Trust.UNVERIFIED, now,
+                       payload_storable: bool = False) -> dict:
     """The parameters of a create statement (``create_todo``, ``create_todo_ctes``): the title
     folded to one line of at most 500 characters. Refuses ``invalid_argument`` for a value no
-    database can store."""
+    database can store; ``payload_storable`` says the caller already knows the payload is
+    (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from)."""
     title = " ".join(str(title).split())[:500] or "(untitled)"
-    _check_storable(title=title, kind=kind or "", queue=queue, payload=payload)
+    _check_storable(title=title, kind=kind or "", queue=queue,
+                    **({} if payload_storable else {"payload": payload}))
     return {
         "endpoint_id": endpoint.pk,
         "queue": queue,
