@@ -359,7 +359,10 @@ def _record_arrival(*, event_values: dict, record_values: dict, ledger: dict | N
 
 def _printable(value: str, limit: int) -> str:
     # Claimed values are the sender's to fill: no NUL or control character reaches a column.
-    return "".join(ch for ch in str(value)[:limit * 2] if ch.isprintable())[:limit]
+    value = str(value)[:limit * 2]
+    if not value.isprintable():  # else there is nothing to drop: skip the walk
+        value = "".join(ch for ch in value if ch.isprintable())
+    return value[:limit]
 
 
 def _record_row(*, webhook_id, at, outcome, status, observed: Observed, reason="",

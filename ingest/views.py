@@ -212,7 +212,9 @@ def _storage_unavailable(exc, **context) -> Problem:
 
 
 def _one_line(value: str, limit: int) -> str:
-    return "".join(ch for ch in value if ch.isprintable()).strip()[:limit]
+    if not value.isprintable():  # else there is nothing to drop: skip the walk
+        value = "".join(ch for ch in value if ch.isprintable())
+    return value.strip()[:limit]
 
 
 # -- POST /hooks/<slug> --------------------------------------------------------------------------
