@@ -209,7 +209,7 @@ def _fetch_rows_postgres(sql: str, params: dict) -> list[tuple]:
     return rows
 
 
-def fetch_rows_postgres(sql: str, params: dict) -> list[tuple]:
+def fetch_rows_postgres(sql: str, params) -> list[tuple]:
     """Run a statement on the transitions' own path to PostgreSQL (``_fetch_rows_postgres``:
     prepared, C loaders, Django's transaction and error translation); its rows."""
     return _fetch_rows_postgres(sql, params)
