@@ -11,6 +11,7 @@ from django.utils.dateparse import parse_datetime
 from endpoints.models import Endpoint
 from switchboard import statements
 
+from todos import transitions as todo_transitions
 from todos.models import State, Todo
 from todos.transitions import Refusal
 
@@ -46,9 +47,15 @@ def _json_value(value):
 def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
     """The active webhook ``slug`` of an active owner and its routes (endpoints loaded), in route order, in one
     query; ``(None, [])`` when there is no such active webhook."""
-    with statements.statement_cursor() as cursor:
-        cursor.execute(_WEBHOOK_WITH_ROUTES_SQL, [slug])
-        rows = cursor.fetchall()
+    if statements.is_postgres():
+        # The transitions' own path (prepared on first use, jsonb and timestamptz read by
+        # psycopg's C loaders): Django's cursor wrapper and its Python loaders cost more CPU
+        # than this statement on the hook's hot path (issue 17).
+        rows = todo_transitions.fetch_rows_postgres(_WEBHOOK_WITH_ROUTES_SQL, [slug])
+    else:
+        with statements.statement_cursor() as cursor:
+            cursor.execute(_WEBHOOK_WITH_ROUTES_SQL, [slug])
+            rows = cursor.fetchall()
     if not rows:
         return None, []
     db = connection.alias

@@ -47,7 +47,9 @@ def _commits(count) -> str:
 
 
 def _clean_kind(kind: str) -> str:
-    return "".join(ch for ch in kind if ch.isprintable()).strip()[:MAX_KIND_CHARS]
+    if not kind.isprintable():  # else there is nothing to drop: skip the walk
+        kind = "".join(ch for ch in kind if ch.isprintable())
+    return kind.strip()[:MAX_KIND_CHARS]
 
 
 def derive_kind(source: str, event: str, payload: dict) -> str:

@@ -8,6 +8,7 @@ back, and a Redis outage cannot fail the write (the publish helper logs and drop
 """
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -17,9 +18,10 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import psycopg
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import DataError, connection, transaction
 from django.utils import timezone
 
 from channels_push import publish
@@ -270,33 +272,54 @@ def _record_values(event_ref: str) -> str:
     return ", ".join(names)
 
 
-@functools.cache
-def _arrival_sql_postgres(with_ledger: bool) -> str:
-    """Event, ledger entry and log record in ONE statement (PostgreSQL's data-modifying CTEs):
-    the record is written only when the ledger took the fingerprint."""
+def _arrival_ctes_postgres(with_ledger: bool) -> str:
+    """``WITH event AS (…), ledger AS (…), record AS (…)``: the delivery event, the ledger
+    entry (when ``with_ledger``) and the log record, which is written only when the ledger
+    took the fingerprint."""
     event_columns = ", ".join(_DELIVERY_EVENT_FIELDS)
     event_values = ", ".join(f"%(e_{name})s" for name in _DELIVERY_EVENT_FIELDS)
     ledger = ""
-    gate = ""
     if with_ledger:
         ledger = ", ledger AS (" + _LEDGER_UPSERT.format(
             source="SELECT %(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(now)s, event.id"
                    " FROM event") + ")"
-        gate = " WHERE EXISTS (SELECT 1 FROM ledger)"
     return (
         f"WITH event AS (INSERT INTO {DeliveryEvent._meta.db_table} ({event_columns})"
         f" VALUES ({event_values}) RETURNING id){ledger},"
         f" record AS (INSERT INTO {_RECORD} ({_RECORD_COLUMNS})"
-        f" SELECT {_record_values('event.id')} FROM event{gate} RETURNING id)"
-        " SELECT event.id, (SELECT id FROM record) FROM event"
+        f" SELECT {_record_values('event.id')} FROM event{_ledger_gate(with_ledger)} RETURNING id)"
     )
 
 
-def _record_arrival(*, event_values: dict, record_values: dict, ledger: dict | None):
-    """Insert the delivery event, take the ledger entry (when ``ledger`` is given) and insert
-    the log record, inside the caller's transaction. Returns ``(event id, record id)``; the
-    record id is None when the ledger refused the fingerprint (a replay or, for timestamped
-    sources, a duplicate): the caller rolls back."""
+def _ledger_gate(with_ledger: bool) -> str:
+    return " WHERE EXISTS (SELECT 1 FROM ledger)" if with_ledger else ""
+
+
+@functools.cache
+def _arrival_sql_postgres(with_ledger: bool) -> str:
+    """Event, ledger entry and log record in ONE statement (PostgreSQL's data-modifying CTEs)."""
+    return _arrival_ctes_postgres(with_ledger) + " SELECT event.id, (SELECT id FROM record) FROM event"
+
+
+@functools.cache
+def _single_route_sql_postgres(with_ledger: bool) -> str:
+    """The whole of a one-route delivery in ONE statement: the arrival's rows (as
+    ``_arrival_sql_postgres``) and the todo with its create event (``todos.transitions``'
+    own statement pieces), the todo only when the ledger took the fingerprint.
+
+    It must keep all or nothing, as the transaction it replaces did: when no todo was inserted
+    (the ledger refused, or a live todo holds the key) the last column divides by zero, so the
+    statement fails and PostgreSQL undoes every row it wrote. ``(t.id IS NOT NULL)::int`` is a
+    column, not a constant, so the planner cannot fold the division away."""
+    todo = todo_transitions.create_todo_ctes(
+        delivery_event_sql="event.id", source_sql="FROM event", where_sql=_ledger_gate(with_ledger))
+    columns = ", ".join(f"t.{column}" for column in todo_transitions.todo_columns())
+    return (f"{_arrival_ctes_postgres(with_ledger)}, {todo}"
+            f" SELECT {columns}, (SELECT id FROM record), 1 / (t.id IS NOT NULL)::int"
+            " FROM event LEFT JOIN t ON true")
+
+
+def _arrival_params(*, event_values: dict, record_values: dict, ledger: dict | None) -> dict:
     params = {f"e_{name}": value for name, value in event_values.items()}
     params.update({f"r_{name}": value for name, value in record_values.items()})
     params["e_received_at"] = connection.ops.adapt_datetimefield_value(params["e_received_at"])
@@ -305,6 +328,16 @@ def _record_arrival(*, event_values: dict, record_values: dict, ledger: dict | N
         params.update(ledger)
         params["now"] = connection.ops.adapt_datetimefield_value(params["now"])
         params["window_start"] = connection.ops.adapt_datetimefield_value(params["window_start"])
+    return params
+
+
+def _record_arrival(*, event_values: dict, record_values: dict, ledger: dict | None):
+    """Insert the delivery event, take the ledger entry (when ``ledger`` is given) and insert
+    the log record, inside the caller's transaction. Returns ``(event id, record id)``; the
+    record id is None when the ledger refused the fingerprint (a replay or, for timestamped
+    sources, a duplicate): the caller rolls back."""
+    params = _arrival_params(event_values=event_values, record_values=record_values,
+                             ledger=ledger)
     if statements.is_postgres():
         with statements.statement_cursor() as cursor:
             cursor.execute(_arrival_sql_postgres(ledger is not None), params)
@@ -326,7 +359,10 @@ def _record_arrival(*, event_values: dict, record_values: dict, ledger: dict | N
 
 def _printable(value: str, limit: int) -> str:
     # Claimed values are the sender's to fill: no NUL or control character reaches a column.
-    return "".join(ch for ch in str(value)[:limit * 2] if ch.isprintable())[:limit]
+    value = str(value)[:limit * 2]
+    if not value.isprintable():  # else there is nothing to drop: skip the walk
+        value = "".join(ch for ch in value if ch.isprintable())
+    return value[:limit]
 
 
 def _record_row(*, webhook_id, at, outcome, status, observed: Observed, reason="",
@@ -410,8 +446,59 @@ def _ledger_verdict(webhook: Webhook, fingerprint: str, delivery_id: str) -> Ref
     return Refused(Outcome.REPLAY)
 
 
+def _statement_scope():
+    """Where the one-statement delivery runs: on its own in autocommit (a statement is its own
+    transaction, and the after-commit publishing runs once it returns), inside a savepoint when
+    a caller's transaction is open, so a statement that failed on purpose leaves that
+    transaction usable for the fallback."""
+    if connection.get_autocommit() and not connection.in_atomic_block:
+        return contextlib.nullcontext()
+    return transaction.atomic()
+
+
+def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key: str,
+                              title: str, payload: dict, payload_storable: bool, kind: str,
+                              trust: str, now,
+                              event_values: dict, record_values: dict, ledger: dict | None,
+                              outcome: str) -> Arrival | None:
+    """PostgreSQL, exactly one matching route (the common delivery): the delivery event, ledger
+    entry, log record, todo and todo event as ONE autocommit statement
+    (``_single_route_sql_postgres``) instead of a transaction of four round trips.
+
+    Returns the arrival when the todo was created. Returns None, having written nothing, when
+    it was not: the ledger refused the fingerprint, or a live todo holds the key (a redelivery,
+    or a concurrent identical delivery that won). The caller then takes the transaction path,
+    which decides what happened exactly as it always has; so this path only ever answers
+    "accepted, created", and everything else keeps its one implementation."""
+    params = _arrival_params(event_values=event_values, record_values=record_values,
+                             ledger=ledger)
+    params.update(todo_transitions.create_todo_params(
+        endpoint=route.endpoint, queue=route.queue, title=title, actor=f"webhook:{webhook.slug}",
+        payload=payload, kind=kind, source=webhook.source, idempotency_key=idempotency_key,
+        trust=trust, now=now, payload_storable=payload_storable))
+    try:
+        with _statement_scope():
+            (row,) = todo_transitions.fetch_rows_postgres(
+                _single_route_sql_postgres(ledger is not None), params)
+    except DataError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.DivisionByZero):
+            return None  # the statement's own guard: no todo, nothing kept
+        raise
+    todo = todo_transitions.todo_from_row(row[:-2])
+    record_id = row[-2]
+    event = DeliveryEvent.from_db(connection.alias, ("id", *_DELIVERY_EVENT_FIELDS),
+                                  [todo.delivery_event_id, *event_values.values()])
+    # Registered after the statement returned: in autocommit they run now, on durable rows;
+    # inside a caller's transaction, when it commits.
+    todo_transitions.announce_created(todo, route.endpoint)
+    announce_record(webhook.pk, record_id, outcome)
+    return Arrival(delivery_event=event, todos=[(todo, True)], outcome=outcome,
+                   record=DeliveryRecord.from_db(connection.alias, ("id",), [record_id]))
+
+
 def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, kind: str,
                     title: str, payload: dict, body_sha256: str, observed: Observed | None = None,
+                    payload_storable: bool = False,
                     fingerprint: str = "", timestamped: bool = False, status: int = 202,
                     attributed_to_id=None, idempotency_key: str | None = None,
                     redelivered_from_id=None, note: str = "", now=None) -> Arrival:
@@ -419,7 +506,9 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     transaction: all of them or none (an exception rolls the whole delivery back).
 
     ``routes`` are the webhook's routes with their endpoints loaded (the view already has
-    them). Redelivery of a key whose todo is live returns that todo (``created`` False). When
+    them). ``payload_storable``: the caller knows ``payload`` is storable
+    (``json_input.is_plainly_storable`` of the text it was parsed from), so it is not walked
+    again. Redelivery of a key whose todo is live returns that todo (``created`` False). When
     *every* todo was a duplicate the new delivery event is rolled back, so redeliveries do not
     pile up empty records; the answer then names the original event.
 
@@ -451,6 +540,16 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         ledger = {"webhook_id": webhook.pk, "fingerprint": fingerprint, "delivery_id": delivery_id,
                   "now": now, "window_start": now - settings.SWITCHBOARD_REPLAY_WINDOW,
                   "same_id_redelivers": not timestamped}
+    if len(matching) == 1 and statements.is_postgres():
+        route = matching[0]
+        arrival = _deliver_in_one_statement(
+            webhook=webhook, route=route, title=title, payload=payload, kind=kind, trust=trust,
+            payload_storable=payload_storable,
+            idempotency_key=route_idempotency_key(route, key, first_routes), now=now,
+            event_values=event_values, record_values=record_values, ledger=ledger,
+            outcome=outcome)
+        if arrival is not None:
+            return arrival
     refused = None
     with transaction.atomic():
         event_id, record_id = _record_arrival(event_values=event_values,

@@ -168,6 +168,12 @@ def _reject_unstorable(value) -> None:
 
 
 def _parse_json_text(text: str, *, what: str = "body"):
+    return _parse_json_document(text, what=what)[0]
+
+
+def _parse_json_document(text: str, *, what: str = "body") -> tuple[dict, bool]:
+    """The JSON object in ``text`` (a Problem otherwise), and whether it is plainly storable
+    (``json_input.is_plainly_storable``): then neither the check here nor the todo's walks it."""
     # Strict JSON: NaN/Infinity and literals that overflow to inf (valid JSON such as 1e400,
     # which jsonb cannot store) are a 400 naming the problem, not a failed write later.
     try:
@@ -180,11 +186,13 @@ def _parse_json_text(text: str, *, what: str = "body"):
         raise Problem(400, "malformed_body", f"{what} is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise Problem(400, "malformed_body", f"{what} must be a JSON object")
-    try:
-        _reject_unstorable(value)
-    except RecursionError:
-        raise Problem(400, "malformed_body", f"{what} is nested too deeply") from None
-    return value
+    plain = json_input.is_plainly_storable(text)
+    if not plain:  # else there is nothing for the walk to find (see is_plainly_storable)
+        try:
+            _reject_unstorable(value)
+        except RecursionError:
+            raise Problem(400, "malformed_body", f"{what} is nested too deeply") from None
+    return value, plain
 
 
 def _decode_utf8(body: bytes) -> str:
@@ -204,15 +212,18 @@ def _storage_unavailable(exc, **context) -> Problem:
 
 
 def _one_line(value: str, limit: int) -> str:
-    return "".join(ch for ch in value if ch.isprintable()).strip()[:limit]
+    if not value.isprintable():  # else there is nothing to drop: skip the walk
+        value = "".join(ch for ch in value if ch.isprintable())
+    return value.strip()[:limit]
 
 
 # -- POST /hooks/<slug> --------------------------------------------------------------------------
 
 
-def _parse_delivery_body(webhook, media_type: str, body: bytes) -> dict:
+def _parse_delivery_body(webhook, media_type: str, body: bytes) -> tuple[dict, bool]:
+    """The payload, and whether it is plainly storable (``_parse_json_document``)."""
     if _is_json_type(media_type):
-        return _parse_json_text(_decode_utf8(body))
+        return _parse_json_document(_decode_utf8(body))
     if media_type == "application/x-www-form-urlencoded" and webhook.source in FORM_SOURCES:
         try:
             fields = parse_qs(_decode_utf8(body), strict_parsing=True, errors="strict")
@@ -220,7 +231,7 @@ def _parse_delivery_body(webhook, media_type: str, body: bytes) -> dict:
             raise Problem(400, "malformed_body", "form body is malformed") from None
         if len(fields.get("payload", [])) != 1:
             raise Problem(400, "malformed_body", "form body needs exactly one payload field")
-        return _parse_json_text(fields["payload"][0], what="payload field")
+        return _parse_json_document(fields["payload"][0], what="payload field")
     accepted = "application/json" + (
         " or application/x-www-form-urlencoded" if webhook.source in FORM_SOURCES else ""
     )
@@ -389,7 +400,8 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
         _check_body_size(webhook, request)
         envelope = _verify(webhook, request, now)
         body = request.body
-        payload = _parse_delivery_body(webhook, _media_type(request.header("content-type")), body)
+        payload, payload_storable = _parse_delivery_body(
+            webhook, _media_type(request.header("content-type")), body)
         kind = titles.derive_kind(webhook.source, envelope.event, payload)
         _check_kind(kind)
         delivery_id = _delivery_id(webhook, envelope, payload)
@@ -403,7 +415,8 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
                 webhook=webhook, routes=routes, trust=envelope.trust, delivery_id=delivery_id,
                 kind=kind, title=titles.derive_title(webhook.source, kind, payload,
                                                      webhook_slug=webhook.slug),
-                payload=payload, body_sha256=body_sha256, observed=observed,
+                payload=payload, payload_storable=payload_storable, body_sha256=body_sha256,
+                observed=observed,
                 # Unsigned bodies prove nothing, so they have no replay to refuse.
                 fingerprint="" if envelope.trust == TrustMode.UNVERIFIED
                 else envelope.signed_digest or body_sha256,

@@ -62,6 +62,27 @@ def _finite_float(text):
     return value
 
 
+def is_plainly_storable(text: str) -> bool:
+    """True when the value ``loads_strict(text)`` returns needs no walk to know that both
+    databases store it (``todos.transitions.unstorable_reason`` is None for it), decided on the
+    text at C speed. What that walk looks for, and why none of it can be there:
+
+    * NUL or a lone surrogate in a string or key: without a backslash every decoded string is a
+      slice of ``text`` (no escapes), the decoder refuses raw control characters in strings,
+      and ``text`` encoding as UTF-8 means it has no lone surrogate;
+    * a number that is not finite: ``loads_strict`` refuses NaN, Infinity and overflows;
+    * nesting deeper than MAX_JSON_DEPTH: impossible with at most that many openers.
+
+    False says only "walk it"; callers run the full check then."""
+    if "\\" in text or text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def loads_strict(text):
     # Bytes are counted as latin-1: brackets, quotes and backslashes are ASCII, and no byte of a
     # UTF-8 multi-byte character is; the decoder still gets the bytes as given.

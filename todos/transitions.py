@@ -119,6 +119,11 @@ def _todo_columns() -> tuple:
     return tuple(field.column for field in Todo._meta.concrete_fields)
 
 
+def todo_columns() -> tuple:
+    """The columns a create statement RETURNs, in the order ``todo_from_row`` reads them."""
+    return _todo_columns()
+
+
 def _returning() -> str:
     return ", ".join(_todo_columns())
 
@@ -202,6 +207,12 @@ def _fetch_rows_postgres(sql: str, params: dict) -> list[tuple]:
     if started is not None:
         db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return rows
+
+
+def fetch_rows_postgres(sql: str, params) -> list[tuple]:
+    """Run a statement on the transitions' own path to PostgreSQL (``_fetch_rows_postgres``:
+    prepared, C loaders, Django's transaction and error translation); its rows."""
+    return _fetch_rows_postgres(sql, params)
 
 
 # One cursor per psycopg connection, with the C loaders registered once: registering them on a
@@ -483,6 +494,84 @@ def _announce(todos, action: str):
 # -- create --------------------------------------------------------------------------------------
 
 
+# The create statement's pieces, shared with ingest's one-statement delivery
+# (ingest.transitions), which inserts the todo in the statement that records its delivery.
+_CREATE_COLUMNS = (
+    "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
+    " trust, attempts, max_attempts, created_at, updated_at, ring_attempts"
+)
+# The conflict target names the partial index by its columns and predicate, spelled exactly as
+# the migration wrote it: SQLite matches the predicate textually.
+_LIVE_KEY_CONFLICT = (
+    "ON CONFLICT (endpoint_id, idempotency_key) WHERE (\"idempotency_key\" IS NOT NULL AND "
+    "(\"state\" IN ('pending', 'claimed') OR (\"dead_lettered_at\" IS NULL AND "
+    "\"state\" = 'failed'))) DO NOTHING"
+)
+_CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detail"
+
+
+def _create_values(delivery_event_sql: str) -> str:
+    return (f"%(endpoint_id)s, %(queue)s, 'pending', %(title)s, %(kind)s, %(source)s, "
+            f"{_json('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
+            "%(now)s, %(now)s, 0")
+
+
+def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=None,
+                       kind: str = "", source: str = "", idempotency_key: str | None = None,
+                       delivery_event_id=None, trust: str = Trust.UNVERIFIED, now,
+                       payload_storable: bool = False) -> dict:
+    """The parameters of a create statement (``create_todo``, ``create_todo_ctes``): the title
+    folded to one line of at most 500 characters. Refuses ``invalid_argument`` for a value no
+    database can store; ``payload_storable`` says the caller already knows the payload is
+    (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from)."""
+    title = " ".join(str(title).split())[:500] or "(untitled)"
+    _check_storable(title=title, kind=kind or "", queue=queue,
+                    **({} if payload_storable else {"payload": payload}))
+    return {
+        "endpoint_id": endpoint.pk,
+        "queue": queue,
+        "title": title,
+        "kind": kind or "",
+        "source": source or "",
+        "payload": json.dumps(payload if payload is not None else {}),
+        "key": idempotency_key,
+        "delivery_event_id": delivery_event_id,
+        "trust": trust,
+        "max_attempts": endpoint.max_attempts,
+        "now": _db_time(now),
+        "actor": actor,
+        "detail": json.dumps({"delivery_event": delivery_event_id}),
+    }
+
+
+@functools.cache
+def create_todo_ctes(*, delivery_event_sql: str = "%(delivery_event_id)s", source_sql: str = "",
+                     where_sql: str = "") -> str:
+    """PostgreSQL: the todo INSERT (``t``, RETURNing the whole row, nothing when a live todo
+    holds the key) and its ``create`` event (``e``) as data-modifying CTEs, over the params of
+    ``create_todo_params``. ``source_sql``/``where_sql`` make it an INSERT … SELECT (``FROM x
+    WHERE …``), so another statement can feed it the delivery event id it just inserted."""
+    values = _create_values(delivery_event_sql)
+    rows = f"SELECT {values} {source_sql}{where_sql}" if source_sql else f"VALUES ({values})"
+    return (
+        f"t AS (INSERT INTO todos_todo ({_CREATE_COLUMNS}) {rows} {_LIVE_KEY_CONFLICT}"
+        f" RETURNING {_returning()}), e AS (INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS})"
+        f" SELECT t.id, 'create', NULL, 'pending', %(actor)s, %(now)s,"
+        " jsonb_build_object('delivery_event', t.delivery_event_id) FROM t)"
+    )
+
+
+def announce_created(todo: Todo, endpoint) -> None:
+    """A created todo, announced once its transaction commits (doorbell, board)."""
+    todo.endpoint = endpoint
+    publish.publish_on_commit(todo, "create")
+
+
+def todo_from_row(row) -> Todo:
+    """A Todo from a PostgreSQL row of the whole-row RETURNING columns (``create_todo_ctes``)."""
+    return _todo_from_row(row)
+
+
 def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, kind: str = "",
                 source: str = "", idempotency_key: str | None = None, delivery_event=None,
                 trust: str = Trust.UNVERIFIED, now=None) -> tuple[Todo, bool]:
@@ -494,61 +583,30 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
     announced; a duplicate announces nothing.
     """
     now = now or timezone.now()
-    title = " ".join(str(title).split())[:500] or "(untitled)"
-    _check_storable(title=title, kind=kind or "", queue=queue, payload=payload)
-    params = {
-        "endpoint_id": endpoint.pk,
-        "queue": queue,
-        "title": title,
-        "kind": kind or "",
-        "source": source or "",
-        "payload": json.dumps(payload if payload is not None else {}),
-        "key": idempotency_key,
-        "delivery_event_id": getattr(delivery_event, "pk", delivery_event),
-        "trust": trust,
-        "max_attempts": endpoint.max_attempts,
-        "now": _db_time(now),
-        "actor": actor,
-        "detail": json.dumps({"delivery_event": getattr(delivery_event, "pk", delivery_event)}),
-    }
-    insert = (
-        "INSERT INTO todos_todo (endpoint_id, queue, state, title, kind, source, payload, "
-        "idempotency_key, delivery_event_id, trust, attempts, max_attempts, created_at, "
-        "updated_at, ring_attempts) VALUES (%(endpoint_id)s, %(queue)s, 'pending', %(title)s, "
-        f"%(kind)s, %(source)s, {_json('payload')}, %(key)s, %(delivery_event_id)s, %(trust)s, 0, "
-        "%(max_attempts)s, %(now)s, %(now)s, 0) "
-        # The conflict target names the partial index by its columns and predicate, spelled
-        # exactly as the migration wrote it: SQLite matches the predicate textually.
-        "ON CONFLICT (endpoint_id, idempotency_key) WHERE (\"idempotency_key\" IS NOT NULL AND "
-        "(\"state\" IN ('pending', 'claimed') OR (\"dead_lettered_at\" IS NULL AND "
-        "\"state\" = 'failed'))) "
-        f"DO NOTHING RETURNING {_returning()}"
-    )
-    event_columns = "todo_id, action, from_state, to_state, actor, at, detail"
-    event_values = f"'create', NULL, 'pending', %(actor)s, %(now)s, {_json('detail')}"
+    params = create_todo_params(
+        endpoint=endpoint, queue=queue, title=title, actor=actor, payload=payload, kind=kind,
+        source=source, idempotency_key=idempotency_key, trust=trust, now=now,
+        delivery_event_id=getattr(delivery_event, "pk", delivery_event))
     # A duplicate whose holder finishes between our conflict and our read frees the key; the
     # next INSERT then succeeds. Three rounds is more than that race can need.
     for _ in range(3):
         if _is_postgres():
-            sql = (
-                f"WITH t AS ({insert}), e AS (INSERT INTO todos_todoevent ({event_columns}) "
-                f"SELECT t.id, {event_values} FROM t) SELECT * FROM t"
-            )
-            created = _one(_fetch_todos(sql, params))
+            created = _one(_fetch_todos(f"WITH {create_todo_ctes()} SELECT * FROM t", params))
         else:
             with transaction.atomic():
-                created = _one(_fetch_todos(insert, params))
+                created = _one(_fetch_todos(
+                    f"INSERT INTO todos_todo ({_CREATE_COLUMNS})"
+                    f" VALUES ({_create_values('%(delivery_event_id)s')}) {_LIVE_KEY_CONFLICT}"
+                    f" RETURNING {_returning()}", params))
                 if created is not None:
                     params["todo_id"] = created.pk
                     with connection.cursor() as cursor:
                         cursor.execute(
-                            f"INSERT INTO todos_todoevent ({event_columns}) "
-                            f"VALUES (%(todo_id)s, {event_values})",
-                            params,
-                        )
+                            f"INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS}) VALUES"
+                            " (%(todo_id)s, 'create', NULL, 'pending', %(actor)s, %(now)s,"
+                            f" {_json('detail')})", params)
         if created is not None:
-            created.endpoint = endpoint
-            publish.publish_on_commit(created, "create")
+            announce_created(created, endpoint)
             return created, True
         existing = queries.live_todo_holding_key(endpoint, idempotency_key)
         if existing is not None:

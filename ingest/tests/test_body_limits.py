@@ -2,8 +2,13 @@
 400 naming the limit — never a 500 — on /hooks and the operator API, checked while parsing
 (switchboard/json_input.py); ``unsigned`` webhooks take at most 64 KiB by default."""
 
+import json
+
 import pytest
 from django.test import Client, override_settings
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from ingest import transitions
 from ingest.models import DeliveryRecord
@@ -102,3 +107,47 @@ def test_the_depth_check_is_one_pass_over_unterminated_strings():
         json_input.check_depth(body)  # an unterminated string: the decoder will refuse it
         with pytest.raises(ValueError):
             json_input.loads_strict(body)
+
+
+# -- the plain-text fast path (json_input.is_plainly_storable) ---------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF)),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=5),
+        children, max_size=4),
+    max_leaves=30)
+
+
+@given(value=json_values, ensure_ascii=st.booleans())
+@hypothesis_settings(max_examples=300, deadline=None)
+def test_a_plainly_storable_text_holds_nothing_the_storable_checks_would_refuse(value, ensure_ascii):
+    """The fast path may skip the walks only where they would find nothing: whenever it says
+    "plain", the todo's check and the hook's check agree there is nothing to refuse."""
+    from ingest import views
+    from todos import transitions as todo_transitions
+
+    text = json.dumps({"v": value}, ensure_ascii=ensure_ascii)
+    try:
+        parsed = json_input.loads_strict(text)
+    except ValueError:
+        return
+    if json_input.is_plainly_storable(text):
+        assert todo_transitions.unstorable_reason(parsed) is None
+        views._reject_unstorable(parsed)  # raises a Problem if anything were unstorable
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": "\\u0000"}', '{"\\u0000": 1}', '{"a": "\\ud800"}', '{"a": "\\n"}',
+    "{\"a\": \"\ud800\"}",  # a raw lone surrogate (a str no strict UTF-8 decode returns)
+    '{"a": ' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}",
+])
+def test_escapes_surrogates_and_many_brackets_are_walked(text):
+    assert not json_input.is_plainly_storable(text)
+
+
+def test_an_ordinary_delivery_body_is_plain():
+    assert json_input.is_plainly_storable(json.dumps(
+        {"action": "opened", "issue": {"title": "Ünïcode is fine", "labels": [1, 2.5, None]}},
+        ensure_ascii=False))

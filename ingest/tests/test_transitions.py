@@ -167,9 +167,12 @@ def test_a_database_failure_answers_503_json_and_keeps_nothing(make_webhook, mon
 
     webhook = make_webhook("github")
 
-    def fail(**kwargs):
+    def fail(*args, **kwargs):
         raise OperationalError("server closed the connection; DETAIL: the body was {secret}")
 
+    # The todo's write fails: in the one-statement delivery (PostgreSQL, one route) or in the
+    # transaction path.
+    monkeypatch.setattr(todo_transitions, "fetch_rows_postgres", fail)
     monkeypatch.setattr(todo_transitions, "create_todo", fail)
     body = json.dumps(ISSUE).encode()
     answer = hook_client.post(webhook.slug, body, **signing.github(SECRETS["github"], body))

@@ -1,0 +1,165 @@
+"""A one-route delivery on PostgreSQL is ONE autocommit statement (issue 17): its delivery
+event, replay-ledger entry, log record, todo and todo event, or nothing at all. These tests run
+outside the test transaction (``transaction=True``), as production does, and race real threads
+on their own connections: whatever the statement cannot decide on its own (a duplicate, a
+replay) it leaves to the transaction path, with nothing of its own kept."""
+
+import threading
+from collections import Counter
+
+import psycopg
+import pytest
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+
+from channels_push import publish
+from ingest.models import DeliveryEvent, DeliveryRecord, ReplayLedgerEntry
+from todos.models import Todo, TodoEvent
+
+from . import signing
+from .conftest import SECRETS
+from .test_views import ISSUE, post_hook
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql",
+                       reason="SQLite has no data-modifying CTEs: it keeps the transaction path"),
+]
+
+THREADS = 12
+
+
+@pytest.fixture(autouse=True)
+def generous_rate_limits(settings):
+    # Repeats are charged to the sender's address (§12): not what these tests are about.
+    settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE = 10_000
+    settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE = 10_000
+
+
+def github_post(webhook, body, delivery):
+    return post_hook(webhook.slug, body, signing.github(SECRETS["github"], body, delivery=delivery))
+
+
+def run_threads(count, target):
+    barrier = threading.Barrier(count)
+    results, errors = [None] * count, []
+
+    def run(i):
+        try:
+            barrier.wait(timeout=30)
+            results[i] = target(i)
+        except BaseException as exc:  # surface a thread's failure in the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a delivery hung"
+    assert not errors, errors
+    return results
+
+
+def test_one_route_delivery_is_two_statements_in_autocommit(make_webhook):
+    webhook = make_webhook("github")
+    assert github_post(webhook, signing.body_of(ISSUE), "warm-up").status_code == 202
+    body = signing.body_of({**ISSUE, "n": 2})
+    with CaptureQueriesContext(connection) as captured:
+        answer = github_post(webhook, body, "d-2")
+    assert answer.status_code == 202 and answer.json()["todos"][0]["duplicate"] is False
+    sql = [query["sql"] for query in captured.captured_queries]
+    # The webhook lookup, then the delivery: no BEGIN, no COMMIT, one round trip for the
+    # writes; then, after commit, the doorbell's fresh read of the endpoint.
+    assert len(sql) == 3, sql
+    assert all(table in sql[1] for table in ("ingest_deliveryevent", "ingest_replayledgerentry",
+                                             "ingest_deliveryrecord", "todos_todo",
+                                             "todos_todoevent"))
+    assert sql[2].startswith("SELECT") and "endpoints_endpoint" in sql[2]
+    todo = Todo.objects.get(pk=answer.json()["todos"][0]["id"])
+    record = DeliveryRecord.objects.get(delivery_event_id=todo.delivery_event_id)
+    assert (record.outcome, record.status, record.delivery_id) == ("accepted", 202, "d-2")
+    assert list(TodoEvent.objects.filter(todo=todo).values_list("action", "detail")) == [
+        ("create", {"delivery_event": todo.delivery_event_id})]
+    assert ReplayLedgerEntry.objects.filter(delivery_event_id=todo.delivery_event_id).count() == 1
+
+
+def test_the_todo_is_announced_only_once_another_connection_can_read_it(make_webhook):
+    """After-commit publishing still means after commit: the listener runs when the row is
+    durable, seen here from a connection of its own."""
+    webhook = make_webhook("github")
+    settings_dict = connection.settings_dict
+    seen = []
+
+    def listener(todo, change):
+        with psycopg.connect(dbname=settings_dict["NAME"], user=settings_dict["USER"],
+                             password=settings_dict["PASSWORD"], host=settings_dict["HOST"],
+                             port=settings_dict["PORT"] or None, autocommit=True) as other:
+            (count,) = other.execute("SELECT count(*) FROM todos_todo WHERE id = %s",
+                                     (todo.pk,)).fetchone()
+        seen.append((change["action"], count))
+
+    publish.add_listener(listener)
+    try:
+        assert github_post(webhook, signing.body_of(ISSUE), "d-1").status_code == 202
+    finally:
+        publish.remove_listener(listener)
+    assert seen == [("create", 1)]
+
+
+def test_a_redelivery_falls_back_and_keeps_nothing_of_the_failed_statement(make_webhook):
+    webhook = make_webhook("github")
+    body = signing.body_of(ISSUE)
+    first = github_post(webhook, body, "d-1")
+    again = github_post(webhook, body, "d-1")
+    assert again.status_code == 202
+    assert again.json()["todos"] == [{**first.json()["todos"][0], "duplicate": True}]
+    # The statement that found the key taken rolled back whole; the transaction path then
+    # answered the duplicate and kept only its log line.
+    assert Todo.objects.count() == 1 and TodoEvent.objects.count() == 1
+    assert DeliveryEvent.objects.count() == 1
+    assert ReplayLedgerEntry.objects.count() == 1
+    assert sorted(DeliveryRecord.objects.values_list("outcome", flat=True)) == [
+        "accepted", "duplicate"]
+
+
+def test_concurrent_identical_deliveries_make_exactly_one_todo(make_webhook):
+    webhook = make_webhook("github")
+    body = signing.body_of(ISSUE)
+    answers = run_threads(THREADS, lambda i: github_post(webhook, body, "same-delivery"))
+    assert [answer.status_code for answer in answers] == [202] * THREADS
+    todos = [answer.json()["todos"] for answer in answers]
+    assert Counter(t[0]["duplicate"] for t in todos) == {False: 1, True: THREADS - 1}
+    assert len({t[0]["id"] for t in todos}) == 1, "two todos for one delivery"
+    assert Todo.objects.count() == 1 and TodoEvent.objects.count() == 1
+    assert DeliveryEvent.objects.count() == 1
+    assert ReplayLedgerEntry.objects.count() == 1
+    outcomes = Counter(DeliveryRecord.objects.values_list("outcome", flat=True))
+    assert outcomes["accepted"] == 1
+    assert outcomes["accepted"] + outcomes["duplicate"] == THREADS
+
+
+def test_concurrent_replays_of_one_body_make_one_todo_and_are_refused(make_webhook):
+    """The same signed body under different delivery ids at once: the ledger lets one in, every
+    other is a 409 replay, and none leaves a row but its log line."""
+    webhook = make_webhook("github")
+    body = signing.body_of(ISSUE)
+    answers = run_threads(THREADS, lambda i: github_post(webhook, body, f"delivery-{i}"))
+    statuses = Counter(answer.status_code for answer in answers)
+    assert statuses == {202: 1, 409: THREADS - 1}, statuses
+    assert Todo.objects.count() == 1 and TodoEvent.objects.count() == 1
+    assert DeliveryEvent.objects.count() == 1
+    assert ReplayLedgerEntry.objects.count() == 1
+    outcomes = Counter(DeliveryRecord.objects.values_list("outcome", flat=True))
+    assert outcomes == {"accepted": 1, "replay": THREADS - 1}
+
+
+def test_concurrent_distinct_deliveries_each_make_their_todo(make_webhook):
+    webhook = make_webhook("github")
+    answers = run_threads(THREADS, lambda i: github_post(
+        webhook, signing.body_of({**ISSUE, "n": i}), f"delivery-{i}"))
+    assert [answer.status_code for answer in answers] == [202] * THREADS
+    assert Todo.objects.count() == THREADS and DeliveryEvent.objects.count() == THREADS
+    assert DeliveryRecord.objects.filter(outcome="accepted").count() == THREADS
