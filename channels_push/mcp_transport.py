@@ -459,6 +459,11 @@ class McpEndpoint:
             return
         request = plain_http.request_from_scope(scope)
         try:
+            # Host before anything else, as every route does (plain_http.AllowedHostsOnly),
+            # checked here on the request this call decodes anyway.
+            if not plain_http.host_allowed(request, scope):
+                await plain_http.send_answer(send, plain_http.host_refusal())
+                return
             if request.method not in ("GET", "POST", "DELETE"):
                 await plain_http.send_answer(send, _fault(
                     405, "Method Not Allowed", headers={"Allow": ALLOWED_METHODS}))

@@ -16,6 +16,7 @@ after the hop (``database_sync_to_async`` closes old connections as Django's req
 did), and an unexpected exception is logged and answered 500 without the body.
 """
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -66,9 +67,8 @@ def json_answer(status: int, payload, headers=None) -> Answer:
 
 
 def request_from_scope(scope) -> Request:
-    headers = {}
-    for name, value in scope.get("headers", []):
-        headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1")
+               for name, value in scope.get("headers", ())}
     kwargs = scope.get("url_route", {}).get("kwargs", {})
     peer = scope.get("client") or ("", 0)
     return Request(method=scope["method"].upper(), slug=next(iter(kwargs.values()), ""),
@@ -82,10 +82,18 @@ def host_allowed(request: Request, scope) -> bool:
     if host is None:
         server = scope.get("server") or ("", None)
         host = str(server[0] or "")
-    domain, _ = split_domain_port(host)
     allowed = settings.ALLOWED_HOSTS
     if settings.DEBUG and not allowed:
         allowed = DEBUG_LOCAL_HOSTS
+    return _host_matches(host, tuple(allowed))
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_matches(host: str, allowed: tuple) -> bool:
+    """Remembered per (Host, ALLOWED_HOSTS): an agent sends the same Host on every call, and
+    parsing and matching it again cost more than the rest of the check (issue 17). Bounded:
+    Host is the client's to choose, so a flood of new values only evicts old answers."""
+    domain, _ = split_domain_port(host)
     return bool(domain) and validate_host(domain, allowed)
 
 
@@ -95,17 +103,22 @@ class AllowedHostsOnly:
     Django checks the Host only for views behind CommonMiddleware; the routes asgi.py serves
     without Django's request machinery (the MCP endpoint, the board's event stream, static
     files) would otherwise answer any Host, which is what DNS rebinding needs. ``SyncHandlerApp``
-    checks on its own (it answers in its endpoint's error format)."""
+    checks on its own (it answers in its endpoint's error format), and so does the MCP endpoint
+    (with the request it builds anyway, so the headers are decoded once per call)."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and not host_allowed(request_from_scope(scope), scope):
-            await send_answer(send, json_answer(400, {"error": {
-                "code": "bad_request", "message": "Host not allowed"}}))
+            await send_answer(send, host_refusal())
             return
         return await self.app(scope, receive, send)
+
+
+def host_refusal() -> Answer:
+    """The answer to a Host outside ALLOWED_HOSTS on the plain routes."""
+    return json_answer(400, {"error": {"code": "bad_request", "message": "Host not allowed"}})
 
 
 class ClientGone(Exception):
