@@ -10,8 +10,9 @@ whichever process holds the session's stream. What we take from the SDK is what 
 where state lives: the wire types (``mcp.types``) for every envelope, result and tool schema.
 
 Layout: each HTTP method is answered by a plain sync function (``answer_post``,
-``answer_delete``, ``open_stream``) that runs in one ``database_sync_to_async`` hop — auth, rate
-limit, session check and the tool call share that hop, so a tool call costs one thread switch.
+``answer_delete``, ``open_stream``) that runs in one thread hop (``McpEndpoint._sync``) —
+auth, rate limit, session check and the tool call share that hop, so a tool call costs one
+thread switch.
 ``McpEndpoint`` is the thin ASGI application around them: it reads the capped body, writes the
 answer, and runs the long-lived notification stream (GET) and the long poll (a claim_next with
 ``wait_seconds`` that found nothing waits in ``longpoll``'s wait room, answering over SSE).
@@ -152,7 +153,7 @@ def _content_type_is_json(header: str | None) -> bool:
     return (header or "").split(";")[0].strip().lower() == "application/json"
 
 
-# -- sync handlers (one database_sync_to_async hop each) ----------------------------------------
+# -- sync handlers (one thread hop each: McpEndpoint._sync) --------------------------------------
 
 
 # Bearer digests this process accepted, and until when they pass an address's failure block:
@@ -447,11 +448,16 @@ class McpEndpoint:
 
     def _sync(self, function):
         # One wrapper per function for the life of the app: building one checks the function
-        # and copies its attributes, a cost worth paying once, not on every request.
+        # and copies its attributes, a cost worth paying once, not on every request. In the
+        # thread pool the handlers take the lean hop (plain_http.in_thread_pool: the same
+        # connection hygiene, without asgiref's context plumbing they do not use).
         wrapped = self._wrapped.get(function)
         if wrapped is None:
-            wrapped = self._wrapped[function] = database_sync_to_async(
-                function, thread_sensitive=self.thread_sensitive)
+            if self.thread_sensitive:
+                wrapped = database_sync_to_async(function, thread_sensitive=True)
+            else:
+                wrapped = plain_http.in_thread_pool(function)
+            self._wrapped[function] = wrapped
         return wrapped
 
     async def __call__(self, scope, receive, send):

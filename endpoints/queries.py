@@ -86,8 +86,9 @@ def _credential_lookup_sql(join_sql: str, join_expressions: tuple) -> str:
     once (each caller passes constant join SQL; the cache only bounds a careless one)."""
     select, _, _, _ = statements.model_columns(Endpoint, "e")
     joins, rights = credential_rights_sql("c", "e", "u")
+    extra = "".join(f", {expression}" for expression in join_expressions)
     return (
-        f"SELECT {select}, c.digest, c.id{''.join(f', {expression}' for expression in join_expressions)}"
+        f"SELECT {select}, c.digest, c.id{extra}"
         f" FROM endpoints_credential c{joins}{join_sql}"
         f" WHERE c.digest = %(digest)s AND e.slug = %(slug)s AND {rights} LIMIT 1"
     )
