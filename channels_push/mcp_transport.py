@@ -143,8 +143,10 @@ def _media_types(header: str | None) -> list[tuple[str, float]]:
     return result
 
 
+@functools.lru_cache(maxsize=256)
 def accepts(header: str | None, media_type: str) -> bool:
-    """Does an Accept header admit ``media_type`` (exactly, by type wildcard, or */*)?"""
+    """Does an Accept header admit ``media_type`` (exactly, by type wildcard, or */*)?
+    Remembered per header text (bounded): a client sends the same Accept on every call."""
     kind = media_type.split("/")[0]
     return any(q > 0 and m in (media_type, f"{kind}/*", "*/*") for m, q in _media_types(header))
 
