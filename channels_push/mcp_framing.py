@@ -103,12 +103,15 @@ def dump_result(result) -> dict:
 
 
 def result_envelope(request_id, result) -> dict:
-    """A JSON-RPC success; ``result`` is an mcp.types model or a plain dict."""
+    """A JSON-RPC success; ``result`` is an mcp.types model or a plain dict of JSON values.
+
+    Built as the dict ``types.JSONRPCResponse(...).model_dump(by_alias=True, mode="json")``
+    gives (``jsonrpc``, ``id``, ``result``; test_mcp_framing pins the equality): validating
+    the result into the model and dumping it again walked every tool answer twice more on
+    every call (issue 17)."""
     if isinstance(result, BaseModel):
         result = dump_result(result)
-    return types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=result).model_dump(
-        by_alias=True, mode="json"
-    )
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
 
 def error_envelope(request_id, code: int, message: str, data=None) -> dict:

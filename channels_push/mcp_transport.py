@@ -10,8 +10,9 @@ whichever process holds the session's stream. What we take from the SDK is what 
 where state lives: the wire types (``mcp.types``) for every envelope, result and tool schema.
 
 Layout: each HTTP method is answered by a plain sync function (``answer_post``,
-``answer_delete``, ``open_stream``) that runs in one ``database_sync_to_async`` hop — auth, rate
-limit, session check and the tool call share that hop, so a tool call costs one thread switch.
+``answer_delete``, ``open_stream``) that runs in one thread hop (``McpEndpoint._sync``) —
+auth, rate limit, session check and the tool call share that hop, so a tool call costs one
+thread switch.
 ``McpEndpoint`` is the thin ASGI application around them: it reads the capped body, writes the
 answer, and runs the long-lived notification stream (GET) and the long poll (a claim_next with
 ``wait_seconds`` that found nothing waits in ``longpoll``'s wait room, answering over SSE).
@@ -146,8 +147,10 @@ def _media_types(header: str | None) -> list[tuple[str, float]]:
     return result
 
 
+@functools.lru_cache(maxsize=256)
 def accepts(header: str | None, media_type: str) -> bool:
-    """Does an Accept header admit ``media_type`` (exactly, by type wildcard, or */*)?"""
+    """Does an Accept header admit ``media_type`` (exactly, by type wildcard, or */*)?
+    Remembered per header text (bounded): a client sends the same Accept on every call."""
     kind = media_type.split("/")[0]
     return any(q > 0 and m in (media_type, f"{kind}/*", "*/*") for m, q in _media_types(header))
 
@@ -156,7 +159,7 @@ def _content_type_is_json(header: str | None) -> bool:
     return (header or "").split(";")[0].strip().lower() == "application/json"
 
 
-# -- sync handlers (one database_sync_to_async hop each) ----------------------------------------
+# -- sync handlers (one thread hop each: McpEndpoint._sync) --------------------------------------
 
 
 # Bearer digests this process accepted, and until when they pass an address's failure block:
@@ -453,11 +456,16 @@ class McpEndpoint:
 
     def _sync(self, function):
         # One wrapper per function for the life of the app: building one checks the function
-        # and copies its attributes, a cost worth paying once, not on every request.
+        # and copies its attributes, a cost worth paying once, not on every request. In the
+        # thread pool the handlers take the lean hop (plain_http.in_thread_pool: the same
+        # connection hygiene, without asgiref's context plumbing they do not use).
         wrapped = self._wrapped.get(function)
         if wrapped is None:
-            wrapped = self._wrapped[function] = database_sync_to_async(
-                function, thread_sensitive=self.thread_sensitive)
+            if self.thread_sensitive:
+                wrapped = database_sync_to_async(function, thread_sensitive=True)
+            else:
+                wrapped = plain_http.in_thread_pool(function)
+            self._wrapped[function] = wrapped
         return wrapped
 
     async def __call__(self, scope, receive, send):
@@ -465,6 +473,11 @@ class McpEndpoint:
             return
         request = plain_http.request_from_scope(scope)
         try:
+            # Host before anything else, as every route does (plain_http.AllowedHostsOnly),
+            # checked here on the request this call decodes anyway.
+            if not plain_http.host_allowed(request, scope):
+                await plain_http.send_answer(send, plain_http.host_refusal())
+                return
             if request.method not in ("GET", "POST", "DELETE"):
                 await plain_http.send_answer(send, _fault(
                     405, "Method Not Allowed", headers={"Allow": ALLOWED_METHODS}))

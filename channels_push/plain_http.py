@@ -16,13 +16,16 @@ after the hop (``database_sync_to_async`` closes old connections as Django's req
 did), and an unexpected exception is logged and answered 500 without the body.
 """
 
+import asyncio
+import contextvars
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, close_old_connections
 from django.http.request import split_domain_port, validate_host
 
 from switchboard import health
@@ -66,9 +69,8 @@ def json_answer(status: int, payload, headers=None) -> Answer:
 
 
 def request_from_scope(scope) -> Request:
-    headers = {}
-    for name, value in scope.get("headers", []):
-        headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+    headers = {name.decode("latin-1").lower(): value.decode("latin-1")
+               for name, value in scope.get("headers", ())}
     kwargs = scope.get("url_route", {}).get("kwargs", {})
     peer = scope.get("client") or ("", 0)
     return Request(method=scope["method"].upper(), slug=next(iter(kwargs.values()), ""),
@@ -82,10 +84,18 @@ def host_allowed(request: Request, scope) -> bool:
     if host is None:
         server = scope.get("server") or ("", None)
         host = str(server[0] or "")
-    domain, _ = split_domain_port(host)
     allowed = settings.ALLOWED_HOSTS
     if settings.DEBUG and not allowed:
         allowed = DEBUG_LOCAL_HOSTS
+    return _host_matches(host, tuple(allowed))
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_matches(host: str, allowed: tuple) -> bool:
+    """Remembered per (Host, ALLOWED_HOSTS): an agent sends the same Host on every call, and
+    parsing and matching it again cost more than the rest of the check (issue 17). Bounded:
+    Host is the client's to choose, so a flood of new values only evicts old answers."""
+    domain, _ = split_domain_port(host)
     return bool(domain) and validate_host(domain, allowed)
 
 
@@ -95,17 +105,22 @@ class AllowedHostsOnly:
     Django checks the Host only for views behind CommonMiddleware; the routes asgi.py serves
     without Django's request machinery (the MCP endpoint, the board's event stream, static
     files) would otherwise answer any Host, which is what DNS rebinding needs. ``SyncHandlerApp``
-    checks on its own (it answers in its endpoint's error format)."""
+    checks on its own (it answers in its endpoint's error format), and so does the MCP endpoint
+    (with the request it builds anyway, so the headers are decoded once per call)."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and not host_allowed(request_from_scope(scope), scope):
-            await send_answer(send, json_answer(400, {"error": {
-                "code": "bad_request", "message": "Host not allowed"}}))
+            await send_answer(send, host_refusal())
             return
         return await self.app(scope, receive, send)
+
+
+def host_refusal() -> Answer:
+    """The answer to a Host outside ALLOWED_HOSTS on the plain routes."""
+    return json_answer(400, {"error": {"code": "bad_request", "message": "Host not allowed"}})
 
 
 class ClientGone(Exception):
@@ -134,6 +149,36 @@ async def read_body(request: Request, receive, limit: int) -> bool:
             break
     request.body = b"".join(chunks)
     return False
+
+
+def in_thread_pool(function):
+    """``function`` (a plain sync request handler) as a coroutine function that runs it in the
+    event loop's thread pool, with the database hygiene ``database_sync_to_async`` gives:
+    Django's old or broken connections are closed before and after, which with the pool
+    returns the connection after every request.
+
+    What asgiref's SyncToAsync adds on top of that — a shielded future, re-homing context
+    variables and asgiref ``Local`` storage both ways, the thread-local an ``async_to_sync``
+    inside the handler would need — served nothing here (the handlers set no context variable
+    and never call back into async code) and cost ~10 % of the hop's CPU on every MCP request
+    (issue 17). A handler that needs any of it uses ``database_sync_to_async``. Cancelling the
+    awaiting task behaves as with asgiref: the caller stops waiting, the handler finishes in
+    its thread."""
+
+    async def run(*args):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, contextvars.copy_context().run, _with_connection_hygiene, function, args)
+
+    return run
+
+
+def _with_connection_hygiene(function, args):
+    close_old_connections()
+    try:
+        return function(*args)
+    finally:
+        close_old_connections()
 
 
 # Statuses that carry no body and must not declare a length (RFC 9110 §8.6).

@@ -4,7 +4,8 @@ Long-lived streams (the MCP endpoint, the board's SSE) are plain ASGI apps that 
 channel-layer groups (channels_push.group_reader); the webhook
 hooks are a plain ASGI app (channels_push.plain_http: the hot path, without Django's request
 machinery); everything else is Django's ASGI handler. Every route checks the Host header
-against ALLOWED_HOSTS (plain_http.AllowedHostsOnly, or SyncHandlerApp's own check).
+against ALLOWED_HOSTS (plain_http.AllowedHostsOnly, or the MCP endpoint's and SyncHandlerApp's
+own check).
 """
 
 import asyncio
@@ -29,7 +30,8 @@ daphne_tuning.skip_form_parsing()
 
 http_routes = [
     # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
-    re_path(mcp_transport.ROUTE_PATTERN, plain_http.AllowedHostsOnly(mcp_transport.McpEndpoint())),
+    # Checks Host itself (on the request it decodes once), like SyncHandlerApp below.
+    re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
     # The Todos board's live stream (issue 7): session-authenticated like the board itself,
     # re-checked on every keep-alive (CONTRACT §12).
     re_path(r"^todos/events$", plain_http.AllowedHostsOnly(board_stream.application())),

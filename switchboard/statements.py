@@ -15,8 +15,15 @@ type (JSON as text needs an explicit ``::jsonb``).
 """
 
 import functools
+import time
+import weakref
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models import signals
+from django.db.models.base import ModelState
+from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.json import JsonbLoader
 
 
 @functools.cache
@@ -58,3 +65,63 @@ def instance_from_row(model, table_alias: str, values):
     if converters:
         values = next(iter(compiler.apply_converters([values], converters)))
     return model.from_db(DEFAULT_DB_ALIAS, attnames, values)
+
+
+# -- the per-request lookups' own path to PostgreSQL ----------------------------------------------
+#
+# The MCP bearer check runs on every tool call. Through Django's cursor wrapper, with Django's
+# Python-level loaders (its time-zone loader; jsonb as text parsed again by JSONField) and
+# ``Model.__init__`` field by field, reading its one row cost about as much CPU as the rest of
+# the check (measured: ~410 -> ~215 µs per lookup on the loaded 2-core bench machine, issue
+# 17). ``fetch_rows`` is the same path the todo transitions take (todos/transitions.py,
+# ``_fetch_rows_postgres``): a plain psycopg cursor on Django's connection, so the transaction,
+# the pool and the error translation stay Django's, the statement PREPAREd on first use per
+# connection, timestamptz and jsonb read by psycopg's own C loaders.
+
+
+_CURSORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _loaded_cursor(pg_connection) -> psycopg.Cursor:
+    """One cursor per psycopg connection with the C loaders registered once (a connection
+    belongs to one thread at a time; the cursor dies with it)."""
+    cursor = _CURSORS.get(pg_connection)
+    if cursor is None or cursor.closed:
+        cursor = psycopg.Cursor(pg_connection)
+        cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+        cursor.adapters.register_loader("jsonb", JsonbLoader)
+        _CURSORS[pg_connection] = cursor
+    return cursor
+
+
+def fetch_rows(sql: str, params: dict) -> list[tuple]:
+    """PostgreSQL only: run a fixed statement text, prepared, and return its rows with jsonb and
+    timestamptz already Python values. Query logging (DEBUG, ``CaptureQueriesContext``) sees the
+    statement as it sees Django's own."""
+    db = connections[DEFAULT_DB_ALIAS]  # one proxy lookup, not several
+    db.ensure_connection()
+    db.validate_no_broken_transaction()  # as Django's cursors do inside a failed atomic block
+    started = time.monotonic() if db.queries_logged else None
+    with db.wrap_database_errors:
+        cursor = _loaded_cursor(db.connection)
+        cursor.execute(sql, params, prepare=True)
+        rows = cursor.fetchall()
+    if started is not None:
+        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+    return rows
+
+
+def instance_from_loaded_row(model, table_alias: str, values):
+    """A ``model`` instance from a ``fetch_rows`` row of ``model_columns``' select list: the
+    values are final (no converters to apply), so the instance is made as ``Model.from_db``
+    makes it without running ``__init__`` field by field, unless something listens for the
+    model's init signals (then ``from_db`` itself, so they still fire)."""
+    _, attnames, _, _ = model_columns(model, table_alias)
+    if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
+        return model.from_db(DEFAULT_DB_ALIAS, attnames, values)
+    instance = model.__new__(model)
+    instance.__dict__.update(zip(attnames, values))
+    instance._state = ModelState()
+    instance._state.adding = False
+    instance._state.db = DEFAULT_DB_ALIAS
+    return instance

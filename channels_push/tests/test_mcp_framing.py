@@ -57,6 +57,31 @@ def test_result_envelope_drops_modern_only_fields():
     assert envelope == {"jsonrpc": "2.0", "id": 3, "result": {"tools": []}}
 
 
+@pytest.mark.parametrize("request_id", [7, "req-1"])
+@pytest.mark.parametrize("result", [
+    {}, {"tools": []},
+    "call_tool_result", "call_tool_refusal",
+], ids=["empty", "dict", "tool-result", "tool-refusal"])
+def test_result_envelope_is_what_the_sdk_response_type_dumps(request_id, result):
+    # result_envelope builds the dict itself (no model round trip per call): it must stay
+    # exactly the SDK's JSONRPCResponse dump.
+    import mcp.types as types
+
+    if result == "call_tool_result":
+        result = types.CallToolResult(
+            content=[types.TextContent(text='{"todo": {"id": "1"}}')],
+            structured_content={"todo": {"id": "1", "payload": {"a": [1, 2.5, None, "x"]}}},
+            is_error=False)
+    elif result == "call_tool_refusal":
+        result = types.CallToolResult(
+            content=[types.TextContent(text="refused")],
+            structured_content={"error": {"code": "lease_lost", "message": "m"}}, is_error=True)
+    wire = result if isinstance(result, dict) else framing.dump_result(result)
+    expected = types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=wire).model_dump(
+        by_alias=True, mode="json")
+    assert framing.result_envelope(request_id, result) == expected
+
+
 def test_sse_event_is_one_data_line_even_with_newlines_in_strings():
     frame = framing.sse_event(framing.notification_envelope("notifications/x", {"content": "a\nb"}))
     text = frame.decode()

@@ -170,3 +170,16 @@ def test_an_answer_over_the_cap_asks_for_a_lower_limit(endpoint, make_todo, sett
     assert error["code"] == "invalid_argument" and "lower limit" in error["message"]
     assert error["message"].startswith("limit:")
     assert call(endpoint, "list_todos", {"limit": 5}).is_error is False
+
+
+def test_tools_skipping_validation_for_empty_arguments_accept_them_by_their_schema():
+    # _check_arguments skips the validator for {} on tools that require nothing: that must be
+    # exactly the tools whose schema accepts {}, and a tool that requires something still
+    # refuses {} by name.
+    for name, (_, schema) in mcp_tools.TOOL_SCHEMAS.items():
+        accepts_empty = jsonschema.Draft202012Validator(schema).is_valid({})
+        assert (name in mcp_tools._TAKE_EMPTY_ARGUMENTS) == accepts_empty, name
+    assert "claim_next" in mcp_tools._TAKE_EMPTY_ARGUMENTS
+    with pytest.raises(mcp_tools._Refused) as refused:
+        mcp_tools._check_arguments("complete", {})
+    assert refused.value.code == "invalid_argument" and "todo_id" in refused.value.message

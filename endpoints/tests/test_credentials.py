@@ -48,8 +48,9 @@ def test_effective_lease_prefers_the_endpoint_default(operator, settings):
 
 
 def test_the_endpoint_found_by_credential_reads_like_the_orms(operator):
-    # The lookup builds the row itself (raw SQL, converters applied by hand): every field must
-    # come back as the ORM reads it, JSON and datetimes included.
+    # The lookup builds the row itself (raw SQL; psycopg's own loaders on PostgreSQL, converters
+    # applied by hand on SQLite): every field must come back as the ORM reads it, JSON and
+    # datetimes included.
     endpoint, credential = transitions.vend_endpoint(
         slug="one", owner=operator, scope=["inbox", "ops"], verbs=["claim_next", "complete"],
         default_lease_seconds=90)
@@ -62,6 +63,31 @@ def test_the_endpoint_found_by_credential_reads_like_the_orms(operator):
     for field in type(endpoint)._meta.concrete_fields:
         assert getattr(found, field.attname) == getattr(expected, field.attname), field.name
     assert found.owner == operator
+
+
+def test_the_endpoint_found_by_credential_is_a_saved_instance_and_init_signals_still_fire(
+        operator):
+    # On PostgreSQL the row becomes an Endpoint without Model.__init__ (statements.
+    # instance_from_loaded_row); anything listening for the model's init signals gets them.
+    from django.db.models.signals import post_init
+
+    from endpoints.models import Endpoint
+
+    _, credential = transitions.vend_endpoint(slug="one", owner=operator)
+    found = queries.find_endpoint_for_credential("one", credential)
+    assert found._state.adding is False and found._state.db == "default"
+    found.save(update_fields=["presence_state"])  # an UPDATE of the row, not an INSERT
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Endpoint)
+    try:
+        again = queries.find_endpoint_for_credential("one", credential)
+    finally:
+        post_init.disconnect(receiver, sender=Endpoint)
+    assert seen == [again]
 
 
 def test_the_bearer_lookup_is_prepared_after_a_few_runs(db):
