@@ -10,8 +10,6 @@ from django.utils.dateparse import parse_datetime
 
 from endpoints.models import Endpoint
 from switchboard import statements
-
-from todos import transitions as todo_transitions
 from todos.models import State, Todo
 from todos.transitions import Refusal
 
@@ -51,7 +49,7 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
         # The transitions' own path (prepared on first use, jsonb and timestamptz read by
         # psycopg's C loaders): Django's cursor wrapper and its Python loaders cost more CPU
         # than this statement on the hook's hot path (issue 17).
-        rows = todo_transitions.fetch_rows_postgres(_WEBHOOK_WITH_ROUTES_SQL, [slug])
+        rows = statements.fetch_rows(_WEBHOOK_WITH_ROUTES_SQL, [slug])
     else:
         with statements.statement_cursor() as cursor:
             cursor.execute(_WEBHOOK_WITH_ROUTES_SQL, [slug])

@@ -478,7 +478,7 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
         trust=trust, now=now, payload_storable=payload_storable))
     try:
         with _statement_scope():
-            (row,) = todo_transitions.fetch_rows_postgres(
+            (row,) = statements.fetch_rows(
                 _single_route_sql_postgres(ledger is not None), params)
     except DataError as exc:
         if isinstance(exc.__cause__, psycopg.errors.DivisionByZero):

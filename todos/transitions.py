@@ -23,16 +23,11 @@ import json
 import math
 import secrets
 import time
-import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
-import psycopg
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
-from django.db.models.base import ModelState
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
-from psycopg.types.datetime import TimestamptzLoader as _TimestamptzLoader
-from psycopg.types.json import JsonbLoader as _JsonbLoader
 
 from channels_push import publish
 from switchboard import statements
@@ -168,79 +163,15 @@ def _queue_filter(column: str, param: str) -> str:
 def _fetch_todos(sql: str, params: dict) -> list[Todo]:
     """Execute a statement that RETURNs ``_returning()`` columns; the rows as Todo instances."""
     if _is_postgres():
-        return [_todo_from_row(row) for row in _fetch_rows_postgres(sql, params)]
+        return [_todo_from_row(row) for row in statements.fetch_rows(sql, params)]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return [statements.instance_from_row(Todo, "todos_todo", row) for row in rows]
 
 
-def _fetch_rows_postgres(sql: str, params: dict) -> list[tuple]:
-    """The transition statements' own path to PostgreSQL, the hottest code in switchboard.
-
-    A plain psycopg cursor on Django's connection, so the transaction, the pool and the error
-    translation (``wrap_database_errors``: an IntegrityError stays Django's) are Django's, but:
-
-    * parameters are bound server-side and each statement is PREPAREd on first use per
-      connection (``prepare=True``: Django's connections never prepare on their own, it sets
-      ``prepare_threshold`` to None), so the planner's work is done once per connection, not
-      per claim. Measured on this machine: PostgreSQL's CPU per claim+complete cycle 1.17 ms
-      unprepared vs ~0.45 ms prepared. The transition SQL is a small fixed set of texts, which
-      is what prepared statements suit (a connection pooler in front must support them, as
-      PgBouncer >= 1.21 in transaction mode does);
-    * timestamptz and jsonb are read by psycopg's own (C) loaders. Django's connection reads
-      them through Python-level loaders (its time-zone loader; jsonb as text that a converter
-      parses again), which measured ~10 % of a claim+complete cycle's CPU. The connection's
-      time zone is UTC (Django sets it), so the values are the same aware datetimes and dicts.
-
-    Query logging (DEBUG, ``CaptureQueriesContext``, the one-query-per-transition tests) still
-    sees every statement. ``connection.execute_wrapper`` hooks do not; nothing here uses them.
-    """
-    db = connections[DEFAULT_DB_ALIAS]  # one proxy lookup, not several
-    db.ensure_connection()
-    db.validate_no_broken_transaction()  # as Django's cursors do inside a failed atomic block
-    started = time.monotonic() if db.queries_logged else None
-    with db.wrap_database_errors:
-        cursor = _transition_cursor(db.connection)
-        cursor.execute(sql, params, prepare=True)
-        rows = cursor.fetchall()
-    if started is not None:
-        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
-    return rows
-
-
-def fetch_rows_postgres(sql: str, params) -> list[tuple]:
-    """Run a statement on the transitions' own path to PostgreSQL (``_fetch_rows_postgres``:
-    prepared, C loaders, Django's transaction and error translation); its rows."""
-    return _fetch_rows_postgres(sql, params)
-
-
-# One cursor per psycopg connection, with the C loaders registered once: registering them on a
-# fresh cursor per statement copied the adapters map every time (~20 µs a cycle, profiled). A
-# cursor is reusable across executes; the connection belongs to one thread at a time (Django's
-# connections are per thread), and the cursor dies with its connection.
-_TRANSITION_CURSORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _transition_cursor(pg_connection) -> psycopg.Cursor:
-    cursor = _TRANSITION_CURSORS.get(pg_connection)
-    if cursor is None or cursor.closed:
-        cursor = psycopg.Cursor(pg_connection)
-        cursor.adapters.register_loader("timestamptz", _TimestamptzLoader)
-        cursor.adapters.register_loader("jsonb", _JsonbLoader)
-        _TRANSITION_CURSORS[pg_connection] = cursor
-    return cursor
-
-
 def _todo_from_row(row) -> Todo:
-    """A Todo from a full row in field order, as ``Model.from_db`` makes it but without running
-    ``Model.__init__`` field by field (Todo has no init signals or deferred fields here)."""
-    todo = Todo.__new__(Todo)
-    todo.__dict__.update(zip(statements.model_columns(Todo, "todos_todo")[1], row))
-    todo._state = ModelState()
-    todo._state.adding = False
-    todo._state.db = DEFAULT_DB_ALIAS
-    return todo
+    return statements.instance_from_loaded_row(Todo, "todos_todo", row)
 
 
 def _queue_list_param(queues):

@@ -14,6 +14,7 @@ from django.db import IntegrityError, connection
 
 from ingest import transitions
 from ingest.models import DeliveryEvent, Route
+from switchboard import statements
 from todos import transitions as todo_transitions
 from todos.models import Todo
 
@@ -170,9 +171,15 @@ def test_a_database_failure_answers_503_json_and_keeps_nothing(make_webhook, mon
     def fail(*args, **kwargs):
         raise OperationalError("server closed the connection; DETAIL: the body was {secret}")
 
+    read_rows = statements.fetch_rows
+
+    def fail_writes(sql, params):
+        # The webhook lookup (a read on the same path) still works: the failure is the write's.
+        return fail() if "INSERT" in sql else read_rows(sql, params)
+
     # The todo's write fails: in the one-statement delivery (PostgreSQL, one route) or in the
     # transaction path.
-    monkeypatch.setattr(todo_transitions, "fetch_rows_postgres", fail)
+    monkeypatch.setattr(statements, "fetch_rows", fail_writes)
     monkeypatch.setattr(todo_transitions, "create_todo", fail)
     body = json.dumps(ISSUE).encode()
     answer = hook_client.post(webhook.slug, body, **signing.github(SECRETS["github"], body))
