@@ -461,11 +461,8 @@ class McpEndpoint:
         # connection hygiene, without asgiref's context plumbing they do not use).
         wrapped = self._wrapped.get(function)
         if wrapped is None:
-            if self.thread_sensitive:
-                wrapped = database_sync_to_async(function, thread_sensitive=True)
-            else:
-                wrapped = plain_http.in_thread_pool(function)
-            self._wrapped[function] = wrapped
+            wrapped = self._wrapped[function] = plain_http.sync_hop(
+                function, thread_sensitive=self.thread_sensitive)
         return wrapped
 
     async def __call__(self, scope, receive, send):

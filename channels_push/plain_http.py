@@ -173,6 +173,15 @@ def in_thread_pool(function):
     return run
 
 
+def sync_hop(function, *, thread_sensitive: bool):
+    """How a request handler runs: the lean ``in_thread_pool`` hop in a server, asgiref's
+    ``database_sync_to_async`` on the main thread for in-process tests (so the handler sees
+    the test's uncommitted transaction)."""
+    if thread_sensitive:
+        return database_sync_to_async(function, thread_sensitive=True)
+    return in_thread_pool(function)
+
+
 def _with_connection_hygiene(function, args):
     close_old_connections()
     try:
@@ -196,7 +205,7 @@ async def send_answer(send, answer: Answer):
 
 class SyncHandlerApp:
     """ASGI app answering every request with ``handler(request) -> Answer``, a plain sync
-    function run in ONE ``database_sync_to_async`` hop. The body is read (at most
+    function run in ONE thread hop (``sync_hop``). The body is read (at most
     ``SWITCHBOARD_MAX_BODY_BYTES`` + one chunk) before the hop; a body over the cap is not read
     further and the handler sees ``request.too_large``, so it answers 413 in its own terms.
 
@@ -211,7 +220,7 @@ class SyncHandlerApp:
         # share no state but the database, and one thread would queue every request behind
         # the others' database round trips. In-process tests pass True so the handler sees
         # the test's uncommitted transaction on the main thread.
-        self.run_handler = database_sync_to_async(handler, thread_sensitive=thread_sensitive)
+        self.run_handler = sync_hop(handler, thread_sensitive=thread_sensitive)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
