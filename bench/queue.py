@@ -218,30 +218,36 @@ def bare_worker(ready, start, done_queue, release):
 _TODO_COLUMNS = (
     "id, endpoint_id, queue, state, title, kind, source, payload, idempotency_key, "
     "delivery_event_id, trust, attempts, max_attempts, lease_id, lease_owner, lease_expires_at, "
-    "retry_at, dead_lettered_at, result, last_error, created_at, updated_at, ring_attempts, "
-    "last_ringed_at"
+    "lease_ttl, retry_at, dead_lettered_at, result, last_error, created_at, updated_at, "
+    "ring_attempts, last_ringed_at"
 )
 _EVENT = (
     ", e AS (INSERT INTO todos_todoevent (todo_id, action, from_state, to_state, actor, at, "
     "detail) SELECT t.id, '{action}', '{before}', t.state, %(actor)s, %(now)s, "
-    "%(detail)s::jsonb FROM t) SELECT * FROM t"
+    "%(detail)s::jsonb FROM t){cleanup} SELECT * FROM t"
+)
+# complete ends the todo, so the same statement deletes its operator secrets (CONTRACT §12).
+_SECRETS_CLEANUP = (
+    ", d0 AS (DELETE FROM ingest_operatorsecret WHERE todo_id IN (SELECT id FROM t WHERE "
+    "state = 'done' OR dead_lettered_at IS NOT NULL))"
 )
 AUDITED_CLAIM = (
     "WITH t AS (UPDATE todos_todo SET state = 'claimed', lease_id = %(lease_id)s, "
-    "lease_owner = %(owner)s, lease_expires_at = %(expires)s, attempts = attempts + 1, "
-    "retry_at = NULL, updated_at = %(now)s WHERE id = (SELECT c.id FROM "
+    "lease_owner = %(owner)s, lease_expires_at = %(expires)s, lease_ttl = %(ttl)s, "
+    "attempts = attempts + 1, retry_at = NULL, updated_at = %(now)s WHERE id = (SELECT c.id FROM "
     "unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (SELECT p.id, p.created_at FROM "
     "todos_todo p WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = q.name AND "
     "p.state = 'pending' ORDER BY p.created_at, p.id LIMIT 1 FOR UPDATE SKIP LOCKED) c "
     "ORDER BY c.created_at, c.id LIMIT 1) AND state = 'pending' "
-    f"RETURNING {_TODO_COLUMNS})" + _EVENT.format(action="claim", before="pending")
+    f"RETURNING {_TODO_COLUMNS})" + _EVENT.format(action="claim", before="pending", cleanup="")
 )
 AUDITED_COMPLETE = (
     "WITH t AS (UPDATE todos_todo SET state = 'done', result = %(result)s::jsonb, "
     "lease_expires_at = NULL, updated_at = %(now)s WHERE id = %(todo_id)s AND "
-    "endpoint_id = %(endpoint_id)s AND queue = ANY(%(queues)s::text[]) AND state = 'claimed' "
-    f"AND lease_id = %(lease_id)s RETURNING {_TODO_COLUMNS})"
-    + _EVENT.format(action="complete", before="claimed")
+    "(endpoint_id = %(endpoint_id)s AND queue = ANY(%(queues)s::text[]) AND state = 'claimed' "
+    "AND lease_id = %(lease_id)s AND lease_expires_at > %(now)s) IS TRUE "
+    f"RETURNING {_TODO_COLUMNS})"
+    + _EVENT.format(action="complete", before="claimed", cleanup=_SECRETS_CLEANUP)
 )
 
 
@@ -249,7 +255,8 @@ def audited_sql_cycle(conn, ep, owner) -> bool:
     now = datetime.now(timezone.utc)
     row = conn.execute(AUDITED_CLAIM, {
         "lease_id": secrets.token_urlsafe(16), "owner": owner, "now": now,
-        "expires": now + timedelta(seconds=300), "queues": QUEUES, "endpoint_id": ep,
+        "expires": now + timedelta(seconds=300), "ttl": timedelta(seconds=300),
+        "queues": QUEUES, "endpoint_id": ep,
         "actor": owner, "detail": "{}"}, prepare=True).fetchone()
     if row is None:
         return False

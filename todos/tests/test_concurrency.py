@@ -71,6 +71,31 @@ def test_eight_workers_drain_2000_todos_each_exactly_once():
     assert per_action == {"claim": TODOS, "complete": TODOS}
 
 
+def test_eight_racing_completes_of_one_lease_record_one_completion():
+    """The fenced verbs find their todo by primary key and hold it to the guard (``_by_id``):
+    racing retries of one complete still change the row once, and the others learn that their
+    work was recorded."""
+    endpoint = EndpointFactory(owner=UserFactory())
+    transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="test")
+    caller = transitions.Caller.agent(endpoint, "session-1")
+    held = transitions.claim_next_todo(caller)
+    start = threading.Barrier(WORKERS)
+    outcomes = []
+
+    def complete(i):
+        start.wait(10)
+        try:
+            transitions.complete_todo(caller, held.pk, lease_id=held.lease_id, result={"by": i})
+            outcomes.append("done")
+        except transitions.Refusal as refusal:
+            outcomes.append(refusal.code)
+
+    run_threads(WORKERS, complete)
+    assert Counter(outcomes) == {"done": 1, "already_done": WORKERS - 1}
+    assert TodoEvent.objects.filter(todo_id=held.pk, action="complete").count() == 1
+    assert Todo.objects.get(pk=held.pk).state == State.DONE
+
+
 def test_twenty_concurrent_creates_with_one_key_make_one_todo():
     endpoint = EndpointFactory(owner=UserFactory())
     barrier = threading.Barrier(20)
