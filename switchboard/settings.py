@@ -266,8 +266,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         _sqlite_file.with_name("test_" + _sqlite_file.name))
 else:
     # Django turns psycopg's prepared statements off (prepare_threshold None), and then even an
-    # explicit prepare=True is ignored. The todo transitions prepare their fixed statements
-    # (todos/transitions.py, _fetch_rows_postgres), and the hook's server-binding statements
+    # explicit prepare=True is ignored. The hot statements (the todo transitions, the bearer
+    # check, the webhook lookup: switchboard/statements.py, fetch_rows) prepare on first use,
+    # and the hook's other server-binding statements
     # (switchboard/statements.py) are prepared after 5 runs; the ORM's own queries use
     # client-side binding, which never prepares, so this changes nothing else.
     # DATABASE_PREPARED_STATEMENTS=false turns both off, for a connection pooler in front that
