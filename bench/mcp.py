@@ -18,7 +18,9 @@ The target (issue 17) is server CPU: the same SDK clients then drive the SDK's o
 HTTP server (bench/mcp_reference_server.py: MCPServer, stateless, JSON answers, uvicorn, a no-op
 tool) for as many tool calls, and the ratio of daphne's CPU per tools/call to the reference
 server's is printed (target <= 1.0: switchboard doing real work costs no more server CPU per call
-than the reference doing none).
+than the reference doing none). The same reference app is then served by daphne too, so the
+ratio splits into the HTTP server's share (daphne vs uvicorn, same app) and the app's (switchboard
+vs the no-op SDK app, same server).
 
 It also prints where the CPU went (read from /proc: Linux, with PostgreSQL on this machine):
 per direct cycle, this process and its PostgreSQL backends; per MCP tool call, the daphne
@@ -161,9 +163,10 @@ def reference_worker(url: str, calls: int, start_at: float, results):
     results.put(asyncio.run(loop()))
 
 
-def run_reference(calls_per_client: int, clients: int):
-    """Start the SDK's own server, drive it with ``clients`` SDK clients; returns (tool calls,
-    server CPU seconds)."""
+def run_reference(calls_per_client: int, clients: int, *, on_daphne: bool = False):
+    """Start the SDK's own server (on uvicorn, or ``on_daphne``: the same app on switchboard's
+    server, with the flags tests/servers.py gives switchboard), drive it with ``clients`` SDK
+    clients; returns (tool calls, server CPU seconds)."""
     import subprocess
 
     import socket
@@ -171,7 +174,13 @@ def run_reference(calls_per_client: int, clients: int):
     from tests.servers import free_port
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, str(HERE / "mcp_reference_server.py"), str(port)])
+    if on_daphne:
+        command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                   "bench.mcp_reference_server:daphne_application"]
+    else:
+        command = [sys.executable, str(HERE / "mcp_reference_server.py"), str(port)]
+    process = subprocess.Popen(command, cwd=HERE.parent, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 30
         while True:
@@ -291,6 +300,9 @@ def main():
 
     reference_calls, reference_cpu = run_reference(
         calls_per_client=max(1, (2 * mcp_cycles) // args.clients), clients=args.clients)
+    daphne_reference_calls, daphne_reference_cpu = run_reference(
+        calls_per_client=max(1, (2 * mcp_cycles) // args.clients), clients=args.clients,
+        on_daphne=True)
 
     direct_rate = direct_cycles / direct_seconds
     mcp_rate = mcp_cycles / mcp_seconds
@@ -318,6 +330,14 @@ def main():
           f"over {reference_calls} calls")
     print(f"  ratio server cpu per call switchboard/reference: "
           f"{daphne_per_call / reference_per_call:.2f} (target <= 1.0)")
+    # The same reference app on daphne splits that ratio into the HTTP server's share and the
+    # app's: what switchboard's own code costs per call beyond the SDK's no-op tool.
+    daphne_reference_per_call = daphne_reference_cpu / daphne_reference_calls
+    print(f"  (information) the same reference app on daphne: "
+          f"{daphne_reference_per_call * 1000:.2f} ms per call over {daphne_reference_calls} "
+          f"calls; ratio daphne/uvicorn for the reference = "
+          f"{daphne_reference_per_call / reference_per_call:.2f}; ratio switchboard/reference "
+          f"both on daphne = {daphne_per_call / daphne_reference_per_call:.2f}")
     print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
           f"{os.cpu_count()} cores")
 
