@@ -165,10 +165,11 @@ def in_thread_pool(function):
     awaiting task behaves as with asgiref: the caller stops waiting, the handler finishes in
     its thread."""
 
-    async def run(*args):
+    async def run(*args, **kwargs):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            None, contextvars.copy_context().run, _with_connection_hygiene, function, args)
+            None, contextvars.copy_context().run, _with_connection_hygiene, function, args,
+            kwargs)
 
     return run
 
@@ -182,10 +183,10 @@ def sync_hop(function, *, thread_sensitive: bool):
     return in_thread_pool(function)
 
 
-def _with_connection_hygiene(function, args):
+def _with_connection_hygiene(function, args, kwargs):
     close_old_connections()
     try:
-        return function(*args)
+        return function(*args, **kwargs)
     finally:
         close_old_connections()
 

@@ -1,12 +1,14 @@
 """Every route of the real ASGI application checks Host against ALLOWED_HOSTS (CONTRACT §12,
 issue 15 item 9): the routes served without Django's middleware too."""
 
+import asyncio
 import json
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import HttpCommunicator
 
+from channels_push import plain_http
 from channels_push.tests.conftest import ACCEPT_BOTH
 from switchboard.asgi import application
 
@@ -47,3 +49,25 @@ def test_an_allowed_host_passes_the_check(method, path, headers):
     # Whatever the route then says (401 without a bearer, 403 anonymous, 404 unknown hook),
     # it is not the Host refusal.
     assert response["status"] != 400 or b"Host not allowed" not in response["body"]
+
+
+def test_the_lean_thread_hop_runs_the_handler_off_the_loop_with_its_arguments():
+    """``in_thread_pool`` (the servers' hop for MCP and hook handlers) passes positional and
+    keyword arguments (the long poll's retry calls ``answer_post(request, woken=True)``), runs
+    the handler in a pool thread, and raises what the handler raised."""
+    import threading
+
+    def handler(first, *, woken=False):
+        if first == "boom":
+            raise ValueError("boom")
+        return first, woken, threading.current_thread()
+
+    async def scenario():
+        hop = plain_http.in_thread_pool(handler)
+        first, woken, thread = await hop("request", woken=True)
+        assert (first, woken) == ("request", True)
+        assert thread is not threading.current_thread()
+        with pytest.raises(ValueError):
+            await hop("boom")
+
+    asyncio.run(scenario())
