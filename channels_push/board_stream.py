@@ -363,14 +363,25 @@ class BoardHub:
                 stream.stop.set()
             return
         for stream in streams:
-            for row in rendered.get(stream.view_key, ()):
-                if stream.closed:
-                    break  # the client left while we were reading
-                if not stream.viewer.may_see(row["owner_id"]):
-                    continue
-                event = {key: value for key, value in row.items() if key != "owner_id"}
-                event["action"] = batch.get(row["todo_id"])
-                await stream.send_chunk(format_event("todo", event, event_id=row["version"]))
+            try:
+                await self._send_rows(stream, rendered.get(stream.view_key, ()), batch)
+            except Exception as exc:
+                # One stream's failed send is that stream's: it ends (its browser reconnects
+                # and re-syncs) and the others still get the batch.
+                log.warning("board stream closed after a failed send",
+                            extra={"error": type(exc).__name__})
+                stream.stop.set()
+
+    @staticmethod
+    async def _send_rows(stream, rows, batch):
+        for row in rows:
+            if stream.closed:
+                return  # the client left while we were reading
+            if not stream.viewer.may_see(row["owner_id"]):
+                continue
+            event = {key: value for key, value in row.items() if key != "owner_id"}
+            event["action"] = batch.get(row["todo_id"])
+            await stream.send_chunk(format_event("todo", event, event_id=row["version"]))
 
     async def recheck_forever(self):
         while True:

@@ -564,7 +564,18 @@ class McpEndpoint:
         finally:
             self.heartbeat.release(held)
             await group_reader.leave_groups(layer, [group], membership.get("channel"))
-            await self._sync(close_stream)(session_id, answer.stream_host)
+            try:
+                await self._sync(close_stream)(session_id, answer.stream_host)
+            except Exception:
+                # The detach did not happen (the database unreachable at that moment), and this
+                # process's host lease would count the stream as open for as long as the
+                # process lives: doorbells would pick a session nobody listens on. Give the
+                # host up instead (its other streams close and their clients reconnect); its
+                # lease then runs out and the sweep deletes its attachments and recounts.
+                log.exception("mcp stream detach failed; giving up this process's stream host",
+                              extra={"session": session_id[:8]})
+                if answer.stream_host == self.heartbeat.host_id:
+                    self.heartbeat.lapsed("a stream's detach failed")
 
     async def _long_poll(self, request, answer: Answer, started: float, receive, send):
         """Answer a claim_next that waits (CONTRACT §6). The wait is this coroutine parked in

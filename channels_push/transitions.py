@@ -254,9 +254,17 @@ def reset_stale_stream_counts(*, now=None) -> int:
     ``queries.attached_sql`` already ignores such counts; this keeps the column honest for the
     cap, the board and the admin. Returns how many sessions were corrected."""
     now = now or timezone.now()
-    dead_hosts = StreamHost.objects.filter(lease_until__lt=now).values("pk")
-    StreamAttachment.objects.filter(host_id__in=dead_hosts).delete()
-    StreamHost.objects.filter(lease_until__lt=now).delete()
+    # One transaction, the dead hosts locked first: a stalled process renewing its lease
+    # meanwhile either renewed before the lock (then it is not dead and keeps its attachments)
+    # or waits and finds its row gone (renew says so, and it closes its streams). Deleting the
+    # attachments and the hosts in two separate statements let a renewal land in between: a
+    # live host with no attachments, whose streams stopped counting.
+    with transaction.atomic():
+        dead_hosts = list(StreamHost.objects.select_for_update()
+                          .filter(lease_until__lt=now).values_list("pk", flat=True))
+        if dead_hosts:
+            StreamAttachment.objects.filter(host_id__in=dead_hosts).delete()
+            StreamHost.objects.filter(pk__in=dead_hosts).delete()
     remaining = Subquery(StreamAttachment.objects.filter(session_id=OuterRef("pk"))
                          .values("session_id").annotate(n=Count("pk")).values("n"))
     return McpSession.objects.filter(open_streams__gt=0).filter(

@@ -174,3 +174,32 @@ def test_notify_session_helper_reaches_the_stream(mcp):
         await communicator.wait(timeout=5)
 
     async_to_sync(scenario)()
+
+
+def test_a_stream_whose_detach_failed_gives_up_its_process_host(mcp, monkeypatch):
+    """A detach that fails (the database unreachable as the stream ends) must not leave the
+    stream counted as open for the life of the process: the process gives up its host, whose
+    lease then runs out, so the sweep deletes the attachment and recounts."""
+    from django.db import OperationalError
+
+    mcp.initialize()
+    endpoint = mcp_transport.McpEndpoint(keepalive_seconds=KEEPALIVE_SECONDS,
+                                         thread_sensitive=True)
+    own_app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, endpoint)])
+
+    def unreachable(*args, **kwargs):
+        raise OperationalError("the database is unreachable")
+
+    async def scenario():
+        communicator = ApplicationCommunicator(own_app, stream_scope(mcp))
+        await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
+        assert (await communicator.receive_output(timeout=5))["status"] == 200
+        await communicator.receive_output(timeout=5)
+        host_before = endpoint.heartbeat.host_id
+        monkeypatch.setattr(mcp_transport, "close_stream", unreachable)
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=5)
+        return host_before
+
+    host_before = async_to_sync(scenario)()
+    assert endpoint.heartbeat.host_id != host_before
