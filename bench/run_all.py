@@ -4,8 +4,8 @@
         python bench/run_all.py [--quick] [--only ingest,mcp] [--results bench/RESULTS.md]
 
 A benchmark is any ``bench/*.py`` with a ``__main__`` block but ``mcp_reference_server.py`` (the
-server ``mcp.py`` starts) (``bare_asgi.py`` is the floor app
-that ``ingest.py`` serves, not a benchmark). Each runs with its own defaults, or with small
+server ``mcp.py`` starts) (``bare_asgi.py`` and ``bare_sql_asgi.py`` are the floor apps
+that ``ingest.py`` serves, not benchmarks). Each runs with its own defaults, or with small
 arguments under ``--quick`` (a smoke run: the numbers are then not worth quoting). ``queue.py``
 compares against Procrastinate, so it runs in ``bench/.venv`` (created from
 bench/requirements.txt when missing); the others run with this interpreter.
@@ -45,6 +45,8 @@ QUICK_ARGS = {
     "queue": ["--todos", "200", "--workers", "1,2", "--rounds", "1", "--history", "1000",
               "--samples", "100"],
     "retention": ["--done", "20000", "--pending", "400"],
+    "streams": ["--streams", "50", "--per-endpoint", "10", "--idle-seconds", "5",
+                "--deliveries", "10", "--boards", "10"],
 }
 SCRIPT_TIMEOUT_SECONDS = 3600
 
