@@ -125,9 +125,9 @@ SWITCHBOARD_MCP_MAX_RESULT_BYTES = _typed(
 SWITCHBOARD_MCP_SESSION_IDLE = timedelta(
     seconds=_typed("SWITCHBOARD_MCP_SESSION_IDLE_SECONDS", env.int, 3600, minimum=60)
 )
-# Streams (§6, §12). Keep-alive comments on the MCP and board streams; every keep-alive also
-# re-checks the stream's right to exist (credential / Django session), so this is also how
-# soon a revoked stream closes. Below the 30-60 s idle cut of common proxies.
+# Streams (§6, §12). Keep-alive comments on the MCP and board streams; every keep-alive
+# interval each process also re-checks the right of every stream it holds (credential / Django
+# session) in one query, so this is also how soon a revoked stream closes. Below the 30-60 s idle cut of common proxies.
 SWITCHBOARD_STREAM_KEEPALIVE_SECONDS = _typed(
     "SWITCHBOARD_STREAM_KEEPALIVE_SECONDS", env.float, 15.0, minimum=0.1)
 # A web process holding MCP notification streams renews ONE lease row of its own (a
