@@ -409,13 +409,6 @@ def transport_backlog_bytes(send) -> int | None:
         return None
 
 
-def keep_stream_alive(session_id: str) -> bool:
-    """One session's re-check and its credential (a read only while nothing changed: CONTRACT
-    §12); False once its stream must close. Streams are re-checked together by the process's
-    heartbeat (``stream_heartbeat``); this is the same check for one session."""
-    return session_transitions.check_stream_session(session_id=session_id)
-
-
 def ring_reconnected_stream(endpoint_id: int, session_id: str) -> list:
     """The doorbells a freshly opened stream gets at once (see doorbells.reconnect_frames)."""
     return doorbells.reconnect_frames(endpoint_id=endpoint_id, session_id=session_id)

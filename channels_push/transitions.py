@@ -203,12 +203,6 @@ def _session_rights_sql(params: dict, now) -> str:
     return queries.session_rights_sql("s", params, now)
 
 
-def check_stream_session(*, session_id: str, now=None) -> bool:
-    """One session's re-check (``check_stream_sessions`` for a single id): still live with its
-    rights? When not, the session ends here and its stream must close."""
-    return session_id in check_stream_sessions(session_ids=[session_id], now=now)
-
-
 def end_sessions_without_rights(*, limit: int, now=None) -> int:
     """End at most ``limit`` live sessions whose credential no longer gives its rights (expired
     or out of grace, endpoint or owner inactive; unbound legacy sessions). Their streams close

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from channels_push import mcp_transport, queries, sweeps
+from channels_push import queries, sweeps
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver
@@ -147,11 +147,12 @@ def test_idle_stream_keep_alives_write_nothing_to_the_database(mcp):
 def test_a_keep_alive_re_check_writes_only_when_it_ends_the_session(mcp):
     mcp.initialize()
     before = _row_version(mcp.session_id) if connection.vendor == "postgresql" else None
-    assert mcp_transport.keep_stream_alive(mcp.session_id)
+    assert mcp.session_id in session_transitions.check_stream_sessions(
+        session_ids=[mcp.session_id])
     if before is not None:
         assert _row_version(mcp.session_id) == before
     Credential.objects.filter(endpoint=mcp.endpoint).update(expires_at=timezone.now())
-    assert not mcp_transport.keep_stream_alive(mcp.session_id)
+    assert not session_transitions.check_stream_sessions(session_ids=[mcp.session_id])
     assert McpSession.objects.get(pk=mcp.session_id).terminated_at is not None
 
 
