@@ -11,7 +11,13 @@ Throughput: claim_next + complete cycles per second with 1, 4 and 8 worker proce
   (c) Procrastinate, the closest peer a Django user would pick, draining no-op jobs,
   (d) a diagnostic: switchboard's own audited statements with plain psycopg, no Django (d/b is
       the ceiling for any Python implementation of them here; see audited_sql_worker).
-Rounds interleave a, b, c, d so machine noise hits all alike; the median round counts.
+Rounds interleave a, b, c, d so machine noise hits all alike; the median round counts. Each row
+also gives PostgreSQL's CPU per cycle (the workers' backends, from /proc) and the worker
+processes' own CPU per cycle (a's against d's is what switchboard's Python costs).
+
+PostgreSQL CPU breakdown (``--breakdown-workers``, default 4): d's statements with one piece
+taken out at a time (the four per-queue claim probes, the audit events, the secrets cleanup)
+beside b, so the PG a/b ratio comes with what it is made of.
 
 Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table.
 
@@ -27,6 +33,7 @@ import sys
 sys.path = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import multiprocessing as mp
 import os  # noqa: E402
 import platform  # noqa: E402
@@ -251,16 +258,45 @@ AUDITED_COMPLETE = (
 )
 
 
-def audited_sql_cycle(conn, ep, owner) -> bool:
+def _without(sql: str, part: str, instead: str = "") -> str:
+    assert part in sql, part  # keep the variants in step with the statements above
+    return sql.replace(part, instead)
+
+
+_LATERAL_PICK = AUDITED_CLAIM[AUDITED_CLAIM.index("(SELECT c.id"):AUDITED_CLAIM.index(" AND state")]
+_EVENT_CTE = AUDITED_CLAIM[AUDITED_CLAIM.index(", e AS ("):AUDITED_CLAIM.index(" SELECT * FROM t")]
+# Where PostgreSQL's CPU per cycle goes beyond the bare floor (b): the audited statements with
+# one piece taken out at a time. A diagnostic for the PG a/b target; none of these variants is a
+# product path (each drops something switchboard must do, or, for the one-scan claim, does what
+# a `*` scope does, which a listed scope cannot: see claim_candidate_sql).
+AUDITED_VARIANTS = {
+    "audited statements (d)": (AUDITED_CLAIM, AUDITED_COMPLETE),
+    "claim by one scan of todo_claim_any_queue (as a '*' scope), not 4 per-queue probes": (
+        _without(AUDITED_CLAIM, _LATERAL_PICK,
+                 "(SELECT p.id FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s AND "
+                 "p.queue = ANY(%(queues)s::text[]) AND p.state = 'pending' "
+                 "ORDER BY p.created_at, p.id LIMIT 1 FOR UPDATE SKIP LOCKED)"),
+        AUDITED_COMPLETE),
+    "no audit events (the two todo-event inserts)": (
+        _without(AUDITED_CLAIM, _EVENT_CTE),
+        _without(AUDITED_COMPLETE, AUDITED_COMPLETE[AUDITED_COMPLETE.index(", e AS ("):
+                                                    AUDITED_COMPLETE.index(" SELECT * FROM t")])),
+    "no operator-secrets cleanup in complete": (
+        AUDITED_CLAIM, _without(AUDITED_COMPLETE, _SECRETS_CLEANUP)),
+}
+
+
+def audited_sql_cycle(conn, ep, owner, statements=(AUDITED_CLAIM, AUDITED_COMPLETE)) -> bool:
+    claim, complete = statements
     now = datetime.now(timezone.utc)
-    row = conn.execute(AUDITED_CLAIM, {
+    row = conn.execute(claim, {
         "lease_id": secrets.token_urlsafe(16), "owner": owner, "now": now,
         "expires": now + timedelta(seconds=300), "ttl": timedelta(seconds=300),
         "queues": QUEUES, "endpoint_id": ep,
         "actor": owner, "detail": "{}"}, prepare=True).fetchone()
     if row is None:
         return False
-    conn.execute(AUDITED_COMPLETE, {
+    conn.execute(complete, {
         "result": None, "now": datetime.now(timezone.utc), "todo_id": row[0],
         "endpoint_id": ep, "queues": QUEUES, "lease_id": row[13], "actor": owner,
         "detail": "{}"}, prepare=True).fetchall()
@@ -269,6 +305,12 @@ def audited_sql_cycle(conn, ep, owner) -> bool:
 
 def audited_sql_worker(ready, start, done_queue, release):
     drain_with_psycopg(ready, start, done_queue, release, audited_sql_cycle)
+
+
+def audited_variant_worker(variant, ready, start, done_queue, release):
+    statements = AUDITED_VARIANTS[variant]
+    drain_with_psycopg(ready, start, done_queue, release,
+                       lambda conn, ep, owner: audited_sql_cycle(conn, ep, owner, statements))
 
 
 def procrastinate_worker(ready, start, done_queue, release):
@@ -314,8 +356,9 @@ def backends_cpu(database: str) -> dict[int, float]:
     return {pid: process_cpu_seconds(pid) for pid in pids}
 
 
-def run_round(worker, refill, todos: int, workers: int) -> tuple[float, float]:
-    """One drain: (cycles/s, PostgreSQL CPU seconds per cycle of the workers' backends)."""
+def run_round(worker, refill, todos: int, workers: int) -> tuple[float, float, float]:
+    """One drain: (cycles/s, PostgreSQL CPU seconds per cycle of the workers' backends, the
+    worker processes' own CPU seconds per cycle)."""
     refill(todos)
     database = "sb_bench_procrastinate" if worker is procrastinate_worker else "sb_bench"
     ctx = mp.get_context("spawn")
@@ -330,19 +373,20 @@ def run_round(worker, refill, todos: int, workers: int) -> tuple[float, float]:
     # Open the gate only when every process has imported, set up and connected: on 2 cores,
     # eight Django start-ups take several seconds, and a fixed sleep let them eat into the
     # measured drain (the bare SQL worker imports almost nothing, so that skewed a/b).
-    for _ in processes:
-        ready.get(timeout=120)
+    pids = [ready.get(timeout=120) for _ in processes]
     time.sleep(0.2)  # let the last one reach start.wait()
     before = backends_cpu(database)
+    workers_before = sum(process_cpu_seconds(pid) for pid in pids)
     began = time.perf_counter()
     start.set()
     finished = [done_queue.get(timeout=600)[0] for _ in processes]
     after = backends_cpu(database)
+    workers_cpu = sum(process_cpu_seconds(pid) for pid in pids) - workers_before
     release.set()
     for process in processes:
         process.join(timeout=60)
     pg_cpu = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
-    return todos / (max(finished) - began), pg_cpu / todos
+    return todos / (max(finished) - began), pg_cpu / todos, workers_cpu / todos
 
 
 # -- latency with history ------------------------------------------------------------------------
@@ -377,6 +421,27 @@ def claim_latency(done_rows: int, samples: int) -> tuple[float, float]:
     return statistics.median(timings) * 1000, timings[int(len(timings) * 0.99)] * 1000
 
 
+def pg_breakdown(todos: int, workers: int, rounds: int):
+    """PostgreSQL CPU per cycle of the audited statements with one piece taken out at a time,
+    beside the bare floor, interleaved like the main table: what the PG a/b gap is made of."""
+    systems = {"bare SQL (b)": bare_worker}
+    systems.update({variant: functools.partial(audited_variant_worker, variant)
+                    for variant in AUDITED_VARIANTS})
+    cpu = {name: [] for name in systems}
+    for _ in range(rounds):
+        for name, worker in systems.items():
+            cpu[name].append(run_round(worker, lambda n: refill_todos(n), todos, workers)[1])
+    median = {name: statistics.median(values) for name, values in cpu.items()}
+    floor, audited = median["bare SQL (b)"], median["audited statements (d)"]
+    print(f"\nPostgreSQL CPU per claim+complete cycle, {workers} workers: what d costs beyond "
+          "b, one piece taken out at a time (diagnostic; no variant is a product path)\n")
+    print("| statements | PG CPU/cycle | x bare | saved vs d |")
+    print("| --- | --- | --- | --- |")
+    for name, value in median.items():
+        print(f"| {name} | {value * 1000:.3f} ms | {value / floor:.2f} "
+              f"| {(audited - value) * 1000:+.3f} ms |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--todos", type=int, default=2000)
@@ -384,6 +449,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--history", default="10000,1000000", help="done rows for the latency runs")
     parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--breakdown-workers", type=int, default=4,
+                        help="workers for the PostgreSQL CPU breakdown (0: skip it)")
     args = parser.parse_args()
 
     prepare_switchboard_schema()
@@ -395,21 +462,26 @@ def main():
     print(f"# {args.todos} todos per round, {args.rounds} interleaved rounds, median shown\n")
     print("| workers | a switchboard | b bare SQL | c procrastinate | d audited SQL, psycopg only "
           "| a/d (target >= 0.9) | a/c (target >= 3 at 8) | a/b | PG CPU/cycle a, b, d "
-          "| PG a/b (target <= 1.25) | a cycles/s per PG core |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| PG a/b (target <= 1.25) | a cycles/s per PG core | worker CPU/cycle a, d |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for workers in [int(w) for w in args.workers.split(",")]:
-        rates = {name: [] for name in SYSTEMS}
-        pg_cpu = {name: [] for name in SYSTEMS}
+        rates, pg_cpu, own_cpu = ({name: [] for name in SYSTEMS} for _ in range(3))
         for _ in range(args.rounds):
             for name, (worker, refill) in SYSTEMS.items():
-                rate, cpu = run_round(worker, refill, args.todos, workers)
+                rate, cpu, own = run_round(worker, refill, args.todos, workers)
                 rates[name].append(rate)
                 pg_cpu[name].append(cpu)
+                own_cpu[name].append(own)
         a, b, c, d = (statistics.median(rates[name]) for name in SYSTEMS)
         pa, pb, _, pd = (statistics.median(pg_cpu[name]) for name in SYSTEMS)
+        wa, _, _, wd = (statistics.median(own_cpu[name]) for name in SYSTEMS)
         print(f"| {workers} | {a:.0f}/s | {b:.0f}/s | {c:.0f}/s | {d:.0f}/s | {a / d:.2f} "
               f"| {a / c:.2f} | {a / b:.2f} | {pa * 1000:.3f} / {pb * 1000:.3f} / "
-              f"{pd * 1000:.3f} ms | {pa / pb:.2f} | {1 / pa:.0f} |", flush=True)
+              f"{pd * 1000:.3f} ms | {pa / pb:.2f} | {1 / pa:.0f} "
+              f"| {wa * 1000:.3f} / {wd * 1000:.3f} ms |", flush=True)
+
+    if args.breakdown_workers:
+        pg_breakdown(args.todos, args.breakdown_workers, args.rounds)
 
     print("\n| done todos in table | claim_next p50 | p99 |")
     print("| --- | --- | --- |")
