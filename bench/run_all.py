@@ -43,7 +43,7 @@ QUICK_ARGS = {
     "metrics_scrape": ["--rows", "2000"],
     "push": ["--deliveries", "30", "--warmup", "5", "--waiters", "50"],
     "queue": ["--todos", "200", "--workers", "1,2", "--rounds", "1", "--history", "1000",
-              "--samples", "100"],
+              "--samples", "100", "--breakdown-workers", "2"],
     "retention": ["--done", "20000", "--pending", "400"],
     "streams": ["--streams", "50", "--per-endpoint", "10", "--idle-seconds", "5",
                 "--deliveries", "10", "--boards", "10"],
