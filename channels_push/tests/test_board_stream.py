@@ -353,6 +353,89 @@ def test_a_failed_render_ends_the_stream_so_the_browser_reconnects_and_resyncs(a
     run(scenario)
 
 
+def failing_todo_sends(app):
+    """``app`` behind a client connection that breaks as the first todo row is written to it (a
+    peer that reset the connection): the server's ``send`` raises. Everything else (the
+    response start, ``sync``, the end of the response) goes through, so the test sees the
+    stream end."""
+    async def wrapped(scope, receive, send):
+        async def send_or_fail(message):
+            if b"event: todo" in message.get("body", b""):
+                raise ConnectionResetError("the client's connection was reset")
+            await send(message)
+
+        await app(scope, receive, send_or_fail)
+    return wrapped
+
+
+async def next_todo_id(stream, name):
+    try:
+        return json.loads((await stream.next_event(kind="todo"))["data"])["todo_id"]
+    except TimeoutError:
+        pytest.fail(f"the stream {name} the broken one never got the batch")
+
+
+async def expect_end_without_todo_events(stream):
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        message = await stream.communicator.receive_output(deadline - time.monotonic())
+        assert b"event: todo" not in message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    await stream.communicator.wait(WAIT_SECONDS)
+
+
+def test_a_failed_send_ends_only_that_stream_and_the_others_still_get_the_batch(alice):
+    """The hub sends one batch to every stream of the process in turn: a stream whose
+    connection fails mid-send is stopped (its browser reconnects and re-syncs), and the streams
+    after it in the hub still get the batch, and the next one."""
+    endpoint = EndpointFactory(slug="alices", owner=alice)
+    broken_app = failing_todo_sends(board_stream.BoardStreamConsumer.as_asgi())
+
+    async def scenario():
+        # Added to the hub in this order: the broken stream sits between two healthy ones.
+        before, broken, after = Stream(alice), Stream(alice, app=broken_app), Stream(alice)
+        for stream in (before, broken, after):
+            assert (await stream.open())["status"] == 200
+            await stream.next_event(kind="sync")
+        todo = await sync_to_async(create)(endpoint, "to everyone still listening")
+        for name, stream in (("before", before), ("after", after)):
+            assert await next_todo_id(stream, name) == str(todo.pk)
+        await expect_end_without_todo_events(broken)
+        # The hub goes on with the two healthy streams.
+        later = await sync_to_async(create)(endpoint, "the next batch")
+        for name, stream in (("before", before), ("after", after)):
+            assert await next_todo_id(stream, name) == str(later.pk)
+            await stream.close()
+
+    run(scenario)
+
+
+def test_a_failed_render_ends_every_board_stream_of_the_hub(alice, bob, monkeypatch):
+    """One render serves every stream of the process: when it fails, no stream can be given
+    the batch, so every one of them ends (each browser reconnects and re-syncs), whatever its
+    viewer or view."""
+    from django.db import OperationalError
+
+    endpoint = EndpointFactory(slug="alices", owner=alice)
+    EndpointFactory(slug="bobs", owner=bob)
+
+    def database_gone(*args, **kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    async def scenario():
+        streams = [Stream(alice), Stream(alice, query=b"queue=inbox"), Stream(bob)]
+        for stream in streams:
+            assert (await stream.open())["status"] == 200
+            await stream.next_event(kind="sync")
+        monkeypatch.setattr(board_stream, "render_batch", database_gone)
+        await sync_to_async(create)(endpoint, "cannot be shown")
+        for stream in streams:
+            await expect_end_without_todo_events(stream)
+
+    run(scenario)
+
+
 def test_a_burst_of_changes_to_one_todo_is_rendered_once(alice):
     endpoint = EndpointFactory(slug="alices", owner=alice)
     caller = transitions.Caller.operator(endpoint, "alice")
