@@ -1,5 +1,9 @@
+import threading
+import time
 from datetime import timedelta
 
+import pytest
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from tests.factories import credential_for
@@ -56,6 +60,151 @@ def test_stream_counts_left_by_a_crashed_process_are_zeroed(endpoint):
     assert StreamAttachment.objects.filter(host_id="dead").count() == 0
     # A stream held by a live process keeps an otherwise idle session from the idle expiry.
     assert McpSession.objects.get(pk=old.pk).terminated_at is None
+
+
+# -- the dead-host sweep racing a stalled process's renewal (real row locks, PostgreSQL) -------
+
+WAIT_SECONDS = 10
+
+
+class OnItsOwnConnection:
+    """``work()`` on a thread of its own, so on a database connection of its own (closed when
+    it ends); ``pid`` is that connection's backend, for ``wait_until_blocked``."""
+
+    def __init__(self, work):
+        self.pid, self.result, self.error = None, None, None
+        self.started, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(work,))
+        self.thread.start()
+        assert self.started.wait(WAIT_SECONDS)
+
+    def _run(self, work):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                self.pid = cursor.fetchone()[0]
+            self.started.set()
+            self.result = work()
+        except BaseException as exc:  # surfaced by join()
+            self.error = exc
+        finally:
+            self.started.set()
+            self.done.set()
+            connections.close_all()
+
+    def join(self):
+        self.thread.join(WAIT_SECONDS)
+        assert not self.thread.is_alive(), "hung"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def wait_until_blocked(worker, *, or_done=False) -> bool:
+    """Poll (with a deadline) until ``worker``'s connection waits on another one's lock. With
+    ``or_done``, a worker that finished without waiting ends the wait too (False)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [worker.pid])
+            if cursor.fetchone()[0]:
+                return True
+            if worker.done.is_set():
+                assert or_done, f"finished without waiting on a lock: {worker.error!r}"
+                return False
+            time.sleep(0.01)
+    raise AssertionError(f"backend {worker.pid} never waited on a lock")
+
+
+def stalled_host_with_a_stream(endpoint, host_id, lapsed):
+    """A process that attached a stream and then stalled: its host lease ran out at ``lapsed``
+    (the attach's own lease too), so the sweep takes it for dead."""
+    session = session_transitions.open_session(
+        endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25",
+        now=lapsed)
+    assert session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk,
+                                             host_id=host_id, now=lapsed) == "attached"
+    return session
+
+
+def hosts_and_attached_hosts():
+    """The host rows, and the hosts the attachment rows name: equal unless a sweep left a live
+    host without its attachments."""
+    return (set(StreamHost.objects.values_list("pk", flat=True)),
+            set(StreamAttachment.objects.values_list("host_id", flat=True)))
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'",
+                    reason="row locks are PostgreSQL's; SQLite's single writer serialises them")
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_in_flight_when_the_sweep_starts_keeps_its_host_and_attachments(endpoint):
+    """The stalled process's renewal has updated its host row but not committed when the
+    dead-host sweep starts: the sweep must wait for it (the row lock), see the renewed lease
+    and leave the host WITH its attachments, while still sweeping a host that is really dead.
+    A sweep that reads the dead hosts without locking them reads the lapsed lease and deletes
+    the host (and its attachments) after the renewal was told it renewed."""
+    lapsed = timezone.now() - queries.stream_lease() - timedelta(seconds=1)
+    stalled = stalled_host_with_a_stream(endpoint, "stalled", lapsed)
+    dead = stalled_host_with_a_stream(endpoint, "dead", lapsed)
+    renewed_uncommitted, commit = threading.Event(), threading.Event()
+
+    def renew_then_commit_late():
+        with transaction.atomic():
+            renewed = session_transitions.renew_stream_host(host_id="stalled")
+            renewed_uncommitted.set()
+            assert commit.wait(WAIT_SECONDS)
+        return renewed
+
+    renewer = OnItsOwnConnection(renew_then_commit_late)
+    try:
+        assert renewed_uncommitted.wait(WAIT_SECONDS)
+        sweeper = OnItsOwnConnection(session_transitions.reset_stale_stream_counts)
+        wait_until_blocked(sweeper)  # on the renewal's row lock
+    finally:
+        commit.set()
+    renewed = renewer.join()
+    sweeper.join()
+    assert (renewed, hosts_and_attached_hosts()) == (True, ({"stalled"}, {"stalled"}))
+    assert McpSession.objects.get(pk=stalled.pk).open_streams == 1  # its stream still counts
+    assert McpSession.objects.get(pk=dead.pk).open_streams == 0
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'",
+                    reason="row locks are PostgreSQL's; SQLite's single writer serialises them")
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_after_the_sweep_locked_the_dead_host_finds_it_gone(endpoint):
+    """The other order: the sweep has locked the dead host and is still deleting (held here by
+    another connection's lock on the host's attachment rows) when the stalled process renews.
+    The renewal must wait for the sweep and then learn that its host is gone (False: the
+    process closes its streams), never renew a host whose attachments are being deleted. The
+    old two statements let the renewal through: the attachments went, the renewed host stayed,
+    a live host whose streams stopped counting."""
+    lapsed = timezone.now() - queries.stream_lease() - timedelta(seconds=1)
+    stalled = stalled_host_with_a_stream(endpoint, "stalled", lapsed)
+    attachments_locked, release = threading.Event(), threading.Event()
+
+    def hold_the_attachments():
+        with transaction.atomic():
+            assert list(StreamAttachment.objects.select_for_update().filter(host_id="stalled"))
+            attachments_locked.set()
+            assert release.wait(WAIT_SECONDS)
+
+    holder = OnItsOwnConnection(hold_the_attachments)
+    try:
+        assert attachments_locked.wait(WAIT_SECONDS)
+        sweeper = OnItsOwnConnection(session_transitions.reset_stale_stream_counts)
+        wait_until_blocked(sweeper)  # deleting the attachments
+        # The heartbeat's renewal as production runs it: one statement, autocommit.
+        renewer = OnItsOwnConnection(
+            lambda: session_transitions.renew_stream_host(host_id="stalled"))
+        wait_until_blocked(renewer, or_done=True)
+    finally:
+        release.set()
+    holder.join()
+    sweeper.join()
+    renewed = renewer.join()
+    assert (renewed, hosts_and_attached_hosts()) == (False, (set(), set()))
+    assert McpSession.objects.get(pk=stalled.pk).open_streams == 0
 
 
 def test_a_stream_on_a_live_process_keeps_its_session_from_the_idle_expiry(endpoint, settings):
