@@ -249,13 +249,19 @@ _RECORD_FIELDS = ("webhook_id", "at", "outcome", "status", "delivery_id", "kind"
 # The ledger takes a fingerprint when nothing holds it, when its holder is past the replay
 # window, or (unless the source is timestamped) when the same delivery id comes again: a
 # sender's redelivery, which §4's idempotency then answers. Otherwise it returns no row.
+# (Over the held entry ``l`` and the ledger params; the new delivery id is %(delivery_id)s.)
+_LEDGER_TAKES_OVER = ("l.accepted_at < %(window_start)s"
+                      " OR (%(same_id_redelivers)s AND l.delivery_id = %(delivery_id)s)")
 _LEDGER_UPSERT = (
     f"INSERT INTO {_LEDGER} AS l (webhook_id, fingerprint, delivery_id, accepted_at,"
     " delivery_event_id) {source} ON CONFLICT (webhook_id, fingerprint) DO UPDATE SET"
     " delivery_id = EXCLUDED.delivery_id, accepted_at = EXCLUDED.accepted_at,"
-    " delivery_event_id = EXCLUDED.delivery_event_id"
-    " WHERE l.accepted_at < %(window_start)s"
-    " OR (%(same_id_redelivers)s AND l.delivery_id = EXCLUDED.delivery_id) RETURNING 1"
+    f" delivery_event_id = EXCLUDED.delivery_event_id WHERE {_LEDGER_TAKES_OVER} RETURNING 1"
+)
+# True when the ledger would refuse the fingerprint (``_LEDGER_UPSERT`` would return no row).
+_LEDGER_REFUSES_SQL = (
+    f"EXISTS (SELECT 1 FROM {_LEDGER} l WHERE l.webhook_id = %(webhook_id)s"
+    f" AND l.fingerprint = %(fingerprint)s AND NOT ({_LEDGER_TAKES_OVER}))"
 )
 _RECORD_COLUMNS = ", ".join(_RECORD_FIELDS)
 
@@ -272,12 +278,22 @@ def _record_values(event_ref: str) -> str:
     return ", ".join(names)
 
 
-def _arrival_ctes_postgres(with_ledger: bool) -> str:
+def _arrival_ctes_postgres(with_ledger: bool, only_if_sql: str = "") -> str:
     """``WITH event AS (…), ledger AS (…), record AS (…)``: the delivery event, the ledger
     entry (when ``with_ledger``) and the log record, which is written only when the ledger
-    took the fingerprint."""
+    took the fingerprint. With ``only_if_sql`` the event (and so everything that hangs on it)
+    is inserted only when that condition holds."""
     event_columns = ", ".join(_DELIVERY_EVENT_FIELDS)
-    event_values = ", ".join(f"%(e_{name})s" for name in _DELIVERY_EVENT_FIELDS)
+    if only_if_sql:
+        # INSERT … SELECT resolves a parameter's type in the select list, not from the
+        # column (None would be text): each one is cast to its column's type.
+        fields = [DeliveryEvent._meta.get_field(name) for name in _DELIVERY_EVENT_FIELDS]
+        typed = ", ".join(f"%(e_{name})s::{field.db_type(connection)}"
+                          for name, field in zip(_DELIVERY_EVENT_FIELDS, fields))
+        event_rows = f"SELECT {typed} WHERE {only_if_sql}"
+    else:
+        values = ", ".join(f"%(e_{name})s" for name in _DELIVERY_EVENT_FIELDS)
+        event_rows = f"VALUES ({values})"
     ledger = ""
     if with_ledger:
         ledger = ", ledger AS (" + _LEDGER_UPSERT.format(
@@ -285,7 +301,7 @@ def _arrival_ctes_postgres(with_ledger: bool) -> str:
                    " FROM event") + ")"
     return (
         f"WITH event AS (INSERT INTO {DeliveryEvent._meta.db_table} ({event_columns})"
-        f" VALUES ({event_values}) RETURNING id){ledger},"
+        f" {event_rows} RETURNING id){ledger},"
         f" record AS (INSERT INTO {_RECORD} ({_RECORD_COLUMNS})"
         f" SELECT {_record_values('event.id')} FROM event{_ledger_gate(with_ledger)} RETURNING id)"
     )
@@ -307,14 +323,20 @@ def _single_route_sql_postgres(with_ledger: bool) -> str:
     ``_arrival_sql_postgres``) and the todo with its create event (``todos.transitions``'
     own statement pieces), the todo only when the ledger took the fingerprint.
 
-    It must keep all or nothing, as the transaction it replaces did: when no todo was inserted
-    (the ledger refused, or a live todo holds the key) the last column divides by zero, so the
+    It must keep all or nothing, as the transaction it replaces did. When, as the statement
+    starts, a live todo already holds the key or the ledger holds the fingerprint against this
+    delivery (a redelivery, a replay: the ordinary ways to create nothing), it writes nothing
+    and returns no row. When that changes while it runs (an identical delivery committing at
+    the same moment), no todo is inserted and the last column divides by zero, so the
     statement fails and PostgreSQL undoes every row it wrote. ``(t.id IS NOT NULL)::int`` is a
     column, not a constant, so the planner cannot fold the division away."""
     todo = todo_transitions.create_todo_ctes(
         delivery_event_sql="event.id", source_sql="FROM event", where_sql=_ledger_gate(with_ledger))
     columns = ", ".join(f"t.{column}" for column in todo_transitions.todo_columns())
-    return (f"{_arrival_ctes_postgres(with_ledger)}, {todo}"
+    creates_nothing = todo_transitions.LIVE_KEY_HELD_SQL + (
+        f" OR {_LEDGER_REFUSES_SQL}" if with_ledger else "")
+    arrival = _arrival_ctes_postgres(with_ledger, only_if_sql=f"NOT ({creates_nothing})")
+    return (f"{arrival}, {todo}"
             f" SELECT {columns}, (SELECT id FROM record), 1 / (t.id IS NOT NULL)::int"
             " FROM event LEFT JOIN t ON true")
 
@@ -469,7 +491,9 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
     it was not: the ledger refused the fingerprint, or a live todo holds the key (a redelivery,
     or a concurrent identical delivery that won). The caller then takes the transaction path,
     which decides what happened exactly as it always has; so this path only ever answers
-    "accepted, created", and everything else keeps its one implementation."""
+    "accepted, created", and everything else keeps its one implementation. Only the race
+    makes the statement fail (PostgreSQL logs that ERROR); a plain redelivery or replay is
+    seen before anything is written."""
     params = _arrival_params(event_values=event_values, record_values=record_values,
                              ledger=ledger)
     params.update(todo_transitions.create_todo_params(
@@ -478,12 +502,14 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
         trust=trust, now=now, payload_storable=payload_storable))
     try:
         with _statement_scope():
-            (row,) = statements.fetch_rows(
-                _single_route_sql_postgres(ledger is not None), params)
+            rows = statements.fetch_rows(_single_route_sql_postgres(ledger is not None), params)
     except DataError as exc:
         if isinstance(exc.__cause__, psycopg.errors.DivisionByZero):
-            return None  # the statement's own guard: no todo, nothing kept
+            return None  # the statement's own guard (a race): no todo, nothing kept
         raise
+    if not rows:
+        return None  # a live todo holds the key or the ledger refuses: nothing written
+    (row,) = rows
     todo = todo_transitions.todo_from_row(row[:-2])
     record_id = row[-2]
     event = DeliveryEvent.from_db(connection.alias, ("id", *_DELIVERY_EVENT_FIELDS),

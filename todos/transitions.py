@@ -447,12 +447,21 @@ _CREATE_COLUMNS = (
     "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
     " trust, attempts, max_attempts, created_at, updated_at, ring_attempts"
 )
-# The conflict target names the partial index by its columns and predicate, spelled exactly as
-# the migration wrote it: SQLite matches the predicate textually.
+# Which todos hold their idempotency key (the partial unique index todo_live_idempotency_key).
+# The conflict target names that index by its columns and predicate, spelled exactly as the
+# migration wrote it: SQLite matches the predicate textually.
+_LIVE_KEY_PREDICATE = (
+    "\"idempotency_key\" IS NOT NULL AND (\"state\" IN ('pending', 'claimed') OR "
+    "(\"dead_lettered_at\" IS NULL AND \"state\" = 'failed'))"
+)
 _LIVE_KEY_CONFLICT = (
-    "ON CONFLICT (endpoint_id, idempotency_key) WHERE (\"idempotency_key\" IS NOT NULL AND "
-    "(\"state\" IN ('pending', 'claimed') OR (\"dead_lettered_at\" IS NULL AND "
-    "\"state\" = 'failed'))) DO NOTHING"
+    f"ON CONFLICT (endpoint_id, idempotency_key) WHERE ({_LIVE_KEY_PREDICATE}) DO NOTHING")
+# SQL over ``create_todo_params``: true when a live todo of the endpoint already holds the key,
+# so the create would insert nothing. For a statement that would rather not start writing
+# (ingest's one-statement delivery); the conflict clause stays what decides under a race.
+LIVE_KEY_HELD_SQL = (
+    "EXISTS (SELECT 1 FROM todos_todo WHERE endpoint_id = %(endpoint_id)s"
+    f" AND idempotency_key = %(key)s AND {_LIVE_KEY_PREDICATE})"
 )
 _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detail"
 

@@ -4,12 +4,16 @@ outside the test transaction (``transaction=True``), as production does, and rac
 on their own connections: whatever the statement cannot decide on its own (a duplicate, a
 replay) it leaves to the transaction path, with nothing of its own kept."""
 
+import contextlib
+import re
+import tempfile
 import threading
 from collections import Counter
 
 import psycopg
 import pytest
 from django.db import connection, connections
+from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
 
 from channels_push import publish
@@ -123,6 +127,69 @@ def test_a_redelivery_falls_back_and_keeps_nothing_of_the_failed_statement(make_
     assert ReplayLedgerEntry.objects.count() == 1
     assert sorted(DeliveryRecord.objects.values_list("outcome", flat=True)) == [
         "accepted", "duplicate"]
+
+
+@contextlib.contextmanager
+def errors_answered_by_postgresql():
+    """The SQLSTATE of every error PostgreSQL answered to the connections this thread checks
+    out while the block runs: what PostgreSQL's own log records as ERROR lines. Read from
+    libpq's trace of each connection's protocol (one file each: libpq buffers its writes)."""
+    traces, errors = [], []
+
+    def trace(sender, connection, **kwargs):
+        trace_file = tempfile.TemporaryFile()
+        pgconn = connection.connection.pgconn
+        pgconn.trace(trace_file.fileno())
+        traces.append((pgconn, trace_file))
+
+    connection.close()  # each request checks a connection out of the pool: traced from here
+    connection_created.connect(trace)
+    try:
+        yield errors
+    finally:
+        connection_created.disconnect(trace)
+        for pgconn, trace_file in traces:
+            pgconn.untrace()  # flushes the trace
+            trace_file.seek(0)
+            errors += re.findall(r'\tErrorResponse\t.* C "(\w+)"',
+                                 trace_file.read().decode(errors="replace"))
+            trace_file.close()
+        connection.close()
+
+
+def test_the_error_trace_sees_what_postgresql_refuses(make_webhook):
+    # The helper below is what the next test stands on: it must see an ERROR when there is one.
+    with errors_answered_by_postgresql() as errors:
+        with pytest.raises(Exception), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+    assert errors == ["22012"]
+
+
+@pytest.mark.parametrize("source", ["github", "stripe"])
+def test_a_redelivery_or_a_replay_is_seen_before_anything_is_written(make_webhook, source):
+    """A sender's redelivery (its todo still live) and a replay (the fingerprint held under
+    another delivery id), or an exact repeat of a timestamped delivery, are the ordinary ways
+    a delivery creates nothing. The statement sees them as it starts and writes nothing, so
+    no statement fails: PostgreSQL logs no ERROR (the fallback's division by zero is for the
+    race alone, above) and nothing is written twice."""
+    webhook = make_webhook(source)
+    body = signing.body_of(ISSUE)
+    if source == "github":
+        first_meta = signing.github(SECRETS["github"], body, delivery="d-1")
+        repeats = [(first_meta, 202), (signing.github(SECRETS["github"], body, delivery="d-2"), 409)]
+    else:
+        first_meta = signing.stripe(SECRETS["stripe"], body)
+        repeats = [(first_meta, 202)]  # the same signed request again: a duplicate
+    first = post_hook(webhook.slug, body, first_meta)
+    assert first.status_code == 202
+    with errors_answered_by_postgresql() as errors:
+        answers = [post_hook(webhook.slug, body, meta) for meta, _ in repeats]
+    assert [answer.status_code for answer in answers] == [status for _, status in repeats]
+    assert answers[0].json()["todos"] == [{**first.json()["todos"][0], "duplicate": True}]
+    assert errors == []
+    assert Todo.objects.count() == 1 and TodoEvent.objects.count() == 1
+    assert DeliveryEvent.objects.count() == 1
+    assert ReplayLedgerEntry.objects.count() == 1
 
 
 def test_concurrent_identical_deliveries_make_exactly_one_todo(make_webhook):
