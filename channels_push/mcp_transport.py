@@ -378,9 +378,11 @@ def open_stream(request: plain_http.Request, heartbeat: StreamHeartbeat | None =
     session_id = request.header("mcp-session-id")
     if not session_id:
         return _fault(400, "Bad Request: Mcp-Session-Id header is required")
+    # Read once: the heartbeat may take a new host id at any moment (``lapsed``), and the
+    # attachment and the answer must name the same one.
+    host_id = heartbeat.host_id if heartbeat is not None else None
     attached = SESSION_ID_RE.match(session_id) and session_transitions.attach_stream(
-        endpoint=endpoint, session_id=session_id,
-        host_id=heartbeat.host_id if heartbeat is not None else None)
+        endpoint=endpoint, session_id=session_id, host_id=host_id)
     if attached == "full":
         # Refused rather than closing the oldest: a client that reconnects in a loop must not
         # knock out its own working stream (CONTRACT §12 cap; README "Security model").
@@ -390,7 +392,7 @@ def open_stream(request: plain_http.Request, heartbeat: StreamHeartbeat | None =
     if not attached:
         return _fault(404, "Not Found: unknown or terminated session")
     return Answer(200, stream_session=session_id, stream_endpoint_id=endpoint.pk,
-                  stream_host=heartbeat.host_id if heartbeat is not None else None)
+                  stream_host=host_id)
 
 
 def transport_backlog_bytes(send) -> int | None:
@@ -530,6 +532,12 @@ class McpEndpoint:
         # reader rejoins and updates it, the finally below leaves with whatever it holds.
         membership = {"channel": None}
         held = self.heartbeat.hold(session_id)
+        if answer.stream_host != self.heartbeat.host_id:
+            # The host lease lapsed between the attach (recorded on the old host id, which
+            # nothing renews any more) and this hold, so ``lapsed`` could not close it: close
+            # it now, as it would have. Its client reconnects under the new host id; the
+            # finally below detaches the old attachment.
+            held.ended.set()
         try:
             # Redis down: serve keep-alives and let the reader keep trying to join.
             membership["channel"] = await group_reader.join_groups(

@@ -203,3 +203,43 @@ def test_a_stream_whose_detach_failed_gives_up_its_process_host(mcp, monkeypatch
 
     host_before = async_to_sync(scenario)()
     assert endpoint.heartbeat.host_id != host_before
+
+
+def test_a_stream_attached_under_a_host_id_that_lapsed_before_it_was_held_closes(mcp, monkeypatch):
+    """The process's host lease can lapse between a stream's attach (recorded on the host id of
+    that moment) and the moment the stream is held, where ``lapsed`` cannot see it to close it.
+    Left open, it would count as open only until the old host's row, which nothing renews any
+    more, is swept: a live stream doorbells then skip. It closes at once instead (its client
+    reconnects under the new host id), and its attachment goes with it."""
+    from channels_push import transitions as session_transitions
+    from channels_push.models import StreamAttachment
+
+    mcp.initialize()
+    endpoint = mcp_transport.McpEndpoint(keepalive_seconds=KEEPALIVE_SECONDS,
+                                         thread_sensitive=True)
+    own_app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, endpoint)])
+    attach = session_transitions.attach_stream
+
+    def attach_then_lapse(**kwargs):
+        attached = attach(**kwargs)
+        endpoint.heartbeat.lapsed("the lease ran out while a stream attached")
+        # Another stream attaching meanwhile creates the new host's row, which the heartbeat
+        # then renews: nothing else would close this stream.
+        session_transitions.register_stream_host(host_id=endpoint.heartbeat.host_id)
+        return attached
+
+    monkeypatch.setattr(session_transitions, "attach_stream", attach_then_lapse)
+
+    async def scenario():
+        communicator = ApplicationCommunicator(own_app, stream_scope(mcp))
+        await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
+        assert (await communicator.receive_output(timeout=5))["status"] == 200
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + KEEPALIVE_SECONDS * 10
+        while (await next_body(communicator)).get("more_body"):  # the opening comment
+            assert loop.time() < deadline, "the stream stayed open"
+        await communicator.wait(timeout=5)
+
+    async_to_sync(scenario)()
+    assert open_streams(mcp.session_id) == 0
+    assert not StreamAttachment.objects.filter(session_id=mcp.session_id).exists()
