@@ -38,6 +38,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 # Run as a script, this file's directory comes first on sys.path, and this file is named
@@ -140,7 +141,29 @@ def mcp_worker(url: str, slug: str, credential: str, start_at: float, results):
             cpu_seconds = time.process_time() - cpu_started
         return cycles, latencies, finished, cpu_seconds
 
-    results.put(asyncio.run(loop()))
+    _report(results, loop)
+
+
+def _report(results, loop) -> None:
+    """Run a client process's ``loop`` and put its outcome on ``results``, or the traceback
+    when it failed: the parent must not wait out its timeout for a client that is gone."""
+    try:
+        results.put(asyncio.run(loop()))
+    except BaseException:
+        results.put(("failed", traceback.format_exc()))
+        raise
+
+
+def collect(results, count: int) -> list:
+    """``count`` outcomes from the client processes; the first failure ends the run with the
+    client's traceback."""
+    outcomes = []
+    for _ in range(count):
+        outcome = results.get(timeout=600)
+        if outcome[0] == "failed":
+            raise RuntimeError(f"an SDK client process failed:\n{outcome[1]}")
+        outcomes.append(outcome)
+    return outcomes
 
 
 def reference_worker(url: str, calls: int, start_at: float, results):
@@ -160,7 +183,7 @@ def reference_worker(url: str, calls: int, start_at: float, results):
                 latencies.append(time.perf_counter() - t0)
         return len(latencies), latencies, time.time(), 0.0
 
-    results.put(asyncio.run(loop()))
+    _report(results, loop)
 
 
 def run_reference(calls_per_client: int, clients: int, *, on_daphne: bool = False):
@@ -201,7 +224,7 @@ def run_reference(calls_per_client: int, clients: int, *, on_daphne: bool = Fals
             worker.start()
         time.sleep(max(0.0, start_at - time.time()))
         cpu = process_cpu_seconds(process.pid)
-        outcomes = [results.get(timeout=600) for _ in workers]
+        outcomes = collect(results, len(workers))
         cpu = process_cpu_seconds(process.pid) - cpu
         for worker in workers:
             worker.join()
@@ -245,7 +268,7 @@ def run_mcp(server_url, endpoint, credential, clients: int):
                  for _ in range(clients)]
     for process in processes:
         process.start()
-    outcomes = [results.get(timeout=600) for _ in processes]
+    outcomes = collect(results, len(processes))
     for process in processes:
         process.join()
     cycles = sum(o[0] for o in outcomes)
