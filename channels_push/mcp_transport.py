@@ -547,11 +547,18 @@ class McpEndpoint:
             # both paths (it may be counted by both: doorbells are at-least-once); before the
             # opening comment, so a client that sees the stream open knows the reconnect
             # summary is already behind it.
-            try:
-                frames = await self._sync(ring_reconnected_stream)(endpoint_id, session_id)
-            except Exception:
-                log.exception("mcp reconnect rings failed", extra={"session": session_id[:8]})
+            if held.ended.is_set():
+                # Ending already (a lapsed host, above): the rings belong to the stream its
+                # client opens next. Ringing here would spend them (the digest cooldown) on
+                # frames this stream never sends.
                 frames = []
+            else:
+                try:
+                    frames = await self._sync(ring_reconnected_stream)(endpoint_id, session_id)
+                except Exception:
+                    log.exception("mcp reconnect rings failed",
+                                  extra={"session": session_id[:8]})
+                    frames = []
             for params, context in frames:
                 offer_frame(buffer, mcp_framing.notification_envelope(
                     CHANNEL_METHOD, params), context)

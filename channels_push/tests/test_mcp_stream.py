@@ -209,23 +209,30 @@ def test_a_stream_attached_under_a_host_id_that_lapsed_before_it_was_held_closes
     """The process's host lease can lapse between a stream's attach (recorded on the host id of
     that moment) and the moment the stream is held, where ``lapsed`` cannot see it to close it.
     Left open, it would count as open only until the old host's row, which nothing renews any
-    more, is swept: a live stream doorbells then skip. It closes at once instead (its client
-    reconnects under the new host id), and its attachment goes with it."""
+    more, is swept: a live stream doorbells then skip. It closes at once instead, with its
+    attachment, and without spending the reconnect digest: the stream its client opens next,
+    under the new host id, gets it."""
     from channels_push import transitions as session_transitions
     from channels_push.models import StreamAttachment
+    from channels_push.tests.conftest import make_ready_todo
+    from channels_push.tests.test_doorbell_delivery import close, next_doorbell
+    from channels_push.tests.test_doorbell_delivery import open_stream as open_doorbell_stream
 
     mcp.initialize()
+    make_ready_todo(mcp.endpoint)
     endpoint = mcp_transport.McpEndpoint(keepalive_seconds=KEEPALIVE_SECONDS,
                                          thread_sensitive=True)
     own_app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, endpoint)])
     attach = session_transitions.attach_stream
+    lapses = [True]  # the first attach only
 
     def attach_then_lapse(**kwargs):
         attached = attach(**kwargs)
-        endpoint.heartbeat.lapsed("the lease ran out while a stream attached")
-        # Another stream attaching meanwhile creates the new host's row, which the heartbeat
-        # then renews: nothing else would close this stream.
-        session_transitions.register_stream_host(host_id=endpoint.heartbeat.host_id)
+        if lapses and lapses.pop():
+            endpoint.heartbeat.lapsed("the lease ran out while a stream attached")
+            # Another stream attaching meanwhile creates the new host's row, which the
+            # heartbeat then renews: nothing else would close this stream.
+            session_transitions.register_stream_host(host_id=endpoint.heartbeat.host_id)
         return attached
 
     monkeypatch.setattr(session_transitions, "attach_stream", attach_then_lapse)
@@ -236,10 +243,17 @@ def test_a_stream_attached_under_a_host_id_that_lapsed_before_it_was_held_closes
         assert (await communicator.receive_output(timeout=5))["status"] == 200
         loop = asyncio.get_running_loop()
         deadline = loop.time() + KEEPALIVE_SECONDS * 10
-        while (await next_body(communicator)).get("more_body"):  # the opening comment
+        while (body := await next_body(communicator)).get("more_body"):  # the opening comment
+            assert b"data: " not in body["body"], "a doorbell on the stream that is closing"
             assert loop.time() < deadline, "the stream stayed open"
         await communicator.wait(timeout=5)
+        assert await wait_for_open_streams(mcp.session_id, 0) == 0
+        assert not await database_sync_to_async(
+            StreamAttachment.objects.filter(session_id=mcp.session_id).exists)()
+        # The client reconnects under the new host id: the reconnect digest is its.
+        stream = await open_doorbell_stream(mcp, application=own_app)
+        digest = await asyncio.wait_for(next_doorbell(stream), timeout=5)  # keep-alives between
+        assert (digest["meta"]["kind"], digest["meta"]["reason"]) == ("digest", "reconnect")
+        await close(stream)
 
     async_to_sync(scenario)()
-    assert open_streams(mcp.session_id) == 0
-    assert not StreamAttachment.objects.filter(session_id=mcp.session_id).exists()
