@@ -9,7 +9,7 @@ Throughput: claim_next + complete cycles per second with 1, 4 and 8 worker proce
   (b) the bare single-statement SQL floor with psycopg and no Django (claim = one
       UPDATE … (SELECT … FOR UPDATE SKIP LOCKED) RETURNING; complete = one UPDATE; no audit),
   (c) Procrastinate, the closest peer a Django user would pick, draining no-op jobs,
-  (d) a diagnostic: switchboard's own audited statements with plain psycopg, no Django (d/b is
+  (d) switchboard's own audited statements with plain psycopg, no Django (d/b is
       the ceiling for any Python implementation of them here; see audited_sql_worker).
 Rounds interleave a, b, c, d so machine noise hits all alike; the median round counts. Each row
 also gives PostgreSQL's CPU per cycle (the workers' backends, from /proc) and the worker
@@ -217,7 +217,7 @@ def bare_worker(ready, start, done_queue, release):
     drain_with_psycopg(ready, start, done_queue, release, bare_cycle)
 
 
-# (d) a diagnostic, not part of the targets: switchboard's own claim_next and complete statements
+# (d) the floor of target 1 (a/d): switchboard's own claim_next and complete statements
 # (as todos/transitions.py sends them on PostgreSQL: the four-queue LATERAL claim, the audit
 # event in the same statement, the whole row returned, prepared) run with plain psycopg and no
 # Django. d/b is the most any Python implementation of these audited statements can reach on
@@ -279,8 +279,9 @@ AUDITED_VARIANTS = {
         AUDITED_COMPLETE),
     "no audit events (the two todo-event inserts)": (
         _without(AUDITED_CLAIM, _EVENT_CTE),
+        # complete's event CTE only: the secrets cleanup after it stays (its own row below).
         _without(AUDITED_COMPLETE, AUDITED_COMPLETE[AUDITED_COMPLETE.index(", e AS ("):
-                                                    AUDITED_COMPLETE.index(" SELECT * FROM t")])),
+                                                    AUDITED_COMPLETE.index(", d0 AS (")])),
     "no operator-secrets cleanup in complete": (
         AUDITED_CLAIM, _without(AUDITED_COMPLETE, _SECRETS_CLEANUP)),
 }
