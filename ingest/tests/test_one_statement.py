@@ -8,6 +8,7 @@ import contextlib
 import re
 import tempfile
 import threading
+import time
 from collections import Counter
 
 import psycopg
@@ -15,9 +16,12 @@ import pytest
 from django.db import connection, connections
 from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from channels_push import publish
+from ingest import transitions
 from ingest.models import DeliveryEvent, DeliveryRecord, ReplayLedgerEntry
+from todos import transitions as todo_transitions
 from todos.models import Todo, TodoEvent
 
 from . import signing
@@ -113,15 +117,15 @@ def test_the_todo_is_announced_only_once_another_connection_can_read_it(make_web
     assert seen == [("create", 1)]
 
 
-def test_a_redelivery_falls_back_and_keeps_nothing_of_the_failed_statement(make_webhook):
+def test_a_redelivery_falls_back_and_keeps_nothing_of_its_own(make_webhook):
     webhook = make_webhook("github")
     body = signing.body_of(ISSUE)
     first = github_post(webhook, body, "d-1")
     again = github_post(webhook, body, "d-1")
     assert again.status_code == 202
     assert again.json()["todos"] == [{**first.json()["todos"][0], "duplicate": True}]
-    # The statement that found the key taken rolled back whole; the transaction path then
-    # answered the duplicate and kept only its log line.
+    # The statement saw the key taken and wrote nothing; the transaction path then answered
+    # the duplicate and kept only its log line.
     assert Todo.objects.count() == 1 and TodoEvent.objects.count() == 1
     assert DeliveryEvent.objects.count() == 1
     assert ReplayLedgerEntry.objects.count() == 1
@@ -190,6 +194,55 @@ def test_a_redelivery_or_a_replay_is_seen_before_anything_is_written(make_webhoo
     assert Todo.objects.count() == 1 and TodoEvent.objects.count() == 1
     assert DeliveryEvent.objects.count() == 1
     assert ReplayLedgerEntry.objects.count() == 1
+
+
+def test_a_key_taken_while_the_statement_runs_fails_it_and_nothing_of_it_is_kept(make_webhook,
+                                                                                endpoint):
+    """The race the statement cannot see as it starts: another delivery's todo holds the key,
+    inserted but not yet committed. The statement passes its gate, waits on that row at its
+    ON CONFLICT, inserts no todo once the other commits, and divides by zero on purpose:
+    PostgreSQL undoes every row it wrote, and the transaction path answers the duplicate."""
+    webhook = make_webhook("github")
+    body = signing.body_of(ISSUE)
+    key = transitions.idempotency_key_for(webhook, "d-1", transitions.body_digest(body))
+    params = todo_transitions.create_todo_params(
+        endpoint=endpoint, queue="inbox", title="the other delivery", actor="test",
+        idempotency_key=key, trust="signed", now=timezone.now())
+    settings_dict = connection.settings_dict
+    other = psycopg.connect(dbname=settings_dict["NAME"], user=settings_dict["USER"],
+                            password=settings_dict["PASSWORD"], host=settings_dict["HOST"],
+                            port=settings_dict["PORT"] or None)
+    try:
+        (held_id,) = other.execute(
+            f"WITH {todo_transitions.create_todo_ctes()} SELECT id FROM t", params).fetchone()
+        with errors_answered_by_postgresql() as errors:
+            answers = []
+            delivery = threading.Thread(
+                target=lambda: answers.append(github_post(webhook, body, "d-1")))
+            delivery.start()
+            deadline = time.monotonic() + 10
+            with connection.cursor() as cursor:
+                while True:  # until the delivery's statement waits on the held row
+                    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
+                                   " current_database() AND wait_event_type = 'Lock'")
+                    if cursor.fetchone()[0]:
+                        break
+                    assert time.monotonic() < deadline and delivery.is_alive(), \
+                        "the delivery never waited on the held key"
+                    time.sleep(0.01)
+            other.commit()
+            delivery.join(30)
+            assert not delivery.is_alive(), "the delivery hung"
+    finally:
+        other.close()
+    assert errors == ["22012"]  # the statement's own guard, once
+    [answer] = answers
+    assert answer.status_code == 202
+    assert answer.json()["todos"] == [{"id": str(held_id), "endpoint": endpoint.slug,
+                                       "queue": "inbox", "duplicate": True}]
+    assert list(Todo.objects.values_list("pk", flat=True)) == [held_id]
+    assert DeliveryEvent.objects.count() == 0 and ReplayLedgerEntry.objects.count() == 0
+    assert list(DeliveryRecord.objects.values_list("outcome", flat=True)) == ["duplicate"]
 
 
 def test_concurrent_identical_deliveries_make_exactly_one_todo(make_webhook):
