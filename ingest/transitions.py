@@ -21,7 +21,7 @@ from datetime import timedelta
 import psycopg
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import DataError, connection, transaction
+from django.db import DataError, connection, models, transaction
 from django.utils import timezone
 
 from channels_push import publish
@@ -286,10 +286,14 @@ def _arrival_ctes_postgres(with_ledger: bool, only_if_sql: str = "") -> str:
     event_columns = ", ".join(_DELIVERY_EVENT_FIELDS)
     if only_if_sql:
         # INSERT … SELECT resolves a parameter's type in the select list, not from the
-        # column (None would be text): each one is cast to its column's type.
+        # column (None would be text): each one is cast to its column's type. Strings to
+        # plain text: an explicit ::varchar(n) would cut a long value silently, where the
+        # insert's own assignment to the column refuses it as VALUES does.
         fields = [DeliveryEvent._meta.get_field(name) for name in _DELIVERY_EVENT_FIELDS]
-        typed = ", ".join(f"%(e_{name})s::{field.db_type(connection)}"
-                          for name, field in zip(_DELIVERY_EVENT_FIELDS, fields))
+        typed = ", ".join(
+            f"%(e_{name})s::"
+            f"{'text' if isinstance(field, models.CharField) else field.db_type(connection)}"
+            for name, field in zip(_DELIVERY_EVENT_FIELDS, fields))
         event_rows = f"SELECT {typed} WHERE {only_if_sql}"
     else:
         values = ", ".join(f"%(e_{name})s" for name in _DELIVERY_EVENT_FIELDS)
