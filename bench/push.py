@@ -23,8 +23,9 @@ the clock runs from the webhook's 202 to the claim's answer naming that todo.
 With ``--waiters N`` (postgres+redis only; issue 17 item 7), N long polls wait at once on one
 daphne whose connection pool is capped at 2 (``DATABASE_POOL_MAX_SIZE=2``: waiting needs none),
 the database connections that process holds are counted in ``pg_stat_activity`` while they
-wait, and the webhook 202 → claim latency is measured with all N parked (each claimed waiter
-polls again at once). Targets: ≤ 2 connections, p99 < 150 ms.
+wait, and the webhook POST → claim latency (the target's clock; 202 → claim beside it) is
+measured with all N parked (each claimed waiter polls again at once). Targets: ≤ 2
+connections, POST → claim p99 < 150 ms.
 
 A benchmark, not a test: nothing here asserts a speed, and a shared machine makes the tail noisy.
 """
@@ -162,7 +163,8 @@ async def measure_long_poll(base_url, slug, credential, hook_slug, deliveries, w
 
 async def measure_many_waiters(base_url, slug, credential, hook_slug, waiters, deliveries,
                                count_connections):
-    """``waiters`` long polls parked at once; connections counted; webhook 202 → claim."""
+    """``waiters`` long polls parked at once; connections counted; webhook POST → claim (the
+    target's clock) and 202 → claim."""
     import httpx
 
     from tests.long_poll_client import long_poll, open_session
@@ -191,9 +193,10 @@ async def measure_many_waiters(base_url, slug, credential, hook_slug, waiters, d
         try:
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ready)), 120)
             connections = await asyncio.to_thread(count_connections)
-            from_202 = []
+            from_post, from_202 = [], []
             for number in range(1, deliveries + 1):
                 body, hook_headers = signed_delivery(200_000 + number)
+                posted = time.perf_counter()
                 answer = await http.post(f"{base_url}/hooks/{hook_slug}", content=body,
                                          headers=hook_headers)
                 accepted = time.perf_counter()
@@ -201,13 +204,14 @@ async def measure_many_waiters(base_url, slug, credential, hook_slug, waiters, d
                 deadline = accepted + 30
                 while todo_id not in answered and time.perf_counter() < deadline:
                     await asyncio.sleep(0.001)  # the claim's answer lands in ``answered``
+                from_post.append(answered.get(todo_id, deadline) - posted)
                 from_202.append(answered.get(todo_id, deadline) - accepted)
                 await asyncio.sleep(0.02)  # let the claimed waiter park again
             connections_after = await asyncio.to_thread(count_connections)
         finally:
             for task in agents:
                 task.cancel()
-    return from_202, max(connections, connections_after)
+    return from_post, from_202, max(connections, connections_after)
 
 
 def percentile(values, fraction):
@@ -281,7 +285,8 @@ def child(mode: str, deliveries: int, warmup: int, waiters: int):
 
         url, server = start_server(mode, {"PGAPPNAME": app_name, "DATABASE_POOL_MAX_SIZE": "2"})
         try:
-            result["many_from_202"], result["many_connections"] = asyncio.run(
+            (result["many_from_post"], result["many_from_202"],
+             result["many_connections"]) = asyncio.run(
                 measure_many_waiters(url, *prepare(run_id, "many"), waiters,
                                      max(50, deliveries // 4), count_connections))
         finally:
@@ -339,16 +344,16 @@ def main():
     print("  target: p99 < 100 ms on loopback (doorbell)")
     many = results.get("postgres+redis", {})
     if many.get("waiters"):
-        after_202 = many["many_from_202"]
+        after_post, after_202 = many["many_from_post"], many["many_from_202"]
         # The pool is capped at 2 on purpose: what is shown is that 500 waiters work within
         # it (no connection held while waiting) at the latency below, read from
         # pg_stat_activity; the count alone could not exceed the cap.
         print(f"  postgres+redis  {many['waiters']} long polls parked on one process whose pool "
               f"is capped at 2: {many['many_connections']} database connections held;  "
-              f"202 → claim answered "
-              f"({len(after_202)} webhooks): p50 {ms(after_202, .5)}  p99 {ms(after_202, .99)}  "
-              f"max {max(after_202) * 1000:6.1f} ms")
-        print("  targets (issue 17 item 7): ≤ 2 connections, p99 < 150 ms")
+              f"POST → claim answered ({len(after_post)} webhooks): p50 {ms(after_post, .5)}  "
+              f"p99 {ms(after_post, .99)}  max {max(after_post) * 1000:6.1f} ms;  202 → claim: "
+              f"p50 {ms(after_202, .5)}  p99 {ms(after_202, .99)}")
+        print("  targets (issue 17 item 7): ≤ 2 connections, POST → claim p99 < 150 ms")
 
 
 if __name__ == "__main__":
