@@ -128,3 +128,42 @@ def start_daphne(django_db_setup):
     yield start
     for server in servers:
         server.stop()
+
+
+# The flush after a transactional test truncates every table in one statement, locking them in
+# turn, while a server that outlives the test may still be finishing the test's last requests:
+# a stream the client just closed is detached in a transaction that touches the attachment,
+# then the session, the reverse of the flush's order, and PostgreSQL aborts one side as a
+# deadlock (seen as a failed flush at teardown). Waiting until no other backend of the test
+# database is inside a transaction lets that work end first. The product's lock order stays as
+# it is: the dead-host sweep takes attachments before sessions too, and a detach in the
+# flush's order could deadlock with it instead.
+QUIET_POLLS = 3
+QUIET_POLL_SECONDS = 0.02
+QUIET_DEADLINE_SECONDS = 5.0
+
+
+def wait_until_other_transactions_end() -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    quiet, deadline = 0, time.monotonic() + QUIET_DEADLINE_SECONDS
+    while quiet < QUIET_POLLS and time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                           " AND pid <> pg_backend_pid() AND xact_start IS NOT NULL")
+            busy = cursor.fetchone()[0]
+        quiet = 0 if busy else quiet + 1
+        time.sleep(QUIET_POLL_SECONDS)  # poll interval, bounded by the deadline above
+
+
+@pytest.fixture(autouse=True)
+def servers_quiet_before_flush(request):
+    uses_server = bool({"daphne_server", "start_daphne"} & set(request.fixturenames))
+    if uses_server:
+        # Set up first, so this fixture's teardown runs before the database helper's flush.
+        request.getfixturevalue("_django_db_helper")
+    yield
+    if uses_server:
+        wait_until_other_transactions_end()
