@@ -3,10 +3,16 @@
 psycopg's pool can test a connection each time it hands one out (``ConnectionPool.
 check_connection``: an empty query). switchboard checks a connection out and back in on every
 request's thread hop, so that cost one round trip to PostgreSQL per request (~90 µs of the web
-process's CPU, profiled on /mcp). A connection that came back to the pool moments ago and whose
-socket has nothing to read is as good as the check would say: a PostgreSQL that restarted or
+process's CPU, profiled on /mcp). A connection that was handed out moments ago and whose socket
+has nothing to read is as good as the check would say: a PostgreSQL that restarted or
 terminated the backend has sent its goodbye and closed the socket, which makes it readable. Such
 a connection is handed out as is; any other gets the full check.
+
+The moment is noted here, as the check passes, not by the pool's ``reset`` callback as the
+connection comes back: with any ``reset`` callback psycopg's pool returns every connection
+through its worker thread (a queue, a wake-up and a thread switch per request: ~0.1 ms of the
+hook's CPU in loaded daphne, bench/ingest.py), where without one the returning thread puts it
+back itself. Timed from the hand-out, a connection held for a while earns less trust, never more.
 """
 
 import select
@@ -15,28 +21,23 @@ import weakref
 
 from psycopg_pool import ConnectionPool
 
-# How long after its return a quiet connection is trusted without the empty query. Short, so a
-# silent network fault (no goodbye) is still found on the next request after a pause.
-TRUSTED_AFTER_RETURN_SECONDS = 5.0
+# How long after it was last handed out a quiet connection is trusted without the empty query.
+# Short, so a silent network fault (no goodbye) is still found on the next request after a pause.
+TRUSTED_AFTER_HAND_OUT_SECONDS = 5.0
 
-_returned_at: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def note_returned(connection) -> None:
-    """The pool's ``reset`` callback: runs as a connection comes back (it stays idle)."""
-    _returned_at[connection] = time.monotonic()
-
+_handed_out_at: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 _empty_query_check = ConnectionPool.check_connection
 
 
 def check_pooled_connection(connection) -> None:
     """The pool's ``check`` callback: return quietly for a usable connection, else raise."""
-    returned = _returned_at.get(connection)
-    if (returned is not None and time.monotonic() - returned < TRUSTED_AFTER_RETURN_SECONDS
+    now = time.monotonic()
+    handed_out = _handed_out_at.get(connection)
+    if not (handed_out is not None and now - handed_out < TRUSTED_AFTER_HAND_OUT_SECONDS
             and not connection.closed and _socket_quiet(connection)):
-        return
-    _empty_query_check(connection)
+        _empty_query_check(connection)
+    _handed_out_at[connection] = now
 
 
 def install_check() -> None:

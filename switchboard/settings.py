@@ -288,14 +288,14 @@ else:
             # after 5 s instead of at once — the price of pooling; Celery's prefork fixup
             # closes the inherited pool in each child).
             "min_size": min(2, _pool_max), "max_size": _pool_max, "timeout": 5,
-            # Notes when a connection came back, for db_pool's check below.
-            "reset": db_pool.note_returned,
+            # No ``reset`` callback: with one, every return goes through the pool's worker
+            # thread (switchboard/db_pool.py says why that matters).
         }
         # With a pool, Django passes ConnectionPool.check_connection on as the pool's check: a
         # connection is tested when it is handed out. Without it, a restarted PostgreSQL
         # leaves every pooled connection dead and each one fails one request before the pool
         # drops it (system suite). db_pool's version spares the round trip for a connection
-        # returned moments ago whose socket is quiet.
+        # handed out moments ago whose socket is quiet.
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
         db_pool.install_check()
     else:

@@ -1,5 +1,6 @@
-"""switchboard/db_pool.py: the pool's check trusts a connection returned moments ago whose
-socket is quiet, and tests every other one (a terminated backend is never handed out)."""
+"""switchboard/db_pool.py: the pool's check trusts a connection handed out moments ago whose
+socket is quiet, and tests every other one (a terminated backend is never handed out); a
+connection comes back to the pool in the returning thread."""
 
 import time
 
@@ -30,25 +31,24 @@ def full_checks(monkeypatch):
     return calls
 
 
-def test_a_connection_just_returned_and_quiet_is_handed_out_without_a_query(raw_connection,
-                                                                              full_checks):
-    db_pool.note_returned(raw_connection)
+def test_a_connection_handed_out_moments_ago_and_quiet_is_handed_out_without_a_query(
+        raw_connection, full_checks):
+    db_pool.check_pooled_connection(raw_connection)  # never handed out: checked
     db_pool.check_pooled_connection(raw_connection)
-    assert full_checks == []
+    assert full_checks == [raw_connection]
 
 
-def test_a_connection_returned_long_ago_or_never_gets_the_full_check(raw_connection, full_checks,
-                                                                     monkeypatch):
-    db_pool.check_pooled_connection(raw_connection)  # never returned: checked
-    db_pool.note_returned(raw_connection)
-    later = time.monotonic() + db_pool.TRUSTED_AFTER_RETURN_SECONDS + 1
+def test_a_connection_handed_out_long_ago_gets_the_full_check(raw_connection, full_checks,
+                                                              monkeypatch):
+    db_pool.check_pooled_connection(raw_connection)
+    later = time.monotonic() + db_pool.TRUSTED_AFTER_HAND_OUT_SECONDS + 1
     monkeypatch.setattr(db_pool.time, "monotonic", lambda: later)
     db_pool.check_pooled_connection(raw_connection)
     assert full_checks == [raw_connection, raw_connection]
 
 
-def test_a_terminated_backend_is_refused_even_just_after_its_return(raw_connection):
-    db_pool.note_returned(raw_connection)
+def test_a_terminated_backend_is_refused_even_just_after_a_hand_out(raw_connection):
+    db_pool.check_pooled_connection(raw_connection)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [raw_connection.info.backend_pid])
     deadline = time.monotonic() + 5
@@ -59,8 +59,14 @@ def test_a_terminated_backend_is_refused_even_just_after_its_return(raw_connecti
         db_pool.check_pooled_connection(raw_connection)
 
 
-def test_the_pool_django_builds_uses_this_check(db):
+def test_the_pool_django_builds_uses_this_check_and_takes_returns_back_in_the_caller(db):
     if connection.vendor != "postgresql" or not connection.pool:
         pytest.skip("no pool configured (SQLite, or DATABASE_POOL_MAX_SIZE=0)")
-    assert connection.pool._check is db_pool.check_pooled_connection
-    assert connection.pool._reset is db_pool.note_returned
+    pool = connection.pool
+    assert pool._check is db_pool.check_pooled_connection
+    # No ``reset`` callback, so no hand-off to the pool's worker thread: the connection is
+    # available again as soon as putconn returns (with one it was still in the worker's queue).
+    conn = pool.getconn()
+    available = pool.get_stats().get("pool_available", 0)
+    pool.putconn(conn)
+    assert pool.get_stats()["pool_available"] == available + 1
