@@ -9,18 +9,21 @@ PostgreSQL (database ``<DATABASE_URL name>_bench``, created and migrated here), 
 ``bench/bare_asgi.py``, which reads the body and answers 202 without touching anything (the
 floor). All get the same pre-signed requests from the same client at the same concurrency, in
 alternating rounds (floor, switchboard, …, floor, switchboard, …) so drift on a shared machine
-hits all alike. Prints deliveries/s, p50 and p99 for each and the ratio switchboard / floor
-(target >= 0.5).
+hits all alike. Prints deliveries/s, p50 and p99 for each, daphne's CPU per delivery (from
+/proc/<pid>/stat) for each, and the ratio switchboard / bare-sql (issue 17's target >= 0.75),
+by throughput and by CPU per delivery; switchboard / floor is printed for information.
 
 What is measured on switchboard's side: ``POST /hooks/<slug>`` as production serves it, a plain
 ASGI app (``channels_push/plain_http.py``) calling ``ingest.views.answer_hook`` in one thread
-hop: webhook lookup, rate limit (Redis), signature, strict JSON, one transaction (delivery
-event, todo, todo event), then after commit the board publish and the doorbell check.
+hop: webhook lookup, rate limit (Redis), signature, strict JSON, then the writes: for a
+delivery matching one route, one autocommit statement (delivery event, replay-ledger entry,
+delivery-log record, todo, its create event; see README), then the board publish and the
+doorbell check.
 
 A diagnostic third line, ``bare-sql`` (``bench/bare_sql_asgi.py``, a third daphne): the same
 lookup and durable write with psycopg and nothing else, the least any Python server can do per
-delivery here. It tells how much of the gap to the floor is the database write itself and how
-much is switchboard; it is not part of the ratio.
+delivery here: the target's denominator. It tells how much of the gap to the floor is the
+database write itself and how much is switchboard.
 
 The client is a minimal HTTP/1.1 keep-alive client on asyncio streams rather than httpx: on a
 small machine the load generator shares CPUs with the servers, and a heavier client would lower
