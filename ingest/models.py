@@ -21,6 +21,9 @@ class Source(models.TextChoices):
     GITLAB = "gitlab"
     STRIPE = "stripe"
     STANDARD = "standard"
+    LINEAR = "linear"
+    SLACK = "slack"
+    SENTRY = "sentry"
     UNSIGNED = "unsigned"
 
 

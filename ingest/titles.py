@@ -5,6 +5,10 @@ falls back to a generic title rather than fail. ``create_todo`` folds whitespace
 the doorbell neutralises ``</channel>`` — titles here only have to be readable.
 """
 
+import re
+
+from channels_push import doorbell_text
+
 from .models import Source
 
 MAX_KIND_CHARS = 200
@@ -68,6 +72,23 @@ def derive_kind(source: str, event: str, payload: dict) -> str:
             kind = f"{kind}.{action}"
     elif source in (Source.STRIPE, Source.STANDARD, Source.UNSIGNED):
         kind = _text(payload.get("type")) if isinstance(payload, dict) else ""
+    elif source == Source.LINEAR:
+        # "<type>.<action>" from the signed body: Issue.create, AgentSessionEvent.created.
+        kind = _text(payload.get("type")) if isinstance(payload, dict) else ""
+        if kind and isinstance(action, str) and action:
+            kind = f"{kind}.{action}"
+    elif source == Source.SLACK:
+        # Events API: the inner event's type (app_mention, message); an envelope without one
+        # (url_verification, app_rate_limited) is kinded by its own type.
+        kind = ""
+        if isinstance(payload, dict):
+            kind = _text(_dig(payload, "event", "type")) if payload.get("type") == "event_callback" else ""
+            kind = kind or _text(payload.get("type"))
+    elif source == Source.SENTRY:
+        # Sentry-Hook-Resource (issue, event_alert, metric_alert, …) plus the payload's action.
+        kind = _text(event)
+        if kind and isinstance(action, str) and action:
+            kind = f"{kind}.{action}"
     else:
         kind = _text(event)
     return _clean_kind(kind)
@@ -129,6 +150,78 @@ def _stripe_title(kind: str, payload: dict) -> str:
     return f"Stripe {kind or 'event'}" + (f": {ident}" if ident else "")
 
 
+LINEAR_ACTION_WORDS = {"create": "created", "update": "updated", "remove": "removed"}
+# A Slack message's text is one part of a one-line title: enough to tell what was asked.
+MAX_SLACK_TEXT_CHARS = 200
+# Slack's markup: <@U123>, <@U123|ana>, <#C123|general>, <!here>, <!subteam^S1|@team>,
+# <https://x|label>, <https://x>. Rendered as the text a reader of the channel saw.
+_SLACK_MARKUP_RE = re.compile(r"<([^<>]*)>")
+_SLACK_ENTITIES = (("&lt;", "<"), ("&gt;", ">"), ("&amp;", "&"))
+
+
+def _linear_title(kind: str, payload: dict) -> str:
+    kind_type, _, action = kind.partition(".")
+    done = LINEAR_ACTION_WORDS.get(action, action or "updated")
+    data = payload.get("data") if isinstance(payload.get("data"), dict) else {}
+    if kind_type == "Issue":
+        return f"{_text(data.get('identifier')) or 'Linear issue'} {done}: {_text(data.get('title'))}"
+    if kind_type == "Comment":
+        issue = _first(_dig(data, "issue", "identifier"), _dig(data, "issue", "title"))
+        return f"{issue or 'Linear'} comment {done}: {_text(data.get('body'))}"
+    if kind_type == "AgentSessionEvent":
+        session = payload.get("agentSession") if isinstance(payload.get("agentSession"), dict) else {}
+        issue = _text(_dig(session, "issue", "identifier"))
+        prompt = _first(_dig(payload, "agentActivity", "body"),
+                        _dig(payload, "agentActivity", "content", "body"),
+                        _dig(session, "comment", "body"), _dig(session, "issue", "title"))
+        return f"{issue or 'Linear'} agent session {action or 'event'}: {prompt}"
+    what = _first(data.get("identifier"), data.get("title"), data.get("name"), data.get("body"))
+    return f"Linear {kind or 'event'}" + (f": {what}" if what else "")
+
+
+def _slack_markup(match) -> str:
+    inner = match.group(1)
+    target, _, label = inner.partition("|")
+    if target.startswith("@"):
+        return f"@{label or target[1:]}"
+    if target.startswith("#"):
+        return f"#{label or target[1:]}"
+    if target.startswith("!"):
+        return label if label.startswith("@") else f"@{label or target[1:].split('^')[0]}"
+    return label or target
+
+
+def slack_text(text) -> str:
+    """A Slack message's text as its reader saw it — mentions, channels and links as plain
+    words, entities decoded — then sanitised as doorbells are (one line, no control or format
+    characters, no angle brackets) and cut to MAX_SLACK_TEXT_CHARS."""
+    text = _SLACK_MARKUP_RE.sub(_slack_markup, _text(text))
+    for entity, char in _SLACK_ENTITIES:
+        text = text.replace(entity, char)
+    text = doorbell_text.sanitize_content(text)
+    return text if len(text) <= MAX_SLACK_TEXT_CHARS else text[:MAX_SLACK_TEXT_CHARS - 1] + "…"
+
+
+def _slack_title(kind: str, payload: dict) -> str:
+    event = payload.get("event") if isinstance(payload.get("event"), dict) else {}
+    channel = _first(event.get("channel"), _dig(event, "item", "channel"))
+    user = _first(event.get("user"), event.get("username"), event.get("bot_id"))
+    where = f"#{channel}" if channel else "Slack"
+    who = f" @{user}" if user else ""
+    return f"{where}{who}: {slack_text(event.get('text')) or kind or 'event'}"
+
+
+def _sentry_title(kind: str, payload: dict) -> str:
+    resource, _, action = kind.partition(".")
+    data = payload.get("data") if isinstance(payload.get("data"), dict) else {}
+    what = _first(_dig(data, "issue", "title"), _dig(data, "event", "title"),
+                  _dig(data, "error", "title"), data.get("description_title"),
+                  _dig(data, "metric_alert", "title"), data.get("comment"),
+                  _dig(data, "installation", "app", "slug"))
+    head = f"{resource or 'Sentry'} {action or 'event'}"
+    return f"{head}: {what}" if what else f"Sentry {head}"
+
+
 def derive_title(source: str, kind: str, payload: dict, *, webhook_slug: str) -> str:
     """One legible line for a todo created from this delivery."""
     payload = payload if isinstance(payload, dict) else {}
@@ -138,6 +231,12 @@ def derive_title(source: str, kind: str, payload: dict, *, webhook_slug: str) ->
         title = _gitlab_title(kind, payload)
     elif source == Source.STRIPE:
         title = _stripe_title(kind, payload)
+    elif source == Source.LINEAR:
+        title = _linear_title(kind, payload)
+    elif source == Source.SLACK:
+        title = _slack_title(kind, payload)
+    elif source == Source.SENTRY:
+        title = _sentry_title(kind, payload)
     else:
         title = f"{webhook_slug}: {kind}" if kind else f"{webhook_slug}: delivery"
     return " ".join(title.split())

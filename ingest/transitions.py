@@ -610,7 +610,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         raise _ledger_verdict(webhook, fingerprint, delivery_id)
     # Every todo was a live duplicate: nothing of this arrival was kept but its log line.
     record = record_refused(webhook, outcome=Outcome.DUPLICATE, status=status,
-                            observe=lambda: observed, now=now,
+                            observe=lambda: observed, now=now, reason=note,
                             todo_ids=[todo.pk for todo, _ in results])
     return Arrival(delivery_event=None, todos=results, outcome=Outcome.DUPLICATE, record=record)
 

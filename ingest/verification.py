@@ -17,9 +17,12 @@ from datetime import timedelta
 
 from .models import Source, TrustMode
 
-# Stripe and Standard Webhooks sign a timestamp; a delivery outside this window either way is a
-# replay (or a sender with a broken clock) and is refused.
+# Stripe, Standard Webhooks and Slack sign a timestamp; a delivery outside this window either way
+# is a replay (or a sender with a broken clock) and is refused.
 TIMESTAMP_TOLERANCE = timedelta(seconds=300)
+# Linear signs its timestamp inside the body (webhookTimestamp, in milliseconds) and asks
+# receivers to refuse anything more than a minute off.
+LINEAR_TIMESTAMP_TOLERANCE = timedelta(seconds=60)
 
 STANDARD_SECRET_PREFIX = "whsec_"
 
@@ -41,9 +44,9 @@ class Envelope:
     trust: str
     delivery_id: str  # "" when the headers carry none (Stripe and Cairn put it in the body)
     event: str  # the source's event header ("" when it has none)
-    # Stripe and Standard sign a timestamp with the body: the sha256 of exactly what was
-    # signed identifies this one request (the replay ledger's fingerprint); "" elsewhere, where
-    # the body's own digest serves.
+    # Stripe, Standard and Slack sign a timestamp with the body (Linear inside it): the sha256
+    # of exactly what was signed identifies this one request (the replay ledger's fingerprint);
+    # "" elsewhere, where the body's own digest serves.
     signed_digest: str = ""
 
 
@@ -84,14 +87,19 @@ def _require(headers, name: str) -> str:
     return value
 
 
-def _check_timestamp(raw: str, now) -> int:
+def _check_timestamp(raw: str, now, tolerance=TIMESTAMP_TOLERANCE) -> int:
     try:
         stamp = int(raw)
     except ValueError:
         raise VerificationFailed("timestamp is not an integer") from None
-    if abs(now.timestamp() - stamp) > TIMESTAMP_TOLERANCE.total_seconds():
-        raise VerificationFailed("timestamp outside the 300 s tolerance", stale=True)
+    _check_within(stamp, now, tolerance)
     return stamp
+
+
+def _check_within(stamp_seconds: float, now, tolerance) -> None:
+    if abs(now.timestamp() - stamp_seconds) > tolerance.total_seconds():
+        raise VerificationFailed(
+            f"timestamp outside the {int(tolerance.total_seconds())} s tolerance", stale=True)
 
 
 def _verify_github(webhook, headers, body, now) -> Envelope:
@@ -180,6 +188,42 @@ def _verify_standard(webhook, headers, body, now) -> Envelope:
     return Envelope(TrustMode.SIGNED, message_id, "", hashlib.sha256(signed).hexdigest())
 
 
+def _verify_linear(webhook, headers, body, now) -> Envelope:
+    given = _require(headers, "Linear-Signature")
+    expected = [_hmac_hex(secret, body) for secret in accepted_secrets(webhook, now)]
+    if not _matches_any(expected, [_bytes(given.strip().lower())]):
+        raise VerificationFailed("signature mismatch")
+    # The body carries its own signed timestamp (checked once parsed: check_payload), so the
+    # body is the signed request: timestamped, like Stripe's "<t>.<body>".
+    return Envelope(TrustMode.SIGNED, headers.get("Linear-Delivery", ""),
+                    headers.get("Linear-Event", ""), hashlib.sha256(body).hexdigest())
+
+
+def _verify_slack(webhook, headers, body, now) -> Envelope:
+    given = _require(headers, "X-Slack-Signature")
+    stamp_header = _require(headers, "X-Slack-Request-Timestamp")
+    version, _, signature = given.partition("=")
+    if version != "v0" or not signature:
+        raise VerificationFailed("X-Slack-Signature is not v0=<hex>")
+    _check_timestamp(stamp_header, now)
+    # Signed as sent: "v0:<timestamp header>:<raw body>".
+    signed = b"v0:" + _bytes(stamp_header) + b":" + body
+    expected = [_hmac_hex(secret, signed) for secret in accepted_secrets(webhook, now)]
+    if not _matches_any(expected, [_bytes(signature.lower())]):
+        raise VerificationFailed("signature mismatch")
+    # The delivery id (event_id) is in the body; a retry re-signs with a fresh timestamp.
+    return Envelope(TrustMode.SIGNED, "", "", hashlib.sha256(signed).hexdigest())
+
+
+def _verify_sentry(webhook, headers, body, now) -> Envelope:
+    given = _require(headers, "Sentry-Hook-Signature")
+    expected = [_hmac_hex(secret, body) for secret in accepted_secrets(webhook, now)]
+    if not _matches_any(expected, [_bytes(given.strip().lower())]):
+        raise VerificationFailed("signature mismatch")
+    return Envelope(TrustMode.SIGNED, headers.get("Request-ID", ""),
+                    headers.get("Sentry-Hook-Resource", ""))
+
+
 def _accept_unsigned(webhook, headers, body, now) -> Envelope:
     # No proof of origin: recorded as unverified, and never rung (§7).
     return Envelope(TrustMode.UNVERIFIED, "", "")
@@ -191,6 +235,9 @@ VERIFIERS = {
     Source.GITLAB: _verify_gitlab,
     Source.STRIPE: _verify_stripe,
     Source.STANDARD: _verify_standard,
+    Source.LINEAR: _verify_linear,
+    Source.SLACK: _verify_slack,
+    Source.SENTRY: _verify_sentry,
     Source.UNSIGNED: _accept_unsigned,
 }
 
@@ -201,3 +248,27 @@ def verify_delivery(webhook, headers, body: bytes, *, now) -> Envelope:
     if webhook.source != Source.UNSIGNED and not accepted_secrets(webhook, now):
         raise VerificationFailed("webhook has no secret configured")
     return VERIFIERS[webhook.source](webhook, headers, body, now)
+
+
+def _check_linear_timestamp(payload: dict, now) -> None:
+    stamp = payload.get("webhookTimestamp")
+    if stamp is None:
+        raise VerificationFailed("missing webhookTimestamp in the body")
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+        raise VerificationFailed("webhookTimestamp is not a number of milliseconds")
+    _check_within(stamp / 1000, now, LINEAR_TIMESTAMP_TOLERANCE)
+
+
+# What a source signs inside the body, checked once the body is parsed (only after its
+# signature verified: nothing unverified is parsed).
+PAYLOAD_CHECKS = {
+    Source.LINEAR: _check_linear_timestamp,
+}
+
+
+def check_payload(webhook, payload: dict, *, now) -> None:
+    """The parsed body of a verified delivery against what its source signs inside it (Linear's
+    webhookTimestamp within 60 s). Raises ``VerificationFailed`` (``stale`` when it is old)."""
+    check = PAYLOAD_CHECKS.get(webhook.source)
+    if check is not None:
+        check(payload, now)

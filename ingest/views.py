@@ -246,6 +246,9 @@ def _delivery_id(webhook, envelope, payload: dict) -> str:
     elif webhook.source == Source.STANDARD and isinstance(payload.get("event_id"), str):
         # Cairn signs its event_id inside the body; it is the stable id across redeliveries.
         delivery_id = payload["event_id"]
+    elif webhook.source == Source.SLACK:
+        # Slack's retries (X-Slack-Retry-Num) keep the event_id: they fold into the live todo.
+        delivery_id = payload.get("event_id") if isinstance(payload.get("event_id"), str) else ""
     delivery_id = delivery_id.strip()
     if len(delivery_id) > MAX_DELIVERY_ID_CHARS or not delivery_id.isprintable():
         raise Problem(400, "bad_delivery_id",
@@ -275,9 +278,13 @@ def _could_be_slug(value: str) -> bool:
 # (quotes, spaces, markup) is refused rather than cleaned, so what is stored is what was sent.
 KIND_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # The event header each source names its event in (the claimed kind in the delivery log).
-EVENT_HEADERS = ("x-github-event", "x-forgejo-event", "x-gitea-event", "x-gitlab-event")
+EVENT_HEADERS = ("x-github-event", "x-forgejo-event", "x-gitea-event", "x-gitlab-event",
+                 "linear-event", "sentry-hook-resource")
 DELIVERY_HEADERS = ("x-github-delivery", "x-forgejo-delivery", "x-gitea-delivery",
-                    "idempotency-key", "x-gitlab-event-uuid", "webhook-id")
+                    "idempotency-key", "x-gitlab-event-uuid", "webhook-id", "linear-delivery",
+                    "request-id")
+# Slack's url_verification challenge is echoed back; Slack's own are 48 characters.
+MAX_CHALLENGE_CHARS = 200
 
 
 def _claimed(request, names) -> str:
@@ -346,17 +353,64 @@ def _verify(webhook, request, now):
         envelope = verification.verify_delivery(
             webhook, CaseInsensitiveMapping(request.headers), request.body, now=now)
     except verification.VerificationFailed as failure:
-        log.warning("webhook verification failed",
-                    extra={"webhook": webhook.slug, "reason": failure.reason})
-        verdict = ratelimit.charge_client_failure(
-            "hook-failures", f"{webhook.pk}:{request.client}",
-            per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
-        if not verdict.allowed:
-            raise _rate_limited(verdict, settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE) from None
-        raise Problem(401, "bad_signature", f"delivery not verified: {failure.reason}",
-                      outcome=Outcome.STALE_TIMESTAMP if failure.stale else None) from None
+        raise _not_verified(webhook, request, failure) from None
     _check_rate(f"ingest:{webhook.pk}")
     return envelope
+
+
+def _not_verified(webhook, request, failure) -> Problem:
+    """The 401 of a failed verification, charged to the client address's failure budget (a
+    429 once that is spent)."""
+    log.warning("webhook verification failed",
+                extra={"webhook": webhook.slug, "reason": failure.reason})
+    verdict = ratelimit.charge_client_failure(
+        "hook-failures", f"{webhook.pk}:{request.client}",
+        per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+    if not verdict.allowed:
+        return _rate_limited(verdict, settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+    return Problem(401, "bad_signature", f"delivery not verified: {failure.reason}",
+                   outcome=Outcome.STALE_TIMESTAMP if failure.stale else None)
+
+
+def _check_signed_payload(webhook, request, payload: dict, now) -> None:
+    """What the source signs inside the body (Linear's timestamp). A failure here is a failed
+    verification like any other: the webhook gets back the token ``_verify`` took for it."""
+    try:
+        verification.check_payload(webhook, payload, now=now)
+    except verification.VerificationFailed as failure:
+        ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
+                                  per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+        raise _not_verified(webhook, request, failure) from None
+
+
+def _is_url_verification(webhook, payload: dict) -> bool:
+    return webhook.source == Source.SLACK and payload.get("type") == "url_verification"
+
+
+def _answer_url_verification(webhook, request, body: bytes, payload: dict, now):
+    """Slack's handshake when an Events API request URL is saved: a signed body whose
+    ``challenge`` is answered as is (200). No todo; the delivery log records it."""
+    challenge = payload.get("challenge")
+    if (not isinstance(challenge, str) or not challenge or len(challenge) > MAX_CHALLENGE_CHARS
+            or not challenge.isprintable()):
+        raise Problem(400, "malformed_body",
+                      f"url_verification needs a challenge of 1-{MAX_CHALLENGE_CHARS} printable "
+                      "characters")
+    transitions.record_refused(
+        webhook, outcome=Outcome.ACCEPTED, status=200, now=now,
+        observe=lambda: dataclasses.replace(_observe(request, body), kind="url_verification"),
+        reason="url_verification: challenge answered, no todo")
+    log.info("slack url_verification answered", extra={"webhook": webhook.slug})
+    return plain_http.json_answer(200, {"challenge": challenge})
+
+
+def _retry_note(webhook, request) -> str:
+    """Slack says when a request is its retry of an unanswered one: kept in the delivery log."""
+    if webhook.source != Source.SLACK or not request.header("x-slack-retry-num"):
+        return ""
+    reason = _one_line(request.header("x-slack-retry-reason") or "", 40)
+    return (f"slack retry {_one_line(request.header('x-slack-retry-num'), 8)}"
+            + (f" ({reason})" if reason else ""))
 
 
 def _check_body_size(webhook, request) -> None:
@@ -402,6 +456,9 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
         body = request.body
         payload, payload_storable = _parse_delivery_body(
             webhook, _media_type(request.header("content-type")), body)
+        _check_signed_payload(webhook, request, payload, now)
+        if _is_url_verification(webhook, payload):
+            return _answer_url_verification(webhook, request, body, payload, now)
         kind = titles.derive_kind(webhook.source, envelope.event, payload)
         _check_kind(kind)
         delivery_id = _delivery_id(webhook, envelope, payload)
@@ -420,7 +477,8 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
                 # Unsigned bodies prove nothing, so they have no replay to refuse.
                 fingerprint="" if envelope.trust == TrustMode.UNVERIFIED
                 else envelope.signed_digest or body_sha256,
-                timestamped=bool(envelope.signed_digest), now=now,
+                timestamped=bool(envelope.signed_digest), note=_retry_note(webhook, request),
+                now=now,
             )
         except transitions.Refused as refused:
             _charge_repeat_to_the_sender(webhook, request)

@@ -11,6 +11,10 @@ SECRETS = {
     "stripe": "whsec_stripe_secret_for_tests_0123456789",
     # The Standard Webhooks reference vector's key.
     "standard": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "linear": "lin_wh_secret_for_tests_0123456789abcdef",
+    # The signing secret of Slack's worked example ("Verifying requests from Slack").
+    "slack": "8f742231b10e8888abcd99yyyzzz85a5",
+    "sentry": "sentry-client-secret-for-tests-0123456789abcdef",
     "unsigned": "",
 }
 

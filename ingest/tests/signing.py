@@ -58,5 +58,41 @@ def standard(secret: str, body: bytes, *, timestamp=None, message_id=None) -> di
     }
 
 
+def linear_body(payload: dict, *, at_ms=None) -> bytes:
+    """Linear's body carries its own signed timestamp (milliseconds): now, unless given."""
+    stamp = int(time.time() * 1000) if at_ms is None else at_ms
+    return json.dumps({**payload, "webhookTimestamp": stamp}).encode()
+
+
+def linear(secret: str, body: bytes, *, delivery=None, event=None) -> dict:
+    signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    meta = {"HTTP_LINEAR_SIGNATURE": signature,
+            "HTTP_LINEAR_DELIVERY": delivery or str(uuid.uuid4())}
+    if event:
+        meta["HTTP_LINEAR_EVENT"] = event
+    return meta
+
+
+def slack(secret: str, body: bytes, *, timestamp=None, retry=None, retry_reason=None) -> dict:
+    stamp = str(int(time.time()) if timestamp is None else timestamp)
+    signed = f"v0:{stamp}:".encode() + body
+    meta = {"HTTP_X_SLACK_SIGNATURE": "v0=" + hmac.new(secret.encode(), signed,
+                                                       hashlib.sha256).hexdigest(),
+            "HTTP_X_SLACK_REQUEST_TIMESTAMP": stamp}
+    if retry is not None:
+        meta["HTTP_X_SLACK_RETRY_NUM"] = str(retry)
+        meta["HTTP_X_SLACK_RETRY_REASON"] = retry_reason or "http_timeout"
+    return meta
+
+
+def sentry(secret: str, body: bytes, *, resource="issue", delivery=None) -> dict:
+    return {
+        "HTTP_SENTRY_HOOK_SIGNATURE": hmac.new(secret.encode(), body, hashlib.sha256).hexdigest(),
+        "HTTP_SENTRY_HOOK_RESOURCE": resource,
+        "HTTP_SENTRY_HOOK_TIMESTAMP": str(int(time.time())),
+        "HTTP_REQUEST_ID": delivery or str(uuid.uuid4()),
+    }
+
+
 SIGNERS = {"github": github, "gitea": gitea, "gitlab": gitlab, "stripe": stripe,
-           "standard": standard}
+           "standard": standard, "linear": linear, "slack": slack, "sentry": sentry}

@@ -94,6 +94,32 @@ def test_one_route_delivery_is_two_statements_in_autocommit(make_webhook):
     assert ReplayLedgerEntry.objects.filter(delivery_event_id=todo.delivery_event_id).count() == 1
 
 
+@pytest.mark.parametrize("source", ["linear", "slack", "sentry"])
+def test_the_new_senders_take_the_same_one_statement(make_webhook, source):
+    """Linear, Slack and Sentry answer inside their senders' deadlines because their hook waits
+    on nothing but the delivery's own statement, as every other source's does."""
+    webhook = make_webhook(source)
+
+    def body(n):
+        payload = {"type": "Issue", "action": "create", "event_id": f"Ev{n}", "n": n,
+                   "data": {"identifier": f"ENG-{n}", "title": "Fix login"}}
+        return (signing.linear_body(payload) if source == "linear"
+                else signing.body_of(payload))
+
+    warm = body(1)
+    assert post_hook(webhook.slug, warm, signing.SIGNERS[source](SECRETS[source], warm)
+                     ).status_code == 202
+    measured = body(2)
+    meta = signing.SIGNERS[source](SECRETS[source], measured)
+    with CaptureQueriesContext(connection) as captured:
+        answer = post_hook(webhook.slug, measured, meta)
+    assert answer.status_code == 202 and answer.json()["todos"][0]["duplicate"] is False
+    sql = [query["sql"] for query in captured.captured_queries]
+    assert len(sql) == 3, sql
+    assert all(table in sql[1] for table in ("ingest_deliveryevent", "ingest_replayledgerentry",
+                                             "ingest_deliveryrecord", "todos_todo"))
+
+
 def test_the_todo_is_announced_only_once_another_connection_can_read_it(make_webhook):
     """After-commit publishing still means after commit: the listener runs when the row is
     durable, seen here from a connection of its own."""

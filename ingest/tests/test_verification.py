@@ -68,6 +68,98 @@ def test_standard_webhooks_reference_vector_verifies():
                                      now=at_signing + timedelta(days=1))
 
 
+# Slack's worked example in "Verifying requests from Slack" (api.slack.com/authentication/
+# verifying-requests-from-slack): a slash command's form body, signed at 1531420618.
+SLACK_EXAMPLE_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+SLACK_EXAMPLE_TIMESTAMP = "1531420618"
+SLACK_EXAMPLE_BODY = (
+    b"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow"
+    b"&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner"
+    b"&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands"
+    b"%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN"
+    b"&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c")
+SLACK_EXAMPLE_SIGNATURE = "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503"
+
+
+def test_slack_documented_example_vector_verifies():
+    webhook = hook("slack", secret=SLACK_EXAMPLE_SECRET)
+    meta = {"HTTP_X_SLACK_SIGNATURE": SLACK_EXAMPLE_SIGNATURE,
+            "HTTP_X_SLACK_REQUEST_TIMESTAMP": SLACK_EXAMPLE_TIMESTAMP}
+    at_signing = datetime.fromtimestamp(int(SLACK_EXAMPLE_TIMESTAMP), timezone.utc)
+    envelope = verification.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY,
+                                            now=at_signing + timedelta(seconds=10))
+    assert envelope.trust == "signed"
+    # One byte of the body changed, or the same request six minutes later: refused.
+    with pytest.raises(verification.VerificationFailed, match="mismatch"):
+        verification.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY + b"x",
+                                     now=at_signing)
+    with pytest.raises(verification.VerificationFailed, match="tolerance") as stale:
+        verification.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY,
+                                     now=at_signing + timedelta(minutes=6))
+    assert stale.value.stale
+
+
+def test_slack_signature_must_be_v0():
+    body = b'{"type": "event_callback"}'
+    meta = signing.slack(SECRETS["slack"], body)
+    meta["HTTP_X_SLACK_SIGNATURE"] = meta["HTTP_X_SLACK_SIGNATURE"].replace("v0=", "v1=")
+    with pytest.raises(verification.VerificationFailed, match="v0="):
+        verification.verify_delivery(hook("slack"), headers_of(meta), body, now=NOW)
+
+
+def test_slack_without_a_timestamp_header_is_refused():
+    body = b'{"type": "event_callback"}'
+    meta = signing.slack(SECRETS["slack"], body)
+    del meta["HTTP_X_SLACK_REQUEST_TIMESTAMP"]
+    with pytest.raises(verification.VerificationFailed, match="missing X-Slack-Request-Timestamp"):
+        verification.verify_delivery(hook("slack"), headers_of(meta), body, now=NOW)
+
+
+def test_linear_and_sentry_take_their_delivery_id_and_event_from_their_headers():
+    body = b'{"type": "Issue", "action": "create"}'
+    envelope = verification.verify_delivery(
+        hook("linear"), headers_of(signing.linear(SECRETS["linear"], body, delivery="lin-1",
+                                                  event="Issue")), body, now=NOW)
+    assert (envelope.delivery_id, envelope.event) == ("lin-1", "Issue")
+    # Linear's timestamp is inside the body: the body is the signed request.
+    assert envelope.signed_digest == hashlib.sha256(body).hexdigest()
+    envelope = verification.verify_delivery(
+        hook("sentry"), headers_of(signing.sentry(SECRETS["sentry"], body, resource="event_alert",
+                                                  delivery="req-1")), body, now=NOW)
+    assert (envelope.delivery_id, envelope.event, envelope.signed_digest) == (
+        "req-1", "event_alert", "")
+
+
+@pytest.mark.parametrize("skew_ms", [-61_000, 61_000])
+def test_linear_body_timestamp_beyond_60_seconds_is_stale(skew_ms):
+    payload = {"webhookTimestamp": int(NOW.timestamp() * 1000) + skew_ms}
+    with pytest.raises(verification.VerificationFailed, match="60 s tolerance") as refused:
+        verification.check_payload(hook("linear"), payload, now=NOW)
+    assert refused.value.stale
+
+
+@pytest.mark.parametrize("skew_ms", [-59_000, 0, 59_000])
+def test_linear_body_timestamp_within_60_seconds_is_accepted(skew_ms):
+    payload = {"webhookTimestamp": int(NOW.timestamp() * 1000) + skew_ms}
+    verification.check_payload(hook("linear"), payload, now=NOW)
+
+
+@pytest.mark.parametrize("payload, reason", [
+    ({}, "missing webhookTimestamp"),
+    ({"webhookTimestamp": "1714478400000"}, "not a number"),
+    ({"webhookTimestamp": True}, "not a number"),
+])
+def test_linear_body_without_a_numeric_timestamp_is_refused(payload, reason):
+    with pytest.raises(verification.VerificationFailed, match=reason) as refused:
+        verification.check_payload(hook("linear"), payload, now=NOW)
+    assert not refused.value.stale
+
+
+def test_other_sources_sign_nothing_inside_the_body():
+    for source in ("github", "slack", "sentry", "stripe"):
+        verification.check_payload(hook(source), {}, now=NOW)
+
+
 def test_standard_accepts_any_of_several_listed_signatures():
     webhook = hook("standard")
     body = b'{"type": "x"}'
@@ -78,10 +170,11 @@ def test_standard_accepts_any_of_several_listed_signatures():
 
 # -- every signed source: accepted, and each way of being wrong -------------------------------
 
-SIGNED = ["github", "gitea", "gitlab", "stripe", "standard"]
+SIGNED = ["github", "gitea", "gitlab", "stripe", "standard", "linear", "slack", "sentry"]
 REQUIRED_HEADER = {"github": "HTTP_X_HUB_SIGNATURE_256", "gitea": "HTTP_X_GITEA_SIGNATURE",
                    "gitlab": "HTTP_X_GITLAB_TOKEN", "stripe": "HTTP_STRIPE_SIGNATURE",
-                   "standard": "HTTP_WEBHOOK_SIGNATURE"}
+                   "standard": "HTTP_WEBHOOK_SIGNATURE", "linear": "HTTP_LINEAR_SIGNATURE",
+                   "slack": "HTTP_X_SLACK_SIGNATURE", "sentry": "HTTP_SENTRY_HOOK_SIGNATURE"}
 BODY = json.dumps({"id": "evt_1", "type": "invoice.paid", "action": "opened"}).encode()
 
 
@@ -117,7 +210,7 @@ def test_missing_signature_header_is_refused(source):
         verification.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
 
 
-@pytest.mark.parametrize("source", ["stripe", "standard"])
+@pytest.mark.parametrize("source", ["stripe", "standard", "slack"])
 @pytest.mark.parametrize("skew", [-301, 301])
 def test_timestamp_beyond_300_seconds_is_refused(source, skew):
     meta = signing.SIGNERS[source](SECRETS[source], BODY, timestamp=int(NOW.timestamp()) + skew)
@@ -125,7 +218,7 @@ def test_timestamp_beyond_300_seconds_is_refused(source, skew):
         verification.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
 
 
-@pytest.mark.parametrize("source", ["stripe", "standard"])
+@pytest.mark.parametrize("source", ["stripe", "standard", "slack"])
 @pytest.mark.parametrize("skew", [-290, 290])
 def test_timestamp_within_300_seconds_is_accepted(source, skew):
     stamp = int(NOW.timestamp()) + skew

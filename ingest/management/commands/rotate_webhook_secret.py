@@ -13,15 +13,18 @@ MAX_GRACE_SECONDS = 30 * 24 * 3600
 
 
 class Command(JsonCommand):
-    help = ("Mint a new secret for a webhook and print it (shown only now); the old one keeps "
-            "verifying for --grace-seconds (default 24 h; 0 ends it at once).")
+    help = ("Mint a new secret for a webhook and print it (shown only now), or install the one "
+            "the sender minted (--secret: Slack, Linear, Sentry and Stripe make their own); the "
+            "old one keeps verifying for --grace-seconds (default 24 h; 0 ends it at once).")
 
     def add_arguments(self, parser):
         parser.add_argument("slug")
         parser.add_argument("--grace-seconds", type=int,
                             default=int(transitions.DEFAULT_SECRET_ROTATION_GRACE.total_seconds()))
+        parser.add_argument("--secret", help="install this secret (the sender's new one) "
+                                             "instead of minting one")
 
-    def handle(self, *args, slug, grace_seconds, **options):
+    def handle(self, *args, slug, grace_seconds, secret=None, **options):
         if not 0 <= grace_seconds <= MAX_GRACE_SECONDS:
             raise CommandError(f"--grace-seconds must be between 0 and {MAX_GRACE_SECONDS} "
                                "(30 days)")
@@ -30,7 +33,11 @@ class Command(JsonCommand):
             raise CommandError(f"no webhook {slug!r}")
         if webhook.source == Source.UNSIGNED:
             raise CommandError(f"webhook {slug!r} is unsigned; it has no secret to rotate")
-        secret = transitions.rotate_webhook_secret(webhook, grace=timedelta(seconds=grace_seconds))
+        try:
+            secret = transitions.rotate_webhook_secret(webhook, secret=secret,
+                                                       grace=timedelta(seconds=grace_seconds))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self.emit(options, {"slug": slug, "secret": secret},
                   f"new secret for {slug}: {secret}\n"
                   f"(configure it at the sender; the old one verifies for {grace_seconds} s more)")
