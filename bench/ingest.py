@@ -25,6 +25,12 @@ lookup and durable write with psycopg and nothing else, the least any Python ser
 delivery here: the target's denominator. It tells how much of the gap to the floor is the
 database write itself and how much is switchboard.
 
+``--sources github,linear,slack,sentry`` adds one switchboard line per sender (``sb-linear``,
+…): the same daphne and load, each sender's own signature scheme and a payload of its shape
+(Linear's body timestamp and Slack's header timestamp are signed just before each round, so no
+request is stale). Each line's p99 is that sender's hook answer time under this load; Slack
+allows 3 s, Sentry 1 s, Linear 5 s.
+
 The client is a minimal HTTP/1.1 keep-alive client on asyncio streams rather than httpx: on a
 small machine the load generator shares CPUs with the servers, and a heavier client would lower
 both numbers and flatter the ratio. Bounded: at most ``--deliveries`` per round and
@@ -57,6 +63,7 @@ from urllib.parse import urlsplit, urlunsplit
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789abcdef"
 WEBHOOK = "bench-github"
+SOURCES = ("github", "linear", "slack", "sentry")
 ENDPOINT = "bench-agent"
 READY_TIMEOUT_SECONDS = 30.0
 RESPONSE_TIMEOUT_SECONDS = 30.0
@@ -84,7 +91,15 @@ def ensure_database(url: str) -> None:
             conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def prepare_switchboard(env: dict) -> None:
+def webhook_slug(source: str) -> str:
+    return WEBHOOK if source == "github" else f"bench-{source}"
+
+
+def target_name(source: str) -> str:
+    return "switchboard" if source == "github" else f"sb-{source}"
+
+
+def prepare_switchboard(env: dict, sources=("github",)) -> None:
     """Migrate the bench database and (re)create the webhook, endpoint and route; old bench
     todos are removed so every run starts from the same table size."""
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO,
@@ -100,9 +115,12 @@ owner, _ = get_user_model().objects.get_or_create(username="bench-operator")
 endpoint, _ = Endpoint.objects.get_or_create(slug={ENDPOINT!r}, defaults={{"owner": owner}})
 Todo.objects.filter(endpoint=endpoint).delete()
 DeliveryEvent.objects.filter(webhook__slug={WEBHOOK!r}).delete()
-webhook, _ = Webhook.objects.update_or_create(
-    slug={WEBHOOK!r}, defaults={{"owner": owner, "source": "github", "secret": {SECRET!r}}})
-Route.objects.get_or_create(webhook=webhook, endpoint=endpoint, queue="inbox")
+for source in {list(sources)!r}:
+    slug = {WEBHOOK!r} if source == "github" else "bench-" + source
+    DeliveryEvent.objects.filter(webhook__slug=slug).delete()
+    webhook, _ = Webhook.objects.update_or_create(
+        slug=slug, defaults={{"owner": owner, "source": source, "secret": {SECRET!r}}})
+    Route.objects.get_or_create(webhook=webhook, endpoint=endpoint, queue="inbox")
 """
     subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, check=True)
 
@@ -159,6 +177,54 @@ def stop(process: subprocess.Popen) -> None:
 
 
 # -- requests ------------------------------------------------------------------------------------
+
+
+def _hex_hmac(message: bytes) -> str:
+    return hmac.new(SECRET.encode(), message, hashlib.sha256).hexdigest()
+
+
+def sender_request(source: str, number: int, run_id: str) -> bytes:
+    """One Linear, Slack or Sentry delivery of the shape each sends, signed as each signs."""
+    delivery = f"{run_id}-{number}"
+    text = "Steps to reproduce: run the benchmark. " * 8
+    if source == "linear":
+        body = json.dumps({
+            "action": "create", "type": "Issue", "organizationId": "bench", "run": run_id,
+            "data": {"id": delivery, "identifier": f"BEN-{number}", "title": f"Benchmark {number}",
+                     "description": text}, "webhookTimestamp": int(time.time() * 1000),
+        }).encode()
+        headers = (f"Linear-Event: Issue\r\nLinear-Delivery: {delivery}\r\n"
+                   f"Linear-Signature: {_hex_hmac(body)}\r\n")
+    elif source == "slack":
+        body = json.dumps({
+            "type": "event_callback", "team_id": "T0BENCH", "event_id": f"Ev{delivery}",
+            "event": {"type": "app_mention", "user": "U0BENCH", "channel": "C0BENCH",
+                      "text": f"<@U0APP> benchmark {number}: {text}"}, "run": run_id,
+        }).encode()
+        stamp = str(int(time.time()))
+        headers = (f"X-Slack-Request-Timestamp: {stamp}\r\n"
+                   f"X-Slack-Signature: v0={_hex_hmac(f'v0:{stamp}:'.encode() + body)}\r\n")
+    elif source == "sentry":
+        body = json.dumps({
+            "action": "created", "installation": {"uuid": "bench"}, "run": run_id,
+            "data": {"issue": {"id": delivery, "shortId": f"BENCH-{number}",
+                               "title": f"ZeroDivisionError: benchmark {number}",
+                               "culprit": text}},
+        }).encode()
+        headers = (f"Sentry-Hook-Resource: issue\r\nRequest-ID: {delivery}\r\n"
+                   f"Sentry-Hook-Signature: {_hex_hmac(body)}\r\n")
+    else:
+        raise ValueError(source)
+    head = (f"POST /hooks/{webhook_slug(source)} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{headers}\r\n")
+    return head.encode() + body
+
+
+def source_requests(source: str, start: int, count: int, run_id: str) -> list[bytes]:
+    """Requests ``start`` … ``start + count - 1`` of one source, signed now."""
+    if source == "github":
+        return signed_requests(start + count, run_id)[start:]
+    return [sender_request(source, number, run_id) for number in range(start, start + count)]
 
 
 def signed_requests(count: int, run_id: str) -> list[bytes]:
@@ -257,7 +323,12 @@ def main():
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=300, help="deliveries before measuring")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="cap per round")
+    parser.add_argument("--sources", default="github",
+                        help=f"comma-separated senders to measure, of {','.join(SOURCES)}")
     args = parser.parse_args()
+    sources = [name.strip() for name in args.sources.split(",") if name.strip()]
+    if not sources or set(sources) - set(SOURCES):
+        sys.exit(f"--sources: pick from {','.join(SOURCES)}")
 
     database_url = bench_database_url(os.environ.get("DATABASE_URL", ""))
     ensure_database(database_url)
@@ -269,7 +340,7 @@ def main():
         "ALLOWED_HOSTS": "127.0.0.1,localhost", "SWITCHBOARD_INGEST_RATE_PER_MINUTE": "1000000000",
         "PYTHONPATH": str(REPO),
     }
-    prepare_switchboard(env)
+    prepare_switchboard(env, sources)
     logs = REPO / "var"
     logs.mkdir(exist_ok=True)
     env["BENCH_BARE_SQL_DSN"] = database_url
@@ -277,6 +348,11 @@ def main():
     ports = {"floor": free_port(), "switchboard": free_port(), "bare-sql": free_port()}
     apps = {"floor": "bench.bare_asgi:application", "switchboard": "switchboard.asgi:application",
             "bare-sql": "bench.bare_sql_asgi:application"}
+    # Every target: (daphne it is served by, the sender whose requests it gets). The sender
+    # lines share switchboard's daphne; floor and bare-sql get GitHub's requests.
+    targets = {"floor": ("floor", "github")}
+    targets.update({target_name(source): ("switchboard", source) for source in sources})
+    targets["bare-sql"] = ("bare-sql", "github")
     processes = {}
     try:
         for name in apps:
@@ -284,21 +360,22 @@ def main():
             processes[name] = start_daphne(apps[name], ports[name], env, log_path)
             wait_until_serving(ports[name], processes[name], log_path)
         run_id = uuid.uuid4().hex[:12]
-        total = args.warmup + args.rounds * args.deliveries
-        requests = signed_requests(total, run_id)
-        warm, measured = requests[:args.warmup], requests[args.warmup:]
-        warmed = {name: asyncio.run(drive(ports[name], warm, args.concurrency, args.max_seconds))
-                  for name in apps}
+        # Signed per round, just before it is sent: Linear's and Slack's timestamps age.
+        warmed = {name: asyncio.run(drive(
+                      ports[server], source_requests(source, 0, args.warmup, f"{run_id}{name}"),
+                      args.concurrency, args.max_seconds))
+                  for name, (server, source) in targets.items()}
         results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}, "cpu": 0.0}
-                   for name in apps}
+                   for name in targets}
         for round_number in range(args.rounds):
-            batch = measured[round_number * args.deliveries:(round_number + 1) * args.deliveries]
-            for name, port in ports.items():
-                cpu_before = process_cpu_seconds(processes[name].pid)
+            start = args.warmup + round_number * args.deliveries
+            for name, (server, source) in targets.items():
+                batch = source_requests(source, start, args.deliveries, f"{run_id}{name}")
+                cpu_before = process_cpu_seconds(processes[server].pid)
                 elapsed, latencies, statuses = asyncio.run(
-                    drive(port, batch, args.concurrency, args.max_seconds))
+                    drive(ports[server], batch, args.concurrency, args.max_seconds))
                 result = results[name]
-                result["cpu"] += process_cpu_seconds(processes[name].pid) - cpu_before
+                result["cpu"] += process_cpu_seconds(processes[server].pid) - cpu_before
                 result["elapsed"] += elapsed
                 result["latencies"] += latencies
                 for status, count in statuses.items():
@@ -307,7 +384,7 @@ def main():
         for process in processes.values():
             stop(process)
 
-    print(f"ingest benchmark: signed GitHub deliveries, concurrency {args.concurrency}, "
+    print(f"ingest benchmark: signed deliveries ({', '.join(sources)}), concurrency {args.concurrency}, "
           f"{args.rounds} alternating rounds, PostgreSQL {urlsplit(database_url).path.lstrip('/')}, "
           f"Redis {'on' if os.environ.get('REDIS_URL') else 'off'}, {os.cpu_count()} CPUs")
     rates = {}
@@ -321,19 +398,20 @@ def main():
               f"statuses {dict(sorted(result['statuses'].items()))}")
     cpu_ms = {name: result["cpu"] / max(1, len(result["latencies"])) * 1000
               for name, result in results.items()}
-    print(f"  daphne CPU per delivery: switchboard {cpu_ms['switchboard']:.2f} ms, bare-sql "
-          f"{cpu_ms['bare-sql']:.2f} ms, floor {cpu_ms['floor']:.2f} ms")
-    if rates["bare-sql"] and rates["floor"]:
+    print("  daphne CPU per delivery: " + ", ".join(
+        f"{name} {cpu_ms[name]:.2f} ms" for name in targets))
+    if "switchboard" in rates and rates["bare-sql"] and rates["floor"]:
         print(f"  ratio switchboard/bare-sql = {rates['switchboard'] / rates['bare-sql']:.2f} "
               f"(target >= 0.75); by daphne CPU per delivery bare-sql/switchboard = "
               f"{cpu_ms['bare-sql'] / cpu_ms['switchboard']:.2f}")
         print(f"  (information) switchboard/floor = {rates['switchboard'] / rates['floor']:.2f}, "
               f"bare-sql/floor = {rates['bare-sql'] / rates['floor']:.2f}")
-    sent = len(warmed["switchboard"][1]) + len(results["switchboard"]["latencies"])
+    ours = [target_name(source) for source in sources]
+    sent = sum(len(warmed[name][1]) + len(results[name]["latencies"]) for name in ours)
     todos = count_bench_todos(env)
     print(f"  todos created {todos} for {sent} deliveries sent (one per delivery: {todos == sent})")
-    accepted = results["switchboard"]["statuses"].get(202, 0)
-    if accepted != len(results["switchboard"]["latencies"]) or todos != sent:
+    if any(results[name]["statuses"].get(202, 0) != len(results[name]["latencies"])
+           for name in ours) or todos != sent:
         sys.exit(1)
 
 

@@ -74,9 +74,11 @@ def only_own_users(db_field, request, kwargs):
 class WebhookForm(forms.ModelForm):
     new_secret = forms.CharField(
         required=False, widget=forms.PasswordInput(render_value=False),
-        help_text="Leave empty to mint one (shown once after saving). On an existing webhook, "
-                  "use the 'Rotate secret' action instead. An unsigned webhook takes none: "
-                  "anyone who knows its URL can create work.",
+        help_text="Leave empty to mint one (shown once after saving). Linear, Slack, Sentry and "
+                  "Stripe mint their own: paste the secret the sender shows. On an existing "
+                  "webhook, use the 'Rotate secret' action instead (or rotate_webhook_secret "
+                  "--secret for a sender's new one). An unsigned webhook takes none: anyone "
+                  "who knows its URL can create work.",
     )
 
     class Meta:

@@ -54,6 +54,18 @@ def test_adding_a_webhook_in_admin_mints_a_secret(admin_client, operator):
     assert webhook.secret in answer.content.decode()
 
 
+@pytest.mark.parametrize("source", ["linear", "slack", "sentry"])
+def test_adding_a_webhook_in_admin_takes_the_senders_own_secret(admin_client, operator, source):
+    form = admin_client.get("/admin/ingest/webhook/add/").content.decode()
+    assert f'value="{source}"' in form
+    secret = f"{source}-secret-the-sender-showed-0123"
+    admin_client.post("/admin/ingest/webhook/add/", {
+        "slug": f"{source}-admin", "owner": operator.pk, "source": source, "active": "on",
+        "new_secret": secret, "routes-TOTAL_FORMS": "0", "routes-INITIAL_FORMS": "0"})
+    webhook = Webhook.objects.get(slug=f"{source}-admin")
+    assert (webhook.source, webhook.secret) == (source, secret)
+
+
 def test_adding_a_token_in_admin_shows_it_once_on_a_page_of_its_own(admin_client, operator):
     """Not in a Django message: messages may ride in a cookie (signed, not encrypted) and are
     shown again on the next page."""
