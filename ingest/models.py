@@ -208,11 +208,16 @@ class ReplayLedgerEntry(models.Model):
     Stripe/Standard of the exact signed message, timestamp included), the delivery id it came
     under and when. A later delivery of the same fingerprint under another id inside the
     replay window is a replay; for timestamped sources any repeat is a duplicate. Bounded:
-    ``sweeps.prune_replay_ledger`` deletes entries past the window."""
+    ``sweeps.prune_replay_ledger`` deletes entries past the window.
+
+    ``kind`` is the kind the body was accepted as: GitHub, Gitea and GitLab sign the body only,
+    not the event header the kind comes from, so the same delivery id and body under another
+    event is a replay too, never new work on a route the original did not match."""
 
     webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="+")
     fingerprint = models.CharField(max_length=64)
     delivery_id = models.CharField(max_length=300, blank=True, default="")
+    kind = models.CharField(max_length=200, blank=True, default="")
     accepted_at = models.DateTimeField()
     # The accepted delivery event (a duplicate answers with its todos); no constraint: the
     # ledger must not hold up pruning deliveries.

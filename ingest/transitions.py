@@ -247,15 +247,19 @@ _RECORD_FIELDS = ("webhook_id", "at", "outcome", "status", "delivery_id", "kind"
                   "body_sha256", "source_address", "reason", "delivery_event_id", "todo_ids",
                   "redelivered_from_id", "attributed_to_id")
 # The ledger takes a fingerprint when nothing holds it, when its holder is past the replay
-# window, or (unless the source is timestamped) when the same delivery id comes again: a
-# sender's redelivery, which §4's idempotency then answers. Otherwise it returns no row.
-# (Over the held entry ``l`` and the ledger params; the new delivery id is %(delivery_id)s.)
+# window, or (unless the source is timestamped) when the same delivery id comes again under the
+# same kind: a sender's redelivery, which §4's idempotency then answers. The kind must match
+# because GitHub, Gitea and GitLab do not sign the event header it comes from. Otherwise it
+# returns no row. (Over the held entry ``l`` and the ledger params; the new delivery id is
+# %(delivery_id)s.)
 _LEDGER_TAKES_OVER = ("l.accepted_at < %(window_start)s"
-                      " OR (%(same_id_redelivers)s AND l.delivery_id = %(delivery_id)s)")
+                      " OR (%(same_id_redelivers)s AND l.delivery_id = %(delivery_id)s"
+                      " AND l.kind = %(kind)s)")
 _LEDGER_UPSERT = (
-    f"INSERT INTO {_LEDGER} AS l (webhook_id, fingerprint, delivery_id, accepted_at,"
+    f"INSERT INTO {_LEDGER} AS l (webhook_id, fingerprint, delivery_id, kind, accepted_at,"
     " delivery_event_id) {source} ON CONFLICT (webhook_id, fingerprint) DO UPDATE SET"
-    " delivery_id = EXCLUDED.delivery_id, accepted_at = EXCLUDED.accepted_at,"
+    " delivery_id = EXCLUDED.delivery_id, kind = EXCLUDED.kind,"
+    " accepted_at = EXCLUDED.accepted_at,"
     f" delivery_event_id = EXCLUDED.delivery_event_id WHERE {_LEDGER_TAKES_OVER} RETURNING 1"
 )
 # True when the ledger would refuse the fingerprint (``_LEDGER_UPSERT`` would return no row).
@@ -301,7 +305,8 @@ def _arrival_ctes_postgres(with_ledger: bool, only_if_sql: str = "") -> str:
     ledger = ""
     if with_ledger:
         ledger = ", ledger AS (" + _LEDGER_UPSERT.format(
-            source="SELECT %(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(now)s, event.id"
+            source="SELECT %(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(kind)s, %(now)s,"
+                   " event.id"
                    " FROM event") + ")"
     return (
         f"WITH event AS (INSERT INTO {DeliveryEvent._meta.db_table} ({event_columns})"
@@ -374,8 +379,8 @@ def _record_arrival(*, event_values: dict, record_values: dict, ledger: dict | N
     with connection.cursor() as cursor:
         if ledger is not None:
             cursor.execute(_LEDGER_UPSERT.format(
-                source="VALUES (%(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(now)s,"
-                       " %(event_id)s)"), params)
+                source="VALUES (%(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(kind)s,"
+                       " %(now)s, %(event_id)s)"), params)
             if cursor.fetchone() is None:
                 return event.pk, None
         cursor.execute(f"INSERT INTO {_RECORD} ({_RECORD_COLUMNS})"
@@ -464,10 +469,10 @@ class Refused(Exception):
         self.duplicate_event_id = duplicate_event_id
 
 
-def _ledger_verdict(webhook: Webhook, fingerprint: str, delivery_id: str) -> Refused:
+def _ledger_verdict(webhook: Webhook, fingerprint: str, delivery_id: str, kind: str) -> Refused:
     entry = (ReplayLedgerEntry.objects.filter(webhook_id=webhook.pk, fingerprint=fingerprint)
-             .values("delivery_id", "delivery_event_id").first())
-    if entry is not None and entry["delivery_id"] == delivery_id:
+             .values("delivery_id", "kind", "delivery_event_id").first())
+    if entry is not None and entry["delivery_id"] == delivery_id and entry["kind"] == kind:
         return Refused(Outcome.DUPLICATE, entry["delivery_event_id"])
     return Refused(Outcome.REPLAY)
 
@@ -568,7 +573,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     ledger = None
     if fingerprint:
         ledger = {"webhook_id": webhook.pk, "fingerprint": fingerprint, "delivery_id": delivery_id,
-                  "now": now, "window_start": now - settings.SWITCHBOARD_REPLAY_WINDOW,
+                  "kind": kind, "now": now, "window_start": now - settings.SWITCHBOARD_REPLAY_WINDOW,
                   "same_id_redelivers": not timestamped}
     if len(matching) == 1 and statements.is_postgres():
         route = matching[0]
@@ -607,7 +612,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
                 record = DeliveryRecord.from_db(connection.alias, ("id",), [record_id])
                 return Arrival(delivery_event=event, todos=results, outcome=outcome, record=record)
     if refused:
-        raise _ledger_verdict(webhook, fingerprint, delivery_id)
+        raise _ledger_verdict(webhook, fingerprint, delivery_id, kind)
     # Every todo was a live duplicate: nothing of this arrival was kept but its log line.
     record = record_refused(webhook, outcome=Outcome.DUPLICATE, status=status,
                             observe=lambda: observed, now=now, reason=note,

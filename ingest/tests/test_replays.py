@@ -190,3 +190,42 @@ def test_re_sending_a_captured_body_never_starves_the_real_sender(make_webhook, 
         assert github_post(webhook, captured, delivery=delivery).status_code in (202, 409, 429)
     fresh = signing.body_of({**ISSUE, "issue": {**ISSUE["issue"], "number": 99}})
     assert github_post(webhook, fresh, delivery="d-fresh").status_code == 202
+
+
+RELABEL_SIGNERS = {
+    "github": lambda body, delivery, event: signing.github(
+        SECRETS["github"], body, delivery=delivery, event=event),
+    "gitea": lambda body, delivery, event: signing.gitea(
+        SECRETS["gitea"], body, delivery=delivery, event=event),
+    "gitlab": lambda body, delivery, event: signing.gitlab(
+        SECRETS["gitlab"], body, delivery=delivery,
+        event={"issues": "Issue Hook", "push": "Push Hook"}[event]),
+}
+
+
+@pytest.mark.parametrize("source", sorted(RELABEL_SIGNERS))
+def test_the_same_delivery_under_another_event_header_is_a_replay_not_work_on_another_route(
+        make_webhook, endpoint, source):
+    # The event header is not signed: relabelling a captured delivery must not reach a route
+    # the original never matched.
+    webhook = make_webhook(source, routes=[(endpoint, "inbox", ["issues", "issue"]),
+                                           (endpoint, "deploys", ["push"])])
+    body = signing.body_of(ISSUE)
+    sign = RELABEL_SIGNERS[source]
+    first = post_hook(webhook.slug, body, sign(body, "d-1", "issues"))
+    assert first.status_code == 202, first.content
+    relabelled = post_hook(webhook.slug, body, sign(body, "d-1", "push"))
+    assert relabelled.status_code == 409, relabelled.content
+    assert relabelled.json()["error"]["code"] == "replay"
+    assert list(Todo.objects.values_list("queue", flat=True)) == ["inbox"]
+    assert list(DeliveryRecord.objects.filter(webhook=webhook).order_by("id")
+                .values_list("outcome", "status")) == [("accepted", 202), ("replay", 409)]
+    # The sender's own redelivery (same id, same event) is still §4's duplicate...
+    again = post_hook(webhook.slug, body, sign(body, "d-1", "issues"))
+    assert again.status_code == 202 and again.json()["todos"][0]["duplicate"] is True
+    # ...and once the todo is done, still a fresh todo, while the relabel stays refused.
+    finish(first.json()["todos"][0]["id"], endpoint)
+    assert post_hook(webhook.slug, body, sign(body, "d-1", "push")).status_code == 409
+    later = post_hook(webhook.slug, body, sign(body, "d-1", "issues"))
+    assert later.status_code == 202 and later.json()["todos"][0]["duplicate"] is False
+    assert sorted(Todo.objects.values_list("queue", flat=True)) == ["inbox", "inbox"]
