@@ -622,23 +622,28 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
 
 def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
     """An operator sends an accepted delivery through the webhook's routes again: the payload
-    its todos were created with (the body itself is never stored), as a new delivery of trust
-    ``operator`` attributed to ``operator``, under a fresh idempotency key, logged as
-    "redelivered from #N". ``routes`` are the webhook's current routes (endpoints loaded).
-    Raises ValueError when there is nothing to re-send."""
+    its todos were created with (the body itself is never stored), as a new delivery attributed
+    to ``operator`` (the redeliverer), under a fresh idempotency key, logged as "redelivered
+    from #N". ``routes`` are the webhook's current routes (endpoints loaded).
+
+    The new delivery keeps the original's trust: re-sending is not vouching for it, so an
+    ``unverified`` original stays unverified (hidden from endpoints that refuse it, never
+    rung), and only an explicit promote raises it. Raises ValueError when there is nothing to
+    re-send."""
     from todos.models import Todo
 
     if record.outcome != Outcome.ACCEPTED or record.delivery_event_id is None:
         raise ValueError("only an accepted delivery can be redelivered")
+    original = DeliveryEvent.objects.filter(pk=record.delivery_event_id).only("trust").first()
     todo = (Todo.objects.filter(delivery_event_id=record.delivery_event_id).order_by("id")
             .only("payload", "kind").first())
-    if todo is None:
+    if todo is None or original is None:
         raise ValueError("the delivery's todos are gone (pruned); nothing to re-send")
     webhook = record.webhook
     kind = todo.kind
     payload = todo.payload
     return ingest_delivery(
-        webhook=webhook, routes=routes, trust=TrustMode.OPERATOR, delivery_id="", kind=kind,
+        webhook=webhook, routes=routes, trust=original.trust, delivery_id="", kind=kind,
         title=titles.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),
         payload=payload, body_sha256=record.body_sha256,
         observed=Observed(size=record.size, body_sha256=record.body_sha256,

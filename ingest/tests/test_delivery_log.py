@@ -263,8 +263,8 @@ def test_another_operators_webhook_page_is_404(make_webhook):
     assert client.get(f"/todos/webhooks/{webhook.slug}/rows").status_code == 404
 
 
-def test_redelivery_creates_new_operator_todos_and_the_log_links_both(make_webhook, signed_in,
-                                                                      operator, endpoint):
+def test_redelivery_creates_new_todos_of_the_originals_trust_and_the_log_links_both(
+        make_webhook, signed_in, operator, endpoint):
     webhook = make_webhook("github")
     body, meta = signed("github", ISSUE, delivery="gh-1")
     first = post_hook(webhook.slug, body, meta).json()
@@ -276,7 +276,8 @@ def test_redelivery_creates_new_operator_todos_and_the_log_links_both(make_webho
         "accepted", original.pk, operator.pk)
     (todo,) = Todo.objects.filter(delivery_event_id=again.delivery_event_id)
     assert str(todo.pk) != first["todos"][0]["id"]
-    assert todo.trust == TrustMode.OPERATOR and todo.payload == ISSUE
+    assert todo.trust == TrustMode.SIGNED and todo.payload == ISSUE
+    assert todo.delivery_event.trust == TrustMode.SIGNED
     assert todo.delivery_event.attributed_to_id == operator.pk
     assert todo.idempotency_key != Todo.objects.get(pk=first["todos"][0]["id"]).idempotency_key
     rows = signed_in.get(f"/todos/webhooks/{webhook.slug}/rows").content.decode()
@@ -293,6 +294,32 @@ def test_redelivery_creates_new_operator_todos_and_the_log_links_both(make_webho
     mallory.force_login(UserFactory(username="mallory"))
     assert mallory.post(f"/todos/webhooks/{webhook.slug}/deliveries/{original.pk}/redeliver"
                         ).status_code == 404
+
+
+def test_redelivering_an_unsigned_delivery_keeps_it_unverified_hidden_and_unrung(
+        make_webhook, signed_in, operator, endpoint, published):
+    from todos import transitions as todo_transitions
+
+    endpoint.accept_unverified = False
+    endpoint.save(update_fields=["accept_unverified"])
+    webhook = make_webhook("unsigned")
+    assert post_hook(webhook.slug, signing.body_of(ISSUE), {}).status_code == 202
+    original = only_record(webhook)
+    answer = signed_in.post(f"/todos/webhooks/{webhook.slug}/deliveries/{original.pk}/redeliver")
+    assert answer.status_code == 302
+    again = DeliveryRecord.objects.exclude(pk=original.pk).get()
+    # The operator is named as the one who re-sent it; the trust is still the sender's.
+    assert (again.outcome, again.attributed_to_id) == ("accepted", operator.pk)
+    (todo,) = Todo.objects.filter(delivery_event_id=again.delivery_event_id)
+    assert todo.trust == TrustMode.UNVERIFIED
+    assert todo.delivery_event.trust == TrustMode.UNVERIFIED
+    assert todo.delivery_event.attributed_to_id == operator.pk
+    # accept_unverified off: the agent gets neither the original nor the redelivery.
+    agent = todo_transitions.Caller.agent(endpoint, "session-a")
+    assert todo_transitions.claim_next_todo(agent) is None
+    # And it is never pushed to an agent: doorbells ring only verified or operator work.
+    from channels_push import doorbells
+    assert not doorbells.is_push_eligible(todo.trust, todo.delivery_event.attributed_to_id)
 
 
 def test_the_admin_shows_the_delivery_log_read_only(make_webhook, admin_client):
