@@ -1,7 +1,7 @@
 """A webhook's page in a real browser (Debian's chromium through Playwright) against daphne
 (CONTRACT §14): deliveries appear live with their outcome badge, the outcome filter narrows the
-log, and the redeliver button re-sends an accepted delivery as new operator-attributed todos,
-linked from the log. Screenshots land in the test's tmp dir."""
+log, and the redeliver button re-sends an accepted delivery as new operator-attributed todos
+of the original's trust, linked from the log. Screenshots land in the test's tmp dir."""
 
 import httpx
 
@@ -57,7 +57,7 @@ def test_the_webhook_page_shows_deliveries_live_and_redelivers(live_daphne, tmp_
             redelivered = page.locator("#delivery-rows tr", has=page.locator(".redelivered"))
             redelivered.wait_for()
             new_todo = in_thread(lambda: Todo.objects.exclude(pk=todo_id).get())
-            assert new_todo.trust == Trust.OPERATOR
+            assert new_todo.trust == Trust.SIGNED  # the original's trust, never raised
             assert f"#{new_todo.pk}" in redelivered.inner_text()
             assert "redelivered from #" in redelivered.inner_text()
             page.screenshot(path=str(tmp_path / "webhook-redelivered.png"), full_page=True)
