@@ -169,9 +169,12 @@ class EndpointAdmin(admin.ModelAdmin):
             # An edited override or schedule may turn presence in right now: announce it like
             # a clock-in by the operator (the boundary sweep only sees boundaries in time).
             now = timezone.now()
-            before = Endpoint.objects.get(pk=obj.pk).presence_at(now)
+            stored = Endpoint.objects.get(pk=obj.pk)
+            before = stored.presence_at(now)
             super().save_model(request, obj, form, change)
             transitions.announce_edited_presence(obj, before, now=now)
+            if stored.owner_id != obj.owner_id:
+                self._warn_stranded_routes(request, obj)
             return None
         # Vending mints the first credential with the endpoint, in one transaction.
         vended, credential = transitions.vend_endpoint(
@@ -183,6 +186,17 @@ class EndpointAdmin(admin.ModelAdmin):
         obj.pk, obj.created_at = vended.pk, vended.created_at
         obj._state.adding = False
         request._vended_credentials = [(vended.slug, credential)]
+
+    def _warn_stranded_routes(self, request, endpoint):
+        """Giving an endpoint to another operator stops the routes of webhooks the new owner
+        does not own (ingest checks ownership on every delivery); say how many."""
+        stranded = endpoint.routes.exclude(webhook__owner_id=endpoint.owner_id).count()
+        if stranded:
+            self.message_user(
+                request, f"{endpoint.slug} now belongs to {endpoint.owner}: {stranded} route(s) "
+                         f"from webhooks of other operators no longer deliver to it (stranded; "
+                         f"listed under Routes, where either owner can remove them)",
+                messages.WARNING)
 
     def response_add(self, request, obj, post_url_continue=None):
         credentials = getattr(request, "_vended_credentials", None)

@@ -7,12 +7,18 @@ page of its own (switchboard.admin_pages), never in a message.
 A staff operator who is not a superuser sees and changes only their own rows: their webhooks,
 the deliveries attributed to them, their API tokens; routes may point only at their endpoints,
 and tokens are minted for themselves only. Superusers see everything.
+
+The route list is the one place both ends of a route meet: it shows the routes of the
+operator's webhooks and the routes into the operator's endpoints, and marks those whose webhook
+and endpoint no longer share an owner (stranded: they deliver nothing) so that either owner can
+remove them.
 """
 
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db.models import F, Q
 from django.forms.models import BaseInlineFormSet
 from django.urls import reverse
 from django.utils.html import format_html
@@ -124,7 +130,9 @@ class WebhookAdmin(admin.ModelAdmin):
 
     @admin.display(description="routes")
     def route_count(self, obj):
-        return obj.routes.count()
+        routes = list(obj.routes.select_related("endpoint"))
+        stranded = sum(1 for route in routes if route.endpoint.owner_id != obj.owner_id)
+        return f"{len(routes)} ({stranded} stranded)" if stranded else len(routes)
 
     @admin.display(description="previous secret accepted until")
     def rotation(self, obj):
@@ -173,6 +181,61 @@ class WebhookAdmin(admin.ModelAdmin):
     def delivery_log_link(self, obj):
         return format_html('<a href="{}">delivery log</a>',
                            reverse("webhook-page", args=[obj.slug]))
+
+
+class StrandedFilter(admin.SimpleListFilter):
+    title = "ownership"
+    parameter_name = "stranded"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "stranded (delivers nothing)"), ("no", "delivering")]
+
+    def queryset(self, request, queryset):
+        mismatched = ~Q(webhook__owner_id=F("endpoint__owner_id"))
+        if self.value() == "yes":
+            return queryset.filter(mismatched)
+        if self.value() == "no":
+            return queryset.exclude(mismatched)
+        return queryset
+
+
+@admin.register(Route)
+class RouteAdmin(admin.ModelAdmin):
+    """Every route the operator is at either end of, read-only; routes are made on their
+    webhook's page. Deleting is open to both ends, so that the new owner of an endpoint can
+    remove routes from webhooks that are not theirs."""
+
+    list_display = ("__str__", "webhook_owner", "endpoint_owner", "ownership")
+    list_filter = (StrandedFilter,)
+    list_select_related = ("webhook__owner", "endpoint__owner")
+    fields = ("webhook", "endpoint", "queue", "kinds")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        routes = super().get_queryset(request)
+        if request.user.is_superuser:
+            return routes
+        return routes.filter(Q(webhook__owner=request.user) | Q(endpoint__owner=request.user))
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="webhook owner")
+    def webhook_owner(self, obj):
+        return obj.webhook.owner
+
+    @admin.display(description="endpoint owner")
+    def endpoint_owner(self, obj):
+        return obj.endpoint.owner
+
+    @admin.display(description="ownership")
+    def ownership(self, obj):
+        if transitions.is_route_stranded(obj):
+            return "stranded: the webhook's owner does not own the endpoint; delivers nothing"
+        return "delivering"
 
 
 @admin.register(DeliveryEvent)

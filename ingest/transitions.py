@@ -158,6 +158,25 @@ def route_in_scope(route: Route) -> bool:
     return False
 
 
+def is_route_stranded(route: Route) -> bool:
+    """True when the route's webhook and endpoint no longer have the same owner: the endpoint
+    was given to another operator (or the webhook was), after the route was made."""
+    return route.webhook.owner_id != route.endpoint.owner_id
+
+
+def route_owned(route: Route) -> bool:
+    """A route delivers only while its webhook's owner owns the target endpoint. The check is
+    made here, where the route is used, not only when it was made: giving an endpoint to another
+    operator must stop the old owner's webhooks (and their redeliveries) writing into it at
+    once, whichever way the owner changed. The route stays, shown as stranded to both owners,
+    until one of them removes it."""
+    if not is_route_stranded(route):
+        return True
+    log.warning("route skipped: its webhook's owner does not own the endpoint (stranded)", extra={
+        "webhook": route.webhook_id, "endpoint": route.endpoint.slug, "queue": route.queue})
+    return False
+
+
 def route_matches(route: Route, kind: str) -> bool:
     """An empty filter takes every kind; ``issues`` takes ``issues`` and ``issues.*``."""
     if not route.kinds:
@@ -556,7 +575,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     now = now or timezone.now()
     observed = observed or Observed(body_sha256=body_sha256, delivery_id=delivery_id, kind=kind)
     matching = [r for r in routes if r.endpoint.active and route_matches(r, kind)
-                and route_in_scope(r)]
+                and route_in_scope(r) and route_owned(r)]
     key = idempotency_key or idempotency_key_for(webhook, delivery_id, body_sha256)
     first_routes = first_route_per_endpoint(routes)
     attributed_to_id = attributed_to_id or webhook.owner_id
