@@ -17,6 +17,9 @@ from switchboard import admin_pages
 from . import transitions
 from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint
 
+# Fields vend_endpoint takes itself; the admin's add form writes the rest after it.
+VENDED_FIELDS = frozenset({"slug", "owner", "scope", "verbs", "default_lease_seconds",
+                           "max_attempts", "accept_unverified"})
 # The endpoint page lists this many recent pause/resume events.
 WORK_EVENTS_SHOWN = 20
 
@@ -176,13 +179,19 @@ class EndpointAdmin(admin.ModelAdmin):
             if stored.owner_id != obj.owner_id:
                 self._warn_stranded_routes(request, obj)
             return None
-        # Vending mints the first credential with the endpoint, in one transaction.
+        # Vending mints the first credential with the endpoint, in the admin's transaction.
         vended, credential = transitions.vend_endpoint(
             slug=obj.slug, owner=obj.owner, scope=obj.scope, verbs=obj.verbs,
             default_lease_seconds=obj.default_lease_seconds, max_attempts=obj.max_attempts,
+            accept_unverified=obj.accept_unverified,
         )
-        if not obj.active:
-            Endpoint.objects.filter(pk=vended.pk).update(active=False)
+        # Every other field the form edits (active, the shift schedule, the presence override,
+        # …) as the operator set it: a new endpoint must not start more open than asked, and
+        # the form has already validated the whole instance.
+        rest = {name: getattr(obj, name) for name in form._meta.fields
+                if name not in VENDED_FIELDS and name in form.cleaned_data}
+        if rest:
+            Endpoint.objects.filter(pk=vended.pk).update(**rest)
         obj.pk, obj.created_at = vended.pk, vended.created_at
         obj._state.adding = False
         request._vended_credentials = [(vended.slug, credential)]

@@ -127,3 +127,30 @@ def test_admin_edits_the_shift_schedule_and_clock_actions_set_presence(root_clie
     assert endpoint.presence_state == "out" and endpoint.presence_hold_until is not None
     listing = root_client.get("/admin/endpoints/endpoint/").content.decode()
     assert "presence (now)" in listing.lower()
+
+
+def test_vending_in_admin_keeps_accept_unverified_off_the_shift_schedule_and_the_override(
+        root_client, operator):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    until = timezone.localtime(timezone.now() + timedelta(hours=2))
+    response = root_client.post("/admin/endpoints/endpoint/add/", {
+        "slug": "careful", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+        "max_attempts": "5", "active": "on",  # accept_unverified unticked: off
+        "shift_timezone": "Europe/Berlin",
+        "shift_schedule": '[{"day": "mon", "start": "09:00", "end": "17:00"}]',
+        "presence_override": "out",
+        "presence_override_until_0": until.strftime("%Y-%m-%d"),
+        "presence_override_until_1": until.strftime("%H:%M:%S"),
+        "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 200, response.content[:3000]
+    endpoint = Endpoint.objects.get(slug="careful")
+    assert endpoint.accept_unverified is False
+    assert endpoint.shift_timezone == "Europe/Berlin"
+    assert endpoint.shift_schedule == [{"day": "mon", "start": "09:00", "end": "17:00"}]
+    assert endpoint.presence_override == "out"
+    assert abs((endpoint.presence_override_until - until).total_seconds()) < 1
+    assert endpoint.presence_at(timezone.now()) == "out"
