@@ -31,6 +31,7 @@ import mcp.types as types
 from django.conf import settings
 
 from endpoints import transitions as endpoint_transitions
+from switchboard import json_input
 from todos import queries as todo_queries
 from todos import transitions
 from todos.models import State
@@ -566,9 +567,30 @@ _TAKE_EMPTY_ARGUMENTS = frozenset(
     name for name, (_, schema) in TOOL_SCHEMAS.items() if not schema["required"])
 
 
+# Checked by the write itself, in the one walk of the value it stores (complete, fail): up to
+# the result cap, so not walked twice.
+_STORED_WHOLE = frozenset({"result"})
+
+
+def _check_text(arguments: dict) -> None:
+    """No argument may carry text the database cannot take (a NUL character, a lone
+    surrogate): PostgreSQL refuses it mid-query, which would be an internal error instead of
+    a refusal the model can correct. Every argument is walked, names included."""
+    for argument, value in arguments.items():
+        reason = json_input.unstorable_reason(argument)
+        if reason is not None:
+            raise _Refused("invalid_argument", f"{argument!r}: the argument name {reason}")
+        if argument in _STORED_WHOLE:
+            continue
+        reason = json_input.unstorable_reason(value)
+        if reason is not None:
+            raise _Refused("invalid_argument", f"{argument}: {reason}")
+
+
 def _check_arguments(name: str, arguments: dict) -> None:
     if not arguments and name in _TAKE_EMPTY_ARGUMENTS:
         return
+    _check_text(arguments)
     errors = sorted(_VALIDATORS[name].iter_errors(arguments), key=lambda e: [str(p) for p in e.path])
     if errors:
         raise _Refused("invalid_argument", "; ".join(

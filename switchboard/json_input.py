@@ -83,6 +83,35 @@ def is_plainly_storable(text: str) -> bool:
     return True
 
 
+def unstorable_reason(value) -> str | None:
+    """Why ``value`` (JSON-shaped: dicts, lists, str, numbers) cannot be stored as given by both
+    databases, or None. PostgreSQL's text and jsonb refuse NUL characters and lone surrogates,
+    and neither database stores NaN or Infinity as JSON; refusing them up front turns a failed
+    write (a 5xx the sender would retry forever) into a clear argument error. Callers say
+    which field: ``f"{name} {reason}"``."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"is nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "contains a NUL character (\\u0000)"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "is not valid Unicode (a lone surrogate)"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "contains a number that is not finite (NaN, Infinity or out of range)"
+        elif isinstance(item, dict):
+            stack.extend((key, depth + 1) for key in item)
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, depth + 1) for child in item)
+    return None
+
+
 def loads_strict(text):
     # Bytes are counted as latin-1: brackets, quotes and backslashes are ASCII, and no byte of a
     # UTF-8 multi-byte character is; the decoder still gets the bytes as given.

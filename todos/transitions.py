@@ -20,7 +20,6 @@ date arithmetic), so both backends share the SQL and tests drive the clock with 
 
 import functools
 import json
-import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from channels_push import publish
-from switchboard import statements
+from switchboard import json_input, statements
 from switchboard.statements import is_postgres as _is_postgres
 
 from . import queries
@@ -289,35 +288,9 @@ def _lease_ttl(caller: Caller, lease_ttl_seconds) -> timedelta:
 
 
 # Deeper JSON than this is refused rather than walked (and it is no real payload).
-MAX_JSON_DEPTH = 100
-
-
-def unstorable_reason(value) -> str | None:
-    """Why ``value`` (JSON-shaped: dicts, lists, str, numbers) cannot be stored as given by both
-    databases, or None. PostgreSQL's text and jsonb refuse NUL characters and lone surrogates,
-    and neither database stores NaN or Infinity as JSON; refusing them up front turns a failed
-    write (a 5xx the sender would retry forever) into a clear argument error."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            return f"is nested deeper than {MAX_JSON_DEPTH} levels"
-        if isinstance(item, str):
-            if "\x00" in item:
-                return "contains a NUL character (\\u0000)"
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return "is not valid Unicode (a lone surrogate)"
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return "contains a number that is not finite (NaN, Infinity or out of range)"
-        elif isinstance(item, dict):
-            stack.extend((key, depth + 1) for key in item)
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend((child, depth + 1) for child in item)
-    return None
+MAX_JSON_DEPTH = json_input.MAX_JSON_DEPTH
+# Why a value cannot be stored (NUL, lone surrogate, NaN, too deep): one walk for every surface.
+unstorable_reason = json_input.unstorable_reason
 
 
 def _check_storable(**values) -> None:

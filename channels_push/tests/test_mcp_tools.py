@@ -143,3 +143,33 @@ def test_instructions_fit_and_name_both_notification_kinds(endpoint):
     assert len(text) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
     assert "meta.todo_id" in text and '"digest"' in text and "claim_next" in text
     assert f"{int(endpoint.effective_lease.total_seconds())} seconds" in text
+
+
+BAD_TEXT = {"nul": "a\x00b", "lone_surrogate": "a\ud800b"}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_TEXT))
+def test_nul_or_a_lone_surrogate_in_any_tool_argument_is_invalid_argument_naming_it(
+        endpoint, make_todo, bad):
+    todo = make_todo()
+    _, claimed = call(endpoint, "claim", {"todo_id": str(todo.pk)})
+    lease_id = claimed["todo"]["lease_id"]
+    text = BAD_TEXT[bad]
+    checked = 0
+    for tool, (_, schema) in mcp_tools.TOOL_SCHEMAS.items():
+        for argument, spec in schema["properties"].items():
+            if spec.get("type") not in ("string", "array", None) and "anyOf" not in spec:
+                continue  # numbers and booleans cannot carry text
+            arguments = {name: value for name, value in
+                         {"todo_id": str(todo.pk), "lease_id": lease_id, "ref": "sec_x"}.items()
+                         if name in schema["required"]}
+            arguments[argument] = [text] if spec.get("type") == "array" else text
+            is_error, payload = call(endpoint, tool, arguments)
+            assert is_error, (tool, argument)
+            assert payload["error"]["code"] == "invalid_argument", (tool, argument, payload)
+            assert payload["error"]["message"].startswith(f"{argument}"), (tool, payload)
+            checked += 1
+    assert checked >= 15
+    # Nothing changed: the todo is still claimed under the same lease, never completed.
+    todo.refresh_from_db()
+    assert (todo.state, todo.lease_id) == ("claimed", lease_id)
