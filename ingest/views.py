@@ -167,13 +167,11 @@ def _reject_unstorable(value) -> None:
             _reject_unstorable(item)
 
 
-def _parse_json_text(text: str, *, what: str = "body"):
-    return _parse_json_document(text, what=what)[0]
-
-
-def _parse_json_document(text: str, *, what: str = "body") -> tuple[dict, bool]:
+def _parse_json_document(text: str, *, what: str = "body",
+                         walk: bool = True) -> tuple[dict, bool]:
     """The JSON object in ``text`` (a Problem otherwise), and whether it is plainly storable
-    (``json_input.is_plainly_storable``): then neither the check here nor the todo's walks it."""
+    (``json_input.is_plainly_storable``): then neither the check here nor the todo's walks it.
+    ``walk=False``: the caller checks the fields itself, naming the one at fault."""
     # Strict JSON: NaN/Infinity and literals that overflow to inf (valid JSON such as 1e400,
     # which jsonb cannot store) are a 400 naming the problem, not a failed write later.
     try:
@@ -187,7 +185,7 @@ def _parse_json_document(text: str, *, what: str = "body") -> tuple[dict, bool]:
     if not isinstance(value, dict):
         raise Problem(400, "malformed_body", f"{what} must be a JSON object")
     plain = json_input.is_plainly_storable(text)
-    if not plain:  # else there is nothing for the walk to find (see is_plainly_storable)
+    if not plain and walk:  # else there is nothing for the walk to find (is_plainly_storable)
         try:
             _reject_unstorable(value)
         except RecursionError:
@@ -562,10 +560,20 @@ def _optional_str(data: dict, name: str, limit: int) -> str:
     return value
 
 
-def _hand_over_arguments(endpoint, data: dict) -> dict:
-    unknown = sorted(set(data) - {"queue", "title", "payload", "kind", "idempotency_key", "secrets"})
+HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets")
+
+
+def _hand_over_arguments(endpoint, data: dict, *, plainly_storable: bool = False) -> dict:
+    unknown = sorted(set(data) - set(HAND_OVER_FIELDS))
     if unknown:
         raise Problem(400, "invalid_argument", f"unknown fields: {unknown}")
+    if not plainly_storable:
+        # Text the database cannot take (NUL, a lone surrogate) is refused naming its field,
+        # before anything is looked up or written.
+        for name in HAND_OVER_FIELDS:
+            reason = json_input.unstorable_reason(data.get(name))
+            if reason is not None:
+                raise Problem(400, "invalid_argument", f"{name} {reason}")
     queue = data.get("queue")
     if not isinstance(queue, str):
         raise Problem(400, "invalid_argument", "queue (a queue name) is required")
@@ -610,6 +618,9 @@ def hand_over(request, endpoint_slug):
             raise Problem(405, "method_not_allowed", "POST a todo here")
         _check_declared_length(request.META.get("CONTENT_LENGTH"))
         operator = _authenticate_operator(request)
+        reason = json_input.unstorable_reason(endpoint_slug)
+        if reason is not None:  # PostgreSQL would refuse the lookup itself (a false 503)
+            raise Problem(400, "invalid_argument", f"the endpoint slug in the path {reason}")
         # Somebody else's endpoint looks exactly like a missing one.
         endpoint = Endpoint.objects.filter(slug=endpoint_slug, active=True, owner=operator).first()
         if endpoint is None:
@@ -619,7 +630,8 @@ def hand_over(request, endpoint_slug):
         body = _read_body(request)
         if not _is_json_type(_media_type(request.META.get("CONTENT_TYPE"))):
             raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
-        arguments = _hand_over_arguments(endpoint, _parse_json_text(_decode_utf8(body)))
+        data, plain = _parse_json_document(_decode_utf8(body), walk=False)
+        arguments = _hand_over_arguments(endpoint, data, plainly_storable=plain)
         todo, created = transitions.hand_over_todo(
             endpoint=endpoint, operator=operator, body_sha256=transitions.body_digest(body),
             **arguments,

@@ -597,6 +597,44 @@ def test_operator_api_unstorable_json_is_400(client, endpoint, token, data, prob
     assert nothing_written() and OperatorSecret.objects.count() == 0
 
 
+OPERATOR_FIELDS_WITH_TEXT = {
+    "queue": '"queue": "in{bad}box", "title": "x"',
+    "title": '"queue": "inbox", "title": "x{bad}y"',
+    "kind": '"queue": "inbox", "title": "x", "kind": "re{bad}view"',
+    "idempotency_key": '"queue": "inbox", "title": "x", "idempotency_key": "k{bad}"',
+    "payload": '"queue": "inbox", "title": "x", "payload": {{"a": ["b{bad}"]}}',
+    "secrets": '"queue": "inbox", "title": "x", "secrets": {{"s{bad}": "v"}}',
+}
+
+
+@pytest.mark.parametrize("bad", ["\\u0000", "\\ud800"])
+@pytest.mark.parametrize("field", sorted(OPERATOR_FIELDS_WITH_TEXT))
+def test_operator_api_refuses_nul_or_a_lone_surrogate_naming_the_field(
+        client, endpoint, token, field, bad):
+    body = ("{" + OPERATOR_FIELDS_WITH_TEXT[field].format(bad=bad) + "}").encode()
+    answer = hand(client, endpoint.slug, body, **bearer(token))
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_argument" and error["message"].startswith(field), error
+    assert nothing_written() and OperatorSecret.objects.count() == 0
+
+
+@pytest.mark.parametrize("slug", ["agent%00", "a%00b"])
+def test_a_nul_in_the_operator_api_slug_is_a_400_not_a_false_503(client, endpoint, token, slug):
+    answer = hand(client, slug, {"queue": "inbox", "title": "x"}, **bearer(token))
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_argument" and "endpoint slug" in error["message"]
+    assert nothing_written()
+
+
+def test_broken_utf_8_in_the_operator_api_slug_is_an_unknown_endpoint(client, endpoint, token):
+    # Django keeps undecodable path bytes percent-encoded: no such slug, and no 5xx.
+    answer = hand(client, "agent%ED%A0%80", {"queue": "inbox", "title": "x"}, **bearer(token))
+    assert answer.status_code == 404, answer.content
+    assert nothing_written()
+
+
 def test_unknown_endpoint_slug_is_echoed_cut_short(client, token):
     answer = hand(client, "e" * 3000, {"queue": "inbox", "title": "x"}, **bearer(token))
     message = answer.json()["error"]["message"]
