@@ -12,7 +12,7 @@ from django.utils.safestring import mark_safe
 from django.urls import reverse
 from django.utils import timezone
 
-from switchboard import admin_pages
+from switchboard import admin_pages, json_input
 
 from . import transitions
 from .models import AGENT_VERBS, ALL_QUEUES, Credential, Endpoint
@@ -79,6 +79,7 @@ def show_credentials_once(request, credentials, *, title):
 @admin.register(Endpoint)
 class EndpointAdmin(admin.ModelAdmin):
     form = EndpointForm
+    formfield_overrides = json_input.ADMIN_FORMFIELD_OVERRIDES
     inlines = [CredentialInline]
     list_display = ["slug", "owner", "scope_display", "default_lease_seconds", "max_attempts",
                     "active", "presence_display", "paused_display", "created_at"]

@@ -18,7 +18,7 @@ from django.utils import timezone
 from channels_push import publish
 
 from .models import (ALL_QUEUES, Credential, Endpoint, EndpointEvent, Presence, hash_credential,
-                     next_shift_boundary, validate_shift_schedule)
+                     next_shift_boundary, queue_name_validator, validate_shift_schedule)
 
 log = logging.getLogger("switchboard.endpoints")
 
@@ -213,6 +213,10 @@ def pause_work(endpoint: Endpoint, *, queue: str | None = None, actor: str, now=
     untouched); ingest and leases already held go on. Recorded as an event. Returns the
     endpoint's paused list (``["*"]`` for all)."""
     now = now or timezone.now()
+    if queue is not None:
+        # A name no queue can have (a NUL, say, which PostgreSQL refuses mid-write) is an
+        # operator's typo to report, not a failed write.
+        queue_name_validator(queue)
     if queue is not None and not endpoint.covers(queue):
         raise ValidationError(f"queue {queue!r} is outside endpoint {endpoint.slug}'s scope "
                               f"{endpoint.scope}")

@@ -24,7 +24,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from endpoints.models import Endpoint
-from switchboard import admin_pages
+from switchboard import admin_pages, json_input
 
 from . import transitions
 from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Source, Webhook
@@ -61,6 +61,7 @@ class RouteFormSet(BaseInlineFormSet):
 class RouteInline(admin.TabularInline):
     model = Route
     formset = RouteFormSet
+    formfield_overrides = json_input.ADMIN_FORMFIELD_OVERRIDES
     extra = 1
     fields = ("endpoint", "queue", "kinds")
     autocomplete_fields = ()

@@ -13,6 +13,11 @@ import json
 import math
 import re
 
+from django import forms
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.forms.fields import InvalidJSONInput
+
 # Arrays and objects inside one another (CONTRACT §12); no real payload comes close.
 MAX_JSON_DEPTH = 100
 
@@ -120,3 +125,32 @@ def loads_strict(text):
         return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
         raise TooDeep() from None
+
+
+class StorableJSONFormField(forms.JSONField):
+    """The admin's JSON field, held to what the database stores: strict JSON (no NaN or
+    Infinity) without NUL characters or lone surrogates, refused as a form error on the field
+    instead of failing the write, and shown back as typed (Django's own field would decode a
+    lone surrogate for display and fail to encode the page)."""
+
+    def to_python(self, value):
+        if self.disabled or value in self.empty_values or not isinstance(value, str):
+            return super().to_python(value)
+        try:
+            converted = loads_strict(value)
+        except ValueError as exc:
+            raise ValidationError(f"not valid JSON ({exc})", code="invalid") from None
+        reason = unstorable_reason(converted)
+        if reason is not None:
+            raise ValidationError(f"this value {reason}", code="unstorable")
+        return super().to_python(value)
+
+    def bound_data(self, data, initial):
+        value = super().bound_data(data, initial)
+        if not isinstance(value, InvalidJSONInput) and unstorable_reason(value) is not None:
+            return InvalidJSONInput(data)
+        return value
+
+
+# Give every JSONField of a ModelAdmin or inline the storable form field.
+ADMIN_FORMFIELD_OVERRIDES = {models.JSONField: {"form_class": StorableJSONFormField}}

@@ -175,14 +175,24 @@ def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None) -
     )
 
 
+class BadFilter(ValueError):
+    """A board filter no row could match because the database cannot even compare it (a NUL
+    character): the message names the filter."""
+
+
 def board_filters_from(params) -> dict:
-    """The board's filters from a query mapping; an unknown state is ignored, not an error."""
+    """The board's filters from a query mapping; an unknown state is ignored, not an error.
+    Raises BadFilter for a value with a NUL (PostgreSQL refuses it in a query)."""
     state = params.get("state") or None
-    return {
+    filters = {
         "endpoint_slug": (params.get("endpoint") or "").strip() or None,
         "queue": (params.get("queue") or "").strip() or None,
         "state": state if state in State.values else None,
     }
+    for name, key in (("endpoint", "endpoint_slug"), ("queue", "queue")):
+        if filters[key] and "\x00" in filters[key]:
+            raise BadFilter(f"the {name} filter contains a NUL character")
+    return filters
 
 
 # The states a backlog gauge reports. Done todos are kept forever as audit, so counting them

@@ -7,6 +7,7 @@ username becomes the lease owner and the event actor, exactly as a session id do
 The live part (``/todos/events``) is a Channels consumer in ``channels_push/board_stream.py``.
 """
 
+import functools
 import hashlib
 import hmac
 import json
@@ -17,7 +18,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils import timezone
@@ -70,7 +71,7 @@ def get_visible_todo(user, todo_id) -> Todo:
 
 
 def _board_context(request):
-    filters = queries.board_filters_from(request.GET)
+    filters = queries.board_filters_from(request.GET)  # BadFilter: see board_filter_refused
     endpoints = endpoint_queries.visible_endpoints(request.user)
     query = request.GET.urlencode()
     return {
@@ -82,9 +83,23 @@ def _board_context(request):
     }
 
 
+def board_filter_refused(view):
+    """A filter the database cannot compare (``queries.BadFilter``) answers 400 naming it."""
+
+    @functools.wraps(view)
+    def answer(request, *args, **kwargs):
+        try:
+            return view(request, *args, **kwargs)
+        except queries.BadFilter as bad:
+            return HttpResponseBadRequest(str(bad), content_type="text/plain; charset=utf-8")
+
+    return answer
+
+
 @board_login_required
 @require_GET
 @never_cache
+@board_filter_refused
 def board(request):
     context = _board_context(request)
     endpoints = list(endpoint_queries.visible_endpoints(request.user).order_by("slug"))
@@ -100,6 +115,7 @@ def board(request):
 @board_login_required
 @require_GET
 @never_cache
+@board_filter_refused
 def board_rows(request):
     """The rows alone: the board's re-sync after its event stream (re)connects."""
     return render(request, "todos/_rows.html", _board_context(request))

@@ -154,3 +154,20 @@ def test_vending_in_admin_keeps_accept_unverified_off_the_shift_schedule_and_the
     assert endpoint.presence_override == "out"
     assert abs((endpoint.presence_override_until - until).total_seconds()) < 1
     assert endpoint.presence_at(timezone.now()) == "out"
+
+
+@pytest.mark.parametrize("bad", ["\\u0000", "\\ud800"])
+def test_a_nul_or_lone_surrogate_in_an_admin_json_field_is_a_form_error_not_a_500(
+        root_client, operator, bad):
+    endpoint = EndpointFactory(slug="shifty", owner=operator)
+    response = root_client.post(f"/admin/endpoints/endpoint/{endpoint.pk}/change/", {
+        "slug": "shifty", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+        "max_attempts": "5", "active": "on", "shift_timezone": "Europe/Berlin",
+        "shift_schedule": '[{"day": "mon", "start": "09:00", "end": "17:00", "note": "x%sy"}]'
+                          % bad,
+        "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0",
+    })
+    assert response.status_code == 200, response.status_code
+    assert "shift_schedule" in response.context["adminform"].form.errors
+    endpoint.refresh_from_db()
+    assert endpoint.shift_schedule == []

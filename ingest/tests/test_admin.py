@@ -132,6 +132,21 @@ def test_admin_refuses_moving_a_webhook_to_an_owner_its_routes_do_not_share(
     assert webhook.owner_id != bob.pk and Route.objects.count() == 0
 
 
+@pytest.mark.parametrize("bad", ["\\u0000", "\\ud800"])
+def test_a_nul_or_lone_surrogate_in_a_routes_kinds_is_a_form_error_not_a_500(
+        admin_client, make_webhook, endpoint, operator, bad):
+    webhook = make_webhook("github", routes=[])
+    answer = admin_client.post(f"/admin/ingest/webhook/{webhook.pk}/change/", {
+        "slug": webhook.slug, "owner": operator.pk, "active": "on",
+        "routes-TOTAL_FORMS": "1", "routes-INITIAL_FORMS": "0",
+        "routes-0-endpoint": endpoint.pk, "routes-0-queue": "inbox",
+        "routes-0-kinds": '["iss%sues"]' % bad})
+    assert answer.status_code == 200, answer.status_code
+    (route_form,) = answer.context["inline_admin_formsets"][0].formset.forms
+    assert "kinds" in route_form.errors
+    assert Route.objects.count() == 0
+
+
 # -- staff operators see only their own rows ----------------------------------------------------
 
 

@@ -308,3 +308,27 @@ def test_board_clock_buttons_clock_own_endpoints_only(alice_client, operator, bo
     assert alice_client.post(reverse("todos-clock", args=["bobs", "out"])).status_code == 404
     assert Endpoint.objects.get(slug="bobs").presence_state == "in"
     assert alice_client.get(reverse("todos-clock", args=["mine", "in"])).status_code == 405
+
+
+@pytest.mark.parametrize("bad", ["a%00b", "%ED%A0%80"])
+@pytest.mark.parametrize("field", ["endpoint", "queue"])
+def test_a_board_filter_with_a_nul_or_broken_text_is_a_400_naming_it_never_a_500(
+        alice_client, endpoint, field, bad):
+    for path in ("/todos/", "/todos/rows"):
+        answer = alice_client.get(f"{path}?{field}={bad}")
+        if "%00" in bad:
+            assert answer.status_code == 400, (path, answer.status_code)
+            assert field in answer.content.decode()
+        else:  # undecodable bytes arrive as U+FFFD: a filter that matches nothing
+            assert answer.status_code == 200, (path, answer.status_code)
+
+
+def test_pausing_a_queue_named_with_a_nul_on_the_board_is_refused_with_a_message(
+        alice_client, endpoint):
+    answer = alice_client.post(f"/todos/endpoints/{endpoint.slug}/work/pause",
+                               {"queue": "in\x00box"}, follow=True)
+    assert answer.status_code == 200
+    notes = [str(m) for m in answer.context["messages"]]
+    assert any("queue" in note for note in notes), notes
+    endpoint.refresh_from_db()
+    assert endpoint.paused_queues == []
