@@ -594,6 +594,13 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         ledger = {"webhook_id": webhook.pk, "fingerprint": fingerprint, "delivery_id": delivery_id,
                   "kind": kind, "now": now, "window_start": now - settings.SWITCHBOARD_REPLAY_WINDOW,
                   "same_id_redelivers": not timestamped}
+    if matching and not payload_storable:
+        # Checked once for the whole delivery, never once per route: the body may be an
+        # anonymous one, and its cost must not grow with the routes it reaches.
+        reason = todo_transitions.unstorable_reason(payload)
+        if reason is not None:
+            raise todo_transitions.Refusal("invalid_argument", f"payload {reason}")
+        payload_storable = True
     if len(matching) == 1 and statements.is_postgres():
         route = matching[0]
         arrival = _deliver_in_one_statement(
@@ -620,7 +627,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
                     actor=f"webhook:{webhook.slug}", payload=payload, kind=kind,
                     source=webhook.source,
                     idempotency_key=route_idempotency_key(route, key, first_routes),
-                    delivery_event=event, trust=trust, now=now,
+                    delivery_event=event, trust=trust, now=now, payload_storable=True,
                 )
                 for route in matching
             ]
@@ -664,7 +671,8 @@ def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
     return ingest_delivery(
         webhook=webhook, routes=routes, trust=original.trust, delivery_id="", kind=kind,
         title=titles.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),
-        payload=payload, body_sha256=record.body_sha256,
+        payload=payload, payload_storable=True,  # read back from a stored todo
+        body_sha256=record.body_sha256,
         observed=Observed(size=record.size, body_sha256=record.body_sha256,
                           delivery_id=record.delivery_id, kind=kind),
         attributed_to_id=operator.pk,

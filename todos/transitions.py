@@ -503,8 +503,10 @@ def todo_from_row(row) -> Todo:
 
 def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, kind: str = "",
                 source: str = "", idempotency_key: str | None = None, delivery_event=None,
-                trust: str = Trust.UNVERIFIED, now=None) -> tuple[Todo, bool]:
+                trust: str = Trust.UNVERIFIED, now=None,
+                payload_storable: bool = False) -> tuple[Todo, bool]:
     """Create a pending todo, or return the live todo that already holds ``idempotency_key``.
+    ``payload_storable``: the caller has checked the payload (``create_todo_params``).
 
     Returns ``(todo, created)``. Concurrent creates with one key collapse on the partial unique
     index ``todo_live_idempotency_key``: the loser's INSERT … ON CONFLICT DO NOTHING waits for the
@@ -515,7 +517,8 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
     params = create_todo_params(
         endpoint=endpoint, queue=queue, title=title, actor=actor, payload=payload, kind=kind,
         source=source, idempotency_key=idempotency_key, trust=trust, now=now,
-        delivery_event_id=getattr(delivery_event, "pk", delivery_event))
+        delivery_event_id=getattr(delivery_event, "pk", delivery_event),
+        payload_storable=payload_storable)
     # A duplicate whose holder finishes between our conflict and our read frees the key; the
     # next INSERT then succeeds. Three rounds is more than that race can need.
     for _ in range(3):

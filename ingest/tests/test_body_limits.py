@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from ingest import transitions
 from ingest.models import DeliveryRecord
 from switchboard import json_input
+from todos import transitions as todo_transitions
 from todos.models import Todo
 
 from .test_views import post_hook
@@ -123,19 +124,15 @@ json_values = st.recursive(
 @given(value=json_values, ensure_ascii=st.booleans())
 @hypothesis_settings(max_examples=300, deadline=None)
 def test_a_plainly_storable_text_holds_nothing_the_storable_checks_would_refuse(value, ensure_ascii):
-    """The fast path may skip the walks only where they would find nothing: whenever it says
-    "plain", the todo's check and the hook's check agree there is nothing to refuse."""
-    from ingest import views
-    from todos import transitions as todo_transitions
-
+    """The fast path may skip the walk only where it would find nothing: whenever it says
+    "plain", the one storable check (the hook's and the todo's) has nothing to refuse."""
     text = json.dumps({"v": value}, ensure_ascii=ensure_ascii)
     try:
         parsed = json_input.loads_strict(text)
     except ValueError:
         return
     if json_input.is_plainly_storable(text):
-        assert todo_transitions.unstorable_reason(parsed) is None
-        views._reject_unstorable(parsed)  # raises a Problem if anything were unstorable
+        assert json_input.unstorable_reason(parsed) is None
 
 
 @pytest.mark.parametrize("text", [
@@ -151,3 +148,39 @@ def test_an_ordinary_delivery_body_is_plain():
     assert json_input.is_plainly_storable(json.dumps(
         {"action": "opened", "issue": {"title": "Ünïcode is fine", "labels": [1, 2.5, None]}},
         ensure_ascii=False))
+
+
+def test_an_unsigned_body_is_validated_once_however_many_routes_it_matches(
+        make_webhook, operator, monkeypatch):
+    from tests.factories import EndpointFactory
+
+    targets = [EndpointFactory(slug=f"fan-{n}", owner=operator) for n in range(5)]
+    webhook = make_webhook("unsigned", routes=[(target, "inbox", None) for target in targets])
+    walks = []
+    real = json_input.unstorable_reason
+
+    def counting(value):
+        if isinstance(value, dict) and "lines" in value:
+            walks.append(value)
+        return real(value)
+
+    monkeypatch.setattr(json_input, "unstorable_reason", counting)
+    monkeypatch.setattr(todo_transitions, "unstorable_reason", counting)
+    # Escapes make the body one a walk must check (json_input.is_plainly_storable is False).
+    body = json.dumps({"type": "log", "lines": ["a\nb"] * 2000}).encode()
+    answer = post_hook(webhook.slug, body, {})
+    assert answer.status_code == 202, answer.content
+    assert Todo.objects.count() == 5
+    assert len(walks) == 1, f"the anonymous body was walked {len(walks)} times"
+
+
+def test_an_unsigned_webhooks_answer_says_only_that_it_was_accepted(make_webhook, endpoint):
+    webhook = make_webhook("unsigned")
+    body = json.dumps({"type": "ping"}).encode()
+    answer = post_hook(webhook.slug, body, {})
+    assert answer.status_code == 202 and answer.json() == {"accepted": True}
+    again = post_hook(webhook.slug, body, {})  # a duplicate reads the same
+    assert again.status_code == 202 and again.json() == {"accepted": True}
+    (todo,) = Todo.objects.all()
+    for secret in (endpoint.slug, "inbox", str(todo.pk), str(todo.delivery_event_id)):
+        assert secret not in answer.content.decode() and secret not in again.content.decode()
