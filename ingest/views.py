@@ -16,6 +16,7 @@ sessions, CSRF and OIDC sign-in, and is not a hot path.
 import dataclasses
 import logging
 import re
+import time
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -301,6 +302,33 @@ def _check_kind(kind: str) -> None:
                       "the payload's action or type)")
 
 
+# Webhook slugs this process found recently, and until when they pass an address's
+# unknown-slug block: a shared egress address (a CI fleet, a source's own senders) spent by
+# somebody's typos must not cut off the webhooks it really delivers to. Only a hint: every
+# delivery still looks its webhook up. Bounded like the rate limiter's local state.
+FOUND_SLUG_MEMORY_SECONDS = 600.0
+_found_slugs: dict[str, float] = {}
+
+
+def _recently_found(slug: str) -> bool:
+    return _found_slugs.get(slug, 0.0) > time.monotonic()
+
+
+def _note_found(slug: str) -> None:
+    _found_slugs.pop(slug, None)  # re-insert: dict order is recency
+    _found_slugs[slug] = time.monotonic() + FOUND_SLUG_MEMORY_SECONDS
+    while len(_found_slugs) > ratelimit.MAX_LOCAL_BUCKETS:
+        _found_slugs.pop(next(iter(_found_slugs)))
+
+
+def _refuse_blocked_address(request, webhook_slug: str) -> None:
+    """Before the lookup: an address out of its unknown-slug budget (as this process last heard,
+    no Redis call) is refused without a query, unless the slug is one this process found."""
+    refused = ratelimit.refuse_failing_client("hook-unknown", request.client)
+    if not refused.allowed and not _recently_found(webhook_slug):
+        raise _rate_limited(refused, settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
+
+
 def _refuse_unknown_webhook(request, webhook_slug: str) -> Problem:
     verdict = ratelimit.charge_client_failure(
         "hook-unknown", request.client, per_minute=settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
@@ -430,12 +458,14 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
         if request.method != "POST":
             raise Problem(405, "method_not_allowed", "POST a webhook delivery here",
                           headers={"Allow": "POST"})
+        _refuse_blocked_address(request, webhook_slug)
         # A path that cannot be a slug (a NUL, say, which PostgreSQL refuses outright and
         # which turned into a 503) is answered like any unknown webhook, without a query.
         webhook, routes = (queries.find_webhook_with_routes(webhook_slug)
                            if _could_be_slug(webhook_slug) else (None, None))
         if webhook is None:
             raise _refuse_unknown_webhook(request, webhook_slug)
+        _note_found(webhook_slug)
         _check_body_size(webhook, request)
         envelope = _verify(webhook, request, now)
         body = request.body

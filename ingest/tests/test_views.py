@@ -674,3 +674,26 @@ def test_delivery_query_count_is_pinned(make_webhook, endpoint, other_endpoints,
                                                  (other_endpoints[1], "inbox", None)])
     with django_assert_num_queries(7 if postgres else 18):
         assert deliver(three_routes).status_code == 202
+
+
+@override_settings(SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE=3)
+def test_an_address_out_of_its_unknown_slug_budget_is_refused_before_any_query(
+        django_assert_num_queries):
+    statuses = [post_hook(f"nope-{n}", b"{}", {}).status_code for n in range(4)]
+    assert statuses == [404, 404, 404, 429]
+    with django_assert_num_queries(0):
+        blocked = post_hook("nope-again", b"{}", {})
+    assert blocked.status_code == 429 and int(blocked["Retry-After"]) >= 1
+    assert blocked.json()["error"]["code"] == "rate_limited"
+
+
+@override_settings(SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE=3)
+def test_a_blocked_address_still_reaches_a_webhook_this_process_has_served(make_webhook):
+    # A sender's shared egress address (a CI fleet, GitHub itself) may be spent by someone
+    # else's typos: the webhooks it really delivers to keep working, as bearers do on /mcp.
+    webhook = make_webhook("github")
+    assert deliver(webhook, {**ISSUE, "n": 1}).status_code == 202
+    for n in range(4):
+        post_hook(f"nope-{n}", b"{}", {})
+    assert post_hook("nope-again", b"{}", {}).status_code == 429
+    assert deliver(webhook, {**ISSUE, "n": 2}).status_code == 202
