@@ -159,7 +159,8 @@ class WebhookAdmin(admin.ModelAdmin):
             return show_webhook_secrets_once(request, [created], title=f"Webhook {obj.slug} created")
         return super().response_add(request, obj, post_url_continue)
 
-    @admin.action(description="Rotate secret (the old one stays accepted for 24 h)")
+    @admin.action(description="Rotate secret (the old one stays accepted for 24 h)",
+                  permissions=["change"])
     def rotate_secret(self, request, queryset):
         minted = []
         for webhook in queryset:
@@ -172,7 +173,8 @@ class WebhookAdmin(admin.ModelAdmin):
             return show_webhook_secrets_once(request, minted, title="New webhook secrets")
         return None
 
-    @admin.action(description="Drop previous secret (end the rotation grace now)")
+    @admin.action(description="Drop previous secret (end the rotation grace now)",
+                  permissions=["change"])
     def drop_previous_secret(self, request, queryset):
         count = transitions.drop_previous_webhook_secrets(queryset)
         self.message_user(request, f"dropped the previous secret of {count} webhook(s); only "
@@ -338,7 +340,12 @@ class OperatorTokenAdmin(admin.ModelAdmin):
             rows=[(obj.user.get_username(), obj.name, token)],
             back_url=reverse("admin:ingest_operatortoken_changelist"))
 
-    @admin.action(description="Revoke selected tokens")
+    def has_revoke_permission(self, request):
+        # Revoking changes the token row; the change form itself stays off (a token is
+        # never edited), so the model permission is checked here by name.
+        return request.user.has_perm("ingest.change_operatortoken")
+
+    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
     def revoke(self, request, queryset):
         count = transitions.revoke_operator_tokens(queryset)
         self.message_user(request, f"revoked {count} token(s)")

@@ -285,3 +285,49 @@ def test_the_delivery_log_filter_lists_only_the_operators_own_webhooks(client):
     page = client.get("/admin/ingest/deliveryrecord/")
     assert page.status_code == 200
     assert b"my-hook" in page.content and b"victim-secret-project-hook" not in page.content
+
+
+@pytest.fixture
+def viewer_client(django_user_model):
+    """A staff operator who may only look at ingest's rows, not change them."""
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+
+    viewer = django_user_model.objects.create_user("vera", password="pw", is_staff=True)
+    viewer.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="ingest", codename__startswith="view_"))
+    client = Client()
+    client.force_login(viewer)
+    return viewer, client
+
+
+@pytest.mark.parametrize("action", ["rotate_secret", "drop_previous_secret"])
+def test_a_staff_user_without_the_change_permission_cannot_rotate_or_drop_a_webhook_secret(
+        viewer_client, action):
+    viewer, client = viewer_client
+    webhook, _ = transitions.create_webhook(slug="veras-hook", owner=viewer, source="github")
+    transitions.rotate_webhook_secret(webhook)
+    webhook.refresh_from_db()
+    before = (webhook.secret, webhook.previous_secret)
+    assert client.get("/admin/ingest/webhook/").status_code == 200  # she may look
+    client.post("/admin/ingest/webhook/", {"action": action, "_selected_action": [webhook.pk]})
+    webhook.refresh_from_db()
+    assert (webhook.secret, webhook.previous_secret) == before
+
+
+def test_a_staff_user_without_the_change_permission_cannot_revoke_a_token(viewer_client):
+    viewer, client = viewer_client
+    row, _ = transitions.mint_operator_token(user=viewer, name="laptop")
+    assert client.get("/admin/ingest/operatortoken/").status_code == 200
+    client.post("/admin/ingest/operatortoken/", {"action": "revoke",
+                                                 "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked_at is None
+
+
+def test_a_staff_user_with_the_change_permission_may_revoke_their_token(carol_client, carol):
+    row, _ = transitions.mint_operator_token(user=carol, name="laptop")
+    carol_client.post("/admin/ingest/operatortoken/", {"action": "revoke",
+                                                       "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked_at is not None
