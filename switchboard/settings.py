@@ -358,7 +358,7 @@ CELERY_TIMEZONE = "UTC"
 # -- sign-in throttling (CONTRACT §12): django-axes ---------------------------------------------
 # Why django-axes rather than switchboard/ratelimit.py's token bucket: a lockout must count
 # failed sign-ins only (a bucket charges every request, so an operator's successful sign-ins
-# would spend it), per username AND per address, forget them after a success, and be shared by
+# would spend it), per (username, address) pair, forget them after a success, and be shared by
 # every web process in the embedded default too (the bucket falls back to per-process memory
 # without Redis). Axes keeps its counters in the database (both backends), sits in front of
 # every authenticate() call — the board's /accounts/login/, /admin/login/ and OIDC alike — and
@@ -370,8 +370,10 @@ AUTHENTICATION_BACKENDS = [
 AXES_FAILURE_LIMIT = _typed("SWITCHBOARD_SIGNIN_FAILURE_LIMIT", env.int, 10, minimum=1)
 AXES_COOLOFF_TIME = timedelta(
     seconds=_typed("SWITCHBOARD_SIGNIN_LOCKOUT_SECONDS", env.int, 900, minimum=1))
-# Either one locks: a username guessed from many addresses, or one address trying many names.
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# The (username, address) pair locks, never the username alone: otherwise anyone could lock an
+# operator out from anywhere by failing their username. The trade-off (guesses spread over many
+# addresses are not locked) is why Django's password validators are on; docs/security.md.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 # The client address is REMOTE_ADDR — the ASGI client, never a header a client could forge
 # (ipware is not installed, so axes reads nothing else). Behind the reverse proxy it must be
