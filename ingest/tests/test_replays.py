@@ -200,6 +200,10 @@ RELABEL_SIGNERS = {
     "gitlab": lambda body, delivery, event: signing.gitlab(
         SECRETS["gitlab"], body, delivery=delivery,
         event={"issues": "Issue Hook", "push": "Push Hook"}[event]),
+    # Sentry signs the body only too: its resource header is the unsigned label.
+    "sentry": lambda body, delivery, event: signing.sentry(
+        SECRETS["sentry"], body, delivery=delivery,
+        resource={"issues": "issue", "push": "push"}[event]),
 }
 
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ingest', '0004_delivery_log_replay_ledger_sealed_secrets'),
+        ('ingest', '0005_webhook_sources_linear_slack_sentry'),
     ]
 
     operations = [
