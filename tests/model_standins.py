@@ -17,8 +17,8 @@ CLI offers it, found by name (each CLI names an MCP tool its own way, e.g.
 
 * ``direct``: call ``claim_next``; from its result take the todo's id and lease, call
   ``complete`` with a result; then answer with a closing line and stop.
-* ``stdin``: the todo arrives in the prompt (the runner's case: its JSON on the agent's stdin);
-  call ``complete`` for it, then stop.
+* ``stdin``: the todo arrives with the prompt (the runner's case: its JSON on the agent's
+  stdin, its id and lease named in the built-in prompt); call ``complete`` for it, then stop.
 * ``api_error``: every request is refused with the vendor's error shape and ``ERROR_MESSAGE``, as
   an account without credit would be.
 
@@ -72,6 +72,13 @@ def find_todo(value):
     return None
 
 
+def named_todo(prompt):
+    """A todo the prompt names in words (the runner's built-in prompt: 'call ... complete with
+    todo_id "12", lease_id "…"'), when its JSON did not reach the model."""
+    match = re.search(r'todo_id "([^"]+)", lease_id "([^"]+)"', strings(prompt))
+    return {"id": match.group(1), "lease_id": match.group(2)} if match else None
+
+
 def strings(value) -> str:
     """Every string in a JSON value, one per line."""
     if isinstance(value, dict):
@@ -111,7 +118,7 @@ class Script:
             if todo is None:
                 return Action(text="There was nothing to claim.")
         else:
-            todo = find_todo(prompt)
+            todo = find_todo(prompt) or named_todo(prompt)
             if todo is None:
                 return Action(text="I found no todo in the prompt.")
         return Action(tool=complete, arguments={

@@ -4,16 +4,19 @@ Claude Code, Codex and Gemini CLI are installed from npm at the versions pinned 
 tests/agent_clis/ (``scripts/install-agent-clis``, which the fixture runs; skipped ONLY when npm
 is absent). Each CLI talks to a local stand-in for its model API (tests/model_standins.py) that
 scripts the model's turns, and to a live daphne over MCP with the endpoint's bearer taken from
-the environment, configured exactly as the recipe says. For each CLI the tests show that it
+the environment, configured exactly as docs/agents.md says. For each CLI the tests show that it
 connects, sees the tools, drains a todo by itself (claim_next, then complete), drains one under
-the runner, and that a model API failure ends the todo failed with a reason that names it.
+the runner (``--pass-token --require-settled`` and the built-in prompt), and that a model API
+failure ends the todo failed with a ``last_error`` that names it.
 """
 
 import json
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,10 +26,9 @@ from endpoints import transitions as endpoint_transitions
 from endpoints.models import AGENT_VERBS
 from tests import model_standins
 from tests.factories import UserFactory
-from tests.processes import poll
 from tests.servers import REPO_ROOT
 from todos import transitions
-from todos.models import Todo, Trust
+from todos.models import Trust
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -36,6 +38,7 @@ pytestmark = [
 
 CLI_TIMEOUT_SECONDS = 180
 INSTALL_TIMEOUT_SECONDS = 900
+RUNNER = REPO_ROOT / "runner" / "switchboard_runner.py"
 TOKEN = "SWITCHBOARD_TOKEN"
 DRAIN_PROMPT = ("Drain one todo from switchboard: call claim_next, do what the todo needs, "
                 "then call complete with a result.")
@@ -77,13 +80,9 @@ def clean_env(home: Path, **extra) -> dict:
     return env
 
 
-def run(argv, env, cwd, stdin=""):
-    return subprocess.run(argv, env=env, cwd=cwd, input=stdin, capture_output=True, text=True,
+def run(argv, env, cwd):
+    return subprocess.run(argv, env=env, cwd=cwd, input="", capture_output=True, text=True,
                           timeout=CLI_TIMEOUT_SECONDS)
-
-
-def mcp_sessions(endpoint) -> int:
-    return McpSession.objects.filter(endpoint=endpoint).count()
 
 
 def transcript(completed: subprocess.CompletedProcess, standin) -> str:
@@ -91,148 +90,227 @@ def transcript(completed: subprocess.CompletedProcess, standin) -> str:
             f"stderr:\n{completed.stderr[-3000:]}\nmodel turns: {standin.actions}")
 
 
-def assert_connected_with_the_bearer(endpoint, standin, completed, names: set[str]):
-    """The CLI opened an MCP session on this endpoint (only a valid bearer gets one) and put
-    every tool the endpoint grants in front of the model."""
-    assert McpSession.objects.filter(endpoint=endpoint).exists(), transcript(completed, standin)
-    missing = names - standin.offered_tools() - standin.named_tools(names)
-    assert not missing, (missing, transcript(completed, standin))
+# -- the recipes, as docs/agents.md writes them ---------------------------------------------------
 
 
-def assert_drained(todo, standin, completed: subprocess.CompletedProcess):
-    output = transcript(completed, standin)
-    todo.refresh_from_db()
-    assert todo.state == "done", (todo.state, todo.last_error, output)
-    assert todo.result == {"summary": model_standins.RESULT_SUMMARY}, todo.result
-    assert completed.returncode == 0, output
+@dataclass
+class Recipe:
+    """One CLI's configuration in a fresh project directory and HOME."""
+
+    cli: str
+    standin_class: type
+    tool_prefix: str  # how the CLI names switchboard's tools for the model
+
+    def tools(self) -> set[str]:
+        return {f"{self.tool_prefix}{verb}" for verb in AGENT_VERBS}
+
+    def tool(self, verb) -> str:
+        return f"{self.tool_prefix}{verb}"
+
+    # Filled by each recipe: the files it writes, the model API's variables, the command lines.
+    def configure(self, project: Path, home: Path, standin, mcp_url: str):
+        raise NotImplementedError
+
+    def model_env(self, home: Path, standin) -> dict:
+        raise NotImplementedError
+
+    def direct_argv(self, cli_bin: Path) -> list[str]:
+        raise NotImplementedError
+
+    def runner_argv(self, cli_bin: Path) -> list[str]:
+        raise NotImplementedError
+
+    # Model turns the CLI adds before it can call a deferred tool.
+    loader_calls: tuple = ()
 
 
-# -- Claude Code ----------------------------------------------------------------------------------
+class ClaudeCode(Recipe):
+    def __init__(self):
+        super().__init__("claude", model_standins.AnthropicStandin, "mcp__switchboard__")
+        # Claude Code defers MCP tools: it names them, the model loads schemas with ToolSearch.
+        self.loader_calls = ("ToolSearch",)
+
+    def configure(self, project, home, standin, mcp_url):
+        (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"switchboard": {
+            "type": "http", "url": mcp_url,
+            "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}}}}, indent=2))
+
+    def model_env(self, home, standin):
+        return {"ANTHROPIC_BASE_URL": standin.url, "ANTHROPIC_API_KEY": "sk-ant-standin",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+
+    def allowed(self, *verbs):
+        return ["--mcp-config", ".mcp.json", "--strict-mcp-config",
+                "--allowedTools", ",".join(self.tool(verb) for verb in verbs)]
+
+    def direct_argv(self, cli_bin):
+        return [str(cli_bin / "claude"), "-p", DRAIN_PROMPT,
+                *self.allowed("claim_next", "heartbeat", "complete", "fail")]
+
+    def runner_argv(self, cli_bin):
+        return [str(cli_bin / "claude"), "-p", "{prompt}",
+                *self.allowed("heartbeat", "complete", "fail")]
 
 
-def claude_env(home, standin, credential, **extra):
-    return clean_env(home, ANTHROPIC_BASE_URL=standin.url, ANTHROPIC_API_KEY="sk-ant-standin",
-                     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1",
-                     **{TOKEN: credential}, **extra)
+class Codex(Recipe):
+    def __init__(self):
+        super().__init__("codex", model_standins.OpenAIResponsesStandin, "mcp__switchboard__")
+        # Codex, too, defers them behind tool_search (they come back as a namespace).
+        self.loader_calls = ("tool_search",)
+
+    def configure(self, project, home, standin, mcp_url):
+        (home / ".codex").mkdir(parents=True, exist_ok=True)
+        (home / ".codex" / "config.toml").write_text(textwrap.dedent(f"""\
+            model = "gpt-5.5"
+            model_provider = "standin"
+
+            [model_providers.standin]
+            name = "Responses API stand-in"
+            base_url = "{standin.url}/v1"
+            wire_api = "responses"
+            env_key = "STANDIN_OPENAI_API_KEY"
+
+            [mcp_servers.switchboard]
+            url = "{mcp_url}"
+            bearer_token_env_var = "SWITCHBOARD_TOKEN"
+            tool_timeout_sec = 90
+        """))
+
+    def model_env(self, home, standin):
+        return {"STANDIN_OPENAI_API_KEY": "sk-standin"}
+
+    def direct_argv(self, cli_bin):
+        return [str(cli_bin / "codex"), "exec", "--skip-git-repo-check", DRAIN_PROMPT]
+
+    def runner_argv(self, cli_bin):
+        return [str(cli_bin / "codex"), "exec", "--skip-git-repo-check", "{prompt}"]
 
 
-def write_mcp_json(directory: Path, mcp_url: str) -> Path:
-    path = directory / ".mcp.json"
-    path.write_text(json.dumps({"mcpServers": {"switchboard": {
-        "type": "http", "url": mcp_url,
-        "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}}}}, indent=2))
-    return path
+class GeminiCli(Recipe):
+    def __init__(self):
+        super().__init__("gemini", model_standins.GeminiStandin, "mcp_switchboard_")
+
+    def configure(self, project, home, standin, mcp_url):
+        """The project's .gemini/settings.json, and the user's trust in that folder (headless
+        Gemini CLI ignores an untrusted folder's settings, its MCP servers included)."""
+        (project / ".gemini").mkdir(parents=True, exist_ok=True)
+        (project / ".gemini" / "settings.json").write_text(json.dumps({"mcpServers": {
+            "switchboard": {"httpUrl": mcp_url,
+                            "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"},
+                            "trust": True}}}, indent=2))
+        (home / ".gemini").mkdir(parents=True, exist_ok=True)
+        (home / ".gemini" / "settings.json").write_text(json.dumps({
+            "security": {"auth": {"selectedType": "gemini-api-key"},
+                         "folderTrust": {"enabled": True}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}, indent=2))
+        (home / ".gemini" / "trustedFolders.json").write_text(
+            json.dumps({str(project): "TRUST_FOLDER"}))
+
+    def model_env(self, home, standin):
+        return {"GOOGLE_GEMINI_BASE_URL": standin.url, "GEMINI_API_KEY": "standin-key"}
+
+    def direct_argv(self, cli_bin):
+        return [str(cli_bin / "gemini"), "-p", DRAIN_PROMPT]
+
+    def runner_argv(self, cli_bin):
+        return [str(cli_bin / "gemini"), "-p", "{prompt}"]
 
 
-# Claude Code defers MCP tools: it names them for the model, which loads the schemas it needs.
-CLAUDE_TOOLS = {f"mcp__switchboard__{verb}" for verb in AGENT_VERBS}
-CLAUDE_ALLOWED = "mcp__switchboard__claim_next,mcp__switchboard__complete,mcp__switchboard__fail"
+RECIPES = [ClaudeCode(), Codex(), GeminiCli()]
 
 
-def test_claude_code_drains_a_todo_itself_over_mcp_config(cli_bin, endpoint_for, tmp_path):
-    endpoint, credential, mcp_url = endpoint_for("claude-direct")
-    todo = make_todo(endpoint)
-    project = tmp_path / "project"
-    project.mkdir()
-    config = write_mcp_json(project, mcp_url)
-    with model_standins.AnthropicStandin("direct") as standin:
-        completed = run([str(cli_bin / "claude"), "-p", DRAIN_PROMPT, "--mcp-config", str(config),
-                         "--strict-mcp-config", "--allowedTools", CLAUDE_ALLOWED],
-                        claude_env(tmp_path / "home", standin, credential), project)
-    assert_connected_with_the_bearer(endpoint, standin, completed, CLAUDE_TOOLS)
-    assert standin.called_tools() == ["ToolSearch", "mcp__switchboard__claim_next",
-                                      "mcp__switchboard__complete"]
-    assert_drained(todo, standin, completed)
-    assert model_standins.CLOSING_TEXT in completed.stdout
+@pytest.fixture(params=RECIPES, ids=lambda recipe: recipe.cli)
+def recipe(request):
+    return request.param
 
 
-# -- Codex ----------------------------------------------------------------------------------------
+@dataclass
+class Workspace:
+    project: Path
+    home: Path
 
 
-# Codex, too, defers them behind its tool_search; they come back as the mcp__switchboard namespace.
-CODEX_TOOLS = {f"mcp__switchboard__{verb}" for verb in AGENT_VERBS}
-
-
-def write_codex_config(codex_home: Path, standin, mcp_url: str) -> Path:
-    codex_home.mkdir(parents=True, exist_ok=True)
-    path = codex_home / "config.toml"
-    path.write_text(textwrap.dedent(f"""\
-        model = "gpt-5.5"
-        model_provider = "standin"
-
-        [model_providers.standin]
-        name = "Responses API stand-in"
-        base_url = "{standin.url}/v1"
-        wire_api = "responses"
-        env_key = "STANDIN_OPENAI_API_KEY"
-
-        [mcp_servers.switchboard]
-        url = "{mcp_url}"
-        bearer_token_env_var = "SWITCHBOARD_TOKEN"
-        tool_timeout_sec = 90
-    """))
-    return path
-
-
-def codex_env(home, standin, credential, **extra):
-    return clean_env(home, CODEX_HOME=str(home / ".codex"), STANDIN_OPENAI_API_KEY="sk-standin",
-                     **{TOKEN: credential}, **extra)
-
-
-def test_codex_drains_a_todo_itself_over_config_toml(cli_bin, endpoint_for, tmp_path):
-    endpoint, credential, mcp_url = endpoint_for("codex-direct")
-    todo = make_todo(endpoint)
-    project = tmp_path / "project"
-    project.mkdir()
-    home = tmp_path / "home"
-    with model_standins.OpenAIResponsesStandin("direct") as standin:
-        write_codex_config(home / ".codex", standin, mcp_url)
-        completed = run([str(cli_bin / "codex"), "exec", "--skip-git-repo-check", DRAIN_PROMPT],
-                        codex_env(home, standin, credential), project)
-    assert_connected_with_the_bearer(endpoint, standin, completed, CODEX_TOOLS)
-    assert standin.called_tools() == ["tool_search", "mcp__switchboard__claim_next",
-                                      "mcp__switchboard__complete"]
-    assert_drained(todo, standin, completed)
-
-
-# -- Gemini CLI -----------------------------------------------------------------------------------
-
-
-GEMINI_TOOLS = {f"mcp_switchboard_{verb}" for verb in AGENT_VERBS}
-
-
-def write_gemini_settings(project: Path, home: Path, mcp_url: str) -> Path:
-    """The project's .gemini/settings.json, and the user's trust in that folder (headless
-    Gemini CLI ignores a project's settings, MCP servers included, in an untrusted folder)."""
-    (project / ".gemini").mkdir(parents=True, exist_ok=True)
-    path = project / ".gemini" / "settings.json"
-    path.write_text(json.dumps({"mcpServers": {"switchboard": {
-        "httpUrl": mcp_url, "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"},
-        "trust": True}}}, indent=2))
-    (home / ".gemini").mkdir(parents=True, exist_ok=True)
-    (home / ".gemini" / "settings.json").write_text(json.dumps({
-        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": True}},
-        "privacy": {"usageStatisticsEnabled": False},
-        "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}, indent=2))
-    (home / ".gemini" / "trustedFolders.json").write_text(
-        json.dumps({str(project): "TRUST_FOLDER"}))
-    return path
-
-
-def gemini_env(home, standin, credential, **extra):
-    return clean_env(home, GOOGLE_GEMINI_BASE_URL=standin.url, GEMINI_API_KEY="standin-key",
-                     **{TOKEN: credential}, **extra)
-
-
-def test_gemini_cli_drains_a_todo_itself_over_settings_json(cli_bin, endpoint_for, tmp_path):
-    endpoint, credential, mcp_url = endpoint_for("gemini-direct")
-    todo = make_todo(endpoint)
+@pytest.fixture
+def workspace(tmp_path):
     project, home = tmp_path / "project", tmp_path / "home"
     project.mkdir()
-    write_gemini_settings(project, home, mcp_url)
-    with model_standins.GeminiStandin("direct") as standin:
-        completed = run([str(cli_bin / "gemini"), "-p", DRAIN_PROMPT],
-                        gemini_env(home, standin, credential), project)
-    assert_connected_with_the_bearer(endpoint, standin, completed, GEMINI_TOOLS)
-    assert standin.called_tools() == ["mcp_switchboard_claim_next", "mcp_switchboard_complete"]
-    assert_drained(todo, standin, completed)
+    home.mkdir()
+    return Workspace(project, home)
+
+
+def run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential):
+    """The runner as the recipe starts it, once: the agent's environment is scrubbed, so the
+    model API's variables are passed by name and the bearer with --pass-token."""
+    model_env = recipe.model_env(workspace.home, standin)
+    pass_env = [arg for name in model_env for arg in ("--pass-env", name)]
+    return subprocess.run(
+        [sys.executable, str(RUNNER), "--url", mcp_url, "--once", "--pass-token",
+         "--require-settled", *pass_env, "--", *recipe.runner_argv(cli_bin)],
+        env=clean_env(workspace.home, **model_env, **{TOKEN: credential}), cwd=workspace.project,
+        input="", capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS)
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+
+def test_each_cli_connects_with_the_bearer_sees_the_tools_and_drains_a_todo_itself(
+        recipe, cli_bin, endpoint_for, workspace):
+    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-direct")
+    todo = make_todo(endpoint)
+    with recipe.standin_class("direct") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        completed = run(recipe.direct_argv(cli_bin),
+                        clean_env(workspace.home, **recipe.model_env(workspace.home, standin),
+                                  **{TOKEN: credential}),
+                        workspace.project)
+    output = transcript(completed, standin)
+    # Connects: only a valid bearer opens an MCP session on the endpoint.
+    assert McpSession.objects.filter(endpoint=endpoint).exists(), output
+    # Sees the tools: every verb the endpoint grants was put in front of the model (by schema,
+    # or by name for a CLI that defers the schemas).
+    tools = recipe.tools()
+    assert not tools - standin.offered_tools() - standin.named_tools(tools), output
+    assert standin.called_tools() == [*recipe.loader_calls, recipe.tool("claim_next"),
+                                      recipe.tool("complete")], output
+    todo.refresh_from_db()
+    assert (todo.state, todo.result) == ("done", {"summary": model_standins.RESULT_SUMMARY}), \
+        (todo.state, todo.last_error, output)
+    assert completed.returncode == 0, output
+    assert model_standins.CLOSING_TEXT in completed.stdout, output
+
+
+def test_each_cli_drains_a_todo_under_the_runner_with_the_built_in_prompt(
+        recipe, cli_bin, endpoint_for, workspace):
+    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-runner")
+    todo = make_todo(endpoint)
+    with recipe.standin_class("stdin") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
+    output = transcript(completed, standin)
+    assert completed.returncode == 0, output
+    # The agent settled the todo itself (--require-settled fails it otherwise), with the ids
+    # the built-in prompt gave it; the runner kept out of the way.
+    assert standin.called_tools() == [*recipe.loader_calls, recipe.tool("complete")], output
+    todo.refresh_from_db()
+    assert (todo.state, todo.result) == ("done", {"summary": model_standins.RESULT_SUMMARY}), \
+        (todo.state, todo.last_error, output)
+    prompt = model_standins.strings([request["body"] for request in standin.requests])
+    assert f'todo_id "{todo.pk}"' in prompt and "untrusted" in prompt, output
+    assert credential not in completed.stderr
+
+
+def test_each_cli_under_the_runner_fails_the_todo_with_the_model_api_error(
+        recipe, cli_bin, endpoint_for, workspace):
+    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-api-error")
+    todo = make_todo(endpoint)
+    with recipe.standin_class("api_error") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
+    output = transcript(completed, standin)
+    assert standin.requests, output  # the CLI did reach its (refusing) model API
+    todo.refresh_from_db()
+    assert todo.state == "failed", (todo.state, output)
+    # The reason names the API's refusal (Claude Code rewords it, the others quote it), in the
+    # part of last_error a person reads first.
+    assert "credit balance is too low" in todo.last_error.lower()[:600], (todo.last_error, output)
