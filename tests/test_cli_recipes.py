@@ -4,7 +4,8 @@ Claude Code, Codex and Gemini CLI are installed from npm at the versions pinned 
 tests/agent_clis/ (``scripts/install-agent-clis``, which the fixture runs; skipped ONLY when npm
 is absent). Each CLI talks to a local stand-in for its model API (tests/model_standins.py) that
 scripts the model's turns, and to a live daphne over MCP with the endpoint's bearer taken from
-the environment, configured exactly as docs/agents.md says. For each CLI the tests show that it
+the environment, configured with the snippets vend_endpoint and seed_demo print
+(switchboard/commands.py) and the command lines docs/agents.md gives. For each CLI the tests show that it
 connects, sees the tools, drains a todo by itself (claim_next, then complete), drains one under
 the runner (``--pass-token --require-settled`` and the built-in prompt), and that a model API
 failure ends the todo failed with a ``last_error`` that names it.
@@ -24,6 +25,7 @@ import pytest
 from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import AGENT_VERBS
+from switchboard import commands
 from tests import model_standins
 from tests.factories import UserFactory
 from tests.servers import REPO_ROOT
@@ -131,9 +133,7 @@ class ClaudeCode(Recipe):
         self.loader_calls = ("ToolSearch",)
 
     def configure(self, project, home, standin, mcp_url):
-        (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"switchboard": {
-            "type": "http", "url": mcp_url,
-            "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}}}}, indent=2))
+        (project / ".mcp.json").write_text(json.dumps(commands.mcp_json(mcp_url), indent=2))
 
     def model_env(self, home, standin):
         return {"ANTHROPIC_BASE_URL": standin.url, "ANTHROPIC_API_KEY": "sk-ant-standin",
@@ -160,6 +160,7 @@ class Codex(Recipe):
 
     def configure(self, project, home, standin, mcp_url):
         (home / ".codex").mkdir(parents=True, exist_ok=True)
+        # The model provider points Codex at the stand-in; the MCP table is the printed one.
         (home / ".codex" / "config.toml").write_text(textwrap.dedent(f"""\
             model = "gpt-5.5"
             model_provider = "standin"
@@ -170,11 +171,7 @@ class Codex(Recipe):
             wire_api = "responses"
             env_key = "STANDIN_OPENAI_API_KEY"
 
-            [mcp_servers.switchboard]
-            url = "{mcp_url}"
-            bearer_token_env_var = "SWITCHBOARD_TOKEN"
-            tool_timeout_sec = 90
-        """))
+        """) + commands.codex_config_toml(mcp_url) + "\n")
 
     def model_env(self, home, standin):
         return {"STANDIN_OPENAI_API_KEY": "sk-standin"}
@@ -194,10 +191,8 @@ class GeminiCli(Recipe):
         """The project's .gemini/settings.json, and the user's trust in that folder (headless
         Gemini CLI ignores an untrusted folder's settings, its MCP servers included)."""
         (project / ".gemini").mkdir(parents=True, exist_ok=True)
-        (project / ".gemini" / "settings.json").write_text(json.dumps({"mcpServers": {
-            "switchboard": {"httpUrl": mcp_url,
-                            "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"},
-                            "trust": True}}}, indent=2))
+        (project / ".gemini" / "settings.json").write_text(
+            json.dumps(commands.gemini_settings_json(mcp_url), indent=2))
         (home / ".gemini").mkdir(parents=True, exist_ok=True)
         (home / ".gemini" / "settings.json").write_text(json.dumps({
             "security": {"auth": {"selectedType": "gemini-api-key"},
@@ -314,3 +309,29 @@ def test_each_cli_under_the_runner_fails_the_todo_with_the_model_api_error(
     # The reason names the API's refusal (Claude Code rewords it, the others quote it), in the
     # part of last_error a person reads first.
     assert "credit balance is too low" in todo.last_error.lower()[:600], (todo.last_error, output)
+
+
+def test_claude_mcp_add_as_printed_stores_the_variable_not_the_secret_and_drains(
+        cli_bin, endpoint_for, workspace, settings):
+    """The ``claude mcp add`` line vend_endpoint prints, pasted into a shell that holds the
+    token: single quotes keep ``${SWITCHBOARD_TOKEN}`` literal in Claude Code's config, which
+    expands it when it connects."""
+    endpoint, credential, mcp_url = endpoint_for("claude-mcp-add")
+    todo = make_todo(endpoint)
+    recipe = ClaudeCode()
+    line = commands.claude_mcp_add_line(mcp_url)
+    assert "'Authorization: Bearer ${SWITCHBOARD_TOKEN}'" in line
+    with recipe.standin_class("direct") as standin:
+        env = clean_env(workspace.home, **recipe.model_env(workspace.home, standin),
+                        **{TOKEN: credential}, PATH=f"{cli_bin}:{os.environ['PATH']}")
+        added = run(["bash", "-c", line], env, workspace.project)
+        assert added.returncode == 0, added.stdout + added.stderr
+        stored = (workspace.home / ".claude.json").read_text()
+        assert "${SWITCHBOARD_TOKEN}" in stored and credential not in stored
+        completed = run([str(cli_bin / "claude"), "-p", DRAIN_PROMPT, "--allowedTools",
+                         "mcp__switchboard__claim_next,mcp__switchboard__complete"],
+                        env, workspace.project)
+    output = transcript(completed, standin)
+    todo.refresh_from_db()
+    assert todo.state == "done", (todo.state, output)
+    assert completed.returncode == 0, output
