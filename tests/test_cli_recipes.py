@@ -32,11 +32,7 @@ from tests.servers import REPO_ROOT
 from todos import transitions
 from todos.models import Trust
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(shutil.which("npm") is None,
-                       reason="npm (Node.js) is not installed; CI installs it and runs these"),
-]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 CLI_TIMEOUT_SECONDS = 180
 INSTALL_TIMEOUT_SECONDS = 900
@@ -48,7 +44,10 @@ DRAIN_PROMPT = ("Drain one todo from switchboard: call claim_next, do what the t
 
 @pytest.fixture(scope="session")
 def cli_bin():
-    """The directory holding the pinned ``claude``, ``codex`` and ``gemini``."""
+    """The directory holding the pinned ``claude``, ``codex`` and ``gemini``; every test that
+    drives a CLI skips (only) when npm is absent. CI installs Node and runs them."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm (Node.js) is not installed; CI installs it and runs these")
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "install-agent-clis")],
                             capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECONDS)
     assert result.returncode == 0, result.stderr
@@ -335,3 +334,69 @@ def test_claude_mcp_add_as_printed_stores_the_variable_not_the_secret_and_drains
     todo.refresh_from_db()
     assert todo.state == "done", (todo.state, output)
     assert completed.returncode == 0, output
+
+
+# -- what the recipes' permissions and trust settings are for -------------------------------------
+
+
+def test_claude_code_without_allowed_tools_cannot_call_switchboard_headless(
+        cli_bin, endpoint_for, workspace):
+    """Why the recipes pass --allowedTools: ``claude -p`` cannot ask, so an MCP tool that is not
+    allowed is refused and the todo stays pending."""
+    endpoint, credential, mcp_url = endpoint_for("claude-no-allow")
+    todo = make_todo(endpoint)
+    recipe = ClaudeCode()
+    with recipe.standin_class("direct") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        completed = run([str(cli_bin / "claude"), "-p", DRAIN_PROMPT, "--mcp-config", ".mcp.json",
+                         "--strict-mcp-config"],
+                        clean_env(workspace.home, **recipe.model_env(workspace.home, standin),
+                                  **{TOKEN: credential}), workspace.project)
+    output = transcript(completed, standin)
+    assert recipe.tool("claim_next") in standin.called_tools(), output  # it tried
+    todo.refresh_from_db()
+    assert todo.state == "pending", (todo.state, output)
+
+
+def test_gemini_cli_in_an_untrusted_folder_does_not_load_the_project_settings(
+        cli_bin, endpoint_for, workspace):
+    """Why the Gemini recipe trusts the folder: headless, Gemini CLI skips an untrusted
+    folder's .gemini/settings.json, MCP servers included."""
+    endpoint, credential, mcp_url = endpoint_for("gemini-untrusted")
+    todo = make_todo(endpoint)
+    recipe = GeminiCli()
+    with recipe.standin_class("direct") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        (workspace.home / ".gemini" / "trustedFolders.json").write_text("{}")
+        completed = run(recipe.direct_argv(cli_bin),
+                        clean_env(workspace.home, **recipe.model_env(workspace.home, standin),
+                                  **{TOKEN: credential}), workspace.project)
+    output = transcript(completed, standin)
+    assert not McpSession.objects.filter(endpoint=endpoint).exists(), output
+    assert not recipe.tools() & standin.offered_tools(), output
+    todo.refresh_from_db()
+    assert todo.state == "pending", (todo.state, output)
+
+
+def test_plain_script_recipe_drains_a_todo_under_the_runner(endpoint_for, workspace):
+    """The plain-script recipe: the todo JSON on stdin, exit 0 → complete with the stdout
+    tail; the script needs no bearer, so the runner keeps it (no --pass-token)."""
+    endpoint, credential, mcp_url = endpoint_for("plain-script")
+    todo = make_todo(endpoint)
+    script = workspace.project / "handle-todo"
+    script.write_text(textwrap.dedent("""\
+        #!/usr/bin/env python3
+        import json, os, sys
+        todo = json.load(sys.stdin)
+        print(f"handled todo {todo['id']} from queue {todo['queue']}",
+              "token visible" if os.environ.get("SWITCHBOARD_TOKEN") else "no token")
+    """))
+    script.chmod(0o755)
+    completed = subprocess.run(
+        [sys.executable, str(RUNNER), "--url", mcp_url, "--once", "--", str(script)],
+        env=clean_env(workspace.home, **{TOKEN: credential}), cwd=workspace.project, input="",
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS)
+    assert completed.returncode == 0, completed.stderr
+    todo.refresh_from_db()
+    assert todo.state == "done", (todo.state, todo.last_error, completed.stderr)
+    assert todo.result["stdout_tail"] == f"handled todo {todo.pk} from queue inbox no token\n"
