@@ -53,35 +53,42 @@ UNSERVED_MAX = 1000
 
 @dataclass(eq=False)
 class Waiter:
-    """One waiting claim: its endpoint and the queues it claims from (None: every queue of the
-    endpoint). While woken, ``woken_for`` is the todo id whose change woke it (in
-    ``woken_queue``), or ``RECHECK``."""
+    """One waiting claim: its endpoint, the queues it claims from (None: every queue of the
+    endpoint) and whether it skips unverified todos. While woken, ``woken_for`` is the todo id
+    whose change woke it (in ``woken_queue``, ``woken_unverified``), or ``RECHECK``."""
 
     endpoint_id: int
     queues: frozenset | None
+    verified_only: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
     woken_for: str | None = None
     woken_queue: str | None = None
+    woken_unverified: bool = False
     last_attempt_at: float = 0.0
 
     @property
     def key(self):
-        return self.endpoint_id, self.queues
+        return self.endpoint_id, self.queues, self.verified_only
 
     @property
     def idle(self) -> bool:
         return not self.event.is_set()
 
-    def covers(self, queue: str) -> bool:
+    def covers(self, queue: str, unverified: bool = False) -> bool:
+        # A verified-only waiter could not claim an unverified todo: waking it would spend the
+        # wake-up that another waiter of the endpoint could use.
+        if unverified and self.verified_only:
+            return False
         return self.queues is None or queue in self.queues
 
-    def wake(self, reason: str, queue: str | None = None) -> None:
-        self.woken_for, self.woken_queue = reason, queue
+    def wake(self, reason: str, queue: str | None = None, unverified: bool = False) -> None:
+        self.woken_for, self.woken_queue, self.woken_unverified = reason, queue, unverified
         self.event.set()
 
     def rearm(self, now: float) -> None:
         """Back to waiting after a claim attempt made at ``now``."""
         self.woken_for = self.woken_queue = None
+        self.woken_unverified = False
         self.last_attempt_at = now
         self.event.clear()
 
@@ -99,7 +106,7 @@ class WaitRoom:
         # Queues of ready changes that found every covering waiter busy with a claim attempt
         # (which may have read the queue before the todo committed): served as soon as one of
         # them is idle again, instead of at the next re-check.
-        self.unserved: dict[int, list[str]] = {}
+        self.unserved: dict[int, list[tuple[str, bool]]] = {}
         # Loop time of the last ready change seen per endpoint (for the join gap; one float
         # per endpoint that ever had a ready todo, a bound as small as the endpoint table).
         self.last_ready_at: dict[int, float] = {}
@@ -109,13 +116,14 @@ class WaitRoom:
 
     # -- waiters --------------------------------------------------------------------------------
 
-    def add(self, endpoint_id: int, queues, *, started_at: float) -> Waiter:
+    def add(self, endpoint_id: int, queues, *, started_at: float,
+            verified_only: bool = False) -> Waiter:
         """Register a waiting claim whose request (and first, empty claim) started at
         ``started_at`` (loop time). Woken at once when a ready change for its endpoint may have
         been missed in between."""
         self._start()
         waiter = Waiter(endpoint_id, frozenset(queues) if queues is not None else None,
-                        last_attempt_at=started_at)
+                        verified_only=verified_only, last_attempt_at=started_at)
         self.waiters.setdefault(endpoint_id, []).append(waiter)
         # Not following yet: joining wakes every kind of waiter (``recheck_all``) anyway.
         if self.following_since is not None and (
@@ -138,7 +146,8 @@ class WaitRoom:
         if waiter.woken_for == RECHECK:
             self._wake_first(waiter.endpoint_id, lambda other: other.key == waiter.key, RECHECK)
         elif waiter.woken_for is not None:
-            self._offer(waiter.endpoint_id, waiter.woken_queue, waiter.woken_for)
+            self._offer(waiter.endpoint_id, waiter.woken_queue, waiter.woken_for,
+                        waiter.woken_unverified)
 
     def attempted(self, waiter: Waiter, *, claimed: bool) -> None:
         """A woken waiter's claim attempt is done; ``claimed``: it has its answer and leaves.
@@ -151,27 +160,32 @@ class WaitRoom:
             if reason == RECHECK:
                 self._wake_first(waiter.endpoint_id, lambda other: other.key == waiter.key,
                                  RECHECK)
-        for queue in self.unserved.pop(waiter.endpoint_id, []):
-            self._offer(waiter.endpoint_id, queue, "unserved")
+        for queue, unverified in self.unserved.pop(waiter.endpoint_id, []):
+            self._offer(waiter.endpoint_id, queue, "unserved", unverified)
 
     # -- wake-ups -------------------------------------------------------------------------------
 
-    def _wake_first(self, endpoint_id: int, matches, reason: str, queue=None) -> bool:
+    def _wake_first(self, endpoint_id: int, matches, reason: str, queue=None,
+                    unverified: bool = False) -> bool:
         for waiter in self.waiters.get(endpoint_id, ()):
             if waiter.idle and matches(waiter):
-                waiter.wake(reason, queue)
+                waiter.wake(reason, queue, unverified)
                 return True
         return False
 
-    def _offer(self, endpoint_id: int, queue: str, reason: str) -> None:
-        """Wake the oldest idle waiter of ``endpoint_id`` covering ``queue``; when every
-        covering waiter is busy, keep the queue for the first of them that is idle again."""
-        if self._wake_first(endpoint_id, lambda waiter: waiter.covers(queue), reason, queue):
+    def _offer(self, endpoint_id: int, queue: str, reason: str, unverified: bool = False) -> None:
+        """Wake the oldest idle waiter of ``endpoint_id`` covering ``queue`` (and, for an
+        unverified todo, not verified-only); when every covering waiter is busy, keep the queue
+        for the first of them that is idle again."""
+        def covering(waiter):
+            return waiter.covers(queue, unverified)
+
+        if self._wake_first(endpoint_id, covering, reason, queue, unverified):
             return
-        if any(waiter.covers(queue) for waiter in self.waiters.get(endpoint_id, ())):
+        if any(covering(waiter) for waiter in self.waiters.get(endpoint_id, ())):
             unserved = self.unserved.setdefault(endpoint_id, [])
             if len(unserved) < UNSERVED_MAX:
-                unserved.append(queue)
+                unserved.append((queue, unverified))
 
     def on_changes(self, changes) -> None:
         """Board changes arrived: each that left a todo pending wakes one idle waiter of its
@@ -183,7 +197,8 @@ class WaitRoom:
             endpoint_id = change.get("endpoint_id")
             self.last_ready_at[endpoint_id] = now
             if endpoint_id in self.waiters:
-                self._offer(endpoint_id, change.get("queue"), str(change.get("todo_id")))
+                self._offer(endpoint_id, change.get("queue"), str(change.get("todo_id")),
+                            change.get("trust") == "unverified")
 
     def recheck(self) -> None:
         """Wake, per (endpoint, queues), the idle waiter that tried longest ago, if that was at

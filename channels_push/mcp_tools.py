@@ -56,6 +56,12 @@ UNVERIFIED_TODOS_NOTE = (
 MAX_WAIT_SECONDS = 60
 
 
+# Arguments a known client adds to every tool call on its own: Gemini CLI sends
+# ``wait_for_previous`` (its own scheduling hint). Refusing them as unknown would make every
+# call from that client fail, so they are dropped before validation and never advertised.
+IGNORED_ARGUMENTS = frozenset({"wait_for_previous"})
+
+
 class ToolCallError(Exception):
     """A malformed tools/call: answered as a JSON-RPC error, not a tool result."""
 
@@ -131,6 +137,10 @@ TOOL_SCHEMAS = {
                 "type": "number", "minimum": 0, "maximum": MAX_WAIT_SECONDS,
                 "description": f"Long poll: with nothing to claim, wait up to this many seconds "
                                f"(0-{MAX_WAIT_SECONDS}, default 0) for a todo to become ready."},
+            "verified_only": {
+                "type": "boolean",
+                "description": 'Skip todos with trust "unverified" (from an unauthenticated '
+                               "sender). Default false."},
         }),
     ),
     "heartbeat": (
@@ -635,7 +645,8 @@ def _clock(caller, presence: str) -> dict:
 
 def _claim_next(caller, args):
     todo = transitions.claim_next_todo(
-        caller, queues=args.get("queues"), lease_ttl_seconds=args.get("lease_ttl_seconds")
+        caller, queues=args.get("queues"), lease_ttl_seconds=args.get("lease_ttl_seconds"),
+        verified_only=args.get("verified_only", False),
     )
     if todo is not None:
         return _todo(todo)
@@ -675,6 +686,7 @@ class LongPoll:
     endpoint_id: int
     wait_seconds: float
     queues: tuple | None
+    verified_only: bool = False
 
 
 def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None:
@@ -690,7 +702,9 @@ def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None
     if queues is None and not endpoint.all_queues:
         queues = endpoint.scope
     return LongPoll(endpoint_id=endpoint.pk, wait_seconds=float(wait_seconds),
-                    queues=tuple(sorted(set(queues))) if queues is not None else None)
+                    queues=tuple(sorted(set(queues))) if queues is not None else None,
+                    verified_only=bool(arguments.get("verified_only")
+                                       or not endpoint.accept_unverified))
 
 
 def release_undelivered_claim(endpoint, session_id: str, envelope: dict) -> str | None:
@@ -720,6 +734,8 @@ def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallTo
         arguments = {}
     if not isinstance(arguments, dict):
         raise ToolCallError(mcp_framing.INVALID_PARAMS, "Invalid params: arguments must be an object")
+    if IGNORED_ARGUMENTS.intersection(arguments):
+        arguments = {k: v for k, v in arguments.items() if k not in IGNORED_ARGUMENTS}
     if not endpoint.allows(name):
         return refusal_result("verb_not_allowed", f"this endpoint may not use {name}")
     caller = transitions.Caller.agent(endpoint, session_id)

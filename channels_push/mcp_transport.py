@@ -603,7 +603,8 @@ class McpEndpoint:
         keepalive_seconds = settings.SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS
         streaming = accepts(request.header("accept"), "text/event-stream")
         room = longpoll.room()
-        waiter = room.add(poll.endpoint_id, poll.queues, started_at=started)
+        waiter = room.add(poll.endpoint_id, poll.queues, started_at=started,
+                          verified_only=poll.verified_only)
         disconnect = asyncio.ensure_future(receive())
         woken = asyncio.ensure_future(waiter.event.wait())
         try:

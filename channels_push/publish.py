@@ -99,6 +99,8 @@ def todo_change(todo, action: str) -> dict:
         "endpoint_id": todo.endpoint_id,
         "queue": todo.queue,
         "state": todo.state,
+        # Lets a long poll that skips unverified todos leave their wake-ups to other waiters.
+        "trust": todo.trust,
     }
 
 

@@ -1,9 +1,10 @@
-"""The runner (CONTRACT §13, ``runner/switchboard_runner.py``) against a real daphne on
-PostgreSQL + Redis: the runner is started as its own process, outside the repository's import
-path, and the agent commands are small Python and sh scripts that record what they saw."""
+"""The runner (``runner/``, the ``switchboard_runner`` package and its checkout script
+``runner/switchboard_runner.py``) against a real daphne on PostgreSQL + Redis: the runner is
+started as its own process, outside the repository's import path, and the agent commands are
+small Python and sh scripts that record what they saw."""
 
 import ast
-import importlib.util
+import importlib
 import itertools
 import json
 import os
@@ -13,6 +14,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -31,15 +33,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNNER = REPO_ROOT / "runner" / "switchboard_runner.py"
+RUNNER_PACKAGE = REPO_ROOT / "runner" / "src" / "switchboard_runner"
 TOKEN_ENV = "SB_TEST_RUNNER_TOKEN"
 ENDPOINT_NUMBERS = itertools.count(1)
 
 
-def load_runner_module():
-    spec = importlib.util.spec_from_file_location("switchboard_runner", RUNNER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_runner_module(name="agent"):
+    """One module of the runner package, imported from the checkout (not installed here)."""
+    if str(RUNNER_PACKAGE.parent) not in sys.path:
+        sys.path.insert(0, str(RUNNER_PACKAGE.parent))
+    return importlib.import_module(f"switchboard_runner.{name}")
 
 
 class RunnerProcess:
@@ -99,9 +102,12 @@ def setup(daphne_server):
     return endpoint, credential, f"{daphne_server.url}/mcp/{endpoint.slug}"
 
 
-def make_todos(endpoint, count, queue="inbox"):
+def make_todos(endpoint, count, queue="inbox", trust="signed", payload=None):
+    """Signed todos (what the runner takes by default), unless ``trust`` says otherwise."""
     return [transitions.create_todo(endpoint=endpoint, queue=queue, title=f"job {n} of {count}",
-                                    actor="test", payload={"n": n})[0] for n in range(count)]
+                                    actor="test", payload={"n": n} if payload is None else payload,
+                                    trust=trust)[0]
+            for n in range(count)]
 
 
 def agent(tmp_path, name, body) -> list[str]:
@@ -154,7 +160,7 @@ def test_exit_zero_completes_with_the_stdout_tail_and_the_agent_sees_its_todo(se
         todo = json.load(sys.stdin)
         json.dump({{"stdin": todo, "argv": sys.argv[1:],
                    "env": {{k: os.environ.get(k) for k in ("SWITCHBOARD_TODO_ID",
-                           "SWITCHBOARD_LEASE_ID", "SWITCHBOARD_URL", "{TOKEN_ENV}")}},
+                           "SWITCHBOARD_LEASE_ID", "SWITCHBOARD_URL")}},
                    "pgid": os.getpgid(0), "pid": os.getpid()}}, open({str(seen)!r}, "w"))
         print("noise " * 2000)
         print("the-last-words")
@@ -172,7 +178,7 @@ def test_exit_zero_completes_with_the_stdout_tail_and_the_agent_sees_its_todo(se
     assert got["stdin"]["id"] == str(todo.pk) and got["stdin"]["payload"] == {"n": 0}
     assert got["env"] == {"SWITCHBOARD_TODO_ID": str(todo.pk),
                           "SWITCHBOARD_LEASE_ID": got["stdin"]["lease_id"],
-                          "SWITCHBOARD_URL": url, TOKEN_ENV: credential}
+                          "SWITCHBOARD_URL": url}
     assert got["argv"][:2] == [f"id={todo.pk}", "title=job 0 of 1"]
     assert json.loads(got["argv"][2])["id"] == str(todo.pk)
     assert got["argv"][3] == "{other} braces stay"
@@ -196,10 +202,11 @@ def test_non_zero_exit_fails_with_the_exit_code_and_the_stderr_tail(setup, runne
     assert runner.wait() == 0, runner.log_text()
 
     todo.refresh_from_db()
-    assert todo.state == "failed" and todo.retry_at is not None, (list(todo.events.values_list("action", "actor", "detail")), runner.log_text())  # retried later with backoff
-    assert todo.last_error.startswith("agent exited with code 3: ")
-    assert "boom-marker" in todo.last_error
-    assert todo.result == {"exit_code": 3,
+    assert todo.state == "failed" and todo.retry_at is not None, runner.log_text()  # backoff
+    # The line that names the error first, then how the agent ended and its stderr's end.
+    assert todo.last_error.startswith("ValueError: boom-marker | agent exited with code 3: ")
+    assert todo.last_error.endswith("traceback line ValueError: boom-marker")
+    assert todo.result == {"exit_code": 3, "stdout_tail": "working\n",
                            "stderr_tail": "traceback line\nValueError: boom-marker\n"}
     assert completions(todo) == 0
 
@@ -240,7 +247,7 @@ AGENT_COMPLETES_ITSELF = """
     from mcp.shared._httpx_utils import create_mcp_http_client
 
     async def main():
-        token = os.environ["{token_env}"]
+        token = os.environ["SWITCHBOARD_TOKEN"]
         http = create_mcp_http_client(headers={{"Authorization": f"Bearer {{token}}"}})
         async with http, Client(streamable_http_client(os.environ["SWITCHBOARD_URL"],
                                                        http_client=http), mode="legacy") as client:
@@ -265,8 +272,8 @@ def test_agent_that_settles_the_todo_itself_is_left_alone(setup, runners, tmp_pa
     endpoint, credential, url = setup
     [todo] = make_todos(endpoint, 1)
     command = agent(tmp_path, "self", AGENT_COMPLETES_ITSELF.format(
-        token_env=TOKEN_ENV, verb=verb, extra=extra, code=exit_code))
-    runner = runners(url, credential, "--once", command=command)
+        verb=verb, extra=extra, code=exit_code))
+    runner = runners(url, credential, "--once", "--pass-token", command=command)
     assert runner.wait() == 0, runner.log_text()
 
     todo.refresh_from_db()
@@ -470,10 +477,10 @@ def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, r
 def test_idle_runner_claims_work_that_arrives_later(setup, runners, tmp_path):
     """New (unrung, unverified) work is found by the long poll."""
     endpoint, credential, url = setup
-    runner = runners(url, credential, "--wait-seconds", "2", "--poll-seconds", "0.5",
-                     command=agent(tmp_path, "ok", "print('ok')"))
+    runner = runners(url, credential, "--accept-unverified", "--wait-seconds", "2",
+                     "--poll-seconds", "0.5", command=agent(tmp_path, "ok", "print('ok')"))
     runner.wait_log("idle")
-    [todo] = make_todos(endpoint, 1)
+    [todo] = make_todos(endpoint, 1, trust="unverified")
     assert poll(lambda: Todo.objects.get(pk=todo.pk).state == "done", 20), runner.log_text()
 
 
@@ -565,11 +572,12 @@ def assert_long_polls(runner):
 
 def test_long_poll_starts_the_agent_without_a_doorbell_or_a_poll(setup, runners, tmp_path):
     endpoint, credential, url = setup
-    runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--wait-seconds", "2",
-                                      "--poll-seconds", "120")
+    runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--accept-unverified",
+                                      "--wait-seconds", "2", "--poll-seconds", "120")
     assert_long_polls(runner)
     created_at = time.time()
-    make_todos(endpoint, 1)  # unverified: never rung, so only the long poll can find it soon
+    # Unverified: never rung, so only the long poll can find it soon.
+    make_todos(endpoint, 1, trust="unverified")
     assert stamp.seconds_after(created_at, runner) < 2.0, runner.log_text()
 
 
@@ -681,21 +689,23 @@ def test_bad_invocations_exit_2_before_touching_the_server(tmp_path):
 
 
 def test_runner_imports_only_the_mcp_sdk_and_the_standard_library():
-    tree = ast.parse(RUNNER.read_text())
     roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            roots.add(node.module.split(".")[0])
+    for source in [RUNNER, *RUNNER_PACKAGE.glob("*.py")]:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                roots |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                roots.add(node.module.split(".")[0])
     # pydantic arrives with the SDK (its models are pydantic); it is not a separate install.
-    assert roots - set(sys.stdlib_module_names) == {"mcp", "pydantic"}
+    assert roots - set(sys.stdlib_module_names) == {"mcp", "pydantic", "switchboard_runner"}
     def pins(path):
         return [line.strip() for line in path.read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
 
     root_mcp = [pin for pin in pins(REPO_ROOT / "requirements.txt") if pin.startswith("mcp==")]
     assert pins(REPO_ROOT / "runner" / "requirements.txt") == root_mcp
+    project = tomllib.loads((REPO_ROOT / "runner" / "pyproject.toml").read_text())["project"]
+    assert project["dependencies"] == root_mcp
 
 
 def test_agent_arguments_substitute_only_the_three_placeholders():

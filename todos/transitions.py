@@ -619,9 +619,12 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
     )
 
 
-def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=None) -> Todo | None:
+def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, verified_only=False,
+                    now=None) -> Todo | None:
     """Atomically claim the oldest pending todo in the caller's granted queues (or the given
     subset of them); None when there is none. Concurrent callers each get a different todo.
+    ``verified_only``: skip ``unverified`` todos (as an endpoint that refuses them always does),
+    so a worker that runs commands claims only what an authenticated sender handed over.
 
     PostgreSQL: the candidate is locked with FOR UPDATE SKIP LOCKED inside the same statement,
     so a competing worker skips it instead of waiting. With a list of queues, each queue is
@@ -646,7 +649,8 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
     if wanted == [] or caller.endpoint.paused_all:
         return None
     params = {"endpoint_id": caller.endpoint.pk}
-    pick = claim_candidate_sql(params, wanted, hide_unverified=caller.hides_unverified,
+    hide_unverified = caller.hides_unverified or bool(verified_only)
+    pick = claim_candidate_sql(params, wanted, hide_unverified=hide_unverified,
                                endpoint=caller.endpoint)
     for pause_seconds in (*CLAIM_PAUSES_WHILE_LOCKED_SECONDS, None):
         todo = _one(_apply(
@@ -658,7 +662,8 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
         if todo is not None:
             _announce([todo], "claim")
             return todo
-        if pause_seconds is None or not _is_postgres() or not _claimable_exists(caller, wanted):
+        if pause_seconds is None or not _is_postgres() or not _claimable_exists(
+                caller, wanted, hide_unverified):
             return None
         time.sleep(pause_seconds)
     return None
@@ -674,13 +679,13 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, now=
 CLAIM_PAUSES_WHILE_LOCKED_SECONDS = (0.002, 0.005, 0.01, 0.02, 0.04)
 
 
-def _claimable_exists(caller: Caller, wanted) -> bool:
+def _claimable_exists(caller: Caller, wanted, hide_unverified: bool) -> bool:
     todos = Todo.objects.filter(endpoint_id=caller.endpoint.pk, state=State.PENDING)
     if wanted is not None:
         todos = todos.filter(queue__in=wanted)
     elif caller.endpoint.paused_queues:
         todos = todos.exclude(queue__in=caller.endpoint.paused_queues)
-    if caller.hides_unverified:
+    if hide_unverified:
         todos = todos.exclude(trust=Trust.UNVERIFIED)
     return todos.exists()
 

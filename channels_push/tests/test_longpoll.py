@@ -99,3 +99,19 @@ def test_a_waiter_that_may_have_missed_a_change_before_it_joined_is_woken_at_onc
 
 def test_the_recheck_period_bounds_a_lost_wake_up_to_five_seconds():
     assert longpoll.RECHECK_SECONDS <= 5
+
+
+def test_an_unverified_todo_wakes_a_waiter_that_may_claim_it_not_a_verified_only_one(room):
+    now = room.loop.time()
+    picky = room.add(1, None, started_at=now, verified_only=True)
+    anyone = room.add(1, None, started_at=now)
+    room.on_changes([{**change(10), "trust": "unverified"}])
+    assert picky.idle and anyone.woken_for == "10"
+    room.on_changes([{**change(11), "trust": "signed"}])
+    assert picky.woken_for == "11"
+
+
+def test_an_unverified_todo_no_waiter_may_claim_is_not_kept_for_later(room):
+    picky = room.add(1, None, started_at=room.loop.time(), verified_only=True)
+    room.on_changes([{**change(10), "trust": "unverified"}])
+    assert picky.idle and not room.unserved.get(1)

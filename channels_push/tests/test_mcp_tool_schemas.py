@@ -183,3 +183,40 @@ def test_tools_skipping_validation_for_empty_arguments_accept_them_by_their_sche
     with pytest.raises(mcp_tools._Refused) as refused:
         mcp_tools._check_arguments("complete", {})
     assert refused.value.code == "invalid_argument" and "todo_id" in refused.value.message
+
+
+def test_every_tool_accepts_and_ignores_gemini_clis_wait_for_previous(endpoint, make_todo):
+    """Gemini CLI adds ``wait_for_previous`` to every tool call it makes; refusing it as an
+    unknown argument would make that client unusable."""
+    installed = mcp_tools._secret_reader
+    mcp_tools.register_secret_reader(lambda caller, ref: {"ref": ref, "value": "v"})
+
+    def every_call():
+        first, second, third = (str(make_todo(payload={"n": n}).pk) for n in range(3))
+        return [("list_todos", {}), ("claim", {"todo_id": first}),
+                ("heartbeat", {"todo_id": first}), ("complete", {"todo_id": first}),
+                ("claim_next", {}), ("claim", {"todo_id": third}),
+                ("release", {"todo_id": third}), ("read_secret", {"ref": "secret:1"}),
+                ("clock_out", {}), ("clock_in", {})], second
+
+    try:
+        for flag in (True, False):
+            calls, claimed_next = every_call()
+            for name, arguments in calls:
+                result = call(endpoint, name, {**arguments, "wait_for_previous": flag})
+                assert not result.is_error, (name, result.structured_content)
+            claimed = transitions.claim_next_todo(transitions.Caller.agent(endpoint, "session-a"))
+            result = call(endpoint, "fail", {"todo_id": str(claimed.pk), "error": "x",
+                                             "wait_for_previous": flag})
+            assert not result.is_error, result.structured_content
+            assert {name for name, _ in calls} | {"fail"} == set(AGENT_VERBS)
+    finally:
+        mcp_tools.register_secret_reader(installed)
+    # Not advertised: it is one client's habit, not part of any tool.
+    for tool in mcp_tools.tools_for(endpoint):
+        assert "wait_for_previous" not in tool.input_schema["properties"]
+    # Any other unknown argument is still refused, naming it.
+    refused = call(endpoint, "list_todos", {"wait_for_previous": True, "bogus": 1})
+    assert refused.is_error
+    assert refused.structured_content["error"]["code"] == "invalid_argument"
+    assert "bogus" in refused.structured_content["error"]["message"]

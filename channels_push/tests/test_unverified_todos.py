@@ -100,3 +100,26 @@ def test_vend_endpoint_no_unverified_flag(db, capsys):
     call_command("vend_endpoint", "trusting", "--owner", "carol")
     assert Endpoint.objects.get(slug="careful").accept_unverified is False
     assert Endpoint.objects.get(slug="trusting").accept_unverified is True
+
+
+def test_claim_next_with_verified_only_skips_unverified_todos(driver):
+    d = driver("picky")
+    unverified = make_ready_todo(d.endpoint, title="anyone's", trust=Trust.UNVERIFIED)
+    signed = make_ready_todo(d.endpoint, title="signed", trust=Trust.SIGNED)
+    operator = make_ready_todo(d.endpoint, title="handed over", trust=Trust.OPERATOR)
+    picked = [structured(d.call("claim_next", {"verified_only": True}))["todo"]["id"]
+              for _ in range(2)]
+    assert sorted(picked) == sorted([str(signed.pk), str(operator.pk)])
+    assert structured(d.call("claim_next", {"verified_only": True})) == {"empty": True}
+    assert Todo.objects.get(pk=unverified.pk).state == "pending"
+    # Without it (or false), the endpoint's own rule applies: this one accepts unverified.
+    assert structured(d.call("claim_next", {"verified_only": False}))["todo"]["id"] == \
+        str(unverified.pk)
+
+
+def test_verified_only_must_be_a_boolean(driver):
+    d = driver("picky")
+    answer = d.call("claim_next", {"verified_only": "yes"})["result"]
+    assert answer["isError"]
+    assert answer["structuredContent"]["error"]["code"] == "invalid_argument"
+    assert "verified_only" in answer["structuredContent"]["error"]["message"]

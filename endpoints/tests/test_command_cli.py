@@ -1,10 +1,12 @@
 """manage.py vend_endpoint and rotate_credential: happy paths, bad arguments, --json, --help."""
 
 import json
+import tomllib
 
 import pytest
 
 from endpoints import queries
+from channels_push.mcp_tools import MAX_WAIT_SECONDS
 from endpoints.models import AGENT_VERBS, Endpoint
 from tests.cli import json_printed_after, run_manage
 
@@ -47,9 +49,33 @@ def test_vend_endpoint_prints_an_mcp_json_that_names_the_token_variable_not_the_
     printed_json = json_printed_after(run.out, ".mcp.json")
     assert printed_json["mcpServers"]["switchboard"]["url"] == "https://sb.example/mcp/coder2"
     assert credential not in json.dumps(printed_json)
+    # Single quotes, so the shell stores the variable, not the credential.
     assert ("claude mcp add --transport http --scope local switchboard "
             "https://sb.example/mcp/coder2 --header "
-            "\"Authorization: Bearer ${SWITCHBOARD_TOKEN}\"") in run.out
+            "'Authorization: Bearer ${SWITCHBOARD_TOKEN}'") in run.out
+
+
+def test_vend_endpoint_prints_codex_and_gemini_configurations_beside_claude_codes(
+        capsys, operator, settings):
+    settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
+    run = run_manage(capsys, "vend_endpoint", "multi", "--owner", "alice")
+    assert run.code == 0, run.err
+    credential = run.out.split("export SWITCHBOARD_TOKEN=")[1].split()[0]
+    codex = tomllib.loads(run.out.split("config.toml", 1)[1].split("\n", 1)[1].split("\n\n")[0])
+    assert codex == {"mcp_servers": {"switchboard": {
+        "url": "https://sb.example/mcp/multi", "bearer_token_env_var": "SWITCHBOARD_TOKEN",
+        "tool_timeout_sec": 90}}}
+    assert codex["mcp_servers"]["switchboard"]["tool_timeout_sec"] > MAX_WAIT_SECONDS
+    gemini = json_printed_after(run.out, "settings.json")
+    assert gemini == {"mcpServers": {"switchboard": {
+        "httpUrl": "https://sb.example/mcp/multi",
+        "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}, "trust": True}}}
+    # Besides the header's "credential:" line, only on the export line.
+    assert run.out.split("export the credential", 1)[1].count(credential) == 1
+    assert "docs/agents.md" in run.out
+    # --json keeps exactly its documented keys.
+    data = run_manage(capsys, "vend_endpoint", "multi2", "--owner", "alice", "--json").json()
+    assert set(data) == {"slug", "mcp_url", "credential", "mcp_json"}
 
 
 def test_vend_endpoint_defaults_and_human_output(capsys, operator):

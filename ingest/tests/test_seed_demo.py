@@ -98,6 +98,12 @@ def test_seed_demo_human_output_shows_a_generated_password_and_takes_a_given_one
         "Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}
     assert credential not in json.dumps(printed_json)
     assert "claude mcp add --transport http --scope local switchboard " in run.out
+    assert "--header 'Authorization: Bearer ${SWITCHBOARD_TOKEN}'" in run.out
+    assert 'bearer_token_env_var = "SWITCHBOARD_TOKEN"' in run.out  # Codex's config.toml
+    assert json_printed_after(run.out, "settings.json")["mcpServers"]["switchboard"] == {
+        "httpUrl": printed_json["mcpServers"]["switchboard"]["url"],
+        "headers": {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}, "trust": True}
+    assert run.out.count(credential) == 1  # only on the export line
     assert django_user_model.objects.get(username="dana").check_password(password_in(run.out))
     run = run_manage(capsys, "seed_demo", "--operator", "erin", "--password", "s3cret-demo-pw",
                      "--endpoint", "erins-agent", "--webhook", "erins-hook")

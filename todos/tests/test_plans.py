@@ -24,9 +24,11 @@ def backlog():
     endpoint = EndpointFactory(owner=UserFactory(), scope=["q0", "q1", "q2", "q3"])
     now = timezone.now()
     states = ["done"] * 8 + ["pending", "claimed"]
+    # Mostly from signed senders, some anonymous: the mix a verified-only claim filters.
+    trusts = ["signed", "signed", "operator", "unverified"]
     Todo.objects.bulk_create(
         Todo(endpoint=endpoint, queue=f"q{i % 4}", title="t", state=states[i % 10],
-             lease_expires_at=now, created_at=now, updated_at=now)
+             trust=trusts[(i // 10) % 4], lease_expires_at=now, created_at=now, updated_at=now)
         for i in range(5000)
     )
     with connection.cursor() as cursor:
@@ -40,16 +42,21 @@ def plan(sql, params):
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
-def test_claim_next_over_several_queues_probes_each_queue_by_index(backlog):
+# hide_unverified: an endpoint that refuses unverified todos, or claim_next's verified_only.
+@pytest.mark.parametrize("hide_unverified", [False, True])
+def test_claim_next_over_several_queues_probes_each_queue_by_index(backlog, hide_unverified):
     params = {"endpoint_id": backlog.pk}
-    text = plan(transitions.claim_candidate_sql(params, ["q0", "q1", "q2"]), params)
+    text = plan(transitions.claim_candidate_sql(params, ["q0", "q1", "q2"],
+                                                hide_unverified=hide_unverified), params)
     assert "todo_claim_by_queue" in text, text
     assert "Seq Scan on todos_todo" not in text, text
 
 
-def test_claim_next_over_all_queues_scans_in_index_order(backlog):
+@pytest.mark.parametrize("hide_unverified", [False, True])
+def test_claim_next_over_all_queues_scans_in_index_order(backlog, hide_unverified):
     params = {"endpoint_id": backlog.pk}
-    text = plan(transitions.claim_candidate_sql(params, None), params)
+    text = plan(transitions.claim_candidate_sql(params, None, hide_unverified=hide_unverified),
+                params)
     assert "todo_claim_any_queue" in text, text
     assert "Sort" not in text, text
 

@@ -1,0 +1,5 @@
+import sys
+
+from switchboard_runner.cli import main
+
+sys.exit(main())

@@ -1,0 +1,172 @@
+"""The command line: ``switchboard-runner [flags] -- agent command …`` runs the worker,
+``switchboard-runner watch [flags]`` prints ready todos."""
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from .agent import BASE_ENV, DEFAULT_PROMPT, TOKEN_VARIABLE
+from .work import MAX_WAIT, Runner, dry_run
+
+
+def _queues(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one queue")
+    return names
+
+
+def _positive(kind, low, high=None):
+    def parse(value):
+        number = kind(value)
+        if number < low or (high is not None and number > high):
+            raise argparse.ArgumentTypeError(
+                f"must be between {low} and {high}" if high is not None else f"must be ≥ {low}")
+        return number
+    return parse
+
+
+def _variable_name(value: str) -> str:
+    if not value or "=" in value or value.strip() != value:
+        raise argparse.ArgumentTypeError("give a variable name (no value)")
+    return value
+
+
+def _connection_flags(parser):
+    parser.add_argument("--version", action="version",
+                        version=f"switchboard-runner {__version__}")
+    parser.add_argument("--url", default=os.environ.get("SWITCHBOARD_URL"),
+                        help="the endpoint's MCP URL, …/mcp/<slug> (default: $SWITCHBOARD_URL)")
+    parser.add_argument("--token-env", default="SWITCHBOARD_TOKEN", metavar="NAME",
+                        help="environment variable holding the bearer credential "
+                             "(default SWITCHBOARD_TOKEN)")
+    parser.add_argument("--queues", type=_queues, metavar="A,B",
+                        help="only these queues (comma-separated)")
+    parser.add_argument("--accept-unverified", action="store_true",
+                        help="also take todos with trust 'unverified' (from anyone who knows "
+                             "an unsigned webhook's URL); default: verified todos only")
+
+
+def worker_parser():
+    parser = argparse.ArgumentParser(
+        prog="switchboard-runner",
+        description="Claim switchboard todos and run an agent command for each. "
+                    "'switchboard-runner watch --help': print ready todos instead.",
+        epilog="Placeholders in the command: {prompt} (the built-in prompt, or --prompt-file's) "
+               "{todo_id} {todo_json} {title}; keep {title} and {todo_json} out of instruction "
+               "positions (they are the sender's text). The todo JSON is on the agent's stdin "
+               "and in a private file the prompt names. Its environment: "
+               f"{', '.join(BASE_ENV)}, SWITCHBOARD_TODO_ID, SWITCHBOARD_LEASE_ID, "
+               f"SWITCHBOARD_URL, the --pass-env variables, and {TOKEN_VARIABLE} with "
+               "--pass-token.")
+    _connection_flags(parser)
+    parser.add_argument("--pass-token", action="store_true",
+                        help=f"give the agent the bearer (as {TOKEN_VARIABLE}) so it can call "
+                             "the switchboard tools itself")
+    parser.add_argument("--pass-env", action="append", default=[], type=_variable_name,
+                        metavar="NAME",
+                        help="pass this variable of the runner's environment to the agent "
+                             "(repeatable; e.g. the agent's API key)")
+    parser.add_argument("--prompt-file", type=Path, metavar="FILE",
+                        help="replace the built-in prompt; it may use {todo_id} {queue} {kind} "
+                             "{trust} {lease_id} {todo_file}")
+    parser.add_argument("--require-settled", action="store_true",
+                        help="the agent must call complete or fail itself: exit 0 without "
+                             "that fails the todo")
+    parser.add_argument("--concurrency", type=_positive(int, 1), default=1, metavar="N",
+                        help="at most this many agents at once (default 1)")
+    parser.add_argument("--max-runtime", type=_positive(float, 1), default=3600.0,
+                        metavar="SECONDS",
+                        help="seconds an agent may run before it is killed and the todo failed "
+                             "(default 3600)")
+    parser.add_argument("--grace-seconds", type=_positive(float, 0), default=30.0,
+                        metavar="SECONDS",
+                        help="on SIGTERM/SIGINT, how long running agents may finish (default 30)")
+    parser.add_argument("--lease-seconds", type=_positive(int, 1, 86400), metavar="SECONDS",
+                        help="lease length per claim (default: the endpoint's)")
+    parser.add_argument("--wait-seconds", type=_positive(int, 0, MAX_WAIT), default=30,
+                        metavar="SECONDS",
+                        help="long-poll claim_next this long when idle (0-60, default 30; "
+                             "0: no long poll)")
+    parser.add_argument("--poll-seconds", type=_positive(float, 0.1), default=10.0,
+                        metavar="SECONDS",
+                        help="without long poll, look for work this often when no doorbell "
+                             "rings (default 10)")
+    parser.add_argument("--once", action="store_true",
+                        help="drain until nothing is claimable and no agent runs, then exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="claim nothing: list pending todos and print the command each "
+                             "would get")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- the agent command and its arguments")
+    return parser
+
+
+def watch_parser():
+    parser = argparse.ArgumentParser(
+        prog="switchboard-runner watch",
+        description="Print one line per todo that becomes ready, and nothing else: "
+                    "id<TAB>queue<TAB>kind<TAB>trust<TAB>title (title sanitised). Claims "
+                    "nothing; for Claude Code's Monitor tool and shell loops.")
+    _connection_flags(parser)
+    parser.add_argument("--poll-seconds", type=_positive(float, 0.5), default=30.0,
+                        metavar="SECONDS",
+                        help="list pending todos this often besides doorbells (default 30)")
+    return parser
+
+
+def parse_args(argv):
+    """``(mode, args, parser)``: mode ``watch`` or ``work``."""
+    if argv[:1] == ["watch"]:
+        parser = watch_parser()
+        args = parser.parse_args(argv[1:])
+        mode = "watch"
+    else:
+        parser = worker_parser()
+        args = parser.parse_args(argv)
+        mode = "work"
+        if args.command[:1] == ["--"]:
+            args.command = args.command[1:]
+        if not args.command:
+            parser.error("give the agent command after --")
+        if args.token_env in args.pass_env:
+            parser.error(f"--pass-env {args.token_env} would hand the agent the bearer: "
+                         "use --pass-token")
+        args.prompt_template = DEFAULT_PROMPT
+        if args.prompt_file is not None:
+            try:
+                args.prompt_template = args.prompt_file.read_text(encoding="utf-8")
+            except OSError as error:
+                parser.error(f"--prompt-file: {error}")
+    if not args.url:
+        parser.error("--url is required (or set SWITCHBOARD_URL)")
+    return mode, args, parser
+
+
+def main(argv=None) -> int:
+    mode, args, parser = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING if mode == "watch" else logging.INFO,
+                        stream=sys.stderr, datefmt="%Y-%m-%dT%H:%M:%S",
+                        format="%(asctime)s.%(msecs)03dZ switchboard-runner %(message)s")
+    logging.Formatter.converter = time.gmtime
+    # The SDK logs each GET-stream reconnect at INFO; keep the runner's one-line-per-event log.
+    logging.getLogger("mcp").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    token = os.environ.get(args.token_env)
+    if not token:
+        parser.error(f"the environment variable {args.token_env} (--token-env) is empty")
+    if mode == "watch":
+        from .watch import watch
+        return asyncio.run(watch(args, token))
+    if shutil.which(args.command[0]) is None:
+        parser.error(f"agent command not found: {args.command[0]}")
+    if args.dry_run:
+        return asyncio.run(dry_run(args, token))
+    return asyncio.run(Runner(args, token).run())

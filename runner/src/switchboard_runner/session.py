@@ -1,0 +1,234 @@
+"""One MCP session with its notification stream, held by its own task and reopened with
+backoff when it breaks; tool calls from any task; the runner's one-line-per-event log."""
+
+import asyncio
+import json
+import logging
+import time
+
+from mcp import Client
+from mcp.client.extension import ClientExtension, NotificationBinding
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel  # installed with the mcp SDK (its own models are pydantic)
+
+log = logging.getLogger("switchboard.runner")
+
+CHANNEL_METHOD = "notifications/claude/channel"
+INVALID_PARAMS = -32602  # JSON-RPC: a server without long poll refuses the unknown argument
+# A tool call that is not a long poll answers in milliseconds; this only bounds a dead peer.
+CALL_TIMEOUT_SECONDS = 30.0
+# Reconnect backoff after the session breaks (server restart, network): doubling to the cap.
+RECONNECT_FIRST_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 30.0
+# The SDK retries a dropped notification stream twice at the server's retry hint (3 s); past
+# this with no stream open the session is reopened (checked every STREAM_CHECK_SECONDS).
+STREAM_LOST_SECONDS = 10.0
+STREAM_CHECK_SECONDS = 2.0
+
+class Refused(Exception):
+    """A domain refusal from a tool (``isError`` with ``error.code``)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+class Unreachable(Exception):
+    """The call did not get an answer (connection down, session gone, timeout)."""
+
+
+# -- logging ---------------------------------------------------------------------------------
+
+
+def _field(value) -> str:
+    text = str(value)
+    if text and not any(c.isspace() or c in '"=' for c in text):
+        return text
+    return json.dumps(text[:120], ensure_ascii=False)
+
+
+def log_event(event: str, **fields) -> None:
+    """One line per event: ``claim todo_id=12 queue=issues title="…"`` (never a token or a
+    payload)."""
+    log.info(" ".join([event] + [f"{key}={_field(value)}" for key, value in fields.items()
+                                 if value is not None]))
+
+
+
+class ChannelParams(BaseModel):
+    content: str = ""
+    meta: dict[str, str] = {}
+
+
+class ChannelBell(ClientExtension):
+    """Observe ``notifications/claude/channel``. The SDK hands notifications outside the core
+    protocol only to a bound extension (its ``message_handler`` never sees them)."""
+
+    identifier = "com.anthropic/claude-channel"
+
+    def __init__(self, on_ring):
+        self.on_ring = on_ring
+
+    def notifications(self):
+        return [NotificationBinding(method=CHANNEL_METHOD, params_type=ChannelParams,
+                                    handler=self._ring)]
+
+    async def _ring(self, params: ChannelParams):
+        self.on_ring(params.meta)
+
+
+class StreamWatch:
+    """Counts the session's open notification streams (GET responses) through an HTTP response
+    hook. The SDK reopens a dropped stream only twice and then gives up quietly; after a server
+    restart longer than that the runner would hear no doorbell again. The owner task reopens
+    the whole session when no stream has been open for STREAM_LOST_SECONDS."""
+
+    def __init__(self):
+        self.open = 0
+        self.quiet_since = time.monotonic()
+
+    async def on_response(self, response):
+        if response.request.method != "GET" or response.status_code != 200:
+            return
+        self.open += 1
+        close = response.aclose
+        closed = False
+
+        async def aclose():
+            nonlocal closed
+            try:
+                await close()
+            finally:
+                if not closed:
+                    closed = True
+                    self.open -= 1
+                    if not self.open:
+                        self.quiet_since = time.monotonic()
+
+        response.aclose = aclose
+
+    def lost(self) -> bool:
+        return not self.open and time.monotonic() - self.quiet_since > STREAM_LOST_SECONDS
+
+
+class Switchboard:
+    """One MCP session, kept open by its own task and reopened with backoff when it breaks.
+
+    The SDK's client lives in anyio task groups that must be exited by the task that entered
+    them, so one owner task holds it; callers on other tasks use ``call``. Heartbeats and
+    settles are fenced by ``lease_id``, so they work from a reopened session too."""
+
+    def __init__(self, url: str, token: str, on_ring, on_connected=None):
+        self.url, self._token, self._on_ring = url, token, on_ring
+        # Called after each (re)connection: doorbells sent while disconnected are lost.
+        self._on_connected = on_connected
+        self._client = None
+        self._ready = asyncio.Event()
+        self._broken = asyncio.Event()
+        self._closing = False
+        self._owner = None
+        self.first_error = None  # set when the first connection attempt fails
+
+    def start(self):
+        self._owner = asyncio.create_task(self._hold())
+
+    async def _hold(self):
+        delay = RECONNECT_FIRST_SECONDS
+        while not self._closing:
+            http = create_mcp_http_client(headers={"Authorization": f"Bearer {self._token}"})
+            streams = StreamWatch()
+            http.event_hooks = {"response": [streams.on_response]}
+            try:
+                # mode="legacy": the initialize handshake and a session, which is what carries
+                # the notification stream (switchboard deliberately speaks only that era).
+                async with http, Client(streamable_http_client(self.url, http_client=http),
+                                        mode="legacy", extensions=[ChannelBell(self._on_ring)],
+                                        read_timeout_seconds=CALL_TIMEOUT_SECONDS) as client:
+                    self._client = client
+                    self._ready.set()
+                    delay = RECONNECT_FIRST_SECONDS
+                    log_event("connected", url=self.url)
+                    if self._on_connected is not None:
+                        self._on_connected()
+                    while not self._broken.is_set():
+                        await wait_first(self._broken.wait(), timeout=STREAM_CHECK_SECONDS)
+                        if streams.lost():
+                            log_event("stream_lost", reopening="session")
+                            break
+            except Exception as error:  # noqa: BLE001 — any failure: log, back off, reconnect
+                if self.first_error is None and not self._ready.is_set():
+                    self.first_error = error
+                log_event("connection_error", error=_describe(error), retry_in_s=delay)
+            finally:
+                self._client = None
+                self._ready.clear()
+                self._broken.clear()
+            if self._closing:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+
+    async def wait_connected(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def call(self, name: str, arguments: dict, *, timeout: float = CALL_TIMEOUT_SECONDS):
+        """The tool's ``structuredContent``; raises Refused (a domain refusal), MCPError with
+        ``INVALID_PARAMS`` (a malformed call), or Unreachable."""
+        if not await self.wait_connected(timeout):
+            raise Unreachable("not connected")
+        client = self._client
+        try:
+            answer = await client.call_tool(name, arguments, read_timeout_seconds=timeout)
+        except MCPError as error:
+            if error.code == INVALID_PARAMS:
+                raise
+            self._break(client)  # the session is gone or timed out: open a fresh one
+            raise Unreachable(_describe(error)) from error
+        except Exception as error:  # noqa: BLE001 — transport faults come in many types
+            self._break(client)
+            raise Unreachable(_describe(error)) from error
+        content = answer.structured_content
+        if content is None:
+            content = json.loads(answer.content[0].text) if answer.content else {}
+        if answer.is_error:
+            error = content.get("error") or {}
+            raise Refused(error.get("code", "unknown"), error.get("message", ""))
+        return content
+
+    def _break(self, client):
+        # A call that failed on a session already replaced says nothing about the new one.
+        if client is self._client:
+            self._broken.set()
+
+    def reopen(self):
+        self._broken.set()
+
+    async def close(self):
+        self._closing = True
+        self._broken.set()
+        if self._owner is not None:
+            await self._owner
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return f"{type(error).__name__}: {text}"[:200]
+
+
+async def wait_first(*awaitables, timeout=None):
+    """Wait for the first of ``awaitables`` (coroutines are wrapped and cancelled after)."""
+    tasks = [a if isinstance(a, asyncio.Future) else asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task, awaitable in zip(tasks, awaitables):
+            if task is not awaitable:
+                task.cancel()
+
+

@@ -1,0 +1,456 @@
+"""The worker: claim todos (doorbells and digests wake it, a long poll waits for work), run
+the agent command for each, heartbeat its lease, settle the todo when the agent exits.
+
+* Per claimed todo: the agent command runs in its own process group with the todo JSON on
+  stdin and in a private file, a scrubbed environment, and the placeholders substituted in
+  its arguments. The runner heartbeats the lease (fenced by ``lease_id``) every third of its
+  length and stops the agent if the lease is lost.
+* A todo the command cannot even start with (exec failure, arguments over the system's limit)
+  is failed with the reason, so backoff and the dead letter apply: given back, it would be
+  claimed again at once, forever.
+* When the agent exits: if it settled the todo itself (its own MCP connection, the same
+  ``lease_id``), nothing more; else exit 0 → ``complete`` with the tail of stdout (with
+  --require-settled: ``fail``, as the agent was expected to settle it), non-zero → ``fail``
+  with the exit code and the tails, over --max-runtime → the group is killed and the todo
+  failed.
+* SIGTERM/SIGINT: no new claims; running agents get --grace-seconds to finish, then are
+  killed and failed (a second signal skips the grace). A runner killed outright loses only
+  its leases: they lapse and the todos come back (the queue's own guarantee).
+"""
+
+import asyncio
+import json
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from datetime import datetime
+
+from mcp.shared.exceptions import MCPError
+
+from .agent import (Tail, _drain, _parent_death_signal, agent_argv, agent_env,
+                    failure_message, oversized_argument, render_prompt, start_failure,
+                    stop_group, write_todo_file)
+from .session import (CALL_TIMEOUT_SECONDS, INVALID_PARAMS, RECONNECT_FIRST_SECONDS,
+                      RECONNECT_MAX_SECONDS, Refused, Switchboard, Unreachable, _describe,
+                      log_event, wait_first)
+
+MAX_WAIT = 60  # claim_next's wait_seconds upper bound
+# Beyond the long poll itself, time for the server's answer to arrive.
+LONG_POLL_SLACK_SECONDS = 30.0
+# complete/fail are retried this long through a broken connection; past it the lease lapses
+# and the todo comes back by itself, which is the right outcome for an unreachable server.
+SETTLE_RETRY_SECONDS = 60.0
+# list_todos' page size: the live-state check after a lost lease looks at this many per state.
+LIST_LIMIT = 200
+# --once gives up (exit 1) after this many failed claims in a row with nothing running.
+ONCE_ERROR_LIMIT = 3
+NOT_SETTLED = "agent exited 0 without settling the todo"
+
+
+def lease_seconds(todo: dict) -> float:
+    """The granted lease length, from two server timestamps (so no clock skew): a claim sets
+    ``updated_at = now`` and ``lease_expires_at = now + ttl``."""
+    def parse(value):
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    try:
+        return (parse(todo["lease_expires_at"]) - parse(todo["updated_at"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return 300.0
+
+
+
+class Runner:
+    def __init__(self, args, token: str):
+        self.args = args
+        self.token = token
+        self.prompt_template = args.prompt_template
+        self.queues = args.queues
+        self.sb = Switchboard(args.url, token, self.on_ring)
+        self.wait_seconds = 0 if args.once else args.wait_seconds
+        self.tasks: set[asyncio.Task] = set()
+        self.stopping = asyncio.Event()   # first signal: no new claims
+        self.kill_now = asyncio.Event()   # grace over (or second signal): kill running agents
+        self.wake = asyncio.Event()       # a doorbell or digest arrived
+        self.task_done = asyncio.Event()
+        self.parent_death_signal = _parent_death_signal()
+        self.shutdown_error = (f"runner stopped: agent killed after the "
+                               f"{args.grace_seconds:g} s grace period")
+
+    # -- notifications
+
+    def on_ring(self, meta: dict):
+        if self.queues and meta.get("queue") and meta["queue"] not in self.queues:
+            return
+        if meta.get("kind") == "digest" and "todo_id" not in meta:
+            log_event("digest", pending=meta.get("pending"), queues=meta.get("queues"),
+                      reason=meta.get("reason"))
+        else:
+            log_event("doorbell", todo_id=meta.get("todo_id"), queue=meta.get("queue"))
+        self.wake.set()
+
+    def on_signal(self, signame: str):
+        if self.stopping.is_set():
+            log_event("stop_now", signal=signame, running=len(self.tasks))
+            self.shutdown_error = f"runner stopped: agent killed at a second {signame}"
+            self.kill_now.set()
+            return
+        log_event("stopping", signal=signame, running=len(self.tasks),
+                  grace_s=self.args.grace_seconds)
+        self.stopping.set()
+
+    # -- claiming
+
+    async def claim(self):
+        """One claim_next: ``(outcome, todo)`` with outcome ``todo``, ``empty`` (the server
+        answered there is nothing), ``retry`` (at once), ``error`` (logged; retry later),
+        ``fatal`` (logged; stop) or ``stopped``."""
+        arguments = {}
+        if not self.args.accept_unverified:
+            arguments["verified_only"] = True
+        if self.queues:
+            arguments["queues"] = self.queues
+        if self.args.lease_seconds:
+            arguments["lease_ttl_seconds"] = self.args.lease_seconds
+        wait = self.wait_seconds
+        if wait:
+            arguments["wait_seconds"] = wait
+        call = asyncio.ensure_future(
+            self.sb.call("claim_next", arguments, timeout=wait + LONG_POLL_SLACK_SECONDS))
+        await wait_first(call, self.stopping.wait())
+        if not call.done():
+            call.cancel()
+            if wait:
+                # The SDK keeps the abandoned POST open in its transport; a long poll still
+                # waiting there could claim a todo nobody would run (until its lease lapsed).
+                # Reopening the session closes that request, and the server claims nothing for
+                # a caller that went away. Running agents' calls are fenced by lease_id, so
+                # the new session serves them.
+                self.sb.reopen()
+            return "stopped", None
+        try:
+            answer = call.result()
+        except MCPError as error:
+            if wait and error.code == INVALID_PARAMS:
+                return self._no_long_poll(error.message)
+            log_event("claim_error", error=_describe(error))
+            return "error", None
+        except Refused as refused:
+            if wait and refused.code == "invalid_argument" and "wait_seconds" in refused.message:
+                return self._no_long_poll(refused.message)
+            log_event("claim_refused", code=refused.code, message=refused.message)
+            # Queues outside the scope, or claim_next not granted: the runner's configuration
+            # is wrong, and asking again will not change the answer.
+            fatal = refused.code in ("not_in_scope", "verb_not_allowed")
+            return ("fatal" if fatal else "error"), None
+        except Unreachable as error:
+            log_event("claim_error", error=str(error))
+            return "error", None
+        todo = answer.get("todo")
+        if todo is None:
+            return "empty", None
+        if self.stopping.is_set():  # claimed just as the stop came: hand it straight back
+            await self.release(todo)
+            return "stopped", None
+        log_event("claim", todo_id=todo["id"], queue=todo.get("queue"),
+                  attempt=todo.get("attempts"), lease_s=round(lease_seconds(todo)),
+                  title=todo.get("title"))
+        return "todo", todo
+
+    def _no_long_poll(self, message: str):
+        log_event("long_poll_unavailable", poll_s=self.args.poll_seconds, server_said=message)
+        self.wait_seconds = 0
+        return "retry", None
+
+    async def release(self, todo: dict):
+        try:
+            await self.sb.call("release", {"todo_id": todo["id"], "lease_id": todo["lease_id"]})
+            log_event("released", todo_id=todo["id"])
+        except (Refused, Unreachable, MCPError) as error:
+            log_event("release_failed", todo_id=todo["id"], error=str(error))
+
+    async def serve(self) -> int:
+        """Claim while there is room, until stopped (or, with --once, until drained)."""
+        errors = 0
+        idle = False  # logged once per idle stretch, not per poll
+        while not self.stopping.is_set():
+            if len(self.tasks) >= self.args.concurrency:
+                self.task_done.clear()
+                await wait_first(self.task_done.wait(), self.stopping.wait())
+                continue
+            self.wake.clear()  # a ring from here on means: look again
+            started = time.monotonic()
+            wait = self.wait_seconds
+            outcome, todo = await self.claim()
+            if outcome == "todo":
+                errors, idle = 0, False
+                task = asyncio.create_task(self.run_todo(todo))
+                self.tasks.add(task)
+                task.add_done_callback(self._forget)
+                continue
+            if outcome == "stopped":
+                break
+            if outcome == "retry":
+                continue
+            if outcome == "fatal":
+                return 1
+            if outcome == "error":
+                errors += 1
+                if self.args.once and errors >= ONCE_ERROR_LIMIT and not self.tasks:
+                    log_event("giving_up", reason=f"{errors} claims in a row failed")
+                    return 1
+                # Back off on repeated failures; the first retry is quick (a reopened session
+                # after a server restart answers at once).
+                await wait_first(self.stopping.wait(), timeout=min(
+                    RECONNECT_FIRST_SECONDS * 2 ** (errors - 1), RECONNECT_MAX_SECONDS))
+                continue
+            errors = 0
+            if not idle:
+                idle = True
+                log_event("idle", running=len(self.tasks), long_poll_s=self.wait_seconds or None,
+                          poll_s=None if self.wait_seconds else self.args.poll_seconds)
+            if self.args.once:
+                if not self.tasks:
+                    break  # drained
+                # A running agent may fail and free its todo: look again when one ends.
+                self.task_done.clear()
+                await wait_first(self.task_done.wait(), self.wake.wait(), self.stopping.wait())
+                continue
+            if wait and time.monotonic() - started >= wait / 2:
+                continue  # the long poll did the waiting: ask again at once
+            await wait_first(self.wake.wait(), self.stopping.wait(), timeout=self.args.poll_seconds)
+        return 0
+
+    def _forget(self, task):
+        self.tasks.discard(task)
+        self.task_done.set()
+
+    # -- one todo
+
+    async def run_todo(self, todo: dict):
+        with tempfile.TemporaryDirectory(prefix="switchboard-todo-") as directory:
+            await self._run_todo(todo, write_todo_file(directory, todo))
+
+    async def _run_todo(self, todo: dict, todo_file: str):
+        todo_id = todo["id"]
+        prompt = render_prompt(self.prompt_template, todo, todo_file)
+        argv = agent_argv(self.args.command, todo, prompt)
+        env = agent_env(todo, self.args.url, pass_env=self.args.pass_env,
+                        token=self.token if self.args.pass_token else None)
+        reason = oversized_argument(argv)
+        proc = None
+        if reason is None:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+                    preexec_fn=self.parent_death_signal)
+            except OSError as error:
+                reason = start_failure(error, argv)
+        else:
+            reason = f"agent not started: {reason}; read the todo from stdin or {{todo_file}}"
+        if proc is None:
+            # Failed, not released: a release would hand the same todo straight back to this
+            # runner (or another), which fails the same way, in a loop that stalls the queue.
+            # A failure counts an attempt, backs off, and ends in the dead letter.
+            log_event("start_failed", todo_id=todo_id, error=reason)
+            await self._settle_call(todo, "fail", {"error": reason,
+                                                   "result": {"started": False}})
+            return
+        started = time.monotonic()
+        log_event("start", todo_id=todo_id, pid=proc.pid)
+        out, err = Tail(), Tail()
+        readers = [asyncio.create_task(_drain(proc.stdout, out)),
+                   asyncio.create_task(_drain(proc.stderr, err))]
+        feeder = asyncio.create_task(self._feed(proc, todo))
+        lease_lost = asyncio.Event()
+        beats = asyncio.create_task(self.heartbeat(todo, lease_lost))
+        exited = asyncio.create_task(proc.wait())
+        deadline = started + self.args.max_runtime
+        stopped_for = None
+        try:
+            await wait_first(exited, lease_lost.wait(), self.kill_now.wait(),
+                             timeout=max(0.0, deadline - time.monotonic()))
+            if not exited.done():
+                stopped_for = ("lease_lost" if lease_lost.is_set() else
+                               "shutdown" if self.kill_now.is_set() else "max_runtime")
+                log_event("stopping_agent", todo_id=todo_id, reason=stopped_for)
+            # Whatever the reason, the group ends with the agent: no stray children keep
+            # working (or keep its output pipes open) after it is settled.
+            await stop_group(proc)
+        finally:
+            beats.cancel()
+            feeder.cancel()
+        await wait_first(asyncio.gather(*readers), timeout=2.0)
+        for reader in readers:
+            reader.cancel()
+        code = proc.returncode
+        elapsed = round(time.monotonic() - started, 1)
+        log_event("exit", todo_id=todo_id, code=code, elapsed_s=elapsed, reason=stopped_for)
+        await self.settle(todo, code, stopped_for, out.text(), err.text(), elapsed)
+
+    async def _feed(self, proc, todo):
+        try:
+            proc.stdin.write(json.dumps(todo, ensure_ascii=False).encode() + b"\n")
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the agent does not read stdin: fine
+        finally:
+            proc.stdin.close()
+
+    async def heartbeat(self, todo: dict, lease_lost: asyncio.Event):
+        """Every third of the lease: extend it (fenced by lease_id). On lease_lost: when the
+        todo is still live (back to pending, or someone else's claim) stop the agent; when it
+        is no longer live the agent most likely settled it itself, so let it finish."""
+        interval = max(lease_seconds(todo) / 3, 0.2)
+        pause = interval
+        while True:
+            await asyncio.sleep(pause)
+            pause = interval
+            try:
+                await self.sb.call("heartbeat",
+                                   {"todo_id": todo["id"], "lease_id": todo["lease_id"]},
+                                   timeout=max(interval, 1.0))
+            except Refused as refused:
+                state = await self.live_state(todo)
+                log_event("lease_lost", todo_id=todo["id"], code=refused.code,
+                          todo_state=state or "ended")
+                if refused.code != "lease_lost" or state is not None:
+                    lease_lost.set()
+                return
+            except (Unreachable, MCPError) as error:
+                # Try again sooner: two missed beats at the full interval would lose the lease.
+                pause = max(interval / 3, 0.2)
+                log_event("heartbeat_error", todo_id=todo["id"], error=str(error))
+
+    async def live_state(self, todo: dict):
+        """``pending`` or ``claimed`` when the todo is live in its queue (within one page of
+        each), else None: ended (done, failed or dead) — or beyond the page, which only costs
+        a later kill."""
+        for state in ("pending", "claimed"):
+            try:
+                page = await self.sb.call("list_todos", {"queue": todo["queue"], "state": state,
+                                                         "limit": LIST_LIMIT})
+            except (Refused, Unreachable, MCPError):
+                return "unknown"
+            if any(row.get("id") == todo["id"] for row in page.get("todos", [])):
+                return state
+        return None
+
+    async def settle(self, todo, code, stopped_for, stdout, stderr, elapsed):
+        if stopped_for == "lease_lost":
+            return  # not ours any more: whoever holds the todo now settles it
+        tails = {"exit_code": code, "stderr_tail": stderr, "stdout_tail": stdout}
+        if stopped_for == "max_runtime":
+            verb, arguments = "fail", {
+                "error": f"max runtime exceeded ({self.args.max_runtime:g} s): agent killed",
+                "result": tails}
+        elif stopped_for == "shutdown":
+            verb, arguments = "fail", {"error": self.shutdown_error, "result": tails}
+        elif code == 0 and self.args.require_settled:
+            # The agent was to call complete/fail itself. Failing is the check: the statement
+            # is fenced by the lease, so it is refused when the agent did settle (and lands
+            # when it did not), with no window between looking and acting. An agent CLI that
+            # lost its connection to switchboard still exits 0; this catches that.
+            verb, arguments = "fail", {"error": failure_message(NOT_SETTLED, stdout, ""),
+                                       "result": tails}
+        elif code == 0:
+            verb, arguments = "complete", {"result": {"exit_code": 0, "stdout_tail": stdout,
+                                                      "elapsed_seconds": elapsed}}
+        else:
+            how = (f"agent killed by signal {signal.Signals(-code).name}" if code < 0
+                   else f"agent exited with code {code}")
+            verb, arguments = "fail", {"error": failure_message(how, stdout, stderr),
+                                       "result": tails}
+        await self._settle_call(todo, verb, arguments)
+
+    async def _settle_call(self, todo, verb, arguments):
+        arguments = {**arguments, "todo_id": todo["id"], "lease_id": todo["lease_id"]}
+        give_up = time.monotonic() + SETTLE_RETRY_SECONDS
+        delay = RECONNECT_FIRST_SECONDS
+        while True:
+            try:
+                await self.sb.call(verb, arguments)
+                log_event("completed" if verb == "complete" else "failed", todo_id=todo["id"],
+                          error=arguments.get("error"))
+                return
+            except Refused as refused:
+                if refused.code == "already_done":
+                    log_event("settled_by_agent", todo_id=todo["id"], todo_state="done")
+                    return
+                state = await self.live_state(todo) if refused.code == "lease_lost" else None
+                if state is None and refused.code == "lease_lost":
+                    # The lease ended with the todo: the agent completed or failed it.
+                    log_event("settled_by_agent", todo_id=todo["id"], todo_state="ended")
+                    return
+                log_event("settle_refused", todo_id=todo["id"], verb=verb, code=refused.code,
+                          todo_state=state or "ended", message=refused.message)
+                return
+            except (Unreachable, MCPError) as error:
+                if time.monotonic() > give_up:
+                    log_event("settle_gave_up", todo_id=todo["id"], verb=verb, error=str(error))
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+
+    # -- the whole run
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.on_signal, sig.name)
+        self.sb.start()
+        try:
+            if self.args.once and not await self.sb.wait_connected(CALL_TIMEOUT_SECONDS):
+                log_event("giving_up", reason="could not connect",
+                          error=_describe(self.sb.first_error) if self.sb.first_error else None)
+                return 1
+            status = await self.serve()
+            if self.tasks:
+                if not self.kill_now.is_set():
+                    log_event("draining", running=len(self.tasks), grace_s=self.args.grace_seconds)
+                    await wait_first(asyncio.wait(set(self.tasks)), self.kill_now.wait(),
+                                     timeout=self.args.grace_seconds)
+                if self.tasks:
+                    self.kill_now.set()
+                    await asyncio.wait(set(self.tasks))
+            log_event("stopped")
+            return status
+        finally:
+            await self.sb.close()
+
+
+async def dry_run(args, token: str) -> int:
+    """List what is pending and print the command each todo would get. Claims nothing."""
+    sb = Switchboard(args.url, token, lambda meta: None)
+    sb.start()
+    try:
+        if not await sb.wait_connected(CALL_TIMEOUT_SECONDS):
+            print(f"could not connect to {args.url}", file=sys.stderr)
+            return 1
+        todos = []
+        for queue in args.queues or [None]:
+            arguments = {"state": "pending", "limit": LIST_LIMIT}
+            if queue:
+                arguments["queue"] = queue
+            todos += (await sb.call("list_todos", arguments)).get("todos", [])
+        print(f"dry run: {len(todos)} pending todo(s) (nothing claimed); for each the runner "
+              "would run, with the todo JSON on stdin:")
+        for todo in todos:
+            if todo.get("trust") == "unverified" and not args.accept_unverified:
+                print(f"todo {todo['id']} [{todo.get('queue')}] {todo.get('title')!r}: "
+                      "skipped (unverified; --accept-unverified runs it)")
+                continue
+            todo_file = f"<private dir>/todo-{todo['id']}.json"
+            argv = agent_argv(args.command, todo,
+                              render_prompt(args.prompt_template, todo, todo_file))
+            print(f"todo {todo['id']} [{todo.get('queue')}] {todo.get('title')!r}: "
+                  f"SWITCHBOARD_TODO_ID={todo['id']} {shlex.join(argv)}")
+        return 0
+    except (Refused, Unreachable, MCPError) as error:
+        print(f"dry run failed: {error}", file=sys.stderr)
+        return 1
+    finally:
+        await sb.close()
+

@@ -1,0 +1,402 @@
+"""The agent recipes of docs/agents.md, run with the real CLIs against a real switchboard.
+
+Claude Code, Codex and Gemini CLI are installed from npm at the versions pinned in
+tests/agent_clis/ (``scripts/install-agent-clis``, which the fixture runs; skipped ONLY when npm
+is absent). Each CLI talks to a local stand-in for its model API (tests/model_standins.py) that
+scripts the model's turns, and to a live daphne over MCP with the endpoint's bearer taken from
+the environment, configured with the snippets vend_endpoint and seed_demo print
+(switchboard/commands.py) and the command lines docs/agents.md gives. For each CLI the tests show that it
+connects, sees the tools, drains a todo by itself (claim_next, then complete), drains one under
+the runner (``--pass-token --require-settled`` and the built-in prompt), and that a model API
+failure ends the todo failed with a ``last_error`` that names it.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from channels_push.models import McpSession
+from endpoints import transitions as endpoint_transitions
+from endpoints.models import AGENT_VERBS
+from switchboard import commands
+from tests import model_standins
+from tests.factories import UserFactory
+from tests.servers import REPO_ROOT
+from todos import transitions
+from todos.models import Trust
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CLI_TIMEOUT_SECONDS = 180
+INSTALL_TIMEOUT_SECONDS = 900
+RUNNER = REPO_ROOT / "runner" / "switchboard_runner.py"
+TOKEN = "SWITCHBOARD_TOKEN"
+DRAIN_PROMPT = ("Drain one todo from switchboard: call claim_next, do what the todo needs, "
+                "then call complete with a result.")
+
+
+@pytest.fixture(scope="session")
+def cli_bin():
+    """The directory holding the pinned ``claude``, ``codex`` and ``gemini``; every test that
+    drives a CLI skips (only) when npm is absent. CI installs Node and runs them."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm (Node.js) is not installed; CI installs it and runs these")
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "install-agent-clis")],
+                            capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECONDS)
+    assert result.returncode == 0, result.stderr
+    return REPO_ROOT / result.stdout.strip().splitlines()[-1] / "node_modules" / ".bin"
+
+
+@pytest.fixture
+def endpoint_for(daphne_server):
+    """``endpoint_for(slug)`` → ``(endpoint, credential, mcp_url)`` on the live server."""
+
+    def vend(slug):
+        owner = UserFactory(username=f"owner-{slug}")
+        endpoint, credential = endpoint_transitions.vend_endpoint(slug=slug, owner=owner)
+        return endpoint, credential, f"{daphne_server.url}/mcp/{endpoint.slug}"
+
+    return vend
+
+
+def make_todo(endpoint, title="triage the report", trust=Trust.OPERATOR):
+    todo, _ = transitions.create_todo(endpoint=endpoint, queue="inbox", title=title,
+                                      actor="test", payload={"report": 17}, trust=trust)
+    return todo
+
+
+def clean_env(home: Path, **extra) -> dict:
+    """What a fresh machine's shell has: PATH, an empty HOME, no proxies, no vendor keys."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8", "TERM": "dumb",
+           "NO_COLOR": "1", "NO_PROXY": "127.0.0.1,localhost"}
+    env.update(extra)
+    return env
+
+
+def run(argv, env, cwd):
+    return subprocess.run(argv, env=env, cwd=cwd, input="", capture_output=True, text=True,
+                          timeout=CLI_TIMEOUT_SECONDS)
+
+
+def transcript(completed: subprocess.CompletedProcess, standin) -> str:
+    return (f"exit {completed.returncode}\nstdout:\n{completed.stdout[-3000:]}\n"
+            f"stderr:\n{completed.stderr[-3000:]}\nmodel turns: {standin.actions}")
+
+
+# -- the recipes, as docs/agents.md writes them ---------------------------------------------------
+
+
+@dataclass
+class Recipe:
+    """One CLI's configuration in a fresh project directory and HOME."""
+
+    cli: str
+    standin_class: type
+    tool_prefix: str  # how the CLI names switchboard's tools for the model
+
+    def tools(self) -> set[str]:
+        return {f"{self.tool_prefix}{verb}" for verb in AGENT_VERBS}
+
+    def tool(self, verb) -> str:
+        return f"{self.tool_prefix}{verb}"
+
+    # Filled by each recipe: the files it writes, the model API's variables, the command lines.
+    def configure(self, project: Path, home: Path, standin, mcp_url: str):
+        raise NotImplementedError
+
+    def model_env(self, home: Path, standin) -> dict:
+        raise NotImplementedError
+
+    def direct_argv(self, cli_bin: Path) -> list[str]:
+        raise NotImplementedError
+
+    def runner_argv(self, cli_bin: Path) -> list[str]:
+        raise NotImplementedError
+
+    # Model turns the CLI adds before it can call a deferred tool.
+    loader_calls: tuple = ()
+
+
+class ClaudeCode(Recipe):
+    def __init__(self):
+        super().__init__("claude", model_standins.AnthropicStandin, "mcp__switchboard__")
+        # Claude Code defers MCP tools: it names them, the model loads schemas with ToolSearch.
+        self.loader_calls = ("ToolSearch",)
+
+    def configure(self, project, home, standin, mcp_url):
+        (project / ".mcp.json").write_text(json.dumps(commands.mcp_json(mcp_url), indent=2))
+
+    def model_env(self, home, standin):
+        return {"ANTHROPIC_BASE_URL": standin.url, "ANTHROPIC_API_KEY": "sk-ant-standin",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+
+    def allowed(self, *verbs):
+        return ["--mcp-config", ".mcp.json", "--strict-mcp-config",
+                "--allowedTools", ",".join(self.tool(verb) for verb in verbs)]
+
+    def direct_argv(self, cli_bin):
+        return [str(cli_bin / "claude"), "-p", DRAIN_PROMPT,
+                *self.allowed("claim_next", "heartbeat", "complete", "fail")]
+
+    def runner_argv(self, cli_bin):
+        return [str(cli_bin / "claude"), "-p", "{prompt}",
+                *self.allowed("heartbeat", "complete", "fail")]
+
+
+class Codex(Recipe):
+    def __init__(self):
+        super().__init__("codex", model_standins.OpenAIResponsesStandin, "mcp__switchboard__")
+        # Codex, too, defers them behind tool_search (they come back as a namespace).
+        self.loader_calls = ("tool_search",)
+
+    def configure(self, project, home, standin, mcp_url):
+        (home / ".codex").mkdir(parents=True, exist_ok=True)
+        # The model provider points Codex at the stand-in; the MCP table is the printed one.
+        (home / ".codex" / "config.toml").write_text(textwrap.dedent(f"""\
+            model = "gpt-5.5"
+            model_provider = "standin"
+
+            [model_providers.standin]
+            name = "Responses API stand-in"
+            base_url = "{standin.url}/v1"
+            wire_api = "responses"
+            env_key = "STANDIN_OPENAI_API_KEY"
+
+        """) + commands.codex_config_toml(mcp_url) + "\n")
+
+    def model_env(self, home, standin):
+        return {"STANDIN_OPENAI_API_KEY": "sk-standin"}
+
+    def direct_argv(self, cli_bin):
+        return [str(cli_bin / "codex"), "exec", "--skip-git-repo-check", DRAIN_PROMPT]
+
+    def runner_argv(self, cli_bin):
+        return [str(cli_bin / "codex"), "exec", "--skip-git-repo-check", "{prompt}"]
+
+
+class GeminiCli(Recipe):
+    def __init__(self):
+        super().__init__("gemini", model_standins.GeminiStandin, "mcp_switchboard_")
+
+    def configure(self, project, home, standin, mcp_url):
+        """The project's .gemini/settings.json, and the user's trust in that folder (headless
+        Gemini CLI ignores an untrusted folder's settings, its MCP servers included)."""
+        (project / ".gemini").mkdir(parents=True, exist_ok=True)
+        (project / ".gemini" / "settings.json").write_text(
+            json.dumps(commands.gemini_settings_json(mcp_url), indent=2))
+        (home / ".gemini").mkdir(parents=True, exist_ok=True)
+        (home / ".gemini" / "settings.json").write_text(json.dumps({
+            "security": {"auth": {"selectedType": "gemini-api-key"},
+                         "folderTrust": {"enabled": True}},
+            "privacy": {"usageStatisticsEnabled": False},
+            "general": {"disableAutoUpdate": True, "disableUpdateNag": True}}, indent=2))
+        (home / ".gemini" / "trustedFolders.json").write_text(
+            json.dumps({str(project): "TRUST_FOLDER"}))
+
+    def model_env(self, home, standin):
+        return {"GOOGLE_GEMINI_BASE_URL": standin.url, "GEMINI_API_KEY": "standin-key"}
+
+    def direct_argv(self, cli_bin):
+        return [str(cli_bin / "gemini"), "-p", DRAIN_PROMPT]
+
+    def runner_argv(self, cli_bin):
+        return [str(cli_bin / "gemini"), "-p", "{prompt}"]
+
+
+RECIPES = [ClaudeCode(), Codex(), GeminiCli()]
+
+
+@pytest.fixture(params=RECIPES, ids=lambda recipe: recipe.cli)
+def recipe(request):
+    return request.param
+
+
+@dataclass
+class Workspace:
+    project: Path
+    home: Path
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    home.mkdir()
+    return Workspace(project, home)
+
+
+def run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential):
+    """The runner as the recipe starts it, once: the agent's environment is scrubbed, so the
+    model API's variables are passed by name and the bearer with --pass-token."""
+    model_env = recipe.model_env(workspace.home, standin)
+    pass_env = [arg for name in model_env for arg in ("--pass-env", name)]
+    return subprocess.run(
+        [sys.executable, str(RUNNER), "--url", mcp_url, "--once", "--pass-token",
+         "--require-settled", *pass_env, "--", *recipe.runner_argv(cli_bin)],
+        env=clean_env(workspace.home, **model_env, **{TOKEN: credential}), cwd=workspace.project,
+        input="", capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS)
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+
+def test_each_cli_connects_with_the_bearer_sees_the_tools_and_drains_a_todo_itself(
+        recipe, cli_bin, endpoint_for, workspace):
+    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-direct")
+    todo = make_todo(endpoint)
+    with recipe.standin_class("direct") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        completed = run(recipe.direct_argv(cli_bin),
+                        clean_env(workspace.home, **recipe.model_env(workspace.home, standin),
+                                  **{TOKEN: credential}),
+                        workspace.project)
+    output = transcript(completed, standin)
+    # Connects: only a valid bearer opens an MCP session on the endpoint.
+    assert McpSession.objects.filter(endpoint=endpoint).exists(), output
+    # Sees the tools: every verb the endpoint grants was put in front of the model (by schema,
+    # or by name for a CLI that defers the schemas).
+    tools = recipe.tools()
+    assert not tools - standin.offered_tools() - standin.named_tools(tools), output
+    assert standin.called_tools() == [*recipe.loader_calls, recipe.tool("claim_next"),
+                                      recipe.tool("complete")], output
+    todo.refresh_from_db()
+    assert (todo.state, todo.result) == ("done", {"summary": model_standins.RESULT_SUMMARY}), \
+        (todo.state, todo.last_error, output)
+    assert completed.returncode == 0, output
+    assert model_standins.CLOSING_TEXT in completed.stdout, output
+
+
+def test_each_cli_drains_a_todo_under_the_runner_with_the_built_in_prompt(
+        recipe, cli_bin, endpoint_for, workspace):
+    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-runner")
+    todo = make_todo(endpoint)
+    with recipe.standin_class("stdin") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
+    output = transcript(completed, standin)
+    assert completed.returncode == 0, output
+    # The agent settled the todo itself (--require-settled fails it otherwise), with the ids
+    # the built-in prompt gave it; the runner kept out of the way.
+    assert standin.called_tools() == [*recipe.loader_calls, recipe.tool("complete")], output
+    todo.refresh_from_db()
+    assert (todo.state, todo.result) == ("done", {"summary": model_standins.RESULT_SUMMARY}), \
+        (todo.state, todo.last_error, output)
+    prompt = model_standins.strings([request["body"] for request in standin.requests])
+    assert f'todo_id "{todo.pk}"' in prompt and "untrusted" in prompt, output
+    assert credential not in completed.stderr
+
+
+def test_each_cli_under_the_runner_fails_the_todo_with_the_model_api_error(
+        recipe, cli_bin, endpoint_for, workspace):
+    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-api-error")
+    todo = make_todo(endpoint)
+    with recipe.standin_class("api_error") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
+    output = transcript(completed, standin)
+    assert standin.requests, output  # the CLI did reach its (refusing) model API
+    todo.refresh_from_db()
+    assert todo.state == "failed", (todo.state, output)
+    # The reason names the API's refusal (Claude Code rewords it, the others quote it), in the
+    # part of last_error a person reads first.
+    assert "credit balance is too low" in todo.last_error.lower()[:600], (todo.last_error, output)
+
+
+def test_claude_mcp_add_as_printed_stores_the_variable_not_the_secret_and_drains(
+        cli_bin, endpoint_for, workspace, settings):
+    """The ``claude mcp add`` line vend_endpoint prints, pasted into a shell that holds the
+    token: single quotes keep ``${SWITCHBOARD_TOKEN}`` literal in Claude Code's config, which
+    expands it when it connects."""
+    endpoint, credential, mcp_url = endpoint_for("claude-mcp-add")
+    todo = make_todo(endpoint)
+    recipe = ClaudeCode()
+    line = commands.claude_mcp_add_line(mcp_url)
+    assert "'Authorization: Bearer ${SWITCHBOARD_TOKEN}'" in line
+    with recipe.standin_class("direct") as standin:
+        env = clean_env(workspace.home, **recipe.model_env(workspace.home, standin),
+                        **{TOKEN: credential}, PATH=f"{cli_bin}:{os.environ['PATH']}")
+        added = run(["bash", "-c", line], env, workspace.project)
+        assert added.returncode == 0, added.stdout + added.stderr
+        stored = (workspace.home / ".claude.json").read_text()
+        assert "${SWITCHBOARD_TOKEN}" in stored and credential not in stored
+        completed = run([str(cli_bin / "claude"), "-p", DRAIN_PROMPT, "--allowedTools",
+                         "mcp__switchboard__claim_next,mcp__switchboard__complete"],
+                        env, workspace.project)
+    output = transcript(completed, standin)
+    todo.refresh_from_db()
+    assert todo.state == "done", (todo.state, output)
+    assert completed.returncode == 0, output
+
+
+# -- what the recipes' permissions and trust settings are for -------------------------------------
+
+
+def test_claude_code_without_allowed_tools_cannot_call_switchboard_headless(
+        cli_bin, endpoint_for, workspace):
+    """Why the recipes pass --allowedTools: ``claude -p`` cannot ask, so an MCP tool that is not
+    allowed is refused and the todo stays pending."""
+    endpoint, credential, mcp_url = endpoint_for("claude-no-allow")
+    todo = make_todo(endpoint)
+    recipe = ClaudeCode()
+    with recipe.standin_class("direct") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        completed = run([str(cli_bin / "claude"), "-p", DRAIN_PROMPT, "--mcp-config", ".mcp.json",
+                         "--strict-mcp-config"],
+                        clean_env(workspace.home, **recipe.model_env(workspace.home, standin),
+                                  **{TOKEN: credential}), workspace.project)
+    output = transcript(completed, standin)
+    assert recipe.tool("claim_next") in standin.called_tools(), output  # it tried
+    todo.refresh_from_db()
+    assert todo.state == "pending", (todo.state, output)
+
+
+def test_gemini_cli_in_an_untrusted_folder_does_not_load_the_project_settings(
+        cli_bin, endpoint_for, workspace):
+    """Why the Gemini recipe trusts the folder: headless, Gemini CLI skips an untrusted
+    folder's .gemini/settings.json, MCP servers included."""
+    endpoint, credential, mcp_url = endpoint_for("gemini-untrusted")
+    todo = make_todo(endpoint)
+    recipe = GeminiCli()
+    with recipe.standin_class("direct") as standin:
+        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
+        (workspace.home / ".gemini" / "trustedFolders.json").write_text("{}")
+        completed = run(recipe.direct_argv(cli_bin),
+                        clean_env(workspace.home, **recipe.model_env(workspace.home, standin),
+                                  **{TOKEN: credential}), workspace.project)
+    output = transcript(completed, standin)
+    assert not McpSession.objects.filter(endpoint=endpoint).exists(), output
+    assert not recipe.tools() & standin.offered_tools(), output
+    todo.refresh_from_db()
+    assert todo.state == "pending", (todo.state, output)
+
+
+def test_plain_script_recipe_drains_a_todo_under_the_runner(endpoint_for, workspace):
+    """The plain-script recipe: the todo JSON on stdin, exit 0 → complete with the stdout
+    tail; the script needs no bearer, so the runner keeps it (no --pass-token)."""
+    endpoint, credential, mcp_url = endpoint_for("plain-script")
+    todo = make_todo(endpoint)
+    script = workspace.project / "handle-todo"
+    script.write_text(textwrap.dedent("""\
+        #!/usr/bin/env python3
+        import json, os, sys
+        todo = json.load(sys.stdin)
+        print(f"handled todo {todo['id']} from queue {todo['queue']}",
+              "token visible" if os.environ.get("SWITCHBOARD_TOKEN") else "no token")
+    """))
+    script.chmod(0o755)
+    completed = subprocess.run(
+        [sys.executable, str(RUNNER), "--url", mcp_url, "--once", "--", str(script)],
+        env=clean_env(workspace.home, **{TOKEN: credential}), cwd=workspace.project, input="",
+        capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS)
+    assert completed.returncode == 0, completed.stderr
+    todo.refresh_from_db()
+    assert todo.state == "done", (todo.state, todo.last_error, completed.stderr)
+    assert todo.result["stdout_tail"] == f"handled todo {todo.pk} from queue inbox no token\n"
