@@ -26,6 +26,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from channels_push import holders
 from endpoints import queries as endpoint_queries
 from endpoints import transitions as endpoint_transitions
 from switchboard import json_input
@@ -149,11 +150,15 @@ def board_style(request):
 def todo_detail(request, todo_id):
     todo = get_visible_todo(request.user, todo_id)
     events = list(todo.events.order_by("at", "id"))
+    # Agents by client and hint, never by their whole session id (a handle of the session).
+    labels = holders.holder_labels([todo.lease_owner, *(event.actor for event in events)])
     for event in events:
         details = {key: value for key, value in (event.detail or {}).items() if value is not None}
         event.detail_json = json.dumps(details, sort_keys=True) if details else ""
+        event.actor_label = labels.get(event.actor, event.actor)
     return render(request, "todos/detail.html", {
         "todo": todo,
+        "holder": labels.get(todo.lease_owner) if todo.lease_owner else None,
         "events": events,
         "payload_json": json.dumps(todo.payload, indent=2, sort_keys=True),
         "result_json": json.dumps(todo.result, indent=2, sort_keys=True) if todo.result is not None else None,
