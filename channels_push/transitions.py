@@ -23,7 +23,8 @@ from .models import McpSession, StreamAttachment, StreamHost
 
 
 def open_session(*, endpoint, protocol_version: str, client_name: str = "",
-                 client_version: str = "", now=None, credential_id: int | None = None, max_sessions: int | None = None) -> McpSession:
+                 client_version: str = "", now=None, credential_id: int | None = None,
+                 max_sessions: int | None = None) -> McpSession:
     """Mint a session of ``endpoint`` (the answer to ``initialize``), bound to the credential
     the request presented (``credential_id``, else ``endpoint.credential_id`` as the bearer
     check sets it), and end that credential's sessions beyond ``max_sessions`` (default: the
