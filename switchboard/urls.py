@@ -42,6 +42,8 @@ urlpatterns = [
     path("todos/webhooks/webhook.js", ingest_views.webhook_script, name="webhook-js"),
     path("todos/webhooks/<slug:slug>/", ingest_views.webhook_page, name="webhook-page"),
     path("todos/webhooks/<slug:slug>/rows", ingest_views.webhook_rows, name="webhook-rows"),
+    path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/", ingest_views.delivery_detail,
+         name="webhook-delivery"),
     path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/redeliver",
          ingest_views.redeliver_delivery, name="webhook-redeliver"),
     # GET / leads to the board (§9).
