@@ -9,6 +9,10 @@ from todos import views as todo_views
 
 from . import console_assets, health
 
+admin.site.site_header = "switchboard admin"
+admin.site.site_title = "switchboard admin"
+admin.site.index_title = "switchboard"
+
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
