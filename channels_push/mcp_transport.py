@@ -258,10 +258,10 @@ def _initialize(endpoint, message) -> Answer:
     # Agree to the client's version when we speak it, else counter-offer our latest.
     version = requested if requested in SUPPORTED_PROTOCOL_VERSIONS else LATEST_PROTOCOL_VERSION
     client_info = params.get("clientInfo")
-    client_name = client_info.get("name", "") if isinstance(client_info, dict) else ""
+    client_info = client_info if isinstance(client_info, dict) else {}
     session = session_transitions.open_session(
         endpoint=endpoint, protocol_version=version,
-        client_name=client_name if isinstance(client_name, str) else "",
+        client_name=client_info.get("name"), client_version=client_info.get("version"),
     )
     log.info("mcp session opened", extra={"endpoint": endpoint.slug, "session": session.pk[:8],
                                           "protocol_version": version,

@@ -32,7 +32,10 @@ class McpSession(models.Model):
         related_name="mcp_sessions",
     )
     protocol_version = models.CharField(max_length=32)
+    # The client's own ``clientInfo`` from initialize (sanitised and capped at
+    # CLIENT_INFO_MAX_CHARS), so operators see which agent holds a lease instead of a token.
     client_name = models.CharField(max_length=200, blank=True)
+    client_version = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     terminated_at = models.DateTimeField(null=True, blank=True)

@@ -91,3 +91,23 @@ def has_attached_session(endpoint_id: int, now) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone() is not None
+
+
+def live_sessions(endpoint_id: int, now, *, limit: int = 50) -> list[dict]:
+    """The endpoint's live sessions, most recently seen first, for its page: the client's
+    name and version, whether a notification stream is open now (``streaming``) or it counts
+    as attached by a recent request, and when it was last seen. One statement."""
+    params = {"endpoint_id": endpoint_id, "limit": limit}
+    streaming = stream_open_sql("s", params, now)
+    attached = attached_sql("s", params, now)
+    sql = ("SELECT s.id, s.client_name, s.client_version, s.last_seen_at, s.created_at,"
+           f" {streaming}, {attached}"
+           " FROM channels_push_mcpsession s"
+           " WHERE s.endpoint_id = %(endpoint_id)s AND s.terminated_at IS NULL"
+           " ORDER BY s.last_seen_at DESC LIMIT %(limit)s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [{"id": row[0], "client_name": row[1], "client_version": row[2],
+             "last_seen_at": row[3], "created_at": row[4], "streaming": bool(row[5]),
+             "attached": bool(row[6])} for row in rows]

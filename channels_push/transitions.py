@@ -18,12 +18,13 @@ from django.utils import timezone
 
 from endpoints import queries as endpoint_queries
 
-from . import queries
+from . import holders, queries
 from .models import McpSession, StreamAttachment, StreamHost
 
 
-def open_session(*, endpoint, protocol_version: str, client_name: str = "", now=None,
-                 credential_id: int | None = None, max_sessions: int | None = None) -> McpSession:
+def open_session(*, endpoint, protocol_version: str, client_name: str = "",
+                 client_version: str = "", now=None, credential_id: int | None = None,
+                 max_sessions: int | None = None) -> McpSession:
     """Mint a session of ``endpoint`` (the answer to ``initialize``), bound to the credential
     the request presented (``credential_id``, else ``endpoint.credential_id`` as the bearer
     check sets it), and end that credential's sessions beyond ``max_sessions`` (default: the
@@ -33,7 +34,9 @@ def open_session(*, endpoint, protocol_version: str, client_name: str = "", now=
     credential_id = credential_id or endpoint.credential_id
     session = McpSession.objects.create(
         endpoint=endpoint, credential_id=credential_id, protocol_version=protocol_version,
-        client_name=client_name[:200], created_at=now, last_seen_at=now,
+        client_name=holders.clean_client_field(client_name),
+        client_version=holders.clean_client_field(client_version),
+        created_at=now, last_seen_at=now,
     )
     session.evicted_ids = evict_sessions_over_cap(
         credential_id=credential_id, keep=session.pk, now=now,

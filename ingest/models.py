@@ -152,7 +152,7 @@ class Outcome(models.TextChoices):
 class DeliveryRecord(models.Model):
     """One request to ``/hooks/<slug>`` naming this webhook, whatever became of it: what the
     sender claimed (delivery id, kind), the body's size and digest, where it came from and what
-    was answered. Never the body or a secret header. Accepted ones link their delivery event,
+    was answered, and its non-secret headers. Never the body or a secret header. Accepted ones link their delivery event,
     whose todos are the ones created; a redelivery names the record it re-sent."""
 
     webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="records")
@@ -173,6 +173,9 @@ class DeliveryRecord(models.Model):
     # Todos named by a duplicate (the live ones it collapsed into); accepted records reach
     # theirs through delivery_event.
     todo_ids = models.JSONField(default=list, blank=True)
+    # The request's headers as received, less every one that could carry a secret
+    # (transitions.safe_headers): what an operator compares with the sender's own log.
+    headers = models.JSONField(default=dict, blank=True)
     redelivered_from = models.ForeignKey("self", null=True, blank=True, db_constraint=False,
                                          on_delete=models.DO_NOTHING, related_name="redeliveries")
     attributed_to = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,

@@ -152,7 +152,8 @@ def latest_deliveries(webhook, *, outcome=None, limit=200) -> list:
     ``redelivered_as`` (the records that re-sent it). Three queries."""
     from .models import DeliveryRecord
 
-    records = DeliveryRecord.objects.filter(webhook=webhook).select_related("attributed_to")
+    records = (DeliveryRecord.objects.filter(webhook=webhook).select_related("attributed_to")
+               .defer("headers"))  # shown only on a delivery's own page
     if outcome:
         records = records.filter(outcome=outcome)
     records = list(records.order_by("-id")[:limit])

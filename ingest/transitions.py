@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -210,6 +211,39 @@ class Observed:
     body_sha256: str = ""
     delivery_id: str = ""
     kind: str = ""
+    headers: dict = field(default_factory=dict)  # safe_headers() of the request
+
+
+# Headers that carry a signature, token or secret in some sender's scheme, and a pattern for
+# the ones nobody listed yet: none of them is ever written to the delivery log.
+SECRET_HEADERS = frozenset({
+    "x-hub-signature", "x-hub-signature-256", "x-gitea-signature", "x-forgejo-signature",
+    "x-gogs-signature", "x-gitlab-token", "stripe-signature", "webhook-signature",
+    "linear-signature", "x-slack-signature", "sentry-hook-signature", "authorization",
+    "proxy-authorization", "cookie", "set-cookie", "x-api-key", "x-switchboard-token",
+})
+_SECRET_HEADER_RE = re.compile(r"signature|token|secret|authori[sz]ation|cookie|api[-_]?key|"
+                               r"password|credential|session", re.IGNORECASE)
+SAFE_HEADERS_MAX = 40
+SAFE_HEADER_VALUE_MAX_CHARS = 300
+
+
+def is_secret_header(name: str) -> bool:
+    return name.lower() in SECRET_HEADERS or bool(_SECRET_HEADER_RE.search(name))
+
+
+def safe_headers(headers: dict) -> dict:
+    """A request's headers fit to log and show: every secret-bearing one left out, values made
+    printable and capped, at most SAFE_HEADERS_MAX of them."""
+    kept = {}
+    for name, value in headers.items():
+        name = _printable(str(name).lower(), 100)
+        if not name or is_secret_header(name):
+            continue
+        kept[name] = _printable(value, SAFE_HEADER_VALUE_MAX_CHARS)
+        if len(kept) >= SAFE_HEADERS_MAX:
+            break
+    return kept
 
 
 def idempotency_key_for(webhook: Webhook, delivery_id: str, body_sha256: str) -> str:
@@ -264,7 +298,7 @@ _LEDGER = ReplayLedgerEntry._meta.db_table
 _RECORD = DeliveryRecord._meta.db_table
 _RECORD_FIELDS = ("webhook_id", "at", "outcome", "status", "delivery_id", "kind", "size",
                   "body_sha256", "source_address", "reason", "delivery_event_id", "todo_ids",
-                  "redelivered_from_id", "attributed_to_id")
+                  "redelivered_from_id", "attributed_to_id", "headers")
 # The ledger takes a fingerprint when nothing holds it, when its holder is past the replay
 # window, or (unless the source is timestamped) when the same delivery id comes again under the
 # same kind: a sender's redelivery, which §4's idempotency then answers. The kind must match
@@ -295,7 +329,8 @@ def _record_values(event_ref: str) -> str:
     if statements.is_postgres():
         # In a SELECT list an untyped parameter (None, JSON text) is resolved as text, which
         # the id and jsonb columns would refuse: say what they are.
-        for name, cast in (("todo_ids", "jsonb"), ("redelivered_from_id", "bigint"),
+        for name, cast in (("todo_ids", "jsonb"), ("headers", "jsonb"),
+                           ("redelivered_from_id", "bigint"),
                            ("attributed_to_id", "bigint")):
             names[_RECORD_FIELDS.index(name)] = f"%(r_{name})s::{cast}"
     return ", ".join(names)
@@ -425,6 +460,7 @@ def _record_row(*, webhook_id, at, outcome, status, observed: Observed, reason="
         "source_address": _printable(observed.address, 64), "reason": _printable(reason, 200),
         "delivery_event_id": delivery_event_id, "todo_ids": json.dumps([str(t) for t in todo_ids]),
         "redelivered_from_id": redelivered_from_id, "attributed_to_id": attributed_to_id,
+        "headers": json.dumps(observed.headers),
     }
 
 
@@ -467,6 +503,7 @@ def record_refused(webhook: Webhook, *, outcome: str, status: int, observe,
         row = _record_row(webhook_id=webhook.pk, at=now, outcome=outcome, status=status,
                           observed=observe(), reason=reason, todo_ids=todo_ids)
         row["todo_ids"] = json.loads(row["todo_ids"])
+        row["headers"] = json.loads(row["headers"])
         # Its own (sub)transaction: a failed write must not poison a caller's transaction.
         with transaction.atomic():
             record = DeliveryRecord.objects.create(**row)

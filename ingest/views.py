@@ -39,8 +39,9 @@ from endpoints.models import Endpoint, queue_name_validator
 from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries
 from todos import views as todo_views
+from todos.models import Todo
 
-from . import queries, titles, transitions, verification
+from . import queries, sender_setup, titles, transitions, verification
 from .models import DeliveryRecord, Outcome, Source, TrustMode, Webhook
 
 log = logging.getLogger("switchboard.ingest")
@@ -292,6 +293,7 @@ def _observe(request, body: bytes) -> transitions.Observed:
         address=request.client, size=min(size, 2**31 - 1),
         body_sha256=transitions.body_digest(body) if body else "",
         delivery_id=_claimed(request, DELIVERY_HEADERS), kind=_claimed(request, EVENT_HEADERS),
+        headers=transitions.safe_headers(request.headers),
     )
 
 
@@ -746,6 +748,10 @@ def webhook_page(request, slug):
         "routes": webhook.routes.select_related("endpoint").order_by("id"),
         "drops": webhook.drops.filter(dropped__gt=0).order_by("-minute")[:20],
         "unsigned_warning": transitions.UNSIGNED_WARNING if webhook.source == Source.UNSIGNED else "",
+        "public_url_warning": sender_setup.public_url_warning(settings.SWITCHBOARD_PUBLIC_URL),
+        "setup_steps": sender_setup.setup_steps(
+            webhook.source, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}"),
+        "sender_minted": webhook.source in sender_setup.SENDER_MINTED,
     })
     return render(request, "ingest/webhook.html", context)
 
@@ -778,3 +784,27 @@ def redeliver_delivery(request, slug, record_id):
         messages.success(request, f"redelivered #{record.pk} as #{arrival.record.pk}: "
                                   f"{len(created)} new todo(s)")
     return redirect("webhook-page", slug=webhook.slug)
+
+
+@_board_login_required
+@never_cache
+def delivery_detail(request, slug, record_id):
+    """One delivery as it arrived: its non-secret headers (signature and token headers were
+    never stored), what verification said, and the todos it created."""
+    webhook = get_visible_webhook(request.user, slug)
+    record = (DeliveryRecord.objects.filter(pk=record_id, webhook=webhook)
+              .select_related("delivery_event", "attributed_to").first())
+    if record is None:
+        raise Http404("no such delivery")
+    if record.delivery_event_id:
+        todos = list(Todo.objects.filter(delivery_event_id=record.delivery_event_id)
+                     .select_related("endpoint").order_by("id"))
+    else:
+        todos = list(Todo.objects.filter(pk__in=[int(t) for t in record.todo_ids or []
+                                                 if str(t).isdigit()])
+                     .select_related("endpoint").order_by("id"))
+    return render(request, "ingest/delivery.html", {
+        "webhook": webhook, "record": record, "todos": todos,
+        "headers": sorted((record.headers or {}).items()),
+        "trust": record.delivery_event.trust if record.delivery_event else "",
+    })

@@ -5,10 +5,17 @@ errors go to stderr with a non-zero exit (``CommandError``).
 """
 
 import json
+import os
 import shlex
+import socket
+from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+
+# How long the drift check waits for something to answer at the default public URL.
+PUBLIC_URL_PROBE_SECONDS = 0.5
 
 
 class JsonCommand(BaseCommand):
@@ -18,10 +25,40 @@ class JsonCommand(BaseCommand):
         return parser
 
     def emit(self, options, data: dict, human: str):
+        if any(key.endswith("_url") for key in data):
+            warning = public_url_drift_warning()
+            if warning:
+                self.stderr.write(warning)  # stderr: stdout keeps exactly what --json promises
         if options.get("json"):
             self.stdout.write(json.dumps(data))
         else:
             self.stdout.write(human)
+
+
+def _answers(url: str) -> bool:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", port),
+                                      timeout=PUBLIC_URL_PROBE_SECONDS):
+            return True
+    except OSError:
+        return False
+
+
+def public_url_drift_warning(environ=None) -> str:
+    """A warning for commands that print URLs: SWITCHBOARD_PUBLIC_URL is unset and nothing
+    answers at the default it falls back to, so the printed URLs are likely not where this
+    server is reached ("" when it is set, or when something answers there)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SWITCHBOARD_PUBLIC_URL"):
+        return ""
+    url = settings.SWITCHBOARD_PUBLIC_URL
+    if _answers(url):
+        return ""
+    return (f"warning: SWITCHBOARD_PUBLIC_URL is unset and nothing answers at {url}: the URLs "
+            "printed assume a server there. Set SWITCHBOARD_PUBLIC_URL to the address "
+            "agents and senders reach this server at (e.g. https://switchboard.example.com).")
 
 
 def get_user(username: str):

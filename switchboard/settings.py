@@ -382,6 +382,7 @@ AXES_RESET_ON_SUCCESS = True
 # which believes the entry a client writes).
 AXES_CLIENT_IP_CALLABLE = None
 AXES_DISABLE_ACCESS_LOG = True  # failures are what lock; no row per successful sign-in
+AXES_VERBOSE = False  # no "AXES: BEGIN …" banner on every manage.py call
 
 # -- operator sign-in through OIDC (mozilla-django-oidc), only when OIDC_* is set -------------
 OIDC_BACKEND = "accounts.oidc.SubjectOIDCBackend"

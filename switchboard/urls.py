@@ -7,11 +7,18 @@ from django.views.generic import RedirectView
 from ingest import views as ingest_views
 from todos import views as todo_views
 
-from . import health
+from . import console_assets, health
+
+admin.site.site_header = "switchboard admin"
+admin.site.site_title = "switchboard admin"
+admin.site.index_title = "switchboard"
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("console.css", console_assets.console_style, name="console-css"),
+    path("favicon.svg", console_assets.favicon, name="favicon"),
+    path("favicon.ico", console_assets.favicon),
     path("admin/", admin.site.urls),
     # ingest (§5); POST /hooks/<webhook_slug> is routed in asgi.py (the hot path).
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
@@ -25,6 +32,10 @@ urlpatterns = [
     path("todos/board.css", todo_views.board_style, name="todos-board-css"),
     path("todos/<int:todo_id>/", todo_views.todo_detail, name="todos-detail"),
     path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
+    path("todos/endpoints/", todo_views.endpoint_list, name="todos-endpoints"),
+    path("todos/endpoints/<slug:slug>/", todo_views.endpoint_page, name="todos-endpoint"),
+    path("todos/endpoints/<slug:slug>/rotate", todo_views.rotate_endpoint_credential,
+         name="todos-endpoint-rotate"),
     path("todos/endpoints/<slug:slug>/clock/<str:state>", todo_views.clock_endpoint,
          name="todos-clock"),
     path("todos/endpoints/<slug:slug>/work/<str:action>", todo_views.pause_endpoint,
@@ -35,6 +46,8 @@ urlpatterns = [
     path("todos/webhooks/webhook.js", ingest_views.webhook_script, name="webhook-js"),
     path("todos/webhooks/<slug:slug>/", ingest_views.webhook_page, name="webhook-page"),
     path("todos/webhooks/<slug:slug>/rows", ingest_views.webhook_rows, name="webhook-rows"),
+    path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/", ingest_views.delivery_detail,
+         name="webhook-delivery"),
     path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/redeliver",
          ingest_views.redeliver_delivery, name="webhook-redeliver"),
     # GET / leads to the board (§9).

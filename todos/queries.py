@@ -3,9 +3,10 @@
 import base64
 import hashlib
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from django.db.models import Q
+from django.db.models import Count, Q
+from django.utils import timezone
 
 from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, Trust
 
@@ -288,3 +289,23 @@ def live_todo_holding_key(endpoint, idempotency_key) -> Todo | None:
     and waiting to retry), if any: the row the partial unique index collapses creates onto."""
     return Todo.objects.filter(LIVE_FOR_IDEMPOTENCY, endpoint=endpoint,
                                idempotency_key=idempotency_key).first()
+
+
+def endpoint_queue_counts(endpoint, *, now=None) -> list[dict]:
+    """Per queue of ``endpoint``: pending, claimed, retrying (failed, a retry to come), dead
+    (dead letters) and done in the last 24 h, in one grouped statement over the endpoint's
+    rows in those states (``todo_by_state`` leads with endpoint and state; done rows older
+    than a day are not read past the index condition)."""
+    now = now or timezone.now()
+    failed = Q(state=State.FAILED)
+    rows = (Todo.objects.filter(endpoint=endpoint)
+            .filter(Q(state__in=[State.PENDING, State.CLAIMED, State.FAILED])
+                    | Q(state=State.DONE, updated_at__gte=now - timedelta(hours=24)))
+            .values("queue")
+            .annotate(pending=Count("id", filter=Q(state=State.PENDING)),
+                      claimed=Count("id", filter=Q(state=State.CLAIMED)),
+                      retrying=Count("id", filter=failed & Q(dead_lettered_at__isnull=True)),
+                      dead=Count("id", filter=failed & Q(dead_lettered_at__isnull=False)),
+                      done_24h=Count("id", filter=Q(state=State.DONE)))
+            .order_by("queue"))
+    return list(rows)

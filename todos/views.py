@@ -26,6 +26,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
+from channels_push import holders
+from channels_push import queries as push_queries
+from endpoints import connect_snippets
 from endpoints import queries as endpoint_queries
 from endpoints import transitions as endpoint_transitions
 from switchboard import json_input
@@ -149,11 +152,15 @@ def board_style(request):
 def todo_detail(request, todo_id):
     todo = get_visible_todo(request.user, todo_id)
     events = list(todo.events.order_by("at", "id"))
+    # Agents by client and hint, never by their whole session id (a handle of the session).
+    labels = holders.holder_labels([todo.lease_owner, *(event.actor for event in events)])
     for event in events:
         details = {key: value for key, value in (event.detail or {}).items() if value is not None}
         event.detail_json = json.dumps(details, sort_keys=True) if details else ""
+        event.actor_label = labels.get(event.actor, event.actor)
     return render(request, "todos/detail.html", {
         "todo": todo,
+        "holder": labels.get(todo.lease_owner) if todo.lease_owner else None,
         "events": events,
         "payload_json": json.dumps(todo.payload, indent=2, sort_keys=True),
         "result_json": json.dumps(todo.result, indent=2, sort_keys=True) if todo.result is not None else None,
@@ -342,3 +349,63 @@ def metrics(request):
     if refusal is not None:
         return refusal
     return HttpResponse(generate_latest(push_metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+# -- the endpoint's page -------------------------------------------------------------------------
+
+
+@never_cache
+@board_login_required
+@require_GET
+def endpoint_list(request):
+    """Every endpoint the operator may see, each linking to its page."""
+    endpoints = endpoint_queries.visible_endpoints(request.user).order_by("slug")
+    return render(request, "todos/endpoints.html", {"endpoints": endpoints})
+
+
+def _endpoint_page(request, endpoint, *, new_credential=None):
+    now = timezone.now()
+    mcp_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{endpoint.slug}"
+    # Only the label leaves here: a whole session id is a handle of its session.
+    sessions = [{"label": holders.session_label(row["client_name"], row["client_version"],
+                                                row["id"]),
+                 "streaming": row["streaming"], "attached": row["attached"],
+                 "last_seen_at": row["last_seen_at"]}
+                for row in push_queries.live_sessions(endpoint.pk, now)]
+    credentials = [credential for credential in endpoint.credentials.order_by("-created_at")
+                   if credential.expires_at is None or credential.expires_at > now]
+    report = endpoint_transitions.presence_report(endpoint, now=now)
+    return render(request, "todos/endpoint.html", {
+        "endpoint": endpoint,
+        "counts": queries.endpoint_queue_counts(endpoint, now=now),
+        "presence": report["presence"],
+        "override_until": report["override_until"],
+        "sessions": sessions,
+        "credentials": credentials,
+        "new_credential": new_credential,
+        "mcp_url": mcp_url,
+        "snippets": connect_snippets.all_snippets(mcp_url),
+        "export_line": connect_snippets.export_line(),
+        "next_url": reverse("todos-endpoint", args=[endpoint.slug]),
+    })
+
+
+@never_cache
+@board_login_required
+@require_GET
+def endpoint_page(request, slug):
+    """The endpoint's home (§9): its queues' counts, presence, pause, live sessions by client,
+    and how to connect an agent, the credential only as its hint. Another operator's endpoint
+    is a 404, as on the board."""
+    return _endpoint_page(request, _visible_endpoint_or_404(request.user, slug))
+
+
+@never_cache
+@board_login_required
+@require_POST
+def rotate_endpoint_credential(request, slug):
+    """Mint a new credential and show it in this one answer (never stored in plain text, never
+    shown again); the old ones keep working through the rotation grace."""
+    endpoint = _visible_endpoint_or_404(request.user, slug)
+    credential = endpoint_transitions.rotate_credential(endpoint)
+    return _endpoint_page(request, endpoint, new_credential=credential)

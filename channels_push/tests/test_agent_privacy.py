@@ -64,10 +64,11 @@ def test_the_board_shows_only_the_owner_hint(workers, client):
     board = client.get("/todos/").content.decode()
     assert one.session_id[:8] in board
     assert one.session_id not in board and lease_id not in board
-    # The todo's page names the holder by its hint too (its history keeps the full actor for
-    # the audit trail, which only the endpoint's owner sees), never the lease id.
+    # The todo's page and its history name the holder by client and hint, never the whole
+    # session id or the lease id.
     detail = client.get(f"/todos/{todo.pk}/").content.decode()
-    assert f"held by {one.session_id[:8]}…" in detail and lease_id not in detail
+    assert f"held by <span class=\"holder\">pytest 1 · {one.session_id[:8]}</span>" in detail
+    assert one.session_id not in detail and lease_id not in detail
 
 
 def handed_over(endpoint):

@@ -1,0 +1,200 @@
+"""The console pages in a real browser (Debian's chromium through Playwright) against daphne:
+the endpoint page shows the connection snippets and its live sessions by client name (never a
+session id), a delivery's page hides signatures and tokens, the pages follow
+prefers-color-scheme and do not scroll sideways at 390 px. Screenshots land in the test's tmp
+dir, and in $CONSOLE_SCREENSHOTS_DIR too when it is set (how docs/images/ is made)."""
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import httpx
+
+from endpoints import transitions as endpoint_transitions
+from ingest import transitions as ingest_transitions
+from tests.factories import UserFactory
+from tests.test_board_browser import (  # noqa: F401 — live_daphne is a fixture
+    WAIT_MS, in_thread, launch_chromium, live_daphne, sync_playwright)
+
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+DARK_BACKGROUND = "rgb(18, 21, 27)"  # console.css --bg in dark mode
+
+
+def keep(path: Path) -> None:
+    target = os.environ.get("CONSOLE_SCREENSHOTS_DIR")
+    if target:
+        shutil.copy(path, Path(target) / path.name)
+
+
+def sign_in_to(page, base_url, path, username="alice"):
+    page.goto(f"{base_url}/accounts/login/?next={path}")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", "pw-for-tests")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"**{path}")
+
+
+def scrolls_sideways(page) -> bool:
+    return page.evaluate("document.documentElement.scrollWidth > window.innerWidth")
+
+
+def shoot(browser, base_url, path, name, tmp_path, *, ready):
+    """Light desktop, dark desktop and light 390 px shots of ``path``; returns what it checked
+    at each: (sideways scroll at 390 px, body background in dark)."""
+    checks = {}
+    for suffix, viewport, scheme in (("light", DESKTOP, "light"), ("dark", DESKTOP, "dark"),
+                                     ("390", PHONE, "light")):
+        context = browser.new_context(viewport=viewport, color_scheme=scheme)
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        sign_in_to(page, base_url, path)
+        page.wait_for_selector(ready)
+        shot = tmp_path / f"console-{name}-{suffix}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        keep(shot)
+        if suffix == "390":
+            checks["sideways"] = scrolls_sideways(page)
+        if suffix == "dark":
+            checks["background"] = page.evaluate(
+                "getComputedStyle(document.body).backgroundColor")
+        context.close()
+    return checks
+
+
+def mcp_initialize(base_url, slug, credential, name, version) -> str:
+    answer = httpx.post(f"{base_url}/mcp/{slug}", timeout=30, headers={
+        "Authorization": f"Bearer {credential}", "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": name, "version": version}}})
+    assert answer.status_code == 200, answer.text
+    return answer.headers["mcp-session-id"]
+
+
+def deliver(base_url, slug, secret, title, **extra_headers) -> httpx.Response:
+    body = json.dumps({"action": "opened", "issue": {"number": 7, "title": title},
+                       "repository": {"full_name": "acme/widgets"}}).encode()
+    signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return httpx.post(f"{base_url}/hooks/{slug}", content=body, timeout=30, headers={
+        "Content-Type": "application/json", "X-GitHub-Event": "issues",
+        "User-Agent": "GitHub-Hookshot/5e1f2a9", "X-GitHub-Delivery": str(uuid.uuid4()),
+        "X-GitHub-Hook-ID": "512345678", "X-Hub-Signature-256": f"sha256={signature}",
+        **extra_headers})
+
+
+def test_the_endpoint_page_shows_snippets_and_sessions_by_client(live_daphne, tmp_path):
+    alice = UserFactory(username="alice")
+    endpoint, credential = in_thread(endpoint_transitions.vend_endpoint, slug="builds",
+                                     owner=alice)
+    webhook, secret = in_thread(ingest_transitions.create_webhook, slug="widgets", owner=alice,
+                                source="github")
+    in_thread(ingest_transitions.add_webhook_route, webhook=webhook, endpoint=endpoint,
+              queue="inbox")
+    for title in ("Crash on start", "Docs typo", "Flaky test"):
+        assert deliver(live_daphne.url, "widgets", secret, title).status_code == 202
+    sessions = [mcp_initialize(live_daphne.url, "builds", credential, "claude-code", "2.1.3"),
+                mcp_initialize(live_daphne.url, "builds", credential, "codex-mcp-client",
+                               "0.58.0")]
+
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page = browser.new_page(viewport=DESKTOP)
+            page.set_default_timeout(WAIT_MS)
+            sign_in_to(page, live_daphne.url, "/todos/endpoints/")
+            page.get_by_role("link", name="builds").click()
+            page.wait_for_url("**/todos/endpoints/builds/")
+            listed = page.locator("#sessions").inner_text()
+            assert f"claude-code 2.1.3 · {sessions[0][:8]}" in listed
+            assert f"codex-mcp-client 0.58.0 · {sessions[1][:8]}" in listed
+            html = page.content()
+            assert all(session not in html for session in sessions)
+            assert credential not in html
+            assert page.locator("#queue-counts tr[data-queue=inbox] .n-pending").inner_text() == "3"
+            mcp_json = json.loads(page.locator("#snippet-mcp-json pre").inner_text())
+            server = mcp_json["mcpServers"]["switchboard"]
+            assert server["headers"] == {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}
+            assert server["url"].endswith("/mcp/builds")
+            add = page.locator("#snippet-claude-mcp-add pre").inner_text()
+            assert add.endswith("--header 'Authorization: Bearer ${SWITCHBOARD_TOKEN}'")
+            assert 'bearer_token_env_var = "SWITCHBOARD_TOKEN"' in page.locator(
+                "#snippet-codex pre").inner_text()
+            assert '"httpUrl"' in page.locator("#snippet-gemini pre").inner_text()
+            assert "--token-env SWITCHBOARD_TOKEN" in page.locator("#snippet-runner pre").inner_text()
+
+            page.get_by_role("button", name="rotate credential").click()
+            page.wait_for_selector("#new-credential")
+            shown = page.locator("#new-credential pre").inner_text().split("=", 1)[1].strip()
+            assert shown.startswith(credential[:4]) and shown != credential
+            page.goto(live_daphne.url + "/todos/endpoints/builds/")
+            assert shown not in page.content()
+            page.close()
+
+            checks = shoot(browser, live_daphne.url, "/todos/endpoints/builds/", "endpoint",
+                           tmp_path, ready="#snippet-runner")
+            assert checks == {"sideways": False, "background": DARK_BACKGROUND}
+        finally:
+            browser.close()
+
+
+def test_the_delivery_page_hides_signatures_and_the_pages_fit_a_phone(live_daphne, tmp_path):
+    alice = UserFactory(username="alice")
+    endpoint, _ = in_thread(endpoint_transitions.vend_endpoint, slug="builds", owner=alice)
+    webhook, secret = in_thread(ingest_transitions.create_webhook, slug="widgets", owner=alice,
+                                source="github")
+    in_thread(ingest_transitions.add_webhook_route, webhook=webhook, endpoint=endpoint,
+              queue="inbox")
+    answer = deliver(live_daphne.url, "widgets", secret, "Crash on start",
+                     Authorization="Bearer sb-secret-bearer-value",
+                     Cookie="sessionid=cookie-secret-value")
+    assert answer.status_code == 202, answer.text
+    forged = httpx.post(f"{live_daphne.url}/hooks/widgets", content=b"{}", timeout=30,
+                        headers={"Content-Type": "application/json",
+                                 "X-Hub-Signature-256": "sha256=" + "0" * 64})
+    assert forged.status_code == 401
+    signature = answer.request.headers["x-hub-signature-256"]
+
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page = browser.new_page(viewport=DESKTOP)
+            page.set_default_timeout(WAIT_MS)
+            sign_in_to(page, live_daphne.url, "/todos/webhooks/widgets/")
+            assert "Content type: application/json" in page.locator("#setup").inner_text()
+            assert page.locator("#public-url-warning").is_visible()  # the default is loopback
+            page.locator("#delivery-rows tr", has=page.locator(".outcome-accepted")) \
+                .get_by_role("link", name="#").first.click()
+            page.wait_for_url("**/deliveries/*/")
+            assert "signature verified" in page.locator("#verification").inner_text()
+            headers = page.locator("#headers").inner_text()
+            assert "x-github-event" in headers and "GitHub-Hookshot/5e1f2a9" in headers
+            html = page.content()
+            for secret_text in (signature, signature.split("=", 1)[1], "sb-secret-bearer-value",
+                                "cookie-secret-value", secret):
+                assert secret_text not in html
+            assert page.locator("#todos-created a").count() == 1
+            delivery_path = page.url.split(live_daphne.url, 1)[1]
+            page.close()
+
+            for name, path, ready in (("webhook", "/todos/webhooks/widgets/", "#setup"),
+                                      ("delivery", delivery_path, "#headers")):
+                checks = shoot(browser, live_daphne.url, path, name, tmp_path, ready=ready)
+                assert checks == {"sideways": False, "background": DARK_BACKGROUND}, name
+
+            for scheme in ("light", "dark"):
+                context = browser.new_context(viewport=PHONE, color_scheme=scheme)
+                login = context.new_page()
+                login.goto(live_daphne.url + "/accounts/login/")
+                assert not scrolls_sideways(login)
+                shot = tmp_path / f"console-login-{scheme}.png"
+                login.screenshot(path=str(shot), full_page=True)
+                keep(shot)
+                context.close()
+        finally:
+            browser.close()

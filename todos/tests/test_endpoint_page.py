@@ -1,0 +1,181 @@
+"""The endpoint's page: counts per queue, presence, pause, live sessions by client name, how to
+connect, the credential only as its hint, rotation shown once, 404 for another's endpoint."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from channels_push import transitions as session_transitions
+from endpoints import connect_snippets
+from endpoints import transitions as endpoint_transitions
+from tests.factories import UserFactory
+from todos import transitions
+from todos.models import State, Todo, Trust
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def vended(db):
+    owner = UserFactory(username="alice")
+    endpoint, credential = endpoint_transitions.vend_endpoint(slug="builds", owner=owner)
+    return endpoint, credential
+
+
+@pytest.fixture
+def owner_client(vended):
+    browser = Client()
+    browser.force_login(vended[0].owner)
+    return browser
+
+
+def make(endpoint, queue, state, **fields):
+    todo, _ = transitions.create_todo(endpoint=endpoint, queue=queue, title=f"{queue} {state}",
+                                      actor="test", trust=Trust.OPERATOR)
+    if state != State.PENDING or fields:
+        # Test setup only: put a row straight into the state the counts read.
+        Todo.objects.filter(pk=todo.pk).update(state=state, **fields)
+    return todo
+
+
+def test_counts_per_queue_cover_every_open_state_and_done_in_a_day(vended, owner_client):
+    endpoint, _ = vended
+    now = timezone.now()
+    make(endpoint, "inbox", State.PENDING)
+    make(endpoint, "inbox", State.PENDING)
+    make(endpoint, "inbox", State.CLAIMED, lease_owner="x" * 43)
+    make(endpoint, "inbox", State.FAILED, retry_at=now + timedelta(minutes=1))
+    make(endpoint, "inbox", State.FAILED, dead_lettered_at=now)
+    make(endpoint, "inbox", State.DONE, updated_at=now - timedelta(hours=1))
+    make(endpoint, "inbox", State.DONE, updated_at=now - timedelta(hours=30))  # too old
+    make(endpoint, "deploys", State.DONE, updated_at=now - timedelta(minutes=5))
+    page = owner_client.get("/todos/endpoints/builds/").content.decode()
+    inbox = re.search(r'<tr data-queue="inbox">(.*?)</tr>', page, re.S).group(1)
+    cells = dict(re.findall(r'<td class="n-(\w+)">(\d+)</td>', inbox))
+    assert cells == {"pending": "2", "claimed": "1", "retrying": "1", "dead": "1", "done": "1"}
+    deploys = re.search(r'<tr data-queue="deploys">(.*?)</tr>', page, re.S).group(1)
+    assert dict(re.findall(r'<td class="n-(\w+)">(\d+)</td>', deploys))["done"] == "1"
+
+
+def test_the_page_costs_the_same_queries_however_many_queues_and_sessions(
+        vended, owner_client, django_assert_num_queries):
+    endpoint, _ = vended
+
+    def grow(n):
+        for i in range(n):
+            make(endpoint, f"q{i}-{n}", State.PENDING)
+            session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+                                             client_name="claude-code", client_version="2.1",
+                                             credential_id=endpoint.credentials.get().pk)
+
+    grow(2)
+    owner_client.get("/todos/endpoints/builds/")  # warm the session and user caches alike
+    # session + user, endpoint, counts, sessions, credentials
+    with django_assert_num_queries(6):
+        assert owner_client.get("/todos/endpoints/builds/").status_code == 200
+    grow(12)
+    with django_assert_num_queries(6):
+        assert owner_client.get("/todos/endpoints/builds/").status_code == 200
+
+
+def test_live_sessions_show_the_client_and_never_a_session_id(vended, owner_client):
+    endpoint, _ = vended
+    credential_id = endpoint.credentials.get().pk
+    live = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+                                            client_name="claude-code", client_version="2.1.3",
+                                            credential_id=credential_id)
+    ended = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+                                             client_name="old-runner", client_version="0.1",
+                                             credential_id=credential_id)
+    type(ended).objects.filter(pk=ended.pk).update(terminated_at=timezone.now())
+    page = owner_client.get("/todos/endpoints/builds/").content.decode()
+    sessions = page.split('id="sessions"', 1)[1].split("</table>", 1)[0]
+    assert f"claude-code 2.1.3 · {live.pk[:8]}" in sessions
+    assert "attached" in sessions  # it made its request (initialize) just now
+    assert "old-runner" not in sessions
+    assert live.pk not in page and ended.pk not in page
+
+
+def test_connection_snippets_name_the_variable_never_the_credential(vended, owner_client):
+    endpoint, credential = vended
+    page = owner_client.get("/todos/endpoints/builds/").content.decode()
+    assert "/mcp/builds" in page
+    assert credential not in page
+    assert endpoint.credentials.get().hint in page
+    for _, _, text in connect_snippets.all_snippets(
+            re.search(r'<code id="mcp-url">(.*?)</code>', page).group(1)):
+        assert text.replace('"', "&quot;").replace("'", "&#x27;") in page
+
+
+def test_snippets_say_what_each_client_needs():
+    url = "https://sb.example.com/mcp/builds"
+    assert '"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"' in connect_snippets.mcp_json(url)
+    add = connect_snippets.claude_mcp_add(url)
+    assert add.startswith("claude mcp add --transport http --scope local switchboard ")
+    assert add.endswith("--header 'Authorization: Bearer ${SWITCHBOARD_TOKEN}'")
+    codex = connect_snippets.codex_config_toml(url)
+    assert 'bearer_token_env_var = "SWITCHBOARD_TOKEN"' in codex
+    timeout = int(re.search(r"tool_timeout_sec = (\d+)", codex).group(1))
+    assert timeout > connect_snippets.LONGEST_LONG_POLL_SECONDS
+    gemini = connect_snippets.gemini_settings_json(url)
+    assert '"httpUrl": "https://sb.example.com/mcp/builds"' in gemini
+    assert '"trust": true' in gemini and '"headers"' in gemini
+    runner = connect_snippets.runner_line(url)
+    assert runner.startswith(f"switchboard-runner --url {url} --token-env SWITCHBOARD_TOKEN -- claude -p '")
+
+
+def test_the_longest_long_poll_is_the_one_claim_next_grants():
+    from channels_push import mcp_tools
+    assert connect_snippets.LONGEST_LONG_POLL_SECONDS == mcp_tools.MAX_WAIT_SECONDS
+
+
+def test_rotate_shows_the_new_credential_once_and_needs_csrf(vended):
+    endpoint, old = vended
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(endpoint.owner)
+    assert strict.post("/todos/endpoints/builds/rotate").status_code == 403
+    page = strict.get("/todos/endpoints/builds/").content.decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+    rotated = strict.post("/todos/endpoints/builds/rotate", {"csrfmiddlewaretoken": token})
+    assert rotated.status_code == 200
+    assert "no-store" in rotated["Cache-Control"]
+    shown = re.search(r"export SWITCHBOARD_TOKEN=(\S+)</code>", rotated.content.decode()).group(1)
+    assert shown != old and endpoint.credentials.count() == 2
+    assert endpoint_transitions.hash_credential(shown) in set(
+        endpoint.credentials.values_list("digest", flat=True))
+    again = strict.get("/todos/endpoints/builds/").content.decode()
+    assert shown not in again and shown[:12] in again
+
+
+def test_another_operators_endpoint_is_404_and_a_superuser_sees_all(vended):
+    bob = Client()
+    bob.force_login(UserFactory(username="bob"))
+    assert bob.get("/todos/endpoints/builds/").status_code == 404
+    assert bob.post("/todos/endpoints/builds/rotate").status_code == 404
+    assert bob.get("/todos/endpoints/nope/").status_code == 404
+    assert "builds" not in bob.get("/todos/endpoints/").content.decode()
+    root = Client()
+    root.force_login(UserFactory(username="root", is_superuser=True, is_staff=True))
+    assert root.get("/todos/endpoints/builds/").status_code == 200
+    assert 'href="/todos/endpoints/builds/"' in root.get("/todos/endpoints/").content.decode()
+
+
+def test_the_page_needs_a_login(vended):
+    response = Client().get("/todos/endpoints/builds/")
+    assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def test_a_session_with_an_open_stream_shows_as_streaming(vended, owner_client):
+    endpoint, _ = vended
+    session = session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
+                                               client_name="codex", client_version="0.5",
+                                               credential_id=endpoint.credentials.get().pk)
+    page = owner_client.get("/todos/endpoints/builds/").content.decode()
+    assert "streaming</span>" not in page.split('id="sessions"', 1)[1]
+    type(session).objects.filter(pk=session.pk).update(
+        open_streams=1, stream_lease_until=timezone.now() + timedelta(minutes=5))
+    page = owner_client.get("/todos/endpoints/builds/").content.decode()
+    assert "streaming</span>" in page.split('id="sessions"', 1)[1]
