@@ -6,7 +6,6 @@ errors go to stderr with a non-zero exit (``CommandError``).
 
 import json
 import os
-import shlex
 import socket
 from urllib.parse import urlsplit
 
@@ -72,77 +71,3 @@ def get_user(username: str):
 
 def csv_list(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
-
-
-# -- connecting an agent (CONTRACT §6, §11) -------------------------------------------------------
-
-# The environment variable the printed client config reads the bearer from. Claude Code expands
-# ``${VAR}`` in .mcp.json, so the file can be committed while the credential stays in the shell.
-TOKEN_VARIABLE = "SWITCHBOARD_TOKEN"
-MCP_SERVER_NAME = "switchboard"
-
-
-def mcp_json(mcp_url: str) -> dict:
-    """The ``.mcp.json`` for an endpoint: never the credential itself, only its variable."""
-    return {"mcpServers": {MCP_SERVER_NAME: {
-        "type": "http", "url": mcp_url,
-        "headers": {"Authorization": f"Bearer ${{{TOKEN_VARIABLE}}}"},
-    }}}
-
-
-# Codex's per-call tool timeout must outlast claim_next's longest long poll (60 s), or Codex
-# gives up on a wait the server is still holding.
-CODEX_TOOL_TIMEOUT_SECONDS = 90
-
-
-def claude_mcp_add_line(mcp_url: str) -> str:
-    """``claude mcp add`` for the endpoint. Single quotes: the shell passes ``${SWITCHBOARD_TOKEN}``
-    through literally and Claude Code expands it each time it connects, so the secret never
-    lands in its config (double quotes would store the expanded credential)."""
-    header = shlex.quote(f"Authorization: Bearer ${{{TOKEN_VARIABLE}}}")
-    return (f"claude mcp add --transport http --scope local {MCP_SERVER_NAME} "
-            f"{shlex.quote(mcp_url)} --header {header}")
-
-
-def codex_config_toml(mcp_url: str) -> str:
-    """The ``~/.codex/config.toml`` table: the bearer read from the environment by name."""
-    return "\n".join([
-        f"[mcp_servers.{MCP_SERVER_NAME}]",
-        f"url = {json.dumps(mcp_url)}",
-        f'bearer_token_env_var = "{TOKEN_VARIABLE}"',
-        f"tool_timeout_sec = {CODEX_TOOL_TIMEOUT_SECONDS}",
-    ])
-
-
-def gemini_settings_json(mcp_url: str) -> dict:
-    """Gemini CLI's ``settings.json`` entry: it expands ``${VAR}`` in headers; ``trust`` lets a
-    headless run call the tools without a confirmation prompt."""
-    return {"mcpServers": {MCP_SERVER_NAME: {
-        "httpUrl": mcp_url,
-        "headers": {"Authorization": f"Bearer ${{{TOKEN_VARIABLE}}}"},
-        "trust": True,
-    }}}
-
-
-def connect_text(mcp_url: str, credential: str) -> str:
-    """What a person pastes to connect an agent: the export line (the one place the credential
-    appears), then for Claude Code, Codex and Gemini CLI a configuration that names the
-    variable, never the credential (docs/agents.md has the full recipes)."""
-    return "\n".join([
-        "export the credential (shown only now; keep it out of files you commit):",
-        f"  export {TOKEN_VARIABLE}={shlex.quote(credential)}",
-        "",
-        "Claude Code: .mcp.json (safe to commit: it names the variable, not the credential):",
-        json.dumps(mcp_json(mcp_url), indent=2),
-        "",
-        "or register it with Claude Code (single quotes: the variable is stored, not the secret):",
-        f"  {claude_mcp_add_line(mcp_url)}",
-        "",
-        "Codex: add to ~/.codex/config.toml (tool_timeout_sec outlasts a 60 s long poll):",
-        codex_config_toml(mcp_url),
-        "",
-        "Gemini CLI: .gemini/settings.json (headless runs also need the folder trusted):",
-        json.dumps(gemini_settings_json(mcp_url), indent=2),
-        "",
-        "headless agents, the runner and permissions: docs/agents.md",
-    ])

@@ -5,7 +5,7 @@ tests/agent_clis/ (``scripts/install-agent-clis``, which the fixture runs; skipp
 is absent). Each CLI talks to a local stand-in for its model API (tests/model_standins.py) that
 scripts the model's turns, and to a live daphne over MCP with the endpoint's bearer taken from
 the environment, configured with the snippets vend_endpoint and seed_demo print
-(switchboard/commands.py) and the command lines docs/agents.md gives. For each CLI the tests show that it
+(endpoints/connect_snippets.py) and the command lines docs/agents.md gives. For each CLI the tests show that it
 connects, sees the tools, drains a todo by itself (claim_next, then complete), drains one under
 the runner (``--pass-token --require-settled`` and the built-in prompt), and that a model API
 failure ends the todo failed with a ``last_error`` that names it.
@@ -25,7 +25,7 @@ import pytest
 from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import AGENT_VERBS
-from switchboard import commands
+from endpoints import connect_snippets
 from tests import model_standins
 from tests.factories import UserFactory
 from tests.servers import REPO_ROOT
@@ -132,7 +132,7 @@ class ClaudeCode(Recipe):
         self.loader_calls = ("ToolSearch",)
 
     def configure(self, project, home, standin, mcp_url):
-        (project / ".mcp.json").write_text(json.dumps(commands.mcp_json(mcp_url), indent=2))
+        (project / ".mcp.json").write_text(json.dumps(connect_snippets.mcp_json(mcp_url), indent=2))
 
     def model_env(self, home, standin):
         return {"ANTHROPIC_BASE_URL": standin.url, "ANTHROPIC_API_KEY": "sk-ant-standin",
@@ -170,7 +170,7 @@ class Codex(Recipe):
             wire_api = "responses"
             env_key = "STANDIN_OPENAI_API_KEY"
 
-        """) + commands.codex_config_toml(mcp_url) + "\n")
+        """) + connect_snippets.codex_config_toml(mcp_url) + "\n")
 
     def model_env(self, home, standin):
         return {"STANDIN_OPENAI_API_KEY": "sk-standin"}
@@ -191,7 +191,7 @@ class GeminiCli(Recipe):
         Gemini CLI ignores an untrusted folder's settings, its MCP servers included)."""
         (project / ".gemini").mkdir(parents=True, exist_ok=True)
         (project / ".gemini" / "settings.json").write_text(
-            json.dumps(commands.gemini_settings_json(mcp_url), indent=2))
+            json.dumps(connect_snippets.gemini_settings_json(mcp_url), indent=2))
         (home / ".gemini").mkdir(parents=True, exist_ok=True)
         (home / ".gemini" / "settings.json").write_text(json.dumps({
             "security": {"auth": {"selectedType": "gemini-api-key"},
@@ -318,7 +318,7 @@ def test_claude_mcp_add_as_printed_stores_the_variable_not_the_secret_and_drains
     endpoint, credential, mcp_url = endpoint_for("claude-mcp-add")
     todo = make_todo(endpoint)
     recipe = ClaudeCode()
-    line = commands.claude_mcp_add_line(mcp_url)
+    line = connect_snippets.claude_mcp_add(mcp_url)
     assert "'Authorization: Bearer ${SWITCHBOARD_TOKEN}'" in line
     with recipe.standin_class("direct") as standin:
         env = clean_env(workspace.home, **recipe.model_env(workspace.home, standin),

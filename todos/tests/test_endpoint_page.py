@@ -112,7 +112,8 @@ def test_connection_snippets_name_the_variable_never_the_credential(vended, owne
 
 def test_snippets_say_what_each_client_needs():
     url = "https://sb.example.com/mcp/builds"
-    assert '"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"' in connect_snippets.mcp_json(url)
+    assert connect_snippets.mcp_json(url)["mcpServers"]["switchboard"]["headers"] == {
+        "Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}
     add = connect_snippets.claude_mcp_add(url)
     assert add.startswith("claude mcp add --transport http --scope local switchboard ")
     assert add.endswith("--header 'Authorization: Bearer ${SWITCHBOARD_TOKEN}'")
@@ -120,11 +121,12 @@ def test_snippets_say_what_each_client_needs():
     assert 'bearer_token_env_var = "SWITCHBOARD_TOKEN"' in codex
     timeout = int(re.search(r"tool_timeout_sec = (\d+)", codex).group(1))
     assert timeout > connect_snippets.LONGEST_LONG_POLL_SECONDS
-    gemini = connect_snippets.gemini_settings_json(url)
-    assert '"httpUrl": "https://sb.example.com/mcp/builds"' in gemini
-    assert '"trust": true' in gemini and '"headers"' in gemini
+    gemini = connect_snippets.gemini_settings_json(url)["mcpServers"]["switchboard"]
+    assert gemini["httpUrl"] == url and gemini["trust"] is True and gemini["headers"]
     runner = connect_snippets.runner_line(url)
-    assert runner.startswith(f"switchboard-runner --url {url} --token-env SWITCHBOARD_TOKEN -- claude -p '")
+    assert runner.startswith(f"switchboard-runner --url {url} --token-env SWITCHBOARD_TOKEN "
+                             "--pass-token --require-settled -- claude -p '{prompt}' ")
+    assert "{title}" not in runner  # the sender's text never sits where the agent reads orders
 
 
 def test_the_longest_long_poll_is_the_one_claim_next_grants():

@@ -3,9 +3,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 from django.db import IntegrityError
 
-from endpoints import transitions
+from endpoints import connect_snippets, transitions
 from endpoints.models import ALL_QUEUES
-from switchboard import commands
 from switchboard.commands import JsonCommand, csv_list, get_user
 
 
@@ -45,8 +44,8 @@ class Command(JsonCommand):
         self.emit(
             options,
             {"slug": endpoint.slug, "mcp_url": mcp_url, "credential": credential,
-             "mcp_json": commands.mcp_json(mcp_url)},
+             "mcp_json": connect_snippets.mcp_json(mcp_url)},
             f"endpoint {endpoint.slug}\n  MCP URL:    {mcp_url}\n  credential: {credential}\n"
             "  (the credential is shown only now; store it in your agent's environment)\n\n"
-            + commands.connect_text(mcp_url, credential),
+            + connect_snippets.connect_text(mcp_url, credential),
         )

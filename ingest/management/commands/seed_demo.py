@@ -35,11 +35,11 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
+from endpoints import connect_snippets
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import CREDENTIAL_PREFIX, Credential, Endpoint, hash_credential
 from ingest import transitions
 from ingest.models import Route, Source, Webhook
-from switchboard import commands
 from switchboard.commands import JsonCommand
 
 DEMO_QUEUE = "inbox"
@@ -130,7 +130,7 @@ class Command(JsonCommand):
         base = settings.SWITCHBOARD_PUBLIC_URL
         mcp_url = f"{base}/mcp/{agent_endpoint.slug}"
         hook_url = f"{base}/hooks/{hook.slug}"
-        mcp_json = commands.mcp_json(mcp_url)
+        mcp_json = connect_snippets.mcp_json(mcp_url)
         curl = build_curl(hook_url, hook.secret)
         data = {
             "operator": user.get_username(), "endpoint": agent_endpoint.slug, "mcp_url": mcp_url,
@@ -154,7 +154,7 @@ class Command(JsonCommand):
             f"endpoint {agent_endpoint.slug}: {mcp_url}",
             f"webhook {hook.slug} (github): {hook_url}",
             "", "re-runs print the same credential; --rotate replaces it.",
-            commands.connect_text(mcp_url, credential),
+            connect_snippets.connect_text(mcp_url, credential),
             "", "deliver a signed sample event:", curl,
             "", f"then watch it on {base}/todos/",
         ]))
