@@ -316,19 +316,27 @@ def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
     """Pick up to ``limit`` attached sessions of ``endpoint_id`` (``queries.attached_sql``) and
     stamp them as just rung, in one UPDATE … RETURNING: sessions with an open stream first,
     then the least recently rung, so the pool takes turns (a todo doorbell picks one, a digest
-    one per waiting todo). A session without an open stream is still chosen when no streaming
-    one is left; its push is then dropped at the transport (the lossy contract). Returns
-    ``[(session_id, has_open_stream)]``; empty when none is attached or (with ``todo_id``) the
-    todo is no longer eligible to ring.
+    one per waiting todo). A session without an open stream is chosen only when fewer than
+    ``limit`` sessions stream (for a todo doorbell: none does); its push is then dropped at the
+    transport (the lossy contract). Returns ``[(session_id, has_open_stream)]``; empty when
+    none is attached or (with ``todo_id``) the todo is no longer eligible to ring.
 
-    PostgreSQL: SKIP LOCKED lets concurrent publishers each take a different session; when
-    every session is taken by a concurrent publisher the statement is repeated without it
-    (waiting milliseconds) rather than dropping the doorbell.
+    PostgreSQL: SKIP LOCKED lets concurrent publishers each take a different session of the
+    pool. The streamless ones are left out by counting the streaming sessions from the
+    snapshot, not from the rows the statement could lock: a streaming session that a
+    concurrent publisher holds for a moment is skipped, never traded for a streamless one
+    (whose doorbell would be dropped). When every candidate is held, the statement is
+    repeated without SKIP LOCKED (waiting milliseconds for the holder's commit) rather than
+    dropping the doorbell.
     """
     now = now or timezone.now()
     params = {"endpoint_id": endpoint_id, "todo_id": todo_id, "now": _time(now), "limit": limit}
     attached = queries.attached_sql("s", params, now)
     stream_open = queries.stream_open_sql("s", params, now)
+    streaming_peers = (
+        "(SELECT count(*) FROM channels_push_mcpsession o WHERE o.endpoint_id = %(endpoint_id)s"
+        f" AND {queries.attached_sql('o', params, now)}"
+        f" AND {queries.stream_open_sql('o', params, now)})")
     eligible = "" if todo_id is None else (
         " AND EXISTS (SELECT 1 FROM todos_todo t WHERE t.id = %(todo_id)s"
         f" AND t.endpoint_id = s.endpoint_id AND {_eligible_sql('t')})")
@@ -338,6 +346,7 @@ def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
         sql = (
             "WITH picked AS MATERIALIZED (SELECT s.id FROM channels_push_mcpsession s"
             f" WHERE s.endpoint_id = %(endpoint_id)s AND {attached}{eligible}"
+            f" AND ({stream_open} OR {streaming_peers} < %(limit)s)"
             f" ORDER BY {stream_open} DESC, s.last_doorbell_at ASC NULLS FIRST, s.id"
             f" LIMIT %(limit)s{lock})"
             " UPDATE channels_push_mcpsession SET last_doorbell_at = %(now)s"

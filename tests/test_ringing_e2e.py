@@ -95,3 +95,65 @@ def test_a_lapsed_lease_rings_the_sdk_client_again(daphne_server):
     todo, again, reclaimed = asyncio.run(scenario())
     assert again.meta["todo_id"] == str(todo.pk)
     assert not reclaimed.is_error and reclaimed.structured_content["todo"]["attempts"] == 2
+
+
+BURST = 40
+
+
+def test_a_burst_of_hand_overs_rings_the_streaming_session_every_time(daphne_server):
+    """One session streams, another of the same endpoint and scope is attached without a
+    stream. Concurrent publishers must not skip the streaming session because another publisher
+    holds its row for a moment: every doorbell of the burst is rung on the stream, none is
+    handed to the streamless session (where it would be dropped)."""
+    import threading
+
+    from django.db import connection
+
+    from channels_push import publish
+    from channels_push import transitions as session_transitions
+    from tests.factories import credential_for
+
+    endpoint, credential = vend("burst")
+    listener = ChannelListener()
+    streamless = session_transitions.open_session(
+        endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
+
+    def hand_over_burst():
+        barrier, made, failures = threading.Barrier(BURST), [], []
+
+        def hand_over(number):
+            try:
+                barrier.wait()
+                made.append(make_ready_todo(endpoint, "inbox", f"burst {number}",
+                                            trust="operator").pk)
+            except Exception as exc:  # surfaced below: a thread's assert is otherwise lost
+                failures.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=hand_over, args=(n,)) for n in range(BURST)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, failures
+        assert publish.wait_for_sends(10)
+        return made
+
+    async def scenario():
+        async with AsyncExitStack() as stack:
+            await connect(stack, daphne_server.url, endpoint, credential, listener)
+            assert await asyncio.to_thread(poll, lambda: streams_open(endpoint, 1))
+            made = await asyncio.to_thread(hand_over_burst)
+            heard = set()
+            try:
+                while len(heard & set(map(str, made))) < len(made):
+                    heard.add((await listener.next(timeout=5)).meta.get("todo_id"))
+            except asyncio.TimeoutError:
+                pass  # fewer than all: the assertion below says how many
+            return made, heard
+
+    made, heard = asyncio.run(scenario())
+    rung = len(set(map(str, made)) & heard)
+    assert rung == BURST, f"{rung} of {BURST} doorbells reached the stream"
+    assert McpSession.objects.get(pk=streamless.pk).last_doorbell_at is None
