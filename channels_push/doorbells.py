@@ -191,11 +191,13 @@ def _find_endpoint_for_ring(endpoint_id: int, now):
     return endpoint
 
 
-def ring_todo(todo, *, now=None) -> str | None:
-    """Ring one attached session of ``todo``'s endpoint for it. Returns the session id rung
-    (its push may still be dropped at the transport), or None when the todo may not ring (gate,
-    scope), is held (presence out, work paused) or nobody is attached (then the drop is logged:
-    the todo stays pending for pull)."""
+def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
+    """Ring one attached session of ``todo``'s endpoint for it, counting the ring toward the
+    todo's ring budget in the statement that picks the session (``charged``: the caller's
+    statement already did, as the sweep's does). Returns the session id rung (its push may
+    still be dropped at the transport), or None when the todo may not ring (gate, scope), is
+    held (presence out, work paused) or nobody is attached (then the drop is logged, nothing
+    is spent: the todo stays pending for pull)."""
     if todo.trust not in PUSH_TRUST:
         return None
     if not publish.can_reach_streams():
@@ -218,7 +220,8 @@ def ring_todo(todo, *, now=None) -> str | None:
     # attached session (known from the read above; the commonest case, agents that pull) it
     # is skipped: a ready todo then costs one statement here, not three.
     chosen = session_transitions.choose_doorbell_session(
-        endpoint_id=endpoint.pk, todo_id=todo.pk, now=now) if endpoint.has_attached_session else None
+        endpoint_id=endpoint.pk, todo_id=todo.pk, charge=not charged, now=now,
+    ) if endpoint.has_attached_session else None
     if chosen is None:
         drop_doorbell("no attached session", context)
         return None
@@ -241,7 +244,7 @@ def ring_on_commit(todos) -> None:
     """Ring for ``todos`` (already charged to their ring budget) once the caller commits."""
     todos = list(todos)
     if todos:
-        transaction.on_commit(lambda: [ring_todo(todo) for todo in todos])
+        transaction.on_commit(lambda: [ring_todo(todo, charged=True) for todo in todos])
 
 
 # -- digests and reconnect (§8) -------------------------------------------------------------------

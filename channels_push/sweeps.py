@@ -39,10 +39,16 @@ def expire_idle_sessions(*, now=None) -> int:
 
 # -- the doorbell heartbeat (CONTRACT §7, SPEC-0011 "Doorbell Heartbeat") -------------------------
 
-# The re-ring backoff, indexed by ring_attempts (0 → 5 min, 1 → 20 min, 2 → 1 h, ≥ 3 → 6 h),
-# counted from last_ringed_at (a ring or a digest), else from creation.
-RING_SCHEDULE = (timedelta(minutes=5), timedelta(minutes=20), timedelta(hours=1),
-                 timedelta(hours=6))
+# Every ring a todo gets, five in all (MAX_RING_ATTEMPTS), as the wait before each, indexed by
+# ring_attempts and counted from last_ringed_at (a sweep ring or a digest), else from creation.
+# The first is the publisher's, when the todo becomes ready; the sweep rings the other four.
+RING_SCHEDULE = (
+    timedelta(0),  # 1: on creation (or hand-over)
+    timedelta(minutes=5),  # 2
+    timedelta(minutes=20),  # 3
+    timedelta(hours=1),  # 4
+    timedelta(hours=6),  # 5: the last; never rung again
+)
 # Rings per sweep (SPEC-0011 fixes it at 3): a wake-up nudge, not a delivery path; an agent
 # that is awake drains by pull, so more rings would only add noise to its session.
 RINGS_PER_SWEEP = 3

@@ -276,8 +276,9 @@ def reset_stale_stream_counts(*, now=None) -> int:
 # those); each is still one guarded statement, so overlapping publishers and sweeps agree
 # without locks held across round trips.
 
-# A todo is rung at most this many times by sweeps and reconnects (SPEC-0011 "Doorbell
-# Heartbeat"); the partial index todo_doorbell_due (migration 0002) spells the same number.
+# A todo is rung at most this many times in all, its creation ring included (SPEC-0011
+# "Doorbell Heartbeat"; sweeps.RING_SCHEDULE names each of them); the partial index
+# todo_doorbell_due (migration 0002) spells the same number.
 MAX_RING_ATTEMPTS = 5
 PUSH_TRUST_SQL = "('signed', 'operator')"
 # A re-attach does not ring the same todo again within this long (SPEC-0011 "Reconnecting
@@ -312,7 +313,7 @@ def _eligible_sql(alias: str) -> str:
 
 
 def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
-                    now=None) -> list[tuple[str, bool]]:
+                    charge: bool = False, now=None) -> list[tuple[str, bool]]:
     """Pick up to ``limit`` attached sessions of ``endpoint_id`` (``queries.attached_sql``) and
     stamp them as just rung, in one UPDATE … RETURNING: sessions with an open stream first,
     then the least recently rung, so the pool takes turns (a todo doorbell picks one, a digest
@@ -320,6 +321,12 @@ def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
     ``limit`` sessions stream (for a todo doorbell: none does); its push is then dropped at the
     transport (the lossy contract). Returns ``[(session_id, has_open_stream)]``; empty when
     none is attached or (with ``todo_id``) the todo is no longer eligible to ring.
+
+    ``charge`` (with ``todo_id``): the ring also counts toward the todo's ring budget
+    (``ring_attempts``, never past MAX_RING_ATTEMPTS) in the same statement, only when a
+    session was chosen: a ring nobody could receive spends nothing. ``last_ringed_at`` is left
+    alone, so the heartbeat's next step still counts from creation (or the last sweep ring or
+    digest), as the schedule is written.
 
     PostgreSQL: SKIP LOCKED lets concurrent publishers each take a different session of the
     pool. The streamless ones are left out by counting the streaming sessions from the
@@ -340,22 +347,41 @@ def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
     eligible = "" if todo_id is None else (
         " AND EXISTS (SELECT 1 FROM todos_todo t WHERE t.id = %(todo_id)s"
         f" AND t.endpoint_id = s.endpoint_id AND {_eligible_sql('t')})")
+    charge = charge and todo_id is not None
+    params["max_rings"] = MAX_RING_ATTEMPTS
+    charge_sql = ("UPDATE todos_todo SET ring_attempts = CASE WHEN ring_attempts < %(max_rings)s"
+                  " THEN ring_attempts + 1 ELSE ring_attempts END WHERE id = %(todo_id)s")
     for lock in ((" FOR UPDATE SKIP LOCKED", "") if _postgres() else ("",)):
         # MATERIALIZED: an ``IN (… LIMIT n FOR UPDATE SKIP LOCKED)`` sub-select may be re-run
         # during the semi-join and stamp more than n rows; the CTE is evaluated once.
-        sql = (
+        picked = (
             "WITH picked AS MATERIALIZED (SELECT s.id FROM channels_push_mcpsession s"
             f" WHERE s.endpoint_id = %(endpoint_id)s AND {attached}{eligible}"
             f" AND ({stream_open} OR {streaming_peers} < %(limit)s)"
             f" ORDER BY {stream_open} DESC, s.last_doorbell_at ASC NULLS FIRST, s.id"
             f" LIMIT %(limit)s{lock})"
-            " UPDATE channels_push_mcpsession SET last_doorbell_at = %(now)s"
+        )
+        if charge and _postgres():
+            # The charge rides in the same statement (a data-modifying CTE), guarded by the
+            # pick: it happens exactly when a session was chosen for the todo.
+            picked += f", charged AS ({charge_sql} AND EXISTS (SELECT 1 FROM picked))"
+        sql = (
+            picked + " UPDATE channels_push_mcpsession SET last_doorbell_at = %(now)s"
             " WHERE id IN (SELECT id FROM picked) RETURNING id,"
             f" {queries.stream_open_sql('channels_push_mcpsession', params, now)}"
         )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+        if charge and not _postgres():
+            # SQLite has no data-modifying CTE: the charge follows in the same transaction
+            # (its writers are serialised anyway).
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+                if rows:
+                    cursor.execute(charge_sql, params)
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
         if rows:
             # Streaming sessions first, as they were picked.
             return sorted(((row[0], bool(row[1])) for row in rows), key=lambda r: not r[1])
@@ -364,10 +390,13 @@ def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
     return []
 
 
-def choose_doorbell_session(*, endpoint_id: int, todo_id: int, now=None) -> tuple[str, bool] | None:
-    """ONE attached session to ring for ``todo_id`` (``choose_sessions``), as
-    ``(session_id, has_open_stream)``; None when nobody is attached or the todo may not ring."""
-    chosen = choose_sessions(endpoint_id=endpoint_id, limit=1, todo_id=todo_id, now=now)
+def choose_doorbell_session(*, endpoint_id: int, todo_id: int, charge: bool = False,
+                            now=None) -> tuple[str, bool] | None:
+    """ONE attached session to ring for ``todo_id`` (``choose_sessions``; ``charge``: count the
+    ring toward the todo's budget), as ``(session_id, has_open_stream)``; None when nobody is
+    attached or the todo may not ring."""
+    chosen = choose_sessions(endpoint_id=endpoint_id, limit=1, todo_id=todo_id, charge=charge,
+                             now=now)
     return chosen[0] if chosen else None
 
 
@@ -486,14 +515,19 @@ def sweep_rings_sql(*, endpoint_ids, schedule, limit: int, now=None, select_only
     if not endpoint_ids:
         return None
     now = now or timezone.now()
+    # schedule[n] is the wait before ring n + 1; ring 1 is the publisher's, on creation. The
+    # sweep only re-rings: a todo whose first ring reached nobody (ring_attempts 0: nobody was
+    # attached, or it was held) waits the first re-ring step too, from creation or from the
+    # digest that summarised it, never zero.
+    waits = [schedule[max(attempts, 1)] for attempts in range(len(schedule))]
     params = {"now": _time(now), "limit": limit, "max_rings": MAX_RING_ATTEMPTS,
-              "due_first": _time(now - min(schedule))}
+              "due_first": _time(now - min(waits))}
     branches = []
-    for attempts, interval in enumerate(schedule):
+    for attempts, interval in enumerate(waits):
         params[f"due_{attempts}"] = _time(now - interval)
-        if attempts < len(schedule) - 1:
+        if attempts < len(waits) - 1:
             branches.append(f"WHEN {{t}}.ring_attempts = {attempts} THEN %(due_{attempts})s")
-    due_case = "CASE " + " ".join(branches) + f" ELSE %(due_{len(schedule) - 1})s END"
+    due_case = "CASE " + " ".join(branches) + f" ELSE %(due_{len(waits) - 1})s END"
 
     def due(alias):
         return (f"COALESCE({alias}.last_ringed_at, {alias}.created_at) <= "

@@ -265,7 +265,7 @@ def test_reconnecting_stream_is_rung_for_the_oldest_waiting_todos_only(driver, m
 
     todos = async_to_sync(scenario)()
     attempts = dict(Todo.objects.filter(pk__in=[t.pk for t in todos]).values_list("pk", "ring_attempts"))
-    assert [attempts[t.pk] for t in todos] == [1] * 7
+    assert [attempts[t.pk] for t in todos] == [2] * 7  # the creation ring and the reconnect's
 
 
 def test_reconnect_rings_respect_the_cooldown_and_the_ring_budget(driver):

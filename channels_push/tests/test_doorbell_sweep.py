@@ -46,22 +46,89 @@ def rings_of(todo):
     return row.ring_attempts, row.last_ringed_at
 
 
-def test_backoff_is_5m_20m_1h_6h_from_the_last_ring_and_stops_after_five(endpoint):
+def test_the_ring_schedule_names_all_five_rings():
+    assert len(sweeps.RING_SCHEDULE) == session_transitions.MAX_RING_ATTEMPTS == 5
+    assert sweeps.RING_SCHEDULE[0] == timedelta(0)  # the creation ring, not the sweep's
+
+
+def test_backoff_is_5m_20m_1h_6h_after_the_creation_ring_and_stops_at_five(
+        endpoint, django_capture_on_commit_callbacks):
     attach(endpoint)
-    todo = make_ready_todo(endpoint, now=T0)
+    with django_capture_on_commit_callbacks(execute=True):  # the creation ring
+        todo = make_ready_todo(endpoint, now=T0)
+    assert rings_of(todo) == (1, None)  # counted; the backoff still counts from creation
     assert sweep(T0 + timedelta(minutes=4, seconds=59)) == 0
-    expected, at = [], T0
+    at = T0
     for interval in (timedelta(minutes=5), timedelta(minutes=20), timedelta(hours=1),
-                     timedelta(hours=6), timedelta(hours=6)):
+                     timedelta(hours=6)):
         assert sweep(at + interval - timedelta(seconds=1)) == 0  # not yet
         at = at + interval
         assert sweep(at) == 1
-        expected.append(at)
-        assert rings_of(todo) == (len(expected), at)
+        assert rings_of(todo)[1] == at
+    assert rings_of(todo) == (5, at)
     # Ring budget exhausted while connected: never again, still pending and visible.
+    assert sweep(at + timedelta(hours=6)) == 0
     assert sweep(at + timedelta(days=30)) == 0
     assert rings_of(todo) == (5, at)
     assert Todo.objects.get(pk=todo.pk).state == "pending"
+
+
+def test_a_todo_whose_creation_ring_reached_nobody_gets_five_sweep_rings(endpoint):
+    todo = make_ready_todo(endpoint, now=T0)  # nobody attached: nothing spent
+    attach(endpoint)
+    at = T0
+    for interval in (timedelta(minutes=5), timedelta(minutes=5), timedelta(minutes=20),
+                     timedelta(hours=1), timedelta(hours=6)):
+        assert sweep(at + interval - timedelta(seconds=1)) == 0
+        at = at + interval
+        assert sweep(at) == 1
+    assert rings_of(todo) == (5, at)
+    assert sweep(at + timedelta(days=30)) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_included(endpoint):
+    """Rung on creation, then by the sweep over its whole schedule and well past it: five
+    doorbells reach the session in all (SPEC-0011 "rung 5 times … not rung again"). The
+    session's channel-layer group is joined here as its stream would join it (real Redis), and
+    a control todo rung at the end shows that nothing else was on its way."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from channels_push import publish, session_notify
+
+    session = attach(endpoint, stream=True)
+    # A sweep a minute apart through the first two hours, then hourly for two days.
+    times = ([T0 + timedelta(minutes=m) for m in range(1, 121)]
+             + [T0 + timedelta(hours=h) for h in range(3, 49)])
+
+    def create_and_sweep():
+        todo = make_ready_todo(endpoint, title="nobody claims me", now=T0)
+        rung = sum(sweep(at) for at in times)
+        control = make_ready_todo(endpoint, title="control")
+        assert publish.wait_for_sends(10)
+        connection.close()
+        return todo, rung, control
+
+    async def scenario():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(session_notify.session_group(session.pk), channel)
+        todo, rung, control = await asyncio.to_thread(create_and_sweep)
+        heard = []
+        while True:
+            message = await asyncio.wait_for(layer.receive(channel), 10)
+            todo_id = message["message"]["params"]["meta"]["todo_id"]
+            if todo_id == str(control.pk):
+                return todo, rung, heard
+            heard.append(todo_id)
+
+    todo, rung, heard = async_to_sync(scenario)()
+    assert heard == [str(todo.pk)] * 5
+    assert rung == 4  # the creation ring was the first of the five
+    assert Todo.objects.get(pk=todo.pk).ring_attempts == 5
 
 
 def test_interval_counts_from_last_ringed_at_when_a_digest_marked_it(endpoint):
@@ -151,6 +218,7 @@ def test_concurrent_sweeps_share_the_work_without_double_rings():
     for endpoint in endpoints:
         attach(endpoint)
     todos = [make_ready_todo(e, now=T0 + timedelta(seconds=i)) for e in endpoints for i in range(2)]
+    created = {t.pk: rings_of(t)[0] for t in todos}  # their creation rings
     at = T0 + timedelta(hours=1)
     counts, barrier = [], threading.Barrier(6)
 
@@ -166,9 +234,9 @@ def test_concurrent_sweeps_share_the_work_without_double_rings():
         thread.start()
     for thread in threads:
         thread.join()
-    rung = [rings_of(t) for t in todos]
-    assert sum(counts) == sum(attempts for attempts, _ in rung)  # every counted ring happened once
-    assert all(attempts <= 1 for attempts, _ in rung)
+    rung = [rings_of(t)[0] - created[t.pk] for t in todos]
+    assert sum(counts) == sum(rung)  # every counted ring happened once
+    assert all(attempts <= 1 for attempts in rung)
 
 
 def test_sweep_doorbells_command_prints_rung(endpoint):
