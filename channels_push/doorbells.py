@@ -134,8 +134,17 @@ def _context(todo, endpoint_slug: str) -> dict:
 
 
 def send_doorbell(session_id: str, params: dict, context: dict) -> bool:
-    """Hand one frame to the session's stream(s), wherever they are, without waiting."""
-    return session_notify.notify_session(session_id, CHANNEL_METHOD, params, context=context)
+    """Hand one frame to the session's stream(s), wherever they are, without waiting. Its one
+    log line comes once the channel layer has taken it ("doorbell rung") or failed to
+    ("doorbell dropped", counted): a Redis that is down loses the doorbell, and it must not
+    also be reported as rung."""
+
+    def dropped(reason, error):
+        drop_doorbell(reason, {**context, "error": error} if error else context)
+
+    return session_notify.notify_session(
+        session_id, CHANNEL_METHOD, params, context=context,
+        on_sent=lambda: log.info("doorbell rung", extra=context), on_dropped=dropped)
 
 
 def drop_doorbell(reason: str, context: dict) -> None:
@@ -152,7 +161,6 @@ def _ring_session(session_id: str, has_stream: bool, params: dict, context: dict
         drop_doorbell("session has no open stream", context)
         return
     send_doorbell(session_id, params, context)
-    log.info("doorbell rung", extra=context)
 
 
 @functools.cache

@@ -34,7 +34,7 @@ DOORBELLS_SENT = Counter(
     registry=REGISTRY,
 )
 DOORBELLS_DROPPED = Counter(
-    "switchboard_doorbells_dropped", "Doorbell notifications dropped (no stream, full buffer).",
+    "switchboard_doorbells_dropped", "Doorbell notifications dropped (no stream, full buffer, channel layer down).",
     registry=REGISTRY,
 )
 INGEST_ACCEPTED = Counter(

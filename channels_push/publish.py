@@ -198,15 +198,22 @@ class _Sender:
                 ).start()
             return self._own_loop
 
-    def submit(self, make_coroutine, context: dict) -> bool:
+    def submit(self, make_coroutine, context: dict, *, on_sent=None, on_dropped=None) -> bool:
+        """Queue one send. ``on_sent()`` / ``on_dropped(reason, error)`` (both optional) are
+        told how it ended (on the sending loop; at once when it is refused here), in place of
+        the generic "publish dropped" line:
+        a caller that accounts for its own sends (the doorbell) logs and counts each exactly
+        once, and only once the outcome is known."""
         with self._lock:
-            if self._pending >= MAX_PENDING_SENDS:
-                log.warning("publish dropped: too many sends in flight", extra=context)
-                return False
-            self._pending += 1
-            self._queue.append((make_coroutine, context))
-            wake = not self._draining
-            self._draining = True
+            full = self._pending >= MAX_PENDING_SENDS
+            if not full:
+                self._pending += 1
+                self._queue.append((make_coroutine, context, on_sent, on_dropped))
+                wake = not self._draining
+                self._draining = True
+        if full:
+            _report_drop(on_dropped, "too many sends in flight", None, context)
+            return False
         if wake:
             loop = self._loop()
             loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
@@ -221,7 +228,7 @@ class _Sender:
 
         def enqueue():
             with self._lock:
-                self._queue.append((make_coroutine, context))
+                self._queue.append((make_coroutine, context, None, None))
                 wake = not self._draining
                 self._draining = True
             if wake:
@@ -237,11 +244,14 @@ class _Sender:
                     return
                 batch = list(self._queue)
                 self._queue.clear()
-            for make_coroutine, context in batch:
+            for make_coroutine, context, on_sent, on_dropped in batch:
                 try:
                     await make_coroutine()
                 except Exception as exc:
-                    log.warning("publish dropped", extra={**context, "error": type(exc).__name__})
+                    _report_drop(on_dropped, "channel layer send failed", exc, context)
+                else:
+                    if on_sent is not None:
+                        _call_safely(on_sent, context)
                 finally:
                     with self._lock:
                         self._pending -= 1
@@ -255,6 +265,26 @@ class _Sender:
 
     def has_server_loop(self) -> bool:
         return self._server_loop is not None and not self._server_loop.is_closed()
+
+
+def _call_safely(callback, context: dict, *args) -> None:
+    # A caller's bookkeeping must neither stop the drain loop nor lose the other sends.
+    try:
+        callback(*args)
+    except Exception:
+        log.exception("publish callback failed", extra=context)
+
+
+def _report_drop(on_dropped, reason: str, exc, context: dict) -> None:
+    """A send that did not leave: the caller's ``on_dropped`` accounts for it, else the one
+    generic warning line."""
+    error = type(exc).__name__ if exc is not None else None
+    if on_dropped is not None:
+        _call_safely(on_dropped, context, reason, error)
+    elif error is None:
+        log.warning(f"publish dropped: {reason}", extra=context)
+    else:
+        log.warning("publish dropped", extra={**context, "error": error})
 
 
 _sender = _Sender()
@@ -299,13 +329,18 @@ def can_reach_streams() -> bool:
     return not isinstance(layer, InMemoryChannelLayer) or _sender.has_server_loop()
 
 
-def send_to_group(group: str, message: dict, *, context: dict) -> bool:
+def send_to_group(group: str, message: dict, *, context: dict, on_sent=None,
+                  on_dropped=None) -> bool:
     """Send ``message`` to a channel-layer group, fire-and-forget. ``context`` (ids only, never
-    a secret) goes into the log line if the send is dropped."""
+    a secret) goes into the log line if the send is dropped; ``on_sent`` / ``on_dropped``: see
+    ``_Sender.submit``. False when it was dropped at once."""
     layer = get_channel_layer()
+    context = {"group": group, **context}
     if layer is None:
+        _report_drop(on_dropped, "no channel layer", None, context)
         return False
-    return _sender.submit(lambda: layer.group_send(group, message), {"group": group, **context})
+    return _sender.submit(lambda: layer.group_send(group, message), context,
+                          on_sent=on_sent, on_dropped=on_dropped)
 
 
 

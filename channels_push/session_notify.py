@@ -18,14 +18,16 @@ def session_group(session_id: str) -> str:
 
 
 def notify_session(session_id: str, method: str, params: dict | None = None, *,
-                   context: dict | None = None) -> bool:
+                   context: dict | None = None, on_sent=None, on_dropped=None) -> bool:
     """Send a JSON-RPC notification to the session's open stream(s), from any process, without
     waiting (sync callers; the doorbell). Lossy by design: no stream, no delivery; False when
     the send was dropped at once. ``context`` (ids only) rides along for the log line of a
-    stream that has to drop it; the full session id never goes into a log."""
+    stream that has to drop it; the full session id never goes into a log. ``on_sent`` /
+    ``on_dropped``: how the channel-layer send ended (``publish.send_to_group``)."""
     context = {"session": session_id[:8], "method": method, **(context or {})}
     message = mcp_framing.notification_envelope(method, params)
     return publish.send_to_group(
         session_group(session_id),
         {"type": NOTIFY_MESSAGE_TYPE, "message": message, "context": context},
-        context={**context, "group": SESSION_GROUP_PREFIX + session_id[:8] + "…"})
+        context={**context, "group": SESSION_GROUP_PREFIX + session_id[:8] + "…"},
+        on_sent=on_sent, on_dropped=on_dropped)

@@ -350,22 +350,40 @@ def test_concurrent_publishers_spread_over_the_pool(vend):
     assert min(counts.values()) >= 5, counts  # every session takes turns (fair would be 10)
 
 
-def test_publish_failure_is_logged_with_context_and_dropped(vend, settings, caplog):
+def test_a_doorbell_lost_to_an_unreachable_redis_is_counted_and_logged_once_as_dropped(
+        vend, settings, caplog):
+    """Redis is down (the channel layer points at a closed port): the doorbell is one INFO line
+    "doorbell dropped" with its context, never also "doorbell rung" or a second "publish
+    dropped" line, and the /metrics drop counter moves (the sent one does not)."""
+    from channels_push import metrics
+
     endpoint, credential = vend("redis-gone")
     session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
     session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk)
     todo = make_ready_todo(endpoint, title="still pullable")
+    assert publish.wait_for_sends(10)  # its creation ring, while Redis was still there
     settings.CHANNEL_LAYERS = {"default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}}  # nothing listens on port 1
-    caplog.set_level(logging.WARNING)
+
+    def series(name):
+        return metrics.REGISTRY.get_sample_value(name) or 0.0
+
+    dropped_before = series("switchboard_doorbells_dropped_total")
+    sent_before = series("switchboard_doorbells_sent_total")
+    caplog.clear()
+    caplog.set_level(logging.INFO)
     assert doorbells.ring_todo(todo) == session.pk
     assert publish.wait_for_sends(10)
-    dropped = [r for r in caplog.records if r.getMessage() == "publish dropped"]
-    assert dropped, [r.getMessage() for r in caplog.records]
-    assert dropped[0].endpoint == endpoint.slug and dropped[0].todo_id == str(todo.pk)
-    assert session.pk not in dropped[0].group  # the session id is an identifier, logged short
+    lines = [r for r in caplog.records if getattr(r, "todo_id", None) == str(todo.pk)]
+    assert [r.getMessage() for r in lines] == ["doorbell dropped: channel layer send failed"]
+    [dropped] = lines
+    assert dropped.levelno == logging.INFO and dropped.endpoint == endpoint.slug
+    assert dropped.error  # the exception's type, never its text
+    assert dropped.session == session.pk[:8]  # the session id is an identifier, logged short
     assert credential not in caplog.text
+    assert series("switchboard_doorbells_dropped_total") - dropped_before == 1
+    assert series("switchboard_doorbells_sent_total") == sent_before
     assert Todo.objects.get(pk=todo.pk).state == "pending"
 
 
