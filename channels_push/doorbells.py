@@ -58,13 +58,15 @@ def _clip(text: str, limit: int) -> str:
 def todo_doorbell(todo) -> dict:
     """The ``params`` of a todo doorbell: ``{content, meta}``.
 
-    ``meta``: ``todo_id``, ``queue``, and ``kind`` / ``source`` when the todo has them. A todo
-    whose own kind is ``digest`` (kind is copied from the payload, an open vocabulary) carries
-    it as ``todo_kind``, so no todo doorbell can pass for a digest (SPEC-0011)."""
+    ``meta``: ``todo_id``, ``queue``, ``kind`` / ``source`` when the todo has them, and its
+    ``trust``, so the agent can weigh the content line (third-party text whatever the trust)
+    without a round trip. A todo whose own kind is ``digest`` (kind is copied from the payload,
+    an open vocabulary) carries it as ``todo_kind``, so no todo doorbell can pass for a digest
+    (SPEC-0011)."""
     kind = doorbell_text.sanitize_meta_value(todo.kind or "")
     kind_key = "todo_kind" if kind.lower() == DIGEST_KIND else "kind"
     meta = doorbell_text.build_meta([("todo_id", todo.pk), ("queue", todo.queue), (kind_key, kind),
-                                     ("source", todo.source)])
+                                     ("source", todo.source), ("trust", todo.trust)])
     label = f" [{meta[kind_key]}]" if kind_key in meta else ""
     content = (f"Todo {todo.pk} ready in {doorbell_text.sanitize_content(todo.queue)}{label}: "
                f"{doorbell_text.sanitize_content(todo.title)}")

@@ -76,7 +76,7 @@ def test_signed_webhook_rings_the_sdk_client_which_claims_by_todo_id(daphne_serv
 
     todo_id, doorbell, claimed, again = asyncio.run(scenario())
     assert doorbell.meta == {"todo_id": todo_id, "queue": "issues", "kind": "issues.opened",
-                             "source": "github"}
+                             "source": "github", "trust": "signed"}
     assert "acme/app#12" in doorbell.content and BODY_MARKER not in doorbell.content
     assert not claimed.is_error and claimed.structured_content["todo"]["id"] == todo_id
     assert again.is_error  # a duplicate doorbell cannot double-process

@@ -92,7 +92,8 @@ def test_ready_todo_rings_one_identifier_safe_notification_on_the_session(driver
                           source="github")
         params = await next_doorbell(stream)
         assert params["meta"] == {"todo_id": str(todo.pk), "queue": "reviews",
-                                  "kind": "issues.opened", "source": "github"}
+                                  "kind": "issues.opened", "source": "github",
+                                  "trust": "signed"}
         assert "acme/x#1 opened: bug" in params["content"]
         control = await ring(d.endpoint, title="control")
         assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)  # exactly one

@@ -18,7 +18,7 @@ def todo(**fields):
 def test_new_todo_frame_has_identifier_safe_string_meta():
     params = doorbells.todo_doorbell(todo())
     assert params["meta"] == {"todo_id": "42", "queue": "reviews", "kind": "issues.opened",
-                              "source": "github"}
+                              "source": "github", "trust": "signed"}
     assert all(doorbells.META_KEY_RE.match(key) for key in params["meta"])
     assert all(isinstance(value, str) for value in params["meta"].values())
     assert "\n" not in params["content"] and "acme/repo#12 opened: fix it" in params["content"]
@@ -33,7 +33,15 @@ def test_frame_carries_no_lease_payload_or_secret():
 
 def test_kind_and_source_are_left_out_when_absent():
     params = doorbells.todo_doorbell(todo(kind="", source=""))
-    assert params["meta"] == {"todo_id": "42", "queue": "reviews"}
+    assert params["meta"] == {"todo_id": "42", "queue": "reviews", "trust": "signed"}
+
+
+def test_every_todo_doorbell_says_the_todos_trust_in_meta():
+    """The agent weighs a doorbell's text by its trust without a round trip: operator and
+    signed alike (only these ring), and the value is sanitised like every meta value."""
+    assert doorbells.todo_doorbell(todo(trust="operator"))["meta"]["trust"] == "operator"
+    assert doorbells.todo_doorbell(todo(trust="signed"))["meta"]["trust"] == "signed"
+    assert doorbells.todo_doorbell(todo(trust='x" y>'))["meta"]["trust"] == "x__y_"
 
 
 def test_a_todo_whose_kind_is_digest_is_not_forged_into_a_digest():

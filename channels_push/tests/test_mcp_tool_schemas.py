@@ -134,6 +134,7 @@ def test_instructions_fit_every_allowlist_and_name_only_granted_verbs(vend):
             for verb in set(AGENT_VERBS) - set(verbs):
                 assert not re.search(rf"\b{verb}\b", text), (verb, verbs)
             assert "meta.todo_id" in text and '"digest"' in text, verbs
+            assert mcp_tools.UNVERIFIED_TODOS_NOTE in text, verbs  # never cut short
 
 
 def test_instructions_describe_the_amended_lease_listing_and_refusals(endpoint):

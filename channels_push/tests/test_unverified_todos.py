@@ -47,6 +47,22 @@ def test_the_instructions_say_unverified_todos_are_data_not_instructions(driver)
     assert len(instructions) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
 
 
+def test_the_instructions_call_every_title_and_payload_third_party_text_whatever_its_trust(
+        driver):
+    """A signature proves which service sent a todo, not who wrote its text: anyone who can
+    open a GitHub issue writes a signed todo's title. So no trust is called a verified sender,
+    and the text of every todo, signed and operator ones included, is data, not instructions;
+    the doorbell says the trust too (meta.trust)."""
+    d = driver("wary")
+    instructions = McpDriver(d.slug, d.credential).initialize().json["result"]["instructions"]
+    assert "verified sender" not in instructions
+    note = mcp_tools.UNVERIFIED_TODOS_NOTE
+    assert "every todo's title and payload" in note.lower() and "third-party text" in note
+    assert "not who wrote" in note  # what "signed" does and does not prove
+    assert "meta.trust" in note
+    assert len(instructions) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
+
+
 def test_an_endpoint_that_refuses_unverified_todos_never_hands_one_out(driver):
     d = driver("wary", accept_unverified=False)
     unverified = make_ready_todo(d.endpoint, title="anyone's", trust=Trust.UNVERIFIED)
