@@ -3,12 +3,14 @@ and the order in which a stream's first bytes leave (headers before the digest i
 
 Real PostgreSQL sessions on real threads: what is tested here is row locking."""
 
+import json
 import random
 import threading
 import time
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connection
 from django.utils import timezone
 
@@ -108,3 +110,74 @@ def test_a_dozen_streams_opening_together_over_a_long_queue_all_get_their_digest
             thread.join()
     assert failures == []
     assert digests, "at least one stream of each round is handed the digest"
+
+
+class RowHeld:
+    """One pending todo's row locked by another connection (as a claim in progress holds it)
+    until ``release()``: a digest that marks that row waits for it, for as long as the test
+    says, without a clock."""
+
+    def __init__(self, todo_id):
+        self.todo_id = todo_id
+        self.locked, self.done = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold)
+
+    def _hold(self):
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                list(Todo.objects.select_for_update().filter(pk=self.todo_id))
+                self.locked.set()
+                self.done.wait(10)
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.locked.wait(10)
+        return self
+
+    def release(self):
+        self.done.set()
+        self.thread.join()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL row locks")
+def test_a_stream_sends_its_headers_and_retry_hint_before_its_digest_is_computed(mcp):
+    """The digest reads every pending row of the endpoint (seconds on a long queue): the
+    client must see its stream open at once, and the digest after that, never a response
+    that hangs before its headers. Here the digest waits on a row another connection holds."""
+    from channels.testing import ApplicationCommunicator
+
+    from channels_push import doorbells
+    from channels_push.tests.test_mcp_stream import app, next_body, stream_scope
+
+    mcp.initialize()
+    pending_todos(mcp.endpoint, 200, now=timezone.now())
+    held_todo = Todo.objects.filter(endpoint=mcp.endpoint, state="pending").order_by("pk").last()
+
+    async def scenario():
+        communicator = ApplicationCommunicator(app, stream_scope(mcp))
+        await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
+        with RowHeld(held_todo.pk) as held:
+            start = await communicator.receive_output(timeout=5)
+            assert start["type"] == "http.response.start" and start["status"] == 200
+            first = await next_body(communicator)
+            assert first["body"].startswith(b": ")
+            assert b"\nretry: 3000\n" in b"\n" + first["body"]
+            held.release()
+            # Then the digest, before any live event.
+            frame = b""
+            while b"data: " not in frame:
+                frame = (await next_body(communicator))["body"]
+        message = json.loads(frame.decode().split("data: ", 1)[1])
+        assert doorbells.is_digest(message["params"])
+        assert message["params"]["meta"]["pending"] == "200"
+        await communicator.send_input({"type": "http.disconnect"})
+        await communicator.wait(timeout=5)
+
+    async_to_sync(scenario)()
