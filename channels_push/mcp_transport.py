@@ -542,11 +542,20 @@ class McpEndpoint:
             # Redis down: serve keep-alives and let the reader keep trying to join.
             membership["channel"] = await group_reader.join_groups(
                 layer, [group], {"session": session_id[:8]})
+            # The headers and the retry hint at once: the digest below reads every pending
+            # row of the endpoint (seconds on a long queue), and a client (or proxy) whose
+            # stream shows nothing for that long takes it for dead.
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": _sse_headers(session_id)})
+            # Headers go out with the first body bytes, so send some at once.
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": mcp_framing.sse_comment("switchboard stream open")
+                        + mcp_framing.sse_retry(RETRY_HINT_MS)})
             # Ring THIS stream (not the session's other streams) for work that waited while
             # nobody listened. After group_add, so a todo created meanwhile is not missed by
-            # both paths (it may be counted by both: doorbells are at-least-once); before the
-            # opening comment, so a client that sees the stream open knows the reconnect
-            # summary is already behind it.
+            # both paths (it may be counted by both: doorbells are at-least-once); queued
+            # before the pump starts reading the group, so the digest is the first event the
+            # client gets and every live doorbell comes after it.
             if held.ended.is_set():
                 # Ending already (a lapsed host, above): the rings belong to the stream its
                 # client opens next. Ringing here would spend them (the digest cooldown) on
@@ -562,12 +571,6 @@ class McpEndpoint:
             for params, context in frames:
                 offer_frame(buffer, mcp_framing.notification_envelope(
                     CHANNEL_METHOD, params), context)
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": _sse_headers(session_id)})
-            # Headers go out with the first body bytes, so send some at once.
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": mcp_framing.sse_comment("switchboard stream open")
-                        + mcp_framing.sse_retry(RETRY_HINT_MS)})
             await self._pump(session_id, held, layer, group, membership, buffer, receive, send)
         finally:
             self.heartbeat.release(held)

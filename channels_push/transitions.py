@@ -603,11 +603,25 @@ def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, objec
         params["cooled"] = _time(now - cooldown)
         fresh = (f" AND EXISTS (SELECT 1 FROM todos_todo c WHERE {claimable_sql('c', endpoint, params)}"
                  " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")
-    sql = (
-        "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
-        f" SELECT t.id FROM todos_todo t WHERE {claimable_sql('t', endpoint, params)})"
-        f" AND state = 'pending'{fresh} RETURNING queue, created_at, trust"
-    )
+    if connection.vendor == "postgresql":
+        # Every digest of the endpoint marks the same rows: locked in one order (by id) before
+        # the update, or two streams opening together (whose plans visit the rows' versions in
+        # table order, which differs between two snapshots once rows have moved) each wait
+        # for a row the other holds, and PostgreSQL aborts one: its stream gets no digest.
+        sql = (
+            "WITH marked AS (SELECT t.id FROM todos_todo t"
+            f" WHERE {claimable_sql('t', endpoint, params)}{fresh}"
+            " ORDER BY t.id FOR UPDATE OF t)"
+            " UPDATE todos_todo SET last_ringed_at = %(now)s FROM marked"
+            " WHERE todos_todo.id = marked.id AND todos_todo.state = 'pending'"
+            " RETURNING todos_todo.queue, todos_todo.created_at, todos_todo.trust"
+        )
+    else:  # SQLite runs one writer at a time, and has no row locks to order
+        sql = (
+            "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
+            f" SELECT t.id FROM todos_todo t WHERE {claimable_sql('t', endpoint, params)})"
+            f" AND state = 'pending'{fresh} RETURNING queue, created_at, trust"
+        )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
