@@ -18,7 +18,8 @@ FORBIDDEN_CATEGORIES = {"Cc", "Cf", "Co", "Cs"}
 
 
 def todo(**fields):
-    base = dict(pk=42, queue="reviews", title="a title", kind="issues.opened", source="github")
+    base = dict(pk=42, queue="reviews", title="a title", kind="issues.opened", source="github",
+                trust="signed")
     return SimpleNamespace(**{**base, **fields})
 
 

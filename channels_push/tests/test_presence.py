@@ -246,7 +246,7 @@ def test_every_todo_doorbell_fails_the_consumers_digest_rule_and_every_digest_pa
     from types import SimpleNamespace
 
     for kind in ("digest", "DIGEST", "issues.opened", ""):
-        todo = SimpleNamespace(pk=1, queue="q", title="t", kind=kind, source="s")
+        todo = SimpleNamespace(pk=1, queue="q", title="t", kind=kind, source="s", trust="signed")
         assert not doorbells.is_digest(doorbells.todo_doorbell(todo))
     for reason in doorbells.DIGEST_REASONS:
         assert doorbells.is_digest(doorbells.digest_doorbell({"q": 1}, timedelta(minutes=3), reason))
