@@ -3,7 +3,8 @@
 * README.md is short enough to read in five minutes and keeps the two commands CI and a
   newcomer type (`bash scripts/run`, `bash scripts/test`).
 * Every relative link in README.md and docs/ resolves: the file, and for ``#anchor`` the heading
-  (GitHub's anchor rules), so a page can move without leaving dead links behind.
+  (GitHub's anchor rules), so a page can move without leaving dead links behind; so does every
+  ``docs/<page>.md#anchor`` the code cites.
 * docs/configuration.md lists exactly the environment variables the settings modules read
   (found by parsing them, not by importing them), each with the default the code uses.
 * docs/commands.md documents every management command of ours with exactly the options its
@@ -11,6 +12,7 @@
 """
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -96,6 +98,32 @@ def test_every_relative_link_resolves(path):
         elif anchor and resolved.suffix == ".md" and anchor not in anchors_of(resolved):
             broken.append(f"{link}: no heading #{anchor} in {resolved.relative_to(ROOT)}")
     assert not broken, f"{path.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def cited_docs() -> list[tuple[str, str]]:
+    """(file, citation) for every ``docs/<page>.md[#anchor]`` the shipped code mentions: code
+    comments cite the docs by anchor, so a renamed heading must not strand them."""
+    cited = []
+    for folder, subfolders, files in os.walk(ROOT):
+        # Not shipped code: the virtualenv, run-time state, tests, dot-folders.
+        subfolders[:] = [name for name in subfolders
+                         if name not in {"var", "tests", "node_modules"} and not name.startswith(".")]
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                for citation in re.findall(r"docs/[\w./-]+\.md(?:#[\w-]+)?", path.read_text()):
+                    cited.append((str(path.relative_to(ROOT)), citation))
+    return cited
+
+
+def test_every_docs_citation_in_the_code_resolves():
+    broken = []
+    for where, citation in cited_docs():
+        target, _, anchor = citation.partition("#")
+        page = ROOT / target
+        if not page.exists() or (anchor and anchor not in anchors_of(page)):
+            broken.append(f"{where}: {citation}")
+    assert not broken, broken
 
 
 # -- configuration ---------------------------------------------------------------------------
