@@ -383,8 +383,10 @@ def _not_verified(webhook, request, failure) -> Problem:
         per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
     if not verdict.allowed:
         return _rate_limited(verdict, settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
-    return Problem(401, "bad_signature", f"delivery not verified: {failure.reason}",
-                   outcome=Outcome.STALE_TIMESTAMP if failure.stale else None)
+    # A stale timestamp gets its own code, as in the delivery log: the sender's clock (or a
+    # replay) is the problem, not its secret.
+    code = Outcome.STALE_TIMESTAMP if failure.stale else Outcome.BAD_SIGNATURE
+    return Problem(401, code, f"delivery not verified: {failure.reason}", outcome=code)
 
 
 def _check_signed_payload(webhook, request, payload: dict, now) -> None:

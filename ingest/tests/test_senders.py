@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from ingest import queries, transitions
@@ -162,6 +162,8 @@ SIGNATURE_HEADER = {"linear": "HTTP_LINEAR_SIGNATURE", "slack": "HTTP_X_SLACK_SI
 
 def refused_once(webhook, answer, status, outcome):
     assert answer.status_code == status, answer.content
+    if status == 401:  # the sender reads the code the delivery log keeps
+        assert answer.json()["error"]["code"] == outcome
     assert Todo.objects.count() == 0 and DeliveryEvent.objects.count() == 0
     [record] = records(webhook)
     assert (record.outcome, record.status) == (outcome, status)
@@ -360,6 +362,15 @@ def test_rotate_webhook_secret_installs_the_senders_new_secret(make_webhook, cap
     webhook.refresh_from_db()
     assert (webhook.secret, webhook.previous_secret) == ("slack-regenerated-secret-0123456789",
                                                          SECRETS["slack"])
+
+
+@pytest.mark.parametrize("source", NEW_SOURCES)
+def test_rotate_webhook_secret_will_not_mint_a_secret_the_sender_cannot_use(make_webhook, source):
+    webhook = make_webhook(source)
+    with pytest.raises(CommandError, match="--secret"):
+        call_command("rotate_webhook_secret", webhook.slug)
+    webhook.refresh_from_db()
+    assert (webhook.secret, webhook.previous_secret) == (SECRETS[source], "")
 
 
 @override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=1000)

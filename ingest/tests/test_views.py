@@ -187,6 +187,7 @@ def test_stale_timestamp_is_401_and_writes_nothing(make_webhook, source):
     webhook = make_webhook(source)
     answer = deliver(webhook, {"id": "evt_1", "type": "x"}, timestamp=int(time.time()) - 301)
     assert answer.status_code == 401 and "300 s" in answer.json()["error"]["message"]
+    assert answer.json()["error"]["code"] == "stale_timestamp"
     assert nothing_written()
 
 

@@ -2,7 +2,7 @@ from datetime import timedelta
 
 from django.core.management.base import CommandError
 
-from ingest import transitions
+from ingest import sender_setup, transitions
 from ingest.models import Source, Webhook
 from switchboard.commands import JsonCommand
 
@@ -33,11 +33,19 @@ class Command(JsonCommand):
             raise CommandError(f"no webhook {slug!r}")
         if webhook.source == Source.UNSIGNED:
             raise CommandError(f"webhook {slug!r} is unsigned; it has no secret to rotate")
+        if webhook.source in sender_setup.SENDER_MINTED and not secret:
+            # A minted secret would be one the sender can never sign with.
+            raise CommandError(
+                f"{webhook.source} mints its signing secret itself: roll it at {webhook.source} "
+                f"and pass the new one: rotate_webhook_secret {slug} --secret '…'")
         try:
             secret = transitions.rotate_webhook_secret(webhook, secret=secret,
                                                        grace=timedelta(seconds=grace_seconds))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        grace = (f"the old one verifies for {grace_seconds} s more" if grace_seconds
+                 else "the old one no longer verifies")
+        where = ("installed" if webhook.source in sender_setup.SENDER_MINTED
+                 else "configure it at the sender")
         self.emit(options, {"slug": slug, "secret": secret},
-                  f"new secret for {slug}: {secret}\n"
-                  f"(configure it at the sender; the old one verifies for {grace_seconds} s more)")
+                  f"new secret for {slug}: {secret}\n({where}; {grace})")
