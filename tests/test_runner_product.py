@@ -427,3 +427,46 @@ def test_last_error_leads_with_the_agents_own_error_line(shape):
     else:
         assert message.startswith(f"{expected} | agent exited with code 1: "), message
     assert "standing instructions" not in message.split(" | ")[0]
+
+
+# -- the documentation ------------------------------------------------------------------------
+
+RUNNER_DOCS = ["README.md", "runner/README.md", "docs/agents.md", "docs/runner.md"]
+
+
+def fenced_blocks(text: str) -> list[str]:
+    return text.split("```")[1::2]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_docs_runner_names_every_flag_of_both_commands():
+    cli = load_runner_module("cli")
+    doc = (REPO_ROOT / "docs" / "runner.md").read_text()
+    for parser in (cli.worker_parser(), cli.watch_parser()):
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    assert f"`{flag}" in doc, flag
+
+
+@pytest.mark.django_db(transaction=False)
+def test_docs_runner_quotes_the_built_in_prompt_as_it_is():
+    doc = " ".join((REPO_ROOT / "docs" / "runner.md").read_text().split())
+    assert " ".join(load_runner_module().DEFAULT_PROMPT.split()) in doc
+
+
+@pytest.mark.django_db(transaction=False)
+def test_no_documented_recipe_puts_todo_text_in_an_instruction_position():
+    """A sender writes the title and the payload: no command in the docs hands them to an agent
+    (every agent recipe under the runner passes {prompt}); the printed runner line neither."""
+    from endpoints import connect_snippets
+
+    for name in RUNNER_DOCS:
+        for block in fenced_blocks((REPO_ROOT / name).read_text()):
+            assert "{title}" not in block and "{todo_json}" not in block, (name, block)
+            for line in block.replace("\\\n", " ").splitlines():
+                if "switchboard-runner" in line and any(
+                        f" {cli} " in line for cli in ("claude", "codex", "gemini")):
+                    assert "'{prompt}'" in line, (name, line)
+    line = connect_snippets.runner_line("https://switchboard.example/mcp/x")
+    assert "{title}" not in line and "{todo_json}" not in line and "'{prompt}'" in line
