@@ -402,12 +402,22 @@ FAILURE_SHAPES = {
                "An unexpected critical error occurred:[object Object]\n", [CODEX_PROMPT],
                "Error when talking to Gemini API Full report available at: "
                f"/tmp/gemini-client-error.json _ApiError: {API_ERROR}"),
+    # No marker anywhere: the first line mentioning a failure that is not the echoed prompt
+    # (which itself asks for "a one-line error").
+    "echoed prompt": ("", f"user\n{CODEX_PROMPT}\nrequest failed: connection refused\n",
+                      [CODEX_PROMPT], "request failed: connection refused"),
     # A Python agent: the traceback's last line names the exception.
     "python": ("checking the failed deploy\n",
                'Traceback (most recent call last):\n  File "agent.py", line 3, in <module>\n'
                '    raise RuntimeError("cannot reach the build server")\n'
                "RuntimeError: cannot reach the build server\n", [],
                "RuntimeError: cannot reach the build server"),
+    # An exception not named …Error: the line that ends the traceback is still the one.
+    "python-traceback": ("checking the failed deploy\n",
+                         'Traceback (most recent call last):\n  File "agent.py", line 9\n'
+                         "subprocess.TimeoutExpired: Command 'make' timed out after 60 seconds\n",
+                         [], "subprocess.TimeoutExpired: Command 'make' timed out after 60 "
+                         "seconds"),
     # git: "fatal:" beats an earlier line that merely mentions an error.
     "git": ("", "hint: the previous run reported an error in the hooks\n"
                 "fatal: could not read Username for 'https://example.com'\n", [],
