@@ -194,7 +194,8 @@ def test_a_todo_the_command_cannot_start_with_fails_after_one_attempt_with_the_r
               "all arguments over the limit":
               "agent not started: its arguments are over the system's limit (largest argument",
               "exec failure":
-              "agent not started: FileNotFoundError: "}[case]
+              f"agent not started: {command[0]} cannot be executed: the interpreter its #! line "
+              "names was not found"}[case]
     assert todo.last_error.startswith(reason), todo.last_error
     if case == "one argument over the limit":
         assert "over the system's limit of 131072 bytes per argument" in todo.last_error

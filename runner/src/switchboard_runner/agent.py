@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import unicodedata
@@ -165,6 +166,11 @@ def start_failure(error: OSError, argv: list[str]) -> str:
         return (f"agent not started: its arguments are over the system's limit (largest "
                 f"argument {largest} bytes); read the todo from stdin or {{todo_file}} instead "
                 f"of {{todo_json}}")
+    if error.errno == errno.ENOENT and shutil.which(argv[0]):
+        # The kernel's ENOENT names the script, which is there: what is missing is the
+        # interpreter its #! line names.
+        return (f"agent not started: {argv[0]} cannot be executed: the interpreter its #! "
+                f"line names was not found")[:ERROR_TAIL_CHARS]
     return f"agent not started: {type(error).__name__}: {error}"[:ERROR_TAIL_CHARS]
 
 
