@@ -123,6 +123,9 @@ class Recipe:
 
     # Model turns the CLI adds before it can call a deferred tool.
     loader_calls: tuple = ()
+    # How the line that leads last_error starts when the model API refuses (the CLI's own
+    # error line, never the echo of the prompt it was given).
+    failure_reason: str = ""
 
 
 class ClaudeCode(Recipe):
@@ -130,6 +133,8 @@ class ClaudeCode(Recipe):
         super().__init__("claude", model_standins.AnthropicStandin, "mcp__switchboard__")
         # Claude Code defers MCP tools: it names them, the model loads schemas with ToolSearch.
         self.loader_calls = ("ToolSearch",)
+        # `claude -p` rewords the API error and prints it on stdout, with no error marker.
+        self.failure_reason = "agent exited with code 1: Credit balance is too low"
 
     def configure(self, project, home, standin, mcp_url):
         (project / ".mcp.json").write_text(json.dumps(connect_snippets.mcp_json(mcp_url), indent=2))
@@ -156,6 +161,8 @@ class Codex(Recipe):
         super().__init__("codex", model_standins.OpenAIResponsesStandin, "mcp__switchboard__")
         # Codex, too, defers them behind tool_search (they come back as a namespace).
         self.loader_calls = ("tool_search",)
+        # Its ERROR: line on stderr, below the prompt and the stdin it echoes there.
+        self.failure_reason = 'ERROR: {"error": {"message": "' + model_standins.ERROR_MESSAGE
 
     def configure(self, project, home, standin, mcp_url):
         (home / ".codex").mkdir(parents=True, exist_ok=True)
@@ -185,6 +192,8 @@ class Codex(Recipe):
 class GeminiCli(Recipe):
     def __init__(self):
         super().__init__("gemini", model_standins.GeminiStandin, "mcp_switchboard_")
+        # Its own report, between stack traces (after a routing failure that mentions it).
+        self.failure_reason = "Error when talking to Gemini API"
 
     def configure(self, project, home, standin, mcp_url):
         """The project's .gemini/settings.json, and the user's trust in that folder (headless
@@ -305,9 +314,13 @@ def test_each_cli_under_the_runner_fails_the_todo_with_the_model_api_error(
     assert standin.requests, output  # the CLI did reach its (refusing) model API
     todo.refresh_from_db()
     assert todo.state == "failed", (todo.state, output)
-    # The reason names the API's refusal (Claude Code rewords it, the others quote it), in the
-    # part of last_error a person reads first.
-    assert "credit balance is too low" in todo.last_error.lower()[:600], (todo.last_error, output)
+    # last_error leads with the CLI's own error line, which names the API's refusal (Claude
+    # Code rewords it, the others quote it): the part a person reads first on the board.
+    reason = todo.last_error.split(" | ")[0]
+    print(f"\n{recipe.cli} last_error: {todo.last_error[:400]!r}")
+    assert reason.startswith(recipe.failure_reason), (todo.last_error, output)
+    assert "credit balance is too low" in reason.lower(), (todo.last_error, output)
+    assert "standing instructions" not in reason, (todo.last_error, output)  # not the prompt
 
 
 def test_claude_mcp_add_as_printed_stores_the_variable_not_the_secret_and_drains(

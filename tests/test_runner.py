@@ -49,15 +49,18 @@ class RunnerProcess:
     """``switchboard_runner.py`` as an agent machine runs it: its own process, cwd outside the
     repository and no PYTHONPATH, so an import of server code would fail."""
 
-    def __init__(self, url, credential, *flags, command):
-        env = {key: value for key, value in os.environ.items()
-               if key not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
-        env[TOKEN_ENV] = credential
+    def __init__(self, url, credential, *flags, command, program=(sys.executable, str(RUNNER)),
+                 env=None):
+        """``program``: how the runner is started (default the checkout script; an installed
+        ``switchboard-runner`` for the package); ``env``: more variables for the runner."""
+        runner_env = {key: value for key, value in os.environ.items()
+                      if key not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
+        runner_env.update(env or {})
+        runner_env[TOKEN_ENV] = credential
         self._log = tempfile.NamedTemporaryFile(prefix="runner-", suffix=".log", delete=False)
         self.process = subprocess.Popen(
-            [sys.executable, str(RUNNER), "--url", url, "--token-env", TOKEN_ENV, *flags, "--",
-             *command],
-            cwd=tempfile.gettempdir(), env=env, stdout=subprocess.PIPE,
+            [*program, "--url", url, "--token-env", TOKEN_ENV, *flags, "--", *command],
+            cwd=tempfile.gettempdir(), env=runner_env, stdout=subprocess.PIPE,
             stderr=self._log, text=True)
 
     def log_text(self) -> str:

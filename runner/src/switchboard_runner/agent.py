@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import unicodedata
@@ -39,13 +40,21 @@ _REMOVED_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs"})
 _OFF_NAME_ALPHABET = re.compile(r"[^A-Za-z0-9_.:/@#+\-]")
 NAME_MAX_CHARS = 200
 TITLE_MAX_CHARS = 200
-# A line of the agent's output that names a failure, put first in last_error: `claude -p`
-# writes its API errors to stdout, other CLIs bury theirs above a long stderr tail.
-# Python's "Traceback (most recent call last):" is not matched: the line naming the exception
-# (``ValueError: …``) below it says more.
-_ERROR_LINE = re.compile(
+# Which line of the agent's output is put first in last_error: `claude -p` writes its API
+# errors to stdout, other CLIs bury theirs under a long stderr (Codex below an echo of the
+# prompt, Gemini CLI between stack traces). Preferred: a line that starts with an error marker
+# (``ERROR:``, ``Error …``, ``fatal:``, ``panic:``, ``[error]``), or that names an exception
+# (``ValueError: …``, ``_ApiError: …`` — the last line of a Python traceback); failing that, a
+# line that merely mentions a failure.
+_ERROR_MARKER = re.compile(
+    r"^\W{0,3}(?:error|fatal|panic)\b|^[A-Za-z_][\w.]*(?:Error|Exception)\b:", re.IGNORECASE)
+_ERROR_MENTION = re.compile(
     r"(error|exception)\b|\b(fatal|failed|failure|denied|unauthori[sz]ed|forbidden|refused|"
     r"invalid|panic|cannot|unable)\b", re.IGNORECASE)
+# A line of output holding a line of what the runner gave the agent (its prompt, the todo JSON)
+# at least this long is an echo of it, not the agent's own words: Codex prints the prompt and
+# the stdin it was given, and the built-in prompt itself mentions "a one-line error".
+ECHO_MIN_CHARS = 20
 
 DEFAULT_PROMPT = """\
 You are handling switchboard todo {todo_id} (queue {queue}, kind {kind}, trust {trust}).
@@ -157,6 +166,11 @@ def start_failure(error: OSError, argv: list[str]) -> str:
         return (f"agent not started: its arguments are over the system's limit (largest "
                 f"argument {largest} bytes); read the todo from stdin or {{todo_file}} instead "
                 f"of {{todo_json}}")
+    if error.errno == errno.ENOENT and shutil.which(argv[0]):
+        # The kernel's ENOENT names the script, which is there: what is missing is the
+        # interpreter its #! line names.
+        return (f"agent not started: {argv[0]} cannot be executed: the interpreter its #! "
+                f"line names was not found")[:ERROR_TAIL_CHARS]
     return f"agent not started: {type(error).__name__}: {error}"[:ERROR_TAIL_CHARS]
 
 
@@ -169,21 +183,61 @@ def write_todo_file(directory: str, todo: dict) -> str:
     return str(path)
 
 
-def first_error_line(*texts: str) -> str | None:
-    """The first line of ``texts`` (in order) that looks like an error, folded to one line."""
-    for text in texts:
-        for line in text.splitlines():
-            if _ERROR_LINE.search(line):
-                return " ".join(line.split())[:ERROR_LINE_CHARS]
-    return None
+def _folded(line: str) -> str:
+    return " ".join(line.split())
 
 
-def failure_message(how: str, stdout: str, stderr: str) -> str:
-    """last_error for an agent that failed: the first error-looking line of its stderr, else
-    of its stdout, first; then how it ended and the end of its stderr (or stdout)."""
-    tail = " ".join((stderr or stdout).split())[-ERROR_TAIL_CHARS:]
-    message = f"{how}: {tail}" if tail else how
-    line = first_error_line(stderr, stdout)
+def echoed_lines(*inputs: str) -> set[str]:
+    """The lines of ``inputs`` (the agent's arguments, the todo JSON) an echo would repeat."""
+    return {folded for text in inputs for line in text.splitlines()
+            if len(folded := _folded(line)) >= ECHO_MIN_CHARS}
+
+
+def _is_echo(line: str, echoed: set[str]) -> bool:
+    if len(line) >= ECHO_MIN_CHARS and any(line in echo for echo in echoed):
+        return True  # a piece of an input line (a CLI that wraps what it echoes)
+    return any(echo in line for echo in echoed)  # an input line, perhaps behind a prefix
+
+
+def _candidate_lines(text: str, echoed: set[str]):
+    """``(line, marked)`` for each line of ``text`` that is not an echo: ``marked`` when it
+    starts with an error marker or is the exception line that ends a Python traceback."""
+    in_traceback = False
+    for raw in text.splitlines():
+        line = _folded(raw)
+        if not line:
+            continue
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+            continue
+        marked = bool(_ERROR_MARKER.search(line))
+        if in_traceback and not raw[:1].isspace():
+            in_traceback, marked = False, True
+        if not _is_echo(line, echoed):
+            yield line, marked
+
+
+def first_error_line(*texts: str, echoed: set[str] = frozenset()) -> str | None:
+    """The first line of ``texts`` (in order) that starts with an error marker, else the first
+    that mentions a failure; never one that echoes ``echoed``; folded to one line."""
+    lines = [candidate for text in texts for candidate in _candidate_lines(text, echoed)]
+    line = (next((line for line, marked in lines if marked), None)
+            or next((line for line, _ in lines if _ERROR_MENTION.search(line)), None))
+    return line[:ERROR_LINE_CHARS] if line else None
+
+
+def ended_with(how: str, output: str) -> str:
+    """``how`` the agent ended, then the end of ``output`` on one line."""
+    tail = _folded(output)[-ERROR_TAIL_CHARS:]
+    return f"{how}: {tail}" if tail else how
+
+
+def failure_message(how: str, stdout: str, stderr: str, echoed=()) -> str:
+    """last_error for an agent that failed: its error line first (see first_error_line; lines
+    of ``echoed``, what the runner gave it, are never taken for it); then how it ended and the
+    end of its stderr (or stdout)."""
+    message = ended_with(how, stderr or stdout)
+    line = first_error_line(stderr, stdout, echoed=echoed_lines(*echoed))
     return f"{line} | {message}" if line else message
 
 

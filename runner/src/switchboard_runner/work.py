@@ -29,7 +29,7 @@ from datetime import datetime
 
 from mcp.shared.exceptions import MCPError
 
-from .agent import (Tail, _drain, _parent_death_signal, agent_argv, agent_env,
+from .agent import (Tail, _drain, _parent_death_signal, agent_argv, agent_env, ended_with,
                     failure_message, oversized_argument, render_prompt, start_failure,
                     stop_group, write_todo_file)
 from .session import (CALL_TIMEOUT_SECONDS, INVALID_PARAMS, RECONNECT_FIRST_SECONDS,
@@ -288,7 +288,9 @@ class Runner:
         code = proc.returncode
         elapsed = round(time.monotonic() - started, 1)
         log_event("exit", todo_id=todo_id, code=code, elapsed_s=elapsed, reason=stopped_for)
-        await self.settle(todo, code, stopped_for, out.text(), err.text(), elapsed)
+        # What the agent was given, so that an echo of it is not taken for its error line.
+        echoed = (*argv[1:], json.dumps(todo, ensure_ascii=False))
+        await self.settle(todo, code, stopped_for, out.text(), err.text(), elapsed, echoed)
 
     async def _feed(self, proc, todo):
         try:
@@ -338,7 +340,7 @@ class Runner:
                 return state
         return None
 
-    async def settle(self, todo, code, stopped_for, stdout, stderr, elapsed):
+    async def settle(self, todo, code, stopped_for, stdout, stderr, elapsed, echoed=()):
         if stopped_for == "lease_lost":
             return  # not ours any more: whoever holds the todo now settles it
         tails = {"exit_code": code, "stderr_tail": stderr, "stdout_tail": stdout}
@@ -353,15 +355,15 @@ class Runner:
             # is fenced by the lease, so it is refused when the agent did settle (and lands
             # when it did not), with no window between looking and acting. An agent CLI that
             # lost its connection to switchboard still exits 0; this catches that.
-            verb, arguments = "fail", {"error": failure_message(NOT_SETTLED, stdout, ""),
-                                       "result": tails}
+            # The reason leads: whatever the agent printed, it did not do what it was run for.
+            verb, arguments = "fail", {"error": ended_with(NOT_SETTLED, stdout), "result": tails}
         elif code == 0:
             verb, arguments = "complete", {"result": {"exit_code": 0, "stdout_tail": stdout,
                                                       "elapsed_seconds": elapsed}}
         else:
             how = (f"agent killed by signal {signal.Signals(-code).name}" if code < 0
                    else f"agent exited with code {code}")
-            verb, arguments = "fail", {"error": failure_message(how, stdout, stderr),
+            verb, arguments = "fail", {"error": failure_message(how, stdout, stderr, echoed),
                                        "result": tails}
         await self._settle_call(todo, verb, arguments)
 
