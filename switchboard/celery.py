@@ -22,6 +22,10 @@ app.conf.beat_schedule = {
     # §4: failed todos whose backoff has passed go back to pending; 5 s keeps the 30 s
     # first retry within a sixth of its interval.
     "promote-due-retries": {"task": "todos.tasks.promote_due_retries", "schedule": 5.0},
+    # The board's throughput chart: settled audit events into per-minute and per-hour tallies.
+    # The board counts the unfolded events itself, so the cadence only bounds that read: 15 s
+    # keeps it to a couple of minutes of events.
+    "fold-throughput": {"task": "todos.tasks.fold_throughput", "schedule": 15.0},
     # §6: idle MCP sessions end; the idle limit is an hour, so once a minute is plenty, and
     # the same pass zeroes stream counts left by a crashed web process (45 s of silence).
     "expire-idle-mcp-sessions": {"task": "channels_push.tasks.expire_idle_sessions",

@@ -7,10 +7,12 @@ list query, and only filters whose choices need no query over the todos.
 import json
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
+from channels_push import holders
 from endpoints import queries as endpoint_queries
 
 from . import transitions
@@ -48,11 +50,24 @@ class EndpointFilter(admin.SimpleListFilter):
 
 class TodoEventInline(admin.TabularInline):
     model = TodoEvent
-    fields = ["at", "action", "from_state", "to_state", "actor", "detail"]
+    fields = ["at", "action", "from_state", "to_state", "actor_label", "detail"]
     readonly_fields = fields
     ordering = ["at", "id"]
     extra = 0
     can_delete = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._labels = {}  # todo id -> {actor: label}; an inline instance lives one request
+
+    @admin.display(description="actor")
+    def actor_label(self, event):
+        # An agent's actor is its session id, a handle of the session: shown as client and
+        # hint, like on the board. One query for the whole history, not one per event.
+        if event.todo_id not in self._labels:
+            actors = TodoEvent.objects.filter(todo_id=event.todo_id).values_list("actor", flat=True)
+            self._labels[event.todo_id] = holders.holder_labels(actors)
+        return self._labels[event.todo_id].get(event.actor, event.actor)
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -71,10 +86,20 @@ def lease_override_action(action: str, description: str, call):
     return run
 
 
+class HolderLabelChangeList(ChangeList):
+    """The change list with every row's lease holder labelled in one query for the page."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        labels = holders.holder_labels(todo.lease_owner for todo in self.result_list)
+        for todo in self.result_list:
+            todo.holder_label = labels.get(todo.lease_owner, todo.lease_owner)
+
+
 @admin.register(Todo)
 class TodoAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "endpoint", "queue", "state", "trust", "attempts",
-                    "lease_owner", "updated_at"]
+                    "lease_holder", "updated_at"]
     list_filter = ["state", "trust", EndpointFilter]
     list_select_related = ["endpoint"]
     search_fields = ["=idempotency_key", "title"]
@@ -87,10 +112,22 @@ class TodoAdmin(admin.ModelAdmin):
                "promote"]
     readonly_fields = ["endpoint", "queue", "state", "title", "kind", "source", "trust",
                        "payload_pretty", "result_pretty", "last_error", "idempotency_key",
-                       "attempts", "max_attempts", "lease_id", "lease_owner", "lease_expires_at",
+                       "attempts", "max_attempts", "lease_id", "lease_holder", "lease_expires_at",
                        "retry_at", "dead_lettered_at", "created_at", "updated_at",
                        "ring_attempts", "last_ringed_at", "delivery_event"]
     fields = readonly_fields
+
+    def get_changelist(self, request, **kwargs):
+        return HolderLabelChangeList
+
+    @admin.display(description="lease holder")
+    def lease_holder(self, obj):
+        """The holder as ``client version · hint`` (never a whole session id: it is a handle
+        of the session); the change list labels its page at once."""
+        if not obj.lease_owner:
+            return "—"
+        label = getattr(obj, "holder_label", None)
+        return label or holders.holder_labels([obj.lease_owner])[obj.lease_owner]
 
     @admin.display(description="payload (secrets as refs)")
     def payload_pretty(self, obj):

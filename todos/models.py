@@ -171,7 +171,9 @@ class TodoEvent(models.Model):
         indexes = [models.Index(fields=["todo", "at"], name="todoevent_history")]
 
     def __str__(self):
-        return f"{self.action} {self.from_state}->{self.to_state} by {self.actor}"
+        # No actor: admin prints this above each history row, and an agent's actor is its
+        # whole session id (a handle of the session; the inline shows its label instead).
+        return f"{self.action} {self.from_state}->{self.to_state}"
 
 
 class PrunedEventTally(models.Model):
@@ -195,3 +197,48 @@ class PrunedEventTally(models.Model):
 
     def __str__(self):
         return f"{self.action}->{self.to_state}: {self.count}"
+
+
+class ThroughputTally(models.Model):
+    """How many todos of an endpoint's queue were created, or entered a state, in one time
+    bucket: the board's throughput chart and its "done in 24 h" counts.
+
+    Folded from the audit trail by ``sweeps.fold_throughput`` (never written by a transition:
+    a counter row per minute would be one hot row every concurrent complete waits on). Minute
+    buckets (``span_seconds`` 60) are kept two hours, hour buckets (3600) 26 hours, so a read
+    of the chart is a few dozen rows per queue however busy the day was. ``measure`` is
+    ``created`` or the name of the state entered (``done``, ``failed``, ``cancelled`` …):
+    whatever states the lifecycle has, nothing here lists them.
+    """
+
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE,
+                                 related_name="+", db_index=False)
+    queue = models.CharField(max_length=64)
+    span_seconds = models.PositiveIntegerField()
+    bucket_start = models.DateTimeField()
+    measure = models.CharField(max_length=32)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # The fold's upsert key; it leads with the endpoint, span and time, which is also
+            # how the board reads (its endpoints, one span, the last hour or day).
+            models.UniqueConstraint(
+                fields=["endpoint", "span_seconds", "bucket_start", "queue", "measure"],
+                name="throughput_tally_key"),
+        ]
+        indexes = [
+            # sweeps.fold_throughput's prune of buckets past their keep.
+            models.Index(fields=["bucket_start"], name="throughput_prune"),
+        ]
+
+    def __str__(self):
+        return f"{self.bucket_start:%Y-%m-%d %H:%M} {self.queue} {self.measure}: {self.count}"
+
+
+class ThroughputFold(models.Model):
+    """One row: the audit-trail event id ``sweeps.fold_throughput`` has folded through. Its
+    row lock serialises overlapping folds; a read of the tallies reads it in the same
+    snapshot, then counts the events after it itself (``queries.throughput``)."""
+
+    through_event_id = models.BigIntegerField(default=0)

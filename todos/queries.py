@@ -309,3 +309,182 @@ def endpoint_queue_counts(endpoint, *, now=None) -> list[dict]:
                       done_24h=Count("id", filter=Q(state=State.DONE)))
             .order_by("queue"))
     return list(rows)
+
+
+# -- the board's glance: counts per endpoint and queue, and throughput ---------------------------
+#
+# Generic over the lifecycle: the states come from ``State`` and the edges table, so a state
+# added there shows up here (and on the board) without a change. States no edge leaves (done,
+# cancelled …) are history, counted over the last day from the throughput tallies; the others
+# are the live backlog, counted from the todos themselves.
+
+MEASURE_CREATED = "created"
+CHART_MINUTE = timedelta(minutes=1)
+CHART_HOUR = timedelta(hours=1)
+CHART_MINUTES = 60  # the per-minute chart: the last hour
+CHART_HOURS = 24  # the per-hour chart (and the "… 24 h" counts): the last day
+# Pending todos with a future ``not_before`` are scheduled: pending, not yet claimable.
+SCHEDULED_FIELD = "not_before"
+
+
+def terminal_states() -> list[str]:
+    """The states no edge leaves (a todo there is history), in ``State`` order."""
+    from .models import EDGES
+
+    leaving = {from_state for _, from_state, to_state in EDGES
+               if from_state is not None and from_state != to_state}
+    return [state for state in State.values if state not in leaving]
+
+
+def open_states() -> list[str]:
+    terminal = terminal_states()
+    return [state for state in State.values if state not in terminal]
+
+
+def has_scheduled_todos() -> bool:
+    return any(field.name == SCHEDULED_FIELD for field in Todo._meta.get_fields())
+
+
+def glance_columns() -> list[str]:
+    """The count columns of the glance, in the board's order: the live states (``failed``
+    split into ``retrying`` and ``dead``, ``pending`` into ``pending`` and ``scheduled`` when
+    todos can be scheduled), then ``<state>_24h`` for each terminal state."""
+    columns = []
+    for state in open_states():
+        if state == State.FAILED:
+            columns += ["retrying", "dead"]
+        elif state == State.PENDING and has_scheduled_todos():
+            columns += ["pending", "scheduled"]
+        else:
+            columns.append(state)
+    return columns + [f"{state}_24h" for state in terminal_states()]
+
+
+def count_open_todos(endpoint_ids, *, now) -> dict:
+    """``{(endpoint id, queue): {column: n, "oldest_pending_at": datetime or None}}`` for the
+    live states, in one grouped statement over ``todo_by_state`` (endpoint, state, queue): its
+    cost follows the backlog of these endpoints, never the done history."""
+    from django.db.models import Min
+
+    ready = Q()
+    extra = {}
+    if has_scheduled_todos():
+        scheduled = Q(**{f"{SCHEDULED_FIELD}__gt": now})
+        extra["scheduled"] = Count("id", filter=scheduled)
+        ready = ~scheduled | Q(**{f"{SCHEDULED_FIELD}__isnull": True})
+    rows = (Todo.objects.filter(endpoint_id__in=list(endpoint_ids), state__in=open_states())
+            .values("endpoint_id", "queue", "state")
+            .annotate(n=Count("id"), dead=Count("id", filter=Q(dead_lettered_at__isnull=False)),
+                      oldest=Min("created_at", filter=ready), **extra)
+            .order_by())
+    counts = {}
+    for row in rows:
+        queue = counts.setdefault((row["endpoint_id"], row["queue"]), {})
+        state, n = row["state"], row["n"]
+        if state == State.FAILED:
+            queue["dead"] = row["dead"]
+            queue["retrying"] = n - row["dead"]
+        elif state == State.PENDING:
+            queue["scheduled"] = row.get("scheduled", 0)
+            queue["pending"] = n - queue["scheduled"]
+            queue["oldest_pending_at"] = row["oldest"] if queue["pending"] else None
+        else:
+            queue[state] = n
+    return counts
+
+
+def _measure(from_state, to_state):
+    """What an event counts as in the tallies: a creation, entering a state, or nothing (a
+    heartbeat, a promote: no state change)."""
+    if from_state is None:
+        return MEASURE_CREATED
+    return to_state if from_state != to_state else None
+
+
+def count_throughput_events(*, after_id, up_to_id=None, endpoint_ids=None) -> list:
+    """``(endpoint id, queue, minute, measure, n)`` over the audit events with ids in
+    (``after_id``, ``up_to_id``]: a primary-key range, each event's todo joined by its key."""
+    from datetime import timezone as dt_timezone
+
+    from django.db.models.functions import Trunc
+
+    from .models import TodoEvent
+
+    events = TodoEvent.objects.filter(id__gt=after_id)
+    if up_to_id is not None:
+        events = events.filter(id__lte=up_to_id)
+    if endpoint_ids is not None:
+        events = events.filter(todo__endpoint_id__in=list(endpoint_ids))
+    rows = (events.values_list("todo__endpoint_id", "todo__queue",
+                               Trunc("at", "minute", tzinfo=dt_timezone.utc),
+                               "from_state", "to_state")
+            .annotate(n=Count("id")).order_by())
+    tallies = {}
+    for endpoint_id, queue, minute, from_state, to_state, n in rows:
+        measure = _measure(from_state, to_state)
+        if measure is not None and endpoint_id is not None:
+            key = (endpoint_id, queue, minute, measure)
+            tallies[key] = tallies.get(key, 0) + n
+    return [(*key, n) for key, n in tallies.items()]
+
+
+def _hour_of(moment):
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def throughput(endpoint_ids, *, now) -> dict:
+    """``{(endpoint id, queue, span seconds, bucket start, measure): n}`` for the last hour by
+    minute and the last day by hour: the folded tallies plus the events the fold has not
+    reached yet, read in one snapshot so an event is counted exactly once (a fold that commits
+    in between moves both the tallies and the fold row). Three queries."""
+    from .models import ThroughputFold, ThroughputTally
+
+    endpoint_ids = list(endpoint_ids)
+    first_minute = now.replace(second=0, microsecond=0) - (CHART_MINUTES - 1) * CHART_MINUTE
+    first_hour = _hour_of(now) - (CHART_HOURS - 1) * CHART_HOUR
+    counts = {}
+    with metrics_snapshot():
+        through = (ThroughputFold.objects.filter(pk=1)
+                   .values_list("through_event_id", flat=True).first() or 0)
+        tallies = (ThroughputTally.objects.filter(endpoint_id__in=endpoint_ids)
+                   .filter(Q(span_seconds=60, bucket_start__gte=first_minute)
+                           | Q(span_seconds=3600, bucket_start__gte=first_hour))
+                   .values_list("endpoint_id", "queue", "span_seconds", "bucket_start",
+                                "measure", "count"))
+        for endpoint_id, queue, span, start, measure, n in tallies:
+            key = (endpoint_id, queue, span, start, measure)
+            counts[key] = counts.get(key, 0) + n
+        for endpoint_id, queue, minute, measure, n in count_throughput_events(
+                after_id=through, endpoint_ids=endpoint_ids):
+            for span, start, first in ((60, minute, first_minute),
+                                       (3600, _hour_of(minute), first_hour)):
+                if start >= first:
+                    key = (endpoint_id, queue, span, start, measure)
+                    counts[key] = counts.get(key, 0) + n
+    return counts
+
+
+def board_glance(endpoint_ids, *, now=None) -> dict:
+    """What the board's header shows of these endpoints, JSON-ready, in four queries whatever
+    their number: ``{endpoint id: {"queues": {queue: {column: n, "oldest_pending_at": iso}},
+    "series": {"minute"|"hour": {measure: {bucket start (unix s): n}}}}}``. Columns as
+    ``glance_columns``; ``<state>_24h`` sums the last day's hour buckets (the current hour and
+    the 23 before it)."""
+    now = now or timezone.now()
+    endpoint_ids = list(endpoint_ids)
+    glance = {endpoint_id: {"queues": {}, "series": {"minute": {}, "hour": {}}}
+              for endpoint_id in endpoint_ids}
+    terminal = set(terminal_states())
+    for (endpoint_id, queue), counts in count_open_todos(endpoint_ids, now=now).items():
+        oldest = counts.pop("oldest_pending_at", None)
+        glance[endpoint_id]["queues"][queue] = {**counts, "oldest_pending_at": _iso(oldest)}
+    for (endpoint_id, queue, span, start, measure), n in throughput(endpoint_ids,
+                                                                     now=now).items():
+        entry = glance[endpoint_id]
+        series = entry["series"]["minute" if span == 60 else "hour"].setdefault(measure, {})
+        stamp = int(start.timestamp())
+        series[stamp] = series.get(stamp, 0) + n
+        if span == 3600 and measure in terminal:
+            counts = entry["queues"].setdefault(queue, {"oldest_pending_at": None})
+            counts[f"{measure}_24h"] = counts.get(f"{measure}_24h", 0) + n
+    return glance

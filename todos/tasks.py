@@ -13,3 +13,8 @@ def expire_lapsed_leases():
 @shared_task(name="todos.tasks.promote_due_retries")
 def promote_due_retries():
     return sweeps.promote_due_retries()
+
+
+@shared_task(name="todos.tasks.fold_throughput")
+def fold_throughput():
+    return sweeps.fold_throughput()

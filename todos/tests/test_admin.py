@@ -103,3 +103,23 @@ def test_staff_operator_sees_only_own_todos_and_endpoints_in_admin(client, make_
     assert "carols" in page and ">agent<" not in page  # the endpoint filter too
     filtered = client.get(f"/admin/todos/todo/?endpoint={carols.pk}")
     assert filtered.status_code == 200
+
+
+def test_admin_shows_agents_by_client_and_hint_never_a_whole_session_id(root_client, endpoint,
+                                                                        make_todo):
+    from channels_push import transitions as session_transitions
+    from tests.factories import credential_for
+
+    session = session_transitions.open_session(
+        endpoint=endpoint, protocol_version="2025-11-25", client_name="claude-code",
+        client_version="2.1", credential_id=credential_for(endpoint))
+    agent = transitions.Caller.agent(endpoint, session.pk)
+    held = transitions.claim_todo(agent, make_todo().pk)
+    released = transitions.claim_todo(agent, make_todo().pk)
+    transitions.release_todo(agent, released.pk)
+    label = f"claude-code 2.1 · {session.pk[:8]}"
+    listing = root_client.get("/admin/todos/todo/").content.decode()
+    assert label in listing and session.pk not in listing
+    for todo in (held, released):  # the lease holder, and the actors in the history
+        page = root_client.get(f"/admin/todos/todo/{todo.pk}/change/").content.decode()
+        assert label in page and session.pk not in page
