@@ -48,7 +48,7 @@ from django.utils.crypto import constant_time_compare
 
 from switchboard import health
 
-from . import group_reader, publish
+from . import group_reader, holders, publish
 
 log = logging.getLogger("switchboard.board_stream")
 
@@ -201,17 +201,39 @@ def render_changes(todo_ids, filters: dict, next_url: str) -> list[dict]:
     return render_rows(fetch_board_todos(todo_ids), filters, next_url)
 
 
+class RenderedBatch(dict):
+    """``{view key: [row]}``, and ``glance``: the header counts and throughput of the
+    endpoints the batch touched, each with its owner id (who may see it)."""
+
+    glance = ()
+
+
+def glance_entries(endpoints, *, now=None) -> list[dict]:
+    """The board header's entries for ``endpoints`` (``todos.queries.board_glance``, four
+    queries whatever their number), JSON-ready, each with ``owner_id`` for the hub to pick
+    from per viewer."""
+    from todos import queries
+
+    glance = queries.board_glance([endpoint.pk for endpoint in endpoints], now=now)
+    return [{"endpoint": endpoint.slug, "owner_id": endpoint.owner_id, **glance[endpoint.pk]}
+            for endpoint in endpoints]
+
+
 def render_batch(todo_ids, views: dict) -> dict:
     """A committed batch for every board view of a process: ONE query for the rows, then one
-    render per view. ``views``: ``{view key: (filters, next_url, audience)}``, where audience
-    is ``[Viewer]`` of that view's streams: a row no stream of the view may see is not
-    rendered. Returns ``{view key: [row]}``."""
+    render per view, and the header's counts of the endpoints the batch touched
+    (``glance_entries``: four queries). ``views``: ``{view key: (filters, next_url,
+    audience)}``, where audience is ``[Viewer]`` of that view's streams: a row no stream of
+    the view may see is not rendered. Returns a ``RenderedBatch``."""
     todos = fetch_board_todos(todo_ids)
-    rendered = {}
+    holders.label_todo_holders(todos)
+    rendered = RenderedBatch()
     for key, (filters, next_url, audience) in views.items():
         seen = [todo for todo in todos
                 if any(viewer.may_see(todo.endpoint.owner_id) for viewer in audience)]
         rendered[key] = render_rows(seen, filters, next_url)
+    touched = {todo.endpoint_id: todo.endpoint for todo in todos}
+    rendered.glance = glance_entries(list(touched.values())) if touched else []
     return rendered
 
 
@@ -365,6 +387,7 @@ class BoardHub:
         for stream in streams:
             try:
                 await self._send_rows(stream, rendered.get(stream.view_key, ()), batch)
+                await self._send_glance(stream, getattr(rendered, "glance", ()))
             except Exception as exc:
                 # One stream's failed send is that stream's: it ends (its browser reconnects
                 # and re-syncs) and the others still get the batch.
@@ -382,6 +405,13 @@ class BoardHub:
             event = {key: value for key, value in row.items() if key != "owner_id"}
             event["action"] = batch.get(row["todo_id"])
             await stream.send_chunk(format_event("todo", event, event_id=row["version"]))
+
+    @staticmethod
+    async def _send_glance(stream, entries):
+        mine = [{key: value for key, value in entry.items() if key != "owner_id"}
+                for entry in entries if stream.viewer.may_see(entry["owner_id"])]
+        if mine and not stream.closed:
+            await stream.send_chunk(format_event("glance", {"endpoints": mine}))
 
     async def recheck_forever(self):
         while True:

@@ -61,3 +61,12 @@ def holder_labels(actors) -> dict[str, str]:
         else:
             labels[actor] = actor
     return labels
+
+
+def label_todo_holders(todos) -> None:
+    """Set each todo's ``holder_label`` (the board's lease column): a session as ``client
+    version · hint``, anything else as the owner's hint, as before; one query for them all."""
+    labels = holder_labels(todo.lease_owner for todo in todos)
+    for todo in todos:
+        label = labels.get(todo.lease_owner)
+        todo.holder_label = label if label != todo.lease_owner else todo.lease_owner_hint

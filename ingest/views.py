@@ -26,6 +26,7 @@ from django.core.validators import slug_re
 from django.db import DatabaseError
 from django.http import Http404, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from django.middleware.csrf import CsrfViewMiddleware
@@ -38,6 +39,7 @@ from channels_push import plain_http
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries
+from todos import transitions as todo_transitions
 from todos import views as todo_views
 from todos.models import Todo
 
@@ -810,3 +812,98 @@ def delivery_detail(request, slug, record_id):
         "headers": sorted((record.headers or {}).items()),
         "trust": record.delivery_event.trust if record.delivery_event else "",
     })
+
+
+# -- the board's "new todo" form ----------------------------------------------------------------
+#
+# The same hand-over as POST /api/v1/endpoints/<slug>/todos, from a signed-in operator's form
+# (CSRF-protected like every board form): the fields are read into the API's JSON shape and
+# checked by the API's own ``_hand_over_arguments``, so a rule added there holds here too.
+# Only the fields the API knows are shown (HAND_OVER_FIELDS): (name, label, kind, hint).
+NEW_TODO_FIELDS = (
+    ("queue", "queue", "text", ""),
+    ("title", "title", "text", ""),
+    ("kind", "kind", "text", "optional, e.g. deploy"),
+    ("priority", "priority", "int", "−100 … 100, higher first"),
+    ("not_before", "not before", "text", "ISO-8601, e.g. 2026-12-03T09:00:00Z"),
+    ("delay_seconds", "delay (s)", "int", ""),
+    ("requires_approval", "requires approval", "bool", ""),
+    ("payload", "payload", "json", "a JSON object"),
+    ("secrets", "secrets", "json", 'JSON object, name → value: {"token": "…"}'),
+    ("idempotency_key", "idempotency key", "text", "optional"),
+)
+
+
+def new_todo_fields():
+    return [field for field in NEW_TODO_FIELDS if field[0] in HAND_OVER_FIELDS]
+
+
+def _new_todo_data(post) -> dict:
+    """The form as the API's JSON document; a field that does not parse is a Problem naming
+    it, before anything is written."""
+    data = {}
+    for name, label, kind, _ in new_todo_fields():
+        raw = post.get(name, "")
+        if kind == "bool":
+            if raw:
+                data[name] = True
+            continue
+        if not raw.strip():
+            continue
+        if kind == "json":
+            try:
+                data[name] = json_input.loads_strict(raw)
+            except ValueError:
+                raise Problem(400, "invalid_argument", f"{label} is not valid JSON") from None
+        elif kind == "int":
+            try:
+                data[name] = int(raw.strip())
+            except ValueError:
+                raise Problem(400, "invalid_argument", f"{label} must be a whole number") from None
+        else:
+            data[name] = raw.strip() if name != "title" else raw
+    return data
+
+
+@never_cache
+@_board_login_required
+def board_new_todo(request):
+    """GET: the form. POST: hand the chosen endpoint a todo as this operator (trust
+    ``operator``), then back to the board; a refusal re-renders the form with what was typed
+    and the API's message (400)."""
+    from endpoints import queries as endpoint_queries
+
+    endpoints = list(endpoint_queries.visible_endpoints(request.user).filter(active=True)
+                     .order_by("slug"))
+    typed = request.POST if request.method == "POST" else {}
+    context = {
+        "endpoints": endpoints, "error": None,
+        "chosen": (typed or request.GET).get("endpoint", ""),
+        # What was typed comes back on a refusal, so nothing needs typing twice.
+        "fields": [{"name": name, "label": label, "kind": kind, "hint": hint,
+                    "value": typed.get(name, "") if name != "secrets" else ""}
+                   for name, label, kind, hint in new_todo_fields()],
+    }
+    if request.method == "GET":
+        return render(request, "todos/new_todo.html", context)
+    if request.method != "POST":
+        return JsonResponse({"error": "GET or POST"}, status=405)
+    endpoint = next((e for e in endpoints if e.slug == request.POST.get("endpoint")), None)
+    try:
+        if endpoint is None:
+            raise Problem(400, "invalid_argument", "endpoint: choose one of yours")
+        arguments = _hand_over_arguments(endpoint, _new_todo_data(request.POST))
+        todo, created = transitions.hand_over_todo(endpoint=endpoint, operator=request.user,
+                                                   **arguments)
+    except Problem as problem:
+        context["error"] = f"{problem.message} ({problem.code})"
+        return render(request, "todos/new_todo.html", context, status=problem.status)
+    except todo_transitions.Refusal as refusal:
+        context["error"] = f"{refusal.message} ({refusal.code})"
+        return render(request, "todos/new_todo.html", context, status=400)
+    push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
+    if created:
+        messages.success(request, f"handed over #{todo.pk} to {endpoint.slug}/{todo.queue}")
+    else:
+        messages.info(request, f"#{todo.pk} already holds that idempotency key: nothing new")
+    return redirect(reverse("todos-board") + f"?endpoint={endpoint.slug}")

@@ -156,23 +156,87 @@ def with_board_version(todos):
     return todos.annotate(version=Subquery(latest))
 
 
-def board_todos(endpoints, *, endpoint_slug=None, queue=None, state=None, limit=BOARD_LIMIT):
-    """The newest todos of ``endpoints`` (a queryset the caller may see), filtered."""
+# The board's state tabs beyond the states themselves: the two kinds of failed todo, and
+# scheduled (pending, not yet claimable) when todos can be scheduled. Each is a state plus a
+# condition, as a query and as a test of a row already read (the stream's rows).
+def _board_sub_states() -> dict:
+    now = timezone.now
+
+    subs = {
+        "retrying": (State.FAILED, lambda: Q(dead_lettered_at__isnull=True),
+                     lambda todo: todo.dead_lettered_at is None),
+        "dead": (State.FAILED, lambda: Q(dead_lettered_at__isnull=False),
+                 lambda todo: todo.dead_lettered_at is not None),
+    }
+    if has_scheduled_todos():
+        subs["scheduled"] = (
+            State.PENDING, lambda: Q(**{f"{SCHEDULED_FIELD}__gt": now()}),
+            lambda todo: (getattr(todo, SCHEDULED_FIELD) or now()) > now())
+    return subs
+
+
+def board_state_choices() -> list[str]:
+    """What the board's ``state`` filter accepts: every state, and the sub-states."""
+    return [*State.values, *_board_sub_states()]
+
+
+def _search_q(search: str) -> Q:
+    """By id (``42`` or ``#42``), else by title or kind (case-insensitive substring)."""
+    text = search.strip()
+    number = text[1:] if text.startswith("#") else text
+    found = Q(title__icontains=text) | Q(kind__icontains=text)
+    if number.isdigit() and len(number) <= 18:
+        found |= Q(pk=int(number))
+    return found
+
+
+def _search_matches(todo, search: str) -> bool:
+    text = search.strip()
+    number = text[1:] if text.startswith("#") else text
+    if number.isdigit() and len(number) <= 18 and todo.pk == int(number):
+        return True
+    return text.lower() in (todo.title or "").lower() or text.lower() in (todo.kind or "").lower()
+
+
+def board_todos(endpoints, *, limit=BOARD_LIMIT, **filters):
+    """The newest todos of ``endpoints`` (a queryset the caller may see), filtered; ``before``
+    (a todo id) pages past the newest ``limit``: the ones older than it. A search by title or
+    kind is a substring scan (no text index): bounded by ``limit`` rows found, newest first."""
+    return list(with_board_version(filter_board_todos(endpoints, **filters)).order_by("-id")[:limit])
+
+
+def filter_board_todos(endpoints, *, endpoint_slug=None, queue=None, state=None, search=None,
+                       before=None):
+    """The todos of ``endpoints`` that the board's filters select (a queryset)."""
     todos = Todo.objects.filter(endpoint__in=endpoints).select_related("endpoint")
     if endpoint_slug:
         todos = todos.filter(endpoint__slug=endpoint_slug)
     if queue:
         todos = todos.filter(queue=queue)
     if state:
-        todos = todos.filter(state=state)
-    return list(with_board_version(todos).order_by("-id")[:limit])
+        sub = _board_sub_states().get(state)
+        todos = todos.filter(state=sub[0]).filter(sub[1]()) if sub else todos.filter(state=state)
+    if search:
+        todos = todos.filter(_search_q(search))
+    if before:
+        todos = todos.filter(pk__lt=before)
+    return todos
 
 
-def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None) -> bool:
+def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None, search=None,
+                          before=None) -> bool:
+    """``board_todos``'s filters, on a row already read (the stream's)."""
+    if state:
+        sub = _board_sub_states().get(state)
+        if sub and not (todo.state == sub[0] and sub[2](todo)):
+            return False
+        if not sub and todo.state != state:
+            return False
     return (
         (not endpoint_slug or todo.endpoint.slug == endpoint_slug)
         and (not queue or todo.queue == queue)
-        and (not state or todo.state == state)
+        and (not search or _search_matches(todo, search))
+        and (not before or todo.pk < before)
     )
 
 
@@ -181,16 +245,23 @@ class BadFilter(ValueError):
     character): the message names the filter."""
 
 
+MAX_SEARCH_CHARS = 200
+
+
 def board_filters_from(params) -> dict:
-    """The board's filters from a query mapping; an unknown state is ignored, not an error.
-    Raises BadFilter for a value with a NUL (PostgreSQL refuses it in a query)."""
+    """The board's filters from a query mapping; an unknown state or a malformed ``before`` is
+    ignored, not an error. Raises BadFilter for a value with a NUL (PostgreSQL refuses it in
+    a query)."""
     state = params.get("state") or None
+    before = (params.get("before") or "").strip()
     filters = {
         "endpoint_slug": (params.get("endpoint") or "").strip() or None,
         "queue": (params.get("queue") or "").strip() or None,
-        "state": state if state in State.values else None,
+        "state": state if state in board_state_choices() else None,
+        "search": (params.get("q") or "").strip()[:MAX_SEARCH_CHARS] or None,
+        "before": int(before) if before.isdigit() and len(before) <= 18 else None,
     }
-    for name, key in (("endpoint", "endpoint_slug"), ("queue", "queue")):
+    for name, key in (("endpoint", "endpoint_slug"), ("queue", "queue"), ("q", "search")):
         if filters[key] and "\x00" in filters[key]:
             raise BadFilter(f"the {name} filter contains a NUL character")
     return filters

@@ -11,14 +11,18 @@ import functools
 import hashlib
 import hmac
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+from urllib.parse import parse_qsl, urlencode
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpResponse, HttpResponseBadRequest
+from django.db.models import Q
+from django.http import Http404, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils import timezone
@@ -41,6 +45,7 @@ board_login_required = login_required(login_url=LOGIN_URL)
 
 BOARD_SCRIPT = Path(__file__).resolve().parent / "static" / "todos" / "board.js"
 BOARD_STYLE = BOARD_SCRIPT.with_name("board.css")
+GLANCE_SCRIPT = BOARD_SCRIPT.with_name("glance.js")
 
 
 def oidc_login_url():
@@ -77,12 +82,54 @@ def _board_context(request):
     filters = queries.board_filters_from(request.GET)  # BadFilter: see board_filter_refused
     endpoints = endpoint_queries.visible_endpoints(request.user)
     query = request.GET.urlencode()
+    todos = queries.board_todos(endpoints, **filters)
+    holders.label_todo_holders(todos)
+    older = request.GET.copy()
+    older["before"] = str(todos[-1].pk) if todos else ""
+    newest = request.GET.copy()
+    newest.pop("before", None)
     return {
         "filters": filters,
-        "todos": queries.board_todos(endpoints, **filters),
+        "todos": todos,
+        # Past the newest BOARD_LIMIT: the next page is the todos older than the last shown.
+        "older_query": older.urlencode() if len(todos) >= queries.BOARD_LIMIT else None,
+        "newest_query": newest.urlencode(),
         # Buttons return to the filtered board, also from rows fetched by /todos/rows.
         "next_url": reverse("todos-board") + (f"?{query}" if query else ""),
         "query": query,
+    }
+
+
+# The board's state tabs: (filter value, label, glance column whose sum is the tab's count).
+# Terminal states count their last day (the glance keeps no all-time totals of history).
+def state_tabs(params, current) -> list[dict]:
+    """``[{state, label, column, href, current}]``, "all" first; each link keeps the other
+    filters (not the "older" page: a new tab starts at the newest)."""
+    tabs = []
+    for column in [None, *queries.glance_columns()]:
+        state = column.removesuffix("_24h") if column else ""
+        label = (state.replace("_", " ") + (" · 24 h" if column.endswith("_24h") else "")
+                 if column else "all")
+        query = params.copy()
+        query.pop("before", None)
+        query.pop("state", None)
+        if state:
+            query["state"] = state
+        tabs.append({"state": state, "label": label, "column": column or "",
+                     "href": "?" + query.urlencode(), "current": (current or "") == state})
+    return tabs
+
+
+def glance_payload(endpoints, *, now=None) -> dict:
+    """The board header's data for ``endpoints`` (JSON-ready): the columns in order, and per
+    endpoint its queues' counts and throughput (``queries.board_glance``)."""
+    now = now or timezone.now()
+    glance = queries.board_glance([endpoint.pk for endpoint in endpoints], now=now)
+    return {
+        "now": queries._iso(now),
+        "columns": queries.glance_columns(),
+        "endpoints": [{"endpoint": endpoint.slug, **glance[endpoint.pk]}
+                      for endpoint in endpoints],
     }
 
 
@@ -111,8 +158,23 @@ def board(request):
         endpoint.presence_now = endpoint.presence_at(now)  # §8: the clock in/out buttons
         # Why it is out, when an operator override decides it (§8), and until when.
         endpoint.override_until = endpoint_transitions.override_in_force(endpoint, now)
-    context.update(endpoints=endpoints, states=State.values)
+    context.update(endpoints=endpoints, states=queries.board_state_choices(),
+                   tabs=state_tabs(request.GET, context['filters']['state']), glance=glance_payload(endpoints, now=now),
+                   bulk_actions=bulk_actions_for_board())
     return render(request, "todos/board.html", context)
+
+
+@board_login_required
+@require_GET
+@never_cache
+def board_glance(request):
+    """The header's counts and throughput as JSON: the board's re-sync after its stream
+    (re)connects, and the endpoint page's (``?endpoint=slug``)."""
+    endpoints = endpoint_queries.visible_endpoints(request.user).order_by("slug")
+    slug = (request.GET.get("endpoint") or "").strip()
+    if slug:
+        endpoints = endpoints.filter(slug=slug) if "\x00" not in slug else endpoints.none()
+    return JsonResponse(glance_payload(list(endpoints)))
 
 
 @board_login_required
@@ -128,6 +190,12 @@ def board_rows(request):
 @require_GET
 def board_script(request):
     return script_response(BOARD_SCRIPT)
+
+
+@board_login_required
+@require_GET
+def glance_script(request):
+    return script_response(GLANCE_SCRIPT)
 
 
 def script_response(path: Path) -> HttpResponse:
@@ -250,6 +318,110 @@ def todo_act(request, todo_id, action):
     if not url_has_allowed_host_and_scheme(next_url, {request.get_host()}, request.is_secure()):
         next_url = reverse("todos-detail", args=[todo.pk])
     return redirect(next_url)
+
+
+# -- bulk actions -----------------------------------------------------------------------------
+#
+# One mechanism for every action on many todos at once: a selection (the ticked rows, or every
+# todo a board filter matches, such as a queue's dead letters), a confirmation page that says
+# what will happen to how many, then one transition per todo (each guarded and with its own
+# event, so a todo that changed meanwhile is refused alone and reported, never half-done).
+# An action is a BulkAction registered in BULK_ACTIONS; the board offers each one on rows and
+# the confirmation page asks for its ``inputs`` (a reason, say).
+
+
+@dataclass(frozen=True)
+class BulkAction:
+    label: str  # the button: "retry", "cancel" …
+    done: str  # the report: "re-queued 12"
+    applies_to: Callable[[], Q]  # which todos it can act on (the selection is narrowed to them)
+    act: Callable  # act(caller, todo, post): one transition, Refusal when it does not apply
+    inputs: tuple = ()  # extra (name, label) fields the confirmation asks for
+    danger: bool = False
+
+
+BULK_ACTIONS = {
+    "retry": BulkAction(
+        label="retry", done="re-queued",
+        applies_to=lambda: Q(state=State.FAILED),
+        act=lambda caller, todo, post: transitions.requeue_todo(caller, todo.pk)),
+}
+# One confirmation acts on at most this many todos: a few seconds of transitions in one
+# request. More: confirm again (the page says how many are left).
+BULK_LIMIT = 500
+
+
+def register_bulk_action(name: str, action: BulkAction) -> None:
+    BULK_ACTIONS[name] = action
+
+
+def bulk_actions_for_board() -> list[tuple[str, str]]:
+    return [(name, action.label) for name, action in BULK_ACTIONS.items()]
+
+
+def _bulk_selection(request, params, action: BulkAction):
+    """The todos ``params`` select that ``action`` applies to, visible to the operator, oldest
+    first: ``ids`` (the ticked rows) or the board's filters (``endpoint``, ``queue``,
+    ``state`` …). Returns (queryset, the selection's own query string)."""
+    endpoints = endpoint_queries.visible_endpoints(request.user)
+    todos = Todo.objects.filter(endpoint__in=endpoints).select_related("endpoint")
+    ids = [value for value in params.getlist("ids") if value.isdigit() and len(value) <= 18]
+    if ids:
+        todos = todos.filter(pk__in=[int(value) for value in ids])
+        kept = [("ids", value) for value in ids]
+    else:
+        filters = queries.board_filters_from(params)
+        if not (filters["endpoint_slug"] or filters["state"]):
+            # A selection by filter names at least an endpoint or a state: "every todo"
+            # is never one confirmation away.
+            return Todo.objects.none(), ""
+        kept = [(key, params[key]) for key in ("endpoint", "queue", "state", "q") if params.get(key)]
+        todos = queries.filter_board_todos(endpoints, **filters)
+    return todos.filter(action.applies_to()).order_by("created_at", "id"), urlencode(kept)
+
+
+@board_login_required
+@never_cache
+@board_filter_refused
+def bulk_act(request, action):
+    """GET: what ``action`` would do to the selection, and a button to confirm it (a POST with
+    the CSRF token). POST: do it, one transition per todo, and report."""
+    bulk = BULK_ACTIONS.get(action)
+    if bulk is None:
+        raise Http404("no such bulk action")
+    params = request.POST if request.method == "POST" else request.GET
+    todos, selection = _bulk_selection(request, params, bulk)
+    if request.method == "GET":
+        chosen = list(todos[:BULK_LIMIT + 1])
+        return render(request, "todos/bulk_confirm.html", {
+            "action": action, "bulk": bulk, "todos": chosen[:BULK_LIMIT],
+            "more": len(chosen) > BULK_LIMIT, "selection": selection,
+            "params": parse_qsl(selection),
+            "next_url": _safe_next(request, params.get("next", "")),
+        })
+    if request.method != "POST":
+        return HttpResponse(status=405)
+    done, refused = [], []
+    for todo in todos[:BULK_LIMIT]:
+        caller = transitions.Caller.operator(todo.endpoint, request.user.username)
+        try:
+            bulk.act(caller, todo, request.POST)
+            done.append(todo.pk)
+        except transitions.Refusal as refusal:
+            refused.append(f"#{todo.pk}: {refusal.message} ({refusal.code})")
+    if done:
+        messages.success(request, f"{bulk.done} {len(done)}: " + " ".join(f"#{pk}" for pk in done))
+    elif not refused:
+        messages.info(request, f"{bulk.label}: nothing selected that it applies to")
+    for line in refused[:20]:
+        messages.error(request, line)
+    return redirect(_safe_next(request, request.POST.get("next", "")))
+
+
+def _safe_next(request, next_url: str) -> str:
+    if not url_has_allowed_host_and_scheme(next_url, {request.get_host()}, request.is_secure()):
+        return reverse("todos-board")
+    return next_url
 
 
 @board_login_required

@@ -587,10 +587,16 @@ def test_a_batch_renders_in_one_query_for_every_view(alice, bob, django_assert_n
     viewers = [board_stream.find_viewer(user) for user in (root, alice, bob)]
     views = {f"v{n}": ({"endpoint_slug": None, "queue": None, "state": None}, f"/todos/?v={n}",
                        viewers[n:n + 1]) for n in range(3)}
-    with django_assert_num_queries(1):
+    # the rows (owners included), then the header's counts of the six endpoints touched: open
+    # counts, then in one snapshot (BEGIN, SET TRANSACTION … COMMIT) the fold row, the tallies
+    # and the unfolded events
+    with django_assert_num_queries(8):
         rendered = board_stream.render_batch([str(t.pk) for t in todos], views)
     assert [len(rendered[f"v{n}"]) for n in range(3)] == [6, 3, 3]
     assert {row["owner_id"] for row in rendered["v1"]} == {alice.pk}
+    assert sorted(entry["endpoint"] for entry in rendered.glance) == [f"e{n}" for n in range(6)]
+    assert {entry["owner_id"] for entry in rendered.glance} == {alice.pk, bob.pk}
+    assert all(entry["queues"]["inbox"]["pending"] == 1 for entry in rendered.glance)
 
 
 def test_many_viewers_are_rechecked_in_two_queries(alice, bob, django_assert_num_queries):
@@ -609,3 +615,34 @@ def test_many_viewers_are_rechecked_in_two_queries(alice, bob, django_assert_num
         viewers = board_stream.recheck_viewers(keys)
     assert [viewers[key] is not None for key in keys] == [True, True, False, False, False]
     assert viewers[keys[0]].user_id == alice.pk
+
+
+def test_a_batch_brings_each_viewer_the_header_counts_of_the_endpoints_they_may_see(alice, bob):
+    alices = EndpointFactory(slug="alices", owner=alice)
+    bobs = EndpointFactory(slug="bobs", owner=bob)
+
+    def two_todos():
+        with transaction.atomic():
+            return create(alices, "alice's", queue="deploys"), create(bobs, "bob's")
+
+    async def scenario():
+        streams = {"alice": Stream(alice), "bob": Stream(bob)}
+        for stream in streams.values():
+            await stream.open()
+            await stream.next_event(kind="sync")
+        await sync_to_async(two_todos)()
+        seen = {}
+        for name, stream in streams.items():
+            glance = json.loads((await stream.next_event(kind="glance"))["data"])
+            seen[name] = {entry["endpoint"]: entry for entry in glance["endpoints"]}
+            await stream.close()
+        box["seen"] = seen
+
+    box = {}
+    run(scenario)
+    seen = box["seen"]
+    assert set(seen["alice"]) == {"alices"} and set(seen["bob"]) == {"bobs"}
+    alices_glance = seen["alice"]["alices"]
+    assert alices_glance["queues"]["deploys"]["pending"] == 1
+    assert "owner_id" not in alices_glance
+    assert sum(alices_glance["series"]["minute"]["created"].values()) == 1

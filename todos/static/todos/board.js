@@ -8,6 +8,11 @@
 (function () {
   "use strict";
   var table = document.getElementById("board");
+  var SB = window.Switchboard;
+  var relativeTimes = SB.relativeTimes;
+  relativeTimes(document);
+  setInterval(function () { relativeTimes(document); }, 15000);
+  var glance = SB.glance(document.getElementById("glance"));
   if (!table || !window.EventSource) return;
   var tbody = document.getElementById("rows");
   var live = document.getElementById("live");
@@ -53,6 +58,7 @@
     if (!change.html) { if (existing) existing.remove(); return; }
     var row = rowsFrom(change.html)[0];
     row.classList.add("flash");
+    relativeTimes(row);
     if (existing) existing.replaceWith(row); else insertNewestFirst(row);
     var empty = document.getElementById("empty");
     if (empty) empty.remove();
@@ -61,6 +67,7 @@
   var again = false; // a sync arrived while a fetch was in flight
 
   function resync() {
+    glance.refetch();
     // A fetch already in flight may have read its snapshot before this (newer) subscription
     // existed, so it cannot stand in for this sync: run one more fetch after it.
     if (buffered) { again = true; return; }
@@ -78,6 +85,7 @@
           return mine && versionOf(mine) > versionOf(row) ? mine : row;
         });
         tbody.replaceChildren.apply(tbody, merged);
+        relativeTimes(tbody);
       })
       .catch(function () { /* the next reconnect re-syncs */ })
       .then(function () {
@@ -93,6 +101,7 @@
   source.addEventListener("open", function () { setStatus("live", true); });
   source.addEventListener("sync", resync);
   source.addEventListener("todo", function (event) { apply(JSON.parse(event.data)); });
+  source.addEventListener("glance", function (event) { glance.merge(JSON.parse(event.data)); });
   source.addEventListener("error", function () {
     // EventSource reconnects by itself (sending Last-Event-ID); a refused stream (signed out)
     // closes for good.
