@@ -38,6 +38,8 @@ urlpatterns = [
     path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
     path("todos/endpoints/", todo_views.endpoint_list, name="todos-endpoints"),
     path("todos/endpoints/<slug:slug>/", todo_views.endpoint_page, name="todos-endpoint"),
+    path("todos/endpoints/<slug:slug>/sessions", todo_views.endpoint_sessions,
+         name="todos-endpoint-sessions"),
     path("todos/endpoints/<slug:slug>/rotate", todo_views.rotate_endpoint_credential,
          name="todos-endpoint-rotate"),
     path("todos/endpoints/<slug:slug>/clock/<str:state>", todo_views.clock_endpoint,

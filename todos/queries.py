@@ -363,23 +363,22 @@ def live_todo_holding_key(endpoint, idempotency_key) -> Todo | None:
 
 
 def endpoint_queue_counts(endpoint, *, now=None) -> list[dict]:
-    """Per queue of ``endpoint``: pending, claimed, retrying (failed, a retry to come), dead
-    (dead letters) and done in the last 24 h, in one grouped statement over the endpoint's
-    rows in those states (``todo_by_state`` leads with endpoint and state; done rows older
-    than a day are not read past the index condition)."""
+    """Per queue of ``endpoint``, the glance's counts (``glance_columns``: pending, claimed,
+    retrying, dead, done_24h …) and ``oldest_pending_seconds``: the queue-stats shape scripts
+    read. One implementation with the board's header (``board_glance``)."""
     now = now or timezone.now()
-    failed = Q(state=State.FAILED)
-    rows = (Todo.objects.filter(endpoint=endpoint)
-            .filter(Q(state__in=[State.PENDING, State.CLAIMED, State.FAILED])
-                    | Q(state=State.DONE, updated_at__gte=now - timedelta(hours=24)))
-            .values("queue")
-            .annotate(pending=Count("id", filter=Q(state=State.PENDING)),
-                      claimed=Count("id", filter=Q(state=State.CLAIMED)),
-                      retrying=Count("id", filter=failed & Q(dead_lettered_at__isnull=True)),
-                      dead=Count("id", filter=failed & Q(dead_lettered_at__isnull=False)),
-                      done_24h=Count("id", filter=Q(state=State.DONE)))
-            .order_by("queue"))
-    return list(rows)
+    queues = board_glance([endpoint.pk], now=now)[endpoint.pk]["queues"]
+    rows = []
+    for queue in sorted(queues):
+        counts = queues[queue]
+        oldest = counts.get("oldest_pending_at")
+        rows.append({
+            "queue": queue, **{column: counts.get(column, 0) for column in glance_columns()},
+            "oldest_pending_seconds": (
+                max(0, int((now - datetime.fromisoformat(oldest.replace("Z", "+00:00")))
+                           .total_seconds())) if oldest else None),
+        })
+    return rows
 
 
 # -- the board's glance: counts per endpoint and queue, and throughput ---------------------------

@@ -535,21 +535,47 @@ def endpoint_list(request):
     return render(request, "todos/endpoints.html", {"endpoints": endpoints})
 
 
+def _live_sessions(endpoint, now) -> list[dict]:
+    # Only the label leaves here: a whole session id is a handle of its session.
+    return [{"label": holders.session_label(row["client_name"], row["client_version"], row["id"]),
+             "streaming": row["streaming"], "attached": row["attached"],
+             "last_seen_at": row["last_seen_at"]}
+            for row in push_queries.live_sessions(endpoint.pk, now)]
+
+
+def endpoint_caps(endpoint) -> list[str]:
+    """The endpoint's limits on claimed work, as lines to show, when it has any (fields the
+    work-control settings add: ``max_claimed``, ``queue_limits``)."""
+    caps = []
+    max_claimed = getattr(endpoint, "max_claimed", None)
+    if max_claimed is not None:
+        caps.append(f"at most {max_claimed} claimed at once")
+    for queue, limit in sorted((getattr(endpoint, "queue_limits", None) or {}).items()):
+        caps.append(f"{queue}: at most {limit} claimed")
+    return caps
+
+
 def _endpoint_page(request, endpoint, *, new_credential=None):
     now = timezone.now()
     mcp_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{endpoint.slug}"
-    # Only the label leaves here: a whole session id is a handle of its session.
-    sessions = [{"label": holders.session_label(row["client_name"], row["client_version"],
-                                                row["id"]),
-                 "streaming": row["streaming"], "attached": row["attached"],
-                 "last_seen_at": row["last_seen_at"]}
-                for row in push_queries.live_sessions(endpoint.pk, now)]
+    sessions = _live_sessions(endpoint, now)
     credentials = [credential for credential in endpoint.credentials.order_by("-created_at")
                    if credential.expires_at is None or credential.expires_at > now]
     report = endpoint_transitions.presence_report(endpoint, now=now)
+    glance = glance_payload([endpoint], now=now)
+    columns = glance["columns"]
+    queues = glance["endpoints"][0]["queues"]
     return render(request, "todos/endpoint.html", {
         "endpoint": endpoint,
-        "counts": queries.endpoint_queue_counts(endpoint, now=now),
+        "glance": glance,
+        "caps": endpoint_caps(endpoint),
+        # Cells named by state ("done", not "done_24h"): the header says it is the last day.
+        "count_columns": [(column, column.removesuffix("_24h"),
+                           column.replace("_24h", " 24 h").replace("_", " ")) for column in columns],
+        "counts": [{"queue": queue, "cells": [(column.removesuffix("_24h"),
+                                               queues[queue].get(column, 0))
+                                              for column in columns]}
+                   for queue in sorted(queues)],
         "presence": report["presence"],
         "override_until": report["override_until"],
         "sessions": sessions,
@@ -570,6 +596,16 @@ def endpoint_page(request, slug):
     and how to connect an agent, the credential only as its hint. Another operator's endpoint
     is a 404, as on the board."""
     return _endpoint_page(request, _visible_endpoint_or_404(request.user, slug))
+
+
+@never_cache
+@board_login_required
+@require_GET
+def endpoint_sessions(request, slug):
+    """The live-sessions rows alone: the endpoint page refreshes them while it is open."""
+    endpoint = _visible_endpoint_or_404(request.user, slug)
+    return render(request, "todos/_sessions.html",
+                  {"sessions": _live_sessions(endpoint, timezone.now())})
 
 
 @never_cache

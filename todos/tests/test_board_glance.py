@@ -96,3 +96,14 @@ def test_the_glance_of_a_hundred_endpoints_costs_four_queries(operator):
     # open counts, the fold row, the tallies, the events after the fold
     assert len(queries_run) == 4, [q["sql"] for q in queries_run]
     assert sum(entry["queues"]["inbox"].get("pending", 0) for entry in glance.values()) == 99
+
+
+def test_endpoint_queue_counts_is_the_glance_in_the_stats_shape(endpoint, agent, make_todo):
+    now = timezone.now()
+    make_todo(queue="inbox", now=now - timedelta(seconds=90))
+    transitions.complete_todo(agent, transitions.claim_todo(agent, make_todo(queue="ci").pk).pk)
+    rows = queries.endpoint_queue_counts(endpoint, now=now)
+    assert [row["queue"] for row in rows] == ["ci", "inbox"]
+    assert rows[0]["done_24h"] == 1 and rows[0]["oldest_pending_seconds"] is None
+    assert rows[1]["pending"] == 1 and rows[1]["oldest_pending_seconds"] == 90
+    assert set(queries.glance_columns()) <= set(rows[1])

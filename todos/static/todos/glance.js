@@ -245,4 +245,70 @@
     setInterval(render, 30000);
     return api;
   };
+
+  // The endpoint page: its queues' counts follow the board's stream (filtered to this
+  // endpoint), and its live sessions are re-read on every change and every 15 s (a session
+  // connecting changes no todo, so no batch announces it).
+  SB.followEndpoint = function (table) {
+    var slug = table.dataset.endpoint, live = document.getElementById("live");
+    var sessionsBody = document.querySelector("#sessions tbody");
+    var dataNode = document.getElementById("glance-data");
+    var columns = dataNode ? JSON.parse(dataNode.textContent).columns : [];
+
+    function apply(snapshot) {
+      (snapshot.endpoints || []).forEach(function (entry) {
+        if (entry.endpoint !== slug) return;
+        var body = table.tBodies[0], queues = Object.keys(entry.queues || {}).sort();
+        var none = body.querySelector("tr.none");
+        if (none && queues.length) none.remove();
+        queues.forEach(function (queue) {
+          var row = body.querySelector('tr[data-queue="' + CSS.escape(queue) + '"]');
+          if (!row) {
+            row = el("tr", { "data-queue": queue });
+            var first = el("td");
+            first.appendChild(el("a", { href: table.dataset.boardUrl + "?" + new URLSearchParams({ endpoint: slug, queue: queue }) }, queue));
+            row.appendChild(first);
+            columns.forEach(function (column) { row.appendChild(el("td", { "class": "n-" + stateOf(column) }, "0")); });
+            body.appendChild(row);
+          }
+          columns.forEach(function (column) {
+            var cell = row.querySelector(".n-" + stateOf(column));
+            if (cell) cell.textContent = String(entry.queues[queue][column] || 0);
+          });
+        });
+      });
+    }
+
+    function refreshSessions() {
+      if (!sessionsBody) return;
+      fetch(table.dataset.sessionsUrl, { credentials: "same-origin", cache: "no-store" })
+        .then(function (response) { if (!response.ok) throw new Error("sessions " + response.status); return response.text(); })
+        .then(function (html) { sessionsBody.innerHTML = html; SB.relativeTimes(sessionsBody); })
+        .catch(function () { /* tried again on the next change or tick */ });
+    }
+
+    function refetch() {
+      fetch(table.dataset.glanceUrl, { credentials: "same-origin", cache: "no-store" })
+        .then(function (response) { if (!response.ok) throw new Error("glance " + response.status); return response.json(); })
+        .then(function (snapshot) { apply(snapshot); table.setAttribute("data-synced", "1"); })
+        .catch(function () { /* the next reconnect re-fetches */ });
+      refreshSessions();
+    }
+
+    SB.relativeTimes(document);
+    setInterval(refreshSessions, 15000);
+    if (!window.EventSource) return;
+    var source = new EventSource(table.dataset.eventsUrl);
+    source.addEventListener("open", function () { if (live) { live.textContent = "live"; live.classList.add("on"); } });
+    source.addEventListener("sync", refetch);
+    source.addEventListener("glance", function (event) { apply(JSON.parse(event.data)); refreshSessions(); });
+    source.addEventListener("error", function () {
+      if (live) { live.textContent = source.readyState === EventSource.CLOSED ? "offline — reload the page" : "reconnecting…"; live.classList.remove("on"); }
+    });
+  };
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var counts = document.getElementById("queue-counts");
+    if (counts && counts.dataset.eventsUrl) SB.followEndpoint(counts);
+  });
 })();
