@@ -57,6 +57,9 @@ log = logging.getLogger("switchboard.board_stream")
 # is_active (CONTRACT §12), so a logged-out or deactivated operator's stream ends by then.
 # Changes are gathered this long before one query renders them all (see todos_changed).
 FLUSH_DELAY = timedelta(milliseconds=100)
+# The header's counts (``glance`` events) of the endpoints a batch touched are read at most
+# this often per process: four queries, a second's lag at worst.
+GLANCE_INTERVAL = timedelta(seconds=1)
 # How soon the browser reconnects after a drop (the SSE ``retry`` field).
 RECONNECT_DELAY = timedelta(seconds=2)
 # Each viewer's streams also listen on a group of their own: a logout asks them to re-check at
@@ -202,10 +205,10 @@ def render_changes(todo_ids, filters: dict, next_url: str) -> list[dict]:
 
 
 class RenderedBatch(dict):
-    """``{view key: [row]}``, and ``glance``: the header counts and throughput of the
-    endpoints the batch touched, each with its owner id (who may see it)."""
+    """``{view key: [row]}``, and ``endpoints``: the endpoints the batch touched (their
+    header counts are due: ``BoardHub.queue_glance``)."""
 
-    glance = ()
+    endpoints = ()
 
 
 def glance_entries(endpoints, *, now=None) -> list[dict]:
@@ -220,11 +223,11 @@ def glance_entries(endpoints, *, now=None) -> list[dict]:
 
 
 def render_batch(todo_ids, views: dict) -> dict:
-    """A committed batch for every board view of a process: ONE query for the rows, then one
-    render per view, and the header's counts of the endpoints the batch touched
-    (``glance_entries``: four queries). ``views``: ``{view key: (filters, next_url,
-    audience)}``, where audience is ``[Viewer]`` of that view's streams: a row no stream of
-    the view may see is not rendered. Returns a ``RenderedBatch``."""
+    """A committed batch for every board view of a process: ONE query for the rows (and one
+    for their holders' client names when an agent holds one), then one render per view.
+    ``views``: ``{view key: (filters, next_url, audience)}``, where audience is ``[Viewer]``
+    of that view's streams: a row no stream of the view may see is not rendered. Returns a
+    ``RenderedBatch``."""
     todos = fetch_board_todos(todo_ids)
     holders.label_todo_holders(todos)
     rendered = RenderedBatch()
@@ -232,8 +235,7 @@ def render_batch(todo_ids, views: dict) -> dict:
         seen = [todo for todo in todos
                 if any(viewer.may_see(todo.endpoint.owner_id) for viewer in audience)]
         rendered[key] = render_rows(seen, filters, next_url)
-    touched = {todo.endpoint_id: todo.endpoint for todo in todos}
-    rendered.glance = glance_entries(list(touched.values())) if touched else []
+    rendered.endpoints = list({todo.endpoint_id: todo.endpoint for todo in todos}.values())
     return rendered
 
 
@@ -312,6 +314,10 @@ class BoardHub:
         self.flush_task = None
         self.tasks = []
         self.layer = None
+        self.glance_interval = GLANCE_INTERVAL
+        self.glance_pending = {}  # endpoint id -> endpoint, header counts due
+        self.glance_task = None
+        self.glance_sent_at = float("-inf")
 
     @property
     def joined(self) -> bool:
@@ -338,10 +344,10 @@ class BoardHub:
         if self.streams:
             return
         _hubs.pop(self.key, None)
-        for task in [*self.tasks, self.flush_task]:
+        for task in [*self.tasks, self.flush_task, self.glance_task]:
             if task is not None and not task.done():
                 task.cancel()
-        self.tasks, self.flush_task = [], None
+        self.tasks, self.flush_task, self.glance_task = [], None, None
         await group_reader.leave_groups(self.layer, [publish.BOARD_GROUP],
                                         self.membership.get("channel"))
         self.membership["channel"] = None
@@ -387,13 +393,13 @@ class BoardHub:
         for stream in streams:
             try:
                 await self._send_rows(stream, rendered.get(stream.view_key, ()), batch)
-                await self._send_glance(stream, getattr(rendered, "glance", ()))
             except Exception as exc:
                 # One stream's failed send is that stream's: it ends (its browser reconnects
                 # and re-syncs) and the others still get the batch.
                 log.warning("board stream closed after a failed send",
                             extra={"error": type(exc).__name__})
                 stream.stop.set()
+        self.queue_glance(getattr(rendered, "endpoints", ()))
 
     @staticmethod
     async def _send_rows(stream, rows, batch):
@@ -405,6 +411,42 @@ class BoardHub:
             event = {key: value for key, value in row.items() if key != "owner_id"}
             event["action"] = batch.get(row["todo_id"])
             await stream.send_chunk(format_event("todo", event, event_id=row["version"]))
+
+    def queue_glance(self, endpoints) -> None:
+        """The header counts of ``endpoints`` are due: sent at once after a quiet spell, else
+        with the next GLANCE_INTERVAL tick, for every endpoint touched meanwhile (a pool
+        draining a queue costs the header one read a second, not one per batch)."""
+        for endpoint in endpoints:
+            self.glance_pending[endpoint.pk] = endpoint
+        if self.glance_pending and self.glance_task is None:
+            self.glance_task = asyncio.ensure_future(self.send_glance_when_due())
+
+    async def send_glance_when_due(self):
+        loop = asyncio.get_running_loop()
+        wait = self.glance_sent_at + self.glance_interval.total_seconds() - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        endpoints, self.glance_pending = list(self.glance_pending.values()), {}
+        self.glance_task = None
+        self.glance_sent_at = loop.time()
+        streams = [stream for stream in self.streams if not stream.closed]
+        if not streams or not endpoints:
+            return
+        try:
+            entries = await database_sync_to_async(glance_entries)(endpoints)
+        except Exception as exc:
+            # The header only: the rows (where correctness lives) are not affected, and the
+            # next change or re-sync brings the counts again.
+            log.warning("board header counts skipped after a failed read",
+                        extra={"endpoints": len(endpoints), "error": type(exc).__name__})
+            return
+        for stream in streams:
+            try:
+                await self._send_glance(stream, entries)
+            except Exception as exc:
+                log.warning("board stream closed after a failed send",
+                            extra={"error": type(exc).__name__})
+                stream.stop.set()
 
     @staticmethod
     async def _send_glance(stream, entries):
