@@ -4,12 +4,17 @@ without a reload; at 390 px the page does not scroll sideways and every row's st
 view; dark mode applies. Screenshots land in the test's tmp dir, and in
 $CONSOLE_SCREENSHOTS_DIR too when it is set (how docs/images/ is made)."""
 
+from datetime import timedelta
+
+from django.utils import timezone
+
 from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
 from tests.factories import UserFactory
 from tests.test_board_browser import (  # noqa: F401 — live_daphne is a fixture
     WAIT_MS, deliver_github_issue, in_thread, launch_chromium, live_daphne, sync_playwright)
-from tests.test_console_browser import DARK_BACKGROUND, DESKTOP, PHONE, shoot, sign_in_to
+from tests.test_console_browser import (DARK_BACKGROUND, DESKTOP, PHONE, scrolls_sideways, shoot,
+                                         sign_in_to)
 from todos import transitions
 from todos.models import Trust
 
@@ -30,20 +35,28 @@ def seed(alice):
     endpoint_transitions.vend_endpoint(slug="reviews", owner=alice)
     agent = transitions.Caller.agent(endpoint, "X" * 43)
 
-    def make(title, queue="inbox", **kwargs):
-        todo, _ = transitions.create_todo(endpoint=endpoint, queue=queue, title=title,
-                                          actor="test", trust=kwargs.pop("trust", Trust.SIGNED),
-                                          **kwargs)
+    start = timezone.now()
+
+    def make(title, queue="inbox", minutes_ago=0, **kwargs):
+        todo, _ = transitions.create_todo(
+            endpoint=endpoint, queue=queue, title=title, actor="test",
+            trust=kwargs.pop("trust", Trust.SIGNED), now=start - timedelta(minutes=minutes_ago),
+            **kwargs)
         return todo
 
-    for title in ("acme/widgets#12 opened: Crash on start", "acme/widgets#13 opened: Docs typo",
-                  "Rotate the staging certificate"):
-        make(title, kind="github.issues")
+    # Spread over the last hour, so the chart and the oldest pending age have a shape.
+    for title, ago in (("acme/widgets#12 opened: Crash on start", 41),
+                       ("acme/widgets#13 opened: Docs typo", 23),
+                       ("Rotate the staging certificate", 7)):
+        make(title, kind="github.issues", minutes_ago=ago)
     for title in ("Deploy 1.4.2 to production", "Backfill invoices for November"):
-        transitions.claim_todo(agent, make(title, queue="deploys", kind="deploy").pk)
-    for title in ("Triage flaky test test_long_poll", "Summarise yesterday's incidents",
-                  "Bump dependencies"):
-        transitions.complete_todo(agent, transitions.claim_todo(agent, make(title).pk).pk)
+        transitions.claim_todo(agent, make(title, queue="deploys", kind="deploy",
+                                           minutes_ago=3).pk)
+    for title, ago in (("Triage flaky test test_long_poll", 52),
+                       ("Summarise yesterday's incidents", 34), ("Bump dependencies", 12)):
+        at = start - timedelta(minutes=ago)
+        todo = transitions.claim_todo(agent, make(title, minutes_ago=ago + 2).pk, now=at)
+        transitions.complete_todo(agent, todo.pk, now=at)
     retrying = transitions.claim_todo(agent, make("Sync CRM contacts", queue="deploys").pk)
     transitions.fail_todo(agent, retrying.pk, error="HTTP 502 from crm.example.com")
     endpoint.max_attempts = 1
@@ -101,6 +114,7 @@ def test_the_board_header_follows_work_live_and_fits_a_phone_and_the_dark(live_d
             page.wait_for_function("document.querySelector('#chart').dataset.totalDone === '4'")
             page.wait_for_selector(f"#todo-{todo_pk} .badge.state.state-done")
             assert page.evaluate("window.__sameDocument") is True
+            assert not scrolls_sideways(page)  # nor on a laptop
 
             # The dead letters of a queue: retry all, confirmed first.
             dead_row.get_by_role("link", name="retry all…").click()
@@ -119,7 +133,7 @@ def test_the_board_header_follows_work_live_and_fits_a_phone_and_the_dark(live_d
             phone = browser.new_page(viewport=PHONE)
             phone.set_default_timeout(WAIT_MS)
             sign_in_to(phone, live_daphne.url, "/todos/")
-            phone.wait_for_selector("#glance[data-rendered]")
+            phone.wait_for_selector("#board[data-synced]")  # the rows are re-synced once
             rows = phone.locator("#rows tr")
             assert rows.count() == 12
             for index in range(rows.count()):
@@ -131,5 +145,40 @@ def test_the_board_header_follows_work_live_and_fits_a_phone_and_the_dark(live_d
             assert phone.evaluate(
                 "document.documentElement.scrollWidth > window.innerWidth") is False
             assert blocked == []
+        finally:
+            browser.close()
+
+
+def test_the_endpoint_page_follows_its_counts_and_sessions_live(live_daphne):
+    from tests.test_console_browser import mcp_initialize
+
+    alice = UserFactory(username="alice")
+    endpoint, credential = in_thread(endpoint_transitions.vend_endpoint, slug="builds",
+                                     owner=alice)
+    in_thread(transitions.create_todo, endpoint=endpoint, queue="inbox", title="first",
+              actor="test", trust=Trust.SIGNED)
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page = browser.new_page(viewport=DESKTOP)
+            page.set_default_timeout(WAIT_MS)
+            sign_in_to(page, live_daphne.url, "/todos/endpoints/builds/")
+            page.wait_for_selector("#live.on")
+            page.wait_for_selector("#queue-counts[data-synced]")
+            page.evaluate("window.__sameDocument = true")
+            inbox = "#queue-counts tr[data-queue=inbox] .n-pending"
+            wait_for_text(page, inbox, "1")
+            session = mcp_initialize(live_daphne.url, "builds", credential, "claude-code", "2.1.3")
+            in_thread(transitions.create_todo, endpoint=endpoint, queue="inbox", title="second",
+                      actor="test", trust=Trust.SIGNED)
+            in_thread(transitions.create_todo, endpoint=endpoint, queue="deploys",
+                      title="a new queue", actor="test", trust=Trust.SIGNED)
+            wait_for_text(page, inbox, "2")
+            wait_for_text(page, "#queue-counts tr[data-queue=deploys] .n-pending", "1")
+            page.wait_for_function(
+                "text => document.querySelector('#sessions').textContent.includes(text)",
+                arg=f"claude-code 2.1.3 · {session[:8]}")
+            assert session not in page.content()
+            assert page.evaluate("window.__sameDocument") is True
         finally:
             browser.close()
