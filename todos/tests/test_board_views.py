@@ -9,15 +9,10 @@ from django.test import Client
 
 from tests.factories import EndpointFactory, UserFactory
 from todos import queries, transitions
-from todos.models import State, Todo, TodoEvent, Trust
+from todos.models import State, TodoEvent, Trust
+from todos.tests.test_views import alice_client  # noqa: F401 — a fixture
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def alice_client(client, operator):
-    client.force_login(operator)
-    return client
 
 
 @pytest.fixture
