@@ -160,8 +160,6 @@ def with_board_version(todos):
 # scheduled (pending, not yet claimable) when todos can be scheduled. Each is a state plus a
 # condition, as a query and as a test of a row already read (the stream's rows).
 def _board_sub_states() -> dict:
-    now = timezone.now
-
     subs = {
         "retrying": (State.FAILED, lambda: Q(dead_lettered_at__isnull=True),
                      lambda todo: todo.dead_lettered_at is None),
@@ -170,8 +168,8 @@ def _board_sub_states() -> dict:
     }
     if has_scheduled_todos():
         subs["scheduled"] = (
-            State.PENDING, lambda: Q(**{f"{SCHEDULED_FIELD}__gt": now()}),
-            lambda todo: (getattr(todo, SCHEDULED_FIELD) or now()) > now())
+            State.PENDING, lambda: Q(**{f"{SCHEDULED_FIELD}__isnull": False}),
+            lambda todo: getattr(todo, SCHEDULED_FIELD) is not None)
     return subs
 
 
@@ -393,7 +391,8 @@ CHART_MINUTE = timedelta(minutes=1)
 CHART_HOUR = timedelta(hours=1)
 CHART_MINUTES = 60  # the per-minute chart: the last hour
 CHART_HOURS = 24  # the per-hour chart (and the "… 24 h" counts): the last day
-# Pending todos with a future ``not_before`` are scheduled: pending, not yet claimable.
+# Pending todos with a ``not_before`` are scheduled: pending, not yet claimable (the due
+# sweep clears it when the time comes, so "claimable" is exactly ``not_before IS NULL``).
 SCHEDULED_FIELD = "not_before"
 
 
@@ -439,9 +438,8 @@ def count_open_todos(endpoint_ids, *, now) -> dict:
     ready = Q()
     extra = {}
     if has_scheduled_todos():
-        scheduled = Q(**{f"{SCHEDULED_FIELD}__gt": now})
-        extra["scheduled"] = Count("id", filter=scheduled)
-        ready = ~scheduled | Q(**{f"{SCHEDULED_FIELD}__isnull": True})
+        extra["scheduled"] = Count("id", filter=Q(**{f"{SCHEDULED_FIELD}__isnull": False}))
+        ready = Q(**{f"{SCHEDULED_FIELD}__isnull": True})
     rows = (Todo.objects.filter(endpoint_id__in=list(endpoint_ids), state__in=open_states())
             .values("endpoint_id", "queue", "state")
             .annotate(n=Count("id"), dead=Count("id", filter=Q(dead_lettered_at__isnull=False)),
