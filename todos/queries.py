@@ -14,8 +14,11 @@ LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
 
 
-def _iso(value):
+def iso_time(value):
     return value.isoformat().replace("+00:00", "Z") if value is not None else None
+
+
+_iso = iso_time
 
 
 def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
@@ -545,7 +548,7 @@ def board_glance(endpoint_ids, *, now=None) -> dict:
     terminal = set(terminal_states())
     for (endpoint_id, queue), counts in count_open_todos(endpoint_ids, now=now).items():
         oldest = counts.pop("oldest_pending_at", None)
-        glance[endpoint_id]["queues"][queue] = {**counts, "oldest_pending_at": _iso(oldest)}
+        glance[endpoint_id]["queues"][queue] = {**counts, "oldest_pending_at": iso_time(oldest)}
     for (endpoint_id, queue, span, start, measure), n in throughput(endpoint_ids,
                                                                      now=now).items():
         entry = glance[endpoint_id]

@@ -126,7 +126,7 @@ def glance_payload(endpoints, *, now=None) -> dict:
     now = now or timezone.now()
     glance = queries.board_glance([endpoint.pk for endpoint in endpoints], now=now)
     return {
-        "now": queries._iso(now),
+        "now": queries.iso_time(now),
         "columns": queries.glance_columns(),
         "endpoints": [{"endpoint": endpoint.slug, **glance[endpoint.pk]}
                       for endpoint in endpoints],

@@ -43,7 +43,7 @@ def test_the_glance_counts_every_state_per_queue_and_the_oldest_pending(endpoint
     glance = queries.board_glance([endpoint.pk])[endpoint.pk]
     inbox, deploys = glance["queues"]["inbox"], glance["queues"]["deploys"]
     assert (inbox["pending"], inbox["claimed"]) == (2, 1)
-    assert inbox["oldest_pending_at"] == queries._iso(oldest.created_at)
+    assert inbox["oldest_pending_at"] == queries.iso_time(oldest.created_at)
     assert (deploys["retrying"], deploys["dead"], deploys["done_24h"]) == (1, 1, 1)
     assert deploys["oldest_pending_at"] is None
     minute = glance["series"]["minute"]
