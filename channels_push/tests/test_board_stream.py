@@ -647,3 +647,32 @@ def test_a_batch_brings_each_viewer_the_header_counts_of_the_endpoints_they_may_
     assert alices_glance["queues"]["deploys"]["pending"] == 1
     assert "owner_id" not in alices_glance
     assert sum(alices_glance["series"]["minute"]["created"].values()) == 1
+
+
+def test_the_header_is_read_once_per_interval_however_many_batches(alice, monkeypatch):
+    """A pool draining a queue commits batch after batch: the rows go out with every batch,
+    the header's counts (four queries) at most once per GLANCE_INTERVAL."""
+    endpoint = EndpointFactory(slug="alices", owner=alice)
+    monkeypatch.setattr(board_stream, "GLANCE_INTERVAL", timedelta(minutes=10))
+    reads = []
+    entries = board_stream.glance_entries
+    monkeypatch.setattr(board_stream, "glance_entries",
+                        lambda endpoints: reads.append(len(endpoints)) or entries(endpoints))
+
+    async def scenario():
+        stream = Stream(alice)
+        await stream.open()
+        await stream.next_event(kind="sync")
+        seen = []
+        for n in range(3):  # three commits, three batches
+            await sync_to_async(create)(endpoint, f"t{n}")
+            while not seen or seen[-1].get("event") != "todo":
+                seen.append(await stream.next_event())
+        while [event.get("event") for event in seen].count("glance") < 1:
+            seen.append(await stream.next_event())
+        (glance,) = [json.loads(event["data"]) for event in seen if event.get("event") == "glance"]
+        assert glance["endpoints"][0]["queues"]["inbox"]["pending"] >= 1
+        await stream.close()
+
+    run(scenario)
+    assert reads == [1]  # the first batch's; the next two wait for the interval
