@@ -199,7 +199,8 @@ def test_a_todo_the_command_cannot_start_with_fails_after_one_attempt_with_the_r
     assert todo.last_error.startswith(reason), todo.last_error
     if case == "one argument over the limit":
         assert "over the system's limit of 131072 bytes per argument" in todo.last_error
-    assert "read the todo from stdin or {todo_file}" in todo.last_error or case == "exec failure"
+    assert ("read the todo from stdin (or the file the prompt's {todo_file} names) instead of "
+            "{todo_json}" in todo.last_error or case == "exec failure")
     print(f"\n{case}: last_error = {todo.last_error!r}")
 
 
@@ -481,3 +482,32 @@ def test_no_documented_recipe_puts_todo_text_in_an_instruction_position():
                     assert "'{prompt}'" in line, (name, line)
     line = connect_snippets.runner_line("https://switchboard.example/mcp/x")
     assert "{title}" not in line and "{todo_json}" not in line and "'{prompt}'" in line
+
+
+def test_a_killed_runners_private_todo_directory_is_removed_by_the_next_runner(tmp_path):
+    """SIGKILL runs no cleanup, so the todo JSON a killed runner was working on stays on disk
+    until a runner starts again and sweeps the directories of runners that are gone."""
+    sys.path.insert(0, str(REPO_ROOT / "runner" / "src"))
+    from switchboard_runner import work
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{work.TODO_DIR_PREFIX}{dead.pid}-abc"
+    stale.mkdir()
+    (stale / "todo-1.json").write_text("{}")
+    live = tmp_path / f"{work.todo_dir_prefix()}def"
+    live.mkdir()
+    unrelated = tmp_path / f"{work.TODO_DIR_PREFIX}notapid"
+    unrelated.mkdir()
+    assert work.sweep_stale_todo_dirs(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and unrelated.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_credential_is_named_not_hidden_in_a_task_group(setup, runners):
+    """A wrong credential is a 401 the operator can act on; the SDK raises it from inside a
+    task group, whose own message says nothing."""
+    _, _, url = setup
+    runner = runners(url, "sbk_not-the-credential", command=["true"])
+    runner.wait_log("Unauthorized: a valid bearer credential for this endpoint is required")
+    assert "TaskGroup" not in runner.log_text()

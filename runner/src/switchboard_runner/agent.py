@@ -164,8 +164,8 @@ def start_failure(error: OSError, argv: list[str]) -> str:
     if error.errno == errno.E2BIG:
         largest = max(len(arg.encode("utf-8", "surrogateescape")) for arg in argv)
         return (f"agent not started: its arguments are over the system's limit (largest "
-                f"argument {largest} bytes); read the todo from stdin or {{todo_file}} instead "
-                f"of {{todo_json}}")
+                f"argument {largest} bytes); read the todo from stdin (or the file the prompt's "
+                f"{{todo_file}} names) instead of {{todo_json}}")
     if error.errno == errno.ENOENT and shutil.which(argv[0]):
         # The kernel's ENOENT names the script, which is there: what is missing is the
         # interpreter its #! line names.

@@ -217,8 +217,26 @@ class Switchboard:
 
 
 def _describe(error: BaseException) -> str:
+    # The SDK reports transport faults from inside task groups: name the fault itself, not
+    # "unhandled errors in a TaskGroup".
+    # (ExceptionGroup is 3.11+; the runner still runs on 3.10, where the SDK backports it.)
+    while getattr(error, "exceptions", None):
+        error = error.exceptions[0]
+    response = getattr(error, "response", None)
+    status = getattr(response, "status_code", None)
+    if status in AUTH_HINTS:
+        return f"HTTP {status}: {AUTH_HINTS[status]}"
     text = str(error) or type(error).__name__
     return f"{type(error).__name__}: {text}"[:200]
+
+
+# What an operator should check when the server turns the runner away.
+AUTH_HINTS = {
+    401: "the server refused the credential (check the variable --token-env names; the "
+         "endpoint's credential may have been rotated)",
+    403: "the credential may not use this endpoint (check --url)",
+    404: "no such endpoint at this URL (check --url)",
+}
 
 
 async def wait_first(*awaitables, timeout=None):

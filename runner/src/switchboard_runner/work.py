@@ -20,7 +20,9 @@ the agent command for each, heartbeat its lease, settle the todo when the agent 
 
 import asyncio
 import json
+import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -37,6 +39,49 @@ from .session import (CALL_TIMEOUT_SECONDS, INVALID_PARAMS, RECONNECT_FIRST_SECO
                       log_event, wait_first)
 
 MAX_WAIT = 60  # claim_next's wait_seconds upper bound
+# Each todo's private directory names the runner's pid, so a later runner can tell the ones a
+# killed runner left behind (SIGKILL runs no cleanup) from those of a runner still at work.
+TODO_DIR_PREFIX = "switchboard-todo-"
+
+
+def todo_dir_prefix() -> str:
+    return f"{TODO_DIR_PREFIX}{os.getpid()}-"
+
+
+def sweep_stale_todo_dirs(root: str | None = None) -> list[str]:
+    """Remove the private todo directories of runners that are gone (this user's only): a
+    killed runner leaves the todo JSON it was working on behind."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(TODO_DIR_PREFIX):
+            continue
+        pid_text = name[len(TODO_DIR_PREFIX):].split("-", 1)[0]
+        path = os.path.join(root, name)
+        try:
+            if not pid_text.isdigit() or os.lstat(path).st_uid != os.getuid():
+                continue
+            if _alive(int(pid_text)):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 # Beyond the long poll itself, time for the server's answer to arrive.
 LONG_POLL_SLACK_SECONDS = 30.0
 # complete/fail are retried this long through a broken connection; past it the lease lapses
@@ -229,7 +274,7 @@ class Runner:
     # -- one todo
 
     async def run_todo(self, todo: dict):
-        with tempfile.TemporaryDirectory(prefix="switchboard-todo-") as directory:
+        with tempfile.TemporaryDirectory(prefix=todo_dir_prefix()) as directory:
             await self._run_todo(todo, write_todo_file(directory, todo))
 
     async def _run_todo(self, todo: dict, todo_file: str):
@@ -249,7 +294,8 @@ class Runner:
             except OSError as error:
                 reason = start_failure(error, argv)
         else:
-            reason = f"agent not started: {reason}; read the todo from stdin or {{todo_file}}"
+            reason = (f"agent not started: {reason}; read the todo from stdin (or the file the "
+                      f"prompt's {{todo_file}} names) instead of {{todo_json}}")
         if proc is None:
             # Failed, not released: a release would hand the same todo straight back to this
             # runner (or another), which fails the same way, in a loop that stalls the queue.
@@ -402,6 +448,8 @@ class Runner:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal, sig.name)
+        for path in sweep_stale_todo_dirs():
+            log_event("removed_stale_todo_dir", path=path)
         self.sb.start()
         try:
             if self.args.once and not await self.sb.wait_connected(CALL_TIMEOUT_SECONDS):
