@@ -100,6 +100,22 @@ def signed_delivery(number: int) -> tuple[bytes, dict]:
                   "X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4())}
 
 
+async def wait_for_stream(client, listener, http, base_url, hook_slug):
+    """Until the SDK client's notification stream is open: it is once a doorbell arrives, so
+    ring until one does (bounded)."""
+    await client.call_tool("list_todos", {"limit": 1})  # the SDK opens its GET stream
+    deadline = time.monotonic() + 30
+    while True:
+        body, headers = signed_delivery(0)
+        await http.post(f"{base_url}/hooks/{hook_slug}", content=body, headers=headers)
+        try:
+            await listener.next(timeout=1)
+            return
+        except asyncio.TimeoutError:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no doorbell ever arrived") from None
+
+
 async def measure(base_url, slug, credential, hook_slug, deliveries, warmup):
     import httpx
 
@@ -109,18 +125,7 @@ async def measure(base_url, slug, credential, hook_slug, deliveries, warmup):
     totals, posts = [], []
     async with sdk_client(base_url, slug, credential, listener=listener) as client, \
             httpx.AsyncClient(timeout=30) as http:
-        await client.call_tool("list_todos", {"limit": 1})  # the SDK opens its GET stream
-        # The stream is open once a doorbell arrives; ring until one does (bounded).
-        deadline = time.monotonic() + 30
-        while True:
-            body, headers = signed_delivery(0)
-            await http.post(f"{base_url}/hooks/{hook_slug}", content=body, headers=headers)
-            try:
-                await listener.next(timeout=1)
-                break
-            except asyncio.TimeoutError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no doorbell ever arrived") from None
+        await wait_for_stream(client, listener, http, base_url, hook_slug)
         while not listener.received.empty():
             listener.received.get_nowait()
         for number in range(1, warmup + deliveries + 1):
@@ -224,33 +229,15 @@ async def measure_many_waiters(base_url, slug, credential, hook_slug, waiters, d
 
 def hand_over_at_once(slug: str, count: int) -> list[str]:
     """``count`` operator hand-overs to ``slug``, committed at once from ``count`` threads (each
-    rings after its commit). Returns their todo ids."""
-    import threading
-
-    from django.db import connection
-
+    rings after its commit). Returns their todo ids once their doorbells left."""
     from channels_push import publish
-    from channels_push.tests.conftest import make_ready_todo
+    from channels_push.tests.conftest import make_ready_todos_at_once
     from endpoints.models import Endpoint
 
-    endpoint = Endpoint.objects.get(slug=slug)
-    barrier, made = threading.Barrier(count), []
-
-    def hand_over(number):
-        try:
-            barrier.wait()
-            made.append(str(make_ready_todo(endpoint, "issues", f"burst {number}",
-                                            trust="operator").pk))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=hand_over, args=(n,)) for n in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    made = make_ready_todos_at_once(Endpoint.objects.get(slug=slug), count, "issues",
+                                    trust="operator")
     publish.wait_for_sends(30)
-    return made
+    return [str(todo.pk) for todo in made]
 
 
 async def measure_burst(base_url, slug, credential, hook_slug, deliveries):
@@ -265,18 +252,7 @@ async def measure_burst(base_url, slug, credential, hook_slug, deliveries):
     listener = ChannelListener()
     async with sdk_client(base_url, slug, credential, listener=listener) as client, \
             httpx.AsyncClient(timeout=60) as http:
-        await client.call_tool("list_todos", {"limit": 1})  # the SDK opens its GET stream
-        # The stream is open once a doorbell arrives; ring until one does (bounded).
-        deadline = time.monotonic() + 30
-        while True:
-            body, headers = signed_delivery(0)
-            await http.post(f"{base_url}/hooks/{hook_slug}", content=body, headers=headers)
-            try:
-                await listener.next(timeout=1)
-                break
-            except asyncio.TimeoutError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no doorbell ever arrived") from None
+        await wait_for_stream(client, listener, http, base_url, hook_slug)
         # Claim the warm-up todo(s) so nothing else waits, then attach the streamless session.
         while (await client.call_tool("claim_next", {})).structured_content.get("todo"):
             pass
