@@ -27,6 +27,14 @@ wait, and the webhook POST → claim latency (the target's clock; 202 → claim 
 measured with all N parked (each claimed waiter polls again at once). Targets: ≤ 2
 connections, POST → claim p99 < 150 ms.
 
+The burst (``--burst N``, postgres+redis): one SDK client streams while a second session of the
+same endpoint is attached without a stream (a raw-HTTP initialize), and N operator hand-overs
+are committed at once from N threads of this process (publishers racing for the endpoint's
+sessions, as several web processes and workers do; one daphne rings its own deliveries one
+after another). The line is the share of their doorbells that reached the stream (target
+100 %: the streamless session is rung only when no session streams, and its doorbell is
+dropped).
+
 A benchmark, not a test: nothing here asserts a speed, and a shared machine makes the tail noisy.
 """
 
@@ -92,6 +100,22 @@ def signed_delivery(number: int) -> tuple[bytes, dict]:
                   "X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4())}
 
 
+async def wait_for_stream(client, listener, http, base_url, hook_slug):
+    """Until the SDK client's notification stream is open: it is once a doorbell arrives, so
+    ring until one does (bounded)."""
+    await client.call_tool("list_todos", {"limit": 1})  # the SDK opens its GET stream
+    deadline = time.monotonic() + 30
+    while True:
+        body, headers = signed_delivery(0)
+        await http.post(f"{base_url}/hooks/{hook_slug}", content=body, headers=headers)
+        try:
+            await listener.next(timeout=1)
+            return
+        except asyncio.TimeoutError:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no doorbell ever arrived") from None
+
+
 async def measure(base_url, slug, credential, hook_slug, deliveries, warmup):
     import httpx
 
@@ -101,18 +125,7 @@ async def measure(base_url, slug, credential, hook_slug, deliveries, warmup):
     totals, posts = [], []
     async with sdk_client(base_url, slug, credential, listener=listener) as client, \
             httpx.AsyncClient(timeout=30) as http:
-        await client.call_tool("list_todos", {"limit": 1})  # the SDK opens its GET stream
-        # The stream is open once a doorbell arrives; ring until one does (bounded).
-        deadline = time.monotonic() + 30
-        while True:
-            body, headers = signed_delivery(0)
-            await http.post(f"{base_url}/hooks/{hook_slug}", content=body, headers=headers)
-            try:
-                await listener.next(timeout=1)
-                break
-            except asyncio.TimeoutError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no doorbell ever arrived") from None
+        await wait_for_stream(client, listener, http, base_url, hook_slug)
         while not listener.received.empty():
             listener.received.get_nowait()
         for number in range(1, warmup + deliveries + 1):
@@ -214,6 +227,48 @@ async def measure_many_waiters(base_url, slug, credential, hook_slug, waiters, d
     return from_post, from_202, max(connections, connections_after)
 
 
+def hand_over_at_once(slug: str, count: int) -> list[str]:
+    """``count`` operator hand-overs to ``slug``, committed at once from ``count`` threads (each
+    rings after its commit). Returns their todo ids once their doorbells left."""
+    from channels_push import publish
+    from channels_push.tests.conftest import make_ready_todos_at_once
+    from endpoints.models import Endpoint
+
+    made = make_ready_todos_at_once(Endpoint.objects.get(slug=slug), count, "issues",
+                                    trust="operator")
+    publish.wait_for_sends(30)
+    return [str(todo.pk) for todo in made]
+
+
+async def measure_burst(base_url, slug, credential, hook_slug, deliveries):
+    """``deliveries`` hand-overs at once while one SDK client streams and a second session of
+    the endpoint is attached without a stream. Returns how many of their doorbells reached
+    the stream."""
+    import httpx
+
+    from tests.long_poll_client import open_session
+    from tests.mcp_clients import ChannelListener, sdk_client
+
+    listener = ChannelListener()
+    async with sdk_client(base_url, slug, credential, listener=listener) as client, \
+            httpx.AsyncClient(timeout=60) as http:
+        await wait_for_stream(client, listener, http, base_url, hook_slug)
+        # Claim the warm-up todo(s) so nothing else waits, then attach the streamless session.
+        while (await client.call_tool("claim_next", {})).structured_content.get("todo"):
+            pass
+        while not listener.received.empty():
+            listener.received.get_nowait()
+        await open_session(http, f"{base_url}/mcp/{slug}", credential)
+        made = set(await asyncio.to_thread(hand_over_at_once, slug, deliveries))
+        heard = set()
+        try:
+            while not made <= heard:
+                heard.add((await listener.next(timeout=5)).meta.get("todo_id"))
+        except asyncio.TimeoutError:
+            pass  # the rest went to the streamless session (or were lost)
+    return len(made & heard)
+
+
 def percentile(values, fraction):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
@@ -259,7 +314,7 @@ def start_server(mode: str, extra_env=None):
     return url, server
 
 
-def child(mode: str, deliveries: int, warmup: int, waiters: int):
+def child(mode: str, deliveries: int, warmup: int, waiters: int, burst: int):
     run_id = f"{os.getpid()}{int(time.time()) % 100000}"
     slug, credential, hook_slug = prepare(run_id)
     result = {"mode": mode}
@@ -269,6 +324,10 @@ def child(mode: str, deliveries: int, warmup: int, waiters: int):
             measure(url, slug, credential, hook_slug, deliveries, warmup))
         result["poll_totals"], result["poll_from_202"] = asyncio.run(
             measure_long_poll(url, *prepare(run_id, "poll"), deliveries, warmup))
+        if burst and mode != "embedded":  # its in-memory layer reaches no stream from here
+            result["burst"] = burst
+            result["burst_on_stream"] = asyncio.run(
+                measure_burst(url, *prepare(run_id, "burst"), burst))
     finally:
         server.terminate()
         server.wait(10)
@@ -302,10 +361,13 @@ def main():
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--waiters", type=int, default=500,
                         help="long polls parked at once on one process (0: skip)")
+    parser.add_argument("--burst", type=int, default=40,
+                        help="concurrent deliveries with one streaming + one streamless "
+                             "session (0: skip)")
     parser.add_argument("--child", choices=["embedded", "postgres+redis"])
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.deliveries, args.warmup, args.waiters)
+        child(args.child, args.deliveries, args.warmup, args.waiters, args.burst)
         return
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("bench/push.py compares against PostgreSQL + Redis: set DATABASE_URL=postgres://… "
@@ -319,7 +381,7 @@ def main():
             out = subprocess.run(
                 [sys.executable, str(Path(__file__).resolve()), "--child", mode,
                  "--deliveries", str(args.deliveries), "--warmup", str(args.warmup),
-                 "--waiters", str(args.waiters)],
+                 "--waiters", str(args.waiters), "--burst", str(args.burst)],
                 env=env, cwd=ROOT, capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 sys.exit(f"{mode} run failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
@@ -342,6 +404,12 @@ def main():
               f"  max {max(polled) * 1000:6.1f} ms;  202 → claim answered: p50 "
               f"{ms(after_202, .5)}  p99 {ms(after_202, .99)}")
     print("  target: p99 < 100 ms on loopback (doorbell)")
+    for mode, result in results.items():
+        if result.get("burst"):
+            on_stream, burst = result["burst_on_stream"], result["burst"]
+            print(f"  {mode:15s} burst: {burst} concurrent deliveries, 1 streaming + 1 streamless "
+                  f"session: {on_stream}/{burst} rung on the stream "
+                  f"({100 * on_stream / burst:.0f} %; target 100 %)")
     many = results.get("postgres+redis", {})
     if many.get("waiters"):
         after_post, after_202 = many["many_from_post"], many["many_from_202"]

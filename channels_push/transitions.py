@@ -340,10 +340,12 @@ def choose_sessions(*, endpoint_id: int, limit: int, todo_id: int | None = None,
     params = {"endpoint_id": endpoint_id, "todo_id": todo_id, "now": _time(now), "limit": limit}
     attached = queries.attached_sql("s", params, now)
     stream_open = queries.stream_open_sql("s", params, now)
+    # How many sessions stream, up to ``limit`` (reading no further than that): the cheap
+    # open-stream test first, so a pool of streamless long-pollers costs a column check each.
     streaming_peers = (
-        "(SELECT count(*) FROM channels_push_mcpsession o WHERE o.endpoint_id = %(endpoint_id)s"
-        f" AND {queries.attached_sql('o', params, now)}"
-        f" AND {queries.stream_open_sql('o', params, now)})")
+        "(SELECT count(*) FROM (SELECT 1 FROM channels_push_mcpsession o"
+        f" WHERE o.endpoint_id = %(endpoint_id)s AND {queries.stream_open_sql('o', params, now)}"
+        f" AND {queries.attached_sql('o', params, now)} LIMIT %(limit)s) streaming)")
     eligible = "" if todo_id is None else (
         " AND EXISTS (SELECT 1 FROM todos_todo t WHERE t.id = %(todo_id)s"
         f" AND t.endpoint_id = s.endpoint_id AND {_eligible_sql('t')})")

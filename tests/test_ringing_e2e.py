@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from channels_push.models import McpSession
-from channels_push.tests.conftest import make_ready_todo
+from channels_push.tests.conftest import make_ready_todo, make_ready_todos_at_once
 from endpoints import transitions as endpoint_transitions
 from tests.factories import UserFactory
 from tests.mcp_clients import ChannelListener, sdk_client
@@ -105,10 +105,6 @@ def test_a_burst_of_hand_overs_rings_the_streaming_session_every_time(daphne_ser
     stream. Concurrent publishers must not skip the streaming session because another publisher
     holds its row for a moment: every doorbell of the burst is rung on the stream, none is
     handed to the streamless session (where it would be dropped)."""
-    import threading
-
-    from django.db import connection
-
     from channels_push import publish
     from channels_push import transitions as session_transitions
     from tests.factories import credential_for
@@ -119,26 +115,9 @@ def test_a_burst_of_hand_overs_rings_the_streaming_session_every_time(daphne_ser
         endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
 
     def hand_over_burst():
-        barrier, made, failures = threading.Barrier(BURST), [], []
-
-        def hand_over(number):
-            try:
-                barrier.wait()
-                made.append(make_ready_todo(endpoint, "inbox", f"burst {number}",
-                                            trust="operator").pk)
-            except Exception as exc:  # surfaced below: a thread's assert is otherwise lost
-                failures.append(exc)
-            finally:
-                connection.close()
-
-        threads = [threading.Thread(target=hand_over, args=(n,)) for n in range(BURST)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not failures, failures
+        made = make_ready_todos_at_once(endpoint, BURST, trust="operator")
         assert publish.wait_for_sends(10)
-        return made
+        return [todo.pk for todo in made]
 
     async def scenario():
         async with AsyncExitStack() as stack:

@@ -128,6 +128,36 @@ def make_ready_todo(endpoint, queue="inbox", title="a todo", *, trust="signed", 
     return todo
 
 
+def make_ready_todos_at_once(endpoint, count, queue="inbox", **kwargs) -> list:
+    """``count`` todos as ``make_ready_todo`` makes them, committed at once from ``count``
+    threads released together (each rings after its own commit: publishers racing for the
+    endpoint's sessions, as several web processes do). Returns them; re-raises the first
+    thread's failure."""
+    import threading
+
+    from django.db import connection
+
+    barrier, made, failures = threading.Barrier(count), [], []
+
+    def make(number):
+        try:
+            barrier.wait()
+            made.append(make_ready_todo(endpoint, queue, f"at once {number}", **kwargs))
+        except Exception as exc:  # a thread's exception is otherwise lost
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=make, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return made
+
+
 @pytest.fixture
 def digests(monkeypatch):
     """Every digest send_doorbell hands to the channel layer: (session_id, params)."""

@@ -17,6 +17,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.testing import ApplicationCommunicator
+from django.db import connection, transaction
 from django.urls import re_path
 from django.utils import timezone
 
@@ -349,6 +350,59 @@ def test_concurrent_publishers_spread_over_the_pool(vend):
     assert None not in picks and len(picks) == 40
     counts = {s.pk: picks.count(s.pk) for s in sessions}
     assert min(counts.values()) >= 5, counts  # every session takes turns (fair would be 10)
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL row locks")
+def test_a_streaming_session_held_by_another_publisher_is_waited_for_never_traded_for_a_streamless_one(
+        vend):
+    """Another publisher holds the streaming session's row (mid-statement, as in a burst of
+    hand-overs): the doorbell waits for it rather than skipping to the streamless session,
+    whose doorbell would be dropped. Deterministic: the row is held by a real transaction
+    until the ringing statement either waits on it or has already answered."""
+    endpoint, _ = vend("held-row")
+    streaming, streamless = (session_transitions.open_session(
+        endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
+        for _ in range(2))
+    session_transitions.attach_stream(endpoint=endpoint, session_id=streaming.pk)
+    todo = make_ready_todo(endpoint, title="burst")
+    McpSession.objects.update(last_doorbell_at=None)
+    holding, release, answers = threading.Event(), threading.Event(), []
+
+    def hold_the_streaming_row():
+        try:
+            with transaction.atomic():
+                McpSession.objects.select_for_update().get(pk=streaming.pk)
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    def ring():
+        try:
+            answers.append(session_transitions.choose_doorbell_session(
+                endpoint_id=endpoint.pk, todo_id=todo.pk))
+        finally:
+            connection.close()
+
+    holder, ringer = threading.Thread(target=hold_the_streaming_row), threading.Thread(target=ring)
+    holder.start()
+    assert holding.wait(10)
+    ringer.start()
+
+    def ringer_waits_on_a_lock():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                           " AND query LIKE '%%WITH picked AS%%' AND pid <> pg_backend_pid()")
+            return cursor.fetchone()[0] > 0
+
+    from tests.processes import poll
+
+    assert poll(lambda: answers or ringer_waits_on_a_lock())
+    release.set()
+    holder.join(10)
+    ringer.join(10)
+    assert answers == [(streaming.pk, True)]
+    assert McpSession.objects.get(pk=streamless.pk).last_doorbell_at is None
 
 
 def test_a_doorbell_lost_to_an_unreachable_redis_is_counted_and_logged_once_as_dropped(
