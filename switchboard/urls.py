@@ -44,6 +44,7 @@ urlpatterns = [
          name="todos-endpoint-rotate"),
     path("todos/endpoints/<slug:slug>/clock/<str:state>", todo_views.clock_endpoint,
          name="todos-clock"),
+    path("todos/endpoints/<slug:slug>/limits", todo_views.limit_endpoint, name="todos-limit"),
     path("todos/endpoints/<slug:slug>/work/<str:action>", todo_views.pause_endpoint,
          name="todos-pause"),
     path("metrics", todo_views.metrics, name="metrics"),
