@@ -657,24 +657,19 @@ def _cap_room_filter(endpoint, params: dict, column: str) -> str:
 
 
 def held_back_by_cap(caller: Caller, wanted, hide_unverified: bool) -> bool:
-    """After an empty claim_next: whether a cap is what left it empty — a todo it could claim
-    is pending, but the endpoint is at its cap or every such todo's queue is at its own.
-    A read for the answer's sake only; the claim statement's guard is what enforces caps."""
+    """After an empty claim_next: whether a cap is what left it empty — the endpoint is at its
+    cap with a todo it could claim pending, or such a todo waits in a queue at its own cap
+    (the pick skipped those queues, so what it missed elsewhere was a race, and the caller
+    retries). A read for the answer's sake only; the claim statement's guard enforces caps."""
     endpoint = caller.endpoint
     claimed = dict(Todo.objects.filter(endpoint_id=endpoint.pk, state=State.CLAIMED)
                    .values_list("queue").annotate(n=models.Count("id")).values_list("queue", "n"))
-    full = [queue for queue, cap in (endpoint.queue_limits or {}).items()
-            if claimed.get(queue, 0) >= cap]
-    claimable = Todo.objects.filter(endpoint_id=endpoint.pk, state=State.PENDING)
-    if wanted is not None:
-        claimable = claimable.filter(queue__in=wanted)
-    elif endpoint.paused_queues:
-        claimable = claimable.exclude(queue__in=endpoint.paused_queues)
-    if hide_unverified:
-        claimable = claimable.exclude(trust=Trust.UNVERIFIED)
     if endpoint.max_claimed is not None and sum(claimed.values()) >= endpoint.max_claimed:
-        return claimable.exists()
-    return bool(full) and not claimable.exclude(queue__in=full).exists() and claimable.exists()
+        return _claimable_exists(caller, wanted, hide_unverified)
+    full = [queue for queue, cap in (endpoint.queue_limits or {}).items()
+            if claimed.get(queue, 0) >= cap and (wanted is None or queue in wanted)
+            and not endpoint.is_paused(queue)]
+    return bool(full) and _claimable_exists(caller, full, hide_unverified)
 
 
 def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
