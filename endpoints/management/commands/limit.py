@@ -35,7 +35,7 @@ class Command(JsonCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("slug")
-        parser.add_argument("cap", nargs="?", help="N or none: the endpoint's cap, or with one "
+        parser.add_argument("cap", nargs="?", metavar="N", help="N or none: the endpoint's cap, or with one "
                                                    "--queue Q that queue's")
         parser.add_argument("--max-claimed", help="N or none: the endpoint's cap")
         parser.add_argument("--queue", action="append", default=[],
