@@ -628,10 +628,12 @@ def _claim_cap_guard(endpoint, params: dict, *, lock_row_first: bool = False) ->
                  if lock_row_first else "")
         return (f"{first} AND endpoint_claim_fits(todos_todo.endpoint_id, todos_todo.queue,"
                 " %(max_claimed)s::integer, (%(queue_limits)s::jsonb ->> todos_todo.queue)::integer)")
-    return (" AND (SELECT (%(max_claimed)s IS NULL OR count(*) < %(max_claimed)s) AND"
-            " (l.value IS NULL OR count(*) FILTER (WHERE c.queue = todos_todo.queue) < l.value)"
-            " FROM todos_todo c LEFT JOIN json_each(%(queue_limits)s) l ON l.key = todos_todo.queue"
-            " WHERE c.endpoint_id = todos_todo.endpoint_id AND c.state = 'claimed')")
+    claimed = ("SELECT count(*) FROM todos_todo c WHERE c.endpoint_id = todos_todo.endpoint_id"
+               " AND c.state = 'claimed'")
+    # A queue without a cap compares with NULL, which COALESCE turns into "fits".
+    return (f" AND (%(max_claimed)s IS NULL OR ({claimed}) < %(max_claimed)s)"
+            f" AND COALESCE(({claimed} AND c.queue = todos_todo.queue) < (SELECT value FROM"
+            " json_each(%(queue_limits)s) WHERE key = todos_todo.queue), 1)")
 
 
 def _cap_room_filter(endpoint, params: dict, column: str) -> str:

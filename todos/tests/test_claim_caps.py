@@ -254,3 +254,47 @@ def test_eight_threads_never_hold_more_than_a_queues_cap():
         sampler.join()
     assert max(d for d, _ in samples) <= 1 and max(n for _, n in samples) <= 2
     assert Todo.objects.filter(endpoint=endpoint, state=State.DONE, queue="deploys").exists()
+
+
+EMBEDDED_CAPS_SCRIPT = """
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from tests.factories import EndpointFactory, UserFactory
+from todos import transitions
+
+def refused(call):
+    try:
+        call()
+    except transitions.Refusal as refusal:
+        return refusal.code
+    return "claimed"
+
+endpoint = EndpointFactory(owner=UserFactory(), max_claimed=2, queue_limits={"deploys": 0})
+for queue in ("inbox", "inbox", "inbox", "deploys"):
+    transitions.create_todo(endpoint=endpoint, queue=queue, title=queue, actor="test")
+agent = transitions.Caller.agent(endpoint, "s-1")
+deploy = endpoint.todos.get(queue="deploys")
+print(refused(lambda: transitions.claim_todo(agent, deploy.pk)))
+print(refused(lambda: transitions.claim_next_todo(agent)))
+print(refused(lambda: transitions.claim_next_todo(agent)))
+print(refused(lambda: transitions.claim_next_todo(agent)))
+print(endpoint.todos.filter(state="claimed").count())
+"""
+
+
+def test_caps_hold_on_the_embedded_sqlite_database(tmp_path):
+    """The embedded mode's guard is a sub-select (SQLite's single writer serializes claims):
+    the endpoint's cap and a queue's cap of 0 with nothing claimed yet both hold."""
+    import subprocess
+
+    from tests.processes import PYTHON, ROOT
+    from tests.test_embedded import embedded_env
+
+    env = embedded_env(tmp_path)
+    env["DJANGO_SETTINGS_MODULE"] = "switchboard.settings"
+    run = subprocess.run([PYTHON, "-c", EMBEDDED_CAPS_SCRIPT], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["at_capacity", "claimed", "claimed", "at_capacity", "2"]
