@@ -604,8 +604,8 @@ def _unpaused_where(endpoint, params: dict) -> str:
 # row would have to be decremented by every transition that ends a claim (complete, fail,
 # release, the reaper, overrides, cancel), in their statements, and drift the day one forgot;
 # counting the claimed todos needs no upkeep but must count after a per-endpoint lock, with a
-# snapshot taken after it (see endpoints/migrations/0006_claim_caps.py for why that is a
-# function). Only endpoints with a cap pay for it: for the rest the statement is unchanged.
+# snapshot taken after it, hence a function (docs/decisions/claim-caps-in-the-statement.md).
+# Only endpoints with a cap pay for it: for the rest the statement is unchanged.
 
 
 def _claim_cap_guard(endpoint, params: dict, *, lock_row_first: bool = False) -> str:
