@@ -21,7 +21,13 @@ beside b, so the PG a/b ratio comes with what it is made of.
 
 Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table.
 
-Databases (created when missing): sb_bench (switchboard's schema) and sb_bench_procrastinate.
+Databases (created when missing): sb_bench (switchboard's schema; BENCH_DB names another, so
+two checkouts can bench side by side) and sb_bench_procrastinate.
+
+Caps: ``--max-claimed N`` sets the bench endpoint's cap on claimed todos (docs/work-control.md#caps)
+for the (a) rows: with N at or above the worker count it measures what the capacity guard costs
+a claim; below it, claims held back by the cap (at_capacity) are retried and the rate is what
+N slots sustain.
 The PostgreSQL server comes from BENCH_PG (default postgres://postgres@127.0.0.1:5432), the
 Redis channel layer for (a) from BENCH_REDIS (default redis://127.0.0.1:6379/9).
 """
@@ -50,7 +56,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Production settings need a secrets key of their own (issue 15); a bench-only one.
 os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432").rstrip("/")
-SB_DB = f"{PG}/sb_bench"
+SB_DB_NAME = os.environ.get("BENCH_DB", "sb_bench")
+SB_DB = f"{PG}/{SB_DB_NAME}"
 PROC_DB = f"{PG}/sb_bench_procrastinate"
 BENCH_REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 QUEUES = ["q0", "q1", "q2", "q3"]
@@ -67,7 +74,7 @@ def ensure_database(name: str):
 
 
 def prepare_switchboard_schema():
-    ensure_database("sb_bench")
+    ensure_database(SB_DB_NAME)
     env = dict(os.environ, DATABASE_URL=SB_DB, DJANGO_SETTINGS_MODULE="switchboard.settings")
     env.pop("REDIS_URL", None)
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
@@ -82,6 +89,13 @@ def prepare_switchboard_schema():
         f"slug='{SLUG}', owner=owner, scope={QUEUES!r}, verbs=['claim_next', 'complete'])\n"
     )
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True)
+
+
+def _endpoint_columns() -> set:
+    with psycopg.connect(SB_DB) as conn:
+        return {row[0] for row in conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_name = 'endpoints_endpoint'")}
 
 
 def endpoint_id(conn) -> int:
@@ -171,7 +185,15 @@ def switchboard_worker(ready, start, done_queue, release):
     ready.put(os.getpid())
     start.wait()
     cycles = 0
-    while (todo := transitions.claim_next_todo(caller)) is not None:
+    while True:
+        try:
+            todo = transitions.claim_next_todo(caller)
+        except transitions.Refusal as refusal:
+            if refusal.code != "at_capacity":  # --max-claimed below the worker count
+                raise
+            continue
+        if todo is None:
+            break
         transitions.complete_todo(caller, todo.pk, lease_id=todo.lease_id)
         cycles += 1
     done_queue.put((time.perf_counter(), cycles))
@@ -361,7 +383,7 @@ def run_round(worker, refill, todos: int, workers: int) -> tuple[float, float, f
     """One drain: (cycles/s, PostgreSQL CPU seconds per cycle of the workers' backends, the
     worker processes' own CPU seconds per cycle)."""
     refill(todos)
-    database = "sb_bench_procrastinate" if worker is procrastinate_worker else "sb_bench"
+    database = "sb_bench_procrastinate" if worker is procrastinate_worker else SB_DB_NAME
     ctx = mp.get_context("spawn")
     start = ctx.Event()
     release = ctx.Event()
@@ -450,12 +472,23 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--history", default="10000,1000000", help="done rows for the latency runs")
     parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--max-claimed", type=int, default=None,
+                        help="cap the bench endpoint's claimed todos (default: no cap)")
+    parser.add_argument("--systems", default="abcd",
+                        help="which of a, b, c, d to run (default: all; the ratios need a-d)")
     parser.add_argument("--breakdown-workers", type=int, default=4,
                         help="workers for the PostgreSQL CPU breakdown (0: skip it)")
     args = parser.parse_args()
 
     prepare_switchboard_schema()
-    prepare_procrastinate_schema()
+    if "c" in args.systems:
+        prepare_procrastinate_schema()
+    if args.max_claimed is not None or "max_claimed" in _endpoint_columns():
+        with psycopg.connect(SB_DB, autocommit=True) as conn:
+            conn.execute("UPDATE endpoints_endpoint SET max_claimed = %s WHERE slug = %s",
+                         (args.max_claimed, SLUG))
+        print(f"# endpoint cap max_claimed = {args.max_claimed}")
+    systems = {name: run for name, run in SYSTEMS.items() if name[0] in args.systems}
     print(f"# bench/queue.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}")
     with psycopg.connect(f"{PG}/postgres") as conn:
@@ -468,11 +501,16 @@ def main():
     for workers in [int(w) for w in args.workers.split(",")]:
         rates, pg_cpu, own_cpu = ({name: [] for name in SYSTEMS} for _ in range(3))
         for _ in range(args.rounds):
-            for name, (worker, refill) in SYSTEMS.items():
+            for name, (worker, refill) in systems.items():
                 rate, cpu, own = run_round(worker, refill, args.todos, workers)
                 rates[name].append(rate)
                 pg_cpu[name].append(cpu)
                 own_cpu[name].append(own)
+        if set(systems) != set(SYSTEMS):
+            print(f"| {workers} | " + " | ".join(
+                f"{name}: {statistics.median(rates[name]):.0f}/s" for name in systems) + " |",
+                flush=True)
+            continue
         a, b, c, d = (statistics.median(rates[name]) for name in SYSTEMS)
         pa, pb, _, pd = (statistics.median(pg_cpu[name]) for name in SYSTEMS)
         wa, _, _, wd = (statistics.median(own_cpu[name]) for name in SYSTEMS)

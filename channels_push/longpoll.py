@@ -21,6 +21,12 @@ Wake-ups are lossy (Redis down, a dropped batch), so the room also re-checks: ev
 when a re-check claims something it wakes the next one at once (more may have been missed). A
 lost wake-up therefore costs at most ``RECHECK_SECONDS`` of latency, never a todo.
 
+A waiter whose last claim a concurrency cap held back (``at_capacity``) waits for a slot: a
+claim of its endpoint that settles (done, failed, cancelled; a release or a lapsed lease is a
+ready change anyway) wakes the oldest such waiter, whatever queue it claims from, since an
+endpoint's cap spans its queues. Waiters that are not at capacity never see those changes, so
+an uncapped endpoint's completes wake nobody.
+
 The gap between a waiter's first (empty) claim and its joining the room: a todo made ready in
 between is announced before the waiter listens. The room remembers when it last saw each
 endpoint's ready change, and a waiter whose request started before that (or before the room
@@ -47,6 +53,8 @@ FOLLOW_RETRY_MAX_SECONDS = 5.0
 BOARD_CHANGES_TYPE = "todos.changed"
 # Why a waiter was woken when no ready change named a todo for it.
 RECHECK = "recheck"
+# States a claimed todo settles into: each may free a slot under a concurrency cap.
+SETTLED_STATES = frozenset({"done", "failed", "cancelled"})
 # Bound on remembered unserved changes per endpoint (a memory bound: past it the re-check serves).
 UNSERVED_MAX = 1000
 
@@ -60,6 +68,7 @@ class Waiter:
     endpoint_id: int
     queues: frozenset | None
     verified_only: bool = False
+    at_capacity: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
     woken_for: str | None = None
     woken_queue: str | None = None
@@ -117,13 +126,14 @@ class WaitRoom:
     # -- waiters --------------------------------------------------------------------------------
 
     def add(self, endpoint_id: int, queues, *, started_at: float,
-            verified_only: bool = False) -> Waiter:
+            verified_only: bool = False, at_capacity: bool = False) -> Waiter:
         """Register a waiting claim whose request (and first, empty claim) started at
         ``started_at`` (loop time). Woken at once when a ready change for its endpoint may have
         been missed in between."""
         self._start()
         waiter = Waiter(endpoint_id, frozenset(queues) if queues is not None else None,
-                        verified_only=verified_only, last_attempt_at=started_at)
+                        verified_only=verified_only, at_capacity=at_capacity,
+                        last_attempt_at=started_at)
         self.waiters.setdefault(endpoint_id, []).append(waiter)
         # Not following yet: joining wakes every kind of waiter (``recheck_all``) anyway.
         if self.following_since is not None and (
@@ -149,12 +159,14 @@ class WaitRoom:
             self._offer(waiter.endpoint_id, waiter.woken_queue, waiter.woken_for,
                         waiter.woken_unverified)
 
-    def attempted(self, waiter: Waiter, *, claimed: bool) -> None:
-        """A woken waiter's claim attempt is done; ``claimed``: it has its answer and leaves.
+    def attempted(self, waiter: Waiter, *, claimed: bool, at_capacity: bool = False) -> None:
+        """A woken waiter's claim attempt is done; ``claimed``: it has its answer and leaves;
+        ``at_capacity``: a cap held it back, so it waits for a settling claim.
         After a re-check that found work, the next waiter of the same kind is woken: the lost
         wake-ups may have been for more than one todo."""
         reason = waiter.woken_for
         waiter.rearm(self.loop.time())
+        waiter.at_capacity = at_capacity
         if claimed:
             self.remove(waiter)
             if reason == RECHECK:
@@ -192,6 +204,11 @@ class WaitRoom:
         endpoint whose queues cover it."""
         now = self.loop.time()
         for change in changes:
+            if change.get("state") in SETTLED_STATES:
+                endpoint_id = change.get("endpoint_id")
+                self._wake_first(endpoint_id, lambda waiter: waiter.at_capacity,
+                                 str(change.get("todo_id")))
+                continue
             if change.get("state") != "pending":
                 continue
             endpoint_id = change.get("endpoint_id")

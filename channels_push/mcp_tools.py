@@ -130,8 +130,9 @@ TOOL_SCHEMAS = {
     "claim_next": (
         "Claim the oldest pending todo in your queues (or only the given ones). Returns "
         '{"todo": …} or {"empty": true} when there is nothing to do ({"empty": true, '
-        '"paused": […]} when the operator paused every queue you asked for: wait, do not '
-        "conclude the work is done). With wait_seconds, waits up to that long for a todo to "
+        '"paused": […]} when the operator paused every queue you asked for, "at_capacity": true '
+        "when the endpoint's cap on claimed todos is reached: wait, do not conclude the work "
+        "is done). With wait_seconds, waits up to that long for a todo to "
         "become ready before answering empty (a long poll).",
         _schema({
             "queues": {"type": "array", "items": {"type": "string"}, "minItems": 1,
@@ -230,7 +231,8 @@ _TODO_OUTPUT = {
 _ERROR_OUTPUT = {
     "type": "object",
     "description": "A refusal (isError): code is one of not_found, not_in_scope, not_claimable, "
-                   "lease_lost, already_done, paused, verb_not_allowed, invalid_argument.",
+                   "lease_lost, already_done, paused, at_capacity, verb_not_allowed, "
+                   "invalid_argument.",
     "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
     "required": ["code", "message"],
 }
@@ -265,6 +267,9 @@ OUTPUT_SCHEMAS = {
         "todo": _TODO_OUTPUT, "empty": {"type": "boolean"},
         "paused": {"type": "array", "items": {"type": "string"},
                    "description": 'With empty: every queue asked for is paused ("*": all).'},
+        "at_capacity": {"type": "boolean",
+                        "description": "With empty: work waits, but as many todos are claimed "
+                                       "as the endpoint's (or the queue's) cap allows."},
     }, ["todo"], ["empty"]),
     "heartbeat": _TODO_RESULT,
     "complete": _TODO_RESULT,
@@ -351,6 +356,10 @@ def _doorbells(endpoint, verbs) -> str:
                   'claim_next until {"empty": true}. Pull-only agents (no doorbells) loop on '
                   "claim_next with wait_seconds (up to 60): it answers as soon as a todo is "
                   "ready.")
+        if endpoint.has_claim_caps:
+            digest += (' {"empty": true, "at_capacity": true}: this endpoint already holds as '
+                       "many claims as its cap allows; finish one first (a long poll waits for "
+                       "a free slot).")
     else:
         digest = '(2) digest (meta.kind "digest"): meta.pending todos wait in meta.queues.'
     return f"Two notification kinds: {todo} {digest}"
@@ -407,6 +416,8 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("already_done")
     if "claim" in verbs:
         codes.append("paused (the operator paused that queue)")
+    if _granted_list(verbs, "claim", "claim_next") and endpoint.has_claim_caps:
+        codes.append("at_capacity")
     codes += ["verb_not_allowed", "invalid_argument (names the argument to fix)"]
     return "Refusals are isError results with error.code: " + ", ".join(codes) + "."
 
@@ -649,10 +660,16 @@ def _clock(caller, presence: str) -> dict:
 
 
 def _claim_next(caller, args):
-    todo = transitions.claim_next_todo(
-        caller, queues=args.get("queues"), lease_ttl_seconds=args.get("lease_ttl_seconds"),
-        verified_only=args.get("verified_only", False),
-    )
+    try:
+        todo = transitions.claim_next_todo(
+            caller, queues=args.get("queues"), lease_ttl_seconds=args.get("lease_ttl_seconds"),
+            verified_only=args.get("verified_only", False),
+        )
+    except transitions.Refusal as refusal:
+        if refusal.code != "at_capacity":
+            raise
+        # A cap is not a fault: the agent waits for a slot, as it waits for work.
+        return {"empty": True, "at_capacity": True}
     if todo is not None:
         return _todo(todo)
     # Everything asked for is paused (§14): say so, so the agent waits instead of concluding
@@ -692,6 +709,8 @@ class LongPoll:
     wait_seconds: float
     queues: tuple | None
     verified_only: bool = False
+    # The last claim was held back by a cap: a claim that settles may free its slot.
+    at_capacity: bool = False
 
 
 def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None:
@@ -709,7 +728,8 @@ def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None
     return LongPoll(endpoint_id=endpoint.pk, wait_seconds=float(wait_seconds),
                     queues=tuple(sorted(set(queues))) if queues is not None else None,
                     verified_only=bool(arguments.get("verified_only")
-                                       or not endpoint.accept_unverified))
+                                       or not endpoint.accept_unverified),
+                    at_capacity=bool(result["structuredContent"].get("at_capacity")))
 
 
 def release_undelivered_claim(endpoint, session_id: str, envelope: dict) -> str | None:

@@ -607,7 +607,7 @@ class McpEndpoint:
         streaming = accepts(request.header("accept"), "text/event-stream")
         room = longpoll.room()
         waiter = room.add(poll.endpoint_id, poll.queues, started_at=started,
-                          verified_only=poll.verified_only)
+                          verified_only=poll.verified_only, at_capacity=poll.at_capacity)
         disconnect = asyncio.ensure_future(receive())
         woken = asyncio.ensure_future(waiter.event.wait())
         try:
@@ -632,7 +632,9 @@ class McpEndpoint:
                     if disconnect.done():
                         continue
                     retried = await self._retry_long_poll(request, answer)
-                    room.attempted(waiter, claimed=retried.long_poll is None)
+                    room.attempted(waiter, claimed=retried.long_poll is None,
+                                   at_capacity=bool(retried.long_poll
+                                                    and retried.long_poll.at_capacity))
                     woken = asyncio.ensure_future(waiter.event.wait())
                     answer = retried
                     if answer.long_poll is None:

@@ -37,7 +37,7 @@ class EndpointForm(forms.ModelForm):
     class Meta:
         model = Endpoint
         fields = ["slug", "owner", "scope", "verbs", "default_lease_seconds", "max_attempts", "active",
-                  "accept_unverified",
+                  "accept_unverified", "max_claimed", "queue_limits",
                   # §8 presence: the manual state is set by the clock actions (they send the
                   # digest); schedule and override are edited here.
                   "shift_timezone", "shift_schedule", "presence_override", "presence_override_until"]
@@ -49,6 +49,9 @@ class EndpointForm(forms.ModelForm):
 
     def clean_shift_schedule(self):
         return self.cleaned_data.get("shift_schedule") or []
+
+    def clean_queue_limits(self):
+        return self.cleaned_data.get("queue_limits") or {}
 
     def clean_scope(self):
         names = [name.strip() for name in self.cleaned_data["scope"].split(",") if name.strip()]

@@ -140,6 +140,24 @@ def next_shift_boundary(schedule, timezone_name: str, now: datetime):
     return changes[0][0] if changes else None
 
 
+def validate_claim_caps(max_claimed, queue_limits) -> None:
+    """Raise ValidationError naming the field unless ``max_claimed`` is None or a whole number
+    >= 0 and ``queue_limits`` maps queue names to whole numbers >= 0. A cap of 0 holds every
+    claim back (the held leases go on), which is a pause that still lets work arrive."""
+    if max_claimed is not None and (isinstance(max_claimed, bool) or not isinstance(max_claimed, int)
+                                    or max_claimed < 0):
+        raise ValidationError({"max_claimed": f"a whole number >= 0, or unset; got {max_claimed!r}"})
+    if not isinstance(queue_limits, dict):
+        raise ValidationError({"queue_limits": 'an object of queue name -> cap, e.g. {"deploys": 1}'})
+    for queue, cap in queue_limits.items():
+        if not re.match(QUEUE_NAME_RE, str(queue)):
+            raise ValidationError({"queue_limits": f"bad queue name {queue!r}: "
+                                                   f"{queue_name_validator.message}"})
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValidationError({"queue_limits": f"cap of queue {queue!r} must be a whole "
+                                                   f"number >= 0; got {cap!r}"})
+
+
 def default_scope():
     return [ALL_QUEUES]
 
@@ -199,6 +217,16 @@ class Endpoint(models.Model):
     # endpoint. claim_next skips them, claim refuses ``paused``, doorbells and sweeps hold;
     # ingest and held leases go on. Written only by transitions.pause_work / resume_work.
     paused_queues = models.JSONField(default=list, blank=True)
+    # Concurrency caps (docs/work-control.md#caps): at most this many of the endpoint's todos
+    # claimed at once, across all its sessions and operators (unset: unlimited), and per queue
+    # ``{"deploys": 1}``. Enforced inside the claim statement (todos.transitions, the
+    # endpoint_claim_fits function of migration 0006_claim_caps); written by set_claim_caps.
+    max_claimed = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="At most this many todos claimed at once (empty: unlimited).")
+    queue_limits = models.JSONField(
+        default=dict, blank=True,
+        help_text='Per-queue caps on claimed todos, e.g. {"deploys": 1}.')
 
     class Meta:
         ordering = ["slug"]
@@ -230,6 +258,7 @@ class Endpoint(models.Model):
         if self.default_lease_seconds is not None and not 1 <= self.default_lease_seconds <= 86400:
             raise ValidationError({"default_lease_seconds": "between 1 and 86400"})
         validate_shift_schedule(self.shift_schedule, self.shift_timezone)
+        validate_claim_caps(self.max_claimed, self.queue_limits)
         self._check_routes_in_scope()
         if self.presence_override and self.presence_override_until is None:
             raise ValidationError({"presence_override_until": "an override needs an expiry"})
@@ -314,6 +343,12 @@ class Endpoint(models.Model):
         if queues is None or not queues:
             return []
         return sorted(queues) if all(self.is_paused(queue) for queue in queues) else []
+
+    # -- concurrency caps ----------------------------------------------------------------------
+
+    @property
+    def has_claim_caps(self) -> bool:
+        return self.max_claimed is not None or bool(self.queue_limits)
 
     def covers(self, queue: str) -> bool:
         return self.all_queues or queue in self.scope

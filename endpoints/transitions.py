@@ -1,5 +1,5 @@
-"""Writes on endpoints and their credentials: vending, rotation, scope, presence (§8) and
-paused work (§14).
+"""Writes on endpoints and their credentials: vending, rotation, scope, presence (§8), paused
+work (§14) and concurrency caps.
 
 Presence and pause are the endpoint's own state: they change here, and a change that makes
 waiting work receivable again (presence turned ``in``, work resumed) is announced after commit
@@ -18,7 +18,8 @@ from django.utils import timezone
 from channels_push import publish
 
 from .models import (ALL_QUEUES, Credential, Endpoint, EndpointEvent, Presence, hash_credential,
-                     next_shift_boundary, queue_name_validator, validate_shift_schedule)
+                     next_shift_boundary, queue_name_validator, validate_claim_caps,
+                     validate_shift_schedule)
 
 log = logging.getLogger("switchboard.endpoints")
 
@@ -35,12 +36,12 @@ def _issue_credential(endpoint: Endpoint) -> str:
 
 @transaction.atomic
 def vend_endpoint(*, slug, owner, scope=None, verbs=None, default_lease_seconds=None, max_attempts=5,
-                  accept_unverified=True):
+                  accept_unverified=True, max_claimed=None):
     """Create an endpoint and its first credential. Returns ``(endpoint, credential)``; the
     plaintext credential exists only in this return value."""
     endpoint = Endpoint(slug=slug, owner=owner, max_attempts=max_attempts,
                         default_lease_seconds=default_lease_seconds,
-                        accept_unverified=accept_unverified)
+                        accept_unverified=accept_unverified, max_claimed=max_claimed)
     if scope is not None:
         endpoint.scope = scope
     if verbs is not None:
@@ -264,3 +265,50 @@ def resume_work(endpoint: Endpoint, *, queue: str | None = None, actor: str, now
     log.info("endpoint resumed", extra={"endpoint": endpoint.slug, "queue": queue or ALL_QUEUES,
                                         "by": actor, "changed": changed})
     return paused
+
+
+# -- concurrency caps (docs/work-control.md#caps) -----------------------------------------------
+
+# set_claim_caps: leave max_claimed as it is (None means "unlimited", so it cannot say that).
+UNCHANGED = object()
+
+
+def set_claim_caps(endpoint: Endpoint, *, max_claimed=UNCHANGED, queue_limits=None, actor: str,
+                   now=None) -> Endpoint:
+    """Change ``endpoint``'s caps on claimed todos: ``max_claimed`` (None: unlimited) and the
+    per-queue caps in ``queue_limits`` (``{queue: n}``, n None: that queue's cap removed;
+    queues not named keep theirs). Raises ValidationError naming the field for a negative or
+    non-integer cap, a bad queue name or a queue outside the endpoint's scope; writes nothing
+    then. Recorded as a ``limit`` event. A lowered cap takes effect with the next claim (the
+    claims already held go on); a raised one at the next claim or long-poll re-check."""
+    now = now or timezone.now()
+    for queue in queue_limits or {}:
+        try:
+            queue_name_validator(queue)
+        except ValidationError as bad:
+            raise ValidationError({"queue_limits": f"bad queue name {queue!r}: "
+                                                   + " ".join(bad.messages)}) from None
+        if not endpoint.covers(queue):
+            raise ValidationError({"queue_limits": f"queue {queue!r} is outside endpoint "
+                                                   f"{endpoint.slug}'s scope {endpoint.scope}"})
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        before = {"max_claimed": row.max_claimed, "queue_limits": dict(row.queue_limits or {})}
+        if max_claimed is not UNCHANGED:
+            row.max_claimed = max_claimed
+        limits = dict(row.queue_limits or {})
+        for queue, cap in (queue_limits or {}).items():
+            if cap is None:
+                limits.pop(queue, None)
+            else:
+                limits[queue] = cap
+        row.queue_limits = dict(sorted(limits.items()))
+        validate_claim_caps(row.max_claimed, row.queue_limits)
+        after = {"max_claimed": row.max_claimed, "queue_limits": row.queue_limits}
+        if after != before:
+            row.save(update_fields=["max_claimed", "queue_limits"])
+            _record(row, "limit", queue="", actor=actor, now=now,
+                    detail={"before": before, "after": after})
+    endpoint.max_claimed, endpoint.queue_limits = row.max_claimed, row.queue_limits
+    log.info("endpoint caps set", extra={"endpoint": endpoint.slug, "by": actor, **after})
+    return endpoint

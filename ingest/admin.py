@@ -26,7 +26,7 @@ from django.utils.html import format_html
 from endpoints.models import Endpoint
 from switchboard import admin_pages, json_input
 
-from . import transitions
+from . import actors, transitions
 from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Source, Webhook
 
 
@@ -56,6 +56,13 @@ class RouteFormSet(BaseInlineFormSet):
                                                queue=data["queue"])
             except ValidationError as exc:
                 form.add_error(None, exc)
+            try:
+                logins, roles = actors.normalized_actor_rules(
+                    self.instance.source, data.get("actors"), data.get("author_associations"))
+            except (ValueError, TypeError) as bad:
+                form.add_error(None, str(bad))
+            else:
+                form.instance.actors, form.instance.author_associations = logins, roles
 
 
 class RouteInline(admin.TabularInline):
@@ -63,7 +70,7 @@ class RouteInline(admin.TabularInline):
     formset = RouteFormSet
     formfield_overrides = json_input.ADMIN_FORMFIELD_OVERRIDES
     extra = 1
-    fields = ("endpoint", "queue", "kinds")
+    fields = ("endpoint", "queue", "kinds", "actors", "author_associations")
     autocomplete_fields = ()
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
@@ -211,7 +218,7 @@ class RouteAdmin(admin.ModelAdmin):
     list_display = ("__str__", "webhook_owner", "endpoint_owner", "ownership")
     list_filter = (StrandedFilter,)
     list_select_related = ("webhook__owner", "endpoint__owner")
-    fields = ("webhook", "endpoint", "queue", "kinds")
+    fields = ("webhook", "endpoint", "queue", "kinds", "actors", "author_associations")
     readonly_fields = fields
 
     def get_queryset(self, request):

@@ -89,6 +89,11 @@ class Route(models.Model):
     endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="routes")
     queue = models.CharField(max_length=64)
     kinds = models.JSONField(default=list, blank=True)
+    # Who may hand work through this route (ingest/actors.py): the event's actor must be one of
+    # these logins or hold one of these roles (GitHub's author_association names). Both empty:
+    # anyone the sender lets trigger the event.
+    actors = models.JSONField(default=list, blank=True)
+    author_associations = models.JSONField(default=list, blank=True)
 
     class Meta:
         constraints = [
@@ -147,6 +152,8 @@ class Outcome(models.TextChoices):
     UNSUPPORTED_TYPE = "unsupported_type"
     RATE_LIMITED = "rate_limited"
     NO_ROUTE = "no_route"
+    # Routes matched the kind, but the event's actor qualified for none of them.
+    FILTERED = "filtered"
 
 
 class DeliveryRecord(models.Model):

@@ -30,7 +30,7 @@ from endpoints.models import queue_name_validator
 from switchboard import ratelimit, statements
 from todos import transitions as todo_transitions
 
-from . import titles
+from . import actors, titles
 from .models import (DeliveryEvent, DeliveryRecord, OperatorSecret, OperatorToken, Outcome,
                      ReplayLedgerEntry, Route, Source, TrustMode, Webhook)
 from .verification import STANDARD_SECRET_PREFIX, decode_standard_secret
@@ -134,14 +134,26 @@ def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
         raise ValidationError(errors)
 
 
-def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None) -> Route:
+def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None, actors_allowed=None,
+                      author_associations=None) -> Route:
+    """Route ``webhook``'s deliveries to ``endpoint``/``queue``, for every kind or ``kinds``,
+    from anyone or only from the ``actors_allowed`` logins and ``author_associations`` roles
+    (ingest/actors.py). Raises ValidationError naming the field when the target is not allowed
+    (``check_route_target``) or the actor rules cannot apply to the webhook's source."""
     queue_name_validator(queue)
+    try:
+        logins, roles = actors.normalized_actor_rules(webhook.source, actors_allowed,
+                                                      author_associations)
+    except ValueError as bad:
+        field, _, message = str(bad).partition(": ")
+        raise ValidationError({field: message}) from None
     with transaction.atomic():
         # The endpoint row locked, as endpoints.transitions.set_scope locks it: a route and a
         # concurrent narrowing of the scope are serialized, so neither sees the other half-done.
         endpoint = type(endpoint).objects.select_for_update().get(pk=endpoint.pk)
         check_route_target(webhook=webhook, endpoint=endpoint, queue=queue)
-        route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []))
+        route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []),
+                      actors=logins, author_associations=roles)
         route.full_clean()
         route.save()
     return route
@@ -587,6 +599,24 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
                    record=DeliveryRecord.from_db(connection.alias, ("id",), [record_id]))
 
 
+def _admitted_by_actor(webhook: Webhook, routes, kind: str, payload) -> tuple[list, str]:
+    """``routes`` without those whose actor rules the delivery's actor does not meet, and the
+    delivery log's note naming who was filtered where ("" when none was). A filtered route
+    creates nothing; when every route is filtered the delivery is logged ``filtered``."""
+    if not any(actors.filters_actors(route) for route in routes):
+        return list(routes), ""
+    actor = actors.event_actor(webhook.source, kind, payload)
+    admitted = [route for route in routes if actors.admits(route, actor)]
+    refused = [route for route in routes if route not in admitted]
+    if not refused:
+        return admitted, ""
+    log.info("delivery filtered by actor", extra={
+        "webhook": webhook.slug, "actor": actor.login[:100],
+        "routes": [f"{route.endpoint.slug}/{route.queue}" for route in refused]})
+    where = ", ".join(f"{route.endpoint.slug}/{route.queue}" for route in refused)
+    return admitted, _printable(f"filtered {actor.describe()} on {where}", 200)
+
+
 def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, kind: str,
                     title: str, payload: dict, body_sha256: str, observed: Observed | None = None,
                     payload_storable: bool = False,
@@ -611,8 +641,11 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     """
     now = now or timezone.now()
     observed = observed or Observed(body_sha256=body_sha256, delivery_id=delivery_id, kind=kind)
-    matching = [r for r in routes if r.endpoint.active and route_matches(r, kind)
-                and route_in_scope(r) and route_owned(r)]
+    candidates = [r for r in routes if r.endpoint.active and route_matches(r, kind)
+                  and route_in_scope(r) and route_owned(r)]
+    matching, filtered = _admitted_by_actor(webhook, candidates, kind, payload)
+    if filtered:
+        note = "; ".join(filter(None, [note, filtered]))
     key = idempotency_key or idempotency_key_for(webhook, delivery_id, body_sha256)
     first_routes = first_route_per_endpoint(routes)
     attributed_to_id = attributed_to_id or webhook.owner_id
@@ -621,7 +654,8 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         "body_sha256": body_sha256, "attributed_to_id": attributed_to_id,
         "source": webhook.source, "kind": kind,
     }
-    outcome = Outcome.ACCEPTED if matching else Outcome.NO_ROUTE
+    outcome = (Outcome.ACCEPTED if matching
+               else Outcome.FILTERED if candidates else Outcome.NO_ROUTE)
     record_values = _record_row(webhook_id=webhook.pk, at=now, outcome=outcome, status=status,
                                 observed=observed, reason=note,
                                 redelivered_from_id=redelivered_from_id,

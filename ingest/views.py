@@ -36,6 +36,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from channels_push import metrics as push_metrics
 from channels_push import plain_http
+from channels_push import queries as push_queries
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries
@@ -676,6 +677,42 @@ def hand_over(request, endpoint_slug):
     })
     return JsonResponse({"todo": todo_queries.todo_as_dict(todo), "duplicate": not created},
                         status=201 if created else 200)
+
+
+@csrf_exempt
+def endpoint_stats(request, endpoint_slug):
+    """``GET /api/v1/endpoints/<slug>/stats`` (docs/work-control.md#stats): per queue, what
+    waits, runs and finished in the last day, and the endpoint's live sessions, for scripts
+    that poll. Authenticated and owned like the hand-over: another operator's endpoint is a
+    404, as a missing one. A fixed number of statements, each an index range of this
+    endpoint's rows (todos.queries.endpoint_queue_stats)."""
+    try:
+        if request.method != "GET":
+            raise Problem(405, "method_not_allowed", "GET the stats")
+        operator = _authenticate_operator(request)
+        if json_input.unstorable_reason(endpoint_slug) is not None:
+            raise Problem(404, "not_found", "no such endpoint of yours")
+        endpoint = Endpoint.objects.filter(slug=endpoint_slug, owner=operator).first()
+        if endpoint is None:
+            raise Problem(404, "not_found",
+                          f"no endpoint {endpoint_slug[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
+        _check_rate(f"operator:{operator.pk}")
+        now = timezone.now()
+        queues = todo_queries.endpoint_queue_stats(endpoint, now=now)
+        sessions = push_queries.live_sessions(endpoint.pk, now)
+    except Problem as problem:
+        return problem.response()
+    except DatabaseError as exc:
+        return _storage_unavailable(exc, endpoint=endpoint_slug).response()
+    return JsonResponse({
+        "endpoint": endpoint.slug,
+        "queues": queues,
+        # The client as it named itself; never the session id (a handle of its session).
+        "sessions": [{"client": " ".join(part for part in (row["client_name"],
+                                                           row["client_version"]) if part),
+                      "streaming": row["streaming"],
+                      "last_seen_at": todo_queries.iso_time(row["last_seen_at"])} for row in sessions],
+    })
 
 
 # -- the webhook pages of the board (CONTRACT §14) -----------------------------------------------

@@ -21,6 +21,8 @@ urlpatterns = [
     path("favicon.ico", console_assets.favicon),
     path("admin/", admin.site.urls),
     # ingest (§5); POST /hooks/<webhook_slug> is routed in asgi.py (the hot path).
+    re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/stats/?$", ingest_views.endpoint_stats,
+            name="api-endpoint-stats"),
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
             name="hand_over"),
     # -- operator console (issue 7); /todos/events is the SSE consumer routed in asgi.py --
@@ -44,6 +46,7 @@ urlpatterns = [
          name="todos-endpoint-rotate"),
     path("todos/endpoints/<slug:slug>/clock/<str:state>", todo_views.clock_endpoint,
          name="todos-clock"),
+    path("todos/endpoints/<slug:slug>/limits", todo_views.limit_endpoint, name="todos-limit"),
     path("todos/endpoints/<slug:slug>/work/<str:action>", todo_views.pause_endpoint,
          name="todos-pause"),
     path("metrics", todo_views.metrics, name="metrics"),

@@ -5,7 +5,7 @@ import hashlib
 import json
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q, Value
 from django.utils import timezone
 
 from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, Trust
@@ -559,3 +559,21 @@ def board_glance(endpoint_ids, *, now=None) -> dict:
             counts = entry["queues"].setdefault(queue, {"oldest_pending_at": None})
             counts[f"{measure}_24h"] = counts.get(f"{measure}_24h", 0) + n
     return glance
+
+
+# -- queue stats for machines (docs/work-control.md#stats) ---------------------------------------
+
+STATS_COUNTS = ("pending", "scheduled", "awaiting_approval", "claimed", "retrying", "dead",
+                "done_24h", "cancelled_24h")
+
+
+def endpoint_queue_stats(endpoint, *, now) -> list[dict]:
+    """Per queue of ``endpoint``, exactly the stats keys (STATS_COUNTS and
+    ``oldest_pending_seconds``), zero for a state the lifecycle does not have yet, and every
+    queue of an explicit scope listed even when empty. The counts are the glance's
+    (``endpoint_queue_counts``): one implementation with the board's header."""
+    rows = {row["queue"]: row for row in endpoint_queue_counts(endpoint, now=now)}
+    queues = set(rows) | (set() if endpoint.all_queues else set(endpoint.scope))
+    return [{"queue": queue, **{name: rows.get(queue, {}).get(name, 0) for name in STATS_COUNTS},
+             "oldest_pending_seconds": rows.get(queue, {}).get("oldest_pending_seconds")}
+            for queue in sorted(queues)]

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from channels_push import publish
@@ -47,7 +47,7 @@ _BACKOFF_STEPS = 6
 class Refusal(Exception):
     """A transition that did not apply, with a machine-readable code (§6, §11):
     ``not_found``, ``not_in_scope``, ``not_claimable``, ``lease_lost``, ``already_done``,
-    ``paused``,
+    ``paused``, ``at_capacity``,
     ``invalid_argument``."""
 
     def __init__(self, code: str, message: str):
@@ -352,6 +352,10 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
         return Refusal("not_found", f"no todo {todo_id}")
     if claiming and todo.state == "pending" and caller.endpoint.is_paused(todo.queue):
         return Refusal("paused", f"queue {todo.queue} of this endpoint is paused by its operator")
+    if claiming and todo.state == "pending" and caller.endpoint.has_claim_caps:
+        # Pending, visible and not paused: the capacity guard is what held it back.
+        return Refusal("at_capacity", f"this endpoint (or queue {todo.queue}) has as many todos "
+                                      "claimed as its cap allows; claim again when one settles")
     if claiming:
         return Refusal("not_claimable", f"todo {todo_id} is {todo.state}, not pending")
     if overriding is not None:
@@ -554,7 +558,8 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     """pending -> claimed for ``todo_id`` under a fresh lease; counts one attempt.
 
     Refuses ``not_found`` (missing or invisible to the caller), ``not_claimable`` (not pending),
-    ``paused`` (its queue is paused, §14), ``invalid_argument`` (lease ttl outside 1 s … 24 h).
+    ``paused`` (its queue is paused, §14), ``at_capacity`` (the endpoint or the queue has as
+    many todos claimed as its cap allows), ``invalid_argument`` (lease ttl outside 1 s … 24 h).
     """
     now = now or timezone.now()
     ttl = _lease_ttl(caller, lease_ttl_seconds)
@@ -562,7 +567,8 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     params = {"todo_id": todo_id}
     where = _by_id(_visible_guard(caller, params) + " AND state = 'pending'"
                    + _trust_filter(caller.hides_unverified)
-                   + _unpaused_where(caller.endpoint, params))
+                   + _unpaused_where(caller.endpoint, params)
+                   + _claim_cap_guard(caller.endpoint, params, lock_row_first=True))
     todo = _one(_apply(
         set_sql=_lease_set(params, caller, ttl, now), where_sql=where, params=params,
         action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
@@ -591,19 +597,99 @@ def _unpaused_where(endpoint, params: dict) -> str:
     return " AND NOT " + _queue_filter("queue", "paused")
 
 
+# -- concurrency caps (docs/work-control.md#caps) -------------------------------------------------
+#
+# A cap must hold against concurrent claims, so it is checked inside the claim's one statement,
+# never read first in Python. Of the two ways to do that under READ COMMITTED, a guarded counter
+# row would have to be decremented by every transition that ends a claim (complete, fail,
+# release, the reaper, overrides, cancel), in their statements, and drift the day one forgot;
+# counting the claimed todos needs no upkeep but must count after a per-endpoint lock, with a
+# snapshot taken after it, hence a function (docs/decisions/claim-caps-in-the-statement.md).
+# Only endpoints with a cap pay for it: for the rest the statement is unchanged.
+
+
+def _claim_cap_guard(endpoint, params: dict, *, lock_row_first: bool = False) -> str:
+    """The clause that refuses a claim which would exceed ``endpoint``'s caps, checked on the
+    row being claimed (``todos_todo``); empty when the endpoint has none. PostgreSQL: under the
+    endpoint's transaction lock, held until the claim commits. SQLite: a sub-select (its single
+    writer serializes claims).
+
+    Whoever holds the endpoint's lock must never wait for a row lock, or a claim holding a row
+    and waiting for the lock deadlocks with it (measured: a claim by id waiting on the row a
+    claim_next had picked). claim_next's pick locks its row before the guard runs; a claim by
+    id passes ``lock_row_first`` to lock its row (by ``%(todo_id)s``) in the guard, before the
+    function."""
+    if not endpoint.has_claim_caps:
+        return ""
+    params["max_claimed"] = endpoint.max_claimed
+    params["queue_limits"] = json.dumps(endpoint.queue_limits or {})
+    if _is_postgres():
+        first = (" AND id = (SELECT id FROM todos_todo WHERE id = %(todo_id)s FOR UPDATE)"
+                 if lock_row_first else "")
+        return (f"{first} AND endpoint_claim_fits(todos_todo.endpoint_id, todos_todo.queue,"
+                " %(max_claimed)s::integer, (%(queue_limits)s::jsonb ->> todos_todo.queue)::integer)")
+    claimed = ("SELECT count(*) FROM todos_todo c WHERE c.endpoint_id = todos_todo.endpoint_id"
+               " AND c.state = 'claimed'")
+    # A queue without a cap compares with NULL, which COALESCE turns into "fits".
+    return (f" AND (%(max_claimed)s IS NULL OR ({claimed}) < %(max_claimed)s)"
+            f" AND COALESCE(({claimed} AND c.queue = todos_todo.queue) < (SELECT value FROM"
+            " json_each(%(queue_limits)s) WHERE key = todos_todo.queue), 1)")
+
+
+def _cap_room_filter(endpoint, params: dict, column: str) -> str:
+    """For claim_next's candidate pick: leave out queues (``column``) already at their cap, and
+    everything when the endpoint is, so the pick finds a todo it may claim instead of locking
+    one the guard will refuse. Read from the statement's snapshot, so only a hint: the guard
+    decides. Each sub-select is uncorrelated (evaluated once per statement)."""
+    if not endpoint.has_claim_caps:
+        return ""
+    params["max_claimed"] = endpoint.max_claimed
+    params["queue_limits"] = json.dumps(endpoint.queue_limits or {})
+    claimed = ("SELECT count(*) FROM todos_todo c WHERE c.endpoint_id = %(endpoint_id)s"
+               " AND c.state = 'claimed'")
+    if _is_postgres():
+        full = (f"ARRAY(SELECT l.key FROM jsonb_each_text(%(queue_limits)s::jsonb) l"
+                f" WHERE ({claimed} AND c.queue = l.key) >= l.value::integer)")
+        return (f" AND (%(max_claimed)s::integer IS NULL OR ({claimed}) < %(max_claimed)s::integer)"
+                f" AND {column} <> ALL({full})")
+    full = (f"SELECT l.key FROM json_each(%(queue_limits)s) l"
+            f" WHERE ({claimed} AND c.queue = l.key) >= l.value")
+    return (f" AND (%(max_claimed)s IS NULL OR ({claimed}) < %(max_claimed)s)"
+            f" AND {column} NOT IN ({full})")
+
+
+def held_back_by_cap(caller: Caller, wanted, hide_unverified: bool) -> bool:
+    """After an empty claim_next: whether a cap is what left it empty — the endpoint is at its
+    cap with a todo it could claim pending, or such a todo waits in a queue at its own cap
+    (the pick skipped those queues, so what it missed elsewhere was a race, and the caller
+    retries). A read for the answer's sake only; the claim statement's guard enforces caps."""
+    endpoint = caller.endpoint
+    claimed = dict(Todo.objects.filter(endpoint_id=endpoint.pk, state=State.CLAIMED)
+                   .values_list("queue").annotate(n=models.Count("id")).values_list("queue", "n"))
+    if endpoint.max_claimed is not None and sum(claimed.values()) >= endpoint.max_claimed:
+        return _claimable_exists(caller, wanted, hide_unverified)
+    full = [queue for queue, cap in (endpoint.queue_limits or {}).items()
+            if claimed.get(queue, 0) >= cap and (wanted is None or queue in wanted)
+            and not endpoint.is_paused(queue)]
+    return bool(full) and _claimable_exists(caller, full, hide_unverified)
+
+
 def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
                         endpoint=None) -> str:
     """The sub-select that picks (and on PostgreSQL locks) claim_next's candidate: the oldest
     pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue not paused on
     ``endpoint``), unverified ones left out when ``hide_unverified``. Kept apart so the plan
     test can EXPLAIN exactly what claim_next runs."""
+    # Caps: queues at their cap (and everything, at the endpoint's) are left out of the pick.
+    room = "" if endpoint is None else _cap_room_filter(
+        endpoint, params, "p.queue" if _is_postgres() and queues is not None else "queue")
     if _is_postgres() and queues is not None:
         params["queues"] = _queue_list_param(queues)
         return (
             "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
             " SELECT p.id, p.created_at FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s"
             f" AND p.queue = q.name AND p.state = 'pending'{_trust_filter(hide_unverified, 'p.trust')}"
-            " ORDER BY p.created_at, p.id"
+            f"{room} ORDER BY p.created_at, p.id"
             " LIMIT 1 FOR UPDATE SKIP LOCKED) c ORDER BY c.created_at, c.id LIMIT 1"
         )
     queue_filter = ""
@@ -614,7 +700,7 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
         queue_filter = _unpaused_where(endpoint, params)
     return (
         "SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND state = 'pending'"
-        f"{queue_filter}{_trust_filter(hide_unverified)} ORDER BY created_at, id LIMIT 1"
+        f"{queue_filter}{_trust_filter(hide_unverified)}{room} ORDER BY created_at, id LIMIT 1"
         f"{_skip_locked()}"
     )
 
@@ -631,7 +717,9 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     probed on its own (LATERAL … LIMIT 1 on ``todo_claim_by_queue``) and the oldest head wins:
     ``queue = ANY(…) ORDER BY created_at`` cannot use the index order and measured 6-8x slower.
     SQLite: the same statement without the lock clause; its single writer serializes claims.
-    Refuses ``not_in_scope`` when ``queues`` names a queue outside the caller's grant.
+    Refuses ``not_in_scope`` when ``queues`` names a queue outside the caller's grant, and
+    ``at_capacity`` when only a cap keeps it from claiming (``held_back_by_cap``; the MCP tool
+    answers that as an empty result, not an error).
     """
     now = now or timezone.now()
     ttl = _lease_ttl(caller, lease_ttl_seconds)
@@ -655,15 +743,24 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     for pause_seconds in (*CLAIM_PAUSES_WHILE_LOCKED_SECONDS, None):
         todo = _one(_apply(
             set_sql=_lease_set(params, caller, ttl, now),
-            where_sql=f"id = ({pick}) AND state = 'pending'", params=params,
+            where_sql=f"id = ({pick}) AND state = 'pending'"
+                      + _claim_cap_guard(caller.endpoint, params), params=params,
             action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
             endpoint=caller.endpoint,
         ))
         if todo is not None:
             _announce([todo], "claim")
             return todo
+        # A cap holding it back is an answer, not a lock to wait out: no retry.
+        if caller.endpoint.has_claim_caps and held_back_by_cap(caller, wanted, hide_unverified):
+            raise Refusal("at_capacity", "as many todos are claimed as this endpoint's caps "
+                                         "allow; claim again when one settles")
         if pause_seconds is None or not _is_postgres() or not _claimable_exists(
                 caller, wanted, hide_unverified):
+            if pause_seconds is None and caller.endpoint.has_claim_caps:
+                # Every try lost to concurrent claims filling the cap as fast as it freed.
+                raise Refusal("at_capacity", "this endpoint's caps are taken by concurrent "
+                                             "claims; claim again when one settles")
             return None
         time.sleep(pause_seconds)
     return None

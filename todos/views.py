@@ -472,6 +472,51 @@ def pause_endpoint(request, slug, action):
     return _back_to_board(request)
 
 
+def _caps_from_form(post) -> dict:
+    """The endpoint page's caps form: ``max_claimed`` (blank: unlimited) and ``queue_limits``
+    as ``deploys=1, inbox=2`` (``q=`` or ``q=none`` removes one). ValidationError naming the
+    field for anything that is not a whole number."""
+    def number(text, field):
+        text = text.strip()
+        if text == "" or text.lower() == "none":
+            return None
+        try:
+            return int(text)
+        except ValueError:
+            raise ValidationError({field: f"a whole number >= 0, or blank; got {text!r}"}) from None
+
+    caps = {"max_claimed": number(post.get("max_claimed", ""), "max_claimed"), "queue_limits": {}}
+    for pair in filter(None, (part.strip() for part in post.get("queue_limits", "").split(","))):
+        queue, equals, value = pair.partition("=")
+        if not equals:
+            raise ValidationError({"queue_limits": f"write queue=N, got {pair!r}"})
+        caps["queue_limits"][queue.strip()] = number(value, "queue_limits")
+    return caps
+
+
+@never_cache
+@board_login_required
+@require_POST
+def limit_endpoint(request, slug):
+    """The endpoint page's caps form (docs/work-control.md#caps). A bad cap is a 400 naming
+    the field, with the page as it was (nothing written)."""
+    endpoint = _visible_endpoint_or_404(request.user, slug)
+    try:
+        caps = _caps_from_form(request.POST)
+        # Queues the endpoint caps today and the form no longer names lose their cap.
+        dropped = {queue: None for queue in endpoint.queue_limits or {}
+                   if queue not in caps["queue_limits"]}
+        endpoint_transitions.set_claim_caps(
+            endpoint, max_claimed=caps["max_claimed"],
+            queue_limits={**dropped, **caps["queue_limits"]}, actor=request.user.username)
+    except ValidationError as error:
+        problems = "; ".join(f"{field}: {' '.join(texts)}"
+                             for field, texts in error.message_dict.items())
+        return _endpoint_page(request, endpoint, limit_error=problems, status=400)
+    messages.success(request, f"{endpoint.slug}: caps saved")
+    return redirect(reverse("todos-endpoint", args=[endpoint.slug]))
+
+
 # -- /metrics ------------------------------------------------------------------------------------
 
 
@@ -555,7 +600,7 @@ def endpoint_caps(endpoint) -> list[str]:
     return caps
 
 
-def _endpoint_page(request, endpoint, *, new_credential=None):
+def _endpoint_page(request, endpoint, *, new_credential=None, limit_error=None, status=200):
     now = timezone.now()
     mcp_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{endpoint.slug}"
     sessions = _live_sessions(endpoint, now)
@@ -585,7 +630,11 @@ def _endpoint_page(request, endpoint, *, new_credential=None):
         "snippets": connect_snippets.all_snippets(mcp_url),
         "export_line": connect_snippets.export_line(),
         "next_url": reverse("todos-endpoint", args=[endpoint.slug]),
-    })
+        "claimed_total": sum(queues[queue].get("claimed", 0) for queue in queues),
+        "queue_limits_text": ", ".join(f"{queue}={cap}"
+                                       for queue, cap in (endpoint.queue_limits or {}).items()),
+        "limit_error": limit_error,
+    }, status=status)
 
 
 @never_cache

@@ -171,3 +171,19 @@ def test_a_nul_or_lone_surrogate_in_an_admin_json_field_is_a_form_error_not_a_50
     assert "shift_schedule" in response.context["adminform"].form.errors
     endpoint.refresh_from_db()
     assert endpoint.shift_schedule == []
+
+
+def test_admin_sets_caps_and_refuses_a_negative_one(root_client, operator):
+    base = {"slug": "capped", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+            "max_attempts": "5", "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0"}
+    refused = root_client.post("/admin/endpoints/endpoint/add/", {**base, "max_claimed": "-1"})
+    assert refused.status_code == 200 and b"errornote" in refused.content
+    assert not Endpoint.objects.filter(slug="capped").exists()
+    refused = root_client.post("/admin/endpoints/endpoint/add/",
+                               {**base, "queue_limits": '{"deploys": -1}'})
+    assert b"errornote" in refused.content and b"queue_limits" in refused.content
+    saved = root_client.post("/admin/endpoints/endpoint/add/",
+                             {**base, "max_claimed": "2", "queue_limits": '{"deploys": 1}'})
+    assert saved.status_code == 200, saved.content[:2000]
+    endpoint = Endpoint.objects.get(slug="capped")
+    assert (endpoint.max_claimed, endpoint.queue_limits) == (2, {"deploys": 1})

@@ -25,7 +25,7 @@ def test_vend_endpoint_json(capsys, operator, settings):
                      "--max-attempts", "2", "--json")
     assert run.code == 0, run.err
     data = run.json()
-    assert set(data) == {"slug", "mcp_url", "credential", "mcp_json"}
+    assert set(data) == {"slug", "mcp_url", "credential", "mcp_json", "max_claimed"}
     assert data["slug"] == "reviewer"
     assert data["mcp_url"] == f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/reviewer"
     endpoint = Endpoint.objects.get(slug="reviewer")
@@ -75,7 +75,7 @@ def test_vend_endpoint_prints_codex_and_gemini_configurations_beside_claude_code
     assert "docs/agents.md" in run.out
     # --json keeps exactly its documented keys.
     data = run_manage(capsys, "vend_endpoint", "multi2", "--owner", "alice", "--json").json()
-    assert set(data) == {"slug", "mcp_url", "credential", "mcp_json"}
+    assert set(data) == {"slug", "mcp_url", "credential", "mcp_json", "max_claimed"}
 
 
 def test_vend_endpoint_defaults_and_human_output(capsys, operator):

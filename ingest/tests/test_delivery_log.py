@@ -138,6 +138,17 @@ def test_no_route_is_202_without_todos(make_webhook):
     assert (only_record(webhook).outcome, only_record(webhook).status) == ("no_route", 202)
 
 
+def test_filtered_is_202_without_todos(make_webhook, endpoint):
+    webhook = make_webhook("github", routes=[])
+    transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="inbox",
+                                  actors_allowed=["maintainer"])
+    body, meta = signed("github", {**ISSUE, "sender": {"login": "someone-else"}})
+    answer = post_hook(webhook.slug, body, meta)
+    assert answer.status_code == 202 and answer.json()["todos"] == []
+    assert (only_record(webhook).outcome, only_record(webhook).status) == ("filtered", 202)
+    assert "someone-else" in only_record(webhook).reason
+
+
 def test_every_outcome_has_a_test_here():
     names = {name.removeprefix("test_").split("_is_")[0].split("_records")[0]
              .split("_names")[0] for name in globals() if name.startswith("test_")}

@@ -211,3 +211,44 @@ def test_the_sessions_rows_alone_for_the_live_page(vended, owner_client):
     stranger = Client()
     stranger.force_login(UserFactory(username="mallory"))
     assert stranger.get("/todos/endpoints/builds/sessions").status_code == 404
+
+
+# -- concurrency caps (docs/work-control.md#caps) -----------------------------------------------
+
+
+def test_the_page_shows_the_caps_and_the_claimed_count_against_them(vended, owner_client):
+    endpoint, _ = vended
+    endpoint_transitions.set_claim_caps(endpoint, max_claimed=1, queue_limits={"deploys": 1},
+                                        actor="alice")
+    make(endpoint, "deploys", State.CLAIMED, lease_owner="x" * 43)
+    page = owner_client.get("/todos/endpoints/builds/").content.decode()
+    caps = re.search(r'<div class="card" id="caps">(.*?)</form>', page, re.S).group(1)
+    assert "at most 1 claimed at once" in caps and "deploys: at most 1 claimed" in caps
+    assert "1 claimed now" in caps and "at capacity" in caps and 'value="deploys=1"' in caps
+
+
+def test_the_caps_form_saves_and_a_negative_cap_is_a_400_naming_the_field(vended, owner_client):
+    endpoint, _ = vended
+    saved = owner_client.post("/todos/endpoints/builds/limits",
+                              {"max_claimed": "3", "queue_limits": "deploys=1, inbox=2"})
+    assert saved.status_code == 302
+    endpoint.refresh_from_db()
+    assert (endpoint.max_claimed, endpoint.queue_limits) == (3, {"deploys": 1, "inbox": 2})
+    for form, field in [({"max_claimed": "-1"}, "max_claimed"),
+                        ({"max_claimed": "", "queue_limits": "deploys=-1"}, "queue_limits"),
+                        ({"max_claimed": "two"}, "max_claimed")]:
+        refused = owner_client.post("/todos/endpoints/builds/limits", form)
+        assert refused.status_code == 400 and field in refused.content.decode()
+        endpoint.refresh_from_db()
+        assert (endpoint.max_claimed, endpoint.queue_limits) == (3, {"deploys": 1, "inbox": 2})
+    cleared = owner_client.post("/todos/endpoints/builds/limits",
+                                {"max_claimed": "", "queue_limits": "inbox=2"})
+    assert cleared.status_code == 302
+    endpoint.refresh_from_db()
+    assert (endpoint.max_claimed, endpoint.queue_limits) == (None, {"inbox": 2})
+
+
+def test_another_operators_caps_form_is_a_404(vended):
+    browser = Client()
+    browser.force_login(UserFactory(username="mallory"))
+    assert browser.post("/todos/endpoints/builds/limits", {"max_claimed": "0"}).status_code == 404

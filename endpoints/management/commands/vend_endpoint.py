@@ -19,6 +19,8 @@ class Command(JsonCommand):
         parser.add_argument("--verbs", help="comma-separated verb allowlist (default: all)")
         parser.add_argument("--lease-seconds", type=int, help="default lease (server default if unset)")
         parser.add_argument("--max-attempts", type=int, default=5)
+        parser.add_argument("--max-claimed", type=int,
+                            help="at most this many todos claimed at once (default: unlimited)")
         parser.add_argument("--no-unverified", dest="accept_unverified", action="store_false",
                             help="never hand unverified todos (from unsigned webhooks) to the "
                                  "agent; they wait on the board until an operator promotes one")
@@ -35,6 +37,7 @@ class Command(JsonCommand):
                 default_lease_seconds=options["lease_seconds"],
                 max_attempts=options["max_attempts"],
                 accept_unverified=options["accept_unverified"],
+                max_claimed=options["max_claimed"],
             )
         except ValidationError as exc:
             raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()))
@@ -44,7 +47,7 @@ class Command(JsonCommand):
         self.emit(
             options,
             {"slug": endpoint.slug, "mcp_url": mcp_url, "credential": credential,
-             "mcp_json": connect_snippets.mcp_json(mcp_url)},
+             "mcp_json": connect_snippets.mcp_json(mcp_url), "max_claimed": endpoint.max_claimed},
             f"endpoint {endpoint.slug}\n  MCP URL:    {mcp_url}\n  credential: {credential}\n"
             "  (the credential is shown only now; store it in your agent's environment)\n\n"
             + connect_snippets.connect_text(mcp_url, credential),
