@@ -10,7 +10,10 @@ import secrets
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+from todos.models import MAX_SCHEDULE_AHEAD, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN
 
 log = logging.getLogger("switchboard.ingest")
 
@@ -89,6 +92,13 @@ class Route(models.Model):
     endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE, related_name="routes")
     queue = models.CharField(max_length=64)
     kinds = models.JSONField(default=list, blank=True)
+    # What each todo this route creates starts with (docs/work-control.md): its priority, and
+    # how long after arrival it becomes ready (0: at once).
+    priority = models.SmallIntegerField(
+        default=PRIORITY_DEFAULT,
+        validators=[MinValueValidator(PRIORITY_MIN), MaxValueValidator(PRIORITY_MAX)])
+    delay_seconds = models.PositiveIntegerField(
+        default=0, validators=[MaxValueValidator(int(MAX_SCHEDULE_AHEAD.total_seconds()))])
 
     class Meta:
         constraints = [
