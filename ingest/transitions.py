@@ -134,17 +134,29 @@ def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
         raise ValidationError(errors)
 
 
-def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None) -> Route:
+def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
+                      priority: int = 0, delay_seconds: int = 0) -> Route:
+    """A route from ``webhook`` to ``endpoint``'s ``queue`` whose todos start with ``priority``
+    and become ready ``delay_seconds`` after they arrive (docs/work-control.md). Raises
+    ValidationError naming the field for a bad value, before anything is written."""
     queue_name_validator(queue)
     with transaction.atomic():
         # The endpoint row locked, as endpoints.transitions.set_scope locks it: a route and a
         # concurrent narrowing of the scope are serialized, so neither sees the other half-done.
         endpoint = type(endpoint).objects.select_for_update().get(pk=endpoint.pk)
         check_route_target(webhook=webhook, endpoint=endpoint, queue=queue)
-        route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []))
+        route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []),
+                      priority=priority, delay_seconds=delay_seconds)
         route.full_clean()
         route.save()
     return route
+
+
+def route_work_control(route: Route, now) -> dict:
+    """What a todo created by ``route`` at ``now`` starts with: its priority, and when it is
+    ready (None: at once)."""
+    delay = timedelta(seconds=route.delay_seconds) if route.delay_seconds else None
+    return {"priority": route.priority, "not_before": now + delay if delay else None}
 
 
 def route_in_scope(route: Route) -> bool:
@@ -564,7 +576,8 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
     params.update(todo_transitions.create_todo_params(
         endpoint=route.endpoint, queue=route.queue, title=title, actor=f"webhook:{webhook.slug}",
         payload=payload, kind=kind, source=webhook.source, idempotency_key=idempotency_key,
-        trust=trust, now=now, payload_storable=payload_storable))
+        trust=trust, now=now, payload_storable=payload_storable,
+        **route_work_control(route, now)))
     try:
         with _statement_scope():
             rows = statements.fetch_rows(_single_route_sql_postgres(ledger is not None), params)
@@ -665,6 +678,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
                     source=webhook.source,
                     idempotency_key=route_idempotency_key(route, key, first_routes),
                     delivery_event=event, trust=trust, now=now, payload_storable=True,
+                    **route_work_control(route, now),
                 )
                 for route in matching
             ]
@@ -737,13 +751,14 @@ def _with_secret_refs(payload: dict, secret_values: dict) -> tuple[dict, list[Op
 
 def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, kind: str = "",
                    idempotency_key: str | None = None, secret_values=None, body_sha256: str = "",
-                   now=None):
+                   priority: int = 0, not_before=None, now=None):
     """An operator hands ``endpoint`` a todo: a delivery event of trust ``operator`` naming the
     human, the todo (rung exactly like a verified webhook's), and its secrets encrypted apart.
 
     Returns ``(todo, created)``. A live todo holding the same idempotency key is returned
     instead, and nothing of this call is kept (no event, no secrets, no ring). The caller has
-    checked that ``operator`` owns ``endpoint``.
+    checked that ``operator`` owns ``endpoint``. ``priority`` and ``not_before`` (a resolved
+    time, ``todos.transitions.resolve_not_before``) as for any todo (docs/work-control.md).
     """
     now = now or timezone.now()
     key = OPERATOR_KEY_PREFIX + idempotency_key if idempotency_key else None
@@ -757,7 +772,8 @@ def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, 
         todo, created = todo_transitions.create_todo(
             endpoint=endpoint, queue=queue, title=title, actor=operator.get_username(),
             payload=payload, kind=kind, source=OPERATOR_SOURCE, idempotency_key=key,
-            delivery_event=event, trust=TrustMode.OPERATOR, now=now,
+            delivery_event=event, trust=TrustMode.OPERATOR, now=now, priority=priority,
+            not_before=not_before,
         )
         if not created:
             transaction.set_rollback(True)
