@@ -120,15 +120,20 @@ TOOL_SCHEMAS = {
                       "description": "At most this many (1-200, default 50)."},
             "cursor": {"type": "string",
                        "description": "next_cursor of the previous page, to list the next one."},
+            "scheduled": {"type": "boolean",
+                          "description": "true: only scheduled todos (pending, not claimable "
+                                         "before not_before); false: leave them out."},
         }),
     ),
     "claim": (
         "Claim one pending todo by id (e.g. a doorbell's meta.todo_id) under a lease. Returns "
-        "the todo with payload and lease. not_claimable: someone else has it; move on.",
+        "the todo with payload and lease. not_claimable: someone else has it; move on. "
+        "scheduled: not before its not_before; leave it until then.",
         _schema({"todo_id": _TODO_ID, "lease_ttl_seconds": _LEASE_TTL}, ["todo_id"]),
     ),
     "claim_next": (
-        "Claim the oldest pending todo in your queues (or only the given ones). Returns "
+        "Claim the next ready todo in your queues (or only the given ones): highest priority, "
+        "then oldest. Returns "
         '{"todo": …} or {"empty": true} when there is nothing to do ({"empty": true, '
         '"paused": […]} when the operator paused every queue you asked for: wait, do not '
         "conclude the work is done). With wait_seconds, waits up to that long for a todo to "
@@ -212,6 +217,10 @@ _TODO_OUTPUT = {
         "source": {"type": "string"},
         "trust": {"type": "string"},
         "payload": _any_json("The todo's payload (secrets appear as refs)."),
+        "priority": {"type": "integer", "minimum": -100, "maximum": 100,
+                     "description": "Higher is claimed first by claim_next (default 0)."},
+        "not_before": {**_NULLABLE_STRING,
+                       "description": "Set on a scheduled todo: not claimable before then."},
         "attempts": {"type": "integer"},
         "max_attempts": {"type": "integer"},
         "lease_id": _NULLABLE_STRING,
@@ -230,7 +239,8 @@ _TODO_OUTPUT = {
 _ERROR_OUTPUT = {
     "type": "object",
     "description": "A refusal (isError): code is one of not_found, not_in_scope, not_claimable, "
-                   "lease_lost, already_done, paused, verb_not_allowed, invalid_argument.",
+                   "lease_lost, already_done, paused, scheduled, verb_not_allowed, "
+                   "invalid_argument.",
     "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
     "required": ["code", "message"],
 }
@@ -342,8 +352,7 @@ def _intro(endpoint, verbs) -> str:
 
 def _doorbells(endpoint, verbs) -> str:
     if "claim" in verbs:
-        todo = ("(1) todo doorbell: claim meta.todo_id (not_claimable: another worker took "
-                "it; move on).")
+        todo = "(1) todo doorbell: claim meta.todo_id (not_claimable: taken; move on)."
     else:
         todo = "(1) todo doorbell: meta.todo_id names one waiting todo."
     if "claim_next" in verbs:
@@ -407,6 +416,7 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("already_done")
     if "claim" in verbs:
         codes.append("paused (the operator paused that queue)")
+        codes.append("scheduled (wait for its not_before)")
     codes += ["verb_not_allowed", "invalid_argument (names the argument to fix)"]
     return "Refusals are isError results with error.code: " + ", ".join(codes) + "."
 
@@ -632,6 +642,7 @@ def _list_todos(caller, args):
         rows, next_cursor = todo_queries.list_todos(
             caller, queue=queue, state=args.get("state"), cursor=args.get("cursor"),
             limit=args.get("limit", todo_queries.LIST_LIMIT_DEFAULT),
+            scheduled=args.get("scheduled"),
         )
     except ValueError as bad_cursor:
         raise _Refused("invalid_argument", f"cursor: {bad_cursor}") from None
