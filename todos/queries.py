@@ -308,6 +308,16 @@ def count_backlog_by_queue():
         return cursor.fetchall()
 
 
+def count_scheduled_by_queue():
+    """``(endpoint slug, queue, count)`` of scheduled todos (pending, ``not_before`` set): a
+    read of the partial index todo_scheduled_due, so it costs what is scheduled, never the
+    history."""
+    from django.db.models import Count
+
+    return list(Todo.objects.filter(state=State.PENDING, not_before__isnull=False)
+                .values_list("endpoint__slug", "queue").annotate(n=Count("id")).order_by())
+
+
 def count_todo_events(*, after_id=0, up_to_id=None):
     """``(action, to_state, count)`` over the audit trail, for event ids in
     (``after_id``, ``up_to_id``]: a primary-key range, so counting only what is new is cheap."""
