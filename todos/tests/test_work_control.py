@@ -164,3 +164,62 @@ def test_a_schedule_resolves_to_a_time_or_to_ready_at_once():
     assert resolve(not_before=(NOW - timedelta(seconds=30)).isoformat(), now=NOW) is None
     ahead = NOW + timedelta(days=29)
     assert resolve(not_before=ahead.isoformat().replace("+00:00", "Z"), now=NOW) == ahead
+
+
+@pytest.mark.django_db(transaction=True)
+def test_due_sweeps_run_now_and_claims_racing_ready_each_scheduled_todo_once(endpoint):
+    """Two due sweeps, an operator's run now and claims by id race over the same scheduled
+    todos: each becomes ready exactly once (one due or run_now event), and is claimed once."""
+    import threading
+
+    from django.db import connections
+
+    now = timezone.now()
+    todos = [transitions.create_todo(endpoint=endpoint, queue="inbox", title=f"t{n}",
+                                     actor="test", not_before=now + timedelta(seconds=1),
+                                     now=now)[0] for n in range(40)]
+    after = now + timedelta(seconds=2)
+    operator = Caller.operator(endpoint, "alice")
+    errors, claimed = [], []
+
+    def sweep():
+        sweeps.release_due_scheduled_todos(now=after)
+
+    def run_now():
+        for todo in todos:
+            try:
+                transitions.run_now_todo(operator, todo.pk, now=after)
+            except Refusal as refusal:
+                assert refusal.code == "not_claimable"
+
+    def claim(name):
+        caller = Caller.agent(endpoint, name)
+        for todo in reversed(todos):
+            try:
+                claimed.append(transitions.claim_todo(caller, todo.pk, now=after).pk)
+            except Refusal as refusal:
+                assert refusal.code == "not_claimable"
+
+    def guarded(target, *args):
+        try:
+            target(*args)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=guarded, args=args) for args in
+               [(sweep,), (sweep,), (run_now,), (claim, "w1"), (claim, "w2")]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    sweep()  # whatever every racer skipped
+    readied = list(TodoEvent.objects.filter(action__in=["due", "run_now"])
+                   .values_list("todo_id", flat=True))
+    assert len(readied) == len(set(readied))
+    assert len(claimed) == len(set(claimed))
+    assert not Todo.objects.filter(not_before__isnull=False, state="pending").exists()
+    # A todo claimed before any sweep reached it was never "readied": claim clears it itself.
+    assert set(readied) | set(claimed) == {todo.pk for todo in todos}
