@@ -881,23 +881,33 @@ def promote_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     Refuses ``not_found`` (missing or invisible) and ``not_claimable`` (not pending, or not
     unverified). Only operator surfaces (board, admin) call it.
     """
+    return _operator_transition(
+        caller, todo_id, guard="state = 'pending' AND trust = 'unverified'",
+        set_sql="trust = 'operator', ring_attempts = 0, last_ringed_at = NULL",
+        action="promote", detail={"from_trust": Trust.UNVERIFIED}, now=now,
+        not_claimable="is not a pending unverified todo")
+
+
+def _operator_transition(caller: Caller, todo_id, *, guard: str, set_sql: str, action: str,
+                         now, params=None, detail=None, from_state_sql: str = "'pending'",
+                         not_claimable: str) -> Todo:
+    """An operator's guarded change of the one todo ``todo_id`` (promote, priority, run now):
+    the statement, its ``action`` event, the announcement. When ``guard`` (SQL over the row)
+    does not hold: ``not_found`` for a missing or invisible todo, else ``not_claimable`` with
+    "todo N ``not_claimable``" as its message."""
     now = now or timezone.now()
     todo_id = _todo_id(todo_id)
-    params = {"todo_id": todo_id}
-    where = _by_id(_visible_guard(caller, params)
-                   + " AND state = 'pending' AND trust = 'unverified'")
+    params = {**(params or {}), "todo_id": todo_id}
     todo = _one(_apply(
-        set_sql="trust = 'operator', ring_attempts = 0, last_ringed_at = NULL",
-        where_sql=where, params=params, action_sql="'promote'", from_state_sql="'pending'",
-        actor=caller.actor, now=now, detail={"from_trust": Trust.UNVERIFIED},
-        endpoint=caller.endpoint,
+        set_sql=set_sql, where_sql=_by_id(_visible_guard(caller, params) + f" AND {guard}"),
+        params=params, action_sql=f"'{action}'", from_state_sql=from_state_sql,
+        actor=caller.actor, now=now, detail=detail, endpoint=caller.endpoint,
     ))
     if todo is None:
-        refusal = _explain_refusal(caller, todo_id, claiming=True)
-        if refusal.code == "not_claimable":
-            refusal = Refusal("not_claimable", f"todo {todo_id} is not a pending unverified todo")
-        raise refusal
-    _announce([todo], "promote")
+        if _explain_refusal(caller, todo_id, claiming=True).code == "not_found":
+            raise Refusal("not_found", f"no todo {todo_id}")
+        raise Refusal("not_claimable", f"todo {todo_id} {not_claimable}")
+    _announce([todo], action)
     return todo
 
 
@@ -955,24 +965,12 @@ def set_priority_todo(caller: Caller, todo_id, priority, *, now=None) -> Todo:
     failed (waiting to retry, or dead, for when it is requeued). One ``prioritize`` event,
     its detail the new priority. Refuses ``invalid_argument`` (``check_priority``), ``not_found``
     and ``not_claimable`` (claimed or done: nothing waits to be ordered)."""
-    now = now or timezone.now()
     check_priority(priority)
-    todo_id = _todo_id(todo_id)
-    params = {"todo_id": todo_id, "priority": priority}
-    where = _by_id(_visible_guard(caller, params) + " AND state IN ('pending', 'failed')")
-    todo = _one(_apply(
-        set_sql="priority = %(priority)s", where_sql=where, params=params,
-        action_sql="'prioritize'", from_state_sql="t.state", actor=caller.actor, now=now,
-        detail={"priority": priority}, endpoint=caller.endpoint,
-    ))
-    if todo is None:
-        refusal = _explain_refusal(caller, todo_id, claiming=True)
-        if refusal.code != "not_found":
-            refusal = Refusal("not_claimable", f"todo {todo_id} is not pending or failed; only a "
-                                               "waiting todo's priority can change")
-        raise refusal
-    _announce([todo], "prioritize")
-    return todo
+    return _operator_transition(
+        caller, todo_id, guard="state IN ('pending', 'failed')",
+        set_sql="priority = %(priority)s", params={"priority": priority}, action="prioritize",
+        from_state_sql="t.state", detail={"priority": priority}, now=now,
+        not_claimable="is not pending or failed; only a waiting todo's priority can change")
 
 
 # A todo that becomes ready after waiting for its time starts with a fresh ring budget and no
@@ -984,22 +982,10 @@ def run_now_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     """An operator runs a scheduled todo now: pending with ``not_before`` -> ready (cleared),
     announced as ready (doorbell, long-poll wake-up). One ``run_now`` event naming the
     operator. Refuses ``not_found`` and ``not_claimable`` (not a scheduled pending todo)."""
-    now = now or timezone.now()
-    todo_id = _todo_id(todo_id)
-    params = {"todo_id": todo_id}
-    where = _by_id(_visible_guard(caller, params)
-                   + " AND state = 'pending' AND not_before IS NOT NULL")
-    todo = _one(_apply(
-        set_sql=_BECOMES_READY_SQL, where_sql=where, params=params, action_sql="'run_now'",
-        from_state_sql="'pending'", actor=caller.actor, now=now, endpoint=caller.endpoint,
-    ))
-    if todo is None:
-        refusal = _explain_refusal(caller, todo_id, claiming=True)
-        if refusal.code != "not_found":
-            refusal = Refusal("not_claimable", f"todo {todo_id} is not a scheduled pending todo")
-        raise refusal
-    _announce([todo], "run_now")
-    return todo
+    return _operator_transition(
+        caller, todo_id, guard="state = 'pending' AND not_before IS NOT NULL",
+        set_sql=_BECOMES_READY_SQL, action="run_now", now=now,
+        not_claimable="is not a scheduled pending todo")
 
 
 # -- sweeps' statements (called by todos/sweeps.py) ---------------------------------------------
