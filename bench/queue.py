@@ -493,7 +493,16 @@ def main():
               "only | a/d (target >= 0.9) | a/c (target >= 3 at 8) | a/b | PG CPU/cycle a, b, d "
               "| PG a/b (target <= 1.25) | a cycles/s per PG core | worker CPU/cycle a, d |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    # Printed as they come when the full table is not (a, e only), else after it.
     priority_rows = []
+    compare = "a switchboard" in chosen and "e switchboard, mixed priorities" in chosen
+    priority_header = (
+        "\nclaim_next + complete with priorities in play, the same rounds (a: every todo "
+        "at priority 0; e: mixed priorities -50…50)\n\n"
+        "| workers | a switchboard | e switchboard, mixed priorities | e/a (target >= 0.9) |\n"
+        "| --- | --- | --- | --- |")
+    if compare and not full:
+        print(priority_header, flush=True)
     for workers in [int(w) for w in args.workers.split(",")]:
         rates, pg_cpu, own_cpu = ({name: [] for name in chosen} for _ in range(3))
         for _ in range(args.rounds):
@@ -512,15 +521,13 @@ def main():
                   f"{pd * 1000:.3f} ms | {pa / pb:.2f} | {1 / pa:.0f} "
                   f"| {wa * 1000:.3f} / {wd * 1000:.3f} ms |", flush=True)
         plain, mixed = median.get("a switchboard"), median.get("e switchboard, mixed priorities")
-        if plain and mixed:
-            priority_rows.append(
-                f"| {workers} | {plain:.0f}/s | {mixed:.0f}/s | {mixed / plain:.2f} |")
-    if priority_rows:
-        print("\nclaim_next + complete with priorities in play, the same rounds (a: every todo "
-              "at priority 0; e: mixed priorities -50…50)\n")
-        print("| workers | a switchboard | e switchboard, mixed priorities "
-              "| e/a (target >= 0.9) |")
-        print("| --- | --- | --- | --- |")
+        if compare:
+            row = f"| {workers} | {plain:.0f}/s | {mixed:.0f}/s | {mixed / plain:.2f} |"
+            priority_rows.append(row)
+            if not full:
+                print(row, flush=True)
+    if compare and full:
+        print(priority_header)
         print("\n".join(priority_rows), flush=True)
 
     if args.breakdown_workers:
