@@ -333,10 +333,10 @@ def list_tools_result(endpoint) -> types.ListToolsResult:
 # The instructions are built from parts, each a function of (endpoint, granted verbs) that
 # returns one or two sentences or "" when its verbs are not granted: an endpoint is told only
 # about the tools it has. To add a sentence, add a part to INSTRUCTION_PARTS. The longest
-# combination (every verb, a 64-character slug, a 1-day lease) is 2,044 characters, 4 under
+# combination (every verb, a 64-character slug, a 1-day lease) is 2,006 characters, 42 under
 # INSTRUCTIONS_MAX_CHARS: a new sentence must shorten another.
-# test_instructions_fit_every_allowlist_and_name_only_granted_verbs
-# checks every subset of the verbs.
+# test_instructions_fit_every_allowlist_and_name_only_granted_verbs checks every subset of the
+# verbs, and that the text ends with the whole trust note (the cap would cut it first).
 
 
 def _granted_list(verbs, *names) -> list:
@@ -393,12 +393,14 @@ def _leases(endpoint, verbs) -> str:
     ends = _granted_list(verbs, "complete", "fail", "release")
     if ends:
         said = {"complete": "complete (with a result)",
-                "fail": "fail (with an error; retried with backoff until attempts run out)",
+                "fail": "fail (with an error; retried with backoff)",
                 "release": "release (hand it back)"}
-        text.append("Finish with " + " or ".join(said[verb] for verb in ends) + ".")
+        named = [said[verb] for verb in ends]
+        text.append("Finish with " + (", ".join(named[:-1]) + " or " if len(named) > 1 else "")
+                    + named[-1] + ".")
     if _granted_list(verbs, "heartbeat", "complete", "fail", "release"):
-        text.append("A lapsed lease (or one an operator ended) is lost at once: the todo goes "
-                    "back to the queue, your late call gets lease_lost; stop work on it.")
+        text.append("A lapsed lease (or one an operator ended) is lost at once: your late call "
+                    "gets lease_lost; stop work on it.")
     if "complete" in verbs:
         text.append("A complete repeated by the same lease gets already_done: it was recorded.")
     return " ".join(text)
