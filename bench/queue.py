@@ -19,17 +19,22 @@ PostgreSQL CPU breakdown (``--breakdown-workers``, default 4): d's statements wi
 taken out at a time (the four per-queue claim probes, the audit events, the secrets cleanup)
 beside b, so the PG a/b ratio comes with what it is made of.
 
-Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table.
+Priorities: (e) is (a) draining todos with mixed priorities (-50…50; docs/work-control.md),
+interleaved in the same rounds, so its table shows what ordering by priority costs (target: e
+within 10 % of a). ``--systems a,e`` runs only those two.
 
-Databases (created when missing): sb_bench (switchboard's schema; BENCH_DB names another, so
-two checkouts can bench side by side) and sb_bench_procrastinate.
+Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table, with
+the pending todos at one priority and with mixed priorities.
 
 Caps: ``--max-claimed N`` sets the bench endpoint's cap on claimed todos (docs/work-control.md#caps)
 for the (a) rows: with N at or above the worker count it measures what the capacity guard costs
 a claim; below it, claims held back by the cap (at_capacity) are retried and the rate is what
 N slots sustain.
-The PostgreSQL server comes from BENCH_PG (default postgres://postgres@127.0.0.1:5432), the
-Redis channel layer for (a) from BENCH_REDIS (default redis://127.0.0.1:6379/9).
+
+Databases (created when missing): sb_bench (switchboard's schema; BENCH_DB names another, so
+two checkouts can bench at once) and sb_bench_procrastinate. The PostgreSQL server comes from
+BENCH_PG (default postgres://postgres@127.0.0.1:5432), the Redis channel layer for (a) from
+BENCH_REDIS (default redis://127.0.0.1:6379/9).
 """
 
 import sys
@@ -102,21 +107,28 @@ def endpoint_id(conn) -> int:
     return conn.execute("SELECT id FROM endpoints_endpoint WHERE slug = %s", (SLUG,)).fetchone()[0]
 
 
-def refill_todos(count: int, done: int = 0):
-    """Empty the ledger, then add ``count`` pending todos over the queues (and ``done`` history)."""
+# Mixed priorities for (e) and the latency runs: -50…50 in steps of 10, spread over creation
+# order so that the claim order differs from the age order throughout.
+MIXED_PRIORITY_SQL = "((g * 37) %% 11) * 10 - 50"
+
+
+def refill_todos(count: int, done: int = 0, *, priorities: bool = False):
+    """Empty the ledger, then add ``count`` pending todos over the queues (and ``done`` history);
+    with ``priorities``, the pending todos get MIXED_PRIORITY_SQL."""
     with psycopg.connect(SB_DB, autocommit=True) as conn:
         ep = endpoint_id(conn)
         conn.execute("TRUNCATE todos_todoevent, todos_todo CASCADE")
         insert = (
             "INSERT INTO todos_todo (endpoint_id, queue, state, title, kind, source, payload, trust, "
-            "attempts, max_attempts, created_at, updated_at, ring_attempts) "
+            "attempts, max_attempts, created_at, updated_at, ring_attempts, priority) "
             "SELECT %s, (ARRAY['q0','q1','q2','q3'])[1 + g %% 4], %s, 'bench todo', '', 'bench', "
-            "'{\"n\": 1}', 'signed', %s, 5, now() - make_interval(secs => %s - g), now(), 0 "
-            "FROM generate_series(1, %s) g"
+            "'{\"n\": 1}', 'signed', %s, 5, now() - make_interval(secs => %s - g), now(), 0, "
+            "{priority} FROM generate_series(1, %s) g"
         )
         if done:
-            conn.execute(insert, (ep, "done", 1, done + count, done))
-        conn.execute(insert, (ep, "pending", 0, count, count))
+            conn.execute(insert.replace("{priority}", "0"), (ep, "done", 1, done + count, done))
+        conn.execute(insert.replace("{priority}", MIXED_PRIORITY_SQL if priorities else "0"),
+                     (ep, "pending", 0, count, count))
         conn.execute("VACUUM ANALYZE todos_todo")
         if done:
             # Flush the fixture's write burst now: a checkpoint it triggers later would land
@@ -248,7 +260,7 @@ _TODO_COLUMNS = (
     "id, endpoint_id, queue, state, title, kind, source, payload, idempotency_key, "
     "delivery_event_id, trust, attempts, max_attempts, lease_id, lease_owner, lease_expires_at, "
     "lease_ttl, retry_at, dead_lettered_at, result, last_error, created_at, updated_at, "
-    "ring_attempts, last_ringed_at"
+    "ring_attempts, last_ringed_at, priority, not_before"
 )
 _EVENT = (
     ", e AS (INSERT INTO todos_todoevent (todo_id, action, from_state, to_state, actor, at, "
@@ -263,11 +275,14 @@ _SECRETS_CLEANUP = (
 AUDITED_CLAIM = (
     "WITH t AS (UPDATE todos_todo SET state = 'claimed', lease_id = %(lease_id)s, "
     "lease_owner = %(owner)s, lease_expires_at = %(expires)s, lease_ttl = %(ttl)s, "
-    "attempts = attempts + 1, retry_at = NULL, updated_at = %(now)s WHERE id = (SELECT c.id FROM "
-    "unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (SELECT p.id, p.created_at FROM "
-    "todos_todo p WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = q.name AND "
-    "p.state = 'pending' ORDER BY p.created_at, p.id LIMIT 1 FOR UPDATE SKIP LOCKED) c "
-    "ORDER BY c.created_at, c.id LIMIT 1) AND state = 'pending' "
+    "attempts = attempts + 1, retry_at = NULL, not_before = NULL, updated_at = %(now)s "
+    "WHERE id = (SELECT c.id FROM "
+    "unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (SELECT p.id, p.priority, "
+    "p.created_at FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = q.name AND "
+    "p.state = 'pending' AND p.not_before IS NULL ORDER BY p.priority DESC, p.created_at, p.id "
+    "LIMIT 1 FOR UPDATE SKIP LOCKED) c "
+    "ORDER BY c.priority DESC, c.created_at, c.id LIMIT 1) AND state = 'pending' "
+    "AND not_before IS NULL "
     f"RETURNING {_TODO_COLUMNS})" + _EVENT.format(action="claim", before="pending", cleanup="")
 )
 AUDITED_COMPLETE = (
@@ -285,7 +300,8 @@ def _without(sql: str, part: str, instead: str = "") -> str:
     return sql.replace(part, instead)
 
 
-_LATERAL_PICK = AUDITED_CLAIM[AUDITED_CLAIM.index("(SELECT c.id"):AUDITED_CLAIM.index(" AND state")]
+_LATERAL_PICK = AUDITED_CLAIM[AUDITED_CLAIM.index("(SELECT c.id"):AUDITED_CLAIM.index(
+    ") AND state") + 1]
 _EVENT_CTE = AUDITED_CLAIM[AUDITED_CLAIM.index(", e AS ("):AUDITED_CLAIM.index(" SELECT * FROM t")]
 # Where PostgreSQL's CPU per cycle goes beyond the bare floor (b): the audited statements with
 # one piece taken out at a time. A diagnostic for the PG a/b target; none of these variants is a
@@ -297,7 +313,8 @@ AUDITED_VARIANTS = {
         _without(AUDITED_CLAIM, _LATERAL_PICK,
                  "(SELECT p.id FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s AND "
                  "p.queue = ANY(%(queues)s::text[]) AND p.state = 'pending' "
-                 "ORDER BY p.created_at, p.id LIMIT 1 FOR UPDATE SKIP LOCKED)"),
+                 "AND p.not_before IS NULL ORDER BY p.priority DESC, p.created_at, p.id "
+                 "LIMIT 1 FOR UPDATE SKIP LOCKED)"),
         AUDITED_COMPLETE),
     "no audit events (the two todo-event inserts)": (
         _without(AUDITED_CLAIM, _EVENT_CTE),
@@ -357,6 +374,8 @@ SYSTEMS = {
     "b bare SQL": (bare_worker, lambda n: refill_todos(n)),
     "c procrastinate": (procrastinate_worker, refill_jobs),
     "d audited SQL, psycopg only": (audited_sql_worker, lambda n: refill_todos(n)),
+    "e switchboard, mixed priorities": (switchboard_worker,
+                                        lambda n: refill_todos(n, priorities=True)),
 }
 
 
@@ -415,8 +434,8 @@ def run_round(worker, refill, todos: int, workers: int) -> tuple[float, float, f
 # -- latency with history ------------------------------------------------------------------------
 
 
-def claim_latency(done_rows: int, samples: int) -> tuple[float, float]:
-    refill_todos(samples, done=done_rows)
+def claim_latency(done_rows: int, samples: int, *, priorities: bool = False) -> tuple[float, float]:
+    refill_todos(samples, done=done_rows, priorities=priorities)
     production_env()
     sys.path.insert(0, str(ROOT))
     import django
@@ -474,65 +493,89 @@ def main():
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--max-claimed", type=int, default=None,
                         help="cap the bench endpoint's claimed todos (default: no cap)")
-    parser.add_argument("--systems", default="abcd",
-                        help="which of a, b, c, d to run (default: all; the ratios need a-d)")
     parser.add_argument("--breakdown-workers", type=int, default=4,
                         help="workers for the PostgreSQL CPU breakdown (0: skip it)")
+    parser.add_argument("--systems", default="a,b,c,d,e",
+                        help="which systems the throughput rounds run (letters, e.g. a,e)")
     args = parser.parse_args()
+    chosen = {name: system for name, system in SYSTEMS.items()
+              if name.split()[0] in args.systems.split(",")}
 
     prepare_switchboard_schema()
-    if "c" in args.systems:
+    if "c procrastinate" in chosen:
         prepare_procrastinate_schema()
     if args.max_claimed is not None or "max_claimed" in _endpoint_columns():
         with psycopg.connect(SB_DB, autocommit=True) as conn:
             conn.execute("UPDATE endpoints_endpoint SET max_claimed = %s WHERE slug = %s",
                          (args.max_claimed, SLUG))
         print(f"# endpoint cap max_claimed = {args.max_claimed}")
-    systems = {name: run for name, run in SYSTEMS.items() if name[0] in args.systems}
     print(f"# bench/queue.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}")
     with psycopg.connect(f"{PG}/postgres") as conn:
         print(f"# {conn.execute('SELECT version()').fetchone()[0].split(' on ')[0]}")
     print(f"# {args.todos} todos per round, {args.rounds} interleaved rounds, median shown\n")
-    print("| workers | a switchboard | b bare SQL | c procrastinate | d audited SQL, psycopg only "
-          "| a/d (target >= 0.9) | a/c (target >= 3 at 8) | a/b | PG CPU/cycle a, b, d "
-          "| PG a/b (target <= 1.25) | a cycles/s per PG core | worker CPU/cycle a, d |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    full = all(name in chosen for name in list(SYSTEMS)[:4])
+    if full:
+        print("| workers | a switchboard | b bare SQL | c procrastinate | d audited SQL, psycopg "
+              "only | a/d (target >= 0.9) | a/c (target >= 3 at 8) | a/b | PG CPU/cycle a, b, d "
+              "| PG a/b (target <= 1.25) | a cycles/s per PG core | worker CPU/cycle a, d |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    # Printed as they come when the full table is not (a, e only), else after it.
+    priority_rows = []
+    compare = "a switchboard" in chosen and "e switchboard, mixed priorities" in chosen
+    priority_header = (
+        "\nclaim_next + complete with priorities in play, the same rounds (a: every todo "
+        "at priority 0; e: mixed priorities -50…50)\n\n"
+        "| workers | a switchboard | e switchboard, mixed priorities | e/a (target >= 0.9) |\n"
+        "| --- | --- | --- | --- |")
+    if compare and not full:
+        print(priority_header, flush=True)
     for workers in [int(w) for w in args.workers.split(",")]:
-        rates, pg_cpu, own_cpu = ({name: [] for name in SYSTEMS} for _ in range(3))
+        rates, pg_cpu, own_cpu = ({name: [] for name in chosen} for _ in range(3))
         for _ in range(args.rounds):
-            for name, (worker, refill) in systems.items():
+            for name, (worker, refill) in chosen.items():
                 rate, cpu, own = run_round(worker, refill, args.todos, workers)
                 rates[name].append(rate)
                 pg_cpu[name].append(cpu)
                 own_cpu[name].append(own)
-        if set(systems) != set(SYSTEMS):
-            print(f"| {workers} | " + " | ".join(
-                f"{name}: {statistics.median(rates[name]):.0f}/s" for name in systems) + " |",
-                flush=True)
-            continue
-        a, b, c, d = (statistics.median(rates[name]) for name in SYSTEMS)
-        pa, pb, _, pd = (statistics.median(pg_cpu[name]) for name in SYSTEMS)
-        wa, _, _, wd = (statistics.median(own_cpu[name]) for name in SYSTEMS)
-        print(f"| {workers} | {a:.0f}/s | {b:.0f}/s | {c:.0f}/s | {d:.0f}/s | {a / d:.2f} "
-              f"| {a / c:.2f} | {a / b:.2f} | {pa * 1000:.3f} / {pb * 1000:.3f} / "
-              f"{pd * 1000:.3f} ms | {pa / pb:.2f} | {1 / pa:.0f} "
-              f"| {wa * 1000:.3f} / {wd * 1000:.3f} ms |", flush=True)
+        median = {name: statistics.median(rates[name]) for name in chosen}
+        if full:
+            a, b, c, d = (median[name] for name in list(SYSTEMS)[:4])
+            pa, pb, _, pd = (statistics.median(pg_cpu[name]) for name in list(SYSTEMS)[:4])
+            wa, _, _, wd = (statistics.median(own_cpu[name]) for name in list(SYSTEMS)[:4])
+            print(f"| {workers} | {a:.0f}/s | {b:.0f}/s | {c:.0f}/s | {d:.0f}/s | {a / d:.2f} "
+                  f"| {a / c:.2f} | {a / b:.2f} | {pa * 1000:.3f} / {pb * 1000:.3f} / "
+                  f"{pd * 1000:.3f} ms | {pa / pb:.2f} | {1 / pa:.0f} "
+                  f"| {wa * 1000:.3f} / {wd * 1000:.3f} ms |", flush=True)
+        plain, mixed = median.get("a switchboard"), median.get("e switchboard, mixed priorities")
+        if compare:
+            row = f"| {workers} | {plain:.0f}/s | {mixed:.0f}/s | {mixed / plain:.2f} |"
+            priority_rows.append(row)
+            if not full:
+                print(row, flush=True)
+    if compare and full:
+        print(priority_header)
+        print("\n".join(priority_rows), flush=True)
 
     if args.breakdown_workers:
         pg_breakdown(args.todos, args.breakdown_workers, args.rounds)
 
-    print("\n| done todos in table | claim_next p50 | p99 |")
-    print("| --- | --- | --- |")
+    print("\n| done todos in table | pending todos' priorities | claim_next p50 | p99 |")
+    print("| --- | --- | --- | --- |")
     results = {}
     for done_rows in [int(n) for n in args.history.split(",")]:
-        p50, p99 = claim_latency(done_rows, args.samples)
-        results[done_rows] = p50
-        print(f"| {done_rows:,} | {p50:.2f} ms | {p99:.2f} ms |", flush=True)
-    sizes = sorted(results)
+        for priorities in (False, True):
+            p50, p99 = claim_latency(done_rows, args.samples, priorities=priorities)
+            results[done_rows, priorities] = p50
+            print(f"| {done_rows:,} | {'mixed' if priorities else 'all 0'} | {p50:.2f} ms "
+                  f"| {p99:.2f} ms |", flush=True)
+    sizes = sorted({size for size, _ in results})
     if len(sizes) >= 2:
-        print(f"\np50 ratio {sizes[-1]:,} / {sizes[0]:,} done rows: "
-              f"{results[sizes[-1]] / results[sizes[0]]:.2f} (target <= 1.5)")
+        for priorities in (False, True):
+            print(f"\np50 ratio {sizes[-1]:,} / {sizes[0]:,} done rows, "
+                  f"{'mixed priorities' if priorities else 'priority 0'}: "
+                  f"{results[sizes[-1], priorities] / results[sizes[0], priorities]:.2f} "
+                  "(target <= 1.5)")
 
 
 if __name__ == "__main__":

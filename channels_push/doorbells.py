@@ -247,6 +247,8 @@ def ring_ready_todo(todo, change: dict) -> None:
         return
     if todo.state != "pending":  # a lapse on the last attempt dead-letters instead
         return
+    if todo.not_before is not None:  # scheduled: rung when it comes due (the "due" change)
+        return
     ring_todo(todo)
 
 

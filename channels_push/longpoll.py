@@ -200,8 +200,8 @@ class WaitRoom:
                 unserved.append((queue, unverified))
 
     def on_changes(self, changes) -> None:
-        """Board changes arrived: each that left a todo pending wakes one idle waiter of its
-        endpoint whose queues cover it."""
+        """Board changes arrived: each that left a todo ready (pending, not scheduled) wakes
+        one idle waiter of its endpoint whose queues cover it."""
         now = self.loop.time()
         for change in changes:
             if change.get("state") in SETTLED_STATES:
@@ -209,7 +209,9 @@ class WaitRoom:
                 self._wake_first(endpoint_id, lambda waiter: waiter.at_capacity,
                                  str(change.get("todo_id")))
                 continue
-            if change.get("state") != "pending":
+            # A scheduled todo is pending but not ready: it wakes nobody until the due sweep
+            # (or an operator's run now) announces it again without ``scheduled``.
+            if change.get("state") != "pending" or change.get("scheduled"):
                 continue
             endpoint_id = change.get("endpoint_id")
             self.last_ready_at[endpoint_id] = now

@@ -120,15 +120,20 @@ TOOL_SCHEMAS = {
                       "description": "At most this many (1-200, default 50)."},
             "cursor": {"type": "string",
                        "description": "next_cursor of the previous page, to list the next one."},
+            "scheduled": {"type": "boolean",
+                          "description": "true: only scheduled todos (pending, not claimable "
+                                         "before not_before); false: leave them out."},
         }),
     ),
     "claim": (
         "Claim one pending todo by id (e.g. a doorbell's meta.todo_id) under a lease. Returns "
-        "the todo with payload and lease. not_claimable: someone else has it; move on.",
+        "the todo with payload and lease. not_claimable: someone else has it; move on. "
+        "scheduled: not before its not_before; leave it until then.",
         _schema({"todo_id": _TODO_ID, "lease_ttl_seconds": _LEASE_TTL}, ["todo_id"]),
     ),
     "claim_next": (
-        "Claim the oldest pending todo in your queues (or only the given ones). Returns "
+        "Claim the next ready todo in your queues (or only the given ones): highest priority, "
+        "then oldest. Returns "
         '{"todo": …} or {"empty": true} when there is nothing to do ({"empty": true, '
         '"paused": […]} when the operator paused every queue you asked for, "at_capacity": true '
         "when the endpoint's cap on claimed todos is reached: wait, do not conclude the work "
@@ -213,6 +218,10 @@ _TODO_OUTPUT = {
         "source": {"type": "string"},
         "trust": {"type": "string"},
         "payload": _any_json("The todo's payload (secrets appear as refs)."),
+        "priority": {"type": "integer", "minimum": -100, "maximum": 100,
+                     "description": "Higher is claimed first by claim_next (default 0)."},
+        "not_before": {**_NULLABLE_STRING,
+                       "description": "Set on a scheduled todo: not claimable before then."},
         "attempts": {"type": "integer"},
         "max_attempts": {"type": "integer"},
         "lease_id": _NULLABLE_STRING,
@@ -231,7 +240,7 @@ _TODO_OUTPUT = {
 _ERROR_OUTPUT = {
     "type": "object",
     "description": "A refusal (isError): code is one of not_found, not_in_scope, not_claimable, "
-                   "lease_lost, already_done, paused, at_capacity, verb_not_allowed, "
+                   "lease_lost, already_done, paused, scheduled, at_capacity, verb_not_allowed, "
                    "invalid_argument.",
     "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
     "required": ["code", "message"],
@@ -328,10 +337,10 @@ def list_tools_result(endpoint) -> types.ListToolsResult:
 # The instructions are built from parts, each a function of (endpoint, granted verbs) that
 # returns one or two sentences or "" when its verbs are not granted: an endpoint is told only
 # about the tools it has. To add a sentence, add a part to INSTRUCTION_PARTS. The longest
-# combination (every verb, a 64-character slug, a 1-day lease) is 2,044 characters, 4 under
+# combination (every verb, a 64-character slug, a 1-day lease) is 2,006 characters, 42 under
 # INSTRUCTIONS_MAX_CHARS: a new sentence must shorten another.
-# test_instructions_fit_every_allowlist_and_name_only_granted_verbs
-# checks every subset of the verbs.
+# test_instructions_fit_every_allowlist_and_name_only_granted_verbs checks every subset of the
+# verbs, and that the text ends with the whole trust note (the cap would cut it first).
 
 
 def _granted_list(verbs, *names) -> list:
@@ -347,8 +356,7 @@ def _intro(endpoint, verbs) -> str:
 
 def _doorbells(endpoint, verbs) -> str:
     if "claim" in verbs:
-        todo = ("(1) todo doorbell: claim meta.todo_id (not_claimable: another worker took "
-                "it; move on).")
+        todo = "(1) todo doorbell: claim meta.todo_id (not_claimable: taken; move on)."
     else:
         todo = "(1) todo doorbell: meta.todo_id names one waiting todo."
     if "claim_next" in verbs:
@@ -393,12 +401,14 @@ def _leases(endpoint, verbs) -> str:
     ends = _granted_list(verbs, "complete", "fail", "release")
     if ends:
         said = {"complete": "complete (with a result)",
-                "fail": "fail (with an error; retried with backoff until attempts run out)",
+                "fail": "fail (with an error; retried with backoff)",
                 "release": "release (hand it back)"}
-        text.append("Finish with " + " or ".join(said[verb] for verb in ends) + ".")
+        named = [said[verb] for verb in ends]
+        text.append("Finish with " + (", ".join(named[:-1]) + " or " if len(named) > 1 else "")
+                    + named[-1] + ".")
     if _granted_list(verbs, "heartbeat", "complete", "fail", "release"):
-        text.append("A lapsed lease (or one an operator ended) is lost at once: the todo goes "
-                    "back to the queue, your late call gets lease_lost; stop work on it.")
+        text.append("A lapsed lease (or one an operator ended) is lost at once: your late call "
+                    "gets lease_lost; stop work on it.")
     if "complete" in verbs:
         text.append("A complete repeated by the same lease gets already_done: it was recorded.")
     return " ".join(text)
@@ -416,6 +426,7 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("already_done")
     if "claim" in verbs:
         codes.append("paused (the operator paused that queue)")
+        codes.append("scheduled (wait for its not_before)")
     if _granted_list(verbs, "claim", "claim_next") and endpoint.has_claim_caps:
         codes.append("at_capacity")
     codes += ["verb_not_allowed", "invalid_argument (names the argument to fix)"]
@@ -643,6 +654,7 @@ def _list_todos(caller, args):
         rows, next_cursor = todo_queries.list_todos(
             caller, queue=queue, state=args.get("state"), cursor=args.get("cursor"),
             limit=args.get("limit", todo_queries.LIST_LIMIT_DEFAULT),
+            scheduled=args.get("scheduled"),
         )
     except ValueError as bad_cursor:
         raise _Refused("invalid_argument", f"cursor: {bad_cursor}") from None

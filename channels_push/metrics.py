@@ -55,6 +55,10 @@ TRANSITION_COUNTERS = {
     "lease_lapsed": ("switchboard_todo_lease_lapses", "Leases that lapsed and were reaped."),
     "create": ("switchboard_todos_created", "Todos created."),
     "requeue": ("switchboard_todo_requeues", "Failed todos re-queued by a human."),
+    "due": ("switchboard_todos_scheduled_due", "Scheduled todos that came due (made ready by "
+                                               "the due sweep)."),
+    "run_now": ("switchboard_todo_runs_now", "Scheduled todos an operator made ready at once."),
+    "prioritize": ("switchboard_todo_priority_changes", "Priorities an operator changed."),
 }
 DEAD_LETTERS = ("switchboard_todo_dead_letters", "Todos dead-lettered (attempts spent).")
 
@@ -136,6 +140,16 @@ class QueueCollector:
         for endpoint, queue, state, count in queries.count_backlog_by_queue():
             backlog.add_metric([endpoint, queue, state], count)
         yield backlog
+
+        scheduled = GaugeMetricFamily(
+            "switchboard_todos_scheduled",
+            "Pending todos not ready before their not_before, by endpoint and queue (they are "
+            'also in switchboard_todos{state="pending"}).',
+            labels=["endpoint", "queue"],
+        )
+        for endpoint, queue, count in queries.count_scheduled_by_queue():
+            scheduled.add_metric([endpoint, queue], count)
+        yield scheduled
 
         totals = dict.fromkeys(TRANSITION_COUNTERS, 0)
         dead = 0

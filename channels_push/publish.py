@@ -27,7 +27,11 @@ BOARD_GROUP = "todos.board"
 # Changes after which a todo is ready for an agent to pick up: the doorbell's triggers (§7).
 # A lease that lapsed and a release put the todo back to pending: ready again exactly as a new
 # one (§4), when the change left it pending (a lapse on the last attempt dead-letters it).
-READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote", "lease_lapsed", "release"})
+# A scheduled todo comes due ("due", by the sweep) or is run now by an operator ("run_now"):
+# ready exactly as a new one. A change that leaves the todo scheduled carries
+# ``"scheduled": true`` and readies nothing (docs/work-control.md).
+READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote", "lease_lapsed", "release",
+                           "due", "run_now"})
 # Sends in flight per process before we start dropping. A healthy Redis drains thousands per
 # second; this only bites when the layer hangs, and then memory stays bounded.
 MAX_PENDING_SENDS = 10_000
@@ -101,6 +105,8 @@ def todo_change(todo, action: str) -> dict:
         "state": todo.state,
         # Lets a long poll that skips unverified todos leave their wake-ups to other waiters.
         "trust": todo.trust,
+        # Pending but not ready until its not_before: no doorbell, no long-poll wake-up.
+        "scheduled": todo.not_before is not None,
     }
 
 

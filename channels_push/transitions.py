@@ -302,11 +302,13 @@ def _id_list(column: str, param: str, params: dict, values) -> str:
     return f"{column} IN (SELECT value FROM json_each(%({param})s))"
 
 
-# The sender gate as SQL over a todo row ``alias``: still pending, trusted, attributed to a
-# human through its delivery event (ADR-0003, ADR-0008).
+# The sender gate as SQL over a todo row ``alias``: still pending and not scheduled (a
+# scheduled todo is rung when it comes due), trusted, attributed to a human through its
+# delivery event (ADR-0003, ADR-0008).
 def _eligible_sql(alias: str) -> str:
     return (
-        f"{alias}.state = 'pending' AND {alias}.trust IN {PUSH_TRUST_SQL} AND EXISTS ("
+        f"{alias}.state = 'pending' AND {alias}.not_before IS NULL"
+        f" AND {alias}.trust IN {PUSH_TRUST_SQL} AND EXISTS ("
         f"SELECT 1 FROM ingest_deliveryevent d WHERE d.id = {alias}.delivery_event_id "
         "AND d.attributed_to_id IS NOT NULL)"
     )
@@ -573,12 +575,13 @@ def refuses_unverified(endpoint) -> bool:
 
 def claimable_sql(alias: str, endpoint, params: dict) -> str:
     """SQL over the todo row ``alias``: what claim_next would hand ``endpoint``'s agents now —
-    pending, in its scope, not in a paused queue, and (when the endpoint refuses them) not
-    unverified. The digest counts exactly this."""
+    pending and not scheduled, in its scope, not in a paused queue, and (when the endpoint
+    refuses them) not unverified. The digest counts exactly this."""
     if endpoint.paused_all:
         return "FALSE"
     params["claimable_endpoint_id"] = endpoint.pk
-    sql = f"{alias}.endpoint_id = %(claimable_endpoint_id)s AND {alias}.state = 'pending'"
+    sql = (f"{alias}.endpoint_id = %(claimable_endpoint_id)s AND {alias}.state = 'pending'"
+           f" AND {alias}.not_before IS NULL")
     if not endpoint.all_queues:
         sql += " AND " + _id_list(f"{alias}.queue", f"{alias}_scope", params, endpoint.scope)
     paused = list(endpoint.paused_queues or [])

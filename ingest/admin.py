@@ -70,7 +70,8 @@ class RouteInline(admin.TabularInline):
     formset = RouteFormSet
     formfield_overrides = json_input.ADMIN_FORMFIELD_OVERRIDES
     extra = 1
-    fields = ("endpoint", "queue", "kinds", "actors", "author_associations")
+    fields = ("endpoint", "queue", "kinds", "priority", "delay_seconds", "actors",
+              "author_associations")
     autocomplete_fields = ()
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
@@ -215,10 +216,12 @@ class RouteAdmin(admin.ModelAdmin):
     webhook's page. Deleting is open to both ends, so that the new owner of an endpoint can
     remove routes from webhooks that are not theirs."""
 
-    list_display = ("__str__", "webhook_owner", "endpoint_owner", "ownership")
+    list_display = ("__str__", "priority", "delay_seconds", "webhook_owner", "endpoint_owner",
+                    "ownership")
     list_filter = (StrandedFilter,)
     list_select_related = ("webhook__owner", "endpoint__owner")
-    fields = ("webhook", "endpoint", "queue", "kinds", "actors", "author_associations")
+    fields = ("webhook", "endpoint", "queue", "kinds", "priority", "delay_seconds", "actors",
+              "author_associations")
     readonly_fields = fields
 
     def get_queryset(self, request):

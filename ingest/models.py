@@ -10,7 +10,10 @@ import secrets
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+from todos.models import MAX_SCHEDULE_AHEAD, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN
 
 log = logging.getLogger("switchboard.ingest")
 
@@ -94,6 +97,13 @@ class Route(models.Model):
     # anyone the sender lets trigger the event.
     actors = models.JSONField(default=list, blank=True)
     author_associations = models.JSONField(default=list, blank=True)
+    # What each todo this route creates starts with (docs/work-control.md): its priority, and
+    # how long after arrival it becomes ready (0: at once).
+    priority = models.SmallIntegerField(
+        default=PRIORITY_DEFAULT,
+        validators=[MinValueValidator(PRIORITY_MIN), MaxValueValidator(PRIORITY_MAX)])
+    delay_seconds = models.PositiveIntegerField(
+        default=0, validators=[MaxValueValidator(int(MAX_SCHEDULE_AHEAD.total_seconds()))])
 
     class Meta:
         constraints = [

@@ -23,8 +23,8 @@ from .models import (SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, We
 # is deferred and loads on first access, so new Endpoint fields need no change here.
 _WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secret",
                    "previous_secret_expires_at", "active", "created_at"]
-_ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds", "actors",
-                 "author_associations"]
+_ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds", "priority", "delay_seconds",
+                 "actors", "author_associations"]
 _ENDPOINT_FIELDS = ["id", "slug", "owner_id", "scope", "max_attempts", "active"]
 _WEBHOOK_WITH_ROUTES_SQL = (
     "SELECT " + ", ".join(f"w.{name}" for name in _WEBHOOK_FIELDS) + ", "

@@ -134,12 +134,15 @@ def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
         raise ValidationError(errors)
 
 
-def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None, actors_allowed=None,
+def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
+                      priority: int = 0, delay_seconds: int = 0, actors_allowed=None,
                       author_associations=None) -> Route:
     """Route ``webhook``'s deliveries to ``endpoint``/``queue``, for every kind or ``kinds``,
     from anyone or only from the ``actors_allowed`` logins and ``author_associations`` roles
-    (ingest/actors.py). Raises ValidationError naming the field when the target is not allowed
-    (``check_route_target``) or the actor rules cannot apply to the webhook's source."""
+    (ingest/actors.py); its todos start with ``priority`` and become ready ``delay_seconds``
+    after they arrive (docs/work-control.md). Raises ValidationError naming the field when the
+    target is not allowed (``check_route_target``), a value is out of range or the actor rules
+    cannot apply to the webhook's source, before anything is written."""
     queue_name_validator(queue)
     try:
         logins, roles = actors.normalized_actor_rules(webhook.source, actors_allowed,
@@ -153,10 +156,18 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None, act
         endpoint = type(endpoint).objects.select_for_update().get(pk=endpoint.pk)
         check_route_target(webhook=webhook, endpoint=endpoint, queue=queue)
         route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []),
+                      priority=priority, delay_seconds=delay_seconds,
                       actors=logins, author_associations=roles)
         route.full_clean()
         route.save()
     return route
+
+
+def route_work_control(route: Route, now) -> dict:
+    """What a todo created by ``route`` at ``now`` starts with: its priority, and when it is
+    ready (None: at once)."""
+    delay = timedelta(seconds=route.delay_seconds) if route.delay_seconds else None
+    return {"priority": route.priority, "not_before": now + delay if delay else None}
 
 
 def route_in_scope(route: Route) -> bool:
@@ -576,7 +587,8 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
     params.update(todo_transitions.create_todo_params(
         endpoint=route.endpoint, queue=route.queue, title=title, actor=f"webhook:{webhook.slug}",
         payload=payload, kind=kind, source=webhook.source, idempotency_key=idempotency_key,
-        trust=trust, now=now, payload_storable=payload_storable))
+        trust=trust, now=now, payload_storable=payload_storable,
+        **route_work_control(route, now)))
     try:
         with _statement_scope():
             rows = statements.fetch_rows(_single_route_sql_postgres(ledger is not None), params)
@@ -699,6 +711,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
                     source=webhook.source,
                     idempotency_key=route_idempotency_key(route, key, first_routes),
                     delivery_event=event, trust=trust, now=now, payload_storable=True,
+                    **route_work_control(route, now),
                 )
                 for route in matching
             ]
@@ -771,13 +784,14 @@ def _with_secret_refs(payload: dict, secret_values: dict) -> tuple[dict, list[Op
 
 def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, kind: str = "",
                    idempotency_key: str | None = None, secret_values=None, body_sha256: str = "",
-                   now=None):
+                   priority: int = 0, not_before=None, now=None):
     """An operator hands ``endpoint`` a todo: a delivery event of trust ``operator`` naming the
     human, the todo (rung exactly like a verified webhook's), and its secrets encrypted apart.
 
     Returns ``(todo, created)``. A live todo holding the same idempotency key is returned
     instead, and nothing of this call is kept (no event, no secrets, no ring). The caller has
-    checked that ``operator`` owns ``endpoint``.
+    checked that ``operator`` owns ``endpoint``. ``priority`` and ``not_before`` (a resolved
+    time, ``todos.transitions.resolve_not_before``) as for any todo (docs/work-control.md).
     """
     now = now or timezone.now()
     key = OPERATOR_KEY_PREFIX + idempotency_key if idempotency_key else None
@@ -791,7 +805,8 @@ def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, 
         todo, created = todo_transitions.create_todo(
             endpoint=endpoint, queue=queue, title=title, actor=operator.get_username(),
             payload=payload, kind=kind, source=OPERATOR_SOURCE, idempotency_key=key,
-            delivery_event=event, trust=TrustMode.OPERATOR, now=now,
+            delivery_event=event, trust=TrustMode.OPERATOR, now=now, priority=priority,
+            not_before=not_before,
         )
         if not created:
             transaction.set_rollback(True)

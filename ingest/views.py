@@ -588,10 +588,11 @@ def _optional_str(data: dict, name: str, limit: int) -> str:
     return value
 
 
-HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets")
+HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets",
+                    "priority", "not_before", "delay_seconds")
 
 
-def _hand_over_arguments(endpoint, data: dict, *, plainly_storable: bool = False) -> dict:
+def _hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = False) -> dict:
     unknown = sorted(set(data) - set(HAND_OVER_FIELDS))
     if unknown:
         raise Problem(400, "invalid_argument", f"unknown fields: {unknown}")
@@ -634,7 +635,24 @@ def _hand_over_arguments(endpoint, data: dict, *, plainly_storable: bool = False
         "queue": queue, "title": title, "payload": payload,
         "kind": _one_line(_optional_str(data, "kind", MAX_KIND_CHARS), MAX_KIND_CHARS),
         "idempotency_key": key or None, "secret_values": secret_values or None,
+        **_work_control_arguments(data, now),
     }
+
+
+def _work_control_arguments(data: dict, now) -> dict:
+    """The hand-over's ``priority`` and ``not_before``/``delay_seconds`` (docs/work-control.md),
+    checked by the same functions every surface uses; a bad one is a 400 naming its field."""
+    try:
+        priority = data.get("priority")
+        return {
+            "priority": (todo_transitions.PRIORITY_DEFAULT if priority is None
+                         else todo_transitions.check_priority(priority)),
+            "not_before": todo_transitions.resolve_not_before(
+                not_before=data.get("not_before"), delay_seconds=data.get("delay_seconds"),
+                now=now),
+        }
+    except todo_transitions.Refusal as refusal:
+        raise Problem(400, refusal.code, refusal.message) from None
 
 
 @csrf_exempt
@@ -659,10 +677,11 @@ def hand_over(request, endpoint_slug):
         if not _is_json_type(_media_type(request.META.get("CONTENT_TYPE"))):
             raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
         data, plain = _parse_json_document(_decode_utf8(body), walk=False)
-        arguments = _hand_over_arguments(endpoint, data, plainly_storable=plain)
+        now = timezone.now()
+        arguments = _hand_over_arguments(endpoint, data, plainly_storable=plain, now=now)
         todo, created = transitions.hand_over_todo(
             endpoint=endpoint, operator=operator, body_sha256=transitions.body_digest(body),
-            **arguments,
+            now=now, **arguments,
         )
     except Problem as problem:
         push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
@@ -713,6 +732,75 @@ def endpoint_stats(request, endpoint_slug):
                       "streaming": row["streaming"],
                       "last_seen_at": todo_queries.iso_time(row["last_seen_at"])} for row in sessions],
     })
+# -- POST /api/v1/todos/<id>/<action>: an operator acts on one of their todos -------------------
+
+
+def _priority_action(caller, todo_id, data: dict):
+    if "priority" not in data:
+        raise Problem(400, "invalid_argument", "priority (an integer from -100 to 100) is required")
+    return todo_transitions.set_priority_todo(caller, todo_id, data["priority"])
+
+
+# action -> (the JSON fields it takes, what it does). Each is one guarded transition of
+# todos.transitions; its refusal is answered with the transition's code.
+TODO_ACTIONS = {
+    "priority": (("priority",), _priority_action),
+    "run_now": ((), lambda caller, todo_id, data: todo_transitions.run_now_todo(caller, todo_id)),
+}
+# The spelling with a hyphen, as URLs usually have it, is the same action.
+TODO_ACTION_ALIASES = {"run-now": "run_now"}
+# Refusal code -> HTTP status. Anything else a transition refuses is a conflict with the
+# todo's state (409).
+REFUSAL_STATUS = {"invalid_argument": 400, "not_found": 404}
+
+
+def _action_body(request) -> dict:
+    body = _read_body(request)
+    if not body.strip():
+        return {}
+    if not _is_json_type(_media_type(request.META.get("CONTENT_TYPE"))):
+        raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
+    data, _ = _parse_json_document(_decode_utf8(body))
+    return data
+
+
+@csrf_exempt
+def todo_action(request, todo_id, action):
+    """An operator acts on a todo of an endpoint they own (docs/work-control.md): 200 with the
+    todo; 404 for a todo that is missing or not theirs; 400 for bad input (nothing written);
+    409 with the transition's refusal code when the todo's state does not allow it."""
+    try:
+        if request.method != "POST":
+            raise Problem(405, "method_not_allowed", "POST here")
+        action = TODO_ACTION_ALIASES.get(action, action)
+        if action not in TODO_ACTIONS:
+            raise Problem(404, "not_found", f"no todo action {action[:40]!r}")
+        _check_declared_length(request.META.get("CONTENT_LENGTH"))
+        operator = _authenticate_operator(request)
+        # Somebody else's todo looks exactly like a missing one.
+        todo = (Todo.objects.filter(pk=todo_id, endpoint__owner=operator)
+                .select_related("endpoint").only("id", "endpoint").first())
+        if todo is None:
+            raise Problem(404, "not_found", f"no todo {todo_id} of yours")
+        _check_rate(f"operator:{operator.pk}")
+        fields, act = TODO_ACTIONS[action]
+        data = _action_body(request)
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise Problem(400, "invalid_argument", f"unknown fields: {unknown}")
+        caller = todo_transitions.Caller.operator(todo.endpoint, operator.get_username())
+        try:
+            changed = act(caller, todo.pk, data)
+        except todo_transitions.Refusal as refusal:
+            raise Problem(REFUSAL_STATUS.get(refusal.code, 409), refusal.code,
+                          refusal.message) from None
+    except Problem as problem:
+        return problem.response()
+    except DatabaseError as exc:
+        return _storage_unavailable(exc, todo=todo_id).response()
+    log.info("operator todo action", extra={
+        "todo_id": changed.pk, "action": action, "operator": operator.get_username()})
+    return JsonResponse({"todo": todo_queries.todo_as_dict(changed)})
 
 
 # -- the webhook pages of the board (CONTRACT §14) -----------------------------------------------

@@ -26,6 +26,9 @@ app.conf.beat_schedule = {
     # The board counts the unfolded events itself, so the cadence only bounds that read: 15 s
     # keeps it to a couple of minutes of events.
     "fold-throughput": {"task": "todos.tasks.fold_throughput", "schedule": 15.0},
+    # Scheduled todos become ready within ~5 s of their not_before (docs/work-control.md).
+    "release-due-scheduled-todos": {"task": "todos.tasks.release_due_scheduled_todos",
+                                    "schedule": 5.0},
     # §6: idle MCP sessions end; the idle limit is an hour, so once a minute is plenty, and
     # the same pass zeroes stream counts left by a crashed web process (45 s of silence).
     "expire-idle-mcp-sessions": {"task": "channels_push.tasks.expire_idle_sessions",

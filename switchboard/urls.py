@@ -25,6 +25,9 @@ urlpatterns = [
             name="api-endpoint-stats"),
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
             name="hand_over"),
+    # An operator's actions on one todo (docs/work-control.md): priority, run_now.
+    re_path(r"^api/v1/todos/(?P<todo_id>[0-9]{1,18})/(?P<action>[a-z_-]{1,32})/?$",
+            ingest_views.todo_action, name="todo_action"),
     # -- operator console (issue 7); /todos/events is the SSE consumer routed in asgi.py --
     path("accounts/login/", todo_views.LoginView.as_view(), name="board-login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="board-login"), name="board-logout"),

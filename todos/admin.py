@@ -6,7 +6,9 @@ list query, and only filters whose choices need no query over the todos.
 
 import json
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
@@ -96,11 +98,32 @@ class HolderLabelChangeList(ChangeList):
             todo.holder_label = labels.get(todo.lease_owner, todo.lease_owner)
 
 
+class TodoActionForm(helpers.ActionForm):
+    """The action bar, plus the value "Set priority" sets."""
+
+    priority = forms.IntegerField(required=False, label="priority",
+                                  help_text="for “Set priority”: -100 to 100")
+
+
+class ScheduledFilter(admin.SimpleListFilter):
+    title = "scheduled"
+    parameter_name = "scheduled"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "scheduled (not before a time)"), ("no", "not scheduled")]
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(not_before__isnull=self.value() == "no")
+        return queryset
+
+
 @admin.register(Todo)
 class TodoAdmin(admin.ModelAdmin):
-    list_display = ["id", "title", "endpoint", "queue", "state", "trust", "attempts",
-                    "lease_holder", "updated_at"]
-    list_filter = ["state", "trust", EndpointFilter]
+    list_display = ["id", "title", "endpoint", "queue", "state", "priority", "not_before",
+                    "trust", "attempts", "lease_holder", "updated_at"]
+    list_filter = ["state", "trust", ScheduledFilter, EndpointFilter]
+    action_form = TodoActionForm
     list_select_related = ["endpoint"]
     search_fields = ["=idempotency_key", "title"]
     ordering = ["-id"]
@@ -109,8 +132,9 @@ class TodoAdmin(admin.ModelAdmin):
     list_per_page = 100
     inlines = [TodoEventInline]
     actions = ["retry_now", "release_lease", "extend_lease", "complete_lease", "fail_lease",
-               "promote"]
-    readonly_fields = ["endpoint", "queue", "state", "title", "kind", "source", "trust",
+               "promote", "set_priority", "run_now"]
+    readonly_fields = ["endpoint", "queue", "state", "priority", "not_before", "title", "kind",
+                       "source", "trust",
                        "payload_pretty", "result_pretty", "last_error", "idempotency_key",
                        "attempts", "max_attempts", "lease_id", "lease_holder", "lease_expires_at",
                        "retry_at", "dead_lettered_at", "created_at", "updated_at",
@@ -184,6 +208,22 @@ class TodoAdmin(admin.ModelAdmin):
     def promote(self, request, queryset):
         self._run(request, queryset, "promoted",
                   lambda caller, todo: transitions.promote_todo(caller, todo.pk))
+
+    @admin.action(description="Set priority (the value beside the action) of waiting todos",
+                  permissions=["transition"])
+    def set_priority(self, request, queryset):
+        text = request.POST.get("priority", "").strip()
+        try:
+            priority = int(text)
+        except ValueError:
+            priority = text  # refused by the transition, naming the field, for every todo
+        self._run(request, queryset, "set the priority of",
+                  lambda caller, todo: transitions.set_priority_todo(caller, todo.pk, priority))
+
+    @admin.action(description="Run now (scheduled -> ready at once)", permissions=["transition"])
+    def run_now(self, request, queryset):
+        self._run(request, queryset, "made ready now",
+                  lambda caller, todo: transitions.run_now_todo(caller, todo.pk))
 
     def _override(self, request, queryset, action, call):
         """Act on whoever holds each todo's lease, as an override when it is not this admin

@@ -1,5 +1,7 @@
 """The todo, its lifecycle table and its audit trail (CONTRACT §3, §4)."""
 
+from datetime import timedelta
+
 from django.db import models
 from django.db.models import Q
 
@@ -33,7 +35,24 @@ EDGES = frozenset({
     ("retry", State.FAILED, State.PENDING),
     ("requeue", State.FAILED, State.PENDING),
     ("promote", State.PENDING, State.PENDING),  # unverified -> operator trust (§12)
+    # Work control (docs/work-control.md): an operator changes the order of a waiting todo,
+    # and a scheduled todo becomes ready (its time came, or an operator ran it now).
+    ("prioritize", State.PENDING, State.PENDING),
+    ("prioritize", State.FAILED, State.FAILED),
+    ("due", State.PENDING, State.PENDING),
+    ("run_now", State.PENDING, State.PENDING),
 })
+
+# docs/work-control.md "Priority": higher is claimed first; the range keeps a priority a small
+# integer an operator can reason about (and a SMALLINT column).
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
+PRIORITY_DEFAULT = 0
+# docs/work-control.md "Scheduled todos": how far ahead a todo may be scheduled, and how far in
+# the past a given ``not_before`` may lie (clock skew between a script and the server) before
+# it is refused as a mistake rather than run at once.
+MAX_SCHEDULE_AHEAD = timedelta(days=30)
+NOT_BEFORE_PAST_TOLERANCE = timedelta(minutes=1)
 
 # Idempotency keys collapse while a todo is live: pending, claimed, or failed and waiting to
 # retry. Done and dead-lettered todos free their key (§4).
@@ -82,23 +101,39 @@ class Todo(models.Model):
     updated_at = models.DateTimeField()
     ring_attempts = models.PositiveSmallIntegerField(default=0)
     last_ringed_at = models.DateTimeField(null=True, blank=True)
+    # Higher first among claimable todos (then oldest): docs/work-control.md "Priority".
+    priority = models.SmallIntegerField(default=PRIORITY_DEFAULT)
+    # Set: a scheduled todo, pending but not ready until then. The due sweep
+    # (todos.sweeps.release_due_scheduled_todos) clears it when the time comes, so "ready" is
+    # exactly ``state = 'pending' AND not_before IS NULL`` everywhere (claims, rings, digests)
+    # and the claim indexes below leave scheduled todos out altogether.
+    not_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
             # claim_next over an explicit list of queues: one ordered probe per granted queue
-            # (LATERAL … LIMIT 1), merged by age. Partial on pending, so done rows (millions,
-            # kept as audit) never enter it and the claim cost does not grow with history.
+            # (LATERAL … LIMIT 1), merged by priority then age. Partial on ready todos, so done
+            # rows (millions, kept as audit) and scheduled ones never enter it and the claim
+            # cost does not grow with history. priority DESC: the claim order is "highest
+            # priority, then oldest", which an ascending column could serve only backwards
+            # (and then newest first).
             models.Index(
-                fields=["endpoint", "queue", "created_at", "id"],
-                condition=Q(state="pending"),
+                fields=["endpoint", "queue", "-priority", "created_at", "id"],
+                condition=Q(state="pending", not_before__isnull=True),
                 name="todo_claim_by_queue",
             ),
             # claim_next when the endpoint's scope is "*": one ordered scan of the endpoint's
-            # pending todos, no queue filter to defeat the index order.
+            # ready todos, no queue filter to defeat the index order.
             models.Index(
-                fields=["endpoint", "created_at", "id"],
-                condition=Q(state="pending"),
+                fields=["endpoint", "-priority", "created_at", "id"],
+                condition=Q(state="pending", not_before__isnull=True),
                 name="todo_claim_any_queue",
+            ),
+            # release_due_scheduled (the due sweep): scheduled todos by the time they are due.
+            models.Index(
+                fields=["not_before"],
+                condition=Q(state="pending", not_before__isnull=False),
+                name="todo_scheduled_due",
             ),
             # expire_lapsed_leases (the reaper): claimed todos by lease expiry.
             models.Index(
@@ -123,6 +158,10 @@ class Todo(models.Model):
             models.Index(fields=["endpoint", "state", "queue"], name="todo_by_state"),
         ]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                name="todo_priority_range",
+            ),
             # Concurrent creates with one key collapse here: the loser's INSERT conflicts and
             # create_todo returns the winner's row (§4).
             models.UniqueConstraint(

@@ -39,18 +39,20 @@ def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
         "source": todo.source,
         "trust": todo.trust,
         "payload": todo.payload,
+        "priority": todo.priority,
+        "not_before": iso_time(todo.not_before),
         "attempts": todo.attempts,
         "max_attempts": todo.max_attempts,
         "lease_id": (todo.lease_id if not done and holder is not None
                      and todo.lease_owner == holder else None),
         "lease_owner": None if done else todo.lease_owner_hint,
-        "lease_expires_at": _iso(todo.lease_expires_at),
-        "retry_at": _iso(todo.retry_at),
-        "dead_lettered_at": _iso(todo.dead_lettered_at),
+        "lease_expires_at": iso_time(todo.lease_expires_at),
+        "retry_at": iso_time(todo.retry_at),
+        "dead_lettered_at": iso_time(todo.dead_lettered_at),
         "result": todo.result,
         "last_error": todo.last_error,
-        "created_at": _iso(todo.created_at),
-        "updated_at": _iso(todo.updated_at),
+        "created_at": iso_time(todo.created_at),
+        "updated_at": iso_time(todo.updated_at),
     }
 
 
@@ -64,9 +66,10 @@ LIVE_LISTING = (
 )
 
 
-def _cursor_filters_tag(queue, state) -> str:
-    # A cursor only continues the listing it came from: same queue and state filters.
-    return hashlib.sha256(json.dumps([queue, state]).encode()).hexdigest()[:8]
+def _cursor_filters_tag(queue, state, scheduled=None) -> str:
+    # A cursor only continues the listing it came from: same queue, state and scheduled filters.
+    filters = [queue, state] if scheduled is None else [queue, state, scheduled]
+    return hashlib.sha256(json.dumps(filters).encode()).hexdigest()[:8]
 
 
 def _encode_cursor(group: int, todo: Todo, tag: str) -> str:
@@ -90,7 +93,8 @@ def _decode_cursor(cursor: str, tag: str):
     return group, created, todo_id
 
 
-def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, cursor=None):
+def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, cursor=None,
+               scheduled=None):
     """One page of the caller's visible todos with full payloads: ``(todos, next_cursor)``,
     ``next_cursor`` None on the last page.
 
@@ -99,7 +103,9 @@ def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, curs
     (``created_at, id`` after the cursor's), so a page costs the same however deep it is; a
     todo that changes state between pages may be listed twice or not at all, as in any live
     listing. Raises ValueError for a cursor this listing did not return. A queue outside the
-    caller's scope yields nothing here (the MCP verb refuses it first)."""
+    caller's scope yields nothing here (the MCP verb refuses it first). ``scheduled``: True
+    lists only scheduled todos (pending, ``not_before`` set), False leaves them out (what is
+    ready or under way), None both."""
     todos = Todo.objects.filter(endpoint=caller.endpoint)
     if caller.hides_unverified:
         todos = todos.exclude(trust=Trust.UNVERIFIED)
@@ -107,8 +113,11 @@ def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, curs
         todos = todos.filter(queue__in=caller.queues)
     if queue is not None:
         todos = todos.filter(queue=queue)
+    if scheduled is not None:
+        # Only pending todos are ever scheduled (a claim clears not_before).
+        todos = todos.filter(not_before__isnull=not scheduled)
     groups = LIVE_LISTING if state is None else ((state, Q()),)
-    tag = _cursor_filters_tag(queue, state)
+    tag = _cursor_filters_tag(queue, state, scheduled)
     start, after = 0, None
     if cursor is not None:
         start, created, after_id = _decode_cursor(cursor, tag)
@@ -297,6 +306,16 @@ def count_backlog_by_queue():
             [list(BACKLOG_STATES)],
         )
         return cursor.fetchall()
+
+
+def count_scheduled_by_queue():
+    """``(endpoint slug, queue, count)`` of scheduled todos (pending, ``not_before`` set): a
+    read of the partial index todo_scheduled_due, so it costs what is scheduled, never the
+    history."""
+    from django.db.models import Count
+
+    return list(Todo.objects.filter(state=State.PENDING, not_before__isnull=False)
+                .values_list("endpoint__slug", "queue").annotate(n=Count("id")).order_by())
 
 
 def count_todo_events(*, after_id=0, up_to_id=None):

@@ -15,6 +15,9 @@ from . import queries, transitions
 REAPER_BATCH = 500
 # Same reasoning for failed todos whose backoff has passed.
 PROMOTER_BATCH = 500
+# And for scheduled todos that came due: a burst scheduled for one moment (a nightly batch)
+# becomes ready over a few passes, each holding its row locks for milliseconds.
+SCHEDULED_BATCH = 500
 
 
 def expire_lapsed_leases(*, now=None) -> int:
@@ -80,6 +83,12 @@ def fold_throughput(*, now=None) -> int:
                                        span_seconds=60).delete()
         ThroughputTally.objects.filter(bucket_start__lt=now - KEEP_HOUR_BUCKETS).delete()
     return folded
+def release_due_scheduled_todos(*, now=None) -> int:
+    """Make scheduled todos whose ``not_before`` has come ready (rung, long polls woken), one
+    batch. One periodic sweep for every scheduled todo, never a timer per todo: a todo is
+    ready at most one cadence (5 s) after its time. Returns how many became ready."""
+    return len(transitions.release_due_scheduled(now=now or timezone.now(),
+                                                 limit=SCHEDULED_BATCH))
 
 
 # The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
@@ -88,4 +97,5 @@ EMBEDDED_SWEEPS = [
     (expire_lapsed_leases, 5.0),
     (promote_due_retries, 5.0),
     (fold_throughput, 15.0),
+    (release_due_scheduled_todos, 5.0),
 ]

@@ -18,3 +18,8 @@ def promote_due_retries():
 @shared_task(name="todos.tasks.fold_throughput")
 def fold_throughput():
     return sweeps.fold_throughput()
+
+
+@shared_task(name="todos.tasks.release_due_scheduled_todos")
+def release_due_scheduled_todos():
+    return sweeps.release_due_scheduled_todos()

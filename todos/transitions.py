@@ -23,7 +23,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
@@ -33,7 +33,8 @@ from switchboard import json_input, statements
 from switchboard.statements import is_postgres as _is_postgres
 
 from . import queries
-from .models import State, Todo, Trust
+from .models import (MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT,
+                     PRIORITY_MAX, PRIORITY_MIN, State, Todo, Trust)
 
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=24)
@@ -47,7 +48,7 @@ _BACKOFF_STEPS = 6
 class Refusal(Exception):
     """A transition that did not apply, with a machine-readable code (§6, §11):
     ``not_found``, ``not_in_scope``, ``not_claimable``, ``lease_lost``, ``already_done``,
-    ``paused``, ``at_capacity``,
+    ``paused``, ``scheduled``, ``at_capacity``,
     ``invalid_argument``."""
 
     def __init__(self, code: str, message: str):
@@ -352,6 +353,10 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
         return Refusal("not_found", f"no todo {todo_id}")
     if claiming and todo.state == "pending" and caller.endpoint.is_paused(todo.queue):
         return Refusal("paused", f"queue {todo.queue} of this endpoint is paused by its operator")
+    if (claiming and todo.state == "pending" and todo.not_before is not None
+            and (now is None or todo.not_before > now)):
+        return Refusal("scheduled", f"todo {todo_id} is scheduled: not before "
+                                    f"{queries.iso_time(todo.not_before)}; claim it then")
     if claiming and todo.state == "pending" and caller.endpoint.has_claim_caps:
         # Pending, visible and not paused: the capacity guard is what held it back.
         return Refusal("at_capacity", f"this endpoint (or queue {todo.queue}) has as many todos "
@@ -406,7 +411,7 @@ def _lease_set(params: dict, caller: Caller, ttl: timedelta, now) -> str:
     return (
         "state = 'claimed', lease_id = %(lease_id)s, lease_owner = %(owner)s, "
         "lease_expires_at = %(expires)s, lease_ttl = %(ttl)s, attempts = attempts + 1, "
-        "retry_at = NULL"
+        "retry_at = NULL, not_before = NULL"
     )
 
 
@@ -422,7 +427,7 @@ def _announce(todos, action: str):
 # (ingest.transitions), which inserts the todo in the statement that records its delivery.
 _CREATE_COLUMNS = (
     "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
-    " trust, attempts, max_attempts, created_at, updated_at, ring_attempts"
+    " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before"
 )
 # Which todos hold their idempotency key (the partial unique index todo_live_idempotency_key).
 # The conflict target names that index by its columns and predicate, spelled exactly as the
@@ -446,18 +451,22 @@ _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detai
 def _create_values(delivery_event_sql: str) -> str:
     return (f"%(endpoint_id)s, %(queue)s, 'pending', %(title)s, %(kind)s, %(source)s, "
             f"{_json('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
-            "%(now)s, %(now)s, 0")
+            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s")
 
 
 def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=None,
                        kind: str = "", source: str = "", idempotency_key: str | None = None,
                        delivery_event_id=None, trust: str = Trust.UNVERIFIED, now,
-                       payload_storable: bool = False) -> dict:
+                       payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
+                       not_before=None) -> dict:
     """The parameters of a create statement (``create_todo``, ``create_todo_ctes``): the title
     folded to one line of at most 500 characters. Refuses ``invalid_argument`` for a value no
     database can store; ``payload_storable`` says the caller already knows the payload is
-    (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from)."""
+    (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from).
+    ``priority`` (``check_priority``) and ``not_before`` (``resolve_not_before``: a future
+    time, or None for ready at once) are the work-control settings it starts with."""
     title = " ".join(str(title).split())[:500] or "(untitled)"
+    check_priority(priority)
     _check_storable(title=title, kind=kind or "", queue=queue,
                     **({} if payload_storable else {"payload": payload}))
     return {
@@ -471,6 +480,8 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
         "delivery_event_id": delivery_event_id,
         "trust": trust,
         "max_attempts": endpoint.max_attempts,
+        "priority": priority,
+        "not_before": _db_time(not_before),
         "now": _db_time(now),
         "actor": actor,
         "detail": json.dumps({"delivery_event": delivery_event_id}),
@@ -508,7 +519,8 @@ def todo_from_row(row) -> Todo:
 def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, kind: str = "",
                 source: str = "", idempotency_key: str | None = None, delivery_event=None,
                 trust: str = Trust.UNVERIFIED, now=None,
-                payload_storable: bool = False) -> tuple[Todo, bool]:
+                payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
+                not_before=None) -> tuple[Todo, bool]:
     """Create a pending todo, or return the live todo that already holds ``idempotency_key``.
     ``payload_storable``: the caller has checked the payload (``create_todo_params``).
 
@@ -522,7 +534,7 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
         endpoint=endpoint, queue=queue, title=title, actor=actor, payload=payload, kind=kind,
         source=source, idempotency_key=idempotency_key, trust=trust, now=now,
         delivery_event_id=getattr(delivery_event, "pk", delivery_event),
-        payload_storable=payload_storable)
+        payload_storable=payload_storable, priority=priority, not_before=not_before)
     # A duplicate whose holder finishes between our conflict and our read frees the key; the
     # next INSERT then succeeds. Three rounds is more than that race can need.
     for _ in range(3):
@@ -558,14 +570,17 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     """pending -> claimed for ``todo_id`` under a fresh lease; counts one attempt.
 
     Refuses ``not_found`` (missing or invisible to the caller), ``not_claimable`` (not pending),
-    ``paused`` (its queue is paused, §14), ``at_capacity`` (the endpoint or the queue has as
-    many todos claimed as its cap allows), ``invalid_argument`` (lease ttl outside 1 s … 24 h).
+    ``paused`` (its queue is paused, §14), ``scheduled`` (its ``not_before`` has not come),
+    ``at_capacity`` (the endpoint or the queue has as many todos claimed as its cap allows),
+    ``invalid_argument`` (lease ttl outside 1 s … 24 h). A scheduled todo whose time has come
+    is claimable at once, before the due sweep has cleared its ``not_before``.
     """
     now = now or timezone.now()
     ttl = _lease_ttl(caller, lease_ttl_seconds)
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
     where = _by_id(_visible_guard(caller, params) + " AND state = 'pending'"
+                   + " AND (not_before IS NULL OR not_before <= %(now)s)"
                    + _trust_filter(caller.hides_unverified)
                    + _unpaused_where(caller.endpoint, params)
                    + _claim_cap_guard(caller.endpoint, params, lock_row_first=True))
@@ -575,7 +590,7 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
         endpoint=caller.endpoint,
     ))
     if todo is None:
-        raise _explain_refusal(caller, todo_id, claiming=True)
+        raise _explain_refusal(caller, todo_id, claiming=True, now=now)
     _announce([todo], "claim")
     return todo
 
@@ -672,14 +687,23 @@ def held_back_by_cap(caller: Caller, wanted, hide_unverified: bool) -> bool:
             if claimed.get(queue, 0) >= cap and (wanted is None or queue in wanted)
             and not endpoint.is_paused(queue)]
     return bool(full) and _claimable_exists(caller, full, hide_unverified)
+# Ready to claim, over a todo row (``{t}``: its alias and a dot, or nothing): the predicate of
+# the claim indexes, spelled so the planner sees that it implies it.
+_READY_SQL = "{t}state = 'pending' AND {t}not_before IS NULL"
+# The claim order, the claim indexes' key order after endpoint (and queue).
+_CLAIM_ORDER = "{t}priority DESC, {t}created_at, {t}id"
 
 
 def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
                         endpoint=None) -> str:
-    """The sub-select that picks (and on PostgreSQL locks) claim_next's candidate: the oldest
-    pending todo of ``params["endpoint_id"]`` in ``queues`` (None = every queue not paused on
-    ``endpoint``), unverified ones left out when ``hide_unverified``. Kept apart so the plan
-    test can EXPLAIN exactly what claim_next runs."""
+    """The sub-select that picks (and on PostgreSQL locks) claim_next's candidate: the ready
+    todo of ``params["endpoint_id"]`` with the highest priority, then the oldest, in ``queues``
+    (None = every queue not paused on ``endpoint``), unverified ones left out when
+    ``hide_unverified``. Kept apart so the plan test can EXPLAIN exactly what claim_next runs.
+
+    Ready is ``state = 'pending' AND not_before IS NULL`` (``_READY_SQL``): the predicate of
+    both claim indexes, whose key order is ``_CLAIM_ORDER``; a scheduled todo becomes ready
+    when the due sweep clears its ``not_before``."""
     # Caps: queues at their cap (and everything, at the endpoint's) are left out of the pick.
     room = "" if endpoint is None else _cap_room_filter(
         endpoint, params, "p.queue" if _is_postgres() and queues is not None else "queue")
@@ -687,10 +711,12 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
         params["queues"] = _queue_list_param(queues)
         return (
             "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
-            " SELECT p.id, p.created_at FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s"
-            f" AND p.queue = q.name AND p.state = 'pending'{_trust_filter(hide_unverified, 'p.trust')}"
-            f"{room} ORDER BY p.created_at, p.id"
-            " LIMIT 1 FOR UPDATE SKIP LOCKED) c ORDER BY c.created_at, c.id LIMIT 1"
+            " SELECT p.id, p.priority, p.created_at FROM todos_todo p"
+            " WHERE p.endpoint_id = %(endpoint_id)s"
+            f" AND p.queue = q.name AND {_READY_SQL.format(t='p.')}"
+            f"{_trust_filter(hide_unverified, 'p.trust')}{room}"
+            f" ORDER BY {_CLAIM_ORDER.format(t='p.')}"
+            f" LIMIT 1 FOR UPDATE SKIP LOCKED) c ORDER BY {_CLAIM_ORDER.format(t='c.')} LIMIT 1"
         )
     queue_filter = ""
     if queues is not None:
@@ -699,16 +725,16 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
     elif endpoint is not None:
         queue_filter = _unpaused_where(endpoint, params)
     return (
-        "SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND state = 'pending'"
-        f"{queue_filter}{_trust_filter(hide_unverified)}{room} ORDER BY created_at, id LIMIT 1"
-        f"{_skip_locked()}"
+        f"SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND {_READY_SQL.format(t='')}"
+        f"{queue_filter}{_trust_filter(hide_unverified)}{room}"
+        f" ORDER BY {_CLAIM_ORDER.format(t='')} LIMIT 1{_skip_locked()}"
     )
 
 
 def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, verified_only=False,
                     now=None) -> Todo | None:
-    """Atomically claim the oldest pending todo in the caller's granted queues (or the given
-    subset of them); None when there is none. Concurrent callers each get a different todo.
+    """Atomically claim the ready todo with the highest priority, then the oldest, in the
+    caller's granted queues (or the given subset of them); None when there is none. Concurrent callers each get a different todo.
     ``verified_only``: skip ``unverified`` todos (as an endpoint that refuses them always does),
     so a worker that runs commands claims only what an authenticated sender handed over.
 
@@ -743,7 +769,7 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     for pause_seconds in (*CLAIM_PAUSES_WHILE_LOCKED_SECONDS, None):
         todo = _one(_apply(
             set_sql=_lease_set(params, caller, ttl, now),
-            where_sql=f"id = ({pick}) AND state = 'pending'"
+            where_sql=f"id = ({pick}) AND {_READY_SQL.format(t='')}"
                       + _claim_cap_guard(caller.endpoint, params), params=params,
             action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
             endpoint=caller.endpoint,
@@ -777,7 +803,8 @@ CLAIM_PAUSES_WHILE_LOCKED_SECONDS = (0.002, 0.005, 0.01, 0.02, 0.04)
 
 
 def _claimable_exists(caller: Caller, wanted, hide_unverified: bool) -> bool:
-    todos = Todo.objects.filter(endpoint_id=caller.endpoint.pk, state=State.PENDING)
+    todos = Todo.objects.filter(endpoint_id=caller.endpoint.pk, state=State.PENDING,
+                                not_before__isnull=True)
     if wanted is not None:
         todos = todos.filter(queue__in=wanted)
     elif caller.endpoint.paused_queues:
@@ -949,24 +976,111 @@ def promote_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     Refuses ``not_found`` (missing or invisible) and ``not_claimable`` (not pending, or not
     unverified). Only operator surfaces (board, admin) call it.
     """
+    return _operator_transition(
+        caller, todo_id, guard="state = 'pending' AND trust = 'unverified'",
+        set_sql="trust = 'operator', ring_attempts = 0, last_ringed_at = NULL",
+        action="promote", detail={"from_trust": Trust.UNVERIFIED}, now=now,
+        not_claimable="is not a pending unverified todo")
+
+
+def _operator_transition(caller: Caller, todo_id, *, guard: str, set_sql: str, action: str,
+                         now, params=None, detail=None, from_state_sql: str = "'pending'",
+                         not_claimable: str) -> Todo:
+    """An operator's guarded change of the one todo ``todo_id`` (promote, priority, run now):
+    the statement, its ``action`` event, the announcement. When ``guard`` (SQL over the row)
+    does not hold: ``not_found`` for a missing or invisible todo, else ``not_claimable`` with
+    "todo N ``not_claimable``" as its message."""
     now = now or timezone.now()
     todo_id = _todo_id(todo_id)
-    params = {"todo_id": todo_id}
-    where = _by_id(_visible_guard(caller, params)
-                   + " AND state = 'pending' AND trust = 'unverified'")
+    params = {**(params or {}), "todo_id": todo_id}
     todo = _one(_apply(
-        set_sql="trust = 'operator', ring_attempts = 0, last_ringed_at = NULL",
-        where_sql=where, params=params, action_sql="'promote'", from_state_sql="'pending'",
-        actor=caller.actor, now=now, detail={"from_trust": Trust.UNVERIFIED},
-        endpoint=caller.endpoint,
+        set_sql=set_sql, where_sql=_by_id(_visible_guard(caller, params) + f" AND {guard}"),
+        params=params, action_sql=f"'{action}'", from_state_sql=from_state_sql,
+        actor=caller.actor, now=now, detail=detail, endpoint=caller.endpoint,
     ))
     if todo is None:
-        refusal = _explain_refusal(caller, todo_id, claiming=True)
-        if refusal.code == "not_claimable":
-            refusal = Refusal("not_claimable", f"todo {todo_id} is not a pending unverified todo")
-        raise refusal
-    _announce([todo], "promote")
+        if _explain_refusal(caller, todo_id, claiming=True).code == "not_found":
+            raise Refusal("not_found", f"no todo {todo_id}")
+        raise Refusal("not_claimable", f"todo {todo_id} {not_claimable}")
+    _announce([todo], action)
     return todo
+
+
+# -- work control: priority and scheduled todos (docs/work-control.md) ---------------------------
+
+
+def check_priority(value, *, field: str = "priority") -> int:
+    """``value`` as a priority, or ``invalid_argument`` naming ``field``: an integer (not a
+    bool, not 1.0) from PRIORITY_MIN to PRIORITY_MAX."""
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not PRIORITY_MIN <= value <= PRIORITY_MAX):
+        raise Refusal("invalid_argument", f"{field} must be an integer from {PRIORITY_MIN} to "
+                                          f"{PRIORITY_MAX}, got {str(value)[:40]!r}")
+    return value
+
+
+def resolve_not_before(*, not_before=None, delay_seconds=None, now):
+    """When a new todo becomes ready, from a hand-over's ``not_before`` (ISO-8601 text with a
+    time zone, or an aware datetime) or ``delay_seconds`` (0 … 30 days): the time, or None for
+    at once. Refuses ``invalid_argument`` naming the field: both given, not a time or a number,
+    more than MAX_SCHEDULE_AHEAD ahead, or a ``not_before`` more than
+    NOT_BEFORE_PAST_TOLERANCE in the past (a mistake, not "run at once"). A time already come
+    is None: the todo is ready at once, like any new one."""
+    if not_before is not None and delay_seconds is not None:
+        raise Refusal("invalid_argument", "not_before, delay_seconds: give one of them, not both")
+    if delay_seconds is not None:
+        limit = MAX_SCHEDULE_AHEAD.total_seconds()
+        if (isinstance(delay_seconds, bool) or not isinstance(delay_seconds, (int, float))
+                or not 0 <= delay_seconds <= limit):
+            raise Refusal("invalid_argument", f"delay_seconds must be a number of seconds from 0 "
+                                              f"to {int(limit)}")
+        return now + timedelta(seconds=delay_seconds) if delay_seconds > 0 else None
+    if not_before is None:
+        return None
+    when = not_before
+    if isinstance(not_before, str):
+        try:
+            when = datetime.fromisoformat(not_before)
+        except ValueError:
+            when = None
+    if not isinstance(when, datetime) or when.tzinfo is None:
+        raise Refusal("invalid_argument",
+                      "not_before must be an ISO-8601 time with a time zone, e.g. "
+                      "2030-01-01T09:00:00Z")
+    if when < now - NOT_BEFORE_PAST_TOLERANCE:
+        raise Refusal("invalid_argument", "not_before is in the past (more than a minute ago)")
+    if when > now + MAX_SCHEDULE_AHEAD:
+        raise Refusal("invalid_argument", f"not_before is more than "
+                                          f"{MAX_SCHEDULE_AHEAD.days} days ahead")
+    return when if when > now else None
+
+
+def set_priority_todo(caller: Caller, todo_id, priority, *, now=None) -> Todo:
+    """An operator changes the priority of a todo that waits: pending (scheduled or not) or
+    failed (waiting to retry, or dead, for when it is requeued). One ``prioritize`` event,
+    its detail the new priority. Refuses ``invalid_argument`` (``check_priority``), ``not_found``
+    and ``not_claimable`` (claimed or done: nothing waits to be ordered)."""
+    check_priority(priority)
+    return _operator_transition(
+        caller, todo_id, guard="state IN ('pending', 'failed')",
+        set_sql="priority = %(priority)s", params={"priority": priority}, action="prioritize",
+        from_state_sql="t.state", detail={"priority": priority}, now=now,
+        not_claimable="is not pending or failed; only a waiting todo's priority can change")
+
+
+# A todo that becomes ready after waiting for its time starts with a fresh ring budget and no
+# ring on record, as a new todo does: its doorbell and the heartbeat's backoff count from now.
+_BECOMES_READY_SQL = "not_before = NULL, ring_attempts = 0, last_ringed_at = NULL"
+
+
+def run_now_todo(caller: Caller, todo_id, *, now=None) -> Todo:
+    """An operator runs a scheduled todo now: pending with ``not_before`` -> ready (cleared),
+    announced as ready (doorbell, long-poll wake-up). One ``run_now`` event naming the
+    operator. Refuses ``not_found`` and ``not_claimable`` (not a scheduled pending todo)."""
+    return _operator_transition(
+        caller, todo_id, guard="state = 'pending' AND not_before IS NOT NULL",
+        set_sql=_BECOMES_READY_SQL, action="run_now", now=now,
+        not_claimable="is not a scheduled pending todo")
 
 
 # -- sweeps' statements (called by todos/sweeps.py) ---------------------------------------------
@@ -986,6 +1100,29 @@ def due_retries_sql() -> str:
     """The promoter's batch: failed todos due to retry by %(now)s (index todo_retry_promoter)."""
     return ("SELECT id FROM todos_todo WHERE state = 'failed' AND retry_at <= %(now)s"
             f" ORDER BY retry_at LIMIT %(limit)s{_skip_locked()}")
+
+
+def due_scheduled_sql() -> str:
+    """The due sweep's batch: scheduled todos whose time came by %(now)s (index
+    todo_scheduled_due)."""
+    return ("SELECT id FROM todos_todo WHERE state = 'pending' AND not_before <= %(now)s"
+            f" ORDER BY not_before LIMIT %(limit)s{_skip_locked()}")
+
+
+def release_due_scheduled(*, now, limit: int) -> list[Todo]:
+    """Scheduled todos whose ``not_before <= now`` become ready: ``not_before`` cleared, one
+    ``due`` event each, announced as ready exactly like a new todo (doorbell, long-poll
+    wake-up). At most ``limit`` rows, skipping rows another sweep (or an operator's run now)
+    holds; the UPDATE re-checks the guard, so a row is released once."""
+    todos = _apply(
+        set_sql=_BECOMES_READY_SQL,
+        where_sql=(f"id IN ({due_scheduled_sql()}) AND state = 'pending'"
+                   " AND not_before <= %(now)s"),
+        params={"limit": limit}, action_sql="'due'", from_state_sql="'pending'",
+        actor="scheduler", now=now,
+    )
+    _announce(todos, "due")
+    return todos
 
 
 def return_lapsed_leases(*, now, limit: int) -> list[Todo]:

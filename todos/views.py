@@ -257,6 +257,16 @@ def _lease_seconds(text: str):
         raise transitions.Refusal("invalid_argument", "lease seconds must be a whole number") from None
 
 
+def _priority(text):
+    """The board form's priority: a whole number, or the value as typed so that
+    ``set_priority_todo`` refuses it naming the field."""
+    text = (text or "").strip()
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 # One entry per board button: how it calls the transition. ``overriding`` is None when the
 # operator holds the lease (or the todo is not claimed), else the agent's lease the operator
 # saw: complete/fail/extend/release then act on it as an override (§4).
@@ -275,10 +285,14 @@ ACTIONS = {
         caller, todo.pk, overriding=overriding),
     "retry": lambda caller, todo, post, overriding: transitions.requeue_todo(caller, todo.pk),
     "promote": lambda caller, todo, post, overriding: transitions.promote_todo(caller, todo.pk),
+    "priority": lambda caller, todo, post, overriding: transitions.set_priority_todo(
+        caller, todo.pk, _priority(post.get("priority"))),
+    "run_now": lambda caller, todo, post, overriding: transitions.run_now_todo(caller, todo.pk),
 }
 ACTION_DONE = {
     "claim": "claimed", "complete": "completed", "fail": "failed", "extend": "extended the lease of",
     "release": "released", "retry": "re-queued", "promote": "promoted (now trust operator)",
+    "priority": "set the priority of", "run_now": "made ready now",
 }
 OVERRIDABLE = frozenset({"complete", "fail", "extend", "release"})
 

@@ -131,6 +131,8 @@ def test_instructions_fit_every_allowlist_and_name_only_granted_verbs(vend):
             endpoint.verbs = list(verbs)
             text = mcp_tools.build_instructions(endpoint)
             assert len(text) <= mcp_tools.INSTRUCTIONS_MAX_CHARS, verbs
+            # Fits whole: the cap cuts from the end, where the trust note is.
+            assert text.endswith(mcp_tools.UNVERIFIED_TODOS_NOTE), verbs
             for verb in set(AGENT_VERBS) - set(verbs):
                 assert not re.search(rf"\b{verb}\b", text), (verb, verbs)
             assert "meta.todo_id" in text and '"digest"' in text, verbs
@@ -139,6 +141,7 @@ def test_instructions_fit_every_allowlist_and_name_only_granted_verbs(vend):
 
 def test_instructions_describe_the_amended_lease_listing_and_refusals(endpoint):
     text = mcp_tools.build_instructions(endpoint)
+    assert "scheduled (wait for its not_before)" in text
     assert "extends by the lease's own length" in text
     assert "already_done" in text and "lease_lost" in text and "lost at once" in text
     assert "next_cursor" in text and "pending, claimed, then failed" in text

@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("ingest", "0007_delivery_record_headers"),
+        ("ingest", "0008_route_priority_delay"),
     ]
 
     operations = [

@@ -84,13 +84,27 @@ def test_adding_a_token_in_admin_shows_it_once_on_a_page_of_its_own(admin_client
 # -- route checks in the admin (the same as add_webhook_route's) -------------------------------
 
 
-def route_post(webhook, endpoint, queue, *, owner=None):
+def route_post(webhook, endpoint, queue, *, owner=None, priority="0", delay_seconds="0"):
     return {
         "slug": webhook.slug, "owner": (owner or webhook.owner).pk, "active": "on",
         "routes-TOTAL_FORMS": "1", "routes-INITIAL_FORMS": "0",
         "routes-MIN_NUM_FORMS": "0", "routes-MAX_NUM_FORMS": "1000",
         "routes-0-endpoint": endpoint.pk, "routes-0-queue": queue, "routes-0-kinds": "[]",
+        "routes-0-priority": priority, "routes-0-delay_seconds": delay_seconds,
     }
+
+
+def test_admin_routes_take_priority_and_delay_in_range_only(admin_client, make_webhook, endpoint):
+    webhook = make_webhook("github", routes=[])
+    page = admin_client.post(f"/admin/ingest/webhook/{webhook.pk}/change/",
+                             route_post(webhook, endpoint, "inbox", priority="150"))
+    assert page.status_code == 200 and Route.objects.count() == 0
+    answer = admin_client.post(f"/admin/ingest/webhook/{webhook.pk}/change/",
+                               route_post(webhook, endpoint, "inbox", priority="-7",
+                                          delay_seconds="120"))
+    assert answer.status_code == 302
+    route = Route.objects.get()
+    assert (route.priority, route.delay_seconds) == (-7, 120)
 
 
 def test_admin_refuses_a_route_outside_the_endpoints_scope(admin_client, make_webhook, operator):

@@ -103,9 +103,9 @@ def test_scrape_cost_does_not_grow_with_endpoints_or_todos(client, operator,
     for n in range(5):
         endpoint = EndpointFactory(slug=f"ep{n}", owner=operator)
         transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="t")
-    # backlog (one statement), then the event tally: pruned tally, settled id, (increment),
-    # recent range
-    with django_assert_max_num_queries(5):
+    # backlog (one statement), scheduled (one), then the event tally: pruned tally, settled
+    # id, (increment), recent range
+    with django_assert_max_num_queries(6):
         scrape(client)
 
 
@@ -187,3 +187,23 @@ def test_behind_a_trusted_proxy_loopback_means_the_client_not_the_proxy(settings
     assert asyncio.run(get("203.0.113.9")) == 404
     assert asyncio.run(get("127.0.0.1, 203.0.113.9")) == 404  # a client-written hop is ignored
     assert asyncio.run(get("127.0.0.1")) == 200  # a scraper on the proxy's host
+
+
+def test_metrics_count_scheduled_todos_and_work_control_transitions(client, operator):
+    endpoint = EndpointFactory(slug="ep", owner=operator)
+    before = scrape(client)
+    later = timezone.now() + timedelta(hours=1)
+    todos = [transitions.create_todo(endpoint=endpoint, queue="nightly", title=f"t{n}",
+                                     actor="t", not_before=later)[0] for n in range(3)]
+    after = scrape(client)
+    assert value(after, "switchboard_todos_scheduled", endpoint="ep", queue="nightly") == 3
+    operator_caller = transitions.Caller.operator(endpoint, "alice")
+    transitions.run_now_todo(operator_caller, todos[0].pk)
+    transitions.set_priority_todo(operator_caller, todos[1].pk, 9)
+    sweeps.release_due_scheduled_todos(now=later + timedelta(seconds=1))
+    after = scrape(client)
+    assert value(after, "switchboard_todos_scheduled", endpoint="ep", queue="nightly") == 0
+    for name, moved in [("switchboard_todo_runs_now_total", 1),
+                        ("switchboard_todo_priority_changes_total", 1),
+                        ("switchboard_todos_scheduled_due_total", 2)]:
+        assert value(after, name) - value(before, name) == moved, name

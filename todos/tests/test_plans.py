@@ -5,6 +5,8 @@ order and measured 6-8x slower; these tests pin the plans so a refactor cannot b
 """
 
 import pytest
+from datetime import timedelta
+
 from django.db import connection
 from django.utils import timezone
 
@@ -26,9 +28,13 @@ def backlog():
     states = ["done"] * 8 + ["pending", "claimed"]
     # Mostly from signed senders, some anonymous: the mix a verified-only claim filters.
     trusts = ["signed", "signed", "operator", "unverified"]
+    # Mixed priorities, and some pending todos scheduled for later: the claim order is
+    # priority first, and scheduled todos are outside the claim indexes.
     Todo.objects.bulk_create(
         Todo(endpoint=endpoint, queue=f"q{i % 4}", title="t", state=states[i % 10],
-             trust=trusts[(i // 10) % 4], lease_expires_at=now, created_at=now, updated_at=now)
+             trust=trusts[(i // 10) % 4], lease_expires_at=now, created_at=now, updated_at=now,
+             priority=(i % 7) * 10 - 30,
+             not_before=now + timedelta(hours=1) if i % 30 == 8 else None)
         for i in range(5000)
     )
     with connection.cursor() as cursor:
@@ -50,6 +56,9 @@ def test_claim_next_over_several_queues_probes_each_queue_by_index(backlog, hide
                                                 hide_unverified=hide_unverified), params)
     assert "todo_claim_by_queue" in text, text
     assert "Seq Scan on todos_todo" not in text, text
+    # Each queue's head comes straight off the index in (priority DESC, created_at, id) order:
+    # only the few heads are sorted, never a queue's rows.
+    assert text.count("Sort  (") <= 1 and "Incremental Sort" not in text, text
 
 
 @pytest.mark.parametrize("hide_unverified", [False, True])
@@ -64,6 +73,7 @@ def test_claim_next_over_all_queues_scans_in_index_order(backlog, hide_unverifie
 @pytest.mark.parametrize("sql, index", [
     (transitions.lapsed_leases_sql, "todo_reaper"),
     (transitions.due_retries_sql, "todo_retry_promoter"),
+    (transitions.due_scheduled_sql, "todo_scheduled_due"),
 ])
 def test_sweeps_use_their_partial_index(backlog, sql, index):
     text = plan(sql(), {"now": timezone.now(), "limit": 500})

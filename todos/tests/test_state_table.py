@@ -48,6 +48,18 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
         now += timedelta(seconds=5)
         sweeps.expire_lapsed_leases(now=now)                           # lapse, then lapse to dead
 
+    ordered = make_todo()
+    transitions.set_priority_todo(operator, ordered.pk, 5, now=now)    # prioritize (pending)
+    transitions.set_priority_todo(operator, retried.pk, 0, now=now)    # (requeued: pending)
+    transitions.claim_todo(agent, ordered.pk, now=now)
+    transitions.fail_todo(agent, ordered.pk, now=now)
+    transitions.set_priority_todo(operator, ordered.pk, -5, now=now)   # prioritize (failed)
+
+    waiting = make_todo(not_before=now + timedelta(hours=1))
+    transitions.run_now_todo(operator, waiting.pk, now=now)            # run_now
+    later = make_todo(not_before=now + timedelta(minutes=1))
+    sweeps.release_due_scheduled_todos(now=now + timedelta(minutes=2))  # due
+
     assert recorded_edges() == set(EDGES)
 
 
@@ -112,6 +124,40 @@ def test_fenced_refusals_match_the_table_and_record_nothing(agent, make_todo, na
     with pytest.raises(Refusal) as refused:
         getattr(transitions, f"{verb}_todo")(caller, todo_id, **kwargs)
     assert refused.value.code == REFUSALS[(name, verb)]
+    assert TodoEvent.objects.count() == before
+
+
+# Work control's refusals: (situation, transition) -> code; each records nothing.
+WORK_CONTROL_REFUSALS = {
+    ("scheduled, not yet due", "claim"): "scheduled",
+    ("claimed", "set_priority"): "not_claimable",
+    ("done", "set_priority"): "not_claimable",
+    ("ready (not scheduled)", "run_now"): "not_claimable",
+    ("claimed", "run_now"): "not_claimable",
+}
+
+
+@pytest.mark.parametrize("name, verb", sorted(WORK_CONTROL_REFUSALS))
+def test_work_control_refusals_match_the_table_and_record_nothing(agent, make_todo, name, verb):
+    now = timezone.now()
+    operator = Caller.operator(agent.endpoint, "alice")
+    if name == "scheduled, not yet due":
+        todo = make_todo(not_before=now + timedelta(minutes=10))
+    else:
+        todo = make_todo()
+    if name in ("claimed", "done"):
+        transitions.claim_todo(agent, todo.pk, now=now)
+    if name == "done":
+        transitions.complete_todo(agent, todo.pk, now=now)
+    calls = {
+        "claim": lambda: transitions.claim_todo(agent, todo.pk, now=now),
+        "set_priority": lambda: transitions.set_priority_todo(operator, todo.pk, 3, now=now),
+        "run_now": lambda: transitions.run_now_todo(operator, todo.pk, now=now),
+    }
+    before = TodoEvent.objects.count()
+    with pytest.raises(Refusal) as refused:
+        calls[verb]()
+    assert refused.value.code == WORK_CONTROL_REFUSALS[(name, verb)]
     assert TodoEvent.objects.count() == before
 
 

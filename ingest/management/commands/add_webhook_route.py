@@ -19,6 +19,12 @@ class Command(JsonCommand):
         parser.add_argument("--queue", required=True, help="queue name on the endpoint")
         parser.add_argument("--kinds", help="comma-separated kinds, e.g. issues,pull_request.opened "
                                             "(an event name also matches its actions); default: all")
+        parser.add_argument("--priority", type=int, default=0,
+                            help="priority of the todos it creates, -100..100 (higher is claimed "
+                                 "first); default 0")
+        parser.add_argument("--delay-seconds", type=int, default=0,
+                            help="its todos become ready this many seconds after they arrive "
+                                 "(0..2592000, 30 days); default 0: at once")
         parser.add_argument("--actors", help="comma-separated logins whose events may create todos "
                                              "here (GitHub/Gitea sender.login, GitLab user.username)")
         parser.add_argument("--author-association",
@@ -26,8 +32,8 @@ class Command(JsonCommand):
                                  "e.g. OWNER,MEMBER,COLLABORATOR (GitHub's author_association; "
                                  "Gitea: admin counts as OWNER, push as COLLABORATOR)")
 
-    def handle(self, *args, webhook, endpoint, queue, kinds, actors, author_association,
-               **options):
+    def handle(self, *args, webhook, endpoint, queue, kinds, priority, delay_seconds, actors,
+               author_association, **options):
         try:
             hook = Webhook.objects.get(slug=webhook)
         except Webhook.DoesNotExist:
@@ -40,16 +46,27 @@ class Command(JsonCommand):
             route = transitions.add_webhook_route(
                 webhook=hook, endpoint=target, queue=queue,
                 kinds=csv_list(kinds) if kinds else None,
+                priority=priority, delay_seconds=delay_seconds,
                 actors_allowed=csv_list(actors) if actors else None,
                 author_associations=csv_list(author_association) if author_association else None)
         except ValidationError as exc:
-            raise CommandError("; ".join(
-                f"{field}: {' '.join(messages)}" for field, messages in exc.message_dict.items())
-                if hasattr(exc, "error_dict") else "; ".join(exc.messages)) from None
+            raise CommandError("; ".join(_field_messages(exc))) from None
         self.emit(
-            options, {"webhook": hook.slug, "endpoint": target.slug, "queue": route.queue},
+            options, {"webhook": hook.slug, "endpoint": target.slug, "queue": route.queue,
+                      "priority": route.priority, "delay_seconds": route.delay_seconds},
             f"route {hook.slug} -> {target.slug}/{route.queue}"
             + (f" (kinds: {', '.join(route.kinds)})" if route.kinds else " (all kinds)")
+            + (f", priority {route.priority}" if route.priority else "")
+            + (f", ready {route.delay_seconds} s after arrival" if route.delay_seconds else "")
             + (f", only from {', '.join(route.actors + route.author_associations)}"
                if route.actors or route.author_associations else ""),
         )
+
+
+def _field_messages(exc: ValidationError) -> list:
+    """Each message prefixed with the field it is about (``priority: …``), so a bad flag is
+    named, not only described."""
+    if not hasattr(exc, "error_dict"):
+        return exc.messages
+    return [f"{field.replace('_', '-')}: {message}" for field, errors in exc.error_dict.items()
+            for error in errors for message in error.messages]

@@ -495,7 +495,9 @@ async def dry_run(args, token: str) -> int:
             todo_file = f"<private dir>/todo-{todo['id']}.json"
             argv = agent_argv(args.command, todo,
                               render_prompt(args.prompt_template, todo, todo_file))
-            print(f"todo {todo['id']} [{todo.get('queue')}] {todo.get('title')!r}: "
+            # A scheduled todo is pending but not claimable before its not_before.
+            when = f" (scheduled: not before {todo['not_before']})" if todo.get("not_before") else ""
+            print(f"todo {todo['id']} [{todo.get('queue')}] {todo.get('title')!r}{when}: "
                   f"SWITCHBOARD_TODO_ID={todo['id']} {shlex.join(argv)}")
         return 0
     except (Refused, Unreachable, MCPError) as error:
