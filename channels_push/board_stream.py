@@ -245,6 +245,19 @@ def render_batch(todo_ids, views: dict) -> dict:
     return rendered
 
 
+def recheck_and_render_batch(todo_ids, views: dict, viewer_keys) -> tuple[dict, dict]:
+    """A committed batch, after its viewers' re-check, in one database hop: ``views`` as for
+    ``render_batch`` but with ``[viewer key]`` as each view's audience. Returns ``({viewer
+    key: Viewer or None}, {view key: [row]})``: a viewer who lost the right (None) is no
+    audience, and a demoted superuser's audience is what they may see now. Three queries
+    (users, Django sessions, rows) whatever the number of streams."""
+    viewers = recheck_viewers(viewer_keys)
+    audiences = {key: (filters, next_url, [viewers[viewer_key] for viewer_key in keys
+                                           if viewers.get(viewer_key) is not None])
+                 for key, (filters, next_url, keys) in views.items()}
+    return viewers, render_batch(todo_ids, audiences)
+
+
 # -- who is watching: a group per user, so a logout reaches that user's streams ---------------
 
 
@@ -382,11 +395,15 @@ class BoardHub:
         views = {}
         for stream in streams:
             view = views.setdefault(stream.view_key, (stream.filters, stream.next_url, []))
-            view[2].append(stream.viewer)
+            view[2].append(stream.viewer_key)
         if not views:
             return
         try:
-            rendered = await database_sync_to_async(render_batch)(list(batch), views)
+            # Every viewer re-checked with the batch, not only at the keep-alive: a row
+            # committed after a viewer lost the right (signed out, deactivated, demoted) must
+            # never reach them, whichever of the two clocks runs first.
+            viewers, rendered = await database_sync_to_async(recheck_and_render_batch)(
+                list(batch), views, [stream.viewer_key for stream in streams])
         except Exception as exc:
             # Skipping the rows would leave the pages stale without telling them; ending the
             # responses makes the browsers reconnect and re-sync, where correctness lives.
@@ -397,6 +414,9 @@ class BoardHub:
                 stream.stop.set()
             return
         for stream in streams:
+            stream.take_recheck(viewers.get(stream.viewer_key))
+            if stream.stop.is_set():
+                continue
             try:
                 await self._send_rows(stream, rendered.get(stream.view_key, ()), batch)
             except Exception as exc:
