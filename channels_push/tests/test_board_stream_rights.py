@@ -147,10 +147,11 @@ def test_an_endpoint_given_to_another_owner_leaves_the_old_owners_stream(alice):
     run(scenario)
 
 
-@override_settings(SWITCHBOARD_MAX_OPEN_STREAMS=2)
-def test_a_viewers_stream_over_the_cap_closes_their_oldest(alice):
+def over_the_cap_the_oldest_closes(make_streams):
+    """With a cap of 2 (``SWITCHBOARD_MAX_OPEN_STREAMS``), the third of ``make_streams()``
+    (one viewer's streams, opened in order) closes the first; the others stay open."""
     async def scenario():
-        streams = [Stream(alice) for _ in range(3)]
+        streams = make_streams()
         for stream in streams:
             assert (await stream.open())["status"] == 200
             await stream.next_event(kind="sync")
@@ -162,15 +163,22 @@ def test_a_viewers_stream_over_the_cap_closes_their_oldest(alice):
     run(scenario)
 
 
-def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice):
+@override_settings(SWITCHBOARD_MAX_OPEN_STREAMS=2)
+def test_a_viewers_stream_over_the_cap_closes_their_oldest(alice):
+    over_the_cap_the_oldest_closes(lambda: [Stream(alice) for _ in range(3)])
+
+
+def with_redis_down_it_opens_and_keeps_its_keep_alives(make_stream):
+    """The channel layer at a port where nothing listens: ``make_stream()`` still opens (200)
+    and keeps its keep-alives, and sends no ``sync`` (it is not subscribed)."""
     dead = f"redis://127.0.0.1:{free_port()}/0"
     layers = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
                           "CONFIG": {"hosts": [dead], "prefix": "dead"}}}
 
     async def scenario():
-        stream = Stream(alice, keepalive=board_stream.timedelta(seconds=KEEPALIVE_SECONDS))
+        stream = make_stream()
         start = await stream.open()
-        assert start["status"] == 200
+        assert start["status"] == 200, start
         assert (await stream.next_event(kind="comment"))["comment"] == "keep-alive"
         assert (await stream.next_event(kind="comment"))["comment"] == "keep-alive"
         assert not [e for e in stream.pending if e.get("event") == "sync"]
@@ -178,6 +186,11 @@ def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice)
 
     with override_settings(CHANNEL_LAYERS=layers):
         run(scenario)
+
+
+def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice):
+    with_redis_down_it_opens_and_keeps_its_keep_alives(
+        lambda: Stream(alice, keepalive=board_stream.timedelta(seconds=KEEPALIVE_SECONDS)))
 
 
 def test_the_shared_recheck_ends_only_the_streams_of_the_viewer_who_lost_the_right(alice):

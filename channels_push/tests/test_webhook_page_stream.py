@@ -11,11 +11,12 @@ from django.test import override_settings
 
 from channels_push import publish
 from channels_push.tests.test_board_stream import WAIT_SECONDS, Stream, run
-from channels_push.tests.test_board_stream_rights import cookie_for, read_until_end
+from channels_push.tests.test_board_stream_rights import (
+    cookie_for, over_the_cap_the_oldest_closes, read_until_end,
+    with_redis_down_it_opens_and_keeps_its_keep_alives)
 from ingest import transitions as ingest_transitions
 from ingest.models import Webhook
 from tests.factories import UserFactory
-from tests.servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,18 +77,13 @@ def test_someone_elses_webhook_page_stream_is_refused(client, webhook):
 @override_settings(SWITCHBOARD_MAX_OPEN_STREAMS=2)
 def test_a_viewers_page_streams_over_the_cap_close_their_oldest(client, alice, webhook):
     cookie = cookie_for(client, alice)
+    over_the_cap_the_oldest_closes(lambda: [page_stream(cookie) for _ in range(3)])
 
-    async def scenario():
-        streams = [page_stream(cookie) for _ in range(3)]
-        for stream in streams:
-            assert (await stream.open())["status"] == 200
-            await stream.next_event(kind="sync")
-        assert await read_until_end(streams[0]) is not None  # the oldest was closed
-        for stream in streams[1:]:
-            assert await stream.communicator.receive_nothing(0.3)  # still open
-            await stream.close()
 
-    run(scenario)
+@override_settings(SWITCHBOARD_MAX_OPEN_STREAMS=2)
+def test_page_streams_and_board_streams_share_their_viewers_cap(client, alice, webhook):
+    cookie = cookie_for(client, alice)
+    over_the_cap_the_oldest_closes(lambda: [page_stream(cookie), Stream(alice), page_stream(cookie)])
 
 
 @override_settings(SWITCHBOARD_STREAM_KEEPALIVE_SECONDS=KEEPALIVE_SECONDS)
@@ -123,21 +119,5 @@ def test_the_page_stream_ends_at_its_next_keep_alive_once_its_viewer_loses_the_r
 
 @override_settings(SWITCHBOARD_STREAM_KEEPALIVE_SECONDS=KEEPALIVE_SECONDS)
 def test_with_redis_down_the_page_stream_opens_and_keeps_its_keep_alives(client, alice, webhook):
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    layers = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                          "CONFIG": {"hosts": [dead], "prefix": "dead"}}}
-
     cookie = cookie_for(client, alice)
-
-    async def scenario():
-        stream = page_stream(cookie)
-        start = await stream.open()
-        assert start["status"] == 200, start
-        assert (await stream.next_event(kind="comment"))["comment"] == "keep-alive"
-        assert (await stream.next_event(kind="comment"))["comment"] == "keep-alive"
-        # Not subscribed, so no sync yet: the page must not believe it is live.
-        assert not [e for e in stream.pending if e.get("event") == "sync"]
-        await stream.close()
-
-    with override_settings(CHANNEL_LAYERS=layers):
-        run(scenario)
+    with_redis_down_it_opens_and_keeps_its_keep_alives(lambda: page_stream(cookie))
