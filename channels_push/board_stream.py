@@ -22,15 +22,19 @@ owner's stream with the next batch).
 Shared per process (issue 17): one ``BoardHub`` is the process's single reader of the board
 group. Per committed batch it reads the changed rows ONCE (one query, owners included) and
 renders each distinct board view (query string) once, and every stream picks the rows its
-viewer may see; every keep-alive interval it re-checks every viewer of its streams in two
-queries (users, Django sessions), and ends the streams of a viewer logged out, deactivated or
-whose password changed. 200 open boards cost a batch what one does.
+viewer may see; every keep-alive interval, and with every batch before any row is sent, it
+re-checks every viewer of its streams in two queries (users, Django sessions), and ends the
+streams of a viewer logged out, deactivated or whose password changed. 200 open boards cost a
+batch what one does.
 
 The board's header (counts per endpoint, queue and state, the throughput chart) rides the same
 stream: after a batch the hub reads the glance of the endpoints it touched
 (``todos.queries.board_glance``), at most once per GLANCE_INTERVAL, and sends each stream a
 ``glance`` event with the endpoints its viewer may see. The page re-reads the whole glance on
 ``sync``, like its rows.
+
+A webhook page's live log (``GroupStreamConsumer``) is the same stream with other content:
+the same cap per viewer, re-checks and dependency-down behaviour.
 """
 
 import asyncio
