@@ -480,7 +480,8 @@ class BoardHub:
     async def _send_glance(stream, entries):
         mine = [{key: value for key, value in entry.items() if key != "owner_id"}
                 for entry in entries if stream.viewer.may_see(entry["owner_id"])]
-        if mine and not stream.closed:
+        # Not to a stream ending because its viewer lost the right (a batch's re-check).
+        if mine and not stream.closed and not stream.stop.is_set():
             await stream.send_chunk(format_event("glance", {"endpoints": mine}))
 
     async def recheck_forever(self):
