@@ -25,7 +25,7 @@ SSE frames. Printed, side by side in one run:
   PostgreSQL's late stats reports have landed (an idle backend reports up to 10 s late). That
   per-batch figure is a difference of two totals: it shows there is no per-board query, not
   an exact count (channels_push/tests/test_board_stream.py pins one query per batch for every
-  view).
+  view, after the two of the batch's re-check of every viewer).
 
 Isolation from other runs on the same machine: the database is DATABASE_URL's, the channel
 layer REDIS_URL's (with CHANNEL_PREFIX), and daphne listens on a free port of its own.

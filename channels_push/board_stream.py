@@ -22,15 +22,19 @@ owner's stream with the next batch).
 Shared per process (issue 17): one ``BoardHub`` is the process's single reader of the board
 group. Per committed batch it reads the changed rows ONCE (one query, owners included) and
 renders each distinct board view (query string) once, and every stream picks the rows its
-viewer may see; every keep-alive interval it re-checks every viewer of its streams in two
-queries (users, Django sessions), and ends the streams of a viewer logged out, deactivated or
-whose password changed. 200 open boards cost a batch what one does.
+viewer may see; every keep-alive interval, and with every batch before any row is sent, it
+re-checks every viewer of its streams in two queries (users, Django sessions), and ends the
+streams of a viewer logged out, deactivated or whose password changed. 200 open boards cost a
+batch what one does.
 
 The board's header (counts per endpoint, queue and state, the throughput chart) rides the same
 stream: after a batch the hub reads the glance of the endpoints it touched
 (``todos.queries.board_glance``), at most once per GLANCE_INTERVAL, and sends each stream a
 ``glance`` event with the endpoints its viewer may see. The page re-reads the whole glance on
 ``sync``, like its rows.
+
+A webhook page's live log (``GroupStreamConsumer``) is the same stream with other content:
+the same cap per viewer, re-checks and dependency-down behaviour.
 """
 
 import asyncio
@@ -43,9 +47,7 @@ from urllib.parse import parse_qsl
 
 from importlib import import_module
 
-from channels.consumer import AsyncConsumer
 from channels.db import database_sync_to_async
-from channels.exceptions import StopConsumer
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.template.loader import render_to_string
@@ -245,6 +247,19 @@ def render_batch(todo_ids, views: dict) -> dict:
     return rendered
 
 
+def recheck_and_render_batch(todo_ids, views: dict, viewer_keys) -> tuple[dict, dict]:
+    """A committed batch, after its viewers' re-check, in one database hop: ``views`` as for
+    ``render_batch`` but with ``[viewer key]`` as each view's audience. Returns ``({viewer
+    key: Viewer or None}, {view key: [row]})``: a viewer who lost the right (None) is no
+    audience, and a demoted superuser's audience is what they may see now. Three queries
+    (users, Django sessions, rows) whatever the number of streams."""
+    viewers = recheck_viewers(viewer_keys)
+    audiences = {key: (filters, next_url, [viewers[viewer_key] for viewer_key in keys
+                                           if viewers.get(viewer_key) is not None])
+                 for key, (filters, next_url, keys) in views.items()}
+    return viewers, render_batch(todo_ids, audiences)
+
+
 # -- who is watching: a group per user, so a logout reaches that user's streams ---------------
 
 
@@ -382,11 +397,15 @@ class BoardHub:
         views = {}
         for stream in streams:
             view = views.setdefault(stream.view_key, (stream.filters, stream.next_url, []))
-            view[2].append(stream.viewer)
+            view[2].append(stream.viewer_key)
         if not views:
             return
         try:
-            rendered = await database_sync_to_async(render_batch)(list(batch), views)
+            # Every viewer re-checked with the batch, not only at the keep-alive: a row
+            # committed after a viewer lost the right (signed out, deactivated, demoted) must
+            # never reach them, whichever of the two clocks runs first.
+            viewers, rendered = await database_sync_to_async(recheck_and_render_batch)(
+                list(batch), views, [stream.viewer_key for stream in streams])
         except Exception as exc:
             # Skipping the rows would leave the pages stale without telling them; ending the
             # responses makes the browsers reconnect and re-sync, where correctness lives.
@@ -397,6 +416,9 @@ class BoardHub:
                 stream.stop.set()
             return
         for stream in streams:
+            stream.take_recheck(viewers.get(stream.viewer_key))
+            if stream.stop.is_set():
+                continue
             try:
                 await self._send_rows(stream, rendered.get(stream.view_key, ()), batch)
             except Exception as exc:
@@ -458,7 +480,8 @@ class BoardHub:
     async def _send_glance(stream, entries):
         mine = [{key: value for key, value in entry.items() if key != "owner_id"}
                 for entry in entries if stream.viewer.may_see(entry["owner_id"])]
-        if mine and not stream.closed:
+        # Not to a stream ending because its viewer lost the right (a batch's re-check).
+        if mine and not stream.closed and not stream.stop.is_set():
             await stream.send_chunk(format_event("glance", {"endpoints": mine}))
 
     async def recheck_forever(self):
@@ -548,27 +571,63 @@ class BoardStreamConsumer:
         if user is None or not user.is_authenticated:
             await self.send_whole(403, b"sign in to watch the board\n")
             return
-        from todos import queries
-
-        query_string = scope.get("query_string", b"").decode("latin-1")
-        self.filters = queries.board_filters_from(dict(parse_qsl(query_string)))
-        # Streams of the same query string are the same board view: rendered once per batch.
-        self.view_key = query_string
-        # Buttons on streamed rows return to the same filtered board.
-        self.next_url = reverse("todos-board") + (f"?{query_string}" if query_string else "")
         session = scope.get("session")
         # Streams built without Django's session (tests that pass a user) re-check the user
         # only; switchboard.asgi always wraps this app in the session middleware.
         self.check_session = session is not None
         self.session_key = getattr(session, "session_key", None) if session is not None else None
         try:
-            self.viewer = await database_sync_to_async(find_viewer)(user)
+            self.viewer = await database_sync_to_async(self.admit)(user)
         except health.UNAVAILABLE_ERRORS as exc:
             await database_sync_to_async(health.note_database_unavailable)(
                 exc, route="board_stream")
             await send_database_unavailable(send)
             return
+        if self.viewer is None:
+            await self.send_whole(403, b"not yours to watch\n")
+            return
         await self.run(receive)
+
+    def admit(self, user) -> Viewer | None:
+        """Who watches (None: refused, 403), in one database hop. The board: any signed-in
+        operator, each row then filtered by what they may see."""
+        from todos import queries
+
+        query_string = self.scope.get("query_string", b"").decode("latin-1")
+        self.filters = queries.board_filters_from(dict(parse_qsl(query_string)))
+        # Streams of the same query string are the same board view: rendered once per batch.
+        self.view_key = query_string
+        # Buttons on streamed rows return to the same filtered board.
+        self.next_url = reverse("todos-board") + (f"?{query_string}" if query_string else "")
+        return find_viewer(user)
+
+    # What a kind of stream adds to the board's (the webhook page's stream overrides these).
+
+    def own_groups(self) -> list:
+        """Channel-layer groups this stream reads itself, besides its viewer's group."""
+        return []
+
+    async def on_own_join(self):
+        """This stream's own groups were joined (again)."""
+
+    async def on_group_message(self, message) -> None:
+        """A message of one of ``own_groups``."""
+
+    async def attach(self):
+        # Subscribed to the board group through the process's hub, which re-checks its
+        # viewers every keep-alive interval and with every batch.
+        self.hub = board_hub(flush_delay=self.flush_delay,
+                             recheck_interval=self.keepalive_interval,
+                             layer_retry_seconds=self.layer_retry_seconds)
+        await self.hub.add(self)
+
+    async def detach(self):
+        await self.hub.remove(self)
+
+    async def keepalive_check(self) -> bool:
+        """Before each keep-alive: False ends the stream. The board's viewers are re-checked
+        by their hub, for all of them at once, so nothing here."""
+        return True
 
     async def run(self, receive):
         self.stop = asyncio.Event()
@@ -586,7 +645,7 @@ class BoardStreamConsumer:
         })
         await self.send_chunk(format_retry(RECONNECT_DELAY))
         layer = get_channel_layer()
-        groups = [viewer_group(self.viewer.user_id)]
+        groups = [viewer_group(self.viewer.user_id), *self.own_groups()]
         membership = {"channel": None}
         context = {"board_user": self.viewer.user_id}
         self.resumed = self.find_header(b"last-event-id")
@@ -599,22 +658,24 @@ class BoardStreamConsumer:
             elif kind == STOP_MESSAGE_TYPE:
                 if message.get("session") == session_tag(self.session_key):
                     self.stop.set()
+            elif not self.stop.is_set():
+                await self.on_group_message(message)
             return False
 
+        # Redis unreachable: the stream still opens and keeps its keep-alives while the reader
+        # keeps trying to join (CONTRACT §12), never a failed request.
         reader = asyncio.ensure_future(group_reader.follow_groups(
             layer, groups, membership, on_message, context,
-            retry_seconds=self.layer_retry_seconds))
-        hub = board_hub(flush_delay=self.flush_delay, recheck_interval=self.keepalive_interval,
-                        layer_retry_seconds=self.layer_retry_seconds)
+            retry_seconds=self.layer_retry_seconds, on_join=self.on_own_join))
         try:
-            await hub.add(self)
+            await self.attach()
             await self.pump(receive)
         finally:
             self.closed = True
             if not reader.done():
                 reader.cancel()
             _open_boards.remove(self.viewer.user_id, self)
-            await hub.remove(self)
+            await self.detach()
             await group_reader.leave_groups(layer, groups, membership.get("channel"))
 
     async def send_sync(self):
@@ -657,6 +718,9 @@ class BoardStreamConsumer:
                 if loop.time() < keepalive_due:
                     continue
                 keepalive_due = loop.time() + interval
+                if not await self.keepalive_check():
+                    await self.end_stream()
+                    return
                 await self.send_chunk(format_comment("keep-alive"))
         finally:
             for task in (disconnect, stopped):
@@ -742,76 +806,78 @@ def application():
     return with_database_guard(AuthMiddlewareStack(BoardStreamConsumer.as_asgi()))
 
 
-class GroupStreamConsumer(AsyncConsumer):
+class GroupStreamConsumer(BoardStreamConsumer):
     """A board page's live stream of one channel-layer group (a webhook page's deliveries,
-    CONTRACT §14): ``authorize(user, url_kwargs)`` — a sync function the routing file passes
-    in, run in one database hop — names the group the signed-in user may watch, or None (403).
-    Then, as for the Todos board: join the group FIRST, send ``sync`` (the page re-fetches),
-    and forward each ``stream.event`` message as an SSE event of its ``event`` name; keep-alive
-    comments in between. The messages carry ids and outcomes, never a body."""
+    CONTRACT §14): a board stream in all but its content, so it shares the board's cap per
+    viewer, its re-checks and its behaviour with a dependency down. ``authorize(user,
+    url_kwargs)`` — a sync function the routing file passes in — names the group the user may
+    watch, or None (403). As for the Todos board: join the group FIRST, then send ``sync`` (the
+    page re-fetches; again after every rejoin), and forward each ``stream.event`` message as an
+    SSE event of its ``event`` name. Every keep-alive re-checks the viewer with their current
+    rights (signed out, deactivated, demoted, the webhook given to another owner: the stream
+    ends). The messages carry ids and outcomes, never a body."""
 
-    def __init__(self, authorize, keepalive_interval: timedelta | None = None):
+    def __init__(self, authorize, **kwargs):
+        super().__init__(**kwargs)
         self.authorize = authorize
-        self.keepalive_interval = keepalive_interval or timedelta(
-            seconds=settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS)
         self.group = None
-        self.keepalive_task = None
-        self.closed = False
 
-    async def http_request(self, message):
-        if message.get("more_body"):
-            return
-        user = self.scope.get("user")
-        group = None
-        if user is not None and user.is_authenticated:
-            kwargs = self.scope.get("url_route", {}).get("kwargs", {})
-            group = await database_sync_to_async(self.authorize)(user, kwargs)
-        if group is None:
-            await self.send({"type": "http.response.start", "status": 403,
-                             "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-            await self.send({"type": "http.response.body", "body": b"not yours to watch\n"})
-            raise StopConsumer()
-        await self.send({
-            "type": "http.response.start", "status": 200,
-            "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
-                        (b"cache-control", b"no-cache, no-store"), (b"x-accel-buffering", b"no")],
-        })
-        await self.channel_layer.group_add(group, self.channel_name)
-        self.group = group
-        await self.send_chunk(format_retry(RECONNECT_DELAY) + format_event("sync", {}))
-        self.keepalive_task = asyncio.ensure_future(self.keep_alive())
+    def admit(self, user) -> Viewer | None:
+        self.group = self.authorize(user, self.url_kwargs)
+        return find_viewer(user) if self.group is not None else None
 
-    async def stream_event(self, message):
-        if self.group is not None and not self.closed:
+    @property
+    def url_kwargs(self) -> dict:
+        return self.scope.get("url_route", {}).get("kwargs", {})
+
+    def own_groups(self) -> list:
+        return [self.group]
+
+    async def on_own_join(self):
+        await self.send_sync()
+
+    async def on_group_message(self, message) -> None:
+        if message.get("type") == "stream.event":
             await self.send_chunk(format_event(message["event"], message.get("data", {})))
 
-    async def http_disconnect(self, message):
-        self.closed = True
-        if self.keepalive_task is not None:
-            self.keepalive_task.cancel()
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-        raise StopConsumer()
+    async def attach(self):
+        pass
 
-    async def keep_alive(self):
-        """A keep-alive comment, after the same re-check as the Todos board's (CONTRACT §12):
-        a logged-out or deactivated operator, or one who no longer owns the webhook, has
-        their stream ended."""
-        user = self.scope["user"]
-        session = self.scope.get("session")
-        kwargs = self.scope.get("url_route", {}).get("kwargs", {})
-        while not self.closed:
-            await asyncio.sleep(self.keepalive_interval.total_seconds())
-            if not await database_sync_to_async(self.may_still_watch)(
-                    user, getattr(session, "session_key", None), session is not None, kwargs):
-                self.closed = True
-                await self.send({"type": "http.response.body", "body": b"", "more_body": False})
-                return
-            await self.send_chunk(format_comment("keep-alive"))
+    async def detach(self):
+        pass
 
-    def may_still_watch(self, user, session_key, check_session, kwargs) -> bool:
-        return (recheck_viewer(user.pk, session_key, check_session) is not None
-                and self.authorize(user, kwargs) == self.group)
+    async def keepalive_check(self) -> bool:
+        return await self.still_allowed()
 
-    async def send_chunk(self, body: bytes):
-        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+    async def still_allowed(self) -> bool:
+        """The viewer re-checked (``recheck_viewer``) and, read afresh, still allowed this
+        group; the database being unreachable is not a revocation (as for the board)."""
+        try:
+            allowed = await database_sync_to_async(self.may_still_watch)()
+        except health.UNAVAILABLE_ERRORS as exc:
+            log.warning("board stream check skipped: database unavailable",
+                        extra={"board_user": self.viewer.user_id, "error": type(exc).__name__})
+            return True
+        if not allowed:
+            log.info("board stream closed: viewer lost the right to watch",
+                     extra={"board_user": self.viewer.user_id, "group": self.group})
+        return allowed
+
+    def may_still_watch(self) -> bool:
+        from django.contrib.auth import get_user_model
+
+        if recheck_viewer(self.viewer.user_id, self.session_key, self.check_session) is None:
+            return False
+        # The user as they are now: a superuser demoted since the stream opened is judged as
+        # the operator they have become.
+        user = get_user_model().objects.filter(pk=self.viewer.user_id).first()
+        return user is not None and self.authorize(user, self.url_kwargs) == self.group
+
+
+def group_stream_application(authorize):
+    """A webhook page's stream as routed in switchboard/asgi.py: session-authenticated and
+    guarded against the database being down, like ``application()``."""
+    from channels.auth import AuthMiddlewareStack
+
+    return with_database_guard(AuthMiddlewareStack(
+        GroupStreamConsumer.as_asgi(authorize=authorize)))

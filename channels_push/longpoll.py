@@ -35,6 +35,7 @@ was following the group at all) is woken at once.
 
 import asyncio
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 from channels.layers import get_channel_layer
@@ -74,6 +75,8 @@ class Waiter:
     woken_queue: str | None = None
     woken_unverified: bool = False
     last_attempt_at: float = 0.0
+    session_id: str | None = None
+    credential_id: int | None = None
 
     @property
     def key(self):
@@ -122,19 +125,40 @@ class WaitRoom:
         # Loop time since which the room has followed the group without interruption, or None.
         self.following_since: float | None = None
         self._tasks = []
+        # Waiters per MCP session and per credential (the caps of ``over_cap``).
+        self.per_session: Counter = Counter()
+        self.per_credential: Counter = Counter()
 
     # -- waiters --------------------------------------------------------------------------------
 
+    def over_cap(self, session_id: str | None, credential_id: int | None) -> str | None:
+        """Why one more waiting claim of this session and credential is refused (CONTRACT §12
+        caps, per process), or None."""
+        from django.conf import settings
+
+        per_session = settings.SWITCHBOARD_MAX_LONG_POLLS_PER_SESSION
+        per_credential = settings.SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL
+        if session_id is not None and self.per_session[session_id] >= per_session:
+            return (f"this session already has {per_session} claim_next calls waiting, the "
+                    "most it may; wait for one of them to answer before starting another")
+        if credential_id is not None and self.per_credential[credential_id] >= per_credential:
+            return (f"this credential already has {per_credential} claim_next calls waiting "
+                    "across its sessions, the most it may; wait for one of them to answer")
+        return None
+
     def add(self, endpoint_id: int, queues, *, started_at: float,
-            verified_only: bool = False, at_capacity: bool = False) -> Waiter:
+            verified_only: bool = False, at_capacity: bool = False,
+            session_id: str | None = None, credential_id: int | None = None) -> Waiter:
         """Register a waiting claim whose request (and first, empty claim) started at
         ``started_at`` (loop time). Woken at once when a ready change for its endpoint may have
-        been missed in between."""
+        been missed in between. The caller checked ``over_cap`` first."""
         self._start()
         waiter = Waiter(endpoint_id, frozenset(queues) if queues is not None else None,
                         verified_only=verified_only, at_capacity=at_capacity,
-                        last_attempt_at=started_at)
+                        last_attempt_at=started_at, session_id=session_id,
+                        credential_id=credential_id)
         self.waiters.setdefault(endpoint_id, []).append(waiter)
+        self._count(waiter, 1)
         # Not following yet: joining wakes every kind of waiter (``recheck_all``) anyway.
         if self.following_since is not None and (
                 self.following_since > started_at
@@ -149,6 +173,7 @@ class WaitRoom:
         if waiter not in waiters:
             return
         waiters.remove(waiter)
+        self._count(waiter, -1)
         if not waiters:
             self.waiters.pop(waiter.endpoint_id, None)
             self.unserved.pop(waiter.endpoint_id, None)
@@ -158,6 +183,14 @@ class WaitRoom:
         elif waiter.woken_for is not None:
             self._offer(waiter.endpoint_id, waiter.woken_queue, waiter.woken_for,
                         waiter.woken_unverified)
+
+    def _count(self, waiter: Waiter, step: int) -> None:
+        for counter, key in ((self.per_session, waiter.session_id),
+                             (self.per_credential, waiter.credential_id)):
+            if key is not None:
+                counter[key] += step
+                if counter[key] <= 0:
+                    del counter[key]
 
     def attempted(self, waiter: Waiter, *, claimed: bool, at_capacity: bool = False) -> None:
         """A woken waiter's claim attempt is done; ``claimed``: it has its answer and leaves;

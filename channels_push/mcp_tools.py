@@ -723,11 +723,16 @@ class LongPoll:
     verified_only: bool = False
     # The last claim was held back by a cap: a claim that settles may free its slot.
     at_capacity: bool = False
+    # Who waits (the long-poll caps count per session and per credential).
+    session_id: str | None = None
+    credential_id: int | None = None
 
 
-def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None:
+def long_poll_of(endpoint, params: dict | None, result: dict, *,
+                 session_id: str | None = None) -> LongPoll | None:
     """Whether the answer to tools/call ``params`` (``result``, as on the wire) should wait
-    instead of going out now: a claim_next that found nothing and was given wait_seconds > 0."""
+    instead of going out now: a claim_next that found nothing and was given wait_seconds > 0.
+    ``endpoint.credential_id`` is the credential the request presented."""
     params = params or {}
     arguments = params.get("arguments") or {}
     wait_seconds = arguments.get("wait_seconds") or 0
@@ -741,7 +746,9 @@ def long_poll_of(endpoint, params: dict | None, result: dict) -> LongPoll | None
                     queues=tuple(sorted(set(queues))) if queues is not None else None,
                     verified_only=bool(arguments.get("verified_only")
                                        or not endpoint.accept_unverified),
-                    at_capacity=bool(result["structuredContent"].get("at_capacity")))
+                    at_capacity=bool(result["structuredContent"].get("at_capacity")),
+                    session_id=session_id,
+                    credential_id=getattr(endpoint, "credential_id", None))
 
 
 def release_undelivered_claim(endpoint, session_id: str, envelope: dict) -> str | None:

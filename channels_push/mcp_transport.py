@@ -329,7 +329,8 @@ def answer_post(request: plain_http.Request, *, woken: bool = False) -> Answer:
     envelope = _dispatch(endpoint, session_id, message)
     answer = _json_answer(200, envelope, {"Mcp-Session-Id": session_id})
     if message.method == "tools/call" and "result" in envelope:
-        answer.long_poll = mcp_tools.long_poll_of(endpoint, message.params, envelope["result"])
+        answer.long_poll = mcp_tools.long_poll_of(endpoint, message.params, envelope["result"],
+                                                  session_id=session_id)
         meta = (message.params or {}).get("_meta")
         answer.progress_token = meta.get("progressToken") if isinstance(meta, dict) else None
     return answer
@@ -606,8 +607,18 @@ class McpEndpoint:
         keepalive_seconds = settings.SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS
         streaming = accepts(request.header("accept"), "text/event-stream")
         room = longpoll.room()
+        over_cap = room.over_cap(poll.session_id, poll.credential_id)
+        if over_cap is not None:
+            # Refused before waiting; the first claim found nothing, so nothing was written.
+            log.info("mcp long poll refused: at its cap",
+                     extra={"slug": request.slug, "session": (poll.session_id or "")[:8]})
+            await plain_http.send_answer(send, _json_answer(200, mcp_framing.result_envelope(
+                request_id, mcp_tools.refusal_result("at_capacity", over_cap)),
+                {"Mcp-Session-Id": answer.headers["Mcp-Session-Id"]}))
+            return
         waiter = room.add(poll.endpoint_id, poll.queues, started_at=started,
-                          verified_only=poll.verified_only, at_capacity=poll.at_capacity)
+                          verified_only=poll.verified_only, at_capacity=poll.at_capacity,
+                          session_id=poll.session_id, credential_id=poll.credential_id)
         disconnect = asyncio.ensure_future(receive())
         woken = asyncio.ensure_future(waiter.event.wait())
         try:

@@ -18,7 +18,6 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_asgi_app = get_asgi_application()
 
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
-from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
@@ -35,11 +34,10 @@ http_routes = [
     # The Todos board's live stream (issue 7): session-authenticated like the board itself,
     # re-checked on every keep-alive (CONTRACT §12).
     re_path(r"^todos/events$", plain_http.AllowedHostsOnly(board_stream.application())),
-    # A webhook page's live delivery log (§14): the same mechanism, one group per webhook.
+    # A webhook page's live delivery log (§14): a board stream of one group per webhook, with
+    # the board's caps and re-checks.
     re_path(r"^todos/webhooks/(?P<slug>[-a-zA-Z0-9_]+)/events$", plain_http.AllowedHostsOnly(
-        board_stream.with_database_guard(AuthMiddlewareStack(
-            board_stream.GroupStreamConsumer.as_asgi(
-                authorize=ingest_views.delivery_stream_group))))),
+        board_stream.group_stream_application(ingest_views.delivery_stream_group))),
     # Webhook deliveries (§5), /hooks/<webhook_slug>: any slug text is captured so that an
     # unknown one gets ingest's JSON 404.
     re_path(ingest_views.HOOK_ROUTE_PATTERN,

@@ -141,6 +141,13 @@ SWITCHBOARD_STREAM_LEASE_SECONDS = _typed(
 SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL = _typed(
     "SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL", env.int, 32, minimum=1)
 SWITCHBOARD_MAX_OPEN_STREAMS = _typed("SWITCHBOARD_MAX_OPEN_STREAMS", env.int, 4, minimum=1)
+# Waiting claim_next calls (long polls) per MCP session and per credential, per web process:
+# each is a parked coroutine and a wake-up slot, and a client that loops without reading its
+# answers must not pile up hundreds. The next one is refused (at_capacity), nothing claimed.
+SWITCHBOARD_MAX_LONG_POLLS_PER_SESSION = _typed(
+    "SWITCHBOARD_MAX_LONG_POLLS_PER_SESSION", env.int, 4, minimum=1)
+SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL = _typed(
+    "SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL", env.int, 32, minimum=1)
 # A session counts as attached (a receiver for doorbells, sweeps and digests, §7) while it has
 # an open notification stream, or made a request within this window: a client that vanished
 # without DELETE stops costing ring budget after it, not after the idle limit above.

@@ -44,6 +44,10 @@ def test_the_board_and_its_stream_answer_503_when_postgresql_is_down(database_do
     assert page["error"]["code"] == "unavailable"
     assert_unavailable(httpx.get(f"{database_down.url}/todos/events", cookies=cookies,
                                  timeout=30, headers={"Accept": "text/event-stream"}))
+    # A webhook page's stream is a board stream: the same answer.
+    assert_unavailable(httpx.get(f"{database_down.url}/todos/webhooks/gh/events",
+                                 cookies=cookies, timeout=30,
+                                 headers={"Accept": "text/event-stream"}))
     assert "Traceback" not in database_down.log_text()
 
 

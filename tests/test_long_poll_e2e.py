@@ -252,9 +252,11 @@ def test_waiting_holds_no_database_connection(start_daphne):
     # A pool of two connections: were a waiter to hold one (or a thread that holds one), the
     # third waiter could not even start, and nothing else could run.
     app_name = f"sb-lp-{uuid.uuid4().hex[:8]}"
-    # Fifty-one sessions on one credential: above the default cap of 32 (CONTRACT §12).
+    # Fifty-one sessions and fifty waiting claims on one credential: above the default caps
+    # of 32 (CONTRACT §12).
     server = start_daphne(PGAPPNAME=app_name, DATABASE_POOL_MAX_SIZE="2",
-                          SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL="100")
+                          SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL="100",
+                          SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL="100")
     endpoint, credential, hook = setup_route("lp-conns")
     url = mcp_url(server.url, endpoint.slug)
     waiters_count = 50

@@ -55,13 +55,14 @@ def parse_events(raw: bytes):
 class Stream:
     """One open /todos/events response driven through the ASGI interface."""
 
-    def __init__(self, user, query=b"", headers=(), app=None, keepalive=None, flush_delay=None):
+    def __init__(self, user, query=b"", headers=(), app=None, keepalive=None, flush_delay=None,
+                 path="/todos/events"):
         kwargs = {"keepalive_interval": keepalive} if keepalive else {}
         if flush_delay:
             kwargs["flush_delay"] = flush_delay
         app = app or board_stream.BoardStreamConsumer.as_asgi(**kwargs)
         scope = {
-            "type": "http", "method": "GET", "path": "/todos/events", "query_string": query,
+            "type": "http", "method": "GET", "path": path, "query_string": query,
             "headers": list(headers), "client": ("127.0.0.1", 1), "server": ("testserver", 80),
         }
         if user is not None:

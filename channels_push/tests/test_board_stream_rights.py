@@ -31,9 +31,10 @@ def cookie_for(client, user) -> bytes:
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
 
 
-async def read_until_end(stream, deadline_seconds=WAIT_SECONDS):
-    """Every body chunk until the response ends; None when it did not end in time."""
-    bodies = []
+async def read_until_end(stream, deadline_seconds=WAIT_SECONDS, bodies=None):
+    """Every body chunk until the response ends; None when it did not end in time (the
+    chunks read meanwhile are in ``bodies`` when given)."""
+    bodies = [] if bodies is None else bodies
     end = time.monotonic() + deadline_seconds
     while time.monotonic() < end:
         try:
@@ -71,38 +72,58 @@ def test_a_logged_out_board_stream_ends_and_receives_no_further_row(alice, clien
     run(scenario)
 
 
-@override_settings(SWITCHBOARD_STREAM_KEEPALIVE_SECONDS=KEEPALIVE_SECONDS)
-@pytest.mark.parametrize("revocation", ["session_deleted", "deactivated", "password_changed"])
-def test_the_board_stream_closes_at_its_next_keep_alive_once_its_viewer_loses_the_right(
-        alice, client, revocation):
+REVOCATIONS = ["session_deleted", "deactivated", "password_changed"]
+
+
+def revoke(user, revocation):
     from django.contrib.sessions.models import Session
 
+    if revocation == "session_deleted":  # expired, or logged out without the signal
+        Session.objects.all().delete()
+    elif revocation == "deactivated":
+        type(user).objects.filter(pk=user.pk).update(is_active=False)
+    else:
+        user.set_password("a-new-password-123")
+        user.save()
+
+
+def revoked_viewer_sees_no_row(user, client, revocation, *, with_a_todo=True):
+    """Open the board as ``user``, take their right away, commit a todo they owned: the
+    stream must end and carry no row of it."""
     from switchboard.asgi import application
 
-    endpoint = EndpointFactory(slug="alices", owner=alice)
-    cookie = cookie_for(client, alice)
-
-    def revoke():
-        if revocation == "session_deleted":  # expired, or logged out without the signal
-            Session.objects.all().delete()
-        elif revocation == "deactivated":
-            type(alice).objects.filter(pk=alice.pk).update(is_active=False)
-        else:
-            alice.set_password("a-new-password-123")
-            alice.save()
+    endpoint = EndpointFactory(slug="alices", owner=user)
+    cookie = cookie_for(client, user)
 
     async def scenario():
         stream = Stream(None, app=application, headers=[(b"cookie", cookie)])
         assert (await stream.open())["status"] == 200
         await stream.next_event(kind="sync")
-        await sync_to_async(revoke)()
-        await sync_to_async(create)(endpoint, "after the revocation")
-        rest = await read_until_end(stream)
-        assert rest is not None, "the stream outlived its viewer's rights"
-        assert not any(b"event: todo" in body for body in rest)
+        await sync_to_async(revoke)(user, revocation)
+        if with_a_todo:
+            await sync_to_async(create)(endpoint, "after the revocation")
+        bodies = []
+        ended = await read_until_end(stream, bodies=bodies)
+        assert not any(b"event: todo" in body for body in bodies), "a row after the right ended"
+        assert ended is not None, "the stream outlived its viewer's rights"
         assert await sync_to_async(publish.wait_for_sends)(WAIT_SECONDS)  # see above
 
     run(scenario)
+
+
+@override_settings(SWITCHBOARD_STREAM_KEEPALIVE_SECONDS=KEEPALIVE_SECONDS)
+@pytest.mark.parametrize("revocation", REVOCATIONS)
+def test_the_board_stream_closes_at_its_next_keep_alive_once_its_viewer_loses_the_right(
+        alice, client, revocation):
+    revoked_viewer_sees_no_row(alice, client, revocation, with_a_todo=False)
+
+
+# A keep-alive (and so the hub's periodic re-check) that cannot come within the test: what is
+# tested is the batch's own re-check, whatever the load and the timing of the two clocks.
+@override_settings(SWITCHBOARD_STREAM_KEEPALIVE_SECONDS=600)
+@pytest.mark.parametrize("revocation", REVOCATIONS)
+def test_a_batch_re_checks_its_viewers_before_sending_a_row(alice, client, revocation):
+    revoked_viewer_sees_no_row(alice, client, revocation)
 
 
 def test_an_endpoint_given_to_another_owner_leaves_the_old_owners_stream(alice):
@@ -126,10 +147,11 @@ def test_an_endpoint_given_to_another_owner_leaves_the_old_owners_stream(alice):
     run(scenario)
 
 
-@override_settings(SWITCHBOARD_MAX_OPEN_STREAMS=2)
-def test_a_viewers_stream_over_the_cap_closes_their_oldest(alice):
+def over_the_cap_the_oldest_closes(make_streams):
+    """With a cap of 2 (``SWITCHBOARD_MAX_OPEN_STREAMS``), the third of ``make_streams()``
+    (one viewer's streams, opened in order) closes the first; the others stay open."""
     async def scenario():
-        streams = [Stream(alice) for _ in range(3)]
+        streams = make_streams()
         for stream in streams:
             assert (await stream.open())["status"] == 200
             await stream.next_event(kind="sync")
@@ -141,15 +163,22 @@ def test_a_viewers_stream_over_the_cap_closes_their_oldest(alice):
     run(scenario)
 
 
-def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice):
+@override_settings(SWITCHBOARD_MAX_OPEN_STREAMS=2)
+def test_a_viewers_stream_over_the_cap_closes_their_oldest(alice):
+    over_the_cap_the_oldest_closes(lambda: [Stream(alice) for _ in range(3)])
+
+
+def with_redis_down_it_opens_and_keeps_its_keep_alives(make_stream):
+    """The channel layer at a port where nothing listens: ``make_stream()`` still opens (200)
+    and keeps its keep-alives, and sends no ``sync`` (it is not subscribed)."""
     dead = f"redis://127.0.0.1:{free_port()}/0"
     layers = {"default": {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
                           "CONFIG": {"hosts": [dead], "prefix": "dead"}}}
 
     async def scenario():
-        stream = Stream(alice, keepalive=board_stream.timedelta(seconds=KEEPALIVE_SECONDS))
+        stream = make_stream()
         start = await stream.open()
-        assert start["status"] == 200
+        assert start["status"] == 200, start
         assert (await stream.next_event(kind="comment"))["comment"] == "keep-alive"
         assert (await stream.next_event(kind="comment"))["comment"] == "keep-alive"
         assert not [e for e in stream.pending if e.get("event") == "sync"]
@@ -157,6 +186,11 @@ def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice)
 
     with override_settings(CHANNEL_LAYERS=layers):
         run(scenario)
+
+
+def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice):
+    with_redis_down_it_opens_and_keeps_its_keep_alives(
+        lambda: Stream(alice, keepalive=board_stream.timedelta(seconds=KEEPALIVE_SECONDS)))
 
 
 def test_the_shared_recheck_ends_only_the_streams_of_the_viewer_who_lost_the_right(alice):

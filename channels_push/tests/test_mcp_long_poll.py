@@ -302,8 +302,9 @@ def test_a_lost_wake_up_costs_latency_not_the_todo(agent, monkeypatch):
 
 def test_waiters_on_one_endpoint_each_get_a_different_todo_or_time_out(agent):
     async def scenario():
-        calls = [await Call(agent, {"wait_seconds": 2}, request_id=n).start() for n in range(5)]
-        await waiting(agent.endpoint.pk, count=5)
+        # Four: as many as one session may have waiting.
+        calls = [await Call(agent, {"wait_seconds": 2}, request_id=n).start() for n in range(4)]
+        await waiting(agent.endpoint.pk, count=4)
         for n in range(3):
             await database_sync_to_async(make_ready_todo)(agent.endpoint, title=f"t{n}")
         return [await call.response() for call in calls]
@@ -311,7 +312,7 @@ def test_waiters_on_one_endpoint_each_get_a_different_todo_or_time_out(agent):
     results = [call.result()["result"]["structuredContent"] for call in run(scenario)]
     claimed = [r["todo"]["id"] for r in results if "todo" in r]
     assert len(claimed) == len(set(claimed)) == 3
-    assert results.count({"empty": True}) == 2
+    assert results.count({"empty": True}) == 1
 
 
 def test_a_malformed_wait_is_answered_at_once_as_json(agent):
@@ -319,3 +320,68 @@ def test_a_malformed_wait_is_answered_at_once_as_json(agent):
     assert reply.status == 200 and reply.headers["content-type"] == "application/json"
     # -32602 today; an invalid_argument tool result once argument errors all become one.
     assert "error" in reply.json or reply.json["result"]["isError"]
+
+
+# -- caps: waiting claims per session and per credential (CONTRACT §12) ---------------------
+
+
+def refusal_code(result) -> str | None:
+    body = result.get("result") or {}
+    return body.get("isError") and body["structuredContent"]["error"]["code"]
+
+
+def test_a_session_may_have_four_long_polls_waiting_and_the_fifth_is_refused(agent):
+    """Each waiting claim costs the process a coroutine and a wake-up slot: a client that
+    loops without waiting for its answers must not pile up hundreds of them."""
+    async def scenario():
+        waiting_calls = [await Call(agent, {"wait_seconds": 30}, request_id=n).start()
+                         for n in range(4)]
+        await waiting(agent.endpoint.pk, 4)
+        refused = await (await Call(agent, {"wait_seconds": 30}, request_id=9).start()).response()
+        assert len(longpoll.room().waiters.get(agent.endpoint.pk, [])) == 4
+        # The waiting ones still wait, and the oldest gets the next todo.
+        todo = await database_sync_to_async(make_ready_todo)(agent.endpoint)
+        claimed = [claimed_id((await waiting_calls[0].response()).result())]
+        for call in waiting_calls[1:]:
+            await call.communicator.send_input({"type": "http.disconnect"})
+        return refused, todo, claimed
+
+    refused, todo, claimed = run(scenario)
+    assert refused.status == 200
+    result = refused.result()
+    assert result["id"] == 9 and refusal_code(result) == "at_capacity"
+    assert "4" in result["result"]["structuredContent"]["error"]["message"]
+    assert claimed == [str(todo.pk)]
+    assert Todo.objects.get(pk=todo.pk).attempts == 1  # the refused call claimed nothing
+
+
+def test_a_credential_may_have_32_long_polls_waiting_across_its_sessions(vend, settings):
+    settings.SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL = 6
+    endpoint, credential = vend()
+    drivers = []
+    for _ in range(3):
+        driver = McpDriver(endpoint.slug, credential)
+        driver.initialize()
+        drivers.append(driver)
+
+    async def scenario():
+        calls = [await Call(driver, {"wait_seconds": 30}, request_id=n).start()
+                 for driver in drivers[:2] for n in range(3)]
+        await waiting(endpoint.pk, 6)
+        # A third session of the same credential: its own cap is untouched, the credential's
+        # is reached.
+        refused = await (await Call(drivers[2], {"wait_seconds": 30}).start()).response()
+        for call in calls:
+            await call.communicator.send_input({"type": "http.disconnect"})
+        return refused
+
+    refused = run(scenario)
+    assert refusal_code(refused.result()) == "at_capacity"
+    assert "credential" in refused.result()["result"]["structuredContent"]["error"]["message"]
+
+
+def test_the_long_poll_caps_default_to_4_per_session_and_32_per_credential():
+    from django.conf import settings
+
+    assert settings.SWITCHBOARD_MAX_LONG_POLLS_PER_SESSION == 4
+    assert settings.SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL == 32
