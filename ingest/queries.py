@@ -23,8 +23,11 @@ from .models import (SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, We
 # is deferred and loads on first access, so new Endpoint fields need no change here.
 _WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secret",
                    "previous_secret_expires_at", "active", "created_at"]
-_ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds", "priority", "delay_seconds",
-                 "actors", "author_associations"]
+# In the model's field order: Model.from_db reads a partial row's values in that order.
+_ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds", "actors",
+                 "author_associations", "priority", "delay_seconds"]
+_ROUTE_JSON_COLUMNS = [_ROUTE_FIELDS.index(name) for name in ("kinds", "actors",
+                                                               "author_associations")]
 _ENDPOINT_FIELDS = ["id", "slug", "owner_id", "scope", "max_attempts", "active"]
 _WEBHOOK_WITH_ROUTES_SQL = (
     "SELECT " + ", ".join(f"w.{name}" for name in _WEBHOOK_FIELDS) + ", "
@@ -72,8 +75,8 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
         if route_values[0] is None:
             continue  # the LEFT JOIN row of a webhook without routes
         endpoint_values = list(row[webhook_width + route_width:])
-        for json_column in (4, 5, 6):  # kinds, actors, author_associations
-            route_values[json_column] = _json_value(route_values[json_column])
+        for column in _ROUTE_JSON_COLUMNS:
+            route_values[column] = _json_value(route_values[column])
         endpoint_values[3] = _json_value(endpoint_values[3])
         route = Route.from_db(db, _ROUTE_FIELDS, route_values)
         route.webhook = webhook

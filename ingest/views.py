@@ -1017,7 +1017,8 @@ def board_new_todo(request):
     try:
         if endpoint is None:
             raise Problem(400, "invalid_argument", "endpoint: choose one of yours")
-        arguments = _hand_over_arguments(endpoint, _new_todo_data(request.POST))
+        arguments = _hand_over_arguments(endpoint, _new_todo_data(request.POST),
+                                         now=timezone.now())
         todo, created = transitions.hand_over_todo(endpoint=endpoint, operator=request.user,
                                                    **arguments)
     except Problem as problem:

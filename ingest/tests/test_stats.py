@@ -142,10 +142,10 @@ def test_stats_statements_read_indexes_not_the_table(endpoint):
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO todos_todo (endpoint_id, queue, state, title, kind, source, payload,"
-            " trust, attempts, max_attempts, created_at, updated_at, ring_attempts)"
+            " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority)"
             " SELECT %s, 'inbox', CASE WHEN g %% 50 = 0 THEN 'pending' ELSE 'done' END, 't', '',"
             " '', '{}', 'signed', 1, 5, now() - make_interval(hours => g %% 2000),"
-            " now() - make_interval(hours => g %% 2000), 0 FROM generate_series(1, 30000) g",
+            " now() - make_interval(hours => g %% 2000), 0, 0 FROM generate_series(1, 30000) g",
             [endpoint.pk])
         cursor.execute("ANALYZE todos_todo")
     from todos import queries

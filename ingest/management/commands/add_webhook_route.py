@@ -68,5 +68,10 @@ def _field_messages(exc: ValidationError) -> list:
     named, not only described."""
     if not hasattr(exc, "error_dict"):
         return exc.messages
-    return [f"{field.replace('_', '-')}: {message}" for field, errors in exc.error_dict.items()
+    return [f"{FLAG_OF_FIELD.get(field, field.replace('_', '-'))}: {message}"
+            for field, errors in exc.error_dict.items()
             for error in errors for message in error.messages]
+
+
+# Route fields whose flag is not simply the field name with hyphens.
+FLAG_OF_FIELD = {"author_associations": "author-association"}
