@@ -102,7 +102,9 @@ class Todo(models.Model):
     ring_attempts = models.PositiveSmallIntegerField(default=0)
     last_ringed_at = models.DateTimeField(null=True, blank=True)
     # Higher first among claimable todos (then oldest): docs/work-control.md "Priority".
-    priority = models.SmallIntegerField(default=PRIORITY_DEFAULT)
+    # db_default too: rows written by SQL that names no priority (bulk loads, other tools)
+    # get the default rather than a NOT NULL error.
+    priority = models.SmallIntegerField(default=PRIORITY_DEFAULT, db_default=PRIORITY_DEFAULT)
     # Set: a scheduled todo, pending but not ready until then. The due sweep
     # (todos.sweeps.release_due_scheduled_todos) clears it when the time comes, so "ready" is
     # exactly ``state = 'pending' AND not_before IS NULL`` everywhere (claims, rings, digests)

@@ -28,7 +28,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='todo',
             name='priority',
-            field=models.SmallIntegerField(default=0),
+            field=models.SmallIntegerField(db_default=0, default=0),
         ),
         migrations.AddIndex(
             model_name='todo',
