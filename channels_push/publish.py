@@ -27,7 +27,9 @@ BOARD_GROUP = "todos.board"
 # Changes after which a todo is ready for an agent to pick up: the doorbell's triggers (§7).
 # A lease that lapsed and a release put the todo back to pending: ready again exactly as a new
 # one (§4), when the change left it pending (a lapse on the last attempt dead-letters it).
-READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote", "lease_lapsed", "release"})
+# An approved todo is ready from its approval on (it was awaiting approval, never rung).
+READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote", "lease_lapsed", "release",
+                           "approve"})
 # Sends in flight per process before we start dropping. A healthy Redis drains thousands per
 # second; this only bites when the layer hangs, and then memory stays bounded.
 MAX_PENDING_SENDS = 10_000

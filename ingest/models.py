@@ -94,6 +94,8 @@ class Route(models.Model):
     # anyone the sender lets trigger the event.
     actors = models.JSONField(default=list, blank=True)
     author_associations = models.JSONField(default=list, blank=True)
+    # The approval gate (§15): this route's todos are created awaiting an operator's approval.
+    requires_approval = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

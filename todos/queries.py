@@ -47,6 +47,7 @@ def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
         "lease_expires_at": _iso(todo.lease_expires_at),
         "retry_at": _iso(todo.retry_at),
         "dead_lettered_at": _iso(todo.dead_lettered_at),
+        "cancelled_at": _iso(todo.cancelled_at),
         "result": todo.result,
         "last_error": todo.last_error,
         "created_at": _iso(todo.created_at),

@@ -15,6 +15,9 @@ from . import queries, transitions
 REAPER_BATCH = 500
 # Same reasoning for failed todos whose backoff has passed.
 PROMOTER_BATCH = 500
+# And for todos whose approval timed out: an operator who left hundreds waiting over a weekend
+# sees them cancelled within a few passes.
+STALE_APPROVAL_BATCH = 500
 
 
 def expire_lapsed_leases(*, now=None) -> int:
@@ -82,10 +85,18 @@ def fold_throughput(*, now=None) -> int:
     return folded
 
 
+def cancel_stale_approvals(*, now=None) -> int:
+    """Cancel todos awaiting approval longer than their endpoint's ``approval_timeout_seconds``
+    (reason ``approval_timeout``). Returns how many were cancelled."""
+    return len(transitions.cancel_stale_approvals(now=now or timezone.now(),
+                                                  limit=STALE_APPROVAL_BATCH))
+
+
 # The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
 # switchboard/celery.py names the same cadence).
 EMBEDDED_SWEEPS = [
     (expire_lapsed_leases, 5.0),
     (promote_due_retries, 5.0),
     (fold_throughput, 15.0),
+    (cancel_stale_approvals, 5.0),
 ]

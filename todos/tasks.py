@@ -18,3 +18,8 @@ def promote_due_retries():
 @shared_task(name="todos.tasks.fold_throughput")
 def fold_throughput():
     return sweeps.fold_throughput()
+
+
+@shared_task(name="todos.tasks.cancel_stale_approvals")
+def cancel_stale_approvals():
+    return sweeps.cancel_stale_approvals()
