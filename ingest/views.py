@@ -588,7 +588,8 @@ def _optional_str(data: dict, name: str, limit: int) -> str:
     return value
 
 
-HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets")
+HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets",
+                    "requires_approval")
 
 
 def _hand_over_arguments(endpoint, data: dict, *, plainly_storable: bool = False) -> dict:
@@ -630,7 +631,11 @@ def _hand_over_arguments(endpoint, data: dict, *, plainly_storable: bool = False
             raise Problem(400, "invalid_argument",
                           'payload.secrets is reserved for secret refs when secrets are given')
     key = _optional_str(data, "idempotency_key", MAX_IDEMPOTENCY_KEY_CHARS)
+    requires_approval = data.get("requires_approval", False)
+    if not isinstance(requires_approval, bool):
+        raise Problem(400, "invalid_argument", "requires_approval must be true or false")
     return {
+        "requires_approval": requires_approval,
         "queue": queue, "title": title, "payload": payload,
         "kind": _one_line(_optional_str(data, "kind", MAX_KIND_CHARS), MAX_KIND_CHARS),
         "idempotency_key": key or None, "secret_values": secret_values or None,
@@ -713,6 +718,75 @@ def endpoint_stats(request, endpoint_slug):
                       "streaming": row["streaming"],
                       "last_seen_at": todo_queries.iso_time(row["last_seen_at"])} for row in sessions],
     })
+
+
+# -- operator actions on one todo ----------------------------------------------------------------
+
+# POST /api/v1/todos/<id>/<action>: each calls its transition as the todo's operator (the body's
+# optional "reason" where it takes one) and answers 200 {"todo": todo}.
+TODO_ACTIONS = {
+    "cancel": lambda caller, todo_id, data: todo_transitions.cancel_todo(
+        caller, todo_id, reason=data.get("reason")),
+    "approve": lambda caller, todo_id, data: todo_transitions.approve_todo(caller, todo_id),
+    "reject": lambda caller, todo_id, data: todo_transitions.reject_todo(
+        caller, todo_id, reason=data.get("reason")),
+}
+TODO_ACTION_FIELDS = {"cancel": ("reason",), "approve": (), "reject": ("reason",)}
+
+
+def _owned_todo(operator, todo_id: str) -> Todo:
+    """The operator's todo (its endpoint theirs), else 404: another's looks like a missing one."""
+    if not (todo_id.isascii() and todo_id.isdigit() and 0 < int(todo_id) < 2**63):
+        raise Problem(404, "not_found", f"no todo {todo_id[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
+    todo = (Todo.objects.filter(pk=int(todo_id), endpoint__owner=operator)
+            .select_related("endpoint").first())
+    if todo is None:
+        raise Problem(404, "not_found", f"no todo {todo_id} of yours")
+    return todo
+
+
+def _action_body(request, action: str) -> dict:
+    body = _read_body(request)
+    if not body.strip():
+        return {}
+    if not _is_json_type(_media_type(request.META.get("CONTENT_TYPE"))):
+        raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
+    # Not walked: the transition names a field the database cannot store ("reason …").
+    data, _ = _parse_json_document(_decode_utf8(body), walk=False)
+    unknown = sorted(set(data) - set(TODO_ACTION_FIELDS[action]))
+    if unknown:
+        raise Problem(400, "invalid_argument", f"unknown fields: {unknown}")
+    return data
+
+
+@csrf_exempt
+def todo_action(request, todo_id, action):
+    """An operator cancels, approves or rejects one of their todos. 200 {"todo": todo}; 404
+    for a todo that is not theirs; a refusal 409 with its code, bad input (the wrong state
+    included: approving a todo that is not awaiting approval) 400 ``invalid_argument``."""
+    try:
+        if action not in TODO_ACTIONS:
+            raise Problem(404, "not_found", "no such action")
+        if request.method != "POST":
+            raise Problem(405, "method_not_allowed", f"POST to {action} a todo")
+        _check_declared_length(request.META.get("CONTENT_LENGTH"))
+        operator = _authenticate_operator(request)
+        _check_rate(f"operator:{operator.pk}")
+        data = _action_body(request, action)
+        todo = _owned_todo(operator, todo_id)
+        caller = todo_transitions.Caller.operator(todo.endpoint, operator.get_username())
+        try:
+            changed = TODO_ACTIONS[action](caller, todo.pk, data)
+        except todo_transitions.Refusal as refusal:
+            status = {"invalid_argument": 400, "not_found": 404}.get(refusal.code, 409)
+            raise Problem(status, refusal.code, refusal.message) from None
+    except Problem as problem:
+        return problem.response()
+    except DatabaseError as exc:
+        return _storage_unavailable(exc, todo=todo_id).response()
+    log.info("operator todo action", extra={"action": action, "todo_id": changed.pk,
+                                            "operator": operator.get_username()})
+    return JsonResponse({"todo": todo_queries.todo_as_dict(changed)})
 
 
 # -- the webhook pages of the board (CONTRACT §14) -----------------------------------------------

@@ -25,6 +25,9 @@ urlpatterns = [
             name="api-endpoint-stats"),
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
             name="hand_over"),
+    # Operator actions on one todo (§15): cancel, approve, reject.
+    re_path(r"^api/v1/todos/(?P<todo_id>[^/]+)/(?P<action>[a-z-]+)/?$", ingest_views.todo_action,
+            name="todo_action"),
     # -- operator console (issue 7); /todos/events is the SSE consumer routed in asgi.py --
     path("accounts/login/", todo_views.LoginView.as_view(), name="board-login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="board-login"), name="board-logout"),

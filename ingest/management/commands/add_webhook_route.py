@@ -25,9 +25,12 @@ class Command(JsonCommand):
                             help="comma-separated roles whose events may create todos here, "
                                  "e.g. OWNER,MEMBER,COLLABORATOR (GitHub's author_association; "
                                  "Gitea: admin counts as OWNER, push as COLLABORATOR)")
+        parser.add_argument("--requires-approval", action="store_true",
+                            help="create this route's todos awaiting an operator's approval "
+                                 "(manage.py approve|reject, the board, the API)")
 
     def handle(self, *args, webhook, endpoint, queue, kinds, actors, author_association,
-               **options):
+               requires_approval, **options):
         try:
             hook = Webhook.objects.get(slug=webhook)
         except Webhook.DoesNotExist:
@@ -41,15 +44,18 @@ class Command(JsonCommand):
                 webhook=hook, endpoint=target, queue=queue,
                 kinds=csv_list(kinds) if kinds else None,
                 actors_allowed=csv_list(actors) if actors else None,
-                author_associations=csv_list(author_association) if author_association else None)
+                author_associations=csv_list(author_association) if author_association else None,
+                requires_approval=requires_approval)
         except ValidationError as exc:
             raise CommandError("; ".join(
                 f"{field}: {' '.join(messages)}" for field, messages in exc.message_dict.items())
                 if hasattr(exc, "error_dict") else "; ".join(exc.messages)) from None
         self.emit(
-            options, {"webhook": hook.slug, "endpoint": target.slug, "queue": route.queue},
+            options, {"webhook": hook.slug, "endpoint": target.slug, "queue": route.queue,
+                      "requires_approval": route.requires_approval},
             f"route {hook.slug} -> {target.slug}/{route.queue}"
             + (f" (kinds: {', '.join(route.kinds)})" if route.kinds else " (all kinds)")
             + (f", only from {', '.join(route.actors + route.author_associations)}"
                if route.actors or route.author_associations else ""),
+            + (" (each todo awaits approval)" if route.requires_approval else ""),
         )
