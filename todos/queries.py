@@ -271,7 +271,7 @@ def board_filters_from(params) -> dict:
 
 # The states a backlog gauge reports. Done todos are kept forever as audit, so counting them
 # would make every scrape as slow as the history is long; completions are a counter instead.
-BACKLOG_STATES = (State.PENDING, State.CLAIMED, State.FAILED)
+BACKLOG_STATES = (State.AWAITING_APPROVAL, State.PENDING, State.CLAIMED, State.FAILED)
 
 
 def count_backlog_by_queue():
