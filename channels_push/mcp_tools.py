@@ -110,7 +110,8 @@ def _schema(properties: dict, required=()) -> dict:
 TOOL_SCHEMAS = {
     "list_todos": (
         "List todos without claiming them, full payloads. Without state: the live ones - "
-        "pending, then claimed, then failed waiting to retry - oldest first. Pages: pass "
+        "pending, then claimed, then failed waiting to retry - oldest first (awaiting_approval, "
+        "done and cancelled ones only when asked for by state). Pages: pass "
         "next_cursor back as cursor while has_more. Use claim or claim_next to take work.",
         _schema({
             "queue": {"type": "string", "description": "Only this queue."},
@@ -220,6 +221,8 @@ _TODO_OUTPUT = {
         "lease_expires_at": _NULLABLE_STRING,
         "retry_at": _NULLABLE_STRING,
         "dead_lettered_at": _NULLABLE_STRING,
+        "cancelled_at": {**_NULLABLE_STRING,
+                         "description": "When its operator cancelled it (state cancelled)."},
         "result": _any_json("What complete or fail stored."),
         "last_error": _NULLABLE_STRING,
         "created_at": {"type": "string"},
@@ -231,7 +234,8 @@ _TODO_OUTPUT = {
 _ERROR_OUTPUT = {
     "type": "object",
     "description": "A refusal (isError): code is one of not_found, not_in_scope, not_claimable, "
-                   "lease_lost, already_done, paused, at_capacity, verb_not_allowed, "
+                   "lease_lost, already_done, paused, at_capacity, awaiting_approval, "
+                   "verb_not_allowed, "
                    "invalid_argument.",
     "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
     "required": ["code", "message"],
@@ -397,8 +401,8 @@ def _leases(endpoint, verbs) -> str:
                 "release": "release (hand it back)"}
         text.append("Finish with " + " or ".join(said[verb] for verb in ends) + ".")
     if _granted_list(verbs, "heartbeat", "complete", "fail", "release"):
-        text.append("A lapsed lease (or one an operator ended) is lost at once: the todo goes "
-                    "back to the queue, your late call gets lease_lost; stop work on it.")
+        text.append("A lapsed lease (or one an operator ended or cancelled) is lost at once: "
+                    "your late call gets lease_lost; stop work on it.")
     if "complete" in verbs:
         text.append("A complete repeated by the same lease gets already_done: it was recorded.")
     return " ".join(text)
@@ -416,6 +420,7 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("already_done")
     if "claim" in verbs:
         codes.append("paused (the operator paused that queue)")
+        codes.append("awaiting_approval (an operator must approve it first; move on)")
     if _granted_list(verbs, "claim", "claim_next") and endpoint.has_claim_caps:
         codes.append("at_capacity")
     codes += ["verb_not_allowed", "invalid_argument (names the argument to fix)"]
