@@ -39,6 +39,7 @@ urlpatterns = [
     path("todos/glance.js", todo_views.glance_script, name="todos-glance-js"),
     path("todos/new", ingest_views.board_new_todo, name="todos-new"),
     path("todos/bulk/<slug:action>", todo_views.bulk_act, name="todos-bulk"),
+    path("todos/approvals", todo_views.board_approvals, name="todos-approvals"),
     path("todos/<int:todo_id>/", todo_views.todo_detail, name="todos-detail"),
     path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
     path("todos/endpoints/", todo_views.endpoint_list, name="todos-endpoints"),

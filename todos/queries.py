@@ -225,6 +225,12 @@ def filter_board_todos(endpoints, *, endpoint_slug=None, queue=None, state=None,
     return todos
 
 
+def count_awaiting_approval(endpoints) -> int:
+    """How many todos of ``endpoints`` wait for an operator's approval (index
+    todo_awaiting_approval, one probe per endpoint): the board's banner."""
+    return Todo.objects.filter(endpoint__in=endpoints, state=State.AWAITING_APPROVAL).count()
+
+
 def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None, search=None,
                           before=None) -> bool:
     """``board_todos``'s filters, on a row already read (the stream's)."""

@@ -38,7 +38,7 @@ from endpoints import transitions as endpoint_transitions
 from switchboard import json_input
 
 from . import queries, transitions
-from .models import State, Todo
+from .models import CANCELLABLE_STATES, State, Todo
 
 LOGIN_URL = reverse_lazy("board-login")
 board_login_required = login_required(login_url=LOGIN_URL)
@@ -160,8 +160,20 @@ def board(request):
         endpoint.override_until = endpoint_transitions.override_in_force(endpoint, now)
     context.update(endpoints=endpoints, states=queries.board_state_choices(),
                    tabs=state_tabs(request.GET, context['filters']['state']), glance=glance_payload(endpoints, now=now),
-                   bulk_actions=bulk_actions_for_board())
+                   bulk_actions=bulk_actions_for_board(),
+                   awaiting_approval=queries.count_awaiting_approval(endpoints))
     return render(request, "todos/board.html", context)
+
+
+@board_login_required
+@require_GET
+@never_cache
+def board_approvals(request):
+    """The board's banner of todos awaiting approval alone, re-fetched by board.js whenever
+    a row enters or leaves that state, so the count the operator sees stays true."""
+    endpoints = endpoint_queries.visible_endpoints(request.user)
+    return render(request, "todos/_approvals.html",
+                  {"awaiting_approval": queries.count_awaiting_approval(endpoints)})
 
 
 @board_login_required
@@ -275,10 +287,16 @@ ACTIONS = {
         caller, todo.pk, overriding=overriding),
     "retry": lambda caller, todo, post, overriding: transitions.requeue_todo(caller, todo.pk),
     "promote": lambda caller, todo, post, overriding: transitions.promote_todo(caller, todo.pk),
+    "approve": lambda caller, todo, post, overriding: transitions.approve_todo(caller, todo.pk),
+    "reject": lambda caller, todo, post, overriding: transitions.reject_todo(
+        caller, todo.pk, reason=post.get("reason") or None),
+    "cancel": lambda caller, todo, post, overriding: transitions.cancel_todo(
+        caller, todo.pk, reason=post.get("reason") or None),
 }
 ACTION_DONE = {
     "claim": "claimed", "complete": "completed", "fail": "failed", "extend": "extended the lease of",
     "release": "released", "retry": "re-queued", "promote": "promoted (now trust operator)",
+    "approve": "approved", "reject": "rejected", "cancel": "cancelled",
 }
 OVERRIDABLE = frozenset({"complete", "fail", "extend", "release"})
 
@@ -345,6 +363,18 @@ BULK_ACTIONS = {
         label="retry", done="re-queued",
         applies_to=lambda: Q(state=State.FAILED),
         act=lambda caller, todo, post: transitions.requeue_todo(caller, todo.pk)),
+    "approve": BulkAction(
+        label="approve", done="approved",
+        applies_to=lambda: Q(state=State.AWAITING_APPROVAL),
+        act=lambda caller, todo, post: ACTIONS["approve"](caller, todo, post, None)),
+    "reject": BulkAction(
+        label="reject", done="rejected", danger=True, inputs=(("reason", "reason (optional)"),),
+        applies_to=lambda: Q(state=State.AWAITING_APPROVAL),
+        act=lambda caller, todo, post: ACTIONS["reject"](caller, todo, post, None)),
+    "cancel": BulkAction(
+        label="cancel", done="cancelled", danger=True, inputs=(("reason", "reason (optional)"),),
+        applies_to=lambda: Q(state__in=CANCELLABLE_STATES),
+        act=lambda caller, todo, post: ACTIONS["cancel"](caller, todo, post, None)),
 }
 # One confirmation acts on at most this many todos: a few seconds of transitions in one
 # request. More: confirm again (the page says how many are left).
