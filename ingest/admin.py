@@ -70,7 +70,8 @@ class RouteInline(admin.TabularInline):
     formset = RouteFormSet
     formfield_overrides = json_input.ADMIN_FORMFIELD_OVERRIDES
     extra = 1
-    fields = ("endpoint", "queue", "kinds", "actors", "author_associations")
+    fields = ("endpoint", "queue", "kinds", "actors", "author_associations",
+              "requires_approval")
     autocomplete_fields = ()
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
@@ -218,7 +219,8 @@ class RouteAdmin(admin.ModelAdmin):
     list_display = ("__str__", "webhook_owner", "endpoint_owner", "ownership")
     list_filter = (StrandedFilter,)
     list_select_related = ("webhook__owner", "endpoint__owner")
-    fields = ("webhook", "endpoint", "queue", "kinds", "actors", "author_associations")
+    fields = ("webhook", "endpoint", "queue", "kinds", "actors", "author_associations",
+              "requires_approval")
     readonly_fields = fields
 
     def get_queryset(self, request):
