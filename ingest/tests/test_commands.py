@@ -59,7 +59,8 @@ def test_add_webhook_route(operator, endpoint):
     run("add_webhook", "gh", "--owner", operator.username, "--source", "github")
     data = run("add_webhook_route", "gh", endpoint.slug, "--queue", "reviews",
                "--kinds", "pull_request, issues.opened")
-    assert data == {"webhook": "gh", "endpoint": endpoint.slug, "queue": "reviews"}
+    assert data == {"webhook": "gh", "endpoint": endpoint.slug, "queue": "reviews",
+                    "requires_approval": False}
     assert Route.objects.get().kinds == ["pull_request", "issues.opened"]
     with pytest.raises(CommandError):
         call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "reviews", stdout=StringIO())
