@@ -24,7 +24,7 @@ from .models import (SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, We
 _WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secret",
                    "previous_secret_expires_at", "active", "created_at"]
 _ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds", "actors",
-                 "author_associations"]
+                 "author_associations", "requires_approval"]
 _ENDPOINT_FIELDS = ["id", "slug", "owner_id", "scope", "max_attempts", "active"]
 _WEBHOOK_WITH_ROUTES_SQL = (
     "SELECT " + ", ".join(f"w.{name}" for name in _WEBHOOK_FIELDS) + ", "
@@ -74,6 +74,7 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
         endpoint_values = list(row[webhook_width + route_width:])
         for json_column in (4, 5, 6):  # kinds, actors, author_associations
             route_values[json_column] = _json_value(route_values[json_column])
+        route_values[7] = bool(route_values[7])  # SQLite hands booleans over as 0/1
         endpoint_values[3] = _json_value(endpoint_values[3])
         route = Route.from_db(db, _ROUTE_FIELDS, route_values)
         route.webhook = webhook
