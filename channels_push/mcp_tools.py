@@ -402,7 +402,7 @@ def _leases(endpoint, verbs) -> str:
         text.append("Finish with " + " or ".join(said[verb] for verb in ends) + ".")
     if _granted_list(verbs, "heartbeat", "complete", "fail", "release"):
         text.append("A lapsed lease (or one an operator ended or cancelled) is lost at once: "
-                    "your late call gets lease_lost; stop work on it.")
+                    "your late call gets lease_lost; stop.")
     if "complete" in verbs:
         text.append("A complete repeated by the same lease gets already_done: it was recorded.")
     return " ".join(text)
@@ -420,7 +420,7 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("already_done")
     if "claim" in verbs:
         codes.append("paused (the operator paused that queue)")
-        codes.append("awaiting_approval (an operator must approve it first; move on)")
+        codes.append("awaiting_approval")
     if _granted_list(verbs, "claim", "claim_next") and endpoint.has_claim_caps:
         codes.append("at_capacity")
     codes += ["verb_not_allowed", "invalid_argument (names the argument to fix)"]
