@@ -240,8 +240,7 @@ def test_approvals_banner_updates_live_and_bulk_approve_is_confirmed_first(live_
 
             # Bulk: select, review, confirm.
             page.locator(f"#todo-{second} input[name=ids]").check()
-            page.locator("#bulk select[name=action]").select_option("reject")
-            page.locator("#bulk").get_by_role("button", name="review…").click()
+            page.locator("#bulk").get_by_role("button", name="reject…").click()
             page.wait_for_selector("#bulk-confirm")
             assert page.locator("h1").inner_text() == "Reject 1 todo?"
             assert in_thread(lambda: Todo.objects.get(pk=second).state) == "awaiting_approval"
