@@ -74,6 +74,17 @@ def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
 
 
+def new_watched_page(browser):
+    """A wide page and the list of what the CSP blocked on it: the pages run under the CSP (no
+    inline script or style), so that list must stay empty."""
+    page = browser.new_page(viewport={"width": 1400, "height": 800})
+    page.set_default_timeout(WAIT_MS)
+    blocked = []
+    page.on("console", lambda message: blocked.append(message.text)
+            if "Content Security Policy" in message.text else None)
+    return page, blocked
+
+
 def sign_in(page, base_url, username="alice"):
     page.goto(base_url + "/todos/")
     assert "/accounts/login/" in page.url
@@ -111,12 +122,7 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 800})
-            page.set_default_timeout(WAIT_MS)
-            # The pages run under the CSP (no inline script or style): nothing is blocked.
-            blocked = []
-            page.on("console", lambda message: blocked.append(message.text)
-                    if "Content Security Policy" in message.text else None)
+            page, blocked = new_watched_page(browser)
             sign_in(page, live_daphne.url)
             page.evaluate("window.__sameDocument = true")
             assert "frame-ancestors 'none'" in httpx.get(f"{live_daphne.url}/accounts/login/") \
@@ -217,11 +223,7 @@ def test_approvals_banner_updates_live_and_bulk_approve_is_confirmed_first(live_
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 800})
-            page.set_default_timeout(WAIT_MS)
-            blocked = []
-            page.on("console", lambda message: blocked.append(message.text)
-                    if "Content Security Policy" in message.text else None)
+            page, blocked = new_watched_page(browser)
             sign_in(page, live_daphne.url)
             assert page.locator("#approvals").is_hidden()
             first = deliver_github_issue(live_daphne.url, "widgets", secret, "Deploy prod")

@@ -158,10 +158,14 @@ def board(request):
         endpoint.presence_now = endpoint.presence_at(now)  # §8: the clock in/out buttons
         # Why it is out, when an operator override decides it (§8), and until when.
         endpoint.override_until = endpoint_transitions.override_in_force(endpoint, now)
+    glance = glance_payload(endpoints, now=now)
     context.update(endpoints=endpoints, states=queries.board_state_choices(),
-                   tabs=state_tabs(request.GET, context['filters']['state']), glance=glance_payload(endpoints, now=now),
+                   tabs=state_tabs(request.GET, context['filters']['state']), glance=glance,
                    bulk_actions=bulk_actions_for_board(),
-                   awaiting_approval=queries.count_awaiting_approval(endpoints))
+                   # The banner's count from the glance's own counts: no query of its own.
+                   awaiting_approval=sum(counts.get(State.AWAITING_APPROVAL, 0)
+                                         for entry in glance["endpoints"]
+                                         for counts in entry["queues"].values()))
     return render(request, "todos/board.html", context)
 
 

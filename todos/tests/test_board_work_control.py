@@ -6,14 +6,9 @@ import pytest
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
 from todos.models import State, Todo, TodoEvent
+from todos.tests.test_views import alice_client  # noqa: F401 — a fixture
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def alice_client(client, operator):
-    client.force_login(operator)
-    return client
 
 
 def test_the_board_header_counts_approvals_and_links_to_them(alice_client, make_todo):
