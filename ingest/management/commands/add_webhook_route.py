@@ -56,6 +56,6 @@ class Command(JsonCommand):
             f"route {hook.slug} -> {target.slug}/{route.queue}"
             + (f" (kinds: {', '.join(route.kinds)})" if route.kinds else " (all kinds)")
             + (f", only from {', '.join(route.actors + route.author_associations)}"
-               if route.actors or route.author_associations else ""),
+               if route.actors or route.author_associations else "")
             + (" (each todo awaits approval)" if route.requires_approval else ""),
         )
