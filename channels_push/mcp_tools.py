@@ -110,7 +110,8 @@ def _schema(properties: dict, required=()) -> dict:
 TOOL_SCHEMAS = {
     "list_todos": (
         "List todos without claiming them, full payloads. Without state: the live ones - "
-        "pending, then claimed, then failed waiting to retry - oldest first. Pages: pass "
+        "pending, then claimed, then failed waiting to retry - oldest first (awaiting_approval, "
+        "done and cancelled ones only when asked for by state). Pages: pass "
         "next_cursor back as cursor while has_more. Use claim or claim_next to take work.",
         _schema({
             "queue": {"type": "string", "description": "Only this queue."},
@@ -229,6 +230,8 @@ _TODO_OUTPUT = {
         "lease_expires_at": _NULLABLE_STRING,
         "retry_at": _NULLABLE_STRING,
         "dead_lettered_at": _NULLABLE_STRING,
+        "cancelled_at": {**_NULLABLE_STRING,
+                         "description": "When its operator cancelled it (state cancelled)."},
         "result": _any_json("What complete or fail stored."),
         "last_error": _NULLABLE_STRING,
         "created_at": {"type": "string"},
@@ -240,7 +243,8 @@ _TODO_OUTPUT = {
 _ERROR_OUTPUT = {
     "type": "object",
     "description": "A refusal (isError): code is one of not_found, not_in_scope, not_claimable, "
-                   "lease_lost, already_done, paused, scheduled, at_capacity, verb_not_allowed, "
+                   "lease_lost, already_done, paused, scheduled, at_capacity, awaiting_approval, "
+                   "verb_not_allowed, "
                    "invalid_argument.",
     "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
     "required": ["code", "message"],
@@ -337,7 +341,7 @@ def list_tools_result(endpoint) -> types.ListToolsResult:
 # The instructions are built from parts, each a function of (endpoint, granted verbs) that
 # returns one or two sentences or "" when its verbs are not granted: an endpoint is told only
 # about the tools it has. To add a sentence, add a part to INSTRUCTION_PARTS. The longest
-# combination (every verb, a 64-character slug, a 1-day lease) is 2,006 characters, 42 under
+# combination (every verb, a 64-character slug, a 1-day lease, caps) is 2,036 characters, 12 under
 # INSTRUCTIONS_MAX_CHARS: a new sentence must shorten another.
 # test_instructions_fit_every_allowlist_and_name_only_granted_verbs checks every subset of the
 # verbs, and that the text ends with the whole trust note (the cap would cut it first).
@@ -362,12 +366,10 @@ def _doorbells(endpoint, verbs) -> str:
     if "claim_next" in verbs:
         digest = ('(2) digest (meta.kind "digest", meta.pending, meta.queues): drain with '
                   'claim_next until {"empty": true}. Pull-only agents (no doorbells) loop on '
-                  "claim_next with wait_seconds (up to 60): it answers as soon as a todo is "
-                  "ready.")
+                  "claim_next with wait_seconds (up to 60): it answers once a todo is ready.")
         if endpoint.has_claim_caps:
-            digest += (' {"empty": true, "at_capacity": true}: this endpoint already holds as '
-                       "many claims as its cap allows; finish one first (a long poll waits for "
-                       "a free slot).")
+            digest += (' {"empty": true, "at_capacity": true}: the cap is reached; finish one '
+                       "first (a long poll waits for a slot).")
     else:
         digest = '(2) digest (meta.kind "digest"): meta.pending todos wait in meta.queues.'
     return f"Two notification kinds: {todo} {digest}"
@@ -376,14 +378,14 @@ def _doorbells(endpoint, verbs) -> str:
 def _listing(endpoint, verbs) -> str:
     if "list_todos" not in verbs:
         return ""
-    return ("list_todos lists live todos (pending, claimed, then failed waiting to retry) "
-            "oldest first, or one state; page with cursor=next_cursor while has_more.")
+    return ("list_todos lists live todos (pending, claimed, then failed) oldest first, or one "
+            "state; page with cursor=next_cursor while has_more.")
 
 
 def _presence(endpoint, verbs) -> str:
     parts = []
     if "clock_out" in verbs:
-        parts.append("clock_out stops doorbells while you are away (todos wait)")
+        parts.append("clock_out stops doorbells while away (todos wait)")
     if "clock_in" in verbs:
         parts.append("clock_in resumes doorbells with a digest")
     return "; ".join(parts) + "." if parts else ""
@@ -396,21 +398,21 @@ def _leases(endpoint, verbs) -> str:
         text.append(f"A claimed todo is yours under a lease of {seconds} seconds by default "
                     "(lease_ttl_seconds: 1-86400).")
     if "heartbeat" in verbs:
-        text.append("heartbeat before it lapses while you work: it extends by the lease's own "
+        text.append("heartbeat before it lapses: it extends by the lease's own "
                     "length, or to now + lease_ttl_seconds if given.")
     ends = _granted_list(verbs, "complete", "fail", "release")
     if ends:
         said = {"complete": "complete (with a result)",
-                "fail": "fail (with an error; retried with backoff)",
+                "fail": "fail (with an error; retried later)",
                 "release": "release (hand it back)"}
         named = [said[verb] for verb in ends]
         text.append("Finish with " + (", ".join(named[:-1]) + " or " if len(named) > 1 else "")
                     + named[-1] + ".")
     if _granted_list(verbs, "heartbeat", "complete", "fail", "release"):
-        text.append("A lapsed lease (or one an operator ended) is lost at once: your late call "
-                    "gets lease_lost; stop work on it.")
+        text.append("A lapsed lease (or one an operator ended or cancelled) is lost at once: "
+                    "late calls get lease_lost; stop.")
     if "complete" in verbs:
-        text.append("A complete repeated by the same lease gets already_done: it was recorded.")
+        text.append("A repeated complete gets already_done (recorded).")
     return " ".join(text)
 
 
@@ -425,12 +427,13 @@ def _refusals(endpoint, verbs) -> str:
     if "complete" in verbs:
         codes.append("already_done")
     if "claim" in verbs:
-        codes.append("paused (the operator paused that queue)")
+        codes.append("paused (queue paused)")
         codes.append("scheduled (wait for its not_before)")
+        codes.append("awaiting_approval")
     if _granted_list(verbs, "claim", "claim_next") and endpoint.has_claim_caps:
         codes.append("at_capacity")
-    codes += ["verb_not_allowed", "invalid_argument (names the argument to fix)"]
-    return "Refusals are isError results with error.code: " + ", ".join(codes) + "."
+    codes += ["verb_not_allowed", "invalid_argument (names the argument)"]
+    return "Refusals are isError results, error.code: " + ", ".join(codes) + "."
 
 
 def _secrets(endpoint, verbs) -> str:

@@ -59,7 +59,12 @@ TRANSITION_COUNTERS = {
                                                "the due sweep)."),
     "run_now": ("switchboard_todo_runs_now", "Scheduled todos an operator made ready at once."),
     "prioritize": ("switchboard_todo_priority_changes", "Priorities an operator changed."),
+    "cancel": ("switchboard_todo_cancellations",
+               "Todos cancelled: by an operator, rejected, or their approval timed out."),
+    "approve": ("switchboard_todo_approvals", "Todos awaiting approval that an operator approved."),
 }
+# Actions counted under another's counter: a rejection ends the todo cancelled.
+COUNTED_AS = {"reject": "cancel"}
 DEAD_LETTERS = ("switchboard_todo_dead_letters", "Todos dead-lettered (attempts spent).")
 
 # How long after its ``at`` an event's transaction may still be open. Transitions are single
@@ -133,8 +138,9 @@ class QueueCollector:
 
         backlog = GaugeMetricFamily(
             "switchboard_todos",
-            "Todos waiting or in flight by endpoint, queue and state (pending, claimed, failed; "
-            "failed includes dead letters). Done todos: switchboard_todo_completions_total.",
+            "Todos waiting or in flight by endpoint, queue and state (awaiting_approval, "
+            "pending, claimed, failed; failed includes dead letters). Done todos: "
+            "switchboard_todo_completions_total; cancelled: switchboard_todo_cancellations_total.",
             labels=["endpoint", "queue", "state"],
         )
         for endpoint, queue, state, count in queries.count_backlog_by_queue():
@@ -158,8 +164,8 @@ class QueueCollector:
                 # A dead letter is the failure of the last attempt: count it as both.
                 totals["fail"] += count
                 dead += count
-            elif action in totals:
-                totals[action] += count
+            elif COUNTED_AS.get(action, action) in totals:
+                totals[COUNTED_AS.get(action, action)] += count
                 if action == "lease_lapsed" and to_state == State.FAILED:
                     dead += count
         for action, (name, documentation) in TRANSITION_COUNTERS.items():

@@ -29,9 +29,10 @@ BOARD_GROUP = "todos.board"
 # one (§4), when the change left it pending (a lapse on the last attempt dead-letters it).
 # A scheduled todo comes due ("due", by the sweep) or is run now by an operator ("run_now"):
 # ready exactly as a new one. A change that leaves the todo scheduled carries
-# ``"scheduled": true`` and readies nothing (docs/work-control.md).
+# ``"scheduled": true`` and readies nothing (docs/work-control.md). An approved todo is ready
+# from its approval on (it was awaiting approval, never rung).
 READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote", "lease_lapsed", "release",
-                           "due", "run_now"})
+                           "due", "run_now", "approve"})
 # Sends in flight per process before we start dropping. A healthy Redis drains thousands per
 # second; this only bites when the layer hangs, and then memory stays bounded.
 MAX_PENDING_SENDS = 10_000

@@ -227,6 +227,11 @@ class Endpoint(models.Model):
     queue_limits = models.JSONField(
         default=dict, blank=True,
         help_text='Per-queue caps on claimed todos, e.g. {"deploys": 1}.')
+    # The approval gate (§15): a todo awaiting approval longer than this is cancelled by the
+    # approval-timeout sweep (todos.sweeps.cancel_stale_approvals). Empty: it waits forever.
+    approval_timeout_seconds = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Cancel todos awaiting approval longer than this. Empty: they wait forever.")
 
     class Meta:
         ordering = ["slug"]
@@ -257,6 +262,8 @@ class Endpoint(models.Model):
             raise ValidationError({"max_attempts": "at least 1"})
         if self.default_lease_seconds is not None and not 1 <= self.default_lease_seconds <= 86400:
             raise ValidationError({"default_lease_seconds": "between 1 and 86400"})
+        if self.approval_timeout_seconds is not None and self.approval_timeout_seconds < 1:
+            raise ValidationError({"approval_timeout_seconds": "at least 1 second, or empty"})
         validate_shift_schedule(self.shift_schedule, self.shift_timezone)
         validate_claim_caps(self.max_claimed, self.queue_limits)
         self._check_routes_in_scope()

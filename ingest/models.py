@@ -104,6 +104,9 @@ class Route(models.Model):
         validators=[MinValueValidator(PRIORITY_MIN), MaxValueValidator(PRIORITY_MAX)])
     delay_seconds = models.PositiveIntegerField(
         default=0, validators=[MaxValueValidator(int(MAX_SCHEDULE_AHEAD.total_seconds()))])
+    # The approval gate (docs/work-control.md#approval): this route's todos are created
+    # awaiting an operator's approval.
+    requires_approval = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

@@ -25,9 +25,10 @@ _WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secre
                    "previous_secret_expires_at", "active", "created_at"]
 # In the model's field order: Model.from_db reads a partial row's values in that order.
 _ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds", "actors",
-                 "author_associations", "priority", "delay_seconds"]
+                 "author_associations", "priority", "delay_seconds", "requires_approval"]
 _ROUTE_JSON_COLUMNS = [_ROUTE_FIELDS.index(name) for name in ("kinds", "actors",
                                                                "author_associations")]
+_ROUTE_BOOL_COLUMN = _ROUTE_FIELDS.index("requires_approval")
 _ENDPOINT_FIELDS = ["id", "slug", "owner_id", "scope", "max_attempts", "active"]
 _WEBHOOK_WITH_ROUTES_SQL = (
     "SELECT " + ", ".join(f"w.{name}" for name in _WEBHOOK_FIELDS) + ", "
@@ -77,6 +78,8 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
         endpoint_values = list(row[webhook_width + route_width:])
         for column in _ROUTE_JSON_COLUMNS:
             route_values[column] = _json_value(route_values[column])
+        # SQLite hands booleans over as 0/1.
+        route_values[_ROUTE_BOOL_COLUMN] = bool(route_values[_ROUTE_BOOL_COLUMN])
         endpoint_values[3] = _json_value(endpoint_values[3])
         route = Route.from_db(db, _ROUTE_FIELDS, route_values)
         route.webhook = webhook

@@ -38,8 +38,8 @@ PAUSE_BETWEEN_BATCHES_SECONDS = 0.05
 
 # The kinds ``prune_history`` reports, in the order it deletes them: todos before the delivery
 # events they point at.
-KINDS = ("done_todos", "dead_letters", "todo_events", "delivery_events", "delivery_log",
-         "mcp_sessions")
+KINDS = ("done_todos", "cancelled_todos", "dead_letters", "todo_events", "delivery_events",
+         "delivery_log", "mcp_sessions")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
     if dry_run:
         return count_prunable(cutoffs)
     pruned = dict.fromkeys(KINDS, 0)
-    todo_kinds = [("done_todos", done_past_retention(cutoffs))]
+    todo_kinds = [("done_todos", done_past_retention(cutoffs)),
+                  ("cancelled_todos", cancelled_past_retention(cutoffs))]
     if cutoffs.dead_before is not None:
         todo_kinds.append(("dead_letters", dead_past_retention(cutoffs)))
     for kind, doomed in todo_kinds:
@@ -100,13 +101,17 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
 def count_prunable(cutoffs: Cutoffs) -> dict:
     """What ``prune_history`` would delete now, by kind."""
     doomed_todos = Todo.objects.filter(**done_past_retention(cutoffs).lookups)
+    cancelled = Todo.objects.filter(**cancelled_past_retention(cutoffs).lookups)
     dead = (Todo.objects.filter(**dead_past_retention(cutoffs).lookups)
             if cutoffs.dead_before is not None else Todo.objects.none())
+    done_count = doomed_todos.count()
+    doomed_todos = doomed_todos | cancelled
     doomed_ids = doomed_todos.values("id").union(dead.values("id"))
     kept_todos = Todo.objects.exclude(id__in=doomed_todos.values("id")).exclude(
         id__in=dead.values("id"))
     return {
-        "done_todos": doomed_todos.count(),
+        "done_todos": done_count,
+        "cancelled_todos": cancelled.count(),
         "dead_letters": dead.count(),
         "todo_events": TodoEvent.objects.filter(todo_id__in=doomed_ids).count(),
         "delivery_events": DeliveryEvent.objects.filter(received_at__lt=cutoffs.deliveries_before)
@@ -141,6 +146,14 @@ def done_past_retention(cutoffs: Cutoffs) -> DoomedTodos:
     # Served by the partial index todo_prune_done (updated_at WHERE state = 'done').
     return DoomedTodos("state = 'done' AND updated_at < %s", (cutoffs.done_before,), "updated_at",
                    {"state": State.DONE, "updated_at__lt": cutoffs.done_before})
+
+
+def cancelled_past_retention(cutoffs: Cutoffs) -> DoomedTodos:
+    # Cancelled todos are kept exactly as long as done ones. Served by the partial index
+    # todo_prune_cancelled (cancelled_at WHERE state = 'cancelled').
+    return DoomedTodos("state = 'cancelled' AND cancelled_at < %s", (cutoffs.done_before,),
+                       "cancelled_at",
+                       {"state": State.CANCELLED, "cancelled_at__lt": cutoffs.done_before})
 
 
 def dead_past_retention(cutoffs: Cutoffs) -> DoomedTodos:

@@ -136,13 +136,14 @@ def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
 
 def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
                       priority: int = 0, delay_seconds: int = 0, actors_allowed=None,
-                      author_associations=None) -> Route:
+                      author_associations=None, requires_approval: bool = False) -> Route:
     """Route ``webhook``'s deliveries to ``endpoint``/``queue``, for every kind or ``kinds``,
     from anyone or only from the ``actors_allowed`` logins and ``author_associations`` roles
     (ingest/actors.py); its todos start with ``priority`` and become ready ``delay_seconds``
-    after they arrive (docs/work-control.md). Raises ValidationError naming the field when the
-    target is not allowed (``check_route_target``), a value is out of range or the actor rules
-    cannot apply to the webhook's source, before anything is written."""
+    after they arrive (docs/work-control.md); with ``requires_approval`` they are created
+    awaiting approval. Raises ValidationError naming the field when the target is not allowed
+    (``check_route_target``), a value is out of range or the actor rules cannot apply to the
+    webhook's source, before anything is written."""
     queue_name_validator(queue)
     try:
         logins, roles = actors.normalized_actor_rules(webhook.source, actors_allowed,
@@ -157,7 +158,8 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
         check_route_target(webhook=webhook, endpoint=endpoint, queue=queue)
         route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []),
                       priority=priority, delay_seconds=delay_seconds,
-                      actors=logins, author_associations=roles)
+                      actors=logins, author_associations=roles,
+                      requires_approval=requires_approval)
         route.full_clean()
         route.save()
     return route
@@ -588,7 +590,7 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
         endpoint=route.endpoint, queue=route.queue, title=title, actor=f"webhook:{webhook.slug}",
         payload=payload, kind=kind, source=webhook.source, idempotency_key=idempotency_key,
         trust=trust, now=now, payload_storable=payload_storable,
-        **route_work_control(route, now)))
+        requires_approval=route.requires_approval, **route_work_control(route, now)))
     try:
         with _statement_scope():
             rows = statements.fetch_rows(_single_route_sql_postgres(ledger is not None), params)
@@ -712,6 +714,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
                     idempotency_key=route_idempotency_key(route, key, first_routes),
                     delivery_event=event, trust=trust, now=now, payload_storable=True,
                     **route_work_control(route, now),
+                    requires_approval=route.requires_approval,
                 )
                 for route in matching
             ]
@@ -784,9 +787,11 @@ def _with_secret_refs(payload: dict, secret_values: dict) -> tuple[dict, list[Op
 
 def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, kind: str = "",
                    idempotency_key: str | None = None, secret_values=None, body_sha256: str = "",
-                   priority: int = 0, not_before=None, now=None):
+                   priority: int = 0, not_before=None, requires_approval: bool = False,
+                   now=None):
     """An operator hands ``endpoint`` a todo: a delivery event of trust ``operator`` naming the
     human, the todo (rung exactly like a verified webhook's), and its secrets encrypted apart.
+    ``requires_approval``: created awaiting approval (rung once approved).
 
     Returns ``(todo, created)``. A live todo holding the same idempotency key is returned
     instead, and nothing of this call is kept (no event, no secrets, no ring). The caller has
@@ -806,7 +811,7 @@ def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, 
             endpoint=endpoint, queue=queue, title=title, actor=operator.get_username(),
             payload=payload, kind=kind, source=OPERATOR_SOURCE, idempotency_key=key,
             delivery_event=event, trust=TrustMode.OPERATOR, now=now, priority=priority,
-            not_before=not_before,
+            not_before=not_before, requires_approval=requires_approval,
         )
         if not created:
             transaction.set_rollback(True)

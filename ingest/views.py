@@ -589,7 +589,7 @@ def _optional_str(data: dict, name: str, limit: int) -> str:
 
 
 HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets",
-                    "priority", "not_before", "delay_seconds")
+                    "priority", "not_before", "delay_seconds", "requires_approval")
 
 
 def _hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = False) -> dict:
@@ -631,7 +631,11 @@ def _hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = 
             raise Problem(400, "invalid_argument",
                           'payload.secrets is reserved for secret refs when secrets are given')
     key = _optional_str(data, "idempotency_key", MAX_IDEMPOTENCY_KEY_CHARS)
+    requires_approval = data.get("requires_approval", False)
+    if not isinstance(requires_approval, bool):
+        raise Problem(400, "invalid_argument", "requires_approval must be true or false")
     return {
+        "requires_approval": requires_approval,
         "queue": queue, "title": title, "payload": payload,
         "kind": _one_line(_optional_str(data, "kind", MAX_KIND_CHARS), MAX_KIND_CHARS),
         "idempotency_key": key or None, "secret_values": secret_values or None,
@@ -732,6 +736,8 @@ def endpoint_stats(request, endpoint_slug):
                       "streaming": row["streaming"],
                       "last_seen_at": todo_queries.iso_time(row["last_seen_at"])} for row in sessions],
     })
+
+
 # -- POST /api/v1/todos/<id>/<action>: an operator acts on one of their todos -------------------
 
 
@@ -746,6 +752,11 @@ def _priority_action(caller, todo_id, data: dict):
 TODO_ACTIONS = {
     "priority": (("priority",), _priority_action),
     "run_now": ((), lambda caller, todo_id, data: todo_transitions.run_now_todo(caller, todo_id)),
+    "cancel": (("reason",), lambda caller, todo_id, data: todo_transitions.cancel_todo(
+        caller, todo_id, reason=data.get("reason"))),
+    "approve": ((), lambda caller, todo_id, data: todo_transitions.approve_todo(caller, todo_id)),
+    "reject": (("reason",), lambda caller, todo_id, data: todo_transitions.reject_todo(
+        caller, todo_id, reason=data.get("reason"))),
 }
 # The spelling with a hyphen, as URLs usually have it, is the same action.
 TODO_ACTION_ALIASES = {"run-now": "run_now"}
@@ -754,21 +765,35 @@ TODO_ACTION_ALIASES = {"run-now": "run_now"}
 REFUSAL_STATUS = {"invalid_argument": 400, "not_found": 404}
 
 
+def _owned_todo(operator, todo_id: str) -> Todo:
+    """The operator's todo (its endpoint theirs), else 404: another's looks like a missing one."""
+    if not (todo_id.isascii() and todo_id.isdigit() and 0 < int(todo_id) < 2**63):
+        raise Problem(404, "not_found", f"no todo {todo_id[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
+    todo = (Todo.objects.filter(pk=int(todo_id), endpoint__owner=operator)
+            .select_related("endpoint").first())
+    if todo is None:
+        raise Problem(404, "not_found", f"no todo {todo_id} of yours")
+    return todo
+
+
 def _action_body(request) -> dict:
     body = _read_body(request)
     if not body.strip():
         return {}
     if not _is_json_type(_media_type(request.META.get("CONTENT_TYPE"))):
         raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
-    data, _ = _parse_json_document(_decode_utf8(body))
+    # Not walked: the transition names a field the database cannot store ("reason …").
+    data, _ = _parse_json_document(_decode_utf8(body), walk=False)
     return data
 
 
 @csrf_exempt
 def todo_action(request, todo_id, action):
-    """An operator acts on a todo of an endpoint they own (docs/work-control.md): 200 with the
-    todo; 404 for a todo that is missing or not theirs; 400 for bad input (nothing written);
-    409 with the transition's refusal code when the todo's state does not allow it."""
+    """An operator acts on a todo of an endpoint they own (docs/work-control.md): priority,
+    run_now, cancel, approve, reject. 200 with the todo; 404 for a todo that is missing or not theirs; 400 for bad input (nothing written);
+    409 with the transition's refusal code when the todo's state does not allow it (approve,
+    reject and cancel answer a state they do not take 400 ``invalid_argument``, from the
+    transition)."""
     try:
         if request.method != "POST":
             raise Problem(405, "method_not_allowed", "POST here")
@@ -777,11 +802,7 @@ def todo_action(request, todo_id, action):
             raise Problem(404, "not_found", f"no todo action {action[:40]!r}")
         _check_declared_length(request.META.get("CONTENT_LENGTH"))
         operator = _authenticate_operator(request)
-        # Somebody else's todo looks exactly like a missing one.
-        todo = (Todo.objects.filter(pk=todo_id, endpoint__owner=operator)
-                .select_related("endpoint").only("id", "endpoint").first())
-        if todo is None:
-            raise Problem(404, "not_found", f"no todo {todo_id} of yours")
+        todo = _owned_todo(operator, todo_id)
         _check_rate(f"operator:{operator.pk}")
         fields, act = TODO_ACTIONS[action]
         data = _action_body(request)

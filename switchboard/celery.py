@@ -29,6 +29,9 @@ app.conf.beat_schedule = {
     # Scheduled todos become ready within ~5 s of their not_before (docs/work-control.md).
     "release-due-scheduled-todos": {"task": "todos.tasks.release_due_scheduled_todos",
                                     "schedule": 5.0},
+    # Todos awaiting approval past their endpoint's approval_timeout_seconds are cancelled;
+    # with the other lifecycle sweeps, so a timeout is honoured within ~5 s.
+    "cancel-stale-approvals": {"task": "todos.tasks.cancel_stale_approvals", "schedule": 5.0},
     # §6: idle MCP sessions end; the idle limit is an hour, so once a minute is plenty, and
     # the same pass zeroes stream counts left by a crashed web process (45 s of silence).
     "expire-idle-mcp-sessions": {"task": "channels_push.tasks.expire_idle_sessions",

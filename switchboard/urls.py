@@ -25,8 +25,9 @@ urlpatterns = [
             name="api-endpoint-stats"),
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
             name="hand_over"),
-    # An operator's actions on one todo (docs/work-control.md): priority, run_now.
-    re_path(r"^api/v1/todos/(?P<todo_id>[0-9]{1,18})/(?P<action>[a-z_-]{1,32})/?$",
+    # An operator's actions on one todo (docs/work-control.md): priority, run_now, cancel,
+    # approve, reject. Any id reaches the view, which answers a malformed one a JSON 404.
+    re_path(r"^api/v1/todos/(?P<todo_id>[^/]+)/(?P<action>[a-z_-]{1,32})/?$",
             ingest_views.todo_action, name="todo_action"),
     # -- operator console (issue 7); /todos/events is the SSE consumer routed in asgi.py --
     path("accounts/login/", todo_views.LoginView.as_view(), name="board-login"),
@@ -39,6 +40,7 @@ urlpatterns = [
     path("todos/glance.js", todo_views.glance_script, name="todos-glance-js"),
     path("todos/new", ingest_views.board_new_todo, name="todos-new"),
     path("todos/bulk/<slug:action>", todo_views.bulk_act, name="todos-bulk"),
+    path("todos/approvals", todo_views.board_approvals, name="todos-approvals"),
     path("todos/<int:todo_id>/", todo_views.todo_detail, name="todos-detail"),
     path("todos/<int:todo_id>/<slug:action>", todo_views.todo_act, name="todos-act"),
     path("todos/endpoints/", todo_views.endpoint_list, name="todos-endpoints"),

@@ -74,6 +74,17 @@ def launch_chromium(playwright):
     return playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
 
 
+def new_watched_page(browser):
+    """A wide page and the list of what the CSP blocked on it: the pages run under the CSP (no
+    inline script or style), so that list must stay empty."""
+    page = browser.new_page(viewport={"width": 1400, "height": 800})
+    page.set_default_timeout(WAIT_MS)
+    blocked = []
+    page.on("console", lambda message: blocked.append(message.text)
+            if "Content Security Policy" in message.text else None)
+    return page, blocked
+
+
 def sign_in(page, base_url, username="alice"):
     page.goto(base_url + "/todos/")
     assert "/accounts/login/" in page.url
@@ -111,12 +122,7 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 800})
-            page.set_default_timeout(WAIT_MS)
-            # The pages run under the CSP (no inline script or style): nothing is blocked.
-            blocked = []
-            page.on("console", lambda message: blocked.append(message.text)
-                    if "Content Security Policy" in message.text else None)
+            page, blocked = new_watched_page(browser)
             sign_in(page, live_daphne.url)
             page.evaluate("window.__sameDocument = true")
             assert "frame-ancestors 'none'" in httpx.get(f"{live_daphne.url}/accounts/login/") \
@@ -205,3 +211,55 @@ def test_board_catches_up_on_changes_made_while_its_stream_was_down(transactiona
             browser.close()
             if server is not None:
                 server.stop()
+
+
+def test_approvals_banner_updates_live_and_bulk_approve_is_confirmed_first(live_daphne, tmp_path):
+    alice = UserFactory(username="alice")
+    endpoint = EndpointFactory(slug="agent", owner=alice)
+    webhook, secret = ingest_transitions.create_webhook(slug="widgets", owner=alice, source="github")
+    ingest_transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="deploys",
+                                         requires_approval=True)
+
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        try:
+            page, blocked = new_watched_page(browser)
+            sign_in(page, live_daphne.url)
+            assert page.locator("#approvals").is_hidden()
+            first = deliver_github_issue(live_daphne.url, "widgets", secret, "Deploy prod")
+            second = deliver_github_issue(live_daphne.url, "widgets", secret, "Migrate the db")
+            page.wait_for_selector(f"#todo-{second} .badge.state.state-awaiting_approval")
+            banner = page.locator("#approvals")
+            page.wait_for_selector("#approvals:has-text('2 todos awaiting your approval')")
+            assert banner.get_by_role("link").get_attribute("href") == \
+                "/todos/?state=awaiting_approval"
+            page.screenshot(path=str(tmp_path / "board-approvals.png"), full_page=True)
+
+            # One click approves one; the banner follows.
+            page.locator(f"#todo-{first}").get_by_role("button", name="approve").click()
+            page.wait_for_selector(f"#todo-{first} .badge.state.state-pending")
+            page.wait_for_selector("#approvals:has-text('1 todo awaiting your approval')")
+
+            # Bulk: select, review, confirm.
+            page.locator(f"#todo-{second} input[name=ids]").check()
+            page.locator("#bulk").get_by_role("button", name="reject…").click()
+            page.wait_for_selector("#bulk-confirm")
+            assert page.locator("h1").inner_text() == "Reject 1 todo?"
+            assert in_thread(lambda: Todo.objects.get(pk=second).state) == "awaiting_approval"
+            page.fill("#bulk-confirm input[name=reason]", "not this week")
+            page.screenshot(path=str(tmp_path / "bulk-confirm.png"), full_page=True)
+            page.get_by_role("button", name="reject 1").click()
+            page.wait_for_url("**/todos/")
+            page.wait_for_selector(f"#todo-{second} .badge.state.state-cancelled")
+            assert page.locator("#approvals").is_hidden()
+
+            # Cancel asks first: dismissing the dialog changes nothing, accepting cancels.
+            page.once("dialog", lambda dialog: dialog.dismiss())
+            page.locator(f"#todo-{first}").get_by_role("button", name="cancel").click()
+            assert in_thread(lambda: Todo.objects.get(pk=first).state) == "pending"
+            page.once("dialog", lambda dialog: dialog.accept())
+            page.locator(f"#todo-{first}").get_by_role("button", name="cancel").click()
+            page.wait_for_selector(f"#todo-{first} .badge.state.state-cancelled")
+            assert blocked == []
+        finally:
+            browser.close()

@@ -132,12 +132,12 @@ class TodoAdmin(admin.ModelAdmin):
     list_per_page = 100
     inlines = [TodoEventInline]
     actions = ["retry_now", "release_lease", "extend_lease", "complete_lease", "fail_lease",
-               "promote", "set_priority", "run_now"]
+               "promote", "set_priority", "run_now", "approve", "reject", "cancel"]
     readonly_fields = ["endpoint", "queue", "state", "priority", "not_before", "title", "kind",
                        "source", "trust",
                        "payload_pretty", "result_pretty", "last_error", "idempotency_key",
                        "attempts", "max_attempts", "lease_id", "lease_holder", "lease_expires_at",
-                       "retry_at", "dead_lettered_at", "created_at", "updated_at",
+                       "retry_at", "dead_lettered_at", "cancelled_at", "created_at", "updated_at",
                        "ring_attempts", "last_ringed_at", "delivery_event"]
     fields = readonly_fields
 
@@ -224,6 +224,25 @@ class TodoAdmin(admin.ModelAdmin):
     def run_now(self, request, queryset):
         self._run(request, queryset, "made ready now",
                   lambda caller, todo: transitions.run_now_todo(caller, todo.pk))
+
+    @admin.action(description="Approve (awaiting approval -> pending: handed to agents, rung)",
+                  permissions=["transition"])
+    def approve(self, request, queryset):
+        self._run(request, queryset, "approved",
+                  lambda caller, todo: transitions.approve_todo(caller, todo.pk))
+
+    @admin.action(description="Reject (awaiting approval -> cancelled)", permissions=["transition"])
+    def reject(self, request, queryset):
+        self._run(request, queryset, "rejected",
+                  lambda caller, todo: transitions.reject_todo(caller, todo.pk,
+                                                               reason="rejected in admin"))
+
+    @admin.action(description="Cancel (final; a claimed todo is taken from its agent)",
+                  permissions=["transition"])
+    def cancel(self, request, queryset):
+        self._run(request, queryset, "cancelled",
+                  lambda caller, todo: transitions.cancel_todo(caller, todo.pk,
+                                                               reason="cancelled in admin"))
 
     def _override(self, request, queryset, action, call):
         """Act on whoever holds each todo's lease, as an override when it is not this admin

@@ -7,10 +7,19 @@ from django.db.models import Q
 
 
 class State(models.TextChoices):
+    AWAITING_APPROVAL = "awaiting_approval"
     PENDING = "pending"
     CLAIMED = "claimed"
     DONE = "done"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# The states an operator may cancel a todo from: every state but the terminal ones. A claimed
+# todo's cancel is an override of the agent's lease (its next fenced call is lease_lost).
+CANCELLABLE_STATES = (State.AWAITING_APPROVAL, State.PENDING, State.FAILED, State.CLAIMED)
+# Long enough for every state name (awaiting_approval is 17 characters).
+STATE_MAX_CHARS = 32
 
 
 class Trust(models.TextChoices):
@@ -41,6 +50,12 @@ EDGES = frozenset({
     ("prioritize", State.FAILED, State.FAILED),
     ("due", State.PENDING, State.PENDING),
     ("run_now", State.PENDING, State.PENDING),
+    # The approval gate: a gated todo is created awaiting approval; approve makes it pending
+    # (ready, rung), reject cancels it, and so does the approval-timeout sweep (as "cancel").
+    ("create", None, State.AWAITING_APPROVAL),
+    ("approve", State.AWAITING_APPROVAL, State.PENDING),
+    ("reject", State.AWAITING_APPROVAL, State.CANCELLED),
+    *(("cancel", state, State.CANCELLED) for state in CANCELLABLE_STATES),
 })
 
 # docs/work-control.md "Priority": higher is claimed first; the range keeps a priority a small
@@ -54,9 +69,10 @@ PRIORITY_DEFAULT = 0
 MAX_SCHEDULE_AHEAD = timedelta(days=30)
 NOT_BEFORE_PAST_TOLERANCE = timedelta(minutes=1)
 
-# Idempotency keys collapse while a todo is live: pending, claimed, or failed and waiting to
-# retry. Done and dead-lettered todos free their key (§4).
-LIVE_FOR_IDEMPOTENCY = Q(state__in=[State.PENDING, State.CLAIMED]) | Q(
+# Idempotency keys collapse while a todo is live: pending, claimed, failed and waiting to
+# retry, or awaiting approval (a redelivery of a gated todo must not ask twice). Done,
+# cancelled and dead-lettered todos free their key (§4).
+LIVE_FOR_IDEMPOTENCY = Q(state__in=[State.PENDING, State.CLAIMED, State.AWAITING_APPROVAL]) | Q(
     state=State.FAILED, dead_lettered_at__isnull=True
 )
 
@@ -72,7 +88,8 @@ class Todo(models.Model):
     endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.PROTECT, related_name="todos",
                                  db_index=False)
     queue = models.CharField(max_length=64)
-    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    state = models.CharField(max_length=STATE_MAX_CHARS, choices=State.choices,
+                             default=State.PENDING)
     title = models.CharField(max_length=500)
     kind = models.CharField(max_length=200, blank=True, default="")
     source = models.CharField(max_length=64, blank=True, default="")
@@ -95,6 +112,7 @@ class Todo(models.Model):
     lease_ttl = models.DurationField(null=True, blank=True)
     retry_at = models.DateTimeField(null=True, blank=True)
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(null=True, blank=True)
     last_error = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField()
@@ -150,6 +168,12 @@ class Todo(models.Model):
             # ingest.sweeps.prune_history: done todos past retention, oldest first. Partial, so
             # it costs one index insert at complete and nothing for live todos.
             models.Index(fields=["updated_at"], condition=Q(state="done"), name="todo_prune_done"),
+            # The same sweep for cancelled todos (kept as long as done ones), by cancelled_at.
+            models.Index(fields=["cancelled_at"], condition=Q(state="cancelled"),
+                         name="todo_prune_cancelled"),
+            # cancel_stale_approvals: todos awaiting approval, oldest first.
+            models.Index(fields=["endpoint", "created_at"], condition=Q(state="awaiting_approval"),
+                         name="todo_awaiting_approval"),
             # The same sweep for dead letters, when SWITCHBOARD_RETAIN_DEAD_DAYS is set.
             models.Index(
                 fields=["dead_lettered_at"],
@@ -202,8 +226,8 @@ class TodoEvent(models.Model):
     todo = models.ForeignKey(Todo, on_delete=models.CASCADE, related_name="events", db_index=False,
                              db_constraint=False)
     action = models.CharField(max_length=32)
-    from_state = models.CharField(max_length=16, null=True, blank=True)
-    to_state = models.CharField(max_length=16)
+    from_state = models.CharField(max_length=STATE_MAX_CHARS, null=True, blank=True)
+    to_state = models.CharField(max_length=STATE_MAX_CHARS)
     actor = models.CharField(max_length=200)
     at = models.DateTimeField()
     detail = models.JSONField(default=dict, blank=True)
@@ -228,7 +252,7 @@ class PrunedEventTally(models.Model):
     """
 
     action = models.CharField(max_length=32)
-    to_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=STATE_MAX_CHARS)
     count = models.BigIntegerField(default=0)
 
     class Meta:

@@ -49,6 +49,7 @@ def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
         "lease_expires_at": iso_time(todo.lease_expires_at),
         "retry_at": iso_time(todo.retry_at),
         "dead_lettered_at": iso_time(todo.dead_lettered_at),
+        "cancelled_at": iso_time(todo.cancelled_at),
         "result": todo.result,
         "last_error": todo.last_error,
         "created_at": iso_time(todo.created_at),
@@ -233,6 +234,12 @@ def filter_board_todos(endpoints, *, endpoint_slug=None, queue=None, state=None,
     return todos
 
 
+def count_awaiting_approval(endpoints) -> int:
+    """How many todos of ``endpoints`` wait for an operator's approval (index
+    todo_awaiting_approval, one probe per endpoint): the board's banner."""
+    return Todo.objects.filter(endpoint__in=endpoints, state=State.AWAITING_APPROVAL).count()
+
+
 def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None, search=None,
                           before=None) -> bool:
     """``board_todos``'s filters, on a row already read (the stream's)."""
@@ -279,7 +286,7 @@ def board_filters_from(params) -> dict:
 
 # The states a backlog gauge reports. Done todos are kept forever as audit, so counting them
 # would make every scrape as slow as the history is long; completions are a counter instead.
-BACKLOG_STATES = (State.PENDING, State.CLAIMED, State.FAILED)
+BACKLOG_STATES = (State.AWAITING_APPROVAL, State.PENDING, State.CLAIMED, State.FAILED)
 
 
 def count_backlog_by_queue():

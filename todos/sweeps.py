@@ -18,6 +18,9 @@ PROMOTER_BATCH = 500
 # And for scheduled todos that came due: a burst scheduled for one moment (a nightly batch)
 # becomes ready over a few passes, each holding its row locks for milliseconds.
 SCHEDULED_BATCH = 500
+# And for todos whose approval timed out: an operator who left hundreds waiting over a weekend
+# sees them cancelled within a few passes.
+STALE_APPROVAL_BATCH = 500
 
 
 def expire_lapsed_leases(*, now=None) -> int:
@@ -91,6 +94,13 @@ def release_due_scheduled_todos(*, now=None) -> int:
                                                  limit=SCHEDULED_BATCH))
 
 
+def cancel_stale_approvals(*, now=None) -> int:
+    """Cancel todos awaiting approval longer than their endpoint's ``approval_timeout_seconds``
+    (reason ``approval_timeout``). Returns how many were cancelled."""
+    return len(transitions.cancel_stale_approvals(now=now or timezone.now(),
+                                                  limit=STALE_APPROVAL_BATCH))
+
+
 # The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
 # switchboard/celery.py names the same cadence).
 EMBEDDED_SWEEPS = [
@@ -98,4 +108,5 @@ EMBEDDED_SWEEPS = [
     (promote_due_retries, 5.0),
     (fold_throughput, 15.0),
     (release_due_scheduled_todos, 5.0),
+    (cancel_stale_approvals, 5.0),
 ]

@@ -23,3 +23,8 @@ def fold_throughput():
 @shared_task(name="todos.tasks.release_due_scheduled_todos")
 def release_due_scheduled_todos():
     return sweeps.release_due_scheduled_todos()
+
+
+@shared_task(name="todos.tasks.cancel_stale_approvals")
+def cancel_stale_approvals():
+    return sweeps.cancel_stale_approvals()

@@ -48,7 +48,7 @@ _BACKOFF_STEPS = 6
 class Refusal(Exception):
     """A transition that did not apply, with a machine-readable code (§6, §11):
     ``not_found``, ``not_in_scope``, ``not_claimable``, ``lease_lost``, ``already_done``,
-    ``paused``, ``scheduled``, ``at_capacity``,
+    ``paused``, ``scheduled``, ``at_capacity``, ``awaiting_approval``,
     ``invalid_argument``."""
 
     def __init__(self, code: str, message: str):
@@ -195,7 +195,7 @@ def _text_array_literal(queues: tuple) -> str:
 # secrets. Registered by table name from the owning app's ready(), so this module imports no
 # app above it (dependencies point ingest -> todos).
 _ENDS_WITH_TODO_TABLES: list[str] = []
-_FINISHED_SQL = "state = 'done' OR dead_lettered_at IS NOT NULL"
+_FINISHED_SQL = "state IN ('done', 'cancelled') OR dead_lettered_at IS NOT NULL"
 
 
 def register_rows_ending_with_todo(table: str) -> None:
@@ -219,14 +219,45 @@ def _delete_finished_rows(cursor, ids_param: str) -> None:
             f" (SELECT value FROM json_each(%(ids)s)) AND ({_FINISHED_SQL}))", {"ids": ids_param})
 
 
+# The event detail a transition from any of several states adds about the row it changed
+# (``from_prior``): the lease it overrode when the todo was claimed, the trust it raised.
+# PostgreSQL builds it from the locked prior row ``o`` and the updated row ``t``;
+# ``_prior_detail`` is the same for SQLite, from the prior row read in the transaction.
+_PRIOR_DETAIL_SQL = (
+    "jsonb_strip_nulls(jsonb_build_object("
+    "'override', CASE WHEN o.state = 'claimed' THEN true END, "
+    "'overridden_lease', CASE WHEN o.state = 'claimed' THEN jsonb_build_object("
+    "'lease_id', left(o.lease_id, 8), 'lease_owner', left(o.lease_owner, 8)) END, "
+    "'from_trust', CASE WHEN t.trust <> o.trust THEN o.trust END))"
+)
+
+
+def _prior_detail(prior: dict, trust_after: str) -> dict:
+    detail = {}
+    if prior["state"] == State.CLAIMED:
+        detail["override"] = True
+        detail["overridden_lease"] = HeldLease(
+            lease_id=prior["lease_id"] or "", owner=prior["lease_owner"] or "").as_detail()
+    if trust_after != prior["trust"]:
+        detail["from_trust"] = prior["trust"]
+    return detail
+
+
 def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
-           actor: str, now, detail=None, endpoint=None, may_finish=False) -> list[Todo]:
+           actor: str, now, detail=None, endpoint=None, may_finish=False,
+           from_prior=False) -> list[Todo]:
     """Run one guarded UPDATE and write one todo event per changed row.
 
     ``action_sql`` and ``from_state_sql`` are SQL expressions over the updated row ``t``; they
     let one statement record, e.g., ``fail`` or ``dead_letter`` depending on the attempts left.
-    ``may_finish``: the transition can end a todo (done, dead letter), so the rows registered
-    with ``register_rows_ending_with_todo`` are deleted for the rows it finished.
+    ``may_finish``: the transition can end a todo (done, dead letter, cancelled), so the rows
+    registered with ``register_rows_ending_with_todo`` are deleted for the rows it finished.
+    ``from_prior``: a transition of the one todo ``%(todo_id)s`` from any of several states
+    (``from_state_sql`` is then unused). The event's from state is the row's state before the
+    statement, which RETURNING cannot give: PostgreSQL locks and reads the row first in the
+    same statement (``o``, which the UPDATE's WHERE depends on, so it runs first; a change
+    committed while ``o`` waited for the lock is what both then see), SQLite reads it inside
+    the write transaction (one writer). ``_PRIOR_DETAIL_SQL`` adds what the prior row says.
     """
     params = {
         **params,
@@ -234,9 +265,20 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
         "actor": actor,
         "detail": json.dumps(detail or {}),
     }
+    detail_sql = _json("detail")
+    event_from = "t"
+    prelude = ""
+    if from_prior and _is_postgres():
+        prelude = ("o AS (SELECT id, state, trust, lease_id, lease_owner FROM todos_todo"
+                   " WHERE id = %(todo_id)s FOR UPDATE), ")
+        where_sql += " AND id = (SELECT id FROM o)"
+        from_state_sql, event_from = "o.state", "t JOIN o ON o.id = t.id"
+        detail_sql = f"{detail_sql} || {_PRIOR_DETAIL_SQL}"
+    elif from_prior:
+        from_state_sql = "%(from_state)s"
     event_select = (
         f"SELECT t.id, {action_sql}, {from_state_sql}, t.state, %(actor)s, %(now)s, "
-        f"{_json('detail')}"
+        f"{detail_sql}"
     )
     event_columns = "todo_id, action, from_state, to_state, actor, at, detail"
     update = (
@@ -245,15 +287,22 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
     )
     if _is_postgres():
         sql = (
-            f"WITH t AS ({update}), "
-            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM t)"
+            f"WITH {prelude}t AS ({update}), "
+            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from})"
             f"{_finished_cleanup_ctes() if may_finish else ''} "
             f"SELECT * FROM t"
         )
         rows = _fetch_todos(sql, params)
     else:
         with transaction.atomic():
+            if from_prior:
+                prior = Todo.objects.filter(pk=params["todo_id"]).values(
+                    "state", "trust", "lease_id", "lease_owner").first()
             rows = _fetch_todos(update, params)
+            if rows and from_prior:
+                params["from_state"] = prior["state"]
+                params["detail"] = json.dumps(
+                    {**(detail or {}), **_prior_detail(prior, rows[0].trust)})
             if rows:
                 params["ids"] = json.dumps([row.pk for row in rows])
                 with connection.cursor() as cursor:
@@ -351,6 +400,9 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
               and (claiming or todo.lease_owner != caller.actor))
     if todo is None or not caller.covers(todo.queue) or hidden:
         return Refusal("not_found", f"no todo {todo_id}")
+    if claiming and todo.state == State.AWAITING_APPROVAL:
+        return Refusal("awaiting_approval", f"todo {todo_id} waits for its operator's approval; "
+                                            "it cannot be claimed until it is approved")
     if claiming and todo.state == "pending" and caller.endpoint.is_paused(todo.queue):
         return Refusal("paused", f"queue {todo.queue} of this endpoint is paused by its operator")
     if (claiming and todo.state == "pending" and todo.not_before is not None
@@ -377,6 +429,9 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
         return Refusal("lease_lost", f"{whose} on todo {todo_id} lapsed at "
                                      f"{todo.lease_expires_at.isoformat()}; the todo goes back to "
                                      "the queue: stop working on it")
+    if todo.state == State.CANCELLED:
+        return Refusal("lease_lost", f"todo {todo_id} was cancelled by its operator: stop "
+                                     "working on it; nothing was changed")
     if todo.state == State.PENDING:
         return Refusal("lease_lost", f"todo {todo_id} is pending and not held by {holder}; "
                                      "claim it again to work on it")
@@ -433,7 +488,8 @@ _CREATE_COLUMNS = (
 # The conflict target names that index by its columns and predicate, spelled exactly as the
 # migration wrote it: SQLite matches the predicate textually.
 _LIVE_KEY_PREDICATE = (
-    "\"idempotency_key\" IS NOT NULL AND (\"state\" IN ('pending', 'claimed') OR "
+    "\"idempotency_key\" IS NOT NULL AND (\"state\" IN ('pending', 'claimed', 'awaiting_approval')"
+    " OR "
     "(\"dead_lettered_at\" IS NULL AND \"state\" = 'failed'))"
 )
 _LIVE_KEY_CONFLICT = (
@@ -449,7 +505,7 @@ _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detai
 
 
 def _create_values(delivery_event_sql: str) -> str:
-    return (f"%(endpoint_id)s, %(queue)s, 'pending', %(title)s, %(kind)s, %(source)s, "
+    return (f"%(endpoint_id)s, %(queue)s, %(state)s, %(title)s, %(kind)s, %(source)s, "
             f"{_json('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
             "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s")
 
@@ -458,13 +514,14 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
                        kind: str = "", source: str = "", idempotency_key: str | None = None,
                        delivery_event_id=None, trust: str = Trust.UNVERIFIED, now,
                        payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
-                       not_before=None) -> dict:
+                       not_before=None, requires_approval: bool = False) -> dict:
     """The parameters of a create statement (``create_todo``, ``create_todo_ctes``): the title
     folded to one line of at most 500 characters. Refuses ``invalid_argument`` for a value no
     database can store; ``payload_storable`` says the caller already knows the payload is
     (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from).
     ``priority`` (``check_priority``) and ``not_before`` (``resolve_not_before``: a future
-    time, or None for ready at once) are the work-control settings it starts with."""
+    time, or None for ready at once) are the work-control settings it starts with;
+    ``requires_approval``: the todo is created ``awaiting_approval`` instead of ``pending``."""
     title = " ".join(str(title).split())[:500] or "(untitled)"
     check_priority(priority)
     _check_storable(title=title, kind=kind or "", queue=queue,
@@ -472,6 +529,7 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
     return {
         "endpoint_id": endpoint.pk,
         "queue": queue,
+        "state": State.AWAITING_APPROVAL if requires_approval else State.PENDING,
         "title": title,
         "kind": kind or "",
         "source": source or "",
@@ -500,13 +558,15 @@ def create_todo_ctes(*, delivery_event_sql: str = "%(delivery_event_id)s", sourc
     return (
         f"t AS (INSERT INTO todos_todo ({_CREATE_COLUMNS}) {rows} {_LIVE_KEY_CONFLICT}"
         f" RETURNING {_returning()}), e AS (INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS})"
-        f" SELECT t.id, 'create', NULL, 'pending', %(actor)s, %(now)s,"
+        f" SELECT t.id, 'create', NULL, t.state, %(actor)s, %(now)s,"
         " jsonb_build_object('delivery_event', t.delivery_event_id) FROM t)"
     )
 
 
 def announce_created(todo: Todo, endpoint) -> None:
-    """A created todo, announced once its transaction commits (doorbell, board)."""
+    """A created todo, announced once its transaction commits (doorbell, board). One awaiting
+    approval reaches the board; the doorbell and long polls act only on pending todos, so it
+    rings nobody until ``approve_todo`` announces it ready."""
     todo.endpoint = endpoint
     publish.publish_on_commit(todo, "create")
 
@@ -520,8 +580,9 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
                 source: str = "", idempotency_key: str | None = None, delivery_event=None,
                 trust: str = Trust.UNVERIFIED, now=None,
                 payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
-                not_before=None) -> tuple[Todo, bool]:
-    """Create a pending todo, or return the live todo that already holds ``idempotency_key``.
+                not_before=None, requires_approval: bool = False) -> tuple[Todo, bool]:
+    """Create a pending todo (``awaiting_approval`` with ``requires_approval``: not claimable,
+    never rung until approved), or return the live todo that already holds ``idempotency_key``.
     ``payload_storable``: the caller has checked the payload (``create_todo_params``).
 
     Returns ``(todo, created)``. Concurrent creates with one key collapse on the partial unique
@@ -534,7 +595,8 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
         endpoint=endpoint, queue=queue, title=title, actor=actor, payload=payload, kind=kind,
         source=source, idempotency_key=idempotency_key, trust=trust, now=now,
         delivery_event_id=getattr(delivery_event, "pk", delivery_event),
-        payload_storable=payload_storable, priority=priority, not_before=not_before)
+        payload_storable=payload_storable, priority=priority, not_before=not_before,
+        requires_approval=requires_approval)
     # A duplicate whose holder finishes between our conflict and our read frees the key; the
     # next INSERT then succeeds. Three rounds is more than that race can need.
     for _ in range(3):
@@ -551,7 +613,7 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
                     with connection.cursor() as cursor:
                         cursor.execute(
                             f"INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS}) VALUES"
-                            " (%(todo_id)s, 'create', NULL, 'pending', %(actor)s, %(now)s,"
+                            " (%(todo_id)s, 'create', NULL, %(state)s, %(actor)s, %(now)s,"
                             f" {_json('detail')})", params)
         if created is not None:
             announce_created(created, endpoint)
@@ -1083,6 +1145,122 @@ def run_now_todo(caller: Caller, todo_id, *, now=None) -> Todo:
         not_claimable="is not a scheduled pending todo")
 
 
+# -- work control: cancel and the approval gate --------------------------------------------------
+
+
+MAX_REASON_CHARS = 500
+
+
+def _reason_detail(reason) -> dict:
+    if reason is None:
+        return {}
+    if not isinstance(reason, str):
+        raise Refusal("invalid_argument", "reason must be a string")
+    reason = " ".join(reason.split())
+    if len(reason) > MAX_REASON_CHARS:
+        raise Refusal("invalid_argument", f"reason must be at most {MAX_REASON_CHARS} characters")
+    _check_storable(reason=reason)
+    return {"reason": reason} if reason else {}
+
+
+def _operator_only(caller: Caller, verb: str) -> None:
+    if not caller.is_operator:
+        raise Refusal("verb_not_allowed", f"{verb} is for the endpoint's operator")
+
+
+def _wrong_state(caller: Caller, todo_id: int, wanted: str) -> Refusal:
+    """After a cancel/approve/reject guard missed: ``not_found`` for a todo the caller cannot
+    see, else ``invalid_argument`` naming the todo id and the state it is in."""
+    todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).only(
+        "state", "queue").first()
+    if todo is None or not caller.covers(todo.queue):
+        return Refusal("not_found", f"no todo {todo_id}")
+    return Refusal("invalid_argument", f"todo_id: todo {todo_id} is {todo.state}; {wanted}")
+
+
+_CANCELLED_SET_SQL = (
+    "state = 'cancelled', cancelled_at = %(now)s, lease_id = NULL, lease_owner = NULL, "
+    "lease_expires_at = NULL, lease_ttl = NULL, retry_at = NULL"
+)
+
+
+def cancel_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
+    """awaiting_approval, pending, failed (waiting or dead) or claimed -> cancelled (terminal),
+    ``cancelled_at = now``, the operator and the optional ``reason`` in its ``cancel`` event.
+
+    Cancelling a claimed todo overrides the agent's lease (the event says ``override`` and
+    names the lease): the lease is cleared in the same statement, so the agent's next fenced
+    call is ``lease_lost``, and a complete racing the cancel either commits first (the cancel
+    then finds it done) or finds it cancelled; one of them wins. The todo's operator secrets
+    are deleted in the statement, and its idempotency key is free (cancelled is not live).
+
+    Refuses ``not_found`` (missing or not the operator's), ``invalid_argument`` (already done
+    or cancelled; a reason that is not a short string), ``verb_not_allowed`` (not an operator).
+    """
+    now = now or timezone.now()
+    _operator_only(caller, "cancel")
+    detail = _reason_detail(reason)
+    todo_id = _todo_id(todo_id)
+    params = {"todo_id": todo_id}
+    where = _by_id(_visible_guard(caller, params)
+                   + " AND state IN ('awaiting_approval', 'pending', 'failed', 'claimed')")
+    todo = _one(_apply(
+        set_sql=_CANCELLED_SET_SQL, where_sql=where, params=params, action_sql="'cancel'",
+        from_state_sql="", actor=caller.actor, now=now, detail=detail, endpoint=caller.endpoint,
+        may_finish=True, from_prior=True,
+    ))
+    if todo is None:
+        raise _wrong_state(caller, todo_id, "only awaiting_approval, pending, failed or claimed "
+                                            "todos can be cancelled")
+    _announce([todo], "cancel")
+    return todo
+
+
+def approve_todo(caller: Caller, todo_id, *, now=None) -> Todo:
+    """awaiting_approval -> pending, ready exactly as a new todo (announced ``approve``: rung,
+    long polls woken), with a fresh ring budget; the ``approve`` event names the approver. An
+    ``unverified`` todo is promoted to trust ``operator`` in the same statement (the event's
+    ``from_trust`` says so): the operator who approves it vouches for it.
+
+    Refuses ``not_found``, ``invalid_argument`` (not awaiting approval), ``verb_not_allowed``.
+    """
+    now = now or timezone.now()
+    _operator_only(caller, "approve")
+    todo_id = _todo_id(todo_id)
+    params = {"todo_id": todo_id}
+    where = _by_id(_visible_guard(caller, params) + " AND state = 'awaiting_approval'")
+    todo = _one(_apply(
+        set_sql="state = 'pending', ring_attempts = 0, last_ringed_at = NULL, "
+                "trust = CASE WHEN trust = 'unverified' THEN 'operator' ELSE trust END",
+        where_sql=where, params=params, action_sql="'approve'", from_state_sql="",
+        actor=caller.actor, now=now, endpoint=caller.endpoint, from_prior=True,
+    ))
+    if todo is None:
+        raise _wrong_state(caller, todo_id, "only a todo awaiting approval can be approved")
+    _announce([todo], "approve")
+    return todo
+
+
+def reject_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
+    """awaiting_approval -> cancelled, as ``cancel_todo`` does, recorded as ``reject`` with
+    the optional ``reason``. Refuses as ``approve_todo`` does (and a bad ``reason``)."""
+    now = now or timezone.now()
+    _operator_only(caller, "reject")
+    detail = _reason_detail(reason)
+    todo_id = _todo_id(todo_id)
+    params = {"todo_id": todo_id}
+    where = _by_id(_visible_guard(caller, params) + " AND state = 'awaiting_approval'")
+    todo = _one(_apply(
+        set_sql=_CANCELLED_SET_SQL, where_sql=where, params=params, action_sql="'reject'",
+        from_state_sql="'awaiting_approval'", actor=caller.actor, now=now, detail=detail,
+        endpoint=caller.endpoint, may_finish=True,
+    ))
+    if todo is None:
+        raise _wrong_state(caller, todo_id, "only a todo awaiting approval can be rejected")
+    _announce([todo], "reject")
+    return todo
+
+
 # -- sweeps' statements (called by todos/sweeps.py) ---------------------------------------------
 
 
@@ -1143,6 +1321,39 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
         actor="reaper", now=now, may_finish=True,
     )
     _announce(todos, "lease_lapsed")
+    return todos
+
+
+def stale_approvals_sql() -> str:
+    """The approval-timeout sweep's batch: todos awaiting approval longer than their endpoint's
+    ``approval_timeout_seconds`` at %(now)s (index todo_awaiting_approval, per endpoint that
+    has a timeout; endpoints without one are never read past their own row)."""
+    if _is_postgres():
+        overdue = "a.created_at <= %(now)s - make_interval(secs => e.approval_timeout_seconds)"
+    else:
+        overdue = ("a.created_at <= datetime(%(now)s, '-' || e.approval_timeout_seconds"
+                   " || ' seconds')")
+    return ("SELECT a.id FROM endpoints_endpoint e JOIN todos_todo a ON a.endpoint_id = e.id"
+            " AND a.state = 'awaiting_approval'"
+            f" WHERE e.approval_timeout_seconds IS NOT NULL AND {overdue}"
+            " ORDER BY a.created_at LIMIT %(limit)s"
+            # Lock the todos only: the endpoint row is read, never changed here.
+            + (" FOR UPDATE OF a SKIP LOCKED" if _is_postgres() else ""))
+
+
+def cancel_stale_approvals(*, now, limit: int) -> list[Todo]:
+    """awaiting_approval for longer than the endpoint's ``approval_timeout_seconds`` ->
+    cancelled, as ``cancel_todo`` does, each with a ``cancel`` event of actor
+    ``approval-timeout`` and reason ``approval_timeout``. At most ``limit`` rows, skipping rows
+    another sweep (or an operator's approve) holds; the outer guard re-checks the state."""
+    todos = _apply(
+        set_sql=_CANCELLED_SET_SQL,
+        where_sql=f"id IN ({stale_approvals_sql()}) AND state = 'awaiting_approval'",
+        params={"limit": limit}, action_sql="'cancel'", from_state_sql="'awaiting_approval'",
+        actor="approval-timeout", now=now, detail={"reason": "approval_timeout"},
+        may_finish=True,
+    )
+    _announce(todos, "cancel")
     return todos
 
 

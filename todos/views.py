@@ -38,7 +38,7 @@ from endpoints import transitions as endpoint_transitions
 from switchboard import json_input
 
 from . import queries, transitions
-from .models import State, Todo
+from .models import CANCELLABLE_STATES, State, Todo
 
 LOGIN_URL = reverse_lazy("board-login")
 board_login_required = login_required(login_url=LOGIN_URL)
@@ -158,10 +158,26 @@ def board(request):
         endpoint.presence_now = endpoint.presence_at(now)  # §8: the clock in/out buttons
         # Why it is out, when an operator override decides it (§8), and until when.
         endpoint.override_until = endpoint_transitions.override_in_force(endpoint, now)
+    glance = glance_payload(endpoints, now=now)
     context.update(endpoints=endpoints, states=queries.board_state_choices(),
-                   tabs=state_tabs(request.GET, context['filters']['state']), glance=glance_payload(endpoints, now=now),
-                   bulk_actions=bulk_actions_for_board())
+                   tabs=state_tabs(request.GET, context['filters']['state']), glance=glance,
+                   bulk_actions=bulk_actions_for_board(),
+                   # The banner's count from the glance's own counts: no query of its own.
+                   awaiting_approval=sum(counts.get(State.AWAITING_APPROVAL, 0)
+                                         for entry in glance["endpoints"]
+                                         for counts in entry["queues"].values()))
     return render(request, "todos/board.html", context)
+
+
+@board_login_required
+@require_GET
+@never_cache
+def board_approvals(request):
+    """The board's banner of todos awaiting approval alone, re-fetched by board.js whenever
+    a row enters or leaves that state, so the count the operator sees stays true."""
+    endpoints = endpoint_queries.visible_endpoints(request.user)
+    return render(request, "todos/_approvals.html",
+                  {"awaiting_approval": queries.count_awaiting_approval(endpoints)})
 
 
 @board_login_required
@@ -288,11 +304,17 @@ ACTIONS = {
     "priority": lambda caller, todo, post, overriding: transitions.set_priority_todo(
         caller, todo.pk, _priority(post.get("priority"))),
     "run_now": lambda caller, todo, post, overriding: transitions.run_now_todo(caller, todo.pk),
+    "approve": lambda caller, todo, post, overriding: transitions.approve_todo(caller, todo.pk),
+    "reject": lambda caller, todo, post, overriding: transitions.reject_todo(
+        caller, todo.pk, reason=post.get("reason") or None),
+    "cancel": lambda caller, todo, post, overriding: transitions.cancel_todo(
+        caller, todo.pk, reason=post.get("reason") or None),
 }
 ACTION_DONE = {
     "claim": "claimed", "complete": "completed", "fail": "failed", "extend": "extended the lease of",
     "release": "released", "retry": "re-queued", "promote": "promoted (now trust operator)",
     "priority": "set the priority of", "run_now": "made ready now",
+    "approve": "approved", "reject": "rejected", "cancel": "cancelled",
 }
 OVERRIDABLE = frozenset({"complete", "fail", "extend", "release"})
 
@@ -359,6 +381,18 @@ BULK_ACTIONS = {
         label="retry", done="re-queued",
         applies_to=lambda: Q(state=State.FAILED),
         act=lambda caller, todo, post: transitions.requeue_todo(caller, todo.pk)),
+    "approve": BulkAction(
+        label="approve", done="approved",
+        applies_to=lambda: Q(state=State.AWAITING_APPROVAL),
+        act=lambda caller, todo, post: ACTIONS["approve"](caller, todo, post, None)),
+    "reject": BulkAction(
+        label="reject", done="rejected", danger=True, inputs=(("reason", "reason (optional)"),),
+        applies_to=lambda: Q(state=State.AWAITING_APPROVAL),
+        act=lambda caller, todo, post: ACTIONS["reject"](caller, todo, post, None)),
+    "cancel": BulkAction(
+        label="cancel", done="cancelled", danger=True, inputs=(("reason", "reason (optional)"),),
+        applies_to=lambda: Q(state__in=CANCELLABLE_STATES),
+        act=lambda caller, todo, post: ACTIONS["cancel"](caller, todo, post, None)),
 }
 # One confirmation acts on at most this many todos: a few seconds of transitions in one
 # request. More: confirm again (the page says how many are left).

@@ -136,6 +136,26 @@ def test_unverified_and_unattributed_todos_never_ring_operator_todos_do(driver):
     async_to_sync(scenario)()
 
 
+def test_a_todo_awaiting_approval_rings_only_once_approved(driver):
+    from todos import transitions
+
+    d = driver()
+
+    def approve(todo):
+        transitions.approve_todo(transitions.Caller.operator(d.endpoint, "alice"), todo.pk)
+
+    async def scenario():
+        stream = await open_stream(d)
+        gated = await ring(d.endpoint, title="deploy prod", requires_approval=True)
+        control = await ring(d.endpoint, title="control")
+        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)
+        await database_sync_to_async(approve, thread_sensitive=False)(gated)
+        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(gated.pk)
+        await close(stream)
+
+    async_to_sync(scenario)()
+
+
 def test_no_attached_session_drops_silently_and_pull_drains_it_later(vend, caplog):
     endpoint, credential = vend("nobody-home")
     todo = make_ready_todo(endpoint, title="waits")  # rung after commit: no session, no error

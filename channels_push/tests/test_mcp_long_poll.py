@@ -174,6 +174,10 @@ READINESS = {
     "requeue": (_failed_elsewhere,
                 lambda endpoint, failed: transitions.requeue_todo(
                     transitions.Caller.operator(endpoint, "alice"), failed.pk)),
+    # A todo created awaiting approval wakes nobody; its approval does.
+    "approval": (lambda endpoint: make_ready_todo(endpoint, requires_approval=True),
+                 lambda endpoint, gated: transitions.approve_todo(
+                     transitions.Caller.operator(endpoint, "alice"), gated.pk)),
 }
 
 

@@ -187,3 +187,18 @@ def test_admin_sets_caps_and_refuses_a_negative_one(root_client, operator):
     assert saved.status_code == 200, saved.content[:2000]
     endpoint = Endpoint.objects.get(slug="capped")
     assert (endpoint.max_claimed, endpoint.queue_limits) == (2, {"deploys": 1})
+
+
+def test_admin_sets_the_approval_timeout_and_refuses_zero(root_client, operator):
+    endpoint = EndpointFactory(slug="gated", owner=operator)
+    form = {"slug": "gated", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+            "max_attempts": "5", "active": "on",
+            "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0"}
+    bad = root_client.post(f"/admin/endpoints/endpoint/{endpoint.pk}/change/",
+                           {**form, "approval_timeout_seconds": "0"})
+    assert bad.status_code == 200 and b"at least 1 second" in bad.content
+    response = root_client.post(f"/admin/endpoints/endpoint/{endpoint.pk}/change/",
+                                {**form, "approval_timeout_seconds": "3600"})
+    assert response.status_code == 302
+    endpoint.refresh_from_db()
+    assert endpoint.approval_timeout_seconds == 3600

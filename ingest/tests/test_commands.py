@@ -60,7 +60,7 @@ def test_add_webhook_route(operator, endpoint):
     data = run("add_webhook_route", "gh", endpoint.slug, "--queue", "reviews",
                "--kinds", "pull_request, issues.opened")
     assert data == {"webhook": "gh", "endpoint": endpoint.slug, "queue": "reviews", "priority": 0,
-                    "delay_seconds": 0}
+                    "delay_seconds": 0, "requires_approval": False}
     assert Route.objects.get().kinds == ["pull_request", "issues.opened"]
     with pytest.raises(CommandError):
         call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "reviews", stdout=StringIO())

@@ -93,6 +93,23 @@ def test_prune_deletes_exactly_the_done_todos_past_retention_with_their_history(
     assert sum(sweeps.prune_history(now=NOW).values()) == 0
 
 
+def test_cancelled_todos_are_pruned_like_done_ones(endpoint, agent):
+    operator = transitions.Caller.operator(endpoint, "alice")
+
+    def cancelled(at, **kwargs):
+        todo, _ = transitions.create_todo(endpoint=endpoint, queue="inbox", title="t",
+                                          actor="test", now=at, **kwargs)
+        return transitions.cancel_todo(operator, todo.pk, now=at + timedelta(seconds=1))
+
+    old = [cancelled(LONG_AGO), cancelled(LONG_AGO, requires_approval=True)]
+    recent = cancelled(RECENTLY)
+    assert sweeps.prune_history(now=NOW, dry_run=True)["cancelled_todos"] == 2
+    pruned = sweeps.prune_history(now=NOW)
+    assert (pruned["cancelled_todos"], pruned["todo_events"]) == (2, 4)  # create, cancel each
+    assert list(Todo.objects.values_list("pk", flat=True)) == [recent.pk]
+    assert not TodoEvent.objects.filter(todo_id__in=[t.pk for t in old]).exists()
+
+
 def test_dead_letters_are_kept_unless_their_own_retention_is_set(history, settings):
     sweeps.prune_history(now=NOW)
     assert Todo.objects.filter(pk=history["old_dead"].pk).exists()
@@ -117,7 +134,7 @@ def test_dry_run_counts_what_the_prune_then_deletes_and_deletes_nothing(history,
     assert (Todo.objects.count(), TodoEvent.objects.count(),
             DeliveryEvent.objects.count()) == before
     assert sweeps.prune_history(now=NOW) == would
-    assert would == {"done_todos": 3, "dead_letters": 1, "todo_events": 12,
+    assert would == {"done_todos": 3, "cancelled_todos": 0, "dead_letters": 1, "todo_events": 12,
                      "delivery_events": 4, "delivery_log": 0, "mcp_sessions": 1}
 
 
@@ -152,9 +169,10 @@ def test_prune_works_in_bounded_batches(endpoint, agent):
         pruned = sweeps.prune_history(now=NOW, batch=3, pause_seconds=0)
     assert pruned["done_todos"] == 7
     assert not Todo.objects.exists()
-    # 3 + 3 + 1: three batches (on SQLite each batch is a few statements, all naming todos).
-    batches = [sql for sql in statements if re.search(r"DELETE FROM .?todos_todo.? ", sql)
-               or "WITH doomed" in sql]
+    # 3 + 3 + 1: three batches (on SQLite each batch is a few statements, all naming todos),
+    # besides the cancelled todos' one batch that finds none.
+    batches = [sql for sql in statements if (re.search(r"DELETE FROM .?todos_todo.? ", sql)
+               or "WITH doomed" in sql) and "state = 'cancelled'" not in sql]
     assert len(batches) == 3, statements
 
 
@@ -215,7 +233,8 @@ def test_prune_command_prints_counts_as_json(history):
     out = StringIO()
     call_command("prune", "--dry-run", "--json", stdout=out)
     assert json.loads(out.getvalue()) == {"would_prune": {
-        "done_todos": 3, "dead_letters": 0, "todo_events": 9, "delivery_events": 3,
+        "done_todos": 3, "cancelled_todos": 0, "dead_letters": 0, "todo_events": 9,
+        "delivery_events": 3,
         "delivery_log": 0, "mcp_sessions": 0}}
     out = StringIO()
     call_command("prune", "--json", stdout=out)

@@ -4,7 +4,7 @@ import pytest
 
 from tests.factories import UserFactory
 from todos import transitions
-from todos.models import State, Todo
+from todos.models import State, Todo, TodoEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -123,3 +123,23 @@ def test_admin_shows_agents_by_client_and_hint_never_a_whole_session_id(root_cli
     for todo in (held, released):  # the lease holder, and the actors in the history
         page = root_client.get(f"/admin/todos/todo/{todo.pk}/change/").content.decode()
         assert label in page and session.pk not in page
+
+
+def test_approve_reject_and_cancel_actions_take_their_transitions(root_client, make_todo, agent):
+    approved, rejected = make_todo(requires_approval=True), make_todo(requires_approval=True)
+    claimed = transitions.claim_todo(agent, make_todo().pk)
+    root_client.post("/admin/todos/todo/", {"action": "approve",
+                                           "_selected_action": [approved.pk]})
+    response = root_client.post("/admin/todos/todo/", {
+        "action": "reject", "_selected_action": [rejected.pk, claimed.pk]}, follow=True)
+    assert f"#{claimed.pk}:" in response.content.decode()  # not awaiting approval: refused
+    root_client.post("/admin/todos/todo/", {"action": "cancel",
+                                           "_selected_action": [claimed.pk, approved.pk]})
+    states = dict(Todo.objects.values_list("pk", "state"))
+    assert [states[t.pk] for t in (approved, rejected, claimed)] == ["cancelled"] * 3
+    events = {e.todo_id: e for e in TodoEvent.objects.filter(
+        action__in=["approve", "reject", "cancel"]).order_by("id")}
+    assert {e.actor for e in events.values()} == {"root"}
+    assert events[claimed.pk].detail["override"] is True
+    page = root_client.get(f"/admin/todos/todo/{claimed.pk}/change/").content.decode()
+    assert "cancelled at" in page.lower()

@@ -16,10 +16,11 @@ pytestmark = pytest.mark.django_db
 
 
 def test_terminal_states_are_the_ones_no_edge_leaves():
-    assert "done" in queries.terminal_states()
+    assert {"done", "cancelled"} <= set(queries.terminal_states())
     assert "failed" in queries.open_states() and "pending" in queries.open_states()
     columns = queries.glance_columns()
-    assert columns[0] == "pending"
+    assert columns[:2] == ["awaiting_approval", "pending"]  # in lifecycle order
+    assert "cancelled_24h" in columns
     assert ("scheduled" in columns) == queries.has_scheduled_todos()
     assert {"claimed", "retrying", "dead", "done_24h"} <= set(columns)
     assert "failed" not in columns  # split into retrying and dead

@@ -207,3 +207,27 @@ def test_metrics_count_scheduled_todos_and_work_control_transitions(client, oper
                         ("switchboard_todo_priority_changes_total", 1),
                         ("switchboard_todos_scheduled_due_total", 2)]:
         assert value(after, name) - value(before, name) == moved, name
+
+
+def test_metrics_count_cancellations_approvals_and_todos_awaiting_approval(client, operator):
+    endpoint = EndpointFactory(slug="gate", owner=operator)
+    before = scrape(client)
+
+    def moved(after, name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    gated = [transitions.create_todo(endpoint=endpoint, queue="deploys", title=f"t{n}",
+                                     actor="t", requires_approval=True)[0] for n in range(4)]
+    after = scrape(client)
+    assert value(after, "switchboard_todos", endpoint="gate", queue="deploys",
+                 state="awaiting_approval") == 4
+    alice = transitions.Caller.operator(endpoint, "alice")
+    transitions.approve_todo(alice, gated[0].pk)
+    transitions.reject_todo(alice, gated[1].pk)
+    transitions.cancel_todo(alice, gated[2].pk)
+    transitions.cancel_todo(alice, gated[0].pk)
+    after = scrape(client)
+    assert moved(after, "switchboard_todo_approvals_total") == 1
+    assert moved(after, "switchboard_todo_cancellations_total") == 3  # reject + two cancels
+    assert value(after, "switchboard_todos", endpoint="gate", queue="deploys",
+                 state="awaiting_approval") == 1

@@ -60,6 +60,15 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
     later = make_todo(not_before=now + timedelta(minutes=1))
     sweeps.release_due_scheduled_todos(now=now + timedelta(minutes=2))  # due
 
+    approved = make_todo(requires_approval=True)                       # create, gated
+    transitions.approve_todo(operator, approved.pk, now=now)           # approve
+    transitions.cancel_todo(operator, approved.pk, now=now)            # cancel from pending
+    transitions.reject_todo(operator, make_todo(requires_approval=True).pk, now=now)  # reject
+    transitions.cancel_todo(operator, make_todo(requires_approval=True).pk, now=now)
+    claimed = transitions.claim_todo(agent, make_todo().pk, now=now)
+    transitions.cancel_todo(operator, claimed.pk, now=now)             # cancel from claimed
+    transitions.cancel_todo(operator, lapsed.pk, now=now)              # cancel from failed
+
     assert recorded_edges() == set(EDGES)
 
 
@@ -159,6 +168,58 @@ def test_work_control_refusals_match_the_table_and_record_nothing(agent, make_to
         calls[verb]()
     assert refused.value.code == WORK_CONTROL_REFUSALS[(name, verb)]
     assert TodoEvent.objects.count() == before
+
+
+# What cancel, approve and reject answer from each state they do not take (-> code), and what
+# claim answers for a todo awaiting approval. Every other (verb, state) pair is an edge above.
+APPROVAL_REFUSALS = {
+    ("cancel", "done"): "invalid_argument",
+    ("cancel", "cancelled"): "invalid_argument",
+    **{("approve", state): "invalid_argument"
+       for state in ("pending", "claimed", "failed", "done", "cancelled")},
+    **{("reject", state): "invalid_argument"
+       for state in ("pending", "claimed", "failed", "done", "cancelled")},
+    ("claim", "awaiting_approval"): "awaiting_approval",
+}
+
+
+def todo_in_state(state, agent, make_todo):
+    operator = Caller.operator(agent.endpoint, "alice")
+    todo = make_todo(requires_approval=state == "awaiting_approval")
+    if state in ("claimed", "done", "failed"):
+        transitions.claim_todo(agent, todo.pk)
+    if state == "done":
+        transitions.complete_todo(agent, todo.pk)
+    if state == "failed":
+        transitions.fail_todo(agent, todo.pk)
+    if state == "cancelled":
+        transitions.cancel_todo(operator, todo.pk)
+    return todo.pk
+
+
+@pytest.mark.parametrize("verb, state", sorted(APPROVAL_REFUSALS))
+def test_approval_refusals_match_the_table_and_write_nothing(agent, make_todo, verb, state):
+    from todos.models import State, Todo
+
+    assert state in State.values
+    todo_id = todo_in_state(state, agent, make_todo)
+    caller = agent if verb == "claim" else Caller.operator(agent.endpoint, "alice")
+    before = (TodoEvent.objects.count(), Todo.objects.get(pk=todo_id).updated_at)
+    with pytest.raises(Refusal) as refused:
+        getattr(transitions, f"{verb}_todo")(caller, todo_id)
+    assert refused.value.code == APPROVAL_REFUSALS[(verb, state)]
+    if refused.value.code == "invalid_argument":
+        assert refused.value.message.startswith("todo_id: ")
+    assert (TodoEvent.objects.count(), Todo.objects.get(pk=todo_id).updated_at) == before
+
+
+def test_every_state_is_covered_by_an_edge_or_a_refusal_of_each_approval_verb():
+    from todos.models import State
+
+    for verb, action in (("cancel", "cancel"), ("approve", "approve"), ("reject", "reject")):
+        taken = {f for a, f, _ in EDGES if a == action}
+        refused = {s for v, s in APPROVAL_REFUSALS if v == verb}
+        assert taken | refused == set(State.values) and not taken & refused, verb
 
 
 def test_a_refused_transition_records_no_event(agent, make_todo):

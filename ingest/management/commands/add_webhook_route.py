@@ -31,9 +31,12 @@ class Command(JsonCommand):
                             help="comma-separated roles whose events may create todos here, "
                                  "e.g. OWNER,MEMBER,COLLABORATOR (GitHub's author_association; "
                                  "Gitea: admin counts as OWNER, push as COLLABORATOR)")
+        parser.add_argument("--requires-approval", action="store_true",
+                            help="create this route's todos awaiting an operator's approval "
+                                 "(manage.py approve|reject, the board, the API)")
 
     def handle(self, *args, webhook, endpoint, queue, kinds, priority, delay_seconds, actors,
-               author_association, **options):
+               author_association, requires_approval, **options):
         try:
             hook = Webhook.objects.get(slug=webhook)
         except Webhook.DoesNotExist:
@@ -48,18 +51,21 @@ class Command(JsonCommand):
                 kinds=csv_list(kinds) if kinds else None,
                 priority=priority, delay_seconds=delay_seconds,
                 actors_allowed=csv_list(actors) if actors else None,
-                author_associations=csv_list(author_association) if author_association else None)
+                author_associations=csv_list(author_association) if author_association else None,
+                requires_approval=requires_approval)
         except ValidationError as exc:
             raise CommandError("; ".join(_field_messages(exc))) from None
         self.emit(
             options, {"webhook": hook.slug, "endpoint": target.slug, "queue": route.queue,
-                      "priority": route.priority, "delay_seconds": route.delay_seconds},
+                      "priority": route.priority, "delay_seconds": route.delay_seconds,
+                      "requires_approval": route.requires_approval},
             f"route {hook.slug} -> {target.slug}/{route.queue}"
             + (f" (kinds: {', '.join(route.kinds)})" if route.kinds else " (all kinds)")
             + (f", priority {route.priority}" if route.priority else "")
             + (f", ready {route.delay_seconds} s after arrival" if route.delay_seconds else "")
             + (f", only from {', '.join(route.actors + route.author_associations)}"
-               if route.actors or route.author_associations else ""),
+               if route.actors or route.author_associations else "")
+            + (" (each todo awaits approval)" if route.requires_approval else ""),
         )
 
 

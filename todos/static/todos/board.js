@@ -51,10 +51,43 @@
     live.classList.toggle("on", !!on);
   }
 
+  // The banner of todos awaiting approval: re-read whenever a row enters or leaves that state
+  // (it counts every visible endpoint's, not only the rows shown).
+  var approvalsUrl = table.dataset.approvalsUrl;
+  var approvalsDue = false;
+  function refreshApprovals() {
+    if (approvalsDue || !approvalsUrl) return;
+    approvalsDue = true;
+    setTimeout(function () {
+      approvalsDue = false;
+      fetch(approvalsUrl, { credentials: "same-origin", cache: "no-store" })
+        .then(function (response) { return response.ok ? response.text() : null; })
+        .then(function (html) {
+          var banner = document.getElementById("approvals");
+          if (html === null || !banner) return;
+          var holder = document.createElement("div");
+          holder.innerHTML = html.trim();
+          if (holder.firstElementChild) banner.replaceWith(holder.firstElementChild);
+        })
+        .catch(function () { /* the next change or re-sync tries again */ });
+    }, 200);
+  }
+
+  // A button that asks first (cancel): the browser's own dialog, no inline script.
+  document.addEventListener("submit", function (event) {
+    var button = event.submitter;
+    var question = button && button.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) event.preventDefault();
+  });
+
   function apply(change) {
     if (buffered) { buffered.push(change); return; }
     var existing = document.getElementById("todo-" + change.todo_id);
     if (existing && versionOf(existing) >= change.version) return;
+    if (change.state === "awaiting_approval" ||
+        (existing && existing.getAttribute("data-state") === "awaiting_approval")) {
+      refreshApprovals();
+    }
     if (!change.html) { if (existing) existing.remove(); return; }
     var row = rowsFrom(change.html)[0];
     row.classList.add("flash");
@@ -85,6 +118,7 @@
           return mine && versionOf(mine) > versionOf(row) ? mine : row;
         });
         tbody.replaceChildren.apply(tbody, merged);
+        refreshApprovals();
         relativeTimes(tbody);
       })
       .catch(function () { /* the next reconnect re-syncs */ })

@@ -1,0 +1,62 @@
+"""What an agent sees of the approval gate and of cancelled todos over MCP."""
+
+import json
+
+import jsonschema
+import pytest
+
+from channels_push import mcp_tools
+from todos import transitions
+
+pytestmark = pytest.mark.django_db
+
+
+def call(endpoint, name, arguments=None, session="session-a"):
+    result = mcp_tools.call_tool(endpoint=endpoint, session_id=session,
+                                 params={"name": name, "arguments": arguments or {}})
+    assert json.loads(result.content[0].text) == result.structured_content
+    schema = {tool.name: tool for tool in mcp_tools.tools_for(endpoint)}[name].output_schema
+    jsonschema.Draft202012Validator(schema).validate(result.structured_content)
+    return result.is_error, result.structured_content
+
+
+def test_a_todo_awaiting_approval_is_refused_unlisted_and_skipped_until_approved(endpoint,
+                                                                                make_todo):
+    gated = make_todo(requires_approval=True)
+    assert call(endpoint, "claim", {"todo_id": str(gated.pk)}) == (True, {"error": {
+        "code": "awaiting_approval", "message": f"todo {gated.pk} waits for its operator's "
+        "approval; it cannot be claimed until it is approved"}})
+    assert call(endpoint, "claim_next") == (False, {"empty": True})
+    assert call(endpoint, "list_todos")[1]["todos"] == []
+    _, listed = call(endpoint, "list_todos", {"state": "awaiting_approval"})
+    assert [t["id"] for t in listed["todos"]] == [str(gated.pk)]
+    transitions.approve_todo(transitions.Caller.operator(endpoint, "alice"), gated.pk)
+    _, claimed = call(endpoint, "claim_next")
+    assert claimed["todo"]["id"] == str(gated.pk)
+
+
+def test_a_cancelled_todo_shows_cancelled_at_and_its_holder_gets_lease_lost(endpoint, make_todo):
+    todo = make_todo()
+    _, claimed = call(endpoint, "claim", {"todo_id": str(todo.pk)})
+    transitions.cancel_todo(transitions.Caller.operator(endpoint, "alice"), todo.pk)
+    for verb in ("heartbeat", "complete", "fail"):
+        is_error, refused = call(endpoint, verb, {"todo_id": str(todo.pk),
+                                                  "lease_id": claimed["todo"]["lease_id"]})
+        assert is_error and refused["error"]["code"] == "lease_lost"
+    _, listed = call(endpoint, "list_todos", {"state": "cancelled"})
+    (shown,) = listed["todos"]
+    assert shown["state"] == "cancelled" and shown["cancelled_at"].endswith("Z")
+    assert shown["lease_id"] is None and shown["lease_owner"] is None
+
+
+def test_the_schemas_and_instructions_name_the_new_states_and_code(endpoint):
+    tools = {tool.name: tool for tool in mcp_tools.tools_for(endpoint)}
+    state = tools["list_todos"].input_schema["properties"]["state"]["enum"]
+    assert {"awaiting_approval", "cancelled"} <= set(state)
+    todo = tools["claim"].output_schema["properties"]["todo"]
+    assert {"awaiting_approval", "cancelled"} <= set(todo["properties"]["state"]["enum"])
+    assert "cancelled_at" in todo["properties"]
+    assert "awaiting_approval" in tools["claim"].output_schema["properties"]["error"]["description"]
+    instructions = mcp_tools.build_instructions(endpoint)
+    assert "awaiting_approval" in instructions and "cancelled" in instructions
+    assert len(instructions) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
