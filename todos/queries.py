@@ -4,6 +4,7 @@ import base64
 import hashlib
 import json
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django.db.models import Count, Min, Q, Value
 from django.utils import timezone
@@ -15,7 +16,11 @@ LIST_LIMIT_MAX = 200
 
 
 def iso_time(value):
-    return value.isoformat().replace("+00:00", "Z") if value is not None else None
+    if value is None:
+        return None
+    if value.tzinfo is None:  # SQLite's raw rows are naive UTC
+        value = value.replace(tzinfo=dt_timezone.utc)
+    return value.isoformat().replace("+00:00", "Z")
 
 
 _iso = iso_time
