@@ -28,9 +28,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from endpoints.models import Presence
-from switchboard import statements
+from switchboard import metrics
+from switchboard.db import statements
 
-from . import doorbell_text, metrics, publish, queries, session_notify
+from . import doorbell_text, publish, queries, session_notify
 from . import transitions as session_transitions
 from .session_notify import CHANNEL_METHOD
 

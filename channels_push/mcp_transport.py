@@ -38,9 +38,10 @@ from django.db import DatabaseError
 
 from endpoints.models import hash_credential
 
-from switchboard import health, origins, ratelimit
+from switchboard import health, metrics, ratelimit
+from switchboard.http import origins, plain
 
-from . import doorbells, group_reader, longpoll, mcp_framing, mcp_tools, metrics, plain_http
+from . import doorbells, group_reader, longpoll, mcp_framing, mcp_tools
 from . import transitions as session_transitions
 from .session_notify import (CHANNEL_METHOD, NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE,
                              session_group)
@@ -78,7 +79,7 @@ LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert"
 
 
 @dataclass
-class Answer(plain_http.Answer):
+class Answer(plain.Answer):
     # Set when a DELETE ended a session: the async layer closes its streams everywhere.
     terminated_session: str | None = None
     # Set when a GET may open its stream.
@@ -179,7 +180,7 @@ def _note_accepted(digest: str) -> None:
         _accepted_bearers.pop(next(iter(_accepted_bearers)))
 
 
-def _authorize(request: plain_http.Request, *, rate_limited: bool = True):
+def _authorize(request: plain.Request, *, rate_limited: bool = True):
     """Origin, bearer, rate limit. Returns (endpoint, None) or (None, refusal Answer). The
     request's session is read in the same statement as the bearer (see ``_live_session``).
     ``rate_limited=False``: a woken long poll re-checks its bearer without taking a second
@@ -220,7 +221,7 @@ def _authorize(request: plain_http.Request, *, rate_limited: bool = True):
     return endpoint, None
 
 
-def _session_id_of(request: plain_http.Request) -> str | None:
+def _session_id_of(request: plain.Request) -> str | None:
     """The Mcp-Session-Id header when it could be one of ours, else None."""
     session_id = request.header("mcp-session-id")
     return session_id if session_id and SESSION_ID_RE.match(session_id) else None
@@ -235,7 +236,7 @@ def _version_refusal(version: str, request_id=None) -> Answer:
                   data={"supported": list(SUPPORTED_PROTOCOL_VERSIONS), "requested": version})
 
 
-def _live_session(request: plain_http.Request, endpoint):
+def _live_session(request: plain.Request, endpoint):
     """(session_id, None) for a live session of ``endpoint``, else (None, 400/404 Answer).
     The session was read with the bearer (``find_endpoint_with_session``); this only turns
     that into an answer and refreshes the session's last-seen time when it is due."""
@@ -298,7 +299,7 @@ def _dispatch(endpoint, session_id: str, message) -> dict:
                                       f"Method not found: {message.method}")
 
 
-def answer_post(request: plain_http.Request, *, woken: bool = False) -> Answer:
+def answer_post(request: plain.Request, *, woken: bool = False) -> Answer:
     """One JSON-RPC message in, one JSON answer out (or 202 for notifications/responses).
     A long poll that was woken runs its request again (``woken``): bearer, session and the
     claim are all checked afresh, since any of them may have changed while it waited."""
@@ -336,7 +337,7 @@ def answer_post(request: plain_http.Request, *, woken: bool = False) -> Answer:
     return answer
 
 
-def release_claim_of_departed_client(request: plain_http.Request, answer: Answer) -> None:
+def release_claim_of_departed_client(request: plain.Request, answer: Answer) -> None:
     """The client of a woken long poll left between the claim and its answer: the claim is
     given back (the bearer is checked again: a client gone is no reason to act for a revoked
     one)."""
@@ -350,7 +351,7 @@ def release_claim_of_departed_client(request: plain_http.Request, answer: Answer
                  extra={"slug": request.slug, "todo_id": released})
 
 
-def answer_delete(request: plain_http.Request) -> Answer:
+def answer_delete(request: plain.Request) -> Answer:
     """End the session; its streams (on any process) are closed by the caller's group send."""
     endpoint, refusal = _authorize(request)
     if refusal:
@@ -365,7 +366,7 @@ def answer_delete(request: plain_http.Request) -> Answer:
     return Answer(204, terminated_session=session_id)
 
 
-def open_stream(request: plain_http.Request, heartbeat: StreamHeartbeat | None = None) -> Answer:
+def open_stream(request: plain.Request, heartbeat: StreamHeartbeat | None = None) -> Answer:
     """Checks for GET; on success counts the stream on the session (attached to this process's
     ``heartbeat`` host, whose lease then keeps it counting as open) and says which to open."""
     endpoint, refusal = _authorize(request)
@@ -453,54 +454,54 @@ class McpEndpoint:
     def _sync(self, function):
         # One wrapper per function for the life of the app: building one checks the function
         # and copies its attributes, a cost worth paying once, not on every request. In the
-        # thread pool the handlers take the lean hop (plain_http.in_thread_pool: the same
+        # thread pool the handlers take the lean hop (plain.in_thread_pool: the same
         # connection hygiene, without asgiref's context plumbing they do not use).
         wrapped = self._wrapped.get(function)
         if wrapped is None:
-            wrapped = self._wrapped[function] = plain_http.sync_hop(
+            wrapped = self._wrapped[function] = plain.sync_hop(
                 function, thread_sensitive=self.thread_sensitive)
         return wrapped
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return
-        request = plain_http.request_from_scope(scope)
+        request = plain.request_from_scope(scope)
         try:
-            # Host before anything else, as every route does (plain_http.AllowedHostsOnly),
+            # Host before anything else, as every route does (plain.AllowedHostsOnly),
             # checked here on the request this call decodes anyway.
-            if not plain_http.host_allowed(request, scope):
-                await plain_http.send_answer(send, plain_http.host_refusal())
+            if not plain.host_allowed(request, scope):
+                await plain.send_answer(send, plain.host_refusal())
                 return
             if request.method not in ("GET", "POST", "DELETE"):
-                await plain_http.send_answer(send, _fault(
+                await plain.send_answer(send, _fault(
                     405, "Method Not Allowed", headers={"Allow": ALLOWED_METHODS}))
                 return
-            too_large = await plain_http.read_body(request, receive,
+            too_large = await plain.read_body(request, receive,
                                                    settings.SWITCHBOARD_MAX_BODY_BYTES)
             if too_large:
-                await plain_http.send_answer(send, _fault(413, "Payload Too Large"))
+                await plain.send_answer(send, _fault(413, "Payload Too Large"))
                 return
             if request.method == "POST":
                 started = asyncio.get_running_loop().time()
                 answer = await self._sync(answer_post)(request)
                 if answer.long_poll is None:
-                    await plain_http.send_answer(send, answer)
+                    await plain.send_answer(send, answer)
                 else:
                     await self._long_poll(request, answer, started, receive, send)
                 for session_id in answer.evicted_sessions:
                     await _close_session_streams(session_id)
             elif request.method == "DELETE":
                 answer = await self._sync(answer_delete)(request)
-                await plain_http.send_answer(send, answer)
+                await plain.send_answer(send, answer)
                 if answer.terminated_session:
                     await _close_session_streams(answer.terminated_session)
             else:
                 answer = await self._sync(open_stream)(request, self.heartbeat)
                 if answer.stream_session is None:
-                    await plain_http.send_answer(send, answer)
+                    await plain.send_answer(send, answer)
                 else:
                     await self._stream(answer, receive, send)
-        except plain_http.ClientGone:
+        except plain.ClientGone:
             return  # nobody to answer, and nothing was run
         except health.UNAVAILABLE_ERRORS as exc:
             # PostgreSQL unreachable (or failing): nothing was done, so say "retry" (503 +
@@ -508,7 +509,7 @@ class McpEndpoint:
             await database_sync_to_async(health.note_database_unavailable)(
                 exc, route="mcp", slug=request.slug, method=request.method)
             try:
-                await plain_http.send_answer(send, _fault(
+                await plain.send_answer(send, _fault(
                     503, "Service Unavailable: the database is unreachable; retry",
                     code=mcp_framing.INTERNAL_ERROR, headers=health.unavailable_headers()))
             except Exception:  # the response had already started; nothing more to say
@@ -517,7 +518,7 @@ class McpEndpoint:
             log.exception("mcp request failed", extra={"slug": request.slug,
                                                        "method": request.method})
             try:
-                await plain_http.send_answer(send, _fault(500, "Internal error",
+                await plain.send_answer(send, _fault(500, "Internal error",
                                                           code=mcp_framing.INTERNAL_ERROR))
             except Exception:  # the response had already started; nothing more to say
                 pass
@@ -612,7 +613,7 @@ class McpEndpoint:
             # Refused before waiting; the first claim found nothing, so nothing was written.
             log.info("mcp long poll refused: at its cap",
                      extra={"slug": request.slug, "session": (poll.session_id or "")[:8]})
-            await plain_http.send_answer(send, _json_answer(200, mcp_framing.result_envelope(
+            await plain.send_answer(send, _json_answer(200, mcp_framing.result_envelope(
                 request_id, mcp_tools.refusal_result("at_capacity", over_cap)),
                 {"Mcp-Session-Id": answer.headers["Mcp-Session-Id"]}))
             return
@@ -662,7 +663,7 @@ class McpEndpoint:
                     await self._sync(release_claim_of_departed_client)(request, answer)
                     return
             if not streaming:
-                await plain_http.send_answer(send, answer)
+                await plain.send_answer(send, answer)
                 return
             envelope = json.loads(answer.body)
             if envelope.get("id") is None:  # a refusal built before the id was read

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 
-from switchboard import statements
+from switchboard.db import statements
 
 from .models import Endpoint, hash_credential
 
@@ -57,7 +57,7 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
     params = {**(join_params or {}), "slug": slug, "digest": hash_credential(credential),
               "now": connection.ops.adapt_datetimefield_value(now)}
     sql = _credential_lookup_sql(join_sql, tuple(extra.values()))
-    # Server-side binding, prepared (switchboard/statements.py): the text is fixed per caller,
+    # Server-side binding, prepared (switchboard/db/statements.py): the text is fixed per caller,
     # and planning it on every request cost more than running it (profiled: ~150 µs client +
     # ~230 µs PostgreSQL per MCP request unprepared, ~40 + ~25 prepared). On PostgreSQL the row
     # is read with psycopg's own loaders (statements.fetch_rows): half the lookup's CPU.

@@ -9,7 +9,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from endpoints.models import Endpoint
-from switchboard import statements
+from switchboard.db import statements
 from todos.models import State, Todo
 from todos.transitions import Refusal
 

@@ -27,7 +27,8 @@ from django.utils import timezone
 
 from channels_push import publish
 from endpoints.models import queue_name_validator
-from switchboard import ratelimit, statements
+from switchboard import ratelimit
+from switchboard.db import statements
 from todos import transitions as todo_transitions
 
 from . import actors, titles

@@ -7,9 +7,9 @@ check has passed: size (by Content-Length, then by a bounded read), webhook look
 signature, then parsing, then the one write.
 
 The hook is the hot path: ``answer_hook`` is a plain function from a
-``channels_push.plain_http.Request`` to an ``Answer``, served straight from ASGI
+``switchboard.http.plain.Request`` to an ``Answer``, served straight from ASGI
 (``switchboard/asgi.py``) in one thread hop, without Django's request machinery (see
-plain_http for why and what it keeps). The operator API is an ordinary Django view: it needs
+switchboard/http/plain.py for why and what it keeps). The operator API is an ordinary Django view: it needs
 sessions, CSRF and OIDC sign-in, and is not a hot path.
 """
 
@@ -34,8 +34,8 @@ from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 from django.views.decorators.csrf import csrf_exempt
 
-from channels_push import metrics as push_metrics
-from channels_push import plain_http
+from switchboard import metrics as push_metrics
+from switchboard.http import plain
 from channels_push import queries as push_queries
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import health, json_input, ratelimit
@@ -99,12 +99,12 @@ class Problem(Exception):
             answer[name] = value
         return answer
 
-    def answer(self) -> plain_http.Answer:
-        return plain_http.json_answer(self.status, self.payload(), self.headers)
+    def answer(self) -> plain.Answer:
+        return plain.json_answer(self.status, self.payload(), self.headers)
 
 
-def refusal_answer(status: int, code: str, message: str) -> plain_http.Answer:
-    """Answers plain_http gives without calling ``answer_hook`` (bad Host, internal error)."""
+def refusal_answer(status: int, code: str, message: str) -> plain.Answer:
+    """Answers switchboard.http.plain gives without calling ``answer_hook`` (bad Host, internal error)."""
     return Problem(status, code, message).answer()
 
 
@@ -421,7 +421,7 @@ def _answer_url_verification(webhook, request, body: bytes, payload: dict, now):
         observe=lambda: dataclasses.replace(_observe(request, body), kind="url_verification"),
         reason="url_verification: challenge answered, no todo")
     log.info("slack url_verification answered", extra={"webhook": webhook.slug})
-    return plain_http.json_answer(200, {"challenge": challenge})
+    return plain.json_answer(200, {"challenge": challenge})
 
 
 def _retry_note(webhook, request) -> str:
@@ -453,9 +453,9 @@ def _duplicate_answer(event_id) -> dict:
     }
 
 
-def answer_hook(request: plain_http.Request) -> plain_http.Answer:
+def answer_hook(request: plain.Request) -> plain.Answer:
     """Verify one delivery and turn it into todos (202), or say why not. Runs in one thread
-    hop (plain_http): lookup, verification, rate limit and the one write. Every request naming
+    hop (switchboard.http.plain): lookup, verification, rate limit and the one write. Every request naming
     a webhook is logged (``DeliveryRecord``): accepted ones in the delivery's own statement,
     refused ones capped per minute (``transitions.record_refused``)."""
     webhook_slug = request.slug
@@ -516,7 +516,7 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
                                        observe=lambda: observed, now=now,
                                        todo_ids=[t["id"] for t in answer["todos"]],
                                        reason="this signed request was already accepted")
-            return plain_http.json_answer(202, answer)
+            return plain.json_answer(202, answer)
     except Problem as problem:
         push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
         if webhook is not None:
@@ -543,8 +543,8 @@ def answer_hook(request: plain_http.Request) -> plain_http.Answer:
     if webhook.source == Source.UNSIGNED:
         # Anyone who knows the URL may post here: they learn that it was taken, not which
         # endpoints and queues it reached or the ids of the rows it made.
-        return plain_http.json_answer(202, UNSIGNED_ACCEPTED)
-    return plain_http.json_answer(202, _arrival_answer(arrival))
+        return plain.json_answer(202, UNSIGNED_ACCEPTED)
+    return plain.json_answer(202, _arrival_answer(arrival))
 
 
 # -- POST /api/v1/endpoints/<slug>/todos --------------------------------------------------------

@@ -2,9 +2,9 @@
 
 Long-lived streams (the MCP endpoint, the board's SSE) are plain ASGI apps that keep their own
 channel-layer groups (channels_push.group_reader); the webhook
-hooks are a plain ASGI app (channels_push.plain_http: the hot path, without Django's request
+hooks are a plain ASGI app (switchboard.http.plain: the hot path, without Django's request
 machinery); everything else is Django's ASGI handler. Every route checks the Host header
-against ALLOWED_HOSTS (plain_http.AllowedHostsOnly, or the MCP endpoint's and SyncHandlerApp's
+against ALLOWED_HOSTS (plain.AllowedHostsOnly, or the MCP endpoint's and SyncHandlerApp's
 own check).
 """
 
@@ -21,9 +21,9 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from channels_push import board_stream, mcp_transport, plain_http, publish  # noqa: E402
+from channels_push import board_stream, mcp_transport, publish  # noqa: E402
 from ingest import views as ingest_views  # noqa: E402
-from switchboard import client_address, daphne_tuning  # noqa: E402
+from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 
 daphne_tuning.skip_form_parsing()
 
@@ -33,21 +33,21 @@ http_routes = [
     re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
     # The Todos board's live stream (issue 7): session-authenticated like the board itself,
     # re-checked on every keep-alive (CONTRACT §12).
-    re_path(r"^todos/events$", plain_http.AllowedHostsOnly(board_stream.application())),
+    re_path(r"^todos/events$", plain.AllowedHostsOnly(board_stream.application())),
     # A webhook page's live delivery log (§14): a board stream of one group per webhook, with
     # the board's caps and re-checks.
-    re_path(r"^todos/webhooks/(?P<slug>[-a-zA-Z0-9_]+)/events$", plain_http.AllowedHostsOnly(
+    re_path(r"^todos/webhooks/(?P<slug>[-a-zA-Z0-9_]+)/events$", plain.AllowedHostsOnly(
         board_stream.group_stream_application(ingest_views.delivery_stream_group))),
     # Webhook deliveries (§5), /hooks/<webhook_slug>: any slug text is captured so that an
     # unknown one gets ingest's JSON 404.
     re_path(ingest_views.HOOK_ROUTE_PATTERN,
-            plain_http.SyncHandlerApp(ingest_views.answer_hook, ingest_views.refusal_answer)),
+            plain.SyncHandlerApp(ingest_views.answer_hook, ingest_views.refusal_answer)),
     # Everything else is Django. Static files (the admin's CSS and JS) are served from the
     # installed apps by Django's own handler: switchboard's static files are a few admin
     # assets, not worth a separate server or collectstatic step; put a CDN or proxy cache in
     # front in production if you like.
     # Django checks the Host of its views itself; the static files handler does not.
-    re_path(r"", plain_http.AllowedHostsOnly(ASGIStaticFilesHandler(django_asgi_app))),
+    re_path(r"", plain.AllowedHostsOnly(ASGIStaticFilesHandler(django_asgi_app))),
 ]
 
 router = ProtocolTypeRouter({"http": URLRouter(http_routes)})

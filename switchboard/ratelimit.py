@@ -237,7 +237,7 @@ def give_back_token(scope: str, key: str, *, per_minute: int) -> None:
 # shared Redis bucket above); once it is empty this process also remembers the address until
 # the bucket refills, so later requests from it are refused before any database query, at the
 # cost of a dict lookup on every request. Behind a reverse proxy the address must be the
-# client's (SWITCHBOARD_TRUSTED_PROXIES, switchboard/client_address.py), or every client
+# client's (SWITCHBOARD_TRUSTED_PROXIES, switchboard/http/client_address.py), or every client
 # shares the proxy's budget.
 
 _failing_lock = threading.Lock()

@@ -18,7 +18,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from switchboard import db_pool, origins
+from switchboard.db import pool_check
+from switchboard.http import origins
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("SWITCHBOARD_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -210,7 +211,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "switchboard.csp.ContentSecurityPolicyMiddleware",
+    "switchboard.http.csp.ContentSecurityPolicyMiddleware",
     # Last, as django-axes requires: turns a locked-out sign-in into its 429 answer.
     "axes.middleware.AxesMiddleware",
 ]
@@ -274,9 +275,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     # Django turns psycopg's prepared statements off (prepare_threshold None), and then even an
     # explicit prepare=True is ignored. The hot statements (the todo transitions, the bearer
-    # check, the webhook lookup: switchboard/statements.py, fetch_rows) prepare on first use,
+    # check, the webhook lookup: switchboard/db/statements.py, fetch_rows) prepare on first use,
     # and the hook's other server-binding statements
-    # (switchboard/statements.py) are prepared after 5 runs; the ORM's own queries use
+    # (switchboard/db/statements.py) are prepared after 5 runs; the ORM's own queries use
     # client-side binding, which never prepares, so this changes nothing else.
     # DATABASE_PREPARED_STATEMENTS=false turns both off, for a connection pooler in front that
     # does not carry prepared statements (PgBouncer in transaction mode without
@@ -296,15 +297,15 @@ else:
             # closes the inherited pool in each child).
             "min_size": min(2, _pool_max), "max_size": _pool_max, "timeout": 5,
             # No ``reset`` callback: with one, every return goes through the pool's worker
-            # thread (switchboard/db_pool.py says why that matters).
+            # thread (switchboard/db/pool_check.py says why that matters).
         }
         # With a pool, Django passes ConnectionPool.check_connection on as the pool's check: a
         # connection is tested when it is handed out. Without it, a restarted PostgreSQL
         # leaves every pooled connection dead and each one fails one request before the pool
-        # drops it (system suite). db_pool's version spares the round trip for a connection
+        # drops it (system suite). pool_check's version spares the round trip for a connection
         # handed out moments ago whose socket is quiet.
         DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-        db_pool.install_check()
+        pool_check.install_check()
     else:
         DATABASES["default"]["CONN_MAX_AGE"] = _typed("CONN_MAX_AGE", env.int, 60, minimum=0)
         # A restarted PostgreSQL leaves dead persistent connections behind; check before reuse.
@@ -319,10 +320,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 SWITCHBOARD_PRODUCTION = not EMBEDDED and not DEBUG
 # Windows per endpoint shift schedule (§12): a clock in/out derives them all under a row lock.
 SWITCHBOARD_MAX_SHIFT_WINDOWS = _typed("SWITCHBOARD_MAX_SHIFT_WINDOWS", env.int, 50, minimum=1)
-# Reverse proxies whose X-Forwarded-For is believed (switchboard/client_address.py): addresses,
+# Reverse proxies whose X-Forwarded-For is believed (switchboard/http/client_address.py): addresses,
 # networks, or "unix" for daphne on a unix socket. Empty: the peer is the client.
 SWITCHBOARD_TRUSTED_PROXIES = _typed("SWITCHBOARD_TRUSTED_PROXIES", env.list, [])
-from switchboard.client_address import parse_trusted_proxies  # noqa: E402 - checked at start
+from switchboard.http.client_address import parse_trusted_proxies  # noqa: E402 - checked at start
 
 parse_trusted_proxies(tuple(SWITCHBOARD_TRUSTED_PROXIES))
 if SWITCHBOARD_PRODUCTION:
@@ -451,7 +452,7 @@ if HTTPS:
     SECURE_HSTS_PRELOAD = _typed("SWITCHBOARD_HSTS_PRELOAD", env.bool, False)
     SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
 # No inline script or style anywhere (the board's script and style are files), so the policy
-# needs no 'unsafe-inline'. Sent on every Django page (switchboard.csp).
+# needs no 'unsafe-inline'. Sent on every Django page (switchboard.http.csp).
 CONTENT_SECURITY_POLICY = ("default-src 'self'; frame-ancestors 'none'; base-uri 'self'; "
                            "object-src 'none'")
 

@@ -1,9 +1,9 @@
-"""switchboard/client_address.py: X-Forwarded-For is believed only from a trusted proxy."""
+"""switchboard/http/client_address.py: X-Forwarded-For is believed only from a trusted proxy."""
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from switchboard.client_address import find_client_address, scope_with_client_address
+from switchboard.http.client_address import find_client_address, scope_with_client_address
 
 
 def test_without_trusted_proxies_the_header_is_ignored(settings):

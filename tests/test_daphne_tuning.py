@@ -1,4 +1,4 @@
-"""switchboard/daphne_tuning.py against a real daphne: twisted no longer parses POST forms."""
+"""switchboard/http/daphne_tuning.py against a real daphne: twisted no longer parses POST forms."""
 
 import httpx
 import pytest

@@ -1,4 +1,4 @@
-"""switchboard/db_pool.py: the pool's check trusts a connection handed out moments ago whose
+"""switchboard/db/pool_check.py: the pool's check trusts a connection handed out moments ago whose
 socket is quiet, and tests every other one (a terminated backend is never handed out); a
 connection comes back to the pool in the returning thread."""
 
@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from psycopg_pool import ConnectionPool
 
-from switchboard import db_pool
+from switchboard.db import pool_check
 
 
 @pytest.fixture
@@ -26,44 +26,44 @@ def raw_connection(db):
 @pytest.fixture
 def full_checks(monkeypatch):
     calls = []
-    real = db_pool._empty_query_check
-    monkeypatch.setattr(db_pool, "_empty_query_check", lambda conn: (calls.append(conn), real(conn)))
+    real = pool_check._empty_query_check
+    monkeypatch.setattr(pool_check, "_empty_query_check", lambda conn: (calls.append(conn), real(conn)))
     return calls
 
 
 def test_a_connection_handed_out_moments_ago_and_quiet_is_handed_out_without_a_query(
         raw_connection, full_checks):
-    db_pool.check_pooled_connection(raw_connection)  # never handed out: checked
-    db_pool.check_pooled_connection(raw_connection)
+    pool_check.check_pooled_connection(raw_connection)  # never handed out: checked
+    pool_check.check_pooled_connection(raw_connection)
     assert full_checks == [raw_connection]
 
 
 def test_a_connection_handed_out_long_ago_gets_the_full_check(raw_connection, full_checks,
                                                               monkeypatch):
-    db_pool.check_pooled_connection(raw_connection)
-    later = time.monotonic() + db_pool.TRUSTED_AFTER_HAND_OUT_SECONDS + 1
-    monkeypatch.setattr(db_pool.time, "monotonic", lambda: later)
-    db_pool.check_pooled_connection(raw_connection)
+    pool_check.check_pooled_connection(raw_connection)
+    later = time.monotonic() + pool_check.TRUSTED_AFTER_HAND_OUT_SECONDS + 1
+    monkeypatch.setattr(pool_check.time, "monotonic", lambda: later)
+    pool_check.check_pooled_connection(raw_connection)
     assert full_checks == [raw_connection, raw_connection]
 
 
 def test_a_terminated_backend_is_refused_even_just_after_a_hand_out(raw_connection):
-    db_pool.check_pooled_connection(raw_connection)
+    pool_check.check_pooled_connection(raw_connection)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [raw_connection.info.backend_pid])
     deadline = time.monotonic() + 5
-    while db_pool._socket_quiet(raw_connection):  # the goodbye arrives
+    while pool_check._socket_quiet(raw_connection):  # the goodbye arrives
         assert time.monotonic() < deadline
         time.sleep(0.01)  # poll interval, bounded by the deadline above
     with pytest.raises(psycopg.OperationalError):
-        db_pool.check_pooled_connection(raw_connection)
+        pool_check.check_pooled_connection(raw_connection)
 
 
 def test_the_pool_django_builds_uses_this_check_and_takes_returns_back_in_the_caller(db):
     if connection.vendor != "postgresql" or not connection.pool:
         pytest.skip("no pool configured (SQLite, or DATABASE_POOL_MAX_SIZE=0)")
     pool = connection.pool
-    assert pool._check is db_pool.check_pooled_connection
+    assert pool._check is pool_check.check_pooled_connection
     # No ``reset`` callback, so no hand-off to the pool's worker thread: the connection is
     # available again as soon as putconn returns (with one it was still in the worker's queue).
     conn = pool.getconn()

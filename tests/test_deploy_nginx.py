@@ -77,7 +77,7 @@ http {{
 def test_the_procfile_web_processes_listen_only_behind_the_proxy():
     """daphne binds loopback (or a unix socket): only the proxy reaches it. And it is not told
     to believe proxy headers itself: daphne's --proxy-headers takes the left-most
-    X-Forwarded-For hop, which the client writes (switchboard/client_address.py instead)."""
+    X-Forwarded-For hop, which the client writes (switchboard/http/client_address.py instead)."""
     from tests.system.topology import procfile_web_argv
 
     argv = procfile_web_argv(8000)

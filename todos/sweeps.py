@@ -39,7 +39,7 @@ def promote_due_retries(*, now=None) -> int:
 FOLD_BATCH = 20_000
 # How long after its ``at`` an event's transaction may still be open (ids are taken before
 # commit): only events older than twice this are folded, as /metrics does
-# (channels_push/metrics.py). The board counts the rest itself from the events.
+# (switchboard/metrics.py). The board counts the rest itself from the events.
 FOLD_SETTLE_TIME = timedelta(seconds=60)
 # Minute buckets serve the last hour, hour buckets the last day; kept a margin longer.
 KEEP_MINUTE_BUCKETS = timedelta(hours=2)

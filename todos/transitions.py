@@ -29,8 +29,9 @@ from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from channels_push import publish
-from switchboard import json_input, statements
-from switchboard.statements import is_postgres as _is_postgres
+from switchboard import json_input
+from switchboard.db import statements
+from switchboard.db.statements import is_postgres as _is_postgres
 
 from . import queries
 from .models import (MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT,

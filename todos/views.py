@@ -571,7 +571,7 @@ def limit_endpoint(request, slug):
 # /metrics labels name every operator's endpoints and queues, which one operator must not read
 # about another's (every operator is staff): it answers a scraper's bearer token or a superuser.
 # With no token configured it is off in production; the embedded default answers loopback
-# scrapers (REMOTE_ADDR is the client's, not a trusted proxy's: switchboard/client_address.py).
+# scrapers (REMOTE_ADDR is the client's, not a trusted proxy's: switchboard/http/client_address.py).
 LOOPBACK_ADDRESSES = frozenset({"127.0.0.1", "::1"})
 
 
@@ -608,7 +608,7 @@ def metrics(request):
     (without a token: nobody else in production, loopback on the embedded default)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    from channels_push import metrics as push_metrics
+    from switchboard import metrics as push_metrics
 
     refusal = _refuse_metrics(request)
     if refusal is not None:

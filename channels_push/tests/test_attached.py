@@ -15,7 +15,8 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from tests.factories import credential_for
-from channels_push import doorbells, metrics, session_notify, sweeps
+from channels_push import doorbells, session_notify, sweeps
+from switchboard import metrics
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo

@@ -242,7 +242,7 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
         return frames, drops()
 
     caplog.set_level(logging.INFO)
-    from channels_push import metrics
+    from switchboard import metrics
 
     sent_before = metrics.DOORBELLS_SENT._value.get()
     dropped_before = metrics.DOORBELLS_DROPPED._value.get()
@@ -430,7 +430,7 @@ def test_a_doorbell_lost_to_an_unreachable_redis_is_counted_and_logged_once_as_d
     """Redis is down (the channel layer points at a closed port): the doorbell is one INFO line
     "doorbell dropped" with its context, never also "doorbell rung" or a second "publish
     dropped" line, and the /metrics drop counter moves (the sent one does not)."""
-    from channels_push import metrics
+    from switchboard import metrics
 
     endpoint, credential = vend("redis-gone")
     session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from channels_push import mcp_framing, mcp_transport
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver
-from switchboard import origins
+from switchboard.http import origins
 from todos import transitions
 from todos.models import Todo, TodoEvent
 

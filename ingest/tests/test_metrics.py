@@ -1,4 +1,4 @@
-"""Ingest moves the /metrics ingest counters (in-process, channels_push.metrics)."""
+"""Ingest moves the /metrics ingest counters (in-process, switchboard.metrics)."""
 
 import json
 

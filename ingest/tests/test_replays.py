@@ -155,7 +155,7 @@ def test_prune_replay_ledger_runs_in_the_embedded_scheduler_and_the_beat_schedul
 
 def test_the_delivery_event_ledger_entry_and_log_record_are_one_statement_on_postgres(
         make_webhook, django_assert_num_queries):
-    from switchboard import statements
+    from switchboard.db import statements
 
     webhook = make_webhook("github")
     github_post(webhook, signing.body_of(ISSUE))  # warm up

@@ -14,7 +14,7 @@ from django.db import IntegrityError, connection
 
 from ingest import transitions
 from ingest.models import DeliveryEvent, Route
-from switchboard import statements
+from switchboard.db import statements
 from todos import transitions as todo_transitions
 from todos.models import Todo
 

@@ -359,12 +359,12 @@ def test_an_unexpected_error_is_500_json_without_the_body(make_webhook, monkeypa
 
 def test_the_asgi_routing_serves_hooks_with_answer_hook():
     """hook_client mirrors production: the same pattern and handler, routed in asgi.py."""
-    from channels_push import plain_http
+    from switchboard.http import plain
     from ingest import views
     from switchboard import asgi
 
     [route] = [r for r in asgi.http_routes if r.pattern.regex.pattern == views.HOOK_ROUTE_PATTERN]
-    assert isinstance(route.callback, plain_http.SyncHandlerApp)
+    assert isinstance(route.callback, plain.SyncHandlerApp)
     assert route.callback.handler is views.answer_hook
 
 

@@ -7,7 +7,7 @@ from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from channels_push import metrics as push_metrics
+from switchboard import metrics as push_metrics
 from tests.factories import EndpointFactory, UserFactory
 from todos import sweeps, transitions
 

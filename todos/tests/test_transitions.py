@@ -538,7 +538,7 @@ def test_transition_statements_are_prepared_once_per_connection_on_postgresql(ag
 
 def test_transitions_return_todos_equal_to_what_the_orm_reads(agent, make_todo):
     """The transitions build their Todo rows on their own path (todos/transitions.py
-    _todo_from_row; switchboard/statements.py fetch_rows): every field must match the ORM's reading of the row,
+    _todo_from_row; switchboard/db/statements.py fetch_rows): every field must match the ORM's reading of the row,
     aware datetimes and decoded JSON included, and the instance must behave like a loaded one."""
     from datetime import timezone as dt_timezone
 

@@ -11,7 +11,7 @@ Two kinds, on purpose:
 * In-process counters for things the database does not record (a doorbell written to a stream,
   a webhook rejected before anything is stored). Other apps import and increment them:
 
-      from channels_push import metrics
+      from switchboard import metrics
       metrics.DOORBELLS_SENT.inc()
       metrics.DOORBELLS_DROPPED.inc()
       metrics.INGEST_ACCEPTED.labels(source="github").inc()

@@ -8,7 +8,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.testing import HttpCommunicator
 
-from channels_push import plain_http
+from switchboard.http import plain
 from channels_push.tests.conftest import ACCEPT_BOTH
 from switchboard.asgi import application
 
@@ -63,7 +63,7 @@ def test_the_lean_thread_hop_runs_the_handler_off_the_loop_with_its_arguments():
         return first, woken, threading.current_thread()
 
     async def scenario():
-        hop = plain_http.in_thread_pool(handler)
+        hop = plain.in_thread_pool(handler)
         first, woken, thread = await hop("request", woken=True)
         assert (first, woken) == ("request", True)
         assert thread is not threading.current_thread()

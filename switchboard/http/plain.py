@@ -45,7 +45,7 @@ class Request:
     body: bytes = b""
     # The body passed the size cap (by Content-Length or as read); reading stopped there.
     too_large: bool = False
-    # The client's address (ASGI ``client``, which switchboard/client_address.py has made the
+    # The client's address (ASGI ``client``, which switchboard/http/client_address.py has made the
     # client's own behind a trusted proxy).
     client: str = ""
 
