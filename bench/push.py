@@ -66,7 +66,9 @@ SECRET = "bench-push-secret-0123456789abcdef"
 # session cap (CONTRACT §12, default 32) along with the rate limits.
 UNTHROTTLED = {"SWITCHBOARD_INGEST_RATE_PER_MINUTE": "100000000",
                "SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
-               "SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL": "100000"}
+               "SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL": "100000",
+               # The 500-waiter line parks every long poll under one credential.
+               "SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL": "100000"}
 
 
 def prepare(run_id: str, kind: str = "push"):
