@@ -5,7 +5,8 @@ class ChannelsPushConfig(AppConfig):
     name = "channels_push"
 
     def ready(self):
-        from . import doorbells, publish
+        from channels_push.doorbells import doorbells
+        from channels_push.bus import publish
 
         # The doorbell rides the one after-commit publish path (STYLE: side effects only after
         # commit): a ready todo rings once its transaction has committed, never before.

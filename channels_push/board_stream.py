@@ -56,7 +56,9 @@ from django.utils.crypto import constant_time_compare
 
 from switchboard import health
 
-from . import group_reader, holders, publish
+from channels_push.bus import group_reader
+from channels_push.sessions import holders
+from channels_push.bus import publish
 
 log = logging.getLogger("switchboard.board_stream")
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from channels.layers import get_channel_layer
 
-from . import publish
+from channels_push.bus import publish
 
 log = logging.getLogger("switchboard.longpoll")
 

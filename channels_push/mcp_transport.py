@@ -41,7 +41,9 @@ from endpoints.models import hash_credential
 from switchboard import health, metrics, ratelimit
 from switchboard.http import origins, plain
 
-from . import doorbells, group_reader, longpoll, mcp_framing, mcp_tools
+from . import longpoll, mcp_framing, mcp_tools
+from channels_push.doorbells import doorbells
+from channels_push.bus import group_reader
 from . import transitions as session_transitions
 from .session_notify import (CHANNEL_METHOD, NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE,
                              session_group)

@@ -3,7 +3,8 @@ doorbell (which decides who is rung) and the MCP transport (which owns the strea
 Both import this module and neither imports the other for it, so there is no import circle.
 """
 
-from . import mcp_framing, publish
+from . import mcp_framing
+from channels_push.bus import publish
 
 # The doorbell's JSON-RPC method (CONTRACT §7): Claude Code's channel extension.
 CHANNEL_METHOD = "notifications/claude/channel"

@@ -25,7 +25,8 @@ from channels.db import database_sync_to_async
 
 from switchboard import health
 
-from . import models, queries
+from . import models
+from channels_push.sessions import queries
 from . import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")

@@ -8,7 +8,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from . import doorbells, publish, queries
+from channels_push.doorbells import doorbells
+from channels_push.bus import publish
+from channels_push.sessions import queries
 from . import transitions as session_transitions
 
 from endpoints import transitions as endpoint_transitions

@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from endpoints import queries as endpoint_queries
 
-from . import holders, queries
+from channels_push.sessions import holders
+from channels_push.sessions import queries
 from .models import McpSession, StreamAttachment, StreamHost
 
 

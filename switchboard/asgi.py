@@ -21,7 +21,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from channels_push import board_stream, mcp_transport, publish  # noqa: E402
+from channels_push import board_stream, mcp_transport  # noqa: E402
+from channels_push.bus import publish
 from ingest import views as ingest_views  # noqa: E402
 from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from channels_push import publish, session_notify
+from channels_push import session_notify
+from channels_push.bus import publish
 from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from tests.factories import UserFactory

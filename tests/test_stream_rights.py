@@ -219,7 +219,7 @@ def stream_open_sessions(endpoint) -> set:
     from django.db import connection
     from django.utils import timezone
 
-    from channels_push import queries
+    from channels_push.sessions import queries
 
     params = {"endpoint_id": endpoint.pk}
     sql = ("SELECT s.id FROM channels_push_mcpsession s WHERE s.endpoint_id = %(endpoint_id)s"

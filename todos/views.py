@@ -30,8 +30,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from channels_push import holders
-from channels_push import queries as push_queries
+from channels_push.sessions import holders
+from channels_push.sessions import queries as push_queries
 from endpoints import connect_snippets
 from endpoints import queries as endpoint_queries
 from endpoints import transitions as endpoint_transitions

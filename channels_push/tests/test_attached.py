@@ -15,7 +15,8 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from tests.factories import credential_for
-from channels_push import doorbells, session_notify, sweeps
+from channels_push import session_notify, sweeps
+from channels_push.doorbells import doorbells
 from switchboard import metrics
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
@@ -77,7 +78,7 @@ def test_an_open_stream_counts_only_while_a_lease_runs(endpoint):
     """A keep-alive does not write the session row: an open stream counts while the lease its
     attach granted runs, or while the process holding it renews its host lease (one row for
     all its streams); a count left by a process that died stops counting when both ran out."""
-    from channels_push import queries
+    from channels_push.sessions import queries
 
     now = timezone.now()
     opened = now - timedelta(hours=1)
@@ -219,9 +220,9 @@ def _imports(module: str) -> set:
 
 
 def test_doorbells_transport_and_tools_do_not_import_each_other_in_a_circle():
-    assert "mcp_transport" not in _imports("doorbells")
+    assert "mcp_transport" not in _imports("doorbells/doorbells")
     assert "doorbells" not in _imports("mcp_tools")
-    assert "session_notify" in _imports("doorbells") & _imports("mcp_transport")
+    assert "session_notify" in _imports("doorbells/doorbells") & _imports("mcp_transport")
 
 
 @pytest.mark.django_db

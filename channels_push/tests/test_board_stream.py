@@ -15,7 +15,8 @@ from channels.testing import ApplicationCommunicator
 from django.conf import settings
 from django.db import transaction
 
-from channels_push import board_stream, publish
+from channels_push import board_stream
+from channels_push.bus import publish
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
 from todos.models import Trust

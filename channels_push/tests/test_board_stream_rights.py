@@ -10,7 +10,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.test import override_settings
 
-from channels_push import board_stream, publish
+from channels_push import board_stream
+from channels_push.bus import publish
 from channels_push.tests.test_board_stream import WAIT_SECONDS, Stream, create, run
 from endpoints.models import Endpoint
 from tests.factories import EndpointFactory, UserFactory

@@ -22,7 +22,9 @@ from django.urls import re_path
 from django.utils import timezone
 
 from tests.factories import credential_for
-from channels_push import doorbells, mcp_transport, publish
+from channels_push import mcp_transport
+from channels_push.doorbells import doorbells
+from channels_push.bus import publish
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo

@@ -97,7 +97,8 @@ def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_include
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
-    from channels_push import publish, session_notify
+    from channels_push import session_notify
+    from channels_push.bus import publish
 
     session = attach(endpoint, stream=True)
     # A sweep a minute apart through the first two hours, then hourly for two days.
@@ -283,7 +284,7 @@ def test_a_command_waits_for_its_in_flight_sends_before_exiting(tmp_path):
     marker = tmp_path / "sent"
     script = (
         "import asyncio, django; django.setup()\n"
-        "from channels_push import publish\n"
+        "from channels_push.bus import publish\n"
         "async def slow_send():\n"
         "    await asyncio.sleep(0.5)  # a Redis round trip that takes a while\n"
         f"    open({str(marker)!r}, 'w').write('sent')\n"
@@ -297,7 +298,7 @@ def test_a_command_waits_for_its_in_flight_sends_before_exiting(tmp_path):
 def in_memory_layer_without_server(settings):
     from channels.layers import channel_layers
 
-    from channels_push import publish
+    from channels_push.bus import publish
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     channel_layers.backends.clear()
@@ -311,7 +312,7 @@ def test_can_reach_streams_only_with_a_shared_layer_or_inside_the_server(
         in_memory_layer_without_server):
     import asyncio
 
-    from channels_push import publish
+    from channels_push.bus import publish
 
     assert publish.can_reach_streams() is False
     loop = asyncio.new_event_loop()
@@ -336,7 +337,7 @@ def test_sweep_command_on_the_in_memory_layer_records_nothing_and_says_so(
 
 def test_digest_on_the_in_memory_layer_outside_the_server_marks_nothing(
         endpoint, in_memory_layer_without_server):
-    from channels_push import doorbells
+    from channels_push.doorbells import doorbells
 
     attach(endpoint)
     todo = make_ready_todo(endpoint, now=T0)

@@ -12,7 +12,8 @@ from django.db import connection
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from channels_push import queries, sweeps
+from channels_push import sweeps
+from channels_push.sessions import queries
 from channels_push import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver

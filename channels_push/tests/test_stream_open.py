@@ -153,7 +153,7 @@ def test_a_stream_sends_its_headers_and_retry_hint_before_its_digest_is_computed
     that hangs before its headers. Here the digest waits on a row another connection holds."""
     from channels.testing import ApplicationCommunicator
 
-    from channels_push import doorbells
+    from channels_push.doorbells import doorbells
     from channels_push.tests.test_mcp_stream import app, next_body, stream_scope
 
     mcp.initialize()

@@ -11,7 +11,8 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from channels_push import doorbells, longpoll, mcp_tools
+from channels_push import longpoll, mcp_tools
+from channels_push.doorbells import doorbells
 from channels_push import transitions as session_transitions
 from channels_push.tests.conftest import make_ready_todo
 from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring

@@ -31,9 +31,13 @@ from endpoints.models import Presence
 from switchboard import metrics
 from switchboard.db import statements
 
-from . import doorbell_text, publish, queries, session_notify
-from . import transitions as session_transitions
-from .session_notify import CHANNEL_METHOD
+from channels_push import session_notify
+from channels_push import transitions as session_transitions
+from channels_push.bus import publish
+from channels_push.session_notify import CHANNEL_METHOD
+from channels_push.sessions import queries
+
+from . import text as doorbell_text
 
 log = logging.getLogger("switchboard.doorbell")
 
