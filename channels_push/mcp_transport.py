@@ -44,7 +44,7 @@ from switchboard.http import origins, plain
 from . import longpoll, mcp_framing, mcp_tools
 from channels_push.doorbells import doorbells
 from channels_push.bus import group_reader
-from . import transitions as session_transitions
+from .sessions import transitions as session_transitions
 from .session_notify import (CHANNEL_METHOD, NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE,
                              session_group)
 from .stream_heartbeat import StreamHeartbeat

@@ -27,7 +27,7 @@ from switchboard import health
 
 from . import models
 from channels_push.sessions import queries
-from . import transitions as session_transitions
+from .sessions import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
 

@@ -238,7 +238,7 @@ def test_streams_of_a_process_killed_with_sigkill_lapse_and_are_swept(start_daph
     for all its streams); then they stop counting on their own, and the idle-session sweep
     deletes the dead host with its attachments and zeroes the sessions' stream counts. The
     streams of a live process, meanwhile, keep counting past their attach's own lease."""
-    from channels_push import sweeps
+    from channels_push.sessions import sweeps
     from channels_push.models import StreamAttachment, StreamHost
 
     env = {"SWITCHBOARD_STREAM_KEEPALIVE_SECONDS": "0.5",

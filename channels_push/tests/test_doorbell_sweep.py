@@ -11,8 +11,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from channels_push import sweeps
-from channels_push import transitions as session_transitions
+from channels_push.doorbells import sweeps
+from channels_push.sessions import transitions as session_transitions
+from channels_push.doorbells import rings
 from channels_push.models import McpSession
 from channels_push.tests.conftest import make_ready_todo
 from tests.factories import credential_for, EndpointFactory, UserFactory
@@ -47,7 +48,7 @@ def rings_of(todo):
 
 
 def test_the_ring_schedule_names_all_five_rings():
-    assert len(sweeps.RING_SCHEDULE) == session_transitions.MAX_RING_ATTEMPTS == 5
+    assert len(sweeps.RING_SCHEDULE) == rings.MAX_RING_ATTEMPTS == 5
     assert sweeps.RING_SCHEDULE[0] == timedelta(0)  # the creation ring, not the sweep's
 
 
@@ -262,7 +263,7 @@ def test_sweep_reads_its_partial_index(endpoint):
         assert "ring_due_todos" in cursor.fetchone()[0]
         cursor.execute("SET enable_seqscan = off")  # tiny tables: ask which index it would use
         # The very statement the sweep runs (its selecting part: EXPLAIN must not write).
-        sql, params = session_transitions.sweep_rings_sql(
+        sql, params = rings.sweep_rings_sql(
             endpoint_ids=[endpoint.pk], schedule=sweeps.RING_SCHEDULE,
             limit=sweeps.RINGS_PER_SWEEP, now=now, select_only=True)
         cursor.execute("EXPLAIN " + sql, params)
