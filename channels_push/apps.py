@@ -24,8 +24,8 @@ class ChannelsPushConfig(AppConfig):
 
 
 def _end_board_streams_on_logout(sender, request, user, **kwargs):
-    from . import board_stream
+    from .board import rights
 
     session = getattr(request, "session", None)
-    board_stream.end_session_streams(getattr(user, "pk", None),
-                                     getattr(session, "session_key", None))
+    rights.end_session_streams(getattr(user, "pk", None),
+                               getattr(session, "session_key", None))

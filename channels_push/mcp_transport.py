@@ -45,8 +45,8 @@ from . import longpoll, mcp_framing, mcp_tools
 from channels_push.doorbells import doorbells
 from channels_push.bus import group_reader
 from .sessions import transitions as session_transitions
-from .session_notify import (CHANNEL_METHOD, NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE,
-                             session_group)
+from channels_push.bus.groups import NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE, session_group
+from channels_push.doorbells.doorbells import CHANNEL_METHOD
 from .stream_heartbeat import StreamHeartbeat
 
 log = logging.getLogger("switchboard.mcp")

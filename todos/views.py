@@ -4,7 +4,7 @@ Every read goes through ``endpoints.queries.visible_endpoints`` so an operator s
 endpoints they own (superusers all); a todo outside them is a 404, never a 403, so a forged id
 tells nothing. Every write is a transition called with ``Caller.operator`` — the operator's
 username becomes the lease owner and the event actor, exactly as a session id does for an agent.
-The live part (``/todos/events``) is a Channels consumer in ``channels_push/board_stream.py``.
+The live part (``/todos/events``) is a Channels consumer in ``channels_push/board/stream.py``.
 """
 
 import functools

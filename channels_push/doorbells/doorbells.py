@@ -31,15 +31,17 @@ from endpoints.models import Presence
 from switchboard import metrics
 from switchboard.db import statements
 
-from channels_push import session_notify
 from channels_push.bus import publish
-from channels_push.session_notify import CHANNEL_METHOD
+from channels_push.sessions import notify as session_notify
 from channels_push.sessions import queries
 
 from . import rings
 from . import text as doorbell_text
 
 log = logging.getLogger("switchboard.doorbell")
+
+# The doorbell's JSON-RPC method (CONTRACT §7): Claude Code's channel extension.
+CHANNEL_METHOD = "notifications/claude/channel"
 
 # The trust modes that may ring (SPEC-0011 "Sender Gate"): verified by source signature, or
 # handed over by the endpoint's authenticated owner. Unverified deliveries never ring.

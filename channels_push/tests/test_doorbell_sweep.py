@@ -98,7 +98,7 @@ def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_include
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
-    from channels_push import session_notify
+    from channels_push.bus import groups
     from channels_push.bus import publish
 
     session = attach(endpoint, stream=True)
@@ -117,7 +117,7 @@ def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_include
     async def scenario():
         layer = get_channel_layer()
         channel = await layer.new_channel()
-        await layer.group_add(session_notify.session_group(session.pk), channel)
+        await layer.group_add(groups.session_group(session.pk), channel)
         todo, rung, control = await asyncio.to_thread(create_and_sweep)
         heard = []
         while True:

@@ -12,7 +12,8 @@ from channels.routing import URLRouter
 from channels.testing import ApplicationCommunicator
 from django.urls import re_path
 
-from channels_push import mcp_transport, session_notify
+from channels_push import mcp_transport
+from channels_push.sessions import notify as session_notify
 from channels_push.models import McpSession
 
 # Streams run the consumer's DB calls between awaits, where channels closes "obsolete"
