@@ -36,7 +36,7 @@ def make_todo(endpoint):
 @pytest.fixture
 def published():
     """Every change announced after commit, in order."""
-    from channels_push import publish
+    from channels_push.bus import publish
 
     seen = []
 

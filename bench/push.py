@@ -232,7 +232,7 @@ async def measure_many_waiters(base_url, slug, credential, hook_slug, waiters, d
 def hand_over_at_once(slug: str, count: int) -> list[str]:
     """``count`` operator hand-overs to ``slug``, committed at once from ``count`` threads (each
     rings after its commit). Returns their todo ids once their doorbells left."""
-    from channels_push import publish
+    from channels_push.bus import publish
     from channels_push.tests.conftest import make_ready_todos_at_once
     from endpoints.models import Endpoint
 

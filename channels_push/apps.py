@@ -5,7 +5,8 @@ class ChannelsPushConfig(AppConfig):
     name = "channels_push"
 
     def ready(self):
-        from . import doorbells, publish
+        from channels_push.doorbells import doorbells
+        from channels_push.bus import publish
 
         # The doorbell rides the one after-commit publish path (STYLE: side effects only after
         # commit): a ready todo rings once its transaction has committed, never before.
@@ -23,8 +24,8 @@ class ChannelsPushConfig(AppConfig):
 
 
 def _end_board_streams_on_logout(sender, request, user, **kwargs):
-    from . import board_stream
+    from .board import rights
 
     session = getattr(request, "session", None)
-    board_stream.end_session_streams(getattr(user, "pk", None),
-                                     getattr(session, "session_key", None))
+    rights.end_session_streams(getattr(user, "pk", None),
+                               getattr(session, "session_key", None))

@@ -6,7 +6,7 @@ only then runs one claim (one thread hop, one pooled connection, returned at onc
 
 How the room learns that a todo is ready: every committed todo change of every process (web,
 Celery, the embedded sweeps) already goes to the board's channel-layer group
-(``publish.BOARD_GROUP``, batched per ``publish.BOARD_BATCH_WINDOW``), and a change that leaves
+(``groups.BOARD_GROUP``, batched per ``publish.BOARD_BATCH_WINDOW``), and a change that leaves
 a todo ``pending`` is exactly "ready" (create, release, retry promotion, requeue, lease lapse).
 So the room follows that group with one channel per process — the publishers pay nothing extra
 for long polls, and a todo created on any process wakes a waiter on any other. Each ready
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from channels.layers import get_channel_layer
 
-from . import publish
+from channels_push.bus import groups
 
 log = logging.getLogger("switchboard.longpoll")
 
@@ -299,7 +299,7 @@ class WaitRoom:
             channel = None
             try:
                 channel = await layer.new_channel()
-                await layer.group_add(publish.BOARD_GROUP, channel)
+                await layer.group_add(groups.BOARD_GROUP, channel)
                 self.following_since = self.loop.time()
                 # Changes may have been missed while not following: check now.
                 self.recheck_all()
@@ -316,7 +316,7 @@ class WaitRoom:
                             extra={"error": type(exc).__name__})
                 if channel is not None:
                     try:
-                        await layer.group_discard(publish.BOARD_GROUP, channel)
+                        await layer.group_discard(groups.BOARD_GROUP, channel)
                     except Exception:  # the layer is gone; the membership goes with it
                         pass
                 await asyncio.sleep(delay)

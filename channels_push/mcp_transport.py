@@ -41,10 +41,12 @@ from endpoints.models import hash_credential
 from switchboard import health, metrics, ratelimit
 from switchboard.http import origins, plain
 
-from . import doorbells, group_reader, longpoll, mcp_framing, mcp_tools
-from . import transitions as session_transitions
-from .session_notify import (CHANNEL_METHOD, NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE,
-                             session_group)
+from . import longpoll, mcp_framing, mcp_tools
+from channels_push.doorbells import doorbells
+from channels_push.bus import group_reader
+from .sessions import transitions as session_transitions
+from channels_push.bus.groups import NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE, session_group
+from channels_push.doorbells.doorbells import CHANNEL_METHOD
 from .stream_heartbeat import StreamHeartbeat
 
 log = logging.getLogger("switchboard.mcp")

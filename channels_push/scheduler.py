@@ -56,7 +56,7 @@ def embedded_sweeps():
 
 
 def start(loop=None) -> list:
-    from channels_push import publish
+    from channels_push.bus import publish
 
     loop = loop or asyncio.get_event_loop()
     # The sweeps ring from this (the server's) process: with the in-memory layer the streams

@@ -25,8 +25,9 @@ from channels.db import database_sync_to_async
 
 from switchboard import health
 
-from . import models, queries
-from . import transitions as session_transitions
+from . import models
+from channels_push.sessions import queries
+from .sessions import transitions as session_transitions
 
 log = logging.getLogger("switchboard.mcp")
 

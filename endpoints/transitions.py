@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from channels_push import publish
+from channels_push.bus import publish
 
 from .models import (ALL_QUEUES, Credential, Endpoint, EndpointEvent, Presence, hash_credential,
                      next_shift_boundary, queue_name_validator, validate_claim_caps,

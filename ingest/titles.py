@@ -7,7 +7,7 @@ the doorbell neutralises ``</channel>`` — titles here only have to be readable
 
 import re
 
-from channels_push import doorbell_text
+from channels_push.doorbells import text as doorbell_text
 
 from .models import Source
 

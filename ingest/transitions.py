@@ -25,7 +25,7 @@ from django.core.exceptions import ValidationError
 from django.db import DataError, connection, models, transaction
 from django.utils import timezone
 
-from channels_push import publish
+from channels_push.bus import publish
 from endpoints.models import queue_name_validator
 from switchboard import ratelimit
 from switchboard.db import statements

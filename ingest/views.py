@@ -36,7 +36,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from switchboard import metrics as push_metrics
 from switchboard.http import plain
-from channels_push import queries as push_queries
+from channels_push.sessions import queries as push_queries
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import health, json_input, ratelimit
 from todos import queries as todo_queries

@@ -1,7 +1,7 @@
 """The one routing file for HTTP, SSE and MCP (CONTRACT §1; STYLE "Where things live").
 
 Long-lived streams (the MCP endpoint, the board's SSE) are plain ASGI apps that keep their own
-channel-layer groups (channels_push.group_reader); the webhook
+channel-layer groups (channels_push.bus.group_reader); the webhook
 hooks are a plain ASGI app (switchboard.http.plain: the hot path, without Django's request
 machinery); everything else is Django's ASGI handler. Every route checks the Host header
 against ALLOWED_HOSTS (plain.AllowedHostsOnly, or the MCP endpoint's and SyncHandlerApp's
@@ -21,7 +21,9 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from channels_push import board_stream, mcp_transport, publish  # noqa: E402
+from channels_push import mcp_transport  # noqa: E402
+from channels_push.board import stream as board_stream  # noqa: E402
+from channels_push.bus import publish  # noqa: E402
 from ingest import views as ingest_views  # noqa: E402
 from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from channels_push import sweeps
+from channels_push.doorbells import sweeps
 from channels_push.tests.conftest import make_ready_todo
 from endpoints.models import Endpoint
 from endpoints import transitions as endpoint_transitions

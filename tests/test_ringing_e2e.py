@@ -105,8 +105,8 @@ def test_a_burst_of_hand_overs_rings_the_streaming_session_every_time(daphne_ser
     stream. Concurrent publishers must not skip the streaming session because another publisher
     holds its row for a moment: every doorbell of the burst is rung on the stream, none is
     handed to the streamless session (where it would be dropped)."""
-    from channels_push import publish
-    from channels_push import transitions as session_transitions
+    from channels_push.bus import publish
+    from channels_push.sessions import transitions as session_transitions
     from tests.factories import credential_for
 
     endpoint, credential = vend("burst")

@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from channels_push import publish, session_notify
+from channels_push.doorbells.doorbells import CHANNEL_METHOD
+from channels_push.sessions import notify as session_notify
+from channels_push.bus import publish
 from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from tests.factories import UserFactory
@@ -71,7 +73,7 @@ def test_a_client_that_never_reads_is_dropped_and_server_memory_stays_flat(start
         for start in range(0, FRAMES, BATCH):
             for number in range(start, start + BATCH):
                 session_notify.notify_session(
-                    session_id, session_notify.CHANNEL_METHOD,
+                    session_id, CHANNEL_METHOD,
                     {"content": content, "meta": {"todo_id": str(number)}},
                     context={"endpoint": endpoint.slug, "todo_id": str(number)})
             assert publish.wait_for_sends(30)

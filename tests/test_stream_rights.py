@@ -219,7 +219,7 @@ def stream_open_sessions(endpoint) -> set:
     from django.db import connection
     from django.utils import timezone
 
-    from channels_push import queries
+    from channels_push.sessions import queries
 
     params = {"endpoint_id": endpoint.pk}
     sql = ("SELECT s.id FROM channels_push_mcpsession s WHERE s.endpoint_id = %(endpoint_id)s"
@@ -238,7 +238,7 @@ def test_streams_of_a_process_killed_with_sigkill_lapse_and_are_swept(start_daph
     for all its streams); then they stop counting on their own, and the idle-session sweep
     deletes the dead host with its attachments and zeroes the sessions' stream counts. The
     streams of a live process, meanwhile, keep counting past their attach's own lease."""
-    from channels_push import sweeps
+    from channels_push.sessions import sweeps
     from channels_push.models import StreamAttachment, StreamHost
 
     env = {"SWITCHBOARD_STREAM_KEEPALIVE_SECONDS": "0.5",

@@ -14,7 +14,7 @@ from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from channels_push import holders
+from channels_push.sessions import holders
 from endpoints import queries as endpoint_queries
 
 from . import transitions

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
-from channels_push import publish
+from channels_push.bus import publish
 from switchboard import json_input
 from switchboard.db import statements
 from switchboard.db.statements import is_postgres as _is_postgres

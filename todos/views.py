@@ -4,7 +4,7 @@ Every read goes through ``endpoints.queries.visible_endpoints`` so an operator s
 endpoints they own (superusers all); a todo outside them is a 404, never a 403, so a forged id
 tells nothing. Every write is a transition called with ``Caller.operator`` — the operator's
 username becomes the lease owner and the event actor, exactly as a session id does for an agent.
-The live part (``/todos/events``) is a Channels consumer in ``channels_push/board_stream.py``.
+The live part (``/todos/events``) is a Channels consumer in ``channels_push/board/stream.py``.
 """
 
 import functools
@@ -30,8 +30,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from channels_push import holders
-from channels_push import queries as push_queries
+from channels_push.sessions import holders
+from channels_push.sessions import queries as push_queries
 from endpoints import connect_snippets
 from endpoints import queries as endpoint_queries
 from endpoints import transitions as endpoint_transitions

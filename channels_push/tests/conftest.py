@@ -11,7 +11,8 @@ from endpoints import transitions as endpoint_transitions
 from channels.routing import URLRouter
 from django.urls import re_path
 
-from channels_push import doorbells, mcp_transport
+from channels_push import mcp_transport
+from channels_push.doorbells import doorbells
 
 # The production route, with the handler on the test's thread so it sees the test transaction
 # (McpEndpoint's thread_sensitive; production runs handlers in the pool).

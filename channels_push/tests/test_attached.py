@@ -15,9 +15,12 @@ from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from tests.factories import credential_for
-from channels_push import doorbells, session_notify, sweeps
+from channels_push.sessions import notify as session_notify
+from channels_push.doorbells import sweeps
+from channels_push.doorbells import doorbells
 from switchboard import metrics
-from channels_push import transitions as session_transitions
+from channels_push.sessions import transitions as session_transitions
+from channels_push.doorbells import rings
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
@@ -45,7 +48,7 @@ def test_a_client_that_vanished_without_delete_is_no_receiver_after_the_attach_w
     vanished = open_session(endpoint, now - timedelta(seconds=121))  # its last request
     todo = make_ready_todo(endpoint, now=now - timedelta(hours=1))
     # Not attached: the todo doorbell, the sweep and the digest all pass it by.
-    assert session_transitions.choose_doorbell_session(
+    assert rings.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, now=now) is None
     assert sweeps.ring_due_todos(now=now) == 0
     assert (Todo.objects.get(pk=todo.pk).ring_attempts, McpSession.objects.get(
@@ -54,7 +57,7 @@ def test_a_client_that_vanished_without_delete_is_no_receiver_after_the_attach_w
     assert doorbells.send_digest(endpoint, "operator", now=now) == 0 and digests == []
     # A request inside the window attaches it again.
     assert session_transitions.touch_session(endpoint=endpoint, session_id=vanished.pk, now=now)
-    assert session_transitions.choose_doorbell_session(
+    assert rings.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, now=now + timedelta(seconds=119)) == (
         vanished.pk, False)
 
@@ -77,7 +80,7 @@ def test_an_open_stream_counts_only_while_a_lease_runs(endpoint):
     """A keep-alive does not write the session row: an open stream counts while the lease its
     attach granted runs, or while the process holding it renews its host lease (one row for
     all its streams); a count left by a process that died stops counting when both ran out."""
-    from channels_push import queries
+    from channels_push.sessions import queries
 
     now = timezone.now()
     opened = now - timedelta(hours=1)
@@ -87,13 +90,13 @@ def test_an_open_stream_counts_only_while_a_lease_runs(endpoint):
                                              host_id="proc", now=opened)
     todo = make_ready_todo(endpoint, now=now - timedelta(hours=2))
     lease_end = opened + queries.stream_lease()
-    assert session_transitions.choose_doorbell_session(
+    assert rings.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, now=lease_end - timedelta(seconds=1)) == (
         streaming.pk, True)
-    assert session_transitions.choose_doorbell_session(
+    assert rings.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, now=lease_end) is None  # its process died
     assert session_transitions.renew_stream_host(host_id="proc", now=now)  # ... or not
-    assert session_transitions.choose_doorbell_session(
+    assert rings.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, now=now + timedelta(minutes=4)) == (
         streaming.pk, True)
 
@@ -219,9 +222,13 @@ def _imports(module: str) -> set:
 
 
 def test_doorbells_transport_and_tools_do_not_import_each_other_in_a_circle():
-    assert "mcp_transport" not in _imports("doorbells")
+    assert "mcp_transport" not in _imports("doorbells/doorbells")
     assert "doorbells" not in _imports("mcp_tools")
-    assert "session_notify" in _imports("doorbells") & _imports("mcp_transport")
+    # The sender (sessions/notify.py, which the doorbell calls) and the transport share only
+    # the group names of bus/groups.py.
+    assert "session_notify" in _imports("doorbells/doorbells")
+    assert "groups" in _imports("sessions/notify")
+    assert "channels_push.bus.groups" in _imports("mcp_transport")
 
 
 @pytest.mark.django_db

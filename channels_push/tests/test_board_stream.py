@@ -15,7 +15,11 @@ from channels.testing import ApplicationCommunicator
 from django.conf import settings
 from django.db import transaction
 
-from channels_push import board_stream, publish
+from channels_push.board import hub
+from channels_push.board import rendering
+from channels_push.board import rights
+from channels_push.board import stream as board_stream
+from channels_push.bus import groups, publish
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
 from todos.models import Trust
@@ -26,12 +30,12 @@ WAIT_SECONDS = 10
 
 
 def test_sse_framing():
-    assert board_stream.format_event("todo", {"a": 1}, event_id=7) == b'id: 7\nevent: todo\ndata: {"a":1}\n\n'
-    assert board_stream.format_event("sync", {}) == b"event: sync\ndata: {}\n\n"
-    assert board_stream.format_comment("keep-alive") == b": keep-alive\n\n"
-    assert board_stream.format_retry(timedelta(seconds=2)) == b"retry: 2000\n\n"
+    assert rendering.format_event("todo", {"a": 1}, event_id=7) == b'id: 7\nevent: todo\ndata: {"a":1}\n\n'
+    assert rendering.format_event("sync", {}) == b"event: sync\ndata: {}\n\n"
+    assert rendering.format_comment("keep-alive") == b": keep-alive\n\n"
+    assert rendering.format_retry(timedelta(seconds=2)) == b"retry: 2000\n\n"
     # JSON has no raw newlines, so a title with one cannot break the frame
-    frame = board_stream.format_event("todo", {"title": "a\nb"})
+    frame = rendering.format_event("todo", {"title": "a\nb"})
     assert frame.count(b"\n") == 3
 
 
@@ -341,7 +345,7 @@ def test_a_failed_render_ends_the_stream_so_the_browser_reconnects_and_resyncs(a
         stream = Stream(alice)
         await stream.open()
         await stream.next_event(kind="sync")
-        monkeypatch.setattr(board_stream, "fetch_board_todos", database_gone)
+        monkeypatch.setattr(rendering, "fetch_board_todos", database_gone)
         await sync_to_async(create)(endpoint, "cannot be shown")
         deadline = time.monotonic() + WAIT_SECONDS
         while True:
@@ -429,7 +433,7 @@ def test_a_failed_render_ends_every_board_stream_of_the_hub(alice, bob, monkeypa
         for stream in streams:
             assert (await stream.open())["status"] == 200
             await stream.next_event(kind="sync")
-        monkeypatch.setattr(board_stream, "render_batch", database_gone)
+        monkeypatch.setattr(rendering, "render_batch", database_gone)
         await sync_to_async(create)(endpoint, "cannot be shown")
         for stream in streams:
             await expect_end_without_todo_events(stream)
@@ -466,7 +470,7 @@ def test_a_batch_of_rows_renders_in_one_query(alice, django_assert_num_queries):
     endpoint = EndpointFactory(slug="alices", owner=alice)
     todos = [create(endpoint, f"t{n}", queue="inbox" if n % 2 else "reviews") for n in range(10)]
     with django_assert_num_queries(1):
-        rows = board_stream.render_changes([str(t.pk) for t in todos] + ["junk"],
+        rows = rendering.render_changes([str(t.pk) for t in todos] + ["junk"],
                                            {"endpoint_slug": None, "queue": "inbox", "state": None},
                                            "/todos/?queue=inbox")
     assert [row["todo_id"] for row in rows] == [str(t.pk) for t in todos]
@@ -493,7 +497,7 @@ def test_a_burst_of_commits_reaches_the_board_group_in_one_batched_message(alice
     async def scenario():
         layer = get_channel_layer()
         channel = await layer.new_channel()
-        await layer.group_add(publish.BOARD_GROUP, channel)
+        await layer.group_add(groups.BOARD_GROUP, channel)
         try:
             await sync_to_async(claim_all_in_one_commit)()
             messages = []
@@ -503,7 +507,7 @@ def test_a_burst_of_commits_reaches_the_board_group_in_one_batched_message(alice
                 except asyncio.TimeoutError:
                     return messages
         finally:
-            await layer.group_discard(publish.BOARD_GROUP, channel)
+            await layer.group_discard(groups.BOARD_GROUP, channel)
 
     messages = async_to_sync(scenario)()
     assert [m["type"] for m in messages] == ["todos.changed"]
@@ -543,10 +547,10 @@ def test_many_board_streams_share_one_read_and_one_render_per_view_per_batch(
     alices = EndpointFactory(slug="alices", owner=alice)
     bobs = EndpointFactory(slug="bobs", owner=bob)
     reads, renders = [], []
-    fetch, render = board_stream.fetch_board_todos, board_stream.render_rows
-    monkeypatch.setattr(board_stream, "fetch_board_todos",
+    fetch, render = rendering.fetch_board_todos, rendering.render_rows
+    monkeypatch.setattr(rendering, "fetch_board_todos",
                         lambda ids: reads.append(sorted(ids)) or fetch(ids))
-    monkeypatch.setattr(board_stream, "render_rows",
+    monkeypatch.setattr(rendering, "render_rows",
                         lambda todos, filters, url: renders.append(url) or render(todos, filters, url))
 
     def two_todos():
@@ -585,17 +589,17 @@ def test_a_batch_renders_in_one_query_for_every_view(alice, bob, django_assert_n
     root = UserFactory(username="root", is_superuser=True)
     todos = [create(EndpointFactory(slug=f"e{n}", owner=alice if n % 2 else bob), f"t{n}")
              for n in range(6)]
-    viewers = [board_stream.find_viewer(user) for user in (root, alice, bob)]
+    viewers = [rights.find_viewer(user) for user in (root, alice, bob)]
     views = {f"v{n}": ({"endpoint_slug": None, "queue": None, "state": None}, f"/todos/?v={n}",
                        viewers[n:n + 1]) for n in range(3)}
     with django_assert_num_queries(1):
-        rendered = board_stream.render_batch([str(t.pk) for t in todos], views)
+        rendered = rendering.render_batch([str(t.pk) for t in todos], views)
     assert [len(rendered[f"v{n}"]) for n in range(3)] == [6, 3, 3]
     assert {row["owner_id"] for row in rendered["v1"]} == {alice.pk}
     # The header's counts of the six endpoints touched: open counts, then in one snapshot
     # (BEGIN, SET TRANSACTION … COMMIT) the fold row, the tallies and the unfolded events.
     with django_assert_num_queries(7):
-        glance = board_stream.glance_entries(rendered.endpoints)
+        glance = rendering.glance_entries(rendered.endpoints)
     assert sorted(entry["endpoint"] for entry in glance) == [f"e{n}" for n in range(6)]
     assert {entry["owner_id"] for entry in glance} == {alice.pk, bob.pk}
     assert all(entry["queues"]["inbox"]["pending"] == 1 for entry in glance)
@@ -614,7 +618,7 @@ def test_many_viewers_are_rechecked_in_two_queries(alice, bob, django_assert_num
     keys.append((alice.pk, "no-such-session", True))
     get_user_model().objects.filter(pk=bob.pk).update(is_active=False)
     with django_assert_num_queries(2):
-        viewers = board_stream.recheck_viewers(keys)
+        viewers = rights.recheck_viewers(keys)
     assert [viewers[key] is not None for key in keys] == [True, True, False, False, False]
     assert viewers[keys[0]].user_id == alice.pk
 
@@ -654,10 +658,10 @@ def test_the_header_is_read_once_per_interval_however_many_batches(alice, monkey
     """A pool draining a queue commits batch after batch: the rows go out with every batch,
     the header's counts (four queries) at most once per GLANCE_INTERVAL."""
     endpoint = EndpointFactory(slug="alices", owner=alice)
-    monkeypatch.setattr(board_stream, "GLANCE_INTERVAL", timedelta(minutes=10))
+    monkeypatch.setattr(hub, "GLANCE_INTERVAL", timedelta(minutes=10))
     reads = []
-    entries = board_stream.glance_entries
-    monkeypatch.setattr(board_stream, "glance_entries",
+    entries = rendering.glance_entries
+    monkeypatch.setattr(rendering, "glance_entries",
                         lambda endpoints: reads.append(len(endpoints)) or entries(endpoints))
 
     async def scenario():

@@ -4,13 +4,14 @@ streams are capped, and Redis down keeps it alive."""
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.test import override_settings
 
-from channels_push import board_stream, publish
+from channels_push.bus import publish
 from channels_push.tests.test_board_stream import WAIT_SECONDS, Stream, create, run
 from endpoints.models import Endpoint
 from tests.factories import EndpointFactory, UserFactory
@@ -131,7 +132,7 @@ def test_an_endpoint_given_to_another_owner_leaves_the_old_owners_stream(alice):
     endpoint = EndpointFactory(slug="moving", owner=alice)
 
     async def scenario():
-        stream = Stream(alice, keepalive=board_stream.timedelta(seconds=KEEPALIVE_SECONDS))
+        stream = Stream(alice, keepalive=timedelta(seconds=KEEPALIVE_SECONDS))
         await stream.open()
         await stream.next_event(kind="sync")
         await sync_to_async(Endpoint.objects.filter(pk=endpoint.pk).update)(owner=bob)
@@ -190,14 +191,14 @@ def with_redis_down_it_opens_and_keeps_its_keep_alives(make_stream):
 
 def test_with_redis_down_the_board_stream_opens_and_keeps_its_keep_alives(alice):
     with_redis_down_it_opens_and_keeps_its_keep_alives(
-        lambda: Stream(alice, keepalive=board_stream.timedelta(seconds=KEEPALIVE_SECONDS)))
+        lambda: Stream(alice, keepalive=timedelta(seconds=KEEPALIVE_SECONDS)))
 
 
 def test_the_shared_recheck_ends_only_the_streams_of_the_viewer_who_lost_the_right(alice):
     """Issue 17: one re-check per keep-alive interval covers every board stream of the process;
     a deactivated operator's streams end, the others' stay open."""
     bob = UserFactory(username="bob")
-    interval = board_stream.timedelta(seconds=KEEPALIVE_SECONDS)
+    interval = timedelta(seconds=KEEPALIVE_SECONDS)
 
     async def scenario():
         alices = [Stream(alice, keepalive=interval) for _ in range(2)]

@@ -22,8 +22,11 @@ from django.urls import re_path
 from django.utils import timezone
 
 from tests.factories import credential_for
-from channels_push import doorbells, mcp_transport, publish
-from channels_push import transitions as session_transitions
+from channels_push import mcp_transport
+from channels_push.doorbells import doorbells
+from channels_push.bus import publish
+from channels_push.sessions import transitions as session_transitions
+from channels_push.doorbells import rings
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from todos.models import Todo
@@ -328,7 +331,7 @@ def test_pool_rotates_and_prefers_a_session_with_an_open_stream(vend):
                for _ in range(3))
 
     def choose(offset):
-        chosen = session_transitions.choose_doorbell_session(
+        chosen = rings.choose_doorbell_session(
             endpoint_id=endpoint.pk, todo_id=todo.pk, now=now + timedelta(seconds=offset))
         return chosen and chosen[0]
 
@@ -357,7 +360,7 @@ def test_concurrent_publishers_spread_over_the_pool(vend):
         barrier.wait()
         try:
             for _ in range(5):
-                picks.append((session_transitions.choose_doorbell_session(
+                picks.append((rings.choose_doorbell_session(
                     endpoint_id=endpoint.pk, todo_id=todo.pk) or (None,))[0])
         finally:
             connection.close()
@@ -399,7 +402,7 @@ def test_a_streaming_session_held_by_another_publisher_is_waited_for_never_trade
 
     def ring():
         try:
-            answers.append(session_transitions.choose_doorbell_session(
+            answers.append(rings.choose_doorbell_session(
                 endpoint_id=endpoint.pk, todo_id=todo.pk))
         finally:
             connection.close()
@@ -469,7 +472,7 @@ def test_a_failing_doorbell_never_fails_the_committing_write(vend, monkeypatch, 
     def broken(**kwargs):
         raise RuntimeError("database hiccup")
 
-    monkeypatch.setattr(session_transitions, "choose_doorbell_session", broken)
+    monkeypatch.setattr(rings, "choose_doorbell_session", broken)
     todo = make_ready_todo(endpoint, title="committed anyway")
     assert Todo.objects.get(pk=todo.pk).state == "pending"
     failed = [r for r in caplog.records if r.getMessage() == "publish listener failed"]

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from channels_push import doorbells
+from channels_push.doorbells import doorbells
 
 
 def todo(**fields):

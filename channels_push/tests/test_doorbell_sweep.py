@@ -11,8 +11,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from channels_push import sweeps
-from channels_push import transitions as session_transitions
+from channels_push.doorbells import sweeps
+from channels_push.sessions import transitions as session_transitions
+from channels_push.doorbells import rings
 from channels_push.models import McpSession
 from channels_push.tests.conftest import make_ready_todo
 from tests.factories import credential_for, EndpointFactory, UserFactory
@@ -47,7 +48,7 @@ def rings_of(todo):
 
 
 def test_the_ring_schedule_names_all_five_rings():
-    assert len(sweeps.RING_SCHEDULE) == session_transitions.MAX_RING_ATTEMPTS == 5
+    assert len(sweeps.RING_SCHEDULE) == rings.MAX_RING_ATTEMPTS == 5
     assert sweeps.RING_SCHEDULE[0] == timedelta(0)  # the creation ring, not the sweep's
 
 
@@ -97,7 +98,8 @@ def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_include
     from asgiref.sync import async_to_sync
     from channels.layers import get_channel_layer
 
-    from channels_push import publish, session_notify
+    from channels_push.bus import groups
+    from channels_push.bus import publish
 
     session = attach(endpoint, stream=True)
     # A sweep a minute apart through the first two hours, then hourly for two days.
@@ -115,7 +117,7 @@ def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_include
     async def scenario():
         layer = get_channel_layer()
         channel = await layer.new_channel()
-        await layer.group_add(session_notify.session_group(session.pk), channel)
+        await layer.group_add(groups.session_group(session.pk), channel)
         todo, rung, control = await asyncio.to_thread(create_and_sweep)
         heard = []
         while True:
@@ -261,7 +263,7 @@ def test_sweep_reads_its_partial_index(endpoint):
         assert "ring_due_todos" in cursor.fetchone()[0]
         cursor.execute("SET enable_seqscan = off")  # tiny tables: ask which index it would use
         # The very statement the sweep runs (its selecting part: EXPLAIN must not write).
-        sql, params = session_transitions.sweep_rings_sql(
+        sql, params = rings.sweep_rings_sql(
             endpoint_ids=[endpoint.pk], schedule=sweeps.RING_SCHEDULE,
             limit=sweeps.RINGS_PER_SWEEP, now=now, select_only=True)
         cursor.execute("EXPLAIN " + sql, params)
@@ -283,7 +285,7 @@ def test_a_command_waits_for_its_in_flight_sends_before_exiting(tmp_path):
     marker = tmp_path / "sent"
     script = (
         "import asyncio, django; django.setup()\n"
-        "from channels_push import publish\n"
+        "from channels_push.bus import publish\n"
         "async def slow_send():\n"
         "    await asyncio.sleep(0.5)  # a Redis round trip that takes a while\n"
         f"    open({str(marker)!r}, 'w').write('sent')\n"
@@ -297,7 +299,7 @@ def test_a_command_waits_for_its_in_flight_sends_before_exiting(tmp_path):
 def in_memory_layer_without_server(settings):
     from channels.layers import channel_layers
 
-    from channels_push import publish
+    from channels_push.bus import publish
 
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     channel_layers.backends.clear()
@@ -311,7 +313,7 @@ def test_can_reach_streams_only_with_a_shared_layer_or_inside_the_server(
         in_memory_layer_without_server):
     import asyncio
 
-    from channels_push import publish
+    from channels_push.bus import publish
 
     assert publish.can_reach_streams() is False
     loop = asyncio.new_event_loop()
@@ -336,7 +338,7 @@ def test_sweep_command_on_the_in_memory_layer_records_nothing_and_says_so(
 
 def test_digest_on_the_in_memory_layer_outside_the_server_marks_nothing(
         endpoint, in_memory_layer_without_server):
-    from channels_push import doorbells
+    from channels_push.doorbells import doorbells
 
     attach(endpoint)
     todo = make_ready_todo(endpoint, now=T0)

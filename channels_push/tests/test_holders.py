@@ -4,7 +4,7 @@ holders as ``client version · hint`` — never a whole session id."""
 import pytest
 from django.test import Client
 
-from channels_push import holders
+from channels_push.sessions import holders
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from todos.models import Todo

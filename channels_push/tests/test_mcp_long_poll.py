@@ -15,7 +15,8 @@ from channels.db import database_sync_to_async
 from channels.testing import ApplicationCommunicator, HttpCommunicator
 from django.utils import timezone
 
-from channels_push import longpoll, publish
+from channels_push import longpoll
+from channels_push.bus import publish
 from channels_push.tests.conftest import McpDriver, application, make_ready_todo
 from todos import transitions
 from todos.models import State, Todo

@@ -12,7 +12,8 @@ from channels.routing import URLRouter
 from channels.testing import ApplicationCommunicator
 from django.urls import re_path
 
-from channels_push import mcp_transport, session_notify
+from channels_push import mcp_transport
+from channels_push.sessions import notify as session_notify
 from channels_push.models import McpSession
 
 # Streams run the consumer's DB calls between awaits, where channels closes "obsolete"
@@ -212,7 +213,7 @@ def test_a_stream_attached_under_a_host_id_that_lapsed_before_it_was_held_closes
     more, is swept: a live stream doorbells then skip. It closes at once instead, with its
     attachment, and without spending the reconnect digest: the stream its client opens next,
     under the new host id, gets it."""
-    from channels_push import transitions as session_transitions
+    from channels_push.sessions import transitions as session_transitions
     from channels_push.models import StreamAttachment
     from channels_push.tests.conftest import make_ready_todo
     from channels_push.tests.test_doorbell_delivery import close, next_doorbell

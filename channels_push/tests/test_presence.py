@@ -11,8 +11,9 @@ from django.db import connection
 from django.utils import timezone
 
 from tests.factories import credential_for
-from channels_push import doorbells, sweeps
-from channels_push import transitions as session_transitions
+from channels_push.doorbells import sweeps
+from channels_push.doorbells import doorbells
+from channels_push.sessions import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring

@@ -12,8 +12,10 @@ from django.db import connection
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from channels_push import queries, sweeps
-from channels_push import transitions as session_transitions
+from channels_push.sessions import sweeps
+from channels_push.sessions import queries
+from channels_push.sessions import transitions as session_transitions
+from channels_push.doorbells import rings
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver
 from channels_push.tests.test_mcp_stream import KEEPALIVE_SECONDS, next_body, open_stream
@@ -112,7 +114,7 @@ def test_a_revoked_session_is_never_chosen_for_a_doorbell(mcp):
         open_streams=1, stream_lease_until=timezone.now() + timedelta(minutes=5))
     assert queries.has_attached_session(mcp.endpoint.pk, timezone.now())
     Credential.objects.filter(endpoint=mcp.endpoint).update(expires_at=timezone.now())
-    assert session_transitions.choose_sessions(
+    assert rings.choose_sessions(
         endpoint_id=mcp.endpoint.pk, limit=1, todo_id=todo.pk) == []
     assert not queries.has_attached_session(mcp.endpoint.pk, timezone.now())
 

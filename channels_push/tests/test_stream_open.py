@@ -15,7 +15,8 @@ from django.db import connection
 from django.utils import timezone
 
 from channels_push import mcp_transport
-from channels_push import transitions as session_transitions
+from channels_push.sessions import transitions as session_transitions
+from channels_push.doorbells import rings
 from todos.models import Todo
 
 from tests.factories import credential_for
@@ -100,7 +101,7 @@ def test_a_dozen_streams_opening_together_over_a_long_queue_all_get_their_digest
         # ring_reconnected_stream reads the clock itself: each round moves the previous
         # round's marks back past the cooldown, so every stream has all of them to mark.
         Todo.objects.filter(endpoint=endpoint).update(
-            last_ringed_at=timezone.now() - 3 * session_transitions.RECONNECT_COOLDOWN)
+            last_ringed_at=timezone.now() - 3 * rings.RECONNECT_COOLDOWN)
         threads = [threading.Thread(target=open_stream, args=(
             session_id, jitter.uniform(0, 0.05), PLANS[index % 2]))
             for index, session_id in enumerate(sessions)]
@@ -153,7 +154,7 @@ def test_a_stream_sends_its_headers_and_retry_hint_before_its_digest_is_computed
     that hangs before its headers. Here the digest waits on a row another connection holds."""
     from channels.testing import ApplicationCommunicator
 
-    from channels_push import doorbells
+    from channels_push.doorbells import doorbells
     from channels_push.tests.test_mcp_stream import app, next_body, stream_scope
 
     mcp.initialize()

@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import override_settings
 
-from channels_push import publish
+from channels_push.bus import publish
 from channels_push.tests.test_board_stream import WAIT_SECONDS, Stream, run
 from channels_push.tests.test_board_stream_rights import (
     cookie_for, over_the_cap_the_oldest_closes, read_until_end,

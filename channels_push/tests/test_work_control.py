@@ -11,8 +11,9 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from channels_push import doorbells, longpoll, mcp_tools
-from channels_push import transitions as session_transitions
+from channels_push import longpoll, mcp_tools
+from channels_push.doorbells import doorbells
+from channels_push.doorbells import rings
 from channels_push.tests.conftest import make_ready_todo
 from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
 from channels_push.tests.test_doorbell_delivery import driver  # noqa: F401 (fixture)
@@ -63,7 +64,7 @@ def test_reconnect_rings_digests_and_the_ring_sweep_leave_scheduled_todos_out(
     scheduled = make_ready_todo(d.endpoint, title="later", not_before=now + timedelta(hours=1),
                                 now=now - timedelta(hours=1))
     ready = make_ready_todo(d.endpoint, title="ready", now=now - timedelta(hours=1))
-    statement = session_transitions.sweep_rings_sql(
+    statement = rings.sweep_rings_sql(
         endpoint_ids=[d.endpoint.pk], schedule=(timedelta(minutes=5), timedelta(minutes=20)),
         limit=10, now=now, select_only=True)
     from django.db import connection
@@ -74,7 +75,7 @@ def test_reconnect_rings_digests_and_the_ring_sweep_leave_scheduled_todos_out(
     assert picked == {ready.pk}
     frames = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id, now=now)
     assert [p["meta"]["todo_id"] for p, _ in frames] == [str(ready.pk)]
-    counted = session_transitions.record_digest(endpoint=d.endpoint, now=now)
+    counted = rings.record_digest(endpoint=d.endpoint, now=now)
     assert len(counted) == 1
     assert Todo.objects.get(pk=scheduled.pk).ring_attempts == 0
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from channels_push import doorbells
+from channels_push.doorbells import doorbells
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from endpoints import transitions
 from endpoints.models import Endpoint

@@ -12,8 +12,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from channels_push import doorbells, sweeps
-from channels_push import transitions as session_transitions
+from channels_push.doorbells import sweeps
+from channels_push.doorbells import doorbells
+from channels_push.sessions import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from endpoints import transitions

@@ -329,7 +329,7 @@ def test_redelivering_an_unsigned_delivery_keeps_it_unverified_hidden_and_unrung
     agent = todo_transitions.Caller.agent(endpoint, "session-a")
     assert todo_transitions.claim_next_todo(agent) is None
     # And it is never pushed to an agent: doorbells ring only verified or operator work.
-    from channels_push import doorbells
+    from channels_push.doorbells import doorbells
     assert not doorbells.is_push_eligible(todo.trust, todo.delivery_event.attributed_to_id)
 
 

@@ -18,7 +18,7 @@ from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from channels_push import publish
+from channels_push.bus import publish
 from ingest import transitions
 from ingest.models import DeliveryEvent, DeliveryRecord, ReplayLedgerEntry
 from todos import transitions as todo_transitions

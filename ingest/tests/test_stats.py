@@ -10,7 +10,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from channels_push import transitions as session_transitions
+from channels_push.sessions import transitions as session_transitions
 from endpoints import transitions as endpoint_transitions
 from ingest import transitions
 from tests.factories import UserFactory, credential_for

@@ -135,7 +135,7 @@ body = json.dumps({"action": "opened", "issue": {"number": 1, "title": "t"}}).en
 answer = hook_client.post("redis-down", body, **signing.github(secret, body))
 caller = todo_transitions.Caller.agent(endpoint, "session-1")
 pulled = todo_transitions.claim_next_todo(caller)
-from channels_push import publish
+from channels_push.bus import publish
 publish.wait_for_sends(10)  # the fire-and-forget board send has failed (and logged) by now
 print(json.dumps({"status": answer.status_code, "answer": answer.json(),
                   "pulled": str(pulled.pk) if pulled else None}))

@@ -107,7 +107,7 @@ def test_staff_operator_sees_only_own_todos_and_endpoints_in_admin(client, make_
 
 def test_admin_shows_agents_by_client_and_hint_never_a_whole_session_id(root_client, endpoint,
                                                                         make_todo):
-    from channels_push import transitions as session_transitions
+    from channels_push.sessions import transitions as session_transitions
     from tests.factories import credential_for
 
     session = session_transitions.open_session(

@@ -159,7 +159,7 @@ def test_approve_makes_it_pending_ready_and_rung(agent, alice, make_todo, publis
         approved = transitions.approve_todo(alice, gated.pk)
     assert (approved.state, approved.trust, approved.ring_attempts) == ("pending", "signed", 0)
     assert events_of(gated.pk)[-1] == ("approve", "awaiting_approval", "pending", "alice", {})
-    from channels_push import publish
+    from channels_push.bus import publish
 
     assert published[-1]["action"] == "approve" and "approve" in publish.READY_ACTIONS
     assert transitions.claim_next_todo(agent).pk == gated.pk

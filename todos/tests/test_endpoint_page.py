@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from channels_push import transitions as session_transitions
+from channels_push.sessions import transitions as session_transitions
 from endpoints import connect_snippets
 from endpoints import transitions as endpoint_transitions
 from tests.factories import UserFactory

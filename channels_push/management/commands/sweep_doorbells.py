@@ -1,6 +1,7 @@
 """``manage.py sweep_doorbells``: run the doorbell heartbeat sweep once (CONTRACT §7, §11)."""
 
-from channels_push import publish, sweeps
+from channels_push.doorbells import sweeps
+from channels_push.bus import publish
 from switchboard.commands import JsonCommand
 
 

@@ -31,11 +31,17 @@ from endpoints.models import Presence
 from switchboard import metrics
 from switchboard.db import statements
 
-from . import doorbell_text, publish, queries, session_notify
-from . import transitions as session_transitions
-from .session_notify import CHANNEL_METHOD
+from channels_push.bus import publish
+from channels_push.sessions import notify as session_notify
+from channels_push.sessions import queries
+
+from . import rings
+from . import text as doorbell_text
 
 log = logging.getLogger("switchboard.doorbell")
+
+# The doorbell's JSON-RPC method (CONTRACT §7): Claude Code's channel extension.
+CHANNEL_METHOD = "notifications/claude/channel"
 
 # The trust modes that may ring (SPEC-0011 "Sender Gate"): verified by source signature, or
 # handed over by the endpoint's authenticated owner. Unverified deliveries never ring.
@@ -230,7 +236,7 @@ def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
     # attributed to a human), so an ineligible or already-claimed todo rings nobody. With no
     # attached session (known from the read above; the commonest case, agents that pull) it
     # is skipped: a ready todo then costs one statement here, not three.
-    chosen = session_transitions.choose_doorbell_session(
+    chosen = rings.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, charge=not charged, now=now,
     ) if endpoint.has_attached_session else None
     if chosen is None:
@@ -275,7 +281,7 @@ def build_digest(endpoint, reason: str, now, *, cooldown=None) -> dict | None:
     """Mark what claim_next would hand ``endpoint`` as rung (no attempt spent) and build the
     digest that summarizes it; None when nothing is pending, or (with ``cooldown``) when every
     one of them was rung or digested within it (no digest is sent)."""
-    counted = session_transitions.record_digest(endpoint=endpoint, now=now, cooldown=cooldown)
+    counted = rings.record_digest(endpoint=endpoint, now=now, cooldown=cooldown)
     if not counted:
         return None
     counts = Counter(queue for queue, _, _ in counted)
@@ -305,7 +311,7 @@ def send_digest(endpoint, reason: str, *, now=None) -> int:
     if params is None:
         return 0
     pending = int(params["meta"]["pending"])
-    chosen = session_transitions.choose_sessions(endpoint_id=endpoint.pk, limit=pending, now=now)
+    chosen = rings.choose_sessions(endpoint_id=endpoint.pk, limit=pending, now=now)
     for session_id, has_stream in chosen:
         _ring_session(session_id, has_stream, params, {**context, "pending": str(pending)})
     log.info("doorbell digest", extra={**context, "pending": str(pending), "sessions": len(chosen)})
@@ -335,7 +341,7 @@ def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tup
     # The cooldown: a stream that flaps (three reconnects in three seconds) gets one digest,
     # not three; a todo that arrived or went unrung meanwhile lifts it.
     params = build_digest(endpoint, "reconnect", now,
-                          cooldown=session_transitions.RECONNECT_COOLDOWN)
+                          cooldown=rings.RECONNECT_COOLDOWN)
     if params is None:
         return []
     log.info("doorbell digest", extra={"endpoint": endpoint.slug, "reason": "reconnect",
@@ -349,7 +355,7 @@ def reconnect_rings(*, endpoint_id: int, session_id: str, now=None) -> list[tupl
     todos in scope (≤ RECONNECT_RING_LIMIT), each charged to its ring budget and skipped while
     inside the reconnect cooldown."""
     now = now or timezone.now()
-    endpoint, todos = session_transitions.record_reconnect_rings(
+    endpoint, todos = rings.record_reconnect_rings(
         endpoint_id=endpoint_id, limit=RECONNECT_RING_LIMIT, now=now)
     frames = []
     for todo in todos:

@@ -9,8 +9,8 @@ session's hint. Operators (usernames) and sweeps (``reaper``) are shown as they 
 
 import re
 
-from .doorbell_text import sanitize_meta_value
-from .models import McpSession
+from channels_push.doorbells.text import sanitize_meta_value
+from channels_push.models import McpSession
 
 CLIENT_INFO_MAX_CHARS = 64
 SESSION_HINT_CHARS = 8

@@ -3,18 +3,8 @@ doorbell (which decides who is rung) and the MCP transport (which owns the strea
 Both import this module and neither imports the other for it, so there is no import circle.
 """
 
-from . import mcp_framing, publish
-
-# The doorbell's JSON-RPC method (CONTRACT §7): Claude Code's channel extension.
-CHANNEL_METHOD = "notifications/claude/channel"
-# Channel-layer group per session; the doorbell (any process) sends to it.
-SESSION_GROUP_PREFIX = "mcp.session."
-NOTIFY_MESSAGE_TYPE = "mcp.notify"
-TERMINATE_MESSAGE_TYPE = "mcp.terminate"
-
-
-def session_group(session_id: str) -> str:
-    return SESSION_GROUP_PREFIX + session_id
+from channels_push import mcp_framing
+from channels_push.bus import groups, publish
 
 
 def notify_session(session_id: str, method: str, params: dict | None = None, *,
@@ -27,7 +17,7 @@ def notify_session(session_id: str, method: str, params: dict | None = None, *,
     context = {"session": session_id[:8], "method": method, **(context or {})}
     message = mcp_framing.notification_envelope(method, params)
     return publish.send_to_group(
-        session_group(session_id),
-        {"type": NOTIFY_MESSAGE_TYPE, "message": message, "context": context},
-        context={**context, "group": SESSION_GROUP_PREFIX + session_id[:8] + "…"},
+        groups.session_group(session_id),
+        {"type": groups.NOTIFY_MESSAGE_TYPE, "message": message, "context": context},
+        context={**context, "group": groups.SESSION_GROUP_PREFIX + session_id[:8] + "…"},
         on_sent=on_sent, on_dropped=on_dropped)

@@ -21,9 +21,10 @@ import threading
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from . import groups
+
 log = logging.getLogger("switchboard.publish")
 
-BOARD_GROUP = "todos.board"
 # Changes after which a todo is ready for an agent to pick up: the doorbell's triggers (§7).
 # A lease that lapsed and a release put the todo back to pending: ready again exactly as a new
 # one (§4), when the change left it pending (a lapse on the last attempt dead-letters it).
@@ -154,7 +155,7 @@ class _BoardBatch:
             if self._scheduled:
                 return
             self._scheduled = True
-        _sender.submit_later(BOARD_BATCH_WINDOW, self._send, {"group": BOARD_GROUP})
+        _sender.submit_later(BOARD_BATCH_WINDOW, self._send, {"group": groups.BOARD_GROUP})
 
     async def _send(self):
         with self._lock:
@@ -162,7 +163,7 @@ class _BoardBatch:
             self._scheduled = False
         layer = get_channel_layer()
         for start in range(0, len(changes), BOARD_BATCH_MAX):
-            await layer.group_send(BOARD_GROUP, {
+            await layer.group_send(groups.BOARD_GROUP, {
                 "type": "todos.changed", "changes": changes[start:start + BOARD_BATCH_MAX]})
 
 

@@ -1,0 +1,432 @@
+"""``/todos/events``: the Todos board's Server-Sent Events stream (CONTRACT §9).
+
+Fed by the channel-layer group ``todos.board`` that ``publish.deliver`` sends every committed
+todo change to, in per-process batches (``todos.changed``). Changes an operator may see are
+gathered for ``FLUSH_DELAY`` and then become one ``todo`` event per changed todo, carrying its
+row as the board renders it (one query per batch); the stream never carries a payload or a
+secret.
+
+Resume without loss, by re-sync rather than replay: on every (re)connect the consumer joins the
+group FIRST and only then sends ``sync``, on which the page re-fetches its rows. Any change
+committed before that fetch is in the snapshot, any change after it arrives on the stream, so a
+dropped connection loses nothing. A replay from ``Last-Event-ID`` could not promise that: event
+ids are allocated before commit, so a change with a smaller id can commit after a larger one
+was already sent. The SSE ``id`` is still set (the row's version, its latest todo event id) so
+that the client can discard an older copy of a row that arrives after a newer one.
+
+Who may see what, and the re-checks that end a stream, are ``rights``; the process's one
+reader of the board group, which reads and renders each batch once for all its streams, is
+``hub``; the rows and their framing are ``rendering``.
+
+A webhook page's live log (``GroupStreamConsumer``) is the same stream with other content:
+the same cap per viewer, re-checks and dependency-down behaviour.
+"""
+
+import asyncio
+import json
+import logging
+from datetime import timedelta
+from urllib.parse import parse_qsl
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.urls import reverse
+
+from switchboard import health
+
+from channels_push.bus import group_reader
+from channels_push.bus import groups as bus_groups
+
+from . import hub, rendering, rights
+
+log = logging.getLogger("switchboard.board_stream")
+
+# Keep-alive comments: settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS (15 s: proxies close an
+# idle response after 30-60 s). Each one also re-checks the viewer's Django session and
+# is_active (CONTRACT §12), so a logged-out or deactivated operator's stream ends by then.
+
+# How soon the browser reconnects after a drop (the SSE ``retry`` field).
+RECONNECT_DELAY = timedelta(seconds=2)
+
+
+class _OpenBoards:
+    """This process's open board streams per user, oldest first: a user's fifth stream closes
+    their oldest (CONTRACT §12 cap, per process; a browser tab left behind is the usual
+    oldest, and refusing the new tab would leave the operator with a dead board)."""
+
+    def __init__(self):
+        self._streams = {}
+
+    def add(self, user_id: int, stream, cap: int) -> list:
+        streams = self._streams.setdefault(user_id, [])
+        streams.append(stream)
+        over = streams[:-cap] if len(streams) > cap else []
+        del streams[:len(over)]
+        return over
+
+    def remove(self, user_id: int, stream) -> None:
+        streams = self._streams.get(user_id, [])
+        if stream in streams:
+            streams.remove(stream)
+        if not streams:
+            self._streams.pop(user_id, None)
+
+
+_open_boards = _OpenBoards()
+
+
+# -- the stream ---------------------------------------------------------------------------------
+
+
+class BoardStreamConsumer:
+    """One long-lived ``/todos/events`` response, as a plain ASGI application (like the MCP
+    stream, and for the same reason: it must outlive the channel layer going away). The board
+    group is read by the process's ``hub.BoardHub`` for all streams; ``sync`` is sent once the hub
+    is subscribed and after every rejoin, so the page re-fetches whatever it missed while the
+    stream was deaf. The viewer's own group (logout, re-check) is this stream's, kept by
+    ``group_reader.follow_groups``. Keep-alives flow meanwhile; the hub re-checks the viewer
+    every keep-alive interval."""
+
+    def __init__(self, keepalive_interval: timedelta | None = None,
+                 flush_delay: timedelta = hub.FLUSH_DELAY,
+                 layer_retry_seconds=(group_reader.RETRY_FIRST_SECONDS,
+                                      group_reader.RETRY_MAX_SECONDS)):
+        self.keepalive_interval = keepalive_interval or timedelta(
+            seconds=settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS)
+        self.flush_delay = flush_delay
+        self.layer_retry_seconds = layer_retry_seconds
+        self.closed = False
+        self.resumed = None
+        self.stop = None  # an asyncio.Event once the stream runs: set to end it
+
+    @classmethod
+    def as_asgi(cls, **kwargs):
+        async def app(scope, receive, send):
+            await cls(**kwargs)(scope, receive, send)
+        return app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        self.scope, self.send = scope, send
+        while True:  # a GET has no body worth reading; wait for its last chunk
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            if not message.get("more_body"):
+                break
+        user = scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.send_whole(403, b"sign in to watch the board\n")
+            return
+        session = scope.get("session")
+        # Streams built without Django's session (tests that pass a user) re-check the user
+        # only; switchboard.asgi always wraps this app in the session middleware.
+        self.check_session = session is not None
+        self.session_key = getattr(session, "session_key", None) if session is not None else None
+        try:
+            self.viewer = await database_sync_to_async(self.admit)(user)
+        except health.UNAVAILABLE_ERRORS as exc:
+            await database_sync_to_async(health.note_database_unavailable)(
+                exc, route="board_stream")
+            await send_database_unavailable(send)
+            return
+        if self.viewer is None:
+            await self.send_whole(403, b"not yours to watch\n")
+            return
+        await self.run(receive)
+
+    def admit(self, user) -> rights.Viewer | None:
+        """Who watches (None: refused, 403), in one database hop. The board: any signed-in
+        operator, each row then filtered by what they may see."""
+        from todos import queries
+
+        query_string = self.scope.get("query_string", b"").decode("latin-1")
+        self.filters = queries.board_filters_from(dict(parse_qsl(query_string)))
+        # Streams of the same query string are the same board view: rendered once per batch.
+        self.view_key = query_string
+        # Buttons on streamed rows return to the same filtered board.
+        self.next_url = reverse("todos-board") + (f"?{query_string}" if query_string else "")
+        return rights.find_viewer(user)
+
+    # What a kind of stream adds to the board's (the webhook page's stream overrides these).
+
+    def own_groups(self) -> list:
+        """Channel-layer groups this stream reads itself, besides its viewer's group."""
+        return []
+
+    async def on_own_join(self):
+        """This stream's own groups were joined (again)."""
+
+    async def on_group_message(self, message) -> None:
+        """A message of one of ``own_groups``."""
+
+    async def attach(self):
+        # Subscribed to the board group through the process's hub, which re-checks its
+        # viewers every keep-alive interval and with every batch.
+        self.hub = hub.board_hub(flush_delay=self.flush_delay,
+                             recheck_interval=self.keepalive_interval,
+                             layer_retry_seconds=self.layer_retry_seconds)
+        await self.hub.add(self)
+
+    async def detach(self):
+        await self.hub.remove(self)
+
+    async def keepalive_check(self) -> bool:
+        """Before each keep-alive: False ends the stream. The board's viewers are re-checked
+        by their hub, for all of them at once, so nothing here."""
+        return True
+
+    async def run(self, receive):
+        self.stop = asyncio.Event()
+        for older in _open_boards.add(self.viewer.user_id, self,
+                                      settings.SWITCHBOARD_MAX_OPEN_STREAMS):
+            older.stop.set()
+        await self.send({
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache, no-store"),
+                (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+            ],
+        })
+        await self.send_chunk(rendering.format_retry(RECONNECT_DELAY))
+        layer = get_channel_layer()
+        groups = [bus_groups.viewer_group(self.viewer.user_id), *self.own_groups()]
+        membership = {"channel": None}
+        context = {"board_user": self.viewer.user_id}
+        self.resumed = self.find_header(b"last-event-id")
+
+        async def on_message(message) -> bool:
+            kind = message.get("type")
+            if kind == bus_groups.RECHECK_MESSAGE_TYPE:
+                if not await self.still_allowed():
+                    self.stop.set()
+            elif kind == bus_groups.STOP_MESSAGE_TYPE:
+                if message.get("session") == rights.session_tag(self.session_key):
+                    self.stop.set()
+            elif not self.stop.is_set():
+                await self.on_group_message(message)
+            return False
+
+        # Redis unreachable: the stream still opens and keeps its keep-alives while the reader
+        # keeps trying to join (CONTRACT §12), never a failed request.
+        reader = asyncio.ensure_future(group_reader.follow_groups(
+            layer, groups, membership, on_message, context,
+            retry_seconds=self.layer_retry_seconds, on_join=self.on_own_join))
+        try:
+            await self.attach()
+            await self.pump(receive)
+        finally:
+            self.closed = True
+            if not reader.done():
+                reader.cancel()
+            _open_boards.remove(self.viewer.user_id, self)
+            await self.detach()
+            await group_reader.leave_groups(layer, groups, membership.get("channel"))
+
+    async def send_sync(self):
+        await self.send_chunk(rendering.format_event("sync", {"resumed_after": self.resumed}))
+
+    @property
+    def viewer_key(self):
+        return (self.viewer.user_id, self.session_key, self.check_session)
+
+    def take_recheck(self, viewer) -> None:
+        """The hub's re-check of this stream's viewer: the fresh viewer, or None (end)."""
+        if viewer is None:
+            log.info("board stream closed: viewer signed out or deactivated",
+                     extra={"board_user": self.viewer.user_id})
+            self.stop.set()
+        else:
+            self.viewer = viewer
+
+    async def pump(self, receive):
+        """Until the client leaves or the stream is stopped: keep-alives on their own clock (no
+        query: the hub re-checks every viewer of the process once per interval)."""
+        loop = asyncio.get_running_loop()
+        interval = self.keepalive_interval.total_seconds()
+        keepalive_due = loop.time() + interval
+        disconnect = asyncio.ensure_future(receive())
+        stopped = asyncio.ensure_future(self.stop.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait({disconnect, stopped},
+                                             timeout=max(0.0, keepalive_due - loop.time()),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if disconnect in done:
+                    if disconnect.result().get("type") == "http.disconnect":
+                        return
+                    disconnect = asyncio.ensure_future(receive())
+                    continue
+                if stopped in done:
+                    await self.end_stream()
+                    return
+                if loop.time() < keepalive_due:
+                    continue
+                keepalive_due = loop.time() + interval
+                if not await self.keepalive_check():
+                    await self.end_stream()
+                    return
+                await self.send_chunk(rendering.format_comment("keep-alive"))
+        finally:
+            for task in (disconnect, stopped):
+                if not task.done():
+                    task.cancel()
+
+    async def still_allowed(self) -> bool:
+        """Re-check the viewer now (a logout without a session key asked for it); False once
+        the stream must close. The database being unreachable is not a logout: the stream
+        keeps its keep-alives and the hub checks again."""
+        try:
+            viewer = await database_sync_to_async(rights.recheck_viewer)(
+                self.viewer.user_id, self.session_key, self.check_session)
+        except health.UNAVAILABLE_ERRORS as exc:
+            log.warning("board stream check skipped: database unavailable",
+                        extra={"board_user": self.viewer.user_id, "error": type(exc).__name__})
+            return True
+        if viewer is None:
+            log.info("board stream closed: viewer signed out or deactivated",
+                     extra={"board_user": self.viewer.user_id})
+            return False
+        self.viewer = viewer
+        return True
+
+    async def end_stream(self):
+        self.closed = True
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def find_header(self, name: bytes):
+        for key, value in self.scope.get("headers", []):
+            if key.lower() == name:
+                return value.decode("latin-1")
+        return None
+
+    async def send_chunk(self, body: bytes):
+        if not self.closed:
+            await self.send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def send_whole(self, status: int, body: bytes):
+        await self.send({
+            "type": "http.response.start", "status": status,
+            "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+        })
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_database_unavailable(send):
+    body = json.dumps({"error": {"code": "unavailable",
+                                 "message": "the database is unreachable; retry"}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in health.unavailable_headers().items()]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def with_database_guard(app):
+    """``app`` (the board stream behind Django's session and auth middleware, which read the
+    database before the stream starts) answering 503 + Retry-After instead of failing when the
+    database is unreachable."""
+    async def guarded(scope, receive, send):
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await app(scope, receive, tracking_send)
+        except health.UNAVAILABLE_ERRORS as exc:
+            await database_sync_to_async(health.note_database_unavailable)(
+                exc, route="board_stream")
+            if not started:
+                await send_database_unavailable(send)
+    return guarded
+
+
+def application():
+    """``/todos/events`` as routed in switchboard/asgi.py: session-authenticated like the board
+    itself."""
+    from channels.auth import AuthMiddlewareStack
+
+    return with_database_guard(AuthMiddlewareStack(BoardStreamConsumer.as_asgi()))
+
+
+class GroupStreamConsumer(BoardStreamConsumer):
+    """A board page's live stream of one channel-layer group (a webhook page's deliveries,
+    CONTRACT §14): a board stream in all but its content, so it shares the board's cap per
+    viewer, its re-checks and its behaviour with a dependency down. ``authorize(user,
+    url_kwargs)`` — a sync function the routing file passes in — names the group the user may
+    watch, or None (403). As for the Todos board: join the group FIRST, then send ``sync`` (the
+    page re-fetches; again after every rejoin), and forward each ``stream.event`` message as an
+    SSE event of its ``event`` name. Every keep-alive re-checks the viewer with their current
+    rights (signed out, deactivated, demoted, the webhook given to another owner: the stream
+    ends). The messages carry ids and outcomes, never a body."""
+
+    def __init__(self, authorize, **kwargs):
+        super().__init__(**kwargs)
+        self.authorize = authorize
+        self.group = None
+
+    def admit(self, user) -> rights.Viewer | None:
+        self.group = self.authorize(user, self.url_kwargs)
+        return rights.find_viewer(user) if self.group is not None else None
+
+    @property
+    def url_kwargs(self) -> dict:
+        return self.scope.get("url_route", {}).get("kwargs", {})
+
+    def own_groups(self) -> list:
+        return [self.group]
+
+    async def on_own_join(self):
+        await self.send_sync()
+
+    async def on_group_message(self, message) -> None:
+        if message.get("type") == "stream.event":
+            await self.send_chunk(rendering.format_event(message["event"], message.get("data", {})))
+
+    async def attach(self):
+        pass
+
+    async def detach(self):
+        pass
+
+    async def keepalive_check(self) -> bool:
+        return await self.still_allowed()
+
+    async def still_allowed(self) -> bool:
+        """The viewer re-checked (``rights.recheck_viewer``) and, read afresh, still allowed this
+        group; the database being unreachable is not a revocation (as for the board)."""
+        try:
+            allowed = await database_sync_to_async(self.may_still_watch)()
+        except health.UNAVAILABLE_ERRORS as exc:
+            log.warning("board stream check skipped: database unavailable",
+                        extra={"board_user": self.viewer.user_id, "error": type(exc).__name__})
+            return True
+        if not allowed:
+            log.info("board stream closed: viewer lost the right to watch",
+                     extra={"board_user": self.viewer.user_id, "group": self.group})
+        return allowed
+
+    def may_still_watch(self) -> bool:
+        from django.contrib.auth import get_user_model
+
+        if rights.recheck_viewer(self.viewer.user_id, self.session_key, self.check_session) is None:
+            return False
+        # The user as they are now: a superuser demoted since the stream opened is judged as
+        # the operator they have become.
+        user = get_user_model().objects.filter(pk=self.viewer.user_id).first()
+        return user is not None and self.authorize(user, self.url_kwargs) == self.group
+
+
+def group_stream_application(authorize):
+    """A webhook page's stream as routed in switchboard/asgi.py: session-authenticated and
+    guarded against the database being down, like ``application()``."""
+    from channels.auth import AuthMiddlewareStack
+
+    return with_database_guard(AuthMiddlewareStack(
+        GroupStreamConsumer.as_asgi(authorize=authorize)))
