@@ -1,5 +1,5 @@
 """Operators' sign-in identities from outside Django: the OIDC subject a user signs in as
-(CONTRACT §12)."""
+(docs/console.md#sign-in-and-the-admin)."""
 
 from django.conf import settings
 from django.db import models
@@ -10,7 +10,7 @@ class OidcIdentity(models.Model):
 
     Accounts are linked by ``sub`` — stable and never reassigned by the provider — and never by
     e-mail address: a provider that lets anyone claim an address would otherwise let them sign
-    in as whoever holds it here (issue 12 item 10). Linked by an admin, or on first sign-in
+    in as whoever holds it here. Linked by an admin, or on first sign-in
     when ``OIDC_CREATE_USERS=true`` creates the user."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,

@@ -1,4 +1,5 @@
-"""Operator sign-in through OIDC (mozilla-django-oidc), linked by subject (CONTRACT §12).
+"""Operator sign-in through OIDC (mozilla-django-oidc), linked by subject
+(docs/console.md#sign-in-and-the-admin).
 
 The library's defaults match users by ``email__iexact``, check no ``email_verified`` and
 create a user for every unknown address: with a provider that lets people register unverified

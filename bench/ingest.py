@@ -1,17 +1,18 @@
-"""Ingest benchmark (issue 3): signed GitHub deliveries over loopback, side by side with the HTTP
+"""Ingest benchmark: signed GitHub deliveries over loopback, side by side with the HTTP
 stack's floor, in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/sb REDIS_URL=redis://127.0.0.1:6379/0 \\
         python bench/ingest.py [--deliveries 3000] [--concurrency 16] [--max-seconds 60]
 
-It starts daphne processes itself on free loopback ports: one serving switchboard on
-PostgreSQL (database ``<DATABASE_URL name>_bench``, created and migrated here), one serving
-``bench/bare_asgi.py``, which reads the body and answers 202 without touching anything (the
-floor). All get the same pre-signed requests from the same client at the same concurrency, in
-alternating rounds (floor, switchboard, …, floor, switchboard, …) so drift on a shared machine
-hits all alike. Prints deliveries/s, p50 and p99 for each, daphne's CPU per delivery (from
-/proc/<pid>/stat) for each, and the ratio switchboard / bare-sql (issue 17's target >= 0.75),
-by throughput and by CPU per delivery; switchboard / floor is printed for information.
+It starts daphne processes itself on free loopback ports: one serving switchboard on PostgreSQL
+(database ``<DATABASE_URL name>_bench``, created and migrated here), one serving
+``bench/bare_asgi.py``, which reads the body and answers 202 without touching anything (the floor).
+All get the same pre-signed requests from the same client at the same concurrency, in alternating
+rounds (floor, switchboard, …, floor, switchboard, …) so drift on a shared machine hits all alike.
+Prints deliveries/s, p50 and p99 for each, daphne's CPU per delivery (from /proc/<pid>/stat) for
+each, and the ratio switchboard / bare-sql (target >= 0.75;
+docs/decisions/one-statement-delivery.md), by throughput and by CPU per delivery; switchboard /
+floor is printed for information.
 
 What is measured on switchboard's side: ``POST /hooks/<slug>`` as production serves it, a plain
 ASGI app (``switchboard/http/plain.py``) calling ``ingest.views.answer_hook`` in one thread
@@ -238,7 +239,7 @@ def signed_requests(count: int, run_id: str) -> list[bytes]:
                       "body": "Steps to reproduce: run the benchmark. " * 8},
             "repository": {"full_name": "bench/switchboard"},
             "sender": {"login": "bench"},
-            # Unique per run: the same body under a new delivery id is a refused replay (§12).
+            # Unique per run: the same body under a new delivery id is a refused replay.
             "run": run_id,
         }).encode()
         signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
@@ -335,7 +336,7 @@ def main():
     env = {
         **os.environ, "DATABASE_URL": database_url, "DJANGO_SETTINGS_MODULE": "switchboard.settings",
         "SECRET_KEY": os.environ.get("SECRET_KEY", "bench-secret-key"),
-        # Production settings need a secrets key of their own (issue 15); a bench-only one.
+        # Production settings need a secrets key of their own; a bench-only one.
         "SWITCHBOARD_SECRETS_KEY": os.environ.get("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE="),
         "ALLOWED_HOSTS": "127.0.0.1,localhost", "SWITCHBOARD_INGEST_RATE_PER_MINUTE": "1000000000",
         "PYTHONPATH": str(REPO),

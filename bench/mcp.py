@@ -14,7 +14,7 @@ One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is mig
 Prints cycles/s for both and the tool-call latency p50/p99 seen by the clients. A benchmark,
 not a test: nothing here asserts a speed.
 
-The target (issue 17) is server CPU: the same SDK clients then drive the SDK's own Streamable
+The target is server CPU: the same SDK clients then drive the SDK's own Streamable
 HTTP server (bench/mcp_reference_server.py: MCPServer, stateless, JSON answers, uvicorn, a no-op
 tool) for as many tool calls, and the ratio of daphne's CPU per tools/call to the reference
 server's is printed (target <= 1.0: switchboard doing real work costs no more server CPU per call
@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
-# Production settings need a secrets key of their own (issue 15); a bench-only one.
+# Production settings need a secrets key of their own; a bench-only one.
 os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 
 

@@ -1,4 +1,5 @@
-"""Benchmark: webhook POST → the agent hears of the todo, by doorbell and by long poll (§6, §7).
+"""Benchmark: webhook POST → the agent hears of the todo, by doorbell and by long poll
+(docs/reference.md#doorbells, docs/reference.md#long-poll).
 
     DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/push.py [--deliveries 500] \
         [--waiters 500]
@@ -16,11 +17,11 @@ stream open, and ``--deliveries`` signed GitHub webhooks are POSTed one after an
 has the ``notifications/claude/channel`` naming that todo. Prints p50/p99/max per mode (target:
 p99 < 100 ms on loopback) and the share of the time the POST itself took.
 
-Side by side, in the same run and server, the long-poll path (§6): a pull-only agent parked in
+Side by side, in the same run and server, the long-poll path: a pull-only agent parked in
 ``claim_next`` with ``wait_seconds`` (raw HTTP, the SSE answer), and the same signed webhooks;
 the clock runs from the webhook's 202 to the claim's answer naming that todo.
 
-With ``--waiters N`` (postgres+redis only; issue 17 item 7), N long polls wait at once on one
+With ``--waiters N`` (postgres+redis only), N long polls wait at once on one
 daphne whose connection pool is capped at 2 (``DATABASE_POOL_MAX_SIZE=2``: waiting needs none),
 the database connections that process holds are counted in ``pg_stat_activity`` while they
 wait, and the webhook POST → claim latency (the target's clock; 202 → claim beside it) is
@@ -58,12 +59,12 @@ ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
-# Production settings need a secrets key of their own (issue 15); a bench-only one.
+# Production settings need a secrets key of their own; a bench-only one.
 os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 
 SECRET = "bench-push-secret-0123456789abcdef"
 # The many-waiters run parks hundreds of sessions on one credential: lift the per-credential
-# session cap (CONTRACT §12, default 32) along with the rate limits.
+# session cap (SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL, default 32) along with the rate limits.
 UNTHROTTLED = {"SWITCHBOARD_INGEST_RATE_PER_MINUTE": "100000000",
                "SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
                "SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL": "100000",
@@ -93,7 +94,7 @@ def prepare(run_id: str, kind: str = "push"):
 
 
 def signed_delivery(number: int) -> tuple[bytes, dict]:
-    # A nonce: the same body under a new delivery id is a refused replay (§12).
+    # A nonce: the same body under a new delivery id is a refused replay.
     body = json.dumps({"action": "opened", "issue": {"number": number, "title": f"bench {number}"},
                        "repository": {"full_name": "bench/push"},
                        "nonce": uuid.uuid4().hex}).encode()
@@ -423,7 +424,7 @@ def main():
               f"POST → claim answered ({len(after_post)} webhooks): p50 {ms(after_post, .5)}  "
               f"p99 {ms(after_post, .99)}  max {max(after_post) * 1000:6.1f} ms;  202 → claim: "
               f"p50 {ms(after_202, .5)}  p99 {ms(after_202, .99)}")
-        print("  targets (issue 17 item 7): ≤ 2 connections, POST → claim p99 < 150 ms")
+        print("  targets: ≤ 2 connections, POST → claim p99 < 150 ms")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from pathlib import Path  # noqa: E402
 import psycopg  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-# Production settings need a secrets key of their own (issue 15); a bench-only one.
+# Production settings need a secrets key of their own; a bench-only one.
 os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432").rstrip("/")
 SB_DB_NAME = os.environ.get("BENCH_DB", "sb_bench")
@@ -267,7 +267,8 @@ _EVENT = (
     "detail) SELECT t.id, '{action}', '{before}', t.state, %(actor)s, %(now)s, "
     "%(detail)s::jsonb FROM t){cleanup} SELECT * FROM t"
 )
-# complete ends the todo, so the same statement deletes its operator secrets (CONTRACT §12).
+# complete ends the todo, so the same statement deletes its operator secrets
+# (docs/security.md#stored-secrets).
 _SECRETS_CLEANUP = (
     ", d0 AS (DELETE FROM ingest_operatorsecret WHERE todo_id IN (SELECT id FROM t WHERE "
     "state = 'done' OR dead_lettered_at IS NOT NULL))"

@@ -1,4 +1,5 @@
-"""Retention on PostgreSQL: prune a large history while agents keep draining (CONTRACT §14).
+"""Retention on PostgreSQL: prune a large history while agents keep draining
+(docs/operating.md#retention).
 
     bench/.venv/bin/python bench/retention.py [--done 1000000] [--events-per-todo 3]
         [--pending 4000] [--workers 4]
@@ -32,7 +33,7 @@ from pathlib import Path  # noqa: E402
 import psycopg  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-# Production settings need a secrets key of their own (issue 15); a bench-only one.
+# Production settings need a secrets key of their own; a bench-only one.
 os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 PG = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432").rstrip("/")
 DB_NAME = "sb_bench_retention"

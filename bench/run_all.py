@@ -149,7 +149,7 @@ def run_benchmark(name: str, extra: list[str], env) -> dict:
 def ratio_lines(stdout: str) -> list[str]:
     """The lines that state a ratio, a goal/target or a CPU cost per operation, and the rows of
     any Markdown table (queue.py prints its a/b, a/c ratios as table columns; streams.py states
-    its issue-17 numbers against goals rather than as ratios)."""
+    its numbers against goals rather than as ratios)."""
     summary = r"\bratio\b|\bgoal\b|\btarget|\bcpu per\b|\d(?:\.\d+)?x\b"
     if not re.search(r"\bratio\b", stdout, re.I):
         # No ratio at all (push.py: latencies against a target): its headline latency lines too.
@@ -192,7 +192,7 @@ def main():
     env = dict(os.environ)
     env.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sb_bench")
     env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
-    # Production settings need a secrets key of their own (issue 15); a bench-only one.
+    # Production settings need a secrets key of their own; a bench-only one.
     env.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
     # queue.py names its server with BENCH_PG (it creates its own databases there).
     env.setdefault("BENCH_PG", env["DATABASE_URL"].rsplit("/", 1)[0])

@@ -1,4 +1,4 @@
-"""Many agents on one web process (issue 17 item 6): open MCP notification streams and board
+"""Many agents on one web process: open MCP notification streams and board
 streams on ONE daphne process, on PostgreSQL + Redis.
 
     DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/streams.py \
@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
 # The board's session cookies are minted here and checked by daphne: one SECRET_KEY for both.
 os.environ.setdefault("SECRET_KEY", "bench-streams-secret-key")
-# Production settings need a secrets key of their own (issue 15); a bench-only one.
+# Production settings need a secrets key of their own; a bench-only one.
 os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
 
 SECRET = "bench-streams-secret"
@@ -217,7 +217,7 @@ async def open_agent_stream(port, slug, credential, arrivals) -> Stream:
 
 
 async def deliver(port, webhook_slug, number) -> tuple[str, float]:
-    # A nonce: the same body under a new delivery id is a refused replay (§12).
+    # A nonce: the same body under a new delivery id is a refused replay.
     body = json.dumps({"action": "opened", "issue": {"number": number, "title": "bench"},
                        "repository": {"full_name": "acme/app"}, "nonce": uuid.uuid4().hex}).encode()
     signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()

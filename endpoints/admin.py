@@ -39,7 +39,7 @@ class EndpointForm(forms.ModelForm):
         fields = ["slug", "owner", "scope", "verbs", "default_lease_seconds", "max_attempts", "active",
                   "accept_unverified", "max_claimed", "queue_limits",
                   "approval_timeout_seconds",
-                  # §8 presence: the manual state is set by the clock actions (they send the
+                  # Presence: the manual state is set by the clock actions (they send the
                   # digest); schedule and override are edited here.
                   "shift_timezone", "shift_schedule", "presence_override", "presence_override_until"]
 

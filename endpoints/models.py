@@ -1,4 +1,4 @@
-"""Endpoints: what an operator vends to one agent (CONTRACT §3)."""
+"""Endpoints: what an operator vends to one agent (docs/agents.md)."""
 
 import hashlib
 import re
@@ -35,7 +35,7 @@ class Presence(models.TextChoices):
     OUT = "out"
 
 
-# -- shift schedules (CONTRACT §8): weekly windows in an IANA time zone -------------------------
+# -- shift schedules (docs/reference.md#presence): weekly windows in an IANA time zone ----------
 #
 # A schedule is a list of windows ``{"day": "mon", "start": "09:00", "end": "17:00"}`` in the
 # endpoint's ``shift_timezone``. An end at or before the start runs past midnight into the next
@@ -192,9 +192,9 @@ class Endpoint(models.Model):
         default=True, help_text="Hand unverified todos (from unsigned webhooks) to agents. Off: "
                                 "they wait on the board until an operator promotes one.")
     created_at = models.DateTimeField(auto_now_add=True)
-    # Presence (§8). Effective presence = an unexpired override, else the shift schedule (when
-    # there is one; a clock in/out holds against it until presence_hold_until), else the
-    # manual state. See presence_at().
+    # Presence (docs/reference.md#presence). Effective presence = an unexpired override, else the
+    # shift schedule (when there is one; a clock in/out holds against it until presence_hold_until),
+    # else the manual state. See presence_at().
     presence_state = models.CharField(
         max_length=3, choices=Presence.choices, default=Presence.IN,
         help_text="Manual state, set by clock in/out (agent verbs, board, admin, manage.py clock).")
@@ -213,8 +213,8 @@ class Endpoint(models.Model):
     # The last presence boundary (shift change, override end) the boundary sweep handled:
     # advanced by one guarded UPDATE, so overlapping sweeps announce a boundary exactly once.
     presence_boundary_at = models.DateTimeField(null=True, blank=True)
-    # Paused work (CONTRACT §14): queue names an operator paused, or ["*"] for the whole
-    # endpoint. claim_next skips them, claim refuses ``paused``, doorbells and sweeps hold;
+    # Paused work (docs/reference.md#pausing): queue names an operator paused, or ["*"] for the
+    # whole endpoint. claim_next skips them, claim refuses ``paused``, doorbells and sweeps hold;
     # ingest and held leases go on. Written only by transitions.pause_work / resume_work.
     paused_queues = models.JSONField(default=list, blank=True)
     # Concurrency caps (docs/work-control.md#caps): at most this many of the endpoint's todos
@@ -227,8 +227,9 @@ class Endpoint(models.Model):
     queue_limits = models.JSONField(
         default=dict, blank=True,
         help_text='Per-queue caps on claimed todos, e.g. {"deploys": 1}.')
-    # The approval gate (§15): a todo awaiting approval longer than this is cancelled by the
-    # approval-timeout sweep (todos.sweeps.cancel_stale_approvals). Empty: it waits forever.
+    # The approval gate (docs/work-control.md#approval): a todo awaiting approval longer than this
+    # is cancelled by the approval-timeout sweep (todos.sweeps.cancel_stale_approvals). Empty: it
+    # waits forever.
     approval_timeout_seconds = models.PositiveIntegerField(
         null=True, blank=True,
         help_text="Cancel todos awaiting approval longer than this. Empty: they wait forever.")
@@ -271,7 +272,7 @@ class Endpoint(models.Model):
             raise ValidationError({"presence_override_until": "an override needs an expiry"})
 
     def presence_at(self, now) -> str:
-        """Effective presence at ``now`` (§8): override > schedule (unless a clock hold is
+        """Effective presence at ``now``: override > schedule (unless a clock hold is
         running) > manual state."""
         if self.presence_override and self.presence_override_until and now < self.presence_override_until:
             return self.presence_override
@@ -326,7 +327,7 @@ class Endpoint(models.Model):
     def all_queues(self) -> bool:
         return ALL_QUEUES in self.scope
 
-    # -- paused work (§14) ---------------------------------------------------------------------
+    # -- paused work ---------------------------------------------------------------------------
 
     @property
     def paused_all(self) -> bool:

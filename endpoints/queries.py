@@ -15,7 +15,7 @@ from .models import Endpoint, hash_credential
 def credential_rights_sql(credential: str = "c", endpoint: str = "e", owner: str = "u", *,
                           now_param: str = "now") -> tuple[str, str]:
     """``(joins, condition)``, over a credential row aliased ``credential``, that hold only while
-    that credential still gives its rights (CONTRACT §12): unexpired (or in its rotation grace),
+    that credential still gives its rights (docs/security.md): unexpired (or in its rotation grace),
     its endpoint active, the endpoint's owner active. The one spelling of that rule, shared by
     the bearer check of every MCP request and the re-check of every stream keep-alive (and the
     sweep that ends sessions whose credential lost its rights). Expects the time as the named
@@ -46,8 +46,8 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
     expressions come back as attributes of the endpoint. That lets a check of the caller's own
     rows ride on this one statement: the MCP transport checks the request's session here, one
     round trip per request instead of two. Raw SQL rather than the ORM because this runs on
-    every MCP request, and building the query cost more CPU than running it (profiled: ORM
-    ~1.5 ms of ~3.4 ms per tool call; RawQuerySet still ~0.26 ms against ~0.14 ms for this).
+    every MCP request, and building the query (even as a RawQuerySet) cost more CPU than
+    running it.
     """
     if not credential:
         return None
@@ -58,9 +58,9 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
               "now": connection.ops.adapt_datetimefield_value(now)}
     sql = _credential_lookup_sql(join_sql, tuple(extra.values()))
     # Server-side binding, prepared (switchboard/db/statements.py): the text is fixed per caller,
-    # and planning it on every request cost more than running it (profiled: ~150 µs client +
-    # ~230 µs PostgreSQL per MCP request unprepared, ~40 + ~25 prepared). On PostgreSQL the row
-    # is read with psycopg's own loaders (statements.fetch_rows): half the lookup's CPU.
+    # and planning it on every request cost more than running it, on the client and in
+    # PostgreSQL alike. On PostgreSQL the row is read with psycopg's own loaders
+    # (statements.fetch_rows): Django's conversion of the row cost about as much as the lookup.
     if statements.is_postgres():
         rows = statements.fetch_rows(sql, params)
         row = rows[0] if rows else None

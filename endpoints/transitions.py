@@ -1,5 +1,6 @@
-"""Writes on endpoints and their credentials: vending, rotation, scope, presence (§8), paused
-work (§14) and concurrency caps.
+"""Writes on endpoints and their credentials: vending, rotation, scope, presence
+(docs/reference.md#presence), paused work (docs/reference.md#pausing) and concurrency caps
+(docs/work-control.md#caps).
 
 Presence and pause are the endpoint's own state: they change here, and a change that makes
 waiting work receivable again (presence turned ``in``, work resumed) is announced after commit
@@ -64,12 +65,13 @@ def rotate_credential(endpoint: Endpoint, *, grace=DEFAULT_ROTATION_GRACE, now=N
 
 
 def set_presence(endpoint: Endpoint, presence: str, *, until=None, now=None) -> tuple[str, str]:
-    """Clock ``endpoint`` in or out (§8). Returns its effective presence ``(before, after)``.
+    """Clock ``endpoint`` in or out (docs/reference.md#presence). Returns its effective presence
+    ``(before, after)``.
 
     Without ``until``: the manual state (agent verbs, board, admin actions, ``manage.py clock``
     without --until); on an endpoint with a shift schedule it holds until the next shift
     boundary, after which the schedule rules again. It never touches an operator override:
-    an override with an expiry wins (§8) until it expires or the operator changes it. With
+    an override with an expiry wins until it expires or the operator changes it. With
     ``until``: that operator override, winning over everything until then.
 
     The row is locked while it is read and written, so two concurrent clock-ins agree on which
@@ -184,7 +186,7 @@ def presence_report(endpoint: Endpoint, *, now=None) -> dict:
             "override_until": until.isoformat().replace("+00:00", "Z") if until else None}
 
 
-# -- scope (§3) ----------------------------------------------------------------------------------
+# -- scope ---------------------------------------------------------------------------------------
 
 
 def set_scope(endpoint: Endpoint, scope: list) -> Endpoint:
@@ -200,7 +202,7 @@ def set_scope(endpoint: Endpoint, scope: list) -> Endpoint:
     return endpoint
 
 
-# -- paused work (§14) ---------------------------------------------------------------------------
+# -- paused work ---------------------------------------------------------------------------------
 
 
 def _record(endpoint, action: str, *, queue: str, actor: str, now, detail=None) -> None:

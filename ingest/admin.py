@@ -293,7 +293,8 @@ class OwnWebhookFilter(admin.SimpleListFilter):
 
 @admin.register(DeliveryRecord)
 class DeliveryRecordAdmin(admin.ModelAdmin):
-    """The delivery log (§14), read-only: every request that named a webhook."""
+    """The delivery log (docs/senders.md#the-delivery-log), read-only: every request that named a
+    webhook."""
 
     list_display = ("id", "at", "webhook", "outcome", "status", "kind", "delivery_id", "size",
                     "source_address", "reason", "redelivered_from")

@@ -14,6 +14,6 @@ class IngestConfig(AppConfig):
         from .models import OperatorSecret
 
         mcp_tools.register_secret_reader(queries.read_secret)
-        # Operator secrets die with their todo (CONTRACT §12): deleted by the very transition
-        # that completes or dead-letters it.
+        # Operator secrets die with their todo (docs/security.md#stored-secrets): deleted by the
+        # very transition that completes or dead-letters it.
         todo_transitions.register_rows_ending_with_todo(OperatorSecret._meta.db_table)

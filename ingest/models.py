@@ -1,4 +1,4 @@
-"""Ingest: webhooks, their routes, and the record of every accepted arrival (CONTRACT §3, §5)."""
+"""Ingest: webhooks, their routes, and the record of every accepted arrival (docs/senders.md)."""
 
 import base64
 import functools
@@ -32,9 +32,9 @@ class Source(models.TextChoices):
 
 class SealedSecretField(models.TextField):
     """A secret kept Fernet-encrypted in the database with the operator-secret keyring
-    (``build_fernet``; CONTRACT §12) and plain text in Python. Empty stays empty (unsigned
-    webhooks, no previous secret). A value the keyring cannot decrypt reads as empty, which
-    verifies nothing, and is logged: the secrets key changed without keeping the old one."""
+    (``build_fernet``; docs/security.md#stored-secrets) and plain text in Python. Empty stays empty
+    (unsigned webhooks, no previous secret). A value the keyring cannot decrypt reads as empty,
+    which verifies nothing, and is logged: the secrets key changed without keeping the old one."""
 
     def from_db_value(self, value, expression, connection):
         return unseal_text(value)
@@ -151,7 +151,7 @@ class DeliveryEvent(models.Model):
         return f"{self.trust} {self.delivery_id or self.pk}"
 
 
-# -- the delivery log and the replay ledger (§12, §14) -------------------------------------------
+# -- the delivery log and the replay ledger ------------------------------------------------------
 
 
 class Outcome(models.TextChoices):
@@ -255,7 +255,7 @@ class ReplayLedgerEntry(models.Model):
         ]
 
 
-# -- operator secrets (§5): stored apart from the payload, encrypted at rest ---------------------
+# -- operator secrets: stored apart from the payload, encrypted at rest --------------------------
 
 SECRET_REF_PREFIX = "sec_"
 OPERATOR_TOKEN_PREFIX = "sbo_"

@@ -17,10 +17,11 @@ from .models import (SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, We
                      unseal_text)
 
 
-# The ingest hot path's one read. Written as SQL because the ORM's select_related over three
-# models measured 1.6 ms of CPU per call against 0.16 ms for this statement (a quarter of a
-# delivery's whole CPU cost). Endpoints are loaded with the fields ingest uses; any other field
-# is deferred and loads on first access, so new Endpoint fields need no change here.
+# The ingest hot path's one read. Written as SQL because the ORM's select_related over three models
+# cost several times the CPU of this statement, a large share of a delivery's whole cost
+# (docs/decisions/hook-outside-django.md says why the hook's CPU matters). Endpoints are loaded with
+# the fields ingest uses; any other field is deferred and loads on first access, so new Endpoint
+# fields need no change here.
 _WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secret",
                    "previous_secret_expires_at", "active", "created_at"]
 # In the model's field order: Model.from_db reads a partial row's values in that order.
@@ -37,7 +38,7 @@ _WEBHOOK_WITH_ROUTES_SQL = (
     + " FROM ingest_webhook w JOIN auth_user u ON u.id = w.owner_id"
     " LEFT JOIN ingest_route r ON r.webhook_id = w.id"
     " LEFT JOIN endpoints_endpoint e ON e.id = r.endpoint_id"
-    # An inactive owner's webhooks are as unknown as inactive ones (§12: offboarding).
+    # An inactive owner's webhooks are as unknown as inactive ones (offboarding).
     " WHERE w.slug = %s AND w.active AND u.is_active ORDER BY r.id"
 )
 
@@ -53,7 +54,7 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
     if statements.is_postgres():
         # The transitions' own path (prepared on first use, jsonb and timestamptz read by
         # psycopg's C loaders): Django's cursor wrapper and its Python loaders cost more CPU
-        # than this statement on the hook's hot path (issue 17).
+        # than this statement on the hook's hot path.
         rows = statements.fetch_rows(_WEBHOOK_WITH_ROUTES_SQL, [slug])
     else:
         with statements.statement_cursor() as cursor:
@@ -134,8 +135,8 @@ def read_secret(caller, ref) -> dict:
             .only("queue", "state", "lease_owner", "lease_expires_at").first())
     if todo is None or not caller.covers(todo.queue):
         raise Refusal("not_found", f"no secret {ref}")
-    # Only the worker doing the job reads its secrets (CONTRACT §12): the session holding the
-    # todo's unexpired lease, not its siblings, and not after the work is handed back.
+    # Only the worker doing the job reads its secrets (docs/security.md#stored-secrets): the session
+    # holding the todo's unexpired lease, not its siblings, and not after the work is handed back.
     if not (todo.state == State.CLAIMED and todo.lease_owner == caller.actor
             and todo.lease_expires_at is not None and todo.lease_expires_at > timezone.now()):
         raise Refusal("lease_lost", f"secret {ref} can be read only while this session holds "
@@ -183,7 +184,8 @@ def latest_deliveries(webhook, *, outcome=None, limit=200) -> list:
 
 
 def delivery_as_dict(record) -> dict:
-    """One delivery log entry as ``manage.py deliveries --json`` prints it (CONTRACT §11)."""
+    """One delivery log entry as ``manage.py deliveries --json`` prints it
+    (docs/commands.md#deliveries)."""
     return {
         "id": str(record.pk), "at": record.at.isoformat().replace("+00:00", "Z"),
         "outcome": record.outcome, "status": record.status, "delivery_id": record.delivery_id,

@@ -1,4 +1,4 @@
-"""Retention (CONTRACT §14): the hourly prune of history that has served its purpose.
+"""Retention (docs/operating.md#retention): the hourly prune of history that has served its purpose.
 
 Everything switchboard writes would otherwise stay forever: done todos with their audit events,
 the delivery events behind them, operator secrets, ended MCP sessions. The prune lives here
@@ -292,7 +292,7 @@ def prune_history_sweep() -> int:
     return sum(prune_history().values())
 
 
-# -- the replay ledger and the delivery log's dropped counts (CONTRACT §12, §14) ----------------
+# -- the replay ledger and the delivery log's dropped counts ------------------------------------
 # Their own small sweeps, apart from the hourly prune: the ledger's window is its own, and the
 # dropped counts must reach the database within seconds, not an hour.
 

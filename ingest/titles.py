@@ -1,4 +1,4 @@
-"""How a delivery is described: its kind and a legible one-line title, per source (CONTRACT §5).
+"""How a delivery is described: its kind and a legible one-line title, per source (docs/senders.md).
 
 Payloads are untrusted and arbitrary: every lookup tolerates missing keys and wrong types, and
 falls back to a generic title rather than fail. ``create_todo`` folds whitespace and truncates;

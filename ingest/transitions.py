@@ -1,5 +1,5 @@
-"""Writes of the ingest app: webhooks and their routes, secret rotation, operator tokens, and
-the one write that matters — an accepted arrival becoming todos (CONTRACT §5).
+"""Writes of the ingest app: webhooks and their routes, secret rotation, operator tokens, and the
+one write that matters — an accepted arrival becoming todos (docs/architecture.md#a-webhooks-path).
 
 An arrival is ONE transaction: its delivery event and every routed todo (each through
 ``todos.transitions.create_todo``), all or none. Doorbells and board updates are published by
@@ -39,8 +39,8 @@ from .verification import STANDARD_SECRET_PREFIX, decode_standard_secret
 log = logging.getLogger("switchboard.ingest")
 
 DEFAULT_SECRET_ROTATION_GRACE = timedelta(hours=24)
-# Said plainly whenever an unsigned webhook is made or shown (CONTRACT §12): add_webhook, the
-# admin, the webhook's page. Its URL is its only secret.
+# Said plainly whenever an unsigned webhook is made or shown (docs/security.md#anonymous-senders):
+# add_webhook, the admin, the webhook's page. Its URL is its only secret.
 UNSIGNED_WARNING = ("unsigned: ANYONE WHO KNOWS THIS URL CAN CREATE WORK. Deliveries are recorded "
                     "as trust unverified, never rung, and agents are told to treat them as data; "
                     "endpoints with accept_unverified off never get them until you promote one. "
@@ -123,7 +123,7 @@ def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
     """Raise ValidationError when ``webhook`` may not route to ``endpoint``/``queue``: the queue
     must lie in the endpoint's scope (its agent could never see the todos otherwise), and the
     webhook and endpoint must have the same owner (every todo is attributed to the webhook's
-    owner, who must be the endpoint's own human; §3). Admin forms and the command both call
+    owner, who must be the endpoint's own human). Admin forms and the command both call
     this, so neither can create such a route."""
     errors = {}
     if not endpoint.covers(queue):
@@ -288,10 +288,10 @@ def first_route_per_endpoint(routes) -> dict:
 
 
 def route_idempotency_key(route: Route, key: str, first_routes: dict) -> str:
-    """Keys are unique per endpoint, so two routes into queues of ONE endpoint would collapse
-    into one todo. The endpoint's first route keeps the contract's plain key (§5), which
-    therefore never changes shape when a route is added; every further route to that
-    endpoint appends its queue."""
+    """Keys are unique per endpoint, so two routes into queues of ONE endpoint would collapse into
+    one todo. The endpoint's first route keeps the plain key (docs/reference.md#idempotency), which
+    therefore never changes shape when a route is added; every further route to that endpoint
+    appends its queue."""
     return key if first_routes.get(route.endpoint_id) == route.pk else f"{key}/{route.queue}"
 
 
@@ -327,7 +327,7 @@ _RECORD_FIELDS = ("webhook_id", "at", "outcome", "status", "delivery_id", "kind"
                   "redelivered_from_id", "attributed_to_id", "headers")
 # The ledger takes a fingerprint when nothing holds it, when its holder is past the replay
 # window, or (unless the source is timestamped) when the same delivery id comes again under the
-# same kind: a sender's redelivery, which §4's idempotency then answers. The kind must match
+# same kind: a sender's redelivery, which idempotency then answers. The kind must match
 # because GitHub, Gitea and GitLab do not sign the event header it comes from. Otherwise it
 # returns no row. (Over the held entry ``l`` and the ledger params; the new delivery id is
 # %(delivery_id)s.)
@@ -769,7 +769,7 @@ def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
     )
 
 
-# -- operator hand-offs (ADR-0040) ---------------------------------------------------------------
+# -- operator hand-offs (docs/reference.md#the-operator-api) --------------------------------------
 
 
 def _with_secret_refs(payload: dict, secret_values: dict) -> tuple[dict, list[OperatorSecret]]:

@@ -1,4 +1,4 @@
-"""Per-source verification of webhook deliveries (CONTRACT §5).
+"""Per-source verification of webhook deliveries (docs/senders.md).
 
 Everything here is pure: headers and raw body in, a verdict out, nothing written. A verifier
 raises ``VerificationFailed`` with a short reason that is safe to log (it never contains the
@@ -225,7 +225,7 @@ def _verify_sentry(webhook, headers, body, now) -> Envelope:
 
 
 def _accept_unsigned(webhook, headers, body, now) -> Envelope:
-    # No proof of origin: recorded as unverified, and never rung (§7).
+    # No proof of origin: recorded as unverified, and never rung (docs/reference.md#trust).
     return Envelope(TrustMode.UNVERIFIED, "", "")
 
 

@@ -1,4 +1,4 @@
-"""The one routing file for HTTP, SSE and MCP (CONTRACT §1; STYLE "Where things live").
+"""The one routing file for HTTP, SSE and MCP (docs/architecture.md#the-layers).
 
 Long-lived streams (the MCP endpoint, the board's SSE) are plain ASGI apps that keep their own
 channel-layer groups (channels_push.bus.group_reader); the webhook
@@ -30,18 +30,18 @@ from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 daphne_tuning.skip_form_parsing()
 
 http_routes = [
-    # MCP Streamable HTTP (§6), /mcp/<endpoint_slug>; never redirects.
-    # Checks Host itself (on the request it decodes once), like SyncHandlerApp below.
+    # MCP Streamable HTTP (docs/reference.md#sessions-and-streams), /mcp/<endpoint_slug>; never
+    # redirects. Checks Host itself (on the request it decodes once), like SyncHandlerApp below.
     re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
-    # The Todos board's live stream (issue 7): session-authenticated like the board itself,
-    # re-checked on every keep-alive (CONTRACT §12).
+    # The Todos board's live stream: session-authenticated like the board itself, re-checked
+    # on every keep-alive (docs/security.md#who-may-read-who-may-act).
     re_path(r"^todos/events$", plain.AllowedHostsOnly(board_stream.application())),
-    # A webhook page's live delivery log (§14): a board stream of one group per webhook, with
-    # the board's caps and re-checks.
+    # A webhook page's live delivery log (docs/senders.md#the-delivery-log): a board stream of one
+    # group per webhook, with the board's caps and re-checks.
     re_path(r"^todos/webhooks/(?P<slug>[-a-zA-Z0-9_]+)/events$", plain.AllowedHostsOnly(
         board_stream.group_stream_application(ingest_views.delivery_stream_group))),
-    # Webhook deliveries (§5), /hooks/<webhook_slug>: any slug text is captured so that an
-    # unknown one gets ingest's JSON 404.
+    # Webhook deliveries (docs/reference.md#the-hooks-answers), /hooks/<webhook_slug>: any slug text
+    # is captured so that an unknown one gets ingest's JSON 404.
     re_path(ingest_views.HOOK_ROUTE_PATTERN,
             plain.SyncHandlerApp(ingest_views.answer_hook, ingest_views.refusal_answer)),
     # Everything else is Django. Static files (the admin's CSS and JS) are served from the

@@ -1,4 +1,4 @@
-"""Shared shape of switchboard's management commands (CONTRACT §11).
+"""Shared shape of switchboard's management commands (docs/commands.md).
 
 Every command that prints accepts ``--json`` and then prints exactly one JSON object on stdout;
 errors go to stderr with a non-zero exit (``CommandError``).

@@ -1,4 +1,5 @@
-"""/healthz (the process answers) and /readyz (its dependencies answer), as JSON (§2)."""
+"""/healthz (the process answers) and /readyz (its dependencies answer), as JSON
+(docs/operating.md#health)."""
 
 import concurrent.futures
 import logging
@@ -23,11 +24,11 @@ def healthz(request):
 def discard_broken_pooled_connections() -> None:
     """After a database error, test every idle pooled connection now and replace the dead ones.
 
-    Why: a PostgreSQL restart kills every pooled connection at once. The pool checks a
-    connection only when it hands it out, backing off 1 s, 2 s, 4 s … between failed checks, so
-    with several dead ones a request outlasts the 5 s pool wait and fails, and so does the next
-    (measured: 4 of the first 20 requests on a loaded machine). Checking them all at the first
-    error leaves at most that one request failed (with a retryable answer)."""
+    Why: a PostgreSQL restart kills every pooled connection at once. The pool checks a connection
+    only when it hands it out, backing off 1 s, 2 s, 4 s … between failed checks, so with several
+    dead ones a request outlasts the 5 s pool wait and fails, and so does the next (seen on a loaded
+    machine: several of the first requests after a restart). Checking them all at the first error
+    leaves at most that one request failed (with a retryable answer)."""
     pool = getattr(connection, "pool", None)
     if pool is None:
         return
@@ -37,8 +38,9 @@ def discard_broken_pooled_connections() -> None:
         log.warning("pool check failed", extra={"error": type(exc).__name__})
 
 
-# What a request the database could not serve is told: nothing was done, retry after this
-# long (/hooks, /mcp, the board and its stream answer 503 with it; CONTRACT §12).
+# What a request the database could not serve is told: nothing was done, retry after this long
+# (/hooks, /mcp, the board and its stream answer 503 with it;
+# docs/operating.md#when-postgresql-is-down).
 UNAVAILABLE_RETRY_AFTER_SECONDS = 5
 
 
@@ -55,8 +57,8 @@ def note_database_unavailable(exc, **context) -> None:
 
 
 # The database probe runs on a worker thread of its own and is given this long: a pooled
-# connection can wait 5 s for PostgreSQL (settings), and a readiness probe must answer fast
-# (CONTRACT §12). Two workers: a probe stuck behind a dead database does not queue the next.
+# connection can wait 5 s for PostgreSQL (settings), and a readiness probe must answer fast.
+# Two workers: a probe stuck behind a dead database does not queue the next.
 DATABASE_PROBE_TIMEOUT_SECONDS = 1.0
 _probe_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2,
                                                     thread_name_prefix="readyz-probe")
@@ -125,7 +127,7 @@ def _check_redis():
 
 
 # Redis is probed at the same time as the database, on a pool of its own, so /readyz answers
-# within about one probe timeout even when both hang (one after the other took 2 s: review).
+# within about one probe timeout even when both hang (one after the other took two timeouts).
 _redis_probe_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2,
                                                           thread_name_prefix="readyz-redis")
 

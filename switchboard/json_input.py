@@ -18,7 +18,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.forms.fields import InvalidJSONInput
 
-# Arrays and objects inside one another (CONTRACT §12); no real payload comes close.
+# Arrays and objects inside one another (docs/security.md#bad-input-is-a-400-never-a-500); no real
+# payload comes close.
 MAX_JSON_DEPTH = 100
 
 # A JSON string literal (escapes included); removed before counting so brackets in text do not
@@ -26,8 +27,8 @@ MAX_JSON_DEPTH = 100
 # webhook's whole CPU budget on large bodies. The pattern matches from every quote it starts
 # at — up to the closing quote, or to the end of an unterminated string (a lone trailing
 # backslash included) — so the scan is one pass: a pattern that could fail restarted at each
-# later quote and rescanned to the end, quadratic in the body (64 KB of `\"` after `[`×101:
-# 7 s of CPU, found in review).
+# later quote and rescanned to the end, quadratic in the body (64 KB of `\"` after `[`×101
+# took seconds of CPU).
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.|\\\Z)*(?:"|\Z)', re.DOTALL)
 _NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
 # An innermost pair once everything but brackets is gone: peeling them off once per level.

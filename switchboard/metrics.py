@@ -1,4 +1,4 @@
-"""Prometheus series for /metrics (CONTRACT §9).
+"""Prometheus series for /metrics (docs/operating.md#metrics).
 
 Two kinds, on purpose:
 
@@ -77,7 +77,7 @@ class EventTally:
     on each scrape by counting only the events written since the last one.
 
     Why not one GROUP BY over the whole table per scrape: it reads every event ever written
-    (bench/metrics_scrape.py: ~180 ms at 600k events, linear beyond). Why the settle margin:
+    (bench/metrics_scrape.py measures it: linear in the table). Why the settle margin:
     event ids are taken before commit, so an id below the newest visible one may still be
     uncommitted and invisible. Every id below that of an event written more than twice the
     settle time ago was taken, and its transaction finished, over one settle time ago; only
@@ -101,7 +101,7 @@ class EventTally:
 
         now = now or timezone.now()
         with self._lock, queries.metrics_snapshot():
-            # Retention folds the events it deletes into a tally (§14). The running total
+            # Retention folds the events it deletes into a tally. The running total
             # cached here still holds those events, so after a prune it is recounted once:
             # remaining events + tally, never both for the same event.
             pruned = queries.count_pruned_events()

@@ -89,7 +89,7 @@ return {allowed, wait, taken}
 """
 
 # A busy key's tokens are taken from Redis a few at a time and spent here, so a process does one
-# round trip per batch instead of one per request (~55 µs each, profiled on /mcp). The shared
+# round trip per batch instead of one per request (each showed in profiles of /mcp). The shared
 # bucket is still the only source of tokens, so all processes together never pass the limit;
 # a process holds at most a batch for at most RESERVATION_SECONDS (then the rest is dropped,
 # never returned: a little under-admission, never over). Only a limit of 600/min or more
@@ -210,7 +210,7 @@ _give_back_script = None
 
 def give_back_token(scope: str, key: str, *, per_minute: int) -> None:
     """Return the token a request took when it turned out not to be what the budget is for
-    (a repeated or replayed delivery: §12 charges those to the sender's address instead)."""
+    (a repeated or replayed delivery: those are charged to the sender's address instead)."""
     global _give_back_script
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     if settings.REDIS_URL and time.monotonic() >= _redis_down_until:
@@ -229,7 +229,7 @@ def give_back_token(scope: str, key: str, *, per_minute: int) -> None:
             _local_buckets[bucket_key] = (min(float(per_minute), tokens + 1.0), last_ms)
 
 
-# -- anonymous failures per client address (CONTRACT §12) ---------------------------------------
+# -- anonymous failures per client address (docs/security.md#anonymous-senders) -----------------
 #
 # Unknown hook slugs, failed verifications and bad MCP bearers spend a budget of their own, keyed
 # by the client address, never the budget of the webhook or credential they name: an unsigned
@@ -271,7 +271,7 @@ def charge_client_failure(scope: str, address: str, *, per_minute: int) -> Decis
     return decision
 
 
-# -- counters per time window (the delivery log's cap, §14) -------------------------------------
+# -- counters per time window (the delivery log's cap) ------------------------------------------
 
 _COUNT_LUA = """
 local n = redis.call('INCR', KEYS[1])

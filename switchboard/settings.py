@@ -1,4 +1,4 @@
-"""switchboard settings: read only from the environment (CONTRACT §2).
+"""switchboard settings: read only from the environment (docs/configuration.md).
 
 Two runtime modes fall out of two variables:
 
@@ -67,7 +67,7 @@ ALLOWED_HOSTS = _typed("ALLOWED_HOSTS", env.list, ["localhost", "127.0.0.1", "[:
 SWITCHBOARD_PUBLIC_URL = env.str("SWITCHBOARD_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip(
     "/"
 )
-# Browser origins allowed to call /mcp (exact scheme, host and port; CONTRACT §12): the public
+# Browser origins allowed to call /mcp (exact scheme, host and port; docs/security.md): the public
 # URL's own origin plus SWITCHBOARD_ALLOWED_ORIGINS (comma-separated, e.g. a browser-based
 # inspector's http://localhost:6274). A request without Origin (any non-browser client) is
 # never refused for it.
@@ -95,24 +95,25 @@ SWITCHBOARD_INGEST_RATE_PER_MINUTE = _typed(
     "SWITCHBOARD_INGEST_RATE_PER_MINUTE", env.int, 600, minimum=1
 )
 SWITCHBOARD_MCP_RATE_PER_MINUTE = _typed("SWITCHBOARD_MCP_RATE_PER_MINUTE", env.int, 6000, minimum=1)
-# Failed verifications per webhook and client address, and unknown hook slugs / bad MCP
-# bearers per client address (CONTRACT §12): counted apart from the verified budget above, so
-# anonymous traffic can never spend a signed sender's tokens.
+# Failed verifications per webhook and client address, and unknown hook slugs / bad MCP bearers per
+# client address (docs/security.md#anonymous-senders): counted apart from the verified budget above,
+# so anonymous traffic can never spend a signed sender's tokens.
 SWITCHBOARD_INGEST_FAILURES_PER_MINUTE = _typed(
     "SWITCHBOARD_INGEST_FAILURES_PER_MINUTE", env.int, 60, minimum=1
 )
 SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE = _typed(
     "SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE", env.int, 60, minimum=1
 )
-# Body cap for `unsigned` webhooks (anyone who knows the URL may post; §12).
+# Body cap for `unsigned` webhooks (anyone who knows the URL may post).
 SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES = _typed(
     "SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES", env.int, 64 * 1024, minimum=1
 )
-# A signed body accepted under one delivery id is refused under another for this long (§12).
+# A signed body accepted under one delivery id is refused under another for this long (a replay).
 SWITCHBOARD_REPLAY_WINDOW = timedelta(
     days=_typed("SWITCHBOARD_REPLAY_WINDOW_DAYS", env.int, 7, minimum=1)
 )
-# Delivery log (§14): refused deliveries recorded per webhook per minute; the rest are counted.
+# Delivery log (docs/senders.md#the-delivery-log): refused deliveries recorded per webhook per
+# minute; the rest are counted.
 SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE = _typed(
     "SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE", env.int, 60, minimum=0
 )
@@ -121,12 +122,12 @@ SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE = _typed(
 SWITCHBOARD_MCP_MAX_RESULT_BYTES = _typed(
     "SWITCHBOARD_MCP_MAX_RESULT_BYTES", env.int, 8 * 1024 * 1024, minimum=64 * 1024
 )
-# MCP sessions (§6) with no request and no open stream for this long are ended by the
-# idle-session sweep; an open notification stream keeps its session alive.
+# MCP sessions (docs/reference.md#sessions-and-streams) with no request and no open stream for this
+# long are ended by the idle-session sweep; an open notification stream keeps its session alive.
 SWITCHBOARD_MCP_SESSION_IDLE = timedelta(
     seconds=_typed("SWITCHBOARD_MCP_SESSION_IDLE_SECONDS", env.int, 3600, minimum=60)
 )
-# Streams (§6, §12). Keep-alive comments on the MCP and board streams; every keep-alive
+# Streams. Keep-alive comments on the MCP and board streams; every keep-alive
 # interval each process also re-checks the right of every stream it holds (credential / Django
 # session) in one query, so this is also how soon a revoked stream closes. Below the 30-60 s idle cut of common proxies.
 SWITCHBOARD_STREAM_KEEPALIVE_SECONDS = _typed(
@@ -137,7 +138,7 @@ SWITCHBOARD_STREAM_KEEPALIVE_SECONDS = _typed(
 # 2/5 of it (2 min of the default 5). Tests of a killed process shorten it.
 SWITCHBOARD_STREAM_LEASE_SECONDS = _typed(
     "SWITCHBOARD_STREAM_LEASE_SECONDS", env.float, 300.0, minimum=1.0)
-# Caps (§12): live MCP sessions per credential (initialize evicts the oldest idle beyond it),
+# Caps: live MCP sessions per credential (initialize evicts the oldest idle beyond it),
 # and open streams per MCP session and per operator's board.
 SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL = _typed(
     "SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL", env.int, 32, minimum=1)
@@ -149,22 +150,23 @@ SWITCHBOARD_MAX_LONG_POLLS_PER_SESSION = _typed(
     "SWITCHBOARD_MAX_LONG_POLLS_PER_SESSION", env.int, 4, minimum=1)
 SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL = _typed(
     "SWITCHBOARD_MAX_LONG_POLLS_PER_CREDENTIAL", env.int, 32, minimum=1)
-# A session counts as attached (a receiver for doorbells, sweeps and digests, §7) while it has
-# an open notification stream, or made a request within this window: a client that vanished
-# without DELETE stops costing ring budget after it, not after the idle limit above.
+# A session counts as attached (a receiver for doorbells, sweeps and digests;
+# docs/reference.md#doorbells) while it has an open notification stream, or made a request within
+# this window: a client that vanished without DELETE stops costing ring budget after it, not after
+# the idle limit above.
 SWITCHBOARD_ATTACH_WINDOW = timedelta(
     seconds=_typed("SWITCHBOARD_ATTACH_WINDOW_SECONDS", env.int, 120, minimum=1)
 )
 # A notification stream whose client has not drained this many bytes (frames the transport
-# has not yet written to the socket) drops new doorbells instead of buffering them (§7).
+# has not yet written to the socket) drops new doorbells instead of buffering them.
 SWITCHBOARD_STREAM_BUFFER_BYTES = _typed(
     "SWITCHBOARD_STREAM_BUFFER_BYTES", env.int, 256 * 1024, minimum=1024
 )
-# A long-polling claim_next (§6) answering over SSE sends a keep-alive comment this often, below
-# the 30-60 s idle cut of common proxies (tests shorten it).
+# A long-polling claim_next (docs/reference.md#long-poll) answering over SSE sends a keep-alive
+# comment this often, below the 30-60 s idle cut of common proxies (tests shorten it).
 SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS = _typed(
     "SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS", env.float, 15.0, minimum=0.05)
-# -- retention (§14): what the hourly prune sweep deletes, and after how long ----------------
+# -- retention (docs/operating.md#retention): what the hourly prune deletes, and after how long --
 # Done todos, with their audit events, secrets and the delivery events no other todo needs.
 SWITCHBOARD_RETAIN_DONE = timedelta(
     days=_typed("SWITCHBOARD_RETAIN_DONE_DAYS", env.int, 30, minimum=1)
@@ -174,13 +176,14 @@ _retain_dead_days = _typed("SWITCHBOARD_RETAIN_DEAD_DAYS", env.int, 0, minimum=0
 SWITCHBOARD_RETAIN_DEAD = timedelta(days=_retain_dead_days) if _retain_dead_days else None
 # Ended (terminated or expired) MCP sessions: kept a day for the admin's sake, then deleted.
 SWITCHBOARD_RETAIN_ENDED_SESSIONS = timedelta(days=1)
-# The delivery log (§14: what each request to a webhook became) and its dropped counts.
+# The delivery log (what each request to a webhook became) and its dropped counts.
 SWITCHBOARD_RETAIN_DELIVERY_LOG = timedelta(
     days=_typed("SWITCHBOARD_RETAIN_DELIVERY_LOG_DAYS", env.int, 30, minimum=1)
 )
-# Fernet key for operator-supplied secrets (§5); derived from SECRET_KEY when unset.
+# Fernet key for operator-supplied secrets (docs/security.md#stored-secrets); derived from
+# SECRET_KEY when unset.
 SWITCHBOARD_SECRETS_KEY = env.str("SWITCHBOARD_SECRETS_KEY", default="")
-# When set, GET /metrics requires "Authorization: Bearer <this token>" (board, issue 7).
+# When set, GET /metrics requires "Authorization: Bearer <this token>" (docs/operating.md#metrics).
 SWITCHBOARD_METRICS_TOKEN = env.str("SWITCHBOARD_METRICS_TOKEN", default="")
 
 # -- apps ------------------------------------------------------------------------------------
@@ -202,7 +205,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # Database unreachable -> 503 + Retry-After (JSON), not a 500 (CONTRACT §12).
+    # Database unreachable -> 503 + Retry-After (JSON), not a 500
+    # (docs/operating.md#when-postgresql-is-down).
     "switchboard.health.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -284,10 +288,10 @@ else:
     # max_prepared_statements): psycopg then ignores prepare=True as well.
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
         5 if _typed("DATABASE_PREPARED_STATEMENTS", env.bool, True) else None)
-    # Under ASGI every request runs its sync code in a thread of its own, so persistent
-    # per-thread connections (CONN_MAX_AGE > 0) pile up until PostgreSQL refuses clients
-    # (measured: "too many clients" at 16 concurrent ingests). Django's documented answer is
-    # psycopg's connection pool with CONN_MAX_AGE = 0; DATABASE_POOL_MAX_SIZE=0 turns it off.
+    # Under ASGI every request runs its sync code in a thread of its own, so persistent per-thread
+    # connections (CONN_MAX_AGE > 0) pile up until PostgreSQL refuses clients ("too many clients";
+    # docs/decisions/pool-without-reset-callback.md). Django's documented answer is psycopg's
+    # connection pool with CONN_MAX_AGE = 0; DATABASE_POOL_MAX_SIZE=0 turns it off.
     _pool_max = _typed("DATABASE_POOL_MAX_SIZE", env.int, 10, minimum=0)
     if _pool_max:
         DATABASES["default"]["CONN_MAX_AGE"] = 0
@@ -313,12 +317,13 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# -- production posture (issue 15: metrics access, the reverse proxy, secrets at rest) --------
+# -- production posture (metrics access, the reverse proxy, secrets at rest) --------------------
 # Production = a configured database and DEBUG off; the embedded default (no DATABASE_URL) and
 # DEBUG runs are not. /metrics is off in production unless SWITCHBOARD_METRICS_TOKEN is set
 # (superusers always read it); operator secrets need a key of their own there.
 SWITCHBOARD_PRODUCTION = not EMBEDDED and not DEBUG
-# Windows per endpoint shift schedule (§12): a clock in/out derives them all under a row lock.
+# Windows per endpoint shift schedule (a bound on operator input): a clock in/out derives them all
+# under a row lock.
 SWITCHBOARD_MAX_SHIFT_WINDOWS = _typed("SWITCHBOARD_MAX_SHIFT_WINDOWS", env.int, 50, minimum=1)
 # Reverse proxies whose X-Forwarded-For is believed (switchboard/http/client_address.py): addresses,
 # networks, or "unix" for daphne on a unix socket. Empty: the peer is the client.
@@ -363,7 +368,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TIMEZONE = "UTC"
 
-# -- sign-in throttling (CONTRACT §12): django-axes ---------------------------------------------
+# -- sign-in throttling (docs/security.md#sign-in-throttling): django-axes -----------------------
 # Why django-axes rather than switchboard/ratelimit.py's token bucket: a lockout must count
 # failed sign-ins only (a bucket charges every request, so an operator's successful sign-ins
 # would spend it), per (username, address) pair, forget them after a success, and be shared by
@@ -432,7 +437,7 @@ STATIC_ROOT = VAR_DIR / "static"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
 
-# -- https posture (CONTRACT §12): on whenever the public URL is https ------------------------
+# -- https posture (docs/security.md#https-posture): on whenever the public URL is https ---------
 # The supported production shape terminates TLS in the reverse proxy, which sets
 # X-Forwarded-Proto (deploy/nginx.conf); only then is that header trusted.
 HTTPS = SWITCHBOARD_PUBLIC_URL.startswith("https://")
@@ -456,7 +461,7 @@ if HTTPS:
 CONTENT_SECURITY_POLICY = ("default-src 'self'; frame-ancestors 'none'; base-uri 'self'; "
                            "object-src 'none'")
 
-# -- logging: key=value lines; never a bearer, secret or body (CONTRACT §10) ----------------
+# -- logging: key=value lines; never a bearer, secret or body (docs/operating.md#what-to-watch)
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
 LOGGING = {
     "version": 1,

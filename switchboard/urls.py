@@ -20,7 +20,7 @@ urlpatterns = [
     path("favicon.svg", console_assets.favicon, name="favicon"),
     path("favicon.ico", console_assets.favicon),
     path("admin/", admin.site.urls),
-    # ingest (§5); POST /hooks/<webhook_slug> is routed in asgi.py (the hot path).
+    # ingest; POST /hooks/<webhook_slug> is routed in asgi.py (the hot path).
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/stats/?$", ingest_views.endpoint_stats,
             name="api-endpoint-stats"),
     re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
@@ -29,7 +29,7 @@ urlpatterns = [
     # approve, reject. Any id reaches the view, which answers a malformed one a JSON 404.
     re_path(r"^api/v1/todos/(?P<todo_id>[^/]+)/(?P<action>[a-z_-]{1,32})/?$",
             ingest_views.todo_action, name="todo_action"),
-    # -- operator console (issue 7); /todos/events is the SSE consumer routed in asgi.py --
+    # -- operator console (docs/console.md); /todos/events is the SSE consumer routed in asgi.py --
     path("accounts/login/", todo_views.LoginView.as_view(), name="board-login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="board-login"), name="board-logout"),
     path("todos/", todo_views.board, name="todos-board"),
@@ -55,7 +55,7 @@ urlpatterns = [
     path("todos/endpoints/<slug:slug>/work/<str:action>", todo_views.pause_endpoint,
          name="todos-pause"),
     path("metrics", todo_views.metrics, name="metrics"),
-    # Webhook pages with their delivery log (§14); .../events is the SSE route in asgi.py.
+    # Webhook pages with their delivery log; .../events is the SSE route in asgi.py.
     path("todos/webhooks/", ingest_views.webhook_list, name="webhook-list"),
     path("todos/webhooks/webhook.js", ingest_views.webhook_script, name="webhook-js"),
     path("todos/webhooks/<slug:slug>/", ingest_views.webhook_page, name="webhook-page"),
@@ -64,7 +64,7 @@ urlpatterns = [
          name="webhook-delivery"),
     path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/redeliver",
          ingest_views.redeliver_delivery, name="webhook-redeliver"),
-    # GET / leads to the board (§9).
+    # GET / leads to the board.
     path("", RedirectView.as_view(pattern_name="todos-board", permanent=False), name="home"),
 ]
 

@@ -1,4 +1,4 @@
-"""The todo, its lifecycle table and its audit trail (CONTRACT §3, §4)."""
+"""The todo, its lifecycle table and its audit trail (docs/reference.md#todo-states)."""
 
 from datetime import timedelta
 
@@ -43,7 +43,7 @@ EDGES = frozenset({
     ("lease_lapsed", State.CLAIMED, State.FAILED),  # the last attempt's lease lapsed
     ("retry", State.FAILED, State.PENDING),
     ("requeue", State.FAILED, State.PENDING),
-    ("promote", State.PENDING, State.PENDING),  # unverified -> operator trust (§12)
+    ("promote", State.PENDING, State.PENDING),  # unverified -> operator trust
     # Work control (docs/work-control.md): an operator changes the order of a waiting todo,
     # and a scheduled todo becomes ready (its time came, or an operator ran it now).
     ("prioritize", State.PENDING, State.PENDING),
@@ -71,14 +71,14 @@ NOT_BEFORE_PAST_TOLERANCE = timedelta(minutes=1)
 
 # Idempotency keys collapse while a todo is live: pending, claimed, failed and waiting to
 # retry, or awaiting approval (a redelivery of a gated todo must not ask twice). Done,
-# cancelled and dead-lettered todos free their key (§4).
+# cancelled and dead-lettered todos free their key (docs/reference.md#idempotency).
 LIVE_FOR_IDEMPOTENCY = Q(state__in=[State.PENDING, State.CLAIMED, State.AWAITING_APPROVAL]) | Q(
     state=State.FAILED, dead_lettered_at__isnull=True
 )
 
 
 # How much of a lease owner (an MCP session id, or an operator's username) anyone but its holder
-# sees: agents in the wire shape, operators on the board (CONTRACT §12).
+# sees: agents in the wire shape, operators on the board (docs/security.md).
 LEASE_OWNER_HINT_CHARS = 8
 
 
@@ -189,7 +189,7 @@ class Todo(models.Model):
                 name="todo_priority_range",
             ),
             # Concurrent creates with one key collapse here: the loser's INSERT conflicts and
-            # create_todo returns the winner's row (§4).
+            # create_todo returns the winner's row.
             models.UniqueConstraint(
                 fields=["endpoint", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False) & LIVE_FOR_IDEMPOTENCY,
@@ -202,7 +202,7 @@ class Todo(models.Model):
 
     @property
     def lease_owner_hint(self) -> str | None:
-        """The lease owner as others may see it (CONTRACT §12): its first LEASE_OWNER_HINT_CHARS
+        """The lease owner as others may see it: its first LEASE_OWNER_HINT_CHARS
         characters. A session id is a bearer-like handle for its session (with the credential
         it ends it), so the whole id never leaves its own session; the hint still tells
         workers and operators apart."""
@@ -217,12 +217,12 @@ class TodoEvent(models.Model):
     """One row per transition: the audit trail the board and admin show."""
 
     # No index of its own: "todoevent_history" leads with todo_id and serves the FK too.
-    # No database constraint either (issue 17): every event is written by the statement that
-    # just changed its todo (its id comes from that UPDATE's RETURNING, the row locked until
-    # commit), and todos are deleted only with their events (prune_history's one statement,
-    # Django's cascade), so the check had nothing to catch; yet it ran a trigger per event at
-    # commit (a query, an index probe and a row lock on the todo): 66 instead of 77 buffers
-    # per claim+complete cycle, measured.
+    # No database constraint either: every event is written by the statement that just changed
+    # its todo (its id comes from that UPDATE's RETURNING, the row locked until commit), and
+    # todos are deleted only with their events (prune_history's one statement, Django's
+    # cascade), so the check had nothing to catch; yet it ran a trigger per event at commit (a
+    # query, an index probe and a row lock on the todo). The measured cost is in
+    # docs/decisions/todo-events-without-a-foreign-key.md.
     todo = models.ForeignKey(Todo, on_delete=models.CASCADE, related_name="events", db_index=False,
                              db_constraint=False)
     action = models.CharField(max_length=32)
@@ -244,11 +244,11 @@ class TodoEvent(models.Model):
 class PrunedEventTally(models.Model):
     """Audit events that retention deleted, counted by (action, to_state).
 
-    /metrics counts transitions from the audit trail; the prune sweep folds every event it
-    deletes into this table in the same statement, so the counters never go down when history
-    is pruned (§9, §14). The sum of ``count`` grows with every fold: a scrape that sees it
-    change recounts the remaining events instead of trusting its cached running total, which
-    still holds the rows that were just folded in here.
+    /metrics counts transitions from the audit trail; the prune sweep folds every event it deletes
+    into this table in the same statement, so the counters never go down when history is pruned
+    (docs/operating.md#retention). The sum of ``count`` grows with every fold: a scrape that sees it
+    change recounts the remaining events instead of trusting its cached running total, which still
+    holds the rows that were just folded in here.
     """
 
     action = models.CharField(max_length=32)

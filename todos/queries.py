@@ -27,9 +27,9 @@ _iso = iso_time
 
 
 def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
-    """The wire shape of a todo (CONTRACT §11). Ids are strings outside the database.
+    """The wire shape of a todo (docs/reference.md#todos). Ids are strings outside the database.
     ``lease_id`` only when ``holder`` (the caller's lease owner name: its MCP session id) holds
-    the lease; ``lease_owner`` always as its 8-character hint (CONTRACT §12).
+    the lease; ``lease_owner`` always as its 8-character hint.
 
     A done todo shows no lease: its row keeps the completing lease only so a repeated complete
     can be told ``already_done``, and that lease is nobody's business any more."""
@@ -344,7 +344,7 @@ def count_todo_events(*, after_id=0, up_to_id=None):
 
 
 def count_pruned_events() -> dict:
-    """``{(action, to_state): count}`` of the audit events retention has deleted (§14)."""
+    """``{(action, to_state): count}`` of the audit events retention has deleted."""
     from .models import PrunedEventTally
 
     return {(action, to_state): count for action, to_state, count in

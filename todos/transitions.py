@@ -1,11 +1,11 @@
-"""Every write that moves a todo through its lifecycle (CONTRACT §4).
+"""Every write that moves a todo through its lifecycle (docs/reference.md#todo-states).
 
 Each transition is ONE guarded statement (``UPDATE … WHERE id = … AND state = … RETURNING``)
 plus its todo event row, in one transaction:
 
-* PostgreSQL: the event is written by a data-modifying CTE in the same statement. Measured on
-  this kind of machine, that costs nothing over the bare UPDATE, while UPDATE and INSERT as two
-  round trips cost 40-55 % of claim throughput.
+* PostgreSQL: the event is written by a data-modifying CTE in the same statement: no more
+  than the bare UPDATE costs, where UPDATE and INSERT as two round trips cut claim throughput
+  steeply (bench/queue.py measures claim throughput).
 * SQLite (embedded default): SQLite has no data-modifying CTEs, so the UPDATE … RETURNING and
   the event INSERT run as two statements inside one IMMEDIATE transaction; SQLite's single
   writer makes that equally atomic.
@@ -47,10 +47,10 @@ _BACKOFF_STEPS = 6
 
 
 class Refusal(Exception):
-    """A transition that did not apply, with a machine-readable code (§6, §11):
-    ``not_found``, ``not_in_scope``, ``not_claimable``, ``lease_lost``, ``already_done``,
-    ``paused``, ``scheduled``, ``at_capacity``, ``awaiting_approval``,
-    ``invalid_argument``."""
+    """A transition that did not apply, with a machine-readable code
+    (docs/reference.md#refusal-codes): ``not_found``, ``not_in_scope``, ``not_claimable``,
+    ``lease_lost``, ``already_done``, ``paused``, ``scheduled``, ``at_capacity``,
+    ``awaiting_approval``, ``invalid_argument``."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -183,13 +183,13 @@ def _queue_list_param(queues):
 @functools.lru_cache(maxsize=4096)
 def _text_array_literal(queues: tuple) -> str:
     """``'{"a","b"}'`` for a ``::text[]`` parameter: a string psycopg sends as is, where a list
-    is introspected and dumped element by element on every statement (~25 µs a cycle,
-    profiled). Few distinct scopes exist, so each literal is built once."""
+    is introspected and dumped element by element on every statement, which showed in
+    profiles of the claim cycle. Few distinct scopes exist, so each literal is built once."""
     quoted = ('"' + queue.replace("\\", "\\\\").replace('"', '\\"') + '"' for queue in queues)
     return "{" + ",".join(quoted) + "}"
 
 
-# -- rows that die with their todo (CONTRACT §12) -----------------------------------------------
+# -- rows that die with their todo (docs/security.md#stored-secrets) -----------------------------
 #
 # Tables other apps keep per todo (a ``todo_id`` column) whose rows must be deleted when the todo
 # is done or dead-lettered, in the same transaction as that transition: ingest's operator
@@ -370,7 +370,7 @@ def _by_id(guard: str) -> str:
     "claimed" range also keeps an entry for every lease ended since the last vacuum. Statistics
     rarely sample a claimed row (few are claimed at any moment), so the planner costed that
     range at under one row and chose it over the primary key: every complete then walked it
-    (~400 buffers after 2,000 completes, against ~4 by primary key; issue 17). In a WHERE,
+    (its buffers growing with every complete, against a handful by primary key). In a WHERE,
     ``IS TRUE`` keeps the guard's meaning (false and NULL both leave the row alone);
     todos/tests/test_plans.py pins the plan.
     """
@@ -395,7 +395,7 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
     """After a guard missed: read the row once and say why. Invisible looks like missing."""
     todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).first()
     # An unverified todo hidden from this agent (accept_unverified off) is missing for every
-    # verb, not only claim: a fenced verb's "lease_lost … is pending" told it exists (review).
+    # verb, not only claim: a fenced verb's "lease_lost … is pending" told it exists.
     # Its holder (a claim from before the setting changed) still hears about its own lease.
     hidden = (caller.hides_unverified and todo is not None and todo.trust == Trust.UNVERIFIED
               and (claiming or todo.lease_owner != caller.actor))
@@ -633,7 +633,7 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     """pending -> claimed for ``todo_id`` under a fresh lease; counts one attempt.
 
     Refuses ``not_found`` (missing or invisible to the caller), ``not_claimable`` (not pending),
-    ``paused`` (its queue is paused, §14), ``scheduled`` (its ``not_before`` has not come),
+    ``paused`` (its queue is paused), ``scheduled`` (its ``not_before`` has not come),
     ``at_capacity`` (the endpoint or the queue has as many todos claimed as its cap allows),
     ``invalid_argument`` (lease ttl outside 1 s … 24 h). A scheduled todo whose time has come
     is claimable at once, before the due sweep has cleared its ``not_before``.
@@ -659,14 +659,15 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
 
 
 def _trust_filter(hide_unverified: bool, column: str = "trust") -> str:
-    """The clause that hides unverified todos from a caller that refuses them (§12); a
+    """The clause that hides unverified todos from a caller that refuses them; a
     constant, no parameter. Checked on the rows the claim indexes yield in order, so a queue
     whose head is unverified costs a step past it, not a different plan."""
     return f" AND {column} <> 'unverified'" if hide_unverified else ""
 
 
 def _unpaused_where(endpoint, params: dict) -> str:
-    """Pause (CONTRACT §14): the guard clause that keeps paused queues out of a claim."""
+    """Pause (docs/reference.md#pausing): the guard clause that keeps paused queues out of a
+    claim."""
     if endpoint.paused_all:
         return " AND FALSE"
     if not endpoint.paused_queues:
@@ -801,14 +802,14 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     ``verified_only``: skip ``unverified`` todos (as an endpoint that refuses them always does),
     so a worker that runs commands claims only what an authenticated sender handed over.
 
-    PostgreSQL: the candidate is locked with FOR UPDATE SKIP LOCKED inside the same statement,
-    so a competing worker skips it instead of waiting. With a list of queues, each queue is
-    probed on its own (LATERAL … LIMIT 1 on ``todo_claim_by_queue``) and the oldest head wins:
-    ``queue = ANY(…) ORDER BY created_at`` cannot use the index order and measured 6-8x slower.
-    SQLite: the same statement without the lock clause; its single writer serializes claims.
-    Refuses ``not_in_scope`` when ``queues`` names a queue outside the caller's grant, and
-    ``at_capacity`` when only a cap keeps it from claiming (``held_back_by_cap``; the MCP tool
-    answers that as an empty result, not an error).
+    PostgreSQL: the candidate is locked with FOR UPDATE SKIP LOCKED inside the same statement, so a
+    competing worker skips it instead of waiting. With a list of queues, each queue is probed on its
+    own (LATERAL … LIMIT 1 on ``todo_claim_by_queue``) and the oldest head wins: ``queue = ANY(…)
+    ORDER BY created_at`` cannot use the index order, so it sorts the matching rows instead. SQLite:
+    the same statement without the lock clause; its single writer serializes claims. Refuses
+    ``not_in_scope`` when ``queues`` names a queue outside the caller's grant, and ``at_capacity``
+    when only a cap keeps it from claiming (``held_back_by_cap``; the MCP tool answers that as an
+    empty result, not an error).
     """
     now = now or timezone.now()
     ttl = _lease_ttl(caller, lease_ttl_seconds)
@@ -821,7 +822,7 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
         wanted = sorted(set(queues))
     else:
         wanted = None if caller.queues is None else sorted(caller.queues)
-    # Pause (§14): paused queues are skipped; with every wanted queue paused there is nothing.
+    # Pause: paused queues are skipped; with every wanted queue paused there is nothing.
     wanted = caller.endpoint.unpaused(wanted)
     if wanted == [] or caller.endpoint.paused_all:
         return None
@@ -1031,10 +1032,10 @@ def requeue_todo(caller: Caller, todo_id, *, now=None) -> Todo:
 
 
 def promote_todo(caller: Caller, todo_id, *, now=None) -> Todo:
-    """The operator vouches for an unverified todo (§12): pending and ``unverified`` -> trust
-    ``operator``, with a fresh ring budget, recorded as a ``promote`` event naming the operator
-    (the actor). Announced as ready, so it rings like a new todo and an endpoint that refuses
-    unverified todos now hands it out.
+    """The operator vouches for an unverified todo (docs/reference.md#trust): pending and
+    ``unverified`` -> trust ``operator``, with a fresh ring budget, recorded as a ``promote`` event
+    naming the operator (the actor). Announced as ready, so it rings like a new todo and an endpoint
+    that refuses unverified todos now hands it out.
 
     Refuses ``not_found`` (missing or invisible) and ``not_claimable`` (not pending, or not
     unverified). Only operator surfaces (board, admin) call it.

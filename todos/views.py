@@ -1,4 +1,4 @@
-"""The operator's Todos board (CONTRACT §9): list, todo page, action buttons, /metrics.
+"""The operator's Todos board (docs/console.md): list, todo page, action buttons, /metrics.
 
 Every read goes through ``endpoints.queries.visible_endpoints`` so an operator sees only the
 endpoints they own (superusers all); a todo outside them is a 404, never a 403, so a forged id
@@ -155,8 +155,8 @@ def board(request):
     endpoints = list(endpoint_queries.visible_endpoints(request.user).order_by("slug"))
     now = timezone.now()
     for endpoint in endpoints:
-        endpoint.presence_now = endpoint.presence_at(now)  # §8: the clock in/out buttons
-        # Why it is out, when an operator override decides it (§8), and until when.
+        endpoint.presence_now = endpoint.presence_at(now)  # the clock in/out buttons
+        # Why it is out, when an operator override decides it, and until when.
         endpoint.override_until = endpoint_transitions.override_in_force(endpoint, now)
     glance = glance_payload(endpoints, now=now)
     context.update(endpoints=endpoints, states=queries.board_state_choices(),
@@ -285,7 +285,7 @@ def _priority(text):
 
 # One entry per board button: how it calls the transition. ``overriding`` is None when the
 # operator holds the lease (or the todo is not claimed), else the agent's lease the operator
-# saw: complete/fail/extend/release then act on it as an override (§4).
+# saw: complete/fail/extend/release then act on it as an override.
 ACTIONS = {
     "claim": lambda caller, todo, post, overriding: transitions.claim_todo(
         caller, todo.pk, lease_ttl_seconds=_lease_seconds(post.get("lease_seconds"))),
@@ -475,8 +475,8 @@ def _safe_next(request, next_url: str) -> str:
 @board_login_required
 @require_POST
 def clock_endpoint(request, slug, state):
-    """Board button: clock an endpoint in or out (§8) as its operator; clocking in sends the
-    waiting work as one digest (reason ``operator``)."""
+    """Board button: clock an endpoint in or out (docs/reference.md#presence) as its operator;
+    clocking in sends the waiting work as one digest (reason ``operator``)."""
     if state not in ("in", "out"):
         raise Http404("no such state")
     endpoint = _visible_endpoint_or_404(request.user, slug)
@@ -504,8 +504,9 @@ def _back_to_board(request):
 @board_login_required
 @require_POST
 def pause_endpoint(request, slug, action):
-    """Board buttons: pause or resume an endpoint's work, or one queue of it (§14), as its
-    operator. Resuming sends the waiting work as one digest (reason ``resumed``)."""
+    """Board buttons: pause or resume an endpoint's work, or one queue of it
+    (docs/reference.md#pausing), as its operator. Resuming sends the waiting work as one digest
+    (reason ``resumed``)."""
     if action not in ("pause", "resume"):
         raise Http404("no such action")
     endpoint = _visible_endpoint_or_404(request.user, slug)
@@ -689,9 +690,9 @@ def _endpoint_page(request, endpoint, *, new_credential=None, limit_error=None, 
 @board_login_required
 @require_GET
 def endpoint_page(request, slug):
-    """The endpoint's home (§9): its queues' counts, presence, pause, live sessions by client,
-    and how to connect an agent, the credential only as its hint. Another operator's endpoint
-    is a 404, as on the board."""
+    """The endpoint's home (docs/console.md): its queues' counts, presence, pause, live sessions by
+    client, and how to connect an agent, the credential only as its hint. Another operator's
+    endpoint is a 404, as on the board."""
     return _endpoint_page(request, _visible_endpoint_or_404(request.user, slug))
 
 

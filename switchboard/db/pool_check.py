@@ -1,17 +1,18 @@
-"""The PostgreSQL pool's connection check, without a round trip per request (issue 17).
+"""The PostgreSQL pool's connection check, without a round trip per request
+(docs/decisions/pool-without-reset-callback.md).
 
 psycopg's pool can test a connection each time it hands one out (``ConnectionPool.
 check_connection``: an empty query). switchboard checks a connection out and back in on every
-request's thread hop, so that cost one round trip to PostgreSQL per request (~90 µs of the web
-process's CPU, profiled on /mcp). A connection that was handed out moments ago and whose socket
+request's thread hop, so that cost one round trip to PostgreSQL per request, a visible share
+of the web process's CPU. A connection that was handed out moments ago and whose socket
 has nothing to read is as good as the check would say: a PostgreSQL that restarted or
 terminated the backend has sent its goodbye and closed the socket, which makes it readable. Such
 a connection is handed out as is; any other gets the full check.
 
 The moment is noted here, as the check passes, not by the pool's ``reset`` callback as the
 connection comes back: with any ``reset`` callback psycopg's pool returns every connection
-through its worker thread (a queue, a wake-up and a thread switch per request: ~0.1 ms of the
-hook's CPU in loaded daphne, bench/ingest.py), where without one the returning thread puts it
+through its worker thread (a queue, a wake-up and a thread switch per request, measured by
+bench/ingest.py), where without one the returning thread puts it
 back itself. Timed from the hand-out, a connection held for a while earns less trust, never more.
 """
 

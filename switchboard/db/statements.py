@@ -3,14 +3,14 @@ instances (``model_columns``, ``instance_from_row``; used by the transitions, th
 check and the doorbell). The cursors serve the hook's fixed statements (the webhook lookup,
 the delivery-event insert, the doorbell's endpoint read).
 
-On PostgreSQL they bind parameters server-side, so psycopg prepares each statement after a few
-runs on a connection (settings set ``prepare_threshold``) and the planner's work is done once
-per connection instead of per call: Django's default client-side binding sends literal SQL
-that PostgreSQL parses and plans every time (measured: the webhook lookup cost the server
-0.22 ms a call that way, 0.08 ms prepared). The hottest statements take ``fetch_rows``
-(prepared on first use, psycopg's C loaders). The rest of Django keeps its default. Wrapped like any Django cursor, so query logging and the query-count tests
-still see them. Server-side binding types each parameter: pass Python values of the column's
-type (JSON as text needs an explicit ``::jsonb``).
+On PostgreSQL they bind parameters server-side, so psycopg prepares each statement after a few runs
+on a connection (settings set ``prepare_threshold``) and the planner's work is done once per
+connection instead of per call: Django's default client-side binding sends literal SQL that
+PostgreSQL parses and plans every time, and on these short statements parsing and planning cost the
+server more than running them. The hottest statements take ``fetch_rows`` (prepared on first use,
+psycopg's C loaders). The rest of Django keeps its default. Wrapped like any Django cursor, so query
+logging and the query-count tests still see them. Server-side binding types each parameter: pass
+Python values of the column's type (JSON as text needs an explicit ``::jsonb``).
 """
 
 import functools
@@ -71,11 +71,9 @@ def instance_from_row(model, table_alias: str, values):
 # The todo transitions, the MCP bearer check, the webhook lookup and the one-statement delivery
 # run on every operation. Through Django's cursor wrapper, with Django's Python-level loaders
 # (its time-zone loader; jsonb as text parsed again by JSONField) and ``Model.__init__`` field by
-# field, reading a row cost about as much CPU as the statement (measured: the bearer check
-# ~410 -> ~215 µs per lookup on the loaded 2-core bench machine; loaders ~10 % of a
-# claim+complete cycle, issue 17). One cursor per psycopg connection with the C loaders
-# registered once: registering them on a fresh cursor per statement copied the adapters map
-# every time (~20 µs a cycle, profiled). A cursor is reusable across executes; a connection
+# field, reading a row cost about as much CPU as the statement. One cursor per psycopg
+# connection with the C loaders registered once: registering them on a fresh cursor per
+# statement copied the adapters map every time. A cursor is reusable across executes; a connection
 # belongs to one thread at a time (Django's connections are per thread), and the cursor dies
 # with its connection.
 
@@ -105,8 +103,8 @@ def fetch_rows(sql: str, params) -> list[tuple]:
 
     * parameters are bound server-side and each statement is PREPAREd on first use per
       connection (``prepare=True``; ``DATABASE_PREPARED_STATEMENTS=false`` turns it off), so the
-      planner's work is done once per connection, not per call. Measured on this machine:
-      PostgreSQL's CPU per claim+complete cycle 1.17 ms unprepared vs ~0.45 ms prepared. These
+      planner's work is done once per connection, not per call: unprepared, planning cost
+      PostgreSQL more than running the claim+complete cycle's statements. These
       are a small fixed set of texts, which is what prepared statements suit (a connection
       pooler in front must support them, as PgBouncer >= 1.21 in transaction mode does);
     * timestamptz and jsonb are read by psycopg's own (C) loaders; the connection's time zone

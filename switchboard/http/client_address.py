@@ -1,4 +1,5 @@
-"""The client's network address, proxy-aware (CONTRACT §12: limits and checks per address).
+"""The client's network address, proxy-aware (limits and checks per address;
+docs/operating.md#the-reverse-proxy-required).
 
 In the production shape (deploy/nginx.conf) every request reaches daphne from the reverse
 proxy, so the peer address is the proxy's, for everyone. ``SWITCHBOARD_TRUSTED_PROXIES`` names

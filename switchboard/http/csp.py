@@ -1,4 +1,4 @@
-"""The Content-Security-Policy header (CONTRACT §12). Django 5.2 has no built-in CSP; this is
+"""The Content-Security-Policy header (docs/security.md). Django 5.2 has no built-in CSP; this is
 the smallest middleware that sends settings.CONTENT_SECURITY_POLICY on every Django response
 that does not carry a policy of its own."""
 

@@ -1,5 +1,5 @@
 """Web origins, compared exactly: ``(scheme, host, port)`` (RFC 6454), for the MCP endpoint's
-Origin check (CONTRACT §6, §12) and the settings that configure it.
+Origin check (docs/security.md) and the settings that configure it.
 
 Strict on purpose. An Origin header is ``scheme://host[:port]`` and nothing else; anything with
 user info, a backslash, a path, a query or a fragment is refused rather than interpreted,

@@ -93,7 +93,7 @@ def host_allowed(request: Request, scope) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _host_matches(host: str, allowed: tuple) -> bool:
     """Remembered per (Host, ALLOWED_HOSTS): an agent sends the same Host on every call, and
-    parsing and matching it again cost more than the rest of the check (issue 17). Bounded:
+    parsing and matching it again cost more than the rest of the check. Bounded:
     Host is the client's to choose, so a flood of new values only evicts old answers."""
     domain, _ = split_domain_port(host)
     return bool(domain) and validate_host(domain, allowed)
@@ -160,8 +160,8 @@ def in_thread_pool(function):
     What asgiref's SyncToAsync adds on top of that — a shielded future, re-homing context
     variables and asgiref ``Local`` storage both ways, the thread-local an ``async_to_sync``
     inside the handler would need — served nothing here (the handlers set no context variable
-    and never call back into async code) and cost ~10 % of the hop's CPU on every MCP request
-    (issue 17). A handler that needs any of it uses ``database_sync_to_async``. Cancelling the
+    and never call back into async code) and cost a measurable share of the hop's CPU on every
+    MCP request. A handler that needs any of it uses ``database_sync_to_async``. Cancelling the
     awaiting task behaves as with asgiref: the caller stops waiting, the handler finishes in
     its thread."""
 
@@ -191,7 +191,7 @@ def _with_connection_hygiene(function, args, kwargs):
         close_old_connections()
 
 
-# Statuses that carry no body and must not declare a length (RFC 9110 §8.6).
+# Statuses that carry no body and must not declare a length (RFC 9110, section 8.6).
 NO_BODY_STATUSES = frozenset({204, 304})
 
 

@@ -1,6 +1,6 @@
 """The shape ``manage.py cancel``, ``approve`` and ``reject`` share: todo ids in, one
 transition per id as the todo's operator, ``{"<done>": [ids], "skipped": [{"id", "code"}]}``
-out (CONTRACT §11). Ids that are not todo ids at all stop the command before anything is
+out (docs/commands.md). Ids that are not todo ids at all stop the command before anything is
 written; a todo that cannot take the verb (not found, wrong state) is skipped with its refusal
 code, printed with the rest, and makes the exit code 1."""
 

@@ -1,5 +1,5 @@
 """``manage.py clock in|out SLUG [--until ISO-8601]`` and ``manage.py clock clear-override
-SLUG`` (CONTRACT §8, §11)."""
+SLUG`` (docs/reference.md#presence, docs/commands.md#clock)."""
 
 from datetime import datetime, timezone as dt_timezone
 

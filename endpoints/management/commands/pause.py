@@ -1,4 +1,4 @@
-"""``manage.py pause SLUG [--queue Q]`` (CONTRACT §11, §14)."""
+"""``manage.py pause SLUG [--queue Q]`` (docs/reference.md#pausing, docs/commands.md#pause)."""
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError

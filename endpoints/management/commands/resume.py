@@ -1,4 +1,4 @@
-"""``manage.py resume SLUG [--queue Q]`` (CONTRACT §11, §14)."""
+"""``manage.py resume SLUG [--queue Q]`` (docs/reference.md#pausing, docs/commands.md#resume)."""
 
 from endpoints import transitions
 

@@ -1,4 +1,5 @@
-"""``manage.py shift_schedule SLUG [--timezone TZ] (--windows JSON | --clear)`` (CONTRACT §8)."""
+"""``manage.py shift_schedule SLUG [--timezone TZ] (--windows JSON | --clear)``
+(docs/reference.md#presence)."""
 
 import json
 

@@ -8,7 +8,8 @@ from ingest.models import Source
 from switchboard.commands import JsonCommand, get_user
 
 
-# Said plainly when an unsigned webhook is made (CONTRACT §12): its URL is its only secret.
+# Said plainly when an unsigned webhook is made (docs/security.md#anonymous-senders): its URL is its
+# only secret.
 UNSIGNED_WARNING = "  " + transitions.UNSIGNED_WARNING
 
 

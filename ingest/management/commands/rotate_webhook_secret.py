@@ -8,7 +8,7 @@ from switchboard.commands import JsonCommand
 
 
 # A grace longer than a month is a rotation that never finishes (and a huge number overflowed
-# the date arithmetic into a traceback: review).
+# the date arithmetic into a traceback).
 MAX_GRACE_SECONDS = 30 * 24 * 3600
 
 

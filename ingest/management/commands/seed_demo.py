@@ -1,4 +1,5 @@
-"""``manage.py seed_demo``: everything needed to watch one todo go round (CONTRACT §2, §11).
+"""``manage.py seed_demo``: everything needed to watch one todo go round
+(docs/commands.md#seed_demo).
 
 Creates (or reuses) an operator, an endpoint with a fresh credential, a GitHub-style webhook
 and a route between them, then prints a ready-to-paste ``.mcp.json`` (it names
@@ -16,7 +17,7 @@ reprints it while that row is live; rows are never reused, so a revoked one neve
 The operator is staff (not superuser) with the permissions the admin needs for its own rows
 (endpoints, webhooks, todos: every admin page scopes them to the owner), and can sign in: with
 no --password, a password is generated when the account has no usable one and printed once
-(to stderr under --json, whose keys are exactly §11's).
+(to stderr under --json, whose keys are exactly the documented ones).
 """
 
 import base64
@@ -61,7 +62,7 @@ NONCE_PLACEHOLDER = "@@NONCE@@"
 def build_curl(hook_url: str, secret: str) -> str:
     """A curl that delivers the sample event, signed by the shell at paste time (openssl): the
     body carries a per-paste nonce, so each paste is a new signed body, not a replay of the
-    last one under a new delivery id (which switchboard refuses, §12)."""
+    last one under a new delivery id (which switchboard refuses as a replay)."""
     body = json.dumps({**SAMPLE_EVENT, "demo_paste": NONCE_PLACEHOLDER}, separators=(",", ":"))
     head, _, tail = body.partition(NONCE_PLACEHOLDER)
     return "".join([
@@ -145,7 +146,8 @@ class Command(JsonCommand):
         else:
             sign_in = f"password unchanged (reset it: manage.py changepassword {username})"
         if options.get("json") and new_password:
-            # Not a §11 key: the JSON object stays exactly the contract's, the hint goes aside.
+            # Not a documented key: the JSON object keeps exactly its documented keys, the hint goes
+            # aside.
             self.stderr.write(f"seed_demo: operator {username} password (shown only now): "
                               f"{new_password}")
         self.emit(options, data, "\n".join([

@@ -37,7 +37,7 @@ class Command(JsonCommand):
         if refused and not requeued:
             raise CommandError("nothing requeued:\n  " + "\n  ".join(refused))
         verb = "would requeue" if dry_run else "requeued"
-        key = "would_requeue" if dry_run else "requeued"  # §11: a dry run says what it would do
+        key = "would_requeue" if dry_run else "requeued"  # a dry run says what it would do
         self.emit(options, {key: requeued}, f"{verb} {len(requeued)}: {' '.join(requeued)}")
         if refused:  # some were requeued (printed above); the rest are errors
             raise CommandError("not requeued:\n  " + "\n  ".join(refused))
