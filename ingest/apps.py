@@ -7,7 +7,7 @@ class IngestConfig(AppConfig):
     def ready(self):
         # The MCP read_secret verb reads operator secrets through this hook, so channels_push
         # stays free of imports from ingest (dependencies point ingest -> channels_push).
-        from channels_push import mcp_tools
+        from channels_push.mcp import tools as mcp_tools
         from todos import transitions as todo_transitions
 
         from . import queries

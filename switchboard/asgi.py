@@ -21,9 +21,9 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
-from channels_push import mcp_transport  # noqa: E402
 from channels_push.board import stream as board_stream  # noqa: E402
 from channels_push.bus import publish  # noqa: E402
+from channels_push.mcp import shell as mcp_shell  # noqa: E402
 from ingest import views as ingest_views  # noqa: E402
 from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 
@@ -32,7 +32,7 @@ daphne_tuning.skip_form_parsing()
 http_routes = [
     # MCP Streamable HTTP (docs/reference.md#sessions-and-streams), /mcp/<endpoint_slug>; never
     # redirects. Checks Host itself (on the request it decodes once), like SyncHandlerApp below.
-    re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint()),
+    re_path(mcp_shell.ROUTE_PATTERN, mcp_shell.McpEndpoint()),
     # The Todos board's live stream: session-authenticated like the board itself, re-checked
     # on every keep-alive (docs/security.md#who-may-read-who-may-act).
     re_path(r"^todos/events$", plain.AllowedHostsOnly(board_stream.application())),

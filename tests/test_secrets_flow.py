@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from channels_push import mcp_tools
+from channels_push.mcp import tools as mcp_tools
 from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
 from tests.factories import EndpointFactory

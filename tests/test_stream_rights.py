@@ -188,7 +188,7 @@ def database_transactions() -> int:
 
 def test_a_process_rechecks_all_its_idle_streams_in_one_query_per_keep_alive(start_daphne):
     """Issue 17: the keep-alive re-check is one query per process per interval for all of its
-    streams (channels_push.stream_heartbeat), not one per stream: a hundred idle streams over
+    streams (channels_push.mcp.stream), not one per stream: a hundred idle streams over
     eight intervals commit a handful of transactions, where one check per stream would commit
     800."""
     from django.db import connection

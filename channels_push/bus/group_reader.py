@@ -1,6 +1,6 @@
 """A long-lived stream's membership in channel-layer groups, kept up while Redis comes and goes.
 
-Shared by the MCP notification stream (``mcp_transport``) and the board's SSE stream
+Shared by the MCP notification stream (``mcp.shell``) and the board's SSE stream
 (``board_stream``): both must keep serving keep-alives while the channel layer is unreachable
 and rejoin their groups when it returns (CONTRACT §12), instead of failing the request or
 logging a traceback per stream every few seconds.

@@ -3,8 +3,8 @@ doorbell (which decides who is rung) and the MCP transport (which owns the strea
 Both import this module and neither imports the other for it, so there is no import circle.
 """
 
-from channels_push import mcp_framing
 from channels_push.bus import groups, publish
+from channels_push.mcp import framing as mcp_framing
 
 
 def notify_session(session_id: str, method: str, params: dict | None = None, *,

@@ -11,13 +11,13 @@ from endpoints import transitions as endpoint_transitions
 from channels.routing import URLRouter
 from django.urls import re_path
 
-from channels_push import mcp_transport
 from channels_push.doorbells import doorbells
+from channels_push.mcp import shell as mcp_shell
 
 # The production route, with the handler on the test's thread so it sees the test transaction
 # (McpEndpoint's thread_sensitive; production runs handlers in the pool).
 application = URLRouter([
-    re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(thread_sensitive=True)),
+    re_path(mcp_shell.ROUTE_PATTERN, mcp_shell.McpEndpoint(thread_sensitive=True)),
 ])
 from tests.factories import UserFactory
 from todos import transitions

@@ -222,13 +222,13 @@ def _imports(module: str) -> set:
 
 
 def test_doorbells_transport_and_tools_do_not_import_each_other_in_a_circle():
-    assert "mcp_transport" not in _imports("doorbells/doorbells")
-    assert "doorbells" not in _imports("mcp_tools")
+    assert not {name for name in _imports("doorbells/doorbells") if "mcp" in name.split(".")}
+    assert "doorbells" not in _imports("mcp/tools")
     # The sender (sessions/notify.py, which the doorbell calls) and the transport share only
     # the group names of bus/groups.py.
     assert "session_notify" in _imports("doorbells/doorbells")
     assert "groups" in _imports("sessions/notify")
-    assert "channels_push.bus.groups" in _imports("mcp_transport")
+    assert "channels_push.bus.groups" in _imports("mcp/shell")
 
 
 @pytest.mark.django_db
@@ -253,15 +253,15 @@ def test_an_idle_stream_writes_nothing_and_its_process_renews_one_row(vend, sett
     from channels.routing import URLRouter
     from django.urls import re_path
 
-    from channels_push import mcp_transport
+    from channels_push.mcp import shell as mcp_shell
 
     settings.SWITCHBOARD_STREAM_LEASE_SECONDS = 1.0  # renewed every 0.4 s
     endpoint, credential = vend("renews")
     drivers = [McpDriver(endpoint.slug, credential) for _ in range(3)]
     for d in drivers:
         d.initialize()
-    process = mcp_transport.McpEndpoint(keepalive_seconds=0.2)  # one process's streams
-    app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, process)])
+    process = mcp_shell.McpEndpoint(keepalive_seconds=0.2)  # one process's streams
+    app = URLRouter([re_path(mcp_shell.ROUTE_PATTERN, process)])
 
     def state():
         return (list(StreamHost.objects.values_list("pk", "lease_until")),
@@ -292,10 +292,10 @@ def test_an_idle_stream_writes_nothing_and_its_process_renews_one_row(vend, sett
 def test_paused_and_override_answers_validate_against_the_output_schemas(endpoint):
     import jsonschema
 
-    from channels_push import mcp_tools
+    from channels_push.mcp import schemas as mcp_schemas
 
     paused = {"empty": True, "paused": ["*"]}
     override = {"presence": "out", "override_until": "2099-01-01T00:00:00Z"}
-    jsonschema.validate(paused, mcp_tools.OUTPUT_SCHEMAS["claim_next"])
-    jsonschema.validate(override, mcp_tools.OUTPUT_SCHEMAS["clock_in"])
-    assert "paused" in mcp_tools.OUTPUT_SCHEMAS["claim_next"]["properties"]
+    jsonschema.validate(paused, mcp_schemas.OUTPUT_SCHEMAS["claim_next"])
+    jsonschema.validate(override, mcp_schemas.OUTPUT_SCHEMAS["clock_in"])
+    assert "paused" in mcp_schemas.OUTPUT_SCHEMAS["claim_next"]["properties"]

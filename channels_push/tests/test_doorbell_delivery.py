@@ -22,18 +22,18 @@ from django.urls import re_path
 from django.utils import timezone
 
 from tests.factories import credential_for
-from channels_push import mcp_transport
-from channels_push.doorbells import doorbells
 from channels_push.bus import publish
-from channels_push.sessions import transitions as session_transitions
+from channels_push.doorbells import doorbells
 from channels_push.doorbells import rings
+from channels_push.mcp import shell as mcp_shell
+from channels_push.sessions import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from todos.models import Todo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(
+app = URLRouter([re_path(mcp_shell.ROUTE_PATTERN, mcp_shell.McpEndpoint(
     keepalive_seconds=30, thread_sensitive=True))])
 FRAME_DEADLINE_SECONDS = 10
 
@@ -187,7 +187,7 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
     buffer and drops (and logs) the rest; the todos stay pullable."""
     d = driver()
     buffer_frames, published = 3, 8
-    slow_app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(
+    slow_app = URLRouter([re_path(mcp_shell.ROUTE_PATTERN, mcp_shell.McpEndpoint(
         keepalive_seconds=30, thread_sensitive=True, buffer_frames=buffer_frames))])
     todos = [make_ready_todo(d.endpoint, title=f"t{i}") for i in range(published)]
     # Their creation rang the (streamless) session; let those sends finish before the stream
@@ -502,7 +502,7 @@ def test_stream_rejoins_its_group_when_redis_returns(vend, settings, redis_down_
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {"hosts": [redis.url], "prefix": "sbrejoin"}}}
     channel_layers.backends.clear()
-    quick = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(
+    quick = URLRouter([re_path(mcp_shell.ROUTE_PATTERN, mcp_shell.McpEndpoint(
         keepalive_seconds=30, thread_sensitive=True, layer_retry_seconds=(0.05, 0.2)))])
     endpoint, credential = vend("deaf")
     d = McpDriver(endpoint.slug, credential)

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels_push import mcp_framing
-from channels_push.doorbells import text as doorbell_text
 from channels_push.doorbells import doorbells
+from channels_push.doorbells import text as doorbell_text
+from channels_push.mcp import framing as mcp_framing
 
 FORBIDDEN_CATEGORIES = {"Cc", "Cf", "Co", "Cs"}
 

@@ -1,10 +1,10 @@
-"""The wait room of long-poll claim_next (channels_push/longpoll.py): who is woken for what."""
+"""The wait room of long-poll claim_next (channels_push/mcp/longpoll.py): who is woken for what."""
 
 import asyncio
 
 import pytest
 
-from channels_push import longpoll
+from channels_push.mcp import longpoll
 
 
 def change(todo_id, endpoint_id=1, queue="inbox", state="pending", action="create"):

@@ -8,7 +8,7 @@ import jsonschema
 import pytest
 from channels.db import database_sync_to_async
 
-from channels_push import mcp_tools
+from channels_push.mcp import schemas as mcp_schemas
 from channels_push.tests.conftest import make_ready_todo
 from channels_push.tests.test_mcp_long_poll import Call, claimed_id, run, waiting
 from todos import transitions
@@ -37,7 +37,7 @@ def test_claim_next_at_the_cap_answers_empty_and_at_capacity(capped_agent):
     result = capped_agent.call("claim_next")["result"]
     assert result["isError"] is False
     assert result["structuredContent"] == {"empty": True, "at_capacity": True}
-    jsonschema.validate(result["structuredContent"], mcp_tools.OUTPUT_SCHEMAS["claim_next"])
+    jsonschema.validate(result["structuredContent"], mcp_schemas.OUTPUT_SCHEMAS["claim_next"])
     assert Todo.objects.get(pk=waiting_todo.pk).state == State.PENDING
 
 
@@ -47,7 +47,7 @@ def test_claim_by_id_at_the_cap_is_refused_at_capacity(capped_agent):
     result = capped_agent.call("claim", {"todo_id": str(waiting_todo.pk)})["result"]
     assert result["isError"] is True
     assert result["structuredContent"]["error"]["code"] == "at_capacity"
-    jsonschema.validate(result["structuredContent"], mcp_tools.OUTPUT_SCHEMAS["claim"])
+    jsonschema.validate(result["structuredContent"], mcp_schemas.OUTPUT_SCHEMAS["claim"])
 
 
 def test_the_instructions_name_at_capacity_only_for_a_capped_endpoint(mcp):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from channels_push import mcp_framing as framing
+from channels_push.mcp import framing
 
 
 def test_parse_request_notification_and_response():

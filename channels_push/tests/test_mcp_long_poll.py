@@ -15,8 +15,8 @@ from channels.db import database_sync_to_async
 from channels.testing import ApplicationCommunicator, HttpCommunicator
 from django.utils import timezone
 
-from channels_push import longpoll
 from channels_push.bus import publish
+from channels_push.mcp import longpoll
 from channels_push.tests.conftest import McpDriver, application, make_ready_todo
 from todos import transitions
 from todos.models import State, Todo
@@ -246,7 +246,7 @@ def test_a_client_that_disconnects_mid_wait_claims_nothing(agent):
 
 def test_a_client_gone_between_the_claim_and_its_answer_gets_the_claim_released(agent,
                                                                                monkeypatch):
-    from channels_push.mcp_transport import McpEndpoint
+    from channels_push.mcp.shell import McpEndpoint
 
     claim_then_leave = McpEndpoint._retry_long_poll
     calls = []

@@ -12,7 +12,9 @@ from channels.routing import URLRouter
 from channels.testing import ApplicationCommunicator
 from django.urls import re_path
 
-from channels_push import mcp_transport
+from channels_push.bus import groups
+from channels_push.mcp import shell as mcp_shell
+from channels_push.mcp import stream as mcp_stream
 from channels_push.sessions import notify as session_notify
 from channels_push.models import McpSession
 
@@ -22,7 +24,7 @@ from channels_push.models import McpSession
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KEEPALIVE_SECONDS = 0.2
-app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, mcp_transport.McpEndpoint(
+app = URLRouter([re_path(mcp_shell.ROUTE_PATTERN, mcp_shell.McpEndpoint(
     keepalive_seconds=KEEPALIVE_SECONDS, thread_sensitive=True))])
 
 
@@ -102,8 +104,8 @@ def test_group_message_becomes_an_sse_data_frame(mcp):
         communicator, _, _ = await open_stream(mcp)
         # Any process may ring the session: this is what the doorbell will send.
         await get_channel_layer().group_send(
-            mcp_transport.session_group(mcp.session_id),
-            {"type": mcp_transport.NOTIFY_MESSAGE_TYPE,
+            groups.session_group(mcp.session_id),
+            {"type": groups.NOTIFY_MESSAGE_TYPE,
              "message": {"jsonrpc": "2.0", "method": "notifications/claude/channel",
                          "params": params}},
         )
@@ -184,9 +186,9 @@ def test_a_stream_whose_detach_failed_gives_up_its_process_host(mcp, monkeypatch
     from django.db import OperationalError
 
     mcp.initialize()
-    endpoint = mcp_transport.McpEndpoint(keepalive_seconds=KEEPALIVE_SECONDS,
+    endpoint = mcp_shell.McpEndpoint(keepalive_seconds=KEEPALIVE_SECONDS,
                                          thread_sensitive=True)
-    own_app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, endpoint)])
+    own_app = URLRouter([re_path(mcp_shell.ROUTE_PATTERN, endpoint)])
 
     def unreachable(*args, **kwargs):
         raise OperationalError("the database is unreachable")
@@ -197,7 +199,7 @@ def test_a_stream_whose_detach_failed_gives_up_its_process_host(mcp, monkeypatch
         assert (await communicator.receive_output(timeout=5))["status"] == 200
         await communicator.receive_output(timeout=5)
         host_before = endpoint.heartbeat.host_id
-        monkeypatch.setattr(mcp_transport, "close_stream", unreachable)
+        monkeypatch.setattr(mcp_stream, "close_stream", unreachable)
         await communicator.send_input({"type": "http.disconnect"})
         await communicator.wait(timeout=5)
         return host_before
@@ -221,9 +223,9 @@ def test_a_stream_attached_under_a_host_id_that_lapsed_before_it_was_held_closes
 
     mcp.initialize()
     make_ready_todo(mcp.endpoint)
-    endpoint = mcp_transport.McpEndpoint(keepalive_seconds=KEEPALIVE_SECONDS,
+    endpoint = mcp_shell.McpEndpoint(keepalive_seconds=KEEPALIVE_SECONDS,
                                          thread_sensitive=True)
-    own_app = URLRouter([re_path(mcp_transport.ROUTE_PATTERN, endpoint)])
+    own_app = URLRouter([re_path(mcp_shell.ROUTE_PATTERN, endpoint)])
     attach = session_transitions.attach_stream
     lapses = [True]  # the first attach only
 

@@ -9,7 +9,9 @@ import re
 import jsonschema
 import pytest
 
-from channels_push import mcp_tools
+from channels_push.mcp import instructions as mcp_instructions
+from channels_push.mcp import schemas as mcp_schemas
+from channels_push.mcp import tools as mcp_tools
 from endpoints.models import AGENT_VERBS
 from todos import transitions
 
@@ -22,7 +24,7 @@ def call(endpoint, name, arguments=None, session="session-a"):
 
 
 def tools_by_name(endpoint):
-    return {tool.name: tool for tool in mcp_tools.tools_for(endpoint)}
+    return {tool.name: tool for tool in mcp_schemas.tools_for(endpoint)}
 
 
 def test_every_result_success_and_refusal_validates_against_its_output_schema(endpoint, make_todo,
@@ -67,7 +69,7 @@ def test_every_result_success_and_refusal_validates_against_its_output_schema(en
 
 
 def test_output_schemas_are_valid_json_schema_objects(endpoint):
-    for tool in mcp_tools.tools_for(endpoint):
+    for tool in mcp_schemas.tools_for(endpoint):
         jsonschema.Draft202012Validator.check_schema(tool.output_schema)
         jsonschema.Draft202012Validator.check_schema(tool.input_schema)
         assert tool.output_schema["type"] == "object"
@@ -96,10 +98,10 @@ def unportable_nodes(schema, path="$"):
 
 def test_schemas_keep_to_the_portable_subset(endpoint):
     """todo_id was ``"type": ["string", "integer"]``, which single-type dialects reject."""
-    for tool in mcp_tools.tools_for(endpoint):
+    for tool in mcp_schemas.tools_for(endpoint):
         for schema in (tool.input_schema, tool.output_schema):
             assert list(unportable_nodes(schema)) == [], tool.name
-    todo_id = mcp_tools.TOOL_SCHEMAS["claim"][1]["properties"]["todo_id"]
+    todo_id = mcp_schemas.TOOL_SCHEMAS["claim"][1]["properties"]["todo_id"]
     validator = jsonschema.Draft202012Validator(todo_id)
     assert validator.is_valid("12") and validator.is_valid(12)
     assert not validator.is_valid(True) and not validator.is_valid(None)
@@ -115,7 +117,7 @@ def test_tools_carry_annotations(endpoint):
     idempotent = {name for name, tool in tools.items() if tool.annotations.idempotent_hint}
     assert {"heartbeat", "release", "complete", "list_todos"} <= idempotent
     assert not {"claim", "claim_next"} & idempotent
-    wire = mcp_tools.list_tools_result(endpoint).model_dump(by_alias=True, exclude_none=True)
+    wire = mcp_schemas.list_tools_result(endpoint).model_dump(by_alias=True, exclude_none=True)
     heartbeat = next(t for t in wire["tools"] if t["name"] == "heartbeat")
     assert heartbeat["annotations"] == {"title": "Extend a lease", "readOnlyHint": False,
                                         "destructiveHint": False, "idempotentHint": True,
@@ -129,18 +131,18 @@ def test_instructions_fit_every_allowlist_and_name_only_granted_verbs(vend):
     for size in range(1, len(AGENT_VERBS) + 1):
         for verbs in itertools.combinations(AGENT_VERBS, size):
             endpoint.verbs = list(verbs)
-            text = mcp_tools.build_instructions(endpoint)
-            assert len(text) <= mcp_tools.INSTRUCTIONS_MAX_CHARS, verbs
+            text = mcp_instructions.build_instructions(endpoint)
+            assert len(text) <= mcp_instructions.INSTRUCTIONS_MAX_CHARS, verbs
             # Fits whole: the cap cuts from the end, where the trust note is.
-            assert text.endswith(mcp_tools.UNVERIFIED_TODOS_NOTE), verbs
+            assert text.endswith(mcp_instructions.UNVERIFIED_TODOS_NOTE), verbs
             for verb in set(AGENT_VERBS) - set(verbs):
                 assert not re.search(rf"\b{verb}\b", text), (verb, verbs)
             assert "meta.todo_id" in text and '"digest"' in text, verbs
-            assert mcp_tools.UNVERIFIED_TODOS_NOTE in text, verbs  # never cut short
+            assert mcp_instructions.UNVERIFIED_TODOS_NOTE in text, verbs  # never cut short
 
 
 def test_instructions_describe_the_amended_lease_listing_and_refusals(endpoint):
-    text = mcp_tools.build_instructions(endpoint)
+    text = mcp_instructions.build_instructions(endpoint)
     assert "scheduled (wait for its not_before)" in text
     assert "extends by the lease's own length" in text
     assert "already_done" in text and "lease_lost" in text and "lost at once" in text
@@ -180,7 +182,7 @@ def test_tools_skipping_validation_for_empty_arguments_accept_them_by_their_sche
     # _check_arguments skips the validator for {} on tools that require nothing: that must be
     # exactly the tools whose schema accepts {}, and a tool that requires something still
     # refuses {} by name.
-    for name, (_, schema) in mcp_tools.TOOL_SCHEMAS.items():
+    for name, (_, schema) in mcp_schemas.TOOL_SCHEMAS.items():
         accepts_empty = jsonschema.Draft202012Validator(schema).is_valid({})
         assert (name in mcp_tools._TAKE_EMPTY_ARGUMENTS) == accepts_empty, name
     assert "claim_next" in mcp_tools._TAKE_EMPTY_ARGUMENTS
@@ -217,7 +219,7 @@ def test_every_tool_accepts_and_ignores_gemini_clis_wait_for_previous(endpoint, 
     finally:
         mcp_tools.register_secret_reader(installed)
     # Not advertised: it is one client's habit, not part of any tool.
-    for tool in mcp_tools.tools_for(endpoint):
+    for tool in mcp_schemas.tools_for(endpoint):
         assert "wait_for_previous" not in tool.input_schema["properties"]
     # Any other unknown argument is still refused, naming it.
     refused = call(endpoint, "list_todos", {"wait_for_previous": True, "bogus": 1})

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from channels_push import mcp_tools
+from channels_push.mcp import instructions as mcp_instructions
+from channels_push.mcp import schemas as mcp_schemas
+from channels_push.mcp import tools as mcp_tools
 from todos import transitions
 from todos.models import Todo
 
@@ -139,8 +141,8 @@ def test_read_secret_goes_through_the_registered_reader(endpoint, vend):
 
 
 def test_instructions_fit_and_name_both_notification_kinds(endpoint):
-    text = mcp_tools.build_instructions(endpoint)
-    assert len(text) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
+    text = mcp_instructions.build_instructions(endpoint)
+    assert len(text) <= mcp_instructions.INSTRUCTIONS_MAX_CHARS
     assert "meta.todo_id" in text and '"digest"' in text and "claim_next" in text
     assert f"{int(endpoint.effective_lease.total_seconds())} seconds" in text
 
@@ -156,7 +158,7 @@ def test_nul_or_a_lone_surrogate_in_any_tool_argument_is_invalid_argument_naming
     lease_id = claimed["todo"]["lease_id"]
     text = BAD_TEXT[bad]
     checked = 0
-    for tool, (_, schema) in mcp_tools.TOOL_SCHEMAS.items():
+    for tool, (_, schema) in mcp_schemas.TOOL_SCHEMAS.items():
         for argument, spec in schema["properties"].items():
             if spec.get("type") not in ("string", "array", None) and "anyOf" not in spec:
                 continue  # numbers and booleans cannot carry text

@@ -8,7 +8,9 @@ from django.test import override_settings
 from hypothesis import HealthCheck, example, given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from channels_push import mcp_framing, mcp_transport
+from channels_push.mcp import framing as mcp_framing
+from channels_push.mcp import security as mcp_security
+from channels_push.mcp import shell as mcp_shell
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver
 from switchboard.http import origins
@@ -161,11 +163,11 @@ def test_last_seen_is_written_only_when_older_than_the_touch_interval(mcp):
     from django.utils import timezone
 
     mcp.initialize()
-    recent = timezone.now() - mcp_transport.SESSION_TOUCH_INTERVAL / 2
+    recent = timezone.now() - mcp_security.SESSION_TOUCH_INTERVAL / 2
     McpSession.objects.filter(pk=mcp.session_id).update(last_seen_at=recent)
     assert mcp.rpc("ping").status == 200
     assert McpSession.objects.get(pk=mcp.session_id).last_seen_at == recent
-    stale = timezone.now() - mcp_transport.SESSION_TOUCH_INTERVAL * 2
+    stale = timezone.now() - mcp_security.SESSION_TOUCH_INTERVAL * 2
     McpSession.objects.filter(pk=mcp.session_id).update(last_seen_at=stale)
     assert mcp.rpc("ping").status == 200
     assert McpSession.objects.get(pk=mcp.session_id).last_seen_at > recent
@@ -282,7 +284,7 @@ def test_unsupported_protocol_version_header_is_400(mcp):
     reply = mcp.rpc("ping", mcp_protocol_version="1999-01-01")
     assert reply.status == 400
     assert error_code(reply) == mcp_framing.UNSUPPORTED_PROTOCOL_VERSION
-    assert reply.json["error"]["data"]["supported"] == list(mcp_transport.SUPPORTED_PROTOCOL_VERSIONS)
+    assert reply.json["error"]["data"]["supported"] == list(mcp_framing.SUPPORTED_PROTOCOL_VERSIONS)
     assert mcp.rpc("ping", mcp_protocol_version="2025-06-18").status == 200
 
 
@@ -475,7 +477,7 @@ def test_the_asgi_application_routes_mcp_to_the_endpoint_in_the_thread_pool():
     from switchboard.asgi import http_routes
 
     route = http_routes[0]
-    assert route.pattern.regex.pattern == mcp_transport.ROUTE_PATTERN
+    assert route.pattern.regex.pattern == mcp_shell.ROUTE_PATTERN
     # It checks Host itself (test_plain_http covers every route's refusal).
-    assert isinstance(route.callback, mcp_transport.McpEndpoint)
+    assert isinstance(route.callback, mcp_shell.McpEndpoint)
     assert route.callback.thread_sensitive is False

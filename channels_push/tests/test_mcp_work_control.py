@@ -5,7 +5,9 @@ import json
 import jsonschema
 import pytest
 
-from channels_push import mcp_tools
+from channels_push.mcp import instructions as mcp_instructions
+from channels_push.mcp import schemas as mcp_schemas
+from channels_push.mcp import tools as mcp_tools
 from todos import transitions
 
 pytestmark = pytest.mark.django_db
@@ -15,7 +17,7 @@ def call(endpoint, name, arguments=None, session="session-a"):
     result = mcp_tools.call_tool(endpoint=endpoint, session_id=session,
                                  params={"name": name, "arguments": arguments or {}})
     assert json.loads(result.content[0].text) == result.structured_content
-    schema = {tool.name: tool for tool in mcp_tools.tools_for(endpoint)}[name].output_schema
+    schema = {tool.name: tool for tool in mcp_schemas.tools_for(endpoint)}[name].output_schema
     jsonschema.Draft202012Validator(schema).validate(result.structured_content)
     return result.is_error, result.structured_content
 
@@ -50,13 +52,13 @@ def test_a_cancelled_todo_shows_cancelled_at_and_its_holder_gets_lease_lost(endp
 
 
 def test_the_schemas_and_instructions_name_the_new_states_and_code(endpoint):
-    tools = {tool.name: tool for tool in mcp_tools.tools_for(endpoint)}
+    tools = {tool.name: tool for tool in mcp_schemas.tools_for(endpoint)}
     state = tools["list_todos"].input_schema["properties"]["state"]["enum"]
     assert {"awaiting_approval", "cancelled"} <= set(state)
     todo = tools["claim"].output_schema["properties"]["todo"]
     assert {"awaiting_approval", "cancelled"} <= set(todo["properties"]["state"]["enum"])
     assert "cancelled_at" in todo["properties"]
     assert "awaiting_approval" in tools["claim"].output_schema["properties"]["error"]["description"]
-    instructions = mcp_tools.build_instructions(endpoint)
+    instructions = mcp_instructions.build_instructions(endpoint)
     assert "awaiting_approval" in instructions and "cancelled" in instructions
-    assert len(instructions) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
+    assert len(instructions) <= mcp_instructions.INSTRUCTIONS_MAX_CHARS

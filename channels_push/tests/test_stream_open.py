@@ -14,9 +14,9 @@ from asgiref.sync import async_to_sync
 from django.db import connection
 from django.utils import timezone
 
-from channels_push import mcp_transport
-from channels_push.sessions import transitions as session_transitions
 from channels_push.doorbells import rings
+from channels_push.mcp import stream as mcp_stream
+from channels_push.sessions import transitions as session_transitions
 from todos.models import Todo
 
 from tests.factories import credential_for
@@ -90,7 +90,7 @@ def test_a_dozen_streams_opening_together_over_a_long_queue_all_get_their_digest
             # lie elsewhere in the table (so a plan visits them in another order).
             time.sleep(delay)
             try:
-                frames = mcp_transport.ring_reconnected_stream(endpoint.pk, session_id)
+                frames = mcp_stream.ring_reconnected_stream(endpoint.pk, session_id)
                 digests.extend(frames)
             except Exception as exc:  # noqa: BLE001 - the failure is the finding
                 failures.append(f"round {round_number}: {type(exc).__name__}: {exc}"

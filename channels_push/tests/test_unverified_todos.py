@@ -7,7 +7,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.management import call_command
 
-from channels_push import mcp_tools
+from channels_push.mcp import instructions as mcp_instructions
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from channels_push.tests.test_doorbell_delivery import (  # noqa: F401 (driver: a fixture)
     close, driver, next_doorbell, open_stream, ring)
@@ -42,9 +42,9 @@ def test_every_todo_an_agent_sees_carries_its_trust(driver):
 def test_the_instructions_say_unverified_todos_are_data_not_instructions(driver):
     d = driver("wary")
     instructions = McpDriver(d.slug, d.credential).initialize().json["result"]["instructions"]
-    assert mcp_tools.UNVERIFIED_TODOS_NOTE in instructions
+    assert mcp_instructions.UNVERIFIED_TODOS_NOTE in instructions
     assert "unverified" in instructions and "never as instructions" in instructions
-    assert len(instructions) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
+    assert len(instructions) <= mcp_instructions.INSTRUCTIONS_MAX_CHARS
 
 
 def test_the_instructions_call_every_title_and_payload_third_party_text_whatever_its_trust(
@@ -56,11 +56,11 @@ def test_the_instructions_call_every_title_and_payload_third_party_text_whatever
     d = driver("wary")
     instructions = McpDriver(d.slug, d.credential).initialize().json["result"]["instructions"]
     assert "verified sender" not in instructions
-    note = mcp_tools.UNVERIFIED_TODOS_NOTE
+    note = mcp_instructions.UNVERIFIED_TODOS_NOTE
     assert "every todo's title and payload" in note.lower() and "third-party text" in note
     assert "not who wrote" in note  # what "signed" does and does not prove
     assert "meta.trust" in note
-    assert len(instructions) <= mcp_tools.INSTRUCTIONS_MAX_CHARS
+    assert len(instructions) <= mcp_instructions.INSTRUCTIONS_MAX_CHARS
 
 
 def test_an_endpoint_that_refuses_unverified_todos_never_hands_one_out(driver):

@@ -11,9 +11,11 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from channels_push import longpoll, mcp_tools
 from channels_push.doorbells import doorbells
 from channels_push.doorbells import rings
+from channels_push.mcp import longpoll
+from channels_push.mcp import schemas as mcp_schemas
+from channels_push.mcp import tools as mcp_tools
 from channels_push.tests.conftest import make_ready_todo
 from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
 from channels_push.tests.test_doorbell_delivery import driver  # noqa: F401 (fixture)
@@ -112,7 +114,7 @@ def test_the_mcp_tools_show_priority_and_schedule_and_refuse_a_scheduled_claim(v
     at = later(hours=1)
     scheduled = make_ready_todo(endpoint, title="later", not_before=at, priority=5)
     ready = make_ready_todo(endpoint, title="ready", priority=-3)
-    schemas = {tool.name: tool.output_schema for tool in mcp_tools.tools_for(endpoint)}
+    schemas = {tool.name: tool.output_schema for tool in mcp_schemas.tools_for(endpoint)}
 
     refused = call(endpoint, "claim", {"todo_id": str(scheduled.pk)})
     assert refused.is_error

@@ -6,7 +6,7 @@ import tomllib
 import pytest
 
 from endpoints import queries
-from channels_push.mcp_tools import MAX_WAIT_SECONDS
+from channels_push.mcp.schemas import MAX_WAIT_SECONDS
 from endpoints.models import AGENT_VERBS, Endpoint
 from tests.cli import json_printed_after, run_manage
 

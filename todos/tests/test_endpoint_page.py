@@ -137,8 +137,8 @@ def test_snippets_say_what_each_client_needs():
 
 
 def test_the_longest_long_poll_is_the_one_claim_next_grants():
-    from channels_push import mcp_tools
-    assert connect_snippets.LONGEST_LONG_POLL_SECONDS == mcp_tools.MAX_WAIT_SECONDS
+    from channels_push.mcp import schemas as mcp_schemas
+    assert connect_snippets.LONGEST_LONG_POLL_SECONDS == mcp_schemas.MAX_WAIT_SECONDS
 
 
 def test_rotate_shows_the_new_credential_once_and_needs_csrf(vended):

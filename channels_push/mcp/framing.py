@@ -1,17 +1,25 @@
-"""Wire framing for the MCP endpoint: JSON-RPC envelopes and Server-Sent Event lines.
+"""Wire framing for the MCP endpoint: JSON-RPC envelopes, Server-Sent Event lines, and the
+HTTP answer an MCP request gets.
 
-Pure sync functions, no I/O and no Django, so they are unit-tested on their own
+The envelopes and lines are pure sync functions, no I/O, so they are unit-tested on their own
 (``channels_push/tests/test_mcp_framing.py``). Envelope shapes come from the ``mcp`` package's
 wire types (``mcp.types``), so a field name can never drift from the SDK's.
 """
 
+import dataclasses
+import functools
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import mcp.types as types
 from pydantic import BaseModel
 
 from switchboard import json_input
+from switchboard.http import plain
+
+if TYPE_CHECKING:
+    from .longpoll import LongPoll
 
 PARSE_ERROR = types.PARSE_ERROR  # -32700
 INVALID_REQUEST = types.INVALID_REQUEST  # -32600
@@ -19,6 +27,11 @@ METHOD_NOT_FOUND = types.METHOD_NOT_FOUND  # -32601
 INVALID_PARAMS = types.INVALID_PARAMS  # -32602
 INTERNAL_ERROR = types.INTERNAL_ERROR  # -32603
 UNSUPPORTED_PROTOCOL_VERSION = types.UNSUPPORTED_PROTOCOL_VERSION  # -32022
+# The session-based (handshake) protocol versions only, on purpose: Claude Code turns channels
+# off on the stateless 2026-07-28 protocol, so offering it would silence every doorbell. A
+# client probing for it gets the refusal below, which lists these, and falls back to initialize.
+SUPPORTED_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
+LATEST_PROTOCOL_VERSION = SUPPORTED_PROTOCOL_VERSIONS[0]
 
 
 class FramingError(Exception):
@@ -129,6 +142,73 @@ def notification_envelope(method: str, params: dict | None = None) -> dict:
 
 def encode_json(payload) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# -- HTTP answers ------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer(plain.Answer):
+    # Set when a DELETE ended a session: the async layer closes its streams everywhere.
+    terminated_session: str | None = None
+    # Set when a GET may open its stream.
+    stream_session: str | None = None
+    stream_endpoint_id: int | None = None
+    # The process's StreamHost the stream was attached to (its detach names it).
+    stream_host: str | None = None
+    # Sessions an initialize evicted over the per-credential cap: their streams are closed.
+    evicted_sessions: list = dataclasses.field(default_factory=list)
+    # Set when a tools/call may wait (a claim_next with wait_seconds that found nothing): the
+    # body is what to answer at the deadline; the async layer waits and re-runs the request
+    # when woken (McpEndpoint._long_poll).
+    long_poll: "LongPoll | None" = None
+    progress_token: str | int | None = None
+
+
+def json_answer(status: int, payload, headers=None) -> Answer:
+    return Answer(status, encode_json(payload),
+                  {"Content-Type": "application/json", **(headers or {})})
+
+
+def fault(status: int, message: str, *, code=INVALID_REQUEST, request_id=None,
+          data=None, headers=None) -> Answer:
+    """An HTTP-level refusal with a JSON-RPC error body (the SDK client surfaces it as is)."""
+    return json_answer(status, error_envelope(request_id, code, message, data), headers)
+
+
+def version_refusal(version: str, request_id=None) -> Answer:
+    # -32022 with the versions we speak: a client probing a newer, sessionless era (the SDK's
+    # server/discover at 2026-07-28) reads these handshake versions and falls back to
+    # initialize; any other client learns what to send.
+    return fault(400, f"Unsupported protocol version: {version}",
+                 code=UNSUPPORTED_PROTOCOL_VERSION, request_id=request_id,
+                 data={"supported": list(SUPPORTED_PROTOCOL_VERSIONS), "requested": version})
+
+
+def _media_types(header: str | None) -> list[tuple[str, float]]:
+    result = []
+    for part in (header or "").split(","):
+        media, *params = [p.strip() for p in part.split(";")]
+        if not media:
+            continue
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        result.append((media.lower(), quality))
+    return result
+
+
+@functools.lru_cache(maxsize=256)
+def accepts(header: str | None, media_type: str) -> bool:
+    """Does an Accept header admit ``media_type`` (exactly, by type wildcard, or */*)?
+    Remembered per header text (bounded): a client sends the same Accept on every call."""
+    kind = media_type.split("/")[0]
+    return any(q > 0 and m in (media_type, f"{kind}/*", "*/*") for m, q in _media_types(header))
 
 
 # -- Server-Sent Events ------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""One heartbeat per web process for all the MCP notification streams it holds (issue 17).
+"""The MCP notification stream (GET): the checks that open it (``open_stream``), its bounded
+frame buffer (``offer_frame``, ``drop_frame``), its detach (``close_stream``), and one
+heartbeat per web process for all the streams it holds (issue 17). The stream's async loop
+itself is the shell's (``shell.McpEndpoint._stream``).
 
 A thousand idle agents must cost the database next to nothing. So instead of every stream
 re-checking its session on every keep-alive and renewing a lease of its own, the process does
@@ -22,14 +25,31 @@ import asyncio
 import logging
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 
-from switchboard import health
-
-from . import models
+from channels_push import models
+from channels_push.doorbells import doorbells
 from channels_push.sessions import queries
-from .sessions import transitions as session_transitions
+from channels_push.sessions import transitions as session_transitions
+from switchboard import health, metrics
+from switchboard.http import plain
+
+from . import framing, security
+from .framing import Answer, accepts, fault
 
 log = logging.getLogger("switchboard.mcp")
+
+# Keep-alive comments on a stream (settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS, default
+# 15 s: below the 30-60 s idle cut of common proxies). The process's stream heartbeat
+# re-checks every held session's credential at the same interval (one query for all), so this
+# is also how soon a revoked stream closes (CONTRACT §12).
+KEEPALIVE_SECONDS = 15.0
+# Reconnect hint sent on every stream: long enough not to hammer a restarting server.
+RETRY_HINT_MS = 3000
+# Frames a stream holds for a client that reads slower than doorbells arrive. Beyond this the
+# stream drops the new frame (and logs it) instead of growing without bound or slowing the
+# channel layer: the queue is the ledger, a missed doorbell costs nothing but latency.
+STREAM_BUFFER_FRAMES = 100
 
 
 class HeldStream:
@@ -160,3 +180,71 @@ def check_sessions(session_ids) -> set:
 
 def renew_host(host_id: str) -> bool:
     return session_transitions.renew_stream_host(host_id=host_id)
+
+
+def open_stream(request: plain.Request, heartbeat: StreamHeartbeat | None = None) -> Answer:
+    """Checks for GET; on success counts the stream on the session (attached to this process's
+    ``heartbeat`` host, whose lease then keeps it counting as open) and says which to open."""
+    endpoint, refusal = security.authorize(request)
+    if refusal:
+        return refusal
+    if not accepts(request.header("accept"), "text/event-stream"):
+        return fault(406, "Not Acceptable: Accept must include text/event-stream")
+    version = request.header("mcp-protocol-version")
+    if version is not None and version not in framing.SUPPORTED_PROTOCOL_VERSIONS:
+        return framing.version_refusal(version)
+    session_id = request.header("mcp-session-id")
+    if not session_id:
+        return fault(400, "Bad Request: Mcp-Session-Id header is required")
+    # Read once: the heartbeat may take a new host id at any moment (``lapsed``), and the
+    # attachment and the answer must name the same one.
+    host_id = heartbeat.host_id if heartbeat is not None else None
+    attached = security.SESSION_ID_RE.match(session_id) and session_transitions.attach_stream(
+        endpoint=endpoint, session_id=session_id, host_id=host_id)
+    if attached == "full":
+        # Refused rather than closing the oldest: a client that reconnects in a loop must not
+        # knock out its own working stream (CONTRACT §12 cap; README "Security model").
+        return fault(409, "Conflict: this session already has the maximum of "
+                          f"{settings.SWITCHBOARD_MAX_OPEN_STREAMS} open streams; close one "
+                          "or initialize another session")
+    if not attached:
+        return fault(404, "Not Found: unknown or terminated session")
+    return Answer(200, stream_session=session_id, stream_endpoint_id=endpoint.pk,
+                  stream_host=host_id)
+
+
+def ring_reconnected_stream(endpoint_id: int, session_id: str) -> list:
+    """The doorbells a freshly opened stream gets at once (see doorbells.reconnect_frames)."""
+    return doorbells.reconnect_frames(endpoint_id=endpoint_id, session_id=session_id)
+
+
+def close_stream(session_id: str, host_id: str | None = None) -> None:
+    session_transitions.detach_stream(session_id=session_id, host_id=host_id)
+
+
+def drop_frame(reason: str, context: dict) -> None:
+    """A notification this stream will not write: one INFO line (ids only: endpoint slug,
+    todo id, short session) and the doorbell drop counter."""
+    log.info(f"doorbell dropped: {reason}", extra=context)
+    metrics.DOORBELLS_DROPPED.inc()
+
+
+def sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:
+    """Response headers of an SSE answer: the GET stream and a waiting POST alike."""
+    return [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache, no-transform"),
+        (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+        (b"mcp-session-id", session_id.encode()),
+    ]
+
+
+def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:
+    """Queue one notification for the client, or drop it (logged) when the buffer is full:
+    never wait, so neither the channel layer nor the publisher is slowed by a slow reader."""
+    try:
+        buffer.put_nowait((message, context))
+        return True
+    except asyncio.QueueFull:
+        drop_frame("stream buffer full", context)
+        return False

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from channels.layers import get_channel_layer
 
 from channels_push.bus import groups
+from todos import transitions
 
 log = logging.getLogger("switchboard.longpoll")
 
@@ -334,3 +335,58 @@ def room() -> WaitRoom:
     if _room is None or _room.loop is not loop:
         _room = WaitRoom(loop)
     return _room
+
+
+@dataclass(frozen=True)
+class LongPoll:
+    """An empty claim_next that asked to wait: how long, and for which queues (None: every
+    queue of the endpoint) a ready todo should wake it."""
+
+    endpoint_id: int
+    wait_seconds: float
+    queues: tuple | None
+    verified_only: bool = False
+    # The last claim was held back by a cap: a claim that settles may free its slot.
+    at_capacity: bool = False
+    # Who waits (the long-poll caps count per session and per credential).
+    session_id: str | None = None
+    credential_id: int | None = None
+
+
+def long_poll_of(endpoint, params: dict | None, result: dict, *,
+                 session_id: str | None = None) -> LongPoll | None:
+    """Whether the answer to tools/call ``params`` (``result``, as on the wire) should wait
+    instead of going out now: a claim_next that found nothing and was given wait_seconds > 0.
+    ``endpoint.credential_id`` is the credential the request presented."""
+    params = params or {}
+    arguments = params.get("arguments") or {}
+    wait_seconds = arguments.get("wait_seconds") or 0
+    if (params.get("name") != "claim_next" or result.get("isError") or wait_seconds <= 0
+            or not (result.get("structuredContent") or {}).get("empty")):
+        return None
+    queues = arguments.get("queues")
+    if queues is None and not endpoint.all_queues:
+        queues = endpoint.scope
+    return LongPoll(endpoint_id=endpoint.pk, wait_seconds=float(wait_seconds),
+                    queues=tuple(sorted(set(queues))) if queues is not None else None,
+                    verified_only=bool(arguments.get("verified_only")
+                                       or not endpoint.accept_unverified),
+                    at_capacity=bool(result["structuredContent"].get("at_capacity")),
+                    session_id=session_id,
+                    credential_id=getattr(endpoint, "credential_id", None))
+
+
+def release_undelivered_claim(endpoint, session_id: str, envelope: dict) -> str | None:
+    """A long poll claimed a todo for a client that left before the answer could be sent:
+    give the todo back at once (refunding the attempt, fenced by the lease just granted)
+    instead of letting it sit under a lease nobody holds. Returns the todo id released."""
+    todo = ((envelope.get("result") or {}).get("structuredContent") or {}).get("todo") or {}
+    if not todo.get("lease_id"):
+        return None
+    try:
+        transitions.release_todo(transitions.Caller.agent(endpoint, session_id), todo["id"],
+                                 lease_id=todo["lease_id"])
+    except transitions.Refusal:
+        return None  # the lease is gone already (lapsed, overridden): nothing to give back
+    return todo["id"]
+

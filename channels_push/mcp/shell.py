@@ -1,0 +1,400 @@
+"""The vended MCP endpoint, ``/mcp/<endpoint_slug>``: MCP Streamable HTTP (CONTRACT §6).
+
+Why the transport and session layer are ours: the ``mcp`` SDK's Streamable HTTP server keeps
+each session (its streams, its negotiated state) in one process's memory, so a restart forgets
+every session and a second web process answers 404 to sessions the first one minted. switchboard
+runs any number of daphne processes without sticky routing, and an agent's session must
+survive a deploy. So sessions are database rows (``McpSession``), every request re-checks its
+session there, and server-to-client notifications travel over the channel layer (Redis) to
+whichever process holds the session's stream. What we take from the SDK is what does not care
+where state lives: the wire types (``mcp.types``) for every envelope, result and tool schema.
+
+Layout, as the SDK splits its own server: this module is the ASGI shell (``McpEndpoint``); each
+HTTP method is answered by a plain sync function (``handlers.answer_post``,
+``handlers.answer_delete``, ``stream.open_stream``) that runs in one thread hop
+(``McpEndpoint._sync``) after the checks of ``security``; ``framing`` holds the JSON-RPC
+envelopes, ``tools``, ``schemas`` and ``instructions`` what the agent is offered and told. The
+shell reads the capped body, writes the answer, and runs the long-lived notification stream
+(GET) and the long poll (a claim_next with ``wait_seconds`` that found nothing waits in
+``longpoll``'s wait room, answering over SSE).
+"""
+
+import asyncio
+import json
+import logging
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import DatabaseError
+
+from channels_push.bus import group_reader
+from channels_push.bus.groups import NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE, session_group
+from channels_push.doorbells.doorbells import CHANNEL_METHOD
+from switchboard import health, metrics
+from switchboard.http import daphne_tuning, plain
+
+from . import framing, handlers, longpoll, stream, tools
+from .framing import Answer, fault, json_answer
+
+log = logging.getLogger("switchboard.mcp")
+
+# /mcp/<endpoint_slug>, with an optional trailing slash served as is: never a redirect
+# (clients must not follow redirects on POST).
+ROUTE_PATTERN = r"^mcp/(?P<slug>[-a-zA-Z0-9_]+)/?$"
+ALLOWED_METHODS = "GET, POST, DELETE"
+
+
+class McpEndpoint:
+    """ASGI app for ``/mcp/<slug>``. Not an AsyncHttpConsumer: that class opens a channel-layer
+    channel for every request, a Redis round trip a POST never needs; only streams join the
+    layer, here, by hand."""
+
+    def __init__(self, *, keepalive_seconds: float | None = None,
+                 thread_sensitive: bool = False, buffer_frames: int = stream.STREAM_BUFFER_FRAMES,
+                 buffer_bytes: int | None = None,
+                 layer_retry_seconds: tuple = (group_reader.RETRY_FIRST_SECONDS,
+                                               group_reader.RETRY_MAX_SECONDS)):
+        self.keepalive_seconds = keepalive_seconds or settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS
+        self.layer_retry_seconds = layer_retry_seconds
+        self.buffer_frames = buffer_frames
+        # Unsent bytes (transport_backlog_bytes) beyond which a frame is dropped, not written.
+        self.buffer_bytes = buffer_bytes
+        # Requests run their sync handler in the thread pool, not Django's one shared sync
+        # thread: they share no state but the database, and one thread would queue every
+        # agent's tool call behind the others' database round trips. In-process tests pass
+        # True so the handler sees the test's uncommitted transaction on the main thread.
+        self.thread_sensitive = thread_sensitive
+        self._wrapped = {}
+        # This app's (in production: this process's) streams, re-checked and kept counting as
+        # open by one heartbeat for all of them.
+        self.heartbeat = stream.StreamHeartbeat(interval_seconds=self.keepalive_seconds,
+                                         thread_sensitive=thread_sensitive)
+
+    def _sync(self, function):
+        # One wrapper per function for the life of the app: building one checks the function
+        # and copies its attributes, a cost worth paying once, not on every request. In the
+        # thread pool the handlers take the lean hop (plain.in_thread_pool: the same
+        # connection hygiene, without asgiref's context plumbing they do not use).
+        wrapped = self._wrapped.get(function)
+        if wrapped is None:
+            wrapped = self._wrapped[function] = plain.sync_hop(
+                function, thread_sensitive=self.thread_sensitive)
+        return wrapped
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return
+        request = plain.request_from_scope(scope)
+        try:
+            # Host before anything else, as every route does (plain.AllowedHostsOnly),
+            # checked here on the request this call decodes anyway.
+            if not plain.host_allowed(request, scope):
+                await plain.send_answer(send, plain.host_refusal())
+                return
+            if request.method not in ("GET", "POST", "DELETE"):
+                await plain.send_answer(send, fault(
+                    405, "Method Not Allowed", headers={"Allow": ALLOWED_METHODS}))
+                return
+            too_large = await plain.read_body(request, receive,
+                                                   settings.SWITCHBOARD_MAX_BODY_BYTES)
+            if too_large:
+                await plain.send_answer(send, fault(413, "Payload Too Large"))
+                return
+            if request.method == "POST":
+                started = asyncio.get_running_loop().time()
+                answer = await self._sync(handlers.answer_post)(request)
+                if answer.long_poll is None:
+                    await plain.send_answer(send, answer)
+                else:
+                    await self._long_poll(request, answer, started, receive, send)
+                for session_id in answer.evicted_sessions:
+                    await _close_session_streams(session_id)
+            elif request.method == "DELETE":
+                answer = await self._sync(handlers.answer_delete)(request)
+                await plain.send_answer(send, answer)
+                if answer.terminated_session:
+                    await _close_session_streams(answer.terminated_session)
+            else:
+                answer = await self._sync(stream.open_stream)(request, self.heartbeat)
+                if answer.stream_session is None:
+                    await plain.send_answer(send, answer)
+                else:
+                    await self._stream(answer, receive, send)
+        except plain.ClientGone:
+            return  # nobody to answer, and nothing was run
+        except health.UNAVAILABLE_ERRORS as exc:
+            # PostgreSQL unreachable (or failing): nothing was done, so say "retry" (503 +
+            # Retry-After, as /hooks does), not 500; no traceback per request while it is down.
+            await database_sync_to_async(health.note_database_unavailable)(
+                exc, route="mcp", slug=request.slug, method=request.method)
+            try:
+                await plain.send_answer(send, fault(
+                    503, "Service Unavailable: the database is unreachable; retry",
+                    code=framing.INTERNAL_ERROR, headers=health.unavailable_headers()))
+            except Exception:  # the response had already started; nothing more to say
+                pass
+        except Exception:
+            log.exception("mcp request failed", extra={"slug": request.slug,
+                                                       "method": request.method})
+            try:
+                await plain.send_answer(send, fault(500, "Internal error",
+                                                         code=framing.INTERNAL_ERROR))
+            except Exception:  # the response had already started; nothing more to say
+                pass
+
+    async def _stream(self, answer: Answer, receive, send):
+        session_id, endpoint_id = answer.stream_session, answer.stream_endpoint_id
+        layer = get_channel_layer()
+        group = session_group(session_id)
+        # This stream's own bounded buffer between the channel layer and the client (see
+        # stream.STREAM_BUFFER_FRAMES): the layer is drained at once into it, a full one drops.
+        buffer = asyncio.Queue(maxsize=self.buffer_frames)
+        # The channel currently in the group (None while the layer is unreachable); the
+        # reader rejoins and updates it, the finally below leaves with whatever it holds.
+        membership = {"channel": None}
+        held = self.heartbeat.hold(session_id)
+        if answer.stream_host != self.heartbeat.host_id:
+            # The host lease lapsed between the attach (recorded on the old host id, which
+            # nothing renews any more) and this hold, so ``lapsed`` could not close it: close
+            # it now, as it would have. Its client reconnects under the new host id; the
+            # finally below detaches the old attachment.
+            held.ended.set()
+        try:
+            # Redis down: serve keep-alives and let the reader keep trying to join.
+            membership["channel"] = await group_reader.join_groups(
+                layer, [group], {"session": session_id[:8]})
+            # The headers and the retry hint at once: the digest below reads every pending
+            # row of the endpoint (seconds on a long queue), and a client (or proxy) whose
+            # stream shows nothing for that long takes it for dead.
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": stream.sse_headers(session_id)})
+            # Headers go out with the first body bytes, so send some at once.
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": framing.sse_comment("switchboard stream open")
+                        + framing.sse_retry(stream.RETRY_HINT_MS)})
+            # Ring THIS stream (not the session's other streams) for work that waited while
+            # nobody listened. After group_add, so a todo created meanwhile is not missed by
+            # both paths (it may be counted by both: doorbells are at-least-once); queued
+            # before the pump starts reading the group, so the digest is the first event the
+            # client gets and every live doorbell comes after it.
+            if held.ended.is_set():
+                # Ending already (a lapsed host, above): the rings belong to the stream its
+                # client opens next. Ringing here would spend them (the digest cooldown) on
+                # frames this stream never sends.
+                frames = []
+            else:
+                try:
+                    frames = await self._sync(stream.ring_reconnected_stream)(
+                        endpoint_id, session_id)
+                except Exception:
+                    log.exception("mcp reconnect rings failed",
+                                  extra={"session": session_id[:8]})
+                    frames = []
+            for params, context in frames:
+                stream.offer_frame(buffer, framing.notification_envelope(
+                    CHANNEL_METHOD, params), context)
+            await self._pump(session_id, held, layer, group, membership, buffer, receive, send)
+        finally:
+            self.heartbeat.release(held)
+            await group_reader.leave_groups(layer, [group], membership.get("channel"))
+            try:
+                await self._sync(stream.close_stream)(session_id, answer.stream_host)
+            except Exception:
+                # The detach did not happen (the database unreachable at that moment), and this
+                # process's host lease would count the stream as open for as long as the
+                # process lives: doorbells would pick a session nobody listens on. Give the
+                # host up instead (its other streams close and their clients reconnect); its
+                # lease then runs out and the sweep deletes its attachments and recounts.
+                log.exception("mcp stream detach failed; giving up this process's stream host",
+                              extra={"session": session_id[:8]})
+                if answer.stream_host == self.heartbeat.host_id:
+                    self.heartbeat.lapsed("a stream's detach failed")
+
+    async def _long_poll(self, request, answer: Answer, started: float, receive, send):
+        """Answer a claim_next that waits (CONTRACT §6). The wait is this coroutine parked in
+        the process's wait room: no thread, no database connection. Woken (a todo may be
+        ready, or the re-check), it first makes sure the client is still there — a client
+        that went away must not be handed a lease — then runs the request again in one
+        thread hop (``database_sync_to_async`` refreshes old connections around it).
+
+        When the client accepts text/event-stream the answer is an SSE response opened at
+        once, with a keep-alive comment every SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS (and
+        ``notifications/progress`` when the call carried a progressToken), so proxies and
+        clients that cut idle responses keep waiting; otherwise the JSON answer comes at
+        the end. At the deadline: the last empty answer, ``{"empty": true}``."""
+        loop = asyncio.get_running_loop()
+        poll, request_id = answer.long_poll, framing.request_id_of(request.body)
+        deadline = started + poll.wait_seconds
+        keepalive_seconds = settings.SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS
+        streaming = framing.accepts(request.header("accept"), "text/event-stream")
+        room = longpoll.room()
+        over_cap = room.over_cap(poll.session_id, poll.credential_id)
+        if over_cap is not None:
+            # Refused before waiting; the first claim found nothing, so nothing was written.
+            log.info("mcp long poll refused: at its cap",
+                     extra={"slug": request.slug, "session": (poll.session_id or "")[:8]})
+            await plain.send_answer(send, json_answer(200, framing.result_envelope(
+                request_id, tools.refusal_result("at_capacity", over_cap)),
+                {"Mcp-Session-Id": answer.headers["Mcp-Session-Id"]}))
+            return
+        waiter = room.add(poll.endpoint_id, poll.queues, started_at=started,
+                          verified_only=poll.verified_only, at_capacity=poll.at_capacity,
+                          session_id=poll.session_id, credential_id=poll.credential_id)
+        disconnect = asyncio.ensure_future(receive())
+        woken = asyncio.ensure_future(waiter.event.wait())
+        try:
+            if streaming:
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": stream.sse_headers(answer.headers["Mcp-Session-Id"])})
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": framing.sse_comment("waiting for a todo")})
+            next_beat = loop.time() + keepalive_seconds
+            while (now := loop.time()) < deadline:
+                done, _ = await asyncio.wait({disconnect, woken},
+                                             timeout=min(deadline, next_beat) - now,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if disconnect in done:
+                    if disconnect.result().get("type") == "http.disconnect":
+                        return  # nobody to answer; nothing was claimed for them
+                    disconnect = asyncio.ensure_future(receive())
+                    continue
+                if woken in done:
+                    # A disconnect already queued by the server lands in this turn of the loop.
+                    await asyncio.sleep(0)
+                    if disconnect.done():
+                        continue
+                    retried = await self._retry_long_poll(request, answer)
+                    room.attempted(waiter, claimed=retried.long_poll is None,
+                                   at_capacity=bool(retried.long_poll
+                                                    and retried.long_poll.at_capacity))
+                    woken = asyncio.ensure_future(waiter.event.wait())
+                    answer = retried
+                    if answer.long_poll is None:
+                        break
+                    continue
+                if loop.time() >= next_beat:
+                    next_beat += keepalive_seconds
+                    if streaming:
+                        await send({"type": "http.response.body", "more_body": True,
+                                    "body": self._keepalive_frames(answer, poll, started)})
+            if answer.long_poll is None:
+                await asyncio.sleep(0)  # a disconnect the server already queued lands here
+                if disconnect.done() and disconnect.result().get("type") == "http.disconnect":
+                    await self._sync(handlers.release_claim_of_departed_client)(request, answer)
+                    return
+            if not streaming:
+                await plain.send_answer(send, answer)
+                return
+            envelope = json.loads(answer.body)
+            if envelope.get("id") is None:  # a refusal built before the id was read
+                envelope["id"] = request_id
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": framing.sse_event(envelope)})
+        finally:
+            room.remove(waiter)
+            for task in (disconnect, woken):
+                if not task.done():
+                    task.cancel()
+
+    async def _retry_long_poll(self, request, answer: Answer) -> Answer:
+        """The woken request, run again; on a failure (the database gone for a moment) the
+        poll keeps waiting with its last answer and the re-check tries again."""
+        try:
+            return await self._sync(handlers.answer_post)(request, woken=True)
+        except Exception as exc:
+            log.exception("mcp long poll retry failed", extra={"slug": request.slug})
+            if isinstance(exc, DatabaseError):
+                await database_sync_to_async(health.discard_broken_pooled_connections)()
+            return answer
+
+    @staticmethod
+    def _keepalive_frames(answer: Answer, poll, started: float) -> bytes:
+        frames = framing.sse_comment("keep-alive")
+        if answer.progress_token is not None:
+            waited = asyncio.get_running_loop().time() - started
+            frames += framing.sse_event(framing.notification_envelope(
+                "notifications/progress", {
+                    "progressToken": answer.progress_token, "progress": round(waited, 3),
+                    "total": poll.wait_seconds, "message": "waiting for a todo"}))
+        return frames
+
+    async def _pump(self, session_id, held, layer, group, membership, buffer, receive, send):
+        # Set by a terminate message (DELETE, eviction) or by the process's heartbeat when the
+        # session lost its rights (CONTRACT §12): either way the stream ends.
+        terminated = held.ended
+
+        async def on_message(message) -> bool:
+            if message.get("type") == TERMINATE_MESSAGE_TYPE:
+                terminated.set()
+                return True
+            if message.get("type") == NOTIFY_MESSAGE_TYPE:
+                stream.offer_frame(buffer, message["message"],
+                                   message.get("context") or {"session": session_id[:8]})
+            return False
+
+        # Moves this stream's channel-layer messages into its buffer as they arrive; while
+        # the layer is unreachable (at open, or lost later) it keeps rejoining, so doorbells
+        # resume when Redis returns.
+        reader = asyncio.ensure_future(group_reader.follow_groups(
+            layer, [group], membership, on_message, {"session": session_id[:8]},
+            retry_seconds=self.layer_retry_seconds))
+        disconnect = asyncio.ensure_future(receive())
+        next_frame = asyncio.ensure_future(buffer.get())
+        ended = asyncio.ensure_future(terminated.wait())
+        loop = asyncio.get_running_loop()
+        # Keep-alives run on a clock of their own, not only when the stream is idle. They cost
+        # no query: the heartbeat re-checks every held session (and renews the lease that keeps
+        # them counting as open) once per interval for the whole process.
+        keepalive_due = loop.time() + self.keepalive_seconds
+        bound = self.buffer_bytes or settings.SWITCHBOARD_STREAM_BUFFER_BYTES
+        try:
+            while True:
+                done, _ = await asyncio.wait({disconnect, next_frame, ended},
+                                             timeout=max(0.0, keepalive_due - loop.time()),
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if disconnect in done:
+                    if disconnect.result().get("type") == "http.disconnect":
+                        return
+                    disconnect = asyncio.ensure_future(receive())
+                    continue
+                if ended in done:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                if next_frame in done:
+                    message, context = next_frame.result()
+                    next_frame = asyncio.ensure_future(buffer.get())
+                    body = framing.sse_event(message)
+                    # A client that stopped reading: its unsent bytes sit in the server's
+                    # memory (daphne's send never waits), so past the bound the frame is
+                    # dropped here instead of piling up there (§7).
+                    backlog = daphne_tuning.transport_backlog_bytes(send)
+                    if backlog is not None and backlog + len(body) > bound:
+                        stream.drop_frame("stream backlog over its bound",
+                                          {**context, "unsent_bytes": backlog})
+                        continue
+                    await send({"type": "http.response.body", "more_body": True, "body": body})
+                    if message.get("method") == CHANNEL_METHOD:
+                        metrics.DOORBELLS_SENT.inc()
+                    continue
+                if loop.time() < keepalive_due:
+                    continue
+                keepalive_due = loop.time() + self.keepalive_seconds
+                backlog = daphne_tuning.transport_backlog_bytes(send)
+                if backlog is None or backlog < bound:  # a stalled reader needs no keep-alive
+                    await send({"type": "http.response.body", "more_body": True,
+                                "body": framing.sse_comment("keep-alive")})
+        finally:
+            for task in (reader, disconnect, next_frame, ended):
+                if task is not None and not task.done():
+                    task.cancel()
+
+
+
+async def _close_session_streams(session_id: str):
+    try:
+        await get_channel_layer().group_send(session_group(session_id),
+                                             {"type": TERMINATE_MESSAGE_TYPE})
+    except Exception as exc:  # the stream notices at its next keep-alive (session terminated)
+        log.warning("mcp stream close not sent", extra={"session": session_id[:8],
+                                                        "error": type(exc).__name__})

@@ -1,0 +1,325 @@
+"""The MCP tools an agent works its queue with (CONTRACT §6, §11): ``call_tool`` checks a
+tools/call's arguments against its tool's schema (``schemas``) and runs its verb.
+
+Tool results are ``mcp.types`` models; every verb calls the same
+``todos.transitions`` functions the board and the commands use, as
+``Caller.agent(endpoint, session_id)`` so the lease owner is the MCP session.
+
+Argument problems a model can correct — a wrong JSON type, a missing or unknown argument, a
+value out of range — are tool results with ``isError`` and ``error.code = "invalid_argument"``
+naming the argument and what it expects (SEP-1303: the model sees tool results, not JSON-RPC
+errors). Only an unknown tool or a ``params``/``arguments`` that is not an object stays a
+JSON-RPC ``-32602`` (``ToolCallError``).
+
+``read_secret``: operator secrets are stored by ``ingest`` (CONTRACT §5), and ``channels_push``
+must not import ``ingest`` (dependency direction, STYLE). So the reader is a hook: the app that
+stores secrets registers one at ``AppConfig.ready()`` with ``register_secret_reader``; with none
+registered every ref is ``not_found``.
+"""
+
+import json
+import logging
+
+import jsonschema
+import mcp.types as types
+from django.conf import settings
+
+from endpoints import transitions as endpoint_transitions
+from switchboard import json_input
+from todos import queries as todo_queries
+from todos import transitions
+
+from . import framing
+from .schemas import ANY_JSON_TYPES, TOOL_SCHEMAS
+
+log = logging.getLogger("switchboard.mcp")
+
+# Arguments a known client adds to every tool call on its own: Gemini CLI sends
+# ``wait_for_previous`` (its own scheduling hint). Refusing them as unknown would make every
+# call from that client fail, so they are dropped before validation and never advertised.
+IGNORED_ARGUMENTS = frozenset({"wait_for_previous"})
+
+
+class ToolCallError(Exception):
+    """A malformed tools/call: answered as a JSON-RPC error, not a tool result."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+
+_VALIDATORS = {
+    name: jsonschema.Draft202012Validator(schema) for name, (_, schema) in TOOL_SCHEMAS.items()
+}
+
+
+# -- read_secret hook ----------------------------------------------------------------------------
+
+_secret_reader = None
+
+
+def register_secret_reader(reader) -> None:
+    """Install ``reader(caller, ref) -> {"ref", "value"}``, which raises
+    ``todos.transitions.Refusal`` (``not_found`` when ``ref`` is missing or not visible to
+    ``caller``'s endpoint and scope, ``invalid_argument`` when malformed). The app that stores
+    secrets (ingest) installs it; channels_push never imports ingest."""
+    global _secret_reader
+    _secret_reader = reader
+
+
+def unregister_secret_reader(reader) -> None:
+    global _secret_reader
+    if _secret_reader is reader:
+        _secret_reader = None
+
+
+# -- dispatch ------------------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    def __init__(self, code, message):
+        self.code, self.message = code, message
+
+
+# Above this many characters the text content summarises the result instead of repeating it:
+# structuredContent carries the whole result, and sending a large one twice doubled the answer
+# (a list of 200 big todos was ~360 MB). Small results keep the full JSON in text too, for
+# clients that read only text.
+TEXT_RENDERING_MAX_CHARS = 16 * 1024
+
+
+def _without_bulk(todo: dict) -> dict:
+    return {key: value for key, value in todo.items() if key not in ("payload", "result")}
+
+
+def render_text(payload: dict, text: str) -> str:
+    """The text content for ``payload`` whose JSON is ``text``: that JSON when small, else a
+    summary: the todos without payload and result (or only their ids), with a note saying
+    where the rest is."""
+    if len(text) <= TEXT_RENDERING_MAX_CHARS:
+        return text
+    brief = dict(payload)
+    if isinstance(brief.get("todo"), dict):
+        brief["todo"] = _without_bulk(brief["todo"])
+    if isinstance(brief.get("todos"), list):
+        brief["todos"] = [_without_bulk(todo) for todo in brief["todos"]]
+    brief["summary"] = (f"a {len(text)}-character result, summarised here: payload and result "
+                        "are left out; structuredContent carries the whole result (or call "
+                        "again with a lower limit)")
+    summary = json.dumps(brief, ensure_ascii=False)
+    if len(summary) > TEXT_RENDERING_MAX_CHARS and isinstance(brief.get("todos"), list):
+        brief["todos"] = [todo.get("id") for todo in brief["todos"]]
+        summary = json.dumps(brief, ensure_ascii=False)
+    return summary[:TEXT_RENDERING_MAX_CHARS]
+
+
+def _structured(payload: dict, *, is_error: bool = False) -> types.CallToolResult:
+    text = json.dumps(payload, ensure_ascii=False)
+    size = len(text.encode())
+    cap = settings.SWITCHBOARD_MCP_MAX_RESULT_BYTES
+    if size > cap:
+        return refusal_result(
+            "invalid_argument",
+            f"limit: the result would be {size} bytes, over this server's {cap}-byte answer "
+            "cap; call again with a lower limit (and page on with cursor)")
+    return types.CallToolResult(
+        content=[types.TextContent(text=render_text(payload, text))],
+        structured_content=payload,
+        is_error=is_error,
+    )
+
+
+def refusal_result(code: str, message: str) -> types.CallToolResult:
+    return _structured({"error": {"code": code, "message": message}}, is_error=True)
+
+
+_JSON_TYPE_NAMES = {"object": "an object", "array": "a list", "string": "a string",
+                    "integer": "an integer", "number": "a number", "boolean": "true or false",
+                    "null": "null"}
+
+
+def _expected(schema: dict) -> str:
+    """What an argument's schema accepts, in words: "a string or an integer", "an integer from
+    1 to 200", "one of [...]"."""
+    if "anyOf" in schema:
+        kinds = [_JSON_TYPE_NAMES.get(branch.get("type"), "a value") for branch in schema["anyOf"]]
+        text = "any JSON value" if len(kinds) >= len(ANY_JSON_TYPES) else " or ".join(kinds)
+    else:
+        text = _JSON_TYPE_NAMES.get(schema.get("type"), "a value")
+    if schema.get("type") == "array" and schema.get("items", {}).get("type") == "string":
+        text = "a non-empty list of strings" if schema.get("minItems") else "a list of strings"
+    if "enum" in schema:
+        text = f"one of {schema['enum']}"
+    if "minimum" in schema and "maximum" in schema:
+        text += f" from {schema['minimum']} to {schema['maximum']}"
+    return text
+
+
+def _json_type_of(value) -> str:
+    for name, kind in (("null", type(None)), ("boolean", bool), ("integer", int), ("number", float),
+                       ("string", str), ("list", list), ("object", dict)):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _argument_problem(name: str, error) -> str:
+    """One jsonschema error as a sentence naming the argument and what it expects."""
+    properties = TOOL_SCHEMAS[name][1]["properties"]
+    takes = ", ".join(properties) or "no arguments"
+    if error.validator == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else "an argument"
+        return f"{missing}: missing; expected {_expected(properties.get(missing, {}))}"
+    if error.validator == "additionalProperties":
+        unknown = sorted(set(error.instance) - set(properties))
+        return f"{', '.join(unknown)}: unknown argument; {name} takes {takes}"
+    argument = str(error.absolute_path[0]) if error.absolute_path else "arguments"
+    schema = properties.get(argument, {})
+    given = error.instance
+    shown = _json_type_of(given)
+    if not isinstance(given, (dict, list)):
+        shown = f"{given!r}"[:60] + f" ({shown})"
+    return f"{argument}: expected {_expected(schema)}, got {shown}"
+
+
+# Tools that require no argument: an empty ``arguments`` object is valid for them as it stands
+# (every schema is an object of optional properties, no minimum count), so the validator is not
+# run for it (claim_next's usual call; jsonschema's setup is most of a validation's cost).
+_TAKE_EMPTY_ARGUMENTS = frozenset(
+    name for name, (_, schema) in TOOL_SCHEMAS.items() if not schema["required"])
+
+
+# Checked by the write itself, in the one walk of the value it stores (complete, fail): up to
+# the result cap, so not walked twice.
+_STORED_WHOLE = frozenset({"result"})
+
+
+def _check_text(arguments: dict) -> None:
+    """No argument may carry text the database cannot take (a NUL character, a lone
+    surrogate): PostgreSQL refuses it mid-query, which would be an internal error instead of
+    a refusal the model can correct. Every argument is walked, names included."""
+    for argument, value in arguments.items():
+        reason = json_input.unstorable_reason(argument)
+        if reason is not None:
+            raise _Refused("invalid_argument", f"{argument!r}: the argument name {reason}")
+        if argument in _STORED_WHOLE:
+            continue
+        reason = json_input.unstorable_reason(value)
+        if reason is not None:
+            raise _Refused("invalid_argument", f"{argument}: {reason}")
+
+
+def _check_arguments(name: str, arguments: dict) -> None:
+    if not arguments and name in _TAKE_EMPTY_ARGUMENTS:
+        return
+    _check_text(arguments)
+    errors = sorted(_VALIDATORS[name].iter_errors(arguments), key=lambda e: [str(p) for p in e.path])
+    if errors:
+        raise _Refused("invalid_argument", "; ".join(
+            dict.fromkeys(_argument_problem(name, error) for error in errors)))
+
+
+def _todo(todo) -> dict:
+    # Every verb that answers with one todo answers for the caller's own lease (claim made it,
+    # the fenced verbs matched it), so its holder is the row's own lease owner.
+    return {"todo": todo_queries.todo_as_dict(todo, holder=todo.lease_owner)}
+
+
+def _read_secret(caller, args):
+    if _secret_reader is None:
+        raise _Refused("not_found", f"no secret {args['ref']!r}")
+    return _secret_reader(caller, args["ref"])
+
+
+def _list_todos(caller, args):
+    queue = args.get("queue")
+    if queue is not None and not caller.covers(queue):
+        raise _Refused("not_in_scope", f"queue {queue!r} is outside this endpoint's scope")
+    try:
+        rows, next_cursor = todo_queries.list_todos(
+            caller, queue=queue, state=args.get("state"), cursor=args.get("cursor"),
+            limit=args.get("limit", todo_queries.LIST_LIMIT_DEFAULT),
+            scheduled=args.get("scheduled"),
+        )
+    except ValueError as bad_cursor:
+        raise _Refused("invalid_argument", f"cursor: {bad_cursor}") from None
+    # Other sessions' leases show no lease_id and only an owner hint (CONTRACT §12).
+    return {"todos": [todo_queries.todo_as_dict(row, holder=caller.actor) for row in rows],
+            "next_cursor": next_cursor, "has_more": next_cursor is not None}
+
+
+def _clock(caller, presence: str) -> dict:
+    """``{"presence"}``, plus ``override_until`` when an operator override decides it (a
+    clock_in during an override changes nothing yet, and the agent learns why and until when)."""
+    endpoint_transitions.clock(caller.endpoint, presence, reason="clock_in")
+    report = endpoint_transitions.presence_report(caller.endpoint)
+    return {key: value for key, value in report.items() if value is not None}
+
+
+def _claim_next(caller, args):
+    try:
+        todo = transitions.claim_next_todo(
+            caller, queues=args.get("queues"), lease_ttl_seconds=args.get("lease_ttl_seconds"),
+            verified_only=args.get("verified_only", False),
+        )
+    except transitions.Refusal as refusal:
+        if refusal.code != "at_capacity":
+            raise
+        # A cap is not a fault: the agent waits for a slot, as it waits for work.
+        return {"empty": True, "at_capacity": True}
+    if todo is not None:
+        return _todo(todo)
+    # Everything asked for is paused (§14): say so, so the agent waits instead of concluding
+    # the queue is drained.
+    paused = caller.endpoint.paused_among(args.get("queues") or caller.queues)
+    return {"empty": True, "paused": paused} if paused else {"empty": True}
+
+
+_VERBS = {
+    "list_todos": _list_todos,
+    "claim": lambda caller, a: _todo(transitions.claim_todo(
+        caller, a["todo_id"], lease_ttl_seconds=a.get("lease_ttl_seconds"))),
+    "claim_next": _claim_next,
+    "heartbeat": lambda caller, a: _todo(transitions.heartbeat_todo(
+        caller, a["todo_id"], lease_id=a.get("lease_id"),
+        lease_ttl_seconds=a.get("lease_ttl_seconds"))),
+    "complete": lambda caller, a: _todo(transitions.complete_todo(
+        caller, a["todo_id"], lease_id=a.get("lease_id"), result=a.get("result"))),
+    "fail": lambda caller, a: _todo(transitions.fail_todo(
+        caller, a["todo_id"], lease_id=a.get("lease_id"), error=a.get("error"),
+        result=a.get("result"))),
+    "release": lambda caller, a: _todo(transitions.release_todo(
+        caller, a["todo_id"], lease_id=a.get("lease_id"))),
+    "read_secret": _read_secret,
+    "clock_in": lambda caller, a: _clock(caller, "in"),
+    "clock_out": lambda caller, a: _clock(caller, "out"),
+}
+assert set(_VERBS) == set(TOOL_SCHEMAS)
+
+
+def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallToolResult:
+    """Run one tools/call for a session of ``endpoint``. Raises ToolCallError for a malformed
+    call (unknown tool, ``arguments`` not an object); every other outcome, argument errors and
+    refusals included, is a CallToolResult."""
+    params = params or {}
+    name, arguments = params.get("name"), params.get("arguments")
+    if not isinstance(name, str) or name not in _VERBS:
+        raise ToolCallError(framing.INVALID_PARAMS, f"Unknown tool: {name!r}")
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        raise ToolCallError(framing.INVALID_PARAMS, "Invalid params: arguments must be an object")
+    if IGNORED_ARGUMENTS.intersection(arguments):
+        arguments = {k: v for k, v in arguments.items() if k not in IGNORED_ARGUMENTS}
+    if not endpoint.allows(name):
+        return refusal_result("verb_not_allowed", f"this endpoint may not use {name}")
+    caller = transitions.Caller.agent(endpoint, session_id)
+    try:
+        _check_arguments(name, arguments)
+        return _structured(_VERBS[name](caller, arguments))
+    except _Refused as refused:
+        return refusal_result(refused.code, refused.message)
+    except transitions.Refusal as refusal:
+        return refusal_result(refusal.code, refusal.message)
