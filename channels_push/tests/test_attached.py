@@ -23,7 +23,7 @@ from channels_push.sessions import transitions as session_transitions
 from channels_push.doorbells import rings
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
-from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
+from channels_push.tests.test_doorbell_delivery import close, next_doorbell, next_ring, open_stream, ring
 from endpoints import transitions as endpoint_transitions
 from todos import sweeps as todo_sweeps
 from todos.models import Todo
@@ -146,7 +146,7 @@ def test_a_todo_back_to_pending_rings_again(vend, how):
     async def scenario():
         stream = await open_stream(d)
         todo = await ring(endpoint, title="comes back")
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(todo.pk)
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(todo.pk)
         call = database_sync_to_async(worker.call, thread_sensitive=False)
         claimed = await call("claim", {"todo_id": str(todo.pk), "lease_ttl_seconds": 1})
         assert not claimed["result"]["isError"], claimed

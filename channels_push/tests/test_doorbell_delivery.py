@@ -66,6 +66,16 @@ async def next_doorbell(communicator, timeout=FRAME_DEADLINE_SECONDS) -> dict:
             return envelope["params"]
 
 
+async def next_ring(communicator, timeout=FRAME_DEADLINE_SECONDS) -> dict:
+    """The next todo doorbell, past a reconnect digest: a todo created while the stream opens
+    may be counted by the stream's reconnect digest as well as rung (doorbells are
+    at-least-once), and which comes first depends on timing."""
+    while True:
+        params = await next_doorbell(communicator, timeout)
+        if not (doorbells.is_digest(params) and params["meta"].get("reason") == "reconnect"):
+            return params
+
+
 async def close(communicator):
     await communicator.send_input({"type": "http.disconnect"})
     await communicator.wait(timeout=5)
@@ -100,7 +110,7 @@ def test_ready_todo_rings_one_identifier_safe_notification_on_the_session(driver
                                   "trust": "signed"}
         assert "acme/x#1 opened: bug" in params["content"]
         control = await ring(d.endpoint, title="control")
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)  # exactly one
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(control.pk)  # exactly one
         await close(stream)
 
     async_to_sync(scenario)()
@@ -115,9 +125,9 @@ def test_out_of_scope_todo_and_other_endpoints_get_nothing(driver):
         stranger_stream = await open_stream(stranger)
         await ring(d.endpoint, "inbox", title="outside the grant")
         in_scope = await ring(d.endpoint, "reviews", title="inside")
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(in_scope.pk)
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(in_scope.pk)
         control = await ring(stranger.endpoint, "inbox", title="control")
-        assert (await next_doorbell(stranger_stream))["meta"]["todo_id"] == str(control.pk)
+        assert (await next_ring(stranger_stream))["meta"]["todo_id"] == str(control.pk)
         await close(stream)
         await close(stranger_stream)
 
@@ -151,9 +161,9 @@ def test_a_todo_awaiting_approval_rings_only_once_approved(driver):
         stream = await open_stream(d)
         gated = await ring(d.endpoint, title="deploy prod", requires_approval=True)
         control = await ring(d.endpoint, title="control")
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(control.pk)
         await database_sync_to_async(approve, thread_sensitive=False)(gated)
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(gated.pk)
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(gated.pk)
         await close(stream)
 
     async_to_sync(scenario)()
@@ -270,19 +280,19 @@ def test_reconnecting_stream_is_rung_for_the_oldest_waiting_todos_only(driver, m
         other_stream = await open_stream(other)
         todos = [await ring(d.endpoint, title=f"w{i}") for i in range(7)]
         for todo in todos:  # their create doorbells went to the streaming session
-            assert (await next_doorbell(other_stream))["meta"]["todo_id"] == str(todo.pk)
+            assert (await next_ring(other_stream))["meta"]["todo_id"] == str(todo.pk)
         stream = await open_stream(d)
-        rung = [(await next_doorbell(stream))["meta"]["todo_id"] for _ in range(5)]
+        rung = [(await next_ring(stream))["meta"]["todo_id"] for _ in range(5)]
         assert rung == [str(t.pk) for t in todos[:5]]
         await close(stream)
         # Re-attach inside the cooldown: no rings for those five; the two never rung are.
         stream = await open_stream(d)
-        rung = [(await next_doorbell(stream))["meta"]["todo_id"] for _ in range(2)]
+        rung = [(await next_ring(stream))["meta"]["todo_id"] for _ in range(2)]
         assert rung == [str(t.pk) for t in todos[5:]]
         await database_sync_to_async(
             lambda: McpSession.objects.filter(pk=other.session_id).update(terminated_at=timezone.now()))()
         control = await ring(d.endpoint, title="control")
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(control.pk)
         # The other session's stream was not rung for the waiting work.
         await close(stream)
         await close(other_stream)
@@ -566,7 +576,7 @@ def test_a_todo_that_becomes_ready_again_rings(driver, becomes_ready):
     async def scenario():
         stream = await open_stream(d)
         todo = await ring(d.endpoint, title="flaky")
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(todo.pk)
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(todo.pk)
         await database_sync_to_async(ready_again, thread_sensitive=False)(todo)
         params = await next_doorbell(stream)
         await close(stream)

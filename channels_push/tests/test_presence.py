@@ -16,7 +16,7 @@ from channels_push.doorbells import doorbells
 from channels_push.sessions import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
-from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
+from channels_push.tests.test_doorbell_delivery import close, next_doorbell, next_ring, open_stream, ring
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint
 from todos.models import Todo
@@ -148,7 +148,7 @@ def test_reconnect_digest_replaces_individual_rings(vend):
         assert params["meta"] == {"kind": "digest", "pending": "3", "queues": "reviews",
                                   "reason": "reconnect", "unverified": "0"}
         control = await ring(endpoint, "reviews", title="control")
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)  # no rings
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(control.pk)  # no rings
         await close(stream)
 
     async_to_sync(scenario)()

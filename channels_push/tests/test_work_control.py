@@ -17,7 +17,7 @@ from channels_push.mcp import longpoll
 from channels_push.mcp import schemas as mcp_schemas
 from channels_push.mcp import tools as mcp_tools
 from channels_push.tests.conftest import make_ready_todo
-from channels_push.tests.test_doorbell_delivery import close, next_doorbell, open_stream, ring
+from channels_push.tests.test_doorbell_delivery import close, next_doorbell, next_ring, open_stream, ring
 from channels_push.tests.test_doorbell_delivery import driver  # noqa: F401 (fixture)
 from todos import sweeps as todo_sweeps
 from todos import transitions as todo_transitions
@@ -46,7 +46,7 @@ def test_a_scheduled_todo_rings_only_when_it_becomes_ready(driver, becomes_ready
         scheduled = await ring(d.endpoint, title="tonight", not_before=later(hours=1))
         control = await ring(d.endpoint, title="now")
         # The first doorbell is the control's: the scheduled todo rang nothing.
-        assert (await next_doorbell(stream))["meta"]["todo_id"] == str(control.pk)
+        assert (await next_ring(stream))["meta"]["todo_id"] == str(control.pk)
         await database_sync_to_async(make_ready, thread_sensitive=False)(scheduled)
         params = await next_doorbell(stream)
         await close(stream)
