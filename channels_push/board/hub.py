@@ -23,6 +23,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from switchboard import health
+from switchboard.http import sse
 
 from channels_push.bus import group_reader, groups
 
@@ -163,7 +164,7 @@ class BoardHub:
                 continue
             event = {key: value for key, value in row.items() if key != "owner_id"}
             event["action"] = batch.get(row["todo_id"])
-            await stream.send_chunk(rendering.format_event("todo", event, event_id=row["version"]))
+            await stream.send_chunk(sse.event("todo", event, event_id=row["version"]))
 
     def queue_glance(self, endpoints) -> None:
         """The header counts of ``endpoints`` are due: sent at once after a quiet spell, else
@@ -207,7 +208,7 @@ class BoardHub:
                 for entry in entries if stream.viewer.may_see(entry["owner_id"])]
         # Not to a stream ending because its viewer lost the right (a batch's re-check).
         if mine and not stream.closed and not stream.stop.is_set():
-            await stream.send_chunk(rendering.format_event("glance", {"endpoints": mine}))
+            await stream.send_chunk(sse.event("glance", {"endpoints": mine}))
 
     async def recheck_forever(self):
         while True:

@@ -1,38 +1,14 @@
 """What the board's stream carries: the rows of a committed batch rendered once per board
-view, the header's glance entries, and their SSE framing. Sync functions (the database reads
-are wrapped with ``database_sync_to_async`` by the hub); the stream never carries a payload or
-a secret.
+view and the header's glance entries (their SSE framing is ``switchboard.http.sse``). Sync
+functions (the database reads are wrapped with ``database_sync_to_async`` by the hub); the
+stream never carries a payload or a secret.
 """
-
-import json
-from datetime import timedelta
 
 from django.template.loader import render_to_string
 
 from channels_push.sessions import holders
 
 from . import rights
-
-
-# -- wire framing (pure) ------------------------------------------------------------------------
-
-
-def format_event(event: str, data, *, event_id=None) -> bytes:
-    """One SSE event. ``data`` is JSON-encoded; JSON has no raw newlines, so one data line."""
-    lines = []
-    if event_id is not None:
-        lines.append(f"id: {event_id}")
-    lines.append(f"event: {event}")
-    lines.append("data: " + json.dumps(data, separators=(",", ":")))
-    return ("\n".join(lines) + "\n\n").encode()
-
-
-def format_comment(text: str) -> bytes:
-    return b"".join(f": {line}\n".encode() for line in text.splitlines() or [""]) + b"\n"
-
-
-def format_retry(delay: timedelta) -> bytes:
-    return f"retry: {int(delay.total_seconds() * 1000)}\n\n".encode()
 
 
 def fetch_board_todos(todo_ids) -> list:

@@ -16,7 +16,7 @@ that the client can discard an older copy of a row that arrives after a newer on
 
 Who may see what, and the re-checks that end a stream, are ``rights``; the process's one
 reader of the board group, which reads and renders each batch once for all its streams, is
-``hub``; the rows and their framing are ``rendering``.
+``hub``; the rows are ``rendering``'s, their SSE framing ``switchboard.http.sse``'s.
 
 A webhook page's live log (``GroupStreamConsumer``) is the same stream with other content:
 the same cap per viewer, re-checks and dependency-down behaviour.
@@ -34,11 +34,12 @@ from django.conf import settings
 from django.urls import reverse
 
 from switchboard import health
+from switchboard.http import sse
 
 from channels_push.bus import group_reader
 from channels_push.bus import groups as bus_groups
 
-from . import hub, rendering, rights
+from . import hub, rights
 
 log = logging.getLogger("switchboard.board_stream")
 
@@ -192,7 +193,7 @@ class BoardStreamConsumer:
                 (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
             ],
         })
-        await self.send_chunk(rendering.format_retry(RECONNECT_DELAY))
+        await self.send_chunk(sse.retry(RECONNECT_DELAY))
         layer = get_channel_layer()
         groups = [bus_groups.viewer_group(self.viewer.user_id), *self.own_groups()]
         membership = {"channel": None}
@@ -228,7 +229,7 @@ class BoardStreamConsumer:
             await group_reader.leave_groups(layer, groups, membership.get("channel"))
 
     async def send_sync(self):
-        await self.send_chunk(rendering.format_event("sync", {"resumed_after": self.resumed}))
+        await self.send_chunk(sse.event("sync", {"resumed_after": self.resumed}))
 
     @property
     def viewer_key(self):
@@ -270,7 +271,7 @@ class BoardStreamConsumer:
                 if not await self.keepalive_check():
                     await self.end_stream()
                     return
-                await self.send_chunk(rendering.format_comment("keep-alive"))
+                await self.send_chunk(sse.comment("keep-alive"))
         finally:
             for task in (disconnect, stopped):
                 if not task.done():
@@ -387,7 +388,7 @@ class GroupStreamConsumer(BoardStreamConsumer):
 
     async def on_group_message(self, message) -> None:
         if message.get("type") == "stream.event":
-            await self.send_chunk(rendering.format_event(message["event"], message.get("data", {})))
+            await self.send_chunk(sse.event(message["event"], message.get("data", {})))
 
     async def attach(self):
         pass

@@ -1,7 +1,7 @@
-"""Wire framing for the MCP endpoint: JSON-RPC envelopes, Server-Sent Event lines, and the
-HTTP answer an MCP request gets.
+"""Wire framing for the MCP endpoint: JSON-RPC envelopes and the HTTP answer an MCP request
+gets (its SSE lines are ``switchboard.http.sse``'s, as every stream's).
 
-The envelopes and lines are pure sync functions, no I/O, so they are unit-tested on their own
+The envelopes are pure sync functions, no I/O, so they are unit-tested on their own
 (``channels_push/tests/test_mcp_framing.py``). Envelope shapes come from the ``mcp`` package's
 wire types (``mcp.types``), so a field name can never drift from the SDK's.
 """
@@ -209,28 +209,3 @@ def accepts(header: str | None, media_type: str) -> bool:
     Remembered per header text (bounded): a client sends the same Accept on every call."""
     kind = media_type.split("/")[0]
     return any(q > 0 and m in (media_type, f"{kind}/*", "*/*") for m, q in _media_types(header))
-
-
-# -- Server-Sent Events ------------------------------------------------------------------------
-
-
-def sse_comment(text: str = "") -> bytes:
-    """A comment line: ignored by clients, keeps proxies and idle timers from cutting the
-    stream. Newlines would end the comment, so they are folded."""
-    return f": {' '.join(text.splitlines())}\n\n".encode()
-
-
-def sse_retry(milliseconds: int) -> bytes:
-    """The reconnection delay hint a client uses after the stream drops."""
-    return f"retry: {int(milliseconds)}\n\n".encode()
-
-
-def sse_event(payload: dict, *, event: str = "message", event_id: str | None = None) -> bytes:
-    """One event carrying one JSON-RPC message. Compact JSON has no raw newlines (they are
-    escaped inside strings), so one ``data:`` line holds the whole message."""
-    lines = []
-    if event_id is not None:
-        lines.append(f"id: {event_id}")
-    lines.append(f"event: {event}")
-    lines.append("data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False))
-    return ("\n".join(lines) + "\n\n").encode()

@@ -32,7 +32,7 @@ from channels_push.bus import group_reader
 from channels_push.bus.groups import NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE, session_group
 from channels_push.doorbells.doorbells import CHANNEL_METHOD
 from switchboard import health, metrics
-from switchboard.http import daphne_tuning, plain
+from switchboard.http import daphne_tuning, plain, sse
 
 from . import framing, handlers, longpoll, stream, tools
 from .framing import Answer, fault, json_answer
@@ -171,8 +171,8 @@ class McpEndpoint:
                         "headers": stream.sse_headers(session_id)})
             # Headers go out with the first body bytes, so send some at once.
             await send({"type": "http.response.body", "more_body": True,
-                        "body": framing.sse_comment("switchboard stream open")
-                        + framing.sse_retry(stream.RETRY_HINT_MS)})
+                        "body": sse.comment("switchboard stream open")
+                        + sse.retry(stream.RETRY_HINT)})
             # Ring THIS stream (not the session's other streams) for work that waited while
             # nobody listened. After group_add, so a todo created meanwhile is not missed by
             # both paths (it may be counted by both: doorbells are at-least-once); queued
@@ -248,7 +248,7 @@ class McpEndpoint:
                 await send({"type": "http.response.start", "status": 200,
                             "headers": stream.sse_headers(answer.headers["Mcp-Session-Id"])})
                 await send({"type": "http.response.body", "more_body": True,
-                            "body": framing.sse_comment("waiting for a todo")})
+                            "body": sse.comment("waiting for a todo")})
             next_beat = loop.time() + keepalive_seconds
             while (now := loop.time()) < deadline:
                 done, _ = await asyncio.wait({disconnect, woken},
@@ -290,7 +290,7 @@ class McpEndpoint:
             if envelope.get("id") is None:  # a refusal built before the id was read
                 envelope["id"] = request_id
             await send({"type": "http.response.body", "more_body": False,
-                        "body": framing.sse_event(envelope)})
+                        "body": sse.event("message", envelope)})
         finally:
             room.remove(waiter)
             for task in (disconnect, woken):
@@ -310,10 +310,10 @@ class McpEndpoint:
 
     @staticmethod
     def _keepalive_frames(answer: Answer, poll, started: float) -> bytes:
-        frames = framing.sse_comment("keep-alive")
+        frames = sse.comment("keep-alive")
         if answer.progress_token is not None:
             waited = asyncio.get_running_loop().time() - started
-            frames += framing.sse_event(framing.notification_envelope(
+            frames += sse.event("message", framing.notification_envelope(
                 "notifications/progress", {
                     "progressToken": answer.progress_token, "progress": round(waited, 3),
                     "total": poll.wait_seconds, "message": "waiting for a todo"}))
@@ -364,7 +364,7 @@ class McpEndpoint:
                 if next_frame in done:
                     message, context = next_frame.result()
                     next_frame = asyncio.ensure_future(buffer.get())
-                    body = framing.sse_event(message)
+                    body = sse.event("message", message)
                     # A client that stopped reading: its unsent bytes sit in the server's
                     # memory (daphne's send never waits), so past the bound the frame is
                     # dropped here instead of piling up there (§7).
@@ -383,7 +383,7 @@ class McpEndpoint:
                 backlog = daphne_tuning.transport_backlog_bytes(send)
                 if backlog is None or backlog < bound:  # a stalled reader needs no keep-alive
                     await send({"type": "http.response.body", "more_body": True,
-                                "body": framing.sse_comment("keep-alive")})
+                                "body": sse.comment("keep-alive")})
         finally:
             for task in (reader, disconnect, next_frame, ended):
                 if task is not None and not task.done():

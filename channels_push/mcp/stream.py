@@ -23,6 +23,7 @@ The per-stream keep-alive comments stay on each stream's own clock (they cost no
 
 import asyncio
 import logging
+from datetime import timedelta
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -45,7 +46,7 @@ log = logging.getLogger("switchboard.mcp")
 # is also how soon a revoked stream closes (CONTRACT §12).
 KEEPALIVE_SECONDS = 15.0
 # Reconnect hint sent on every stream: long enough not to hammer a restarting server.
-RETRY_HINT_MS = 3000
+RETRY_HINT = timedelta(seconds=3)
 # Frames a stream holds for a client that reads slower than doorbells arrive. Beyond this the
 # stream drops the new frame (and logs it) instead of growing without bound or slowing the
 # channel layer: the queue is the ledger, a missed doorbell costs nothing but latency.

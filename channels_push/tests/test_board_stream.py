@@ -29,16 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 WAIT_SECONDS = 10
 
 
-def test_sse_framing():
-    assert rendering.format_event("todo", {"a": 1}, event_id=7) == b'id: 7\nevent: todo\ndata: {"a":1}\n\n'
-    assert rendering.format_event("sync", {}) == b"event: sync\ndata: {}\n\n"
-    assert rendering.format_comment("keep-alive") == b": keep-alive\n\n"
-    assert rendering.format_retry(timedelta(seconds=2)) == b"retry: 2000\n\n"
-    # JSON has no raw newlines, so a title with one cannot break the frame
-    frame = rendering.format_event("todo", {"title": "a\nb"})
-    assert frame.count(b"\n") == 3
-
-
 def parse_events(raw: bytes):
     """SSE frames -> [(field dict)], comments as {"comment": text}."""
     events = []

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from channels_push.doorbells import doorbells
 from channels_push.doorbells import text as doorbell_text
 from channels_push.mcp import framing as mcp_framing
+from switchboard.http import sse
 
 FORBIDDEN_CATEGORIES = {"Cc", "Cf", "Co", "Cs"}
 
@@ -27,7 +28,7 @@ def todo(**fields):
 
 def wire_text(params: dict) -> str:
     """The JSON text of the data line a stream sends for ``params``."""
-    frame = mcp_framing.sse_event(mcp_framing.notification_envelope(doorbells.CHANNEL_METHOD, params))
+    frame = sse.event("message", mcp_framing.notification_envelope(doorbells.CHANNEL_METHOD, params))
     (data_line,) = [line for line in frame.decode().split("\n") if line.startswith("data: ")]
     return data_line[len("data: "):]
 

@@ -1,5 +1,3 @@
-import json
-
 import pytest
 
 from channels_push.mcp import framing
@@ -80,18 +78,3 @@ def test_result_envelope_is_what_the_sdk_response_type_dumps(request_id, result)
     expected = types.JSONRPCResponse(jsonrpc="2.0", id=request_id, result=wire).model_dump(
         by_alias=True, mode="json")
     assert framing.result_envelope(request_id, result) == expected
-
-
-def test_sse_event_is_one_data_line_even_with_newlines_in_strings():
-    frame = framing.sse_event(framing.notification_envelope("notifications/x", {"content": "a\nb"}))
-    text = frame.decode()
-    assert text.endswith("\n\n")
-    lines = text.strip("\n").split("\n")
-    assert lines[0] == "event: message"
-    assert lines[1].startswith("data: ")
-    assert json.loads(lines[1][len("data: "):])["params"]["content"] == "a\nb"
-
-
-def test_sse_comment_and_retry_lines():
-    assert framing.sse_comment("two\nlines") == b": two lines\n\n"
-    assert framing.sse_retry(3000) == b"retry: 3000\n\n"
