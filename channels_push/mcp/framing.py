@@ -34,9 +34,10 @@ SUPPORTED_PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST_PROTOCOL_VERSION = SUPPORTED_PROTOCOL_VERSIONS[0]
 
 
-class FramingError(Exception):
-    """A message that cannot be handled as JSON-RPC; ``code`` is the JSON-RPC error code and
-    ``request_id`` the id when one could be read."""
+class JsonRpcError(Exception):
+    """A request answered with a JSON-RPC error instead of a result: a message that cannot be
+    handled as JSON-RPC (``parse_message``) or a malformed tools/call (``tools.call_tool``).
+    ``code`` is the JSON-RPC error code and ``request_id`` the id when one could be read."""
 
     def __init__(self, code: int, message: str, request_id=None):
         super().__init__(message)
@@ -61,35 +62,35 @@ def _valid_id(value) -> bool:
 
 
 def parse_message(body: bytes) -> Message:
-    """Decode one JSON-RPC message from a POST body. Raises FramingError with -32700 for
+    """Decode one JSON-RPC message from a POST body. Raises JsonRpcError with -32700 for
     unparseable JSON and -32600 for a batch, a non-object or a malformed envelope."""
     try:
         data = json_input.loads_strict(body)
     except (ValueError, UnicodeDecodeError):
-        raise FramingError(PARSE_ERROR, "Parse error: the body is not valid JSON") from None
+        raise JsonRpcError(PARSE_ERROR, "Parse error: the body is not valid JSON") from None
     if isinstance(data, list):
-        raise FramingError(INVALID_REQUEST, "Invalid Request: batches are not supported")
+        raise JsonRpcError(INVALID_REQUEST, "Invalid Request: batches are not supported")
     if not isinstance(data, dict):
-        raise FramingError(INVALID_REQUEST, "Invalid Request: expected a JSON-RPC object")
+        raise JsonRpcError(INVALID_REQUEST, "Invalid Request: expected a JSON-RPC object")
     request_id = data.get("id") if _valid_id(data.get("id")) else None
     if data.get("jsonrpc") != "2.0":
-        raise FramingError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', request_id)
+        raise JsonRpcError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', request_id)
     if "method" in data:
         method, params = data["method"], data.get("params")
         if not isinstance(method, str) or not method:
-            raise FramingError(INVALID_REQUEST, "Invalid Request: method must be a string", request_id)
+            raise JsonRpcError(INVALID_REQUEST, "Invalid Request: method must be a string", request_id)
         if params is not None and not isinstance(params, dict):
             # A request whose params is not an object is well-formed JSON-RPC with bad params:
             # -32602, as CONTRACT §6 says ("a malformed params object is a JSON-RPC error").
-            raise FramingError(INVALID_PARAMS, "Invalid params: params must be an object", request_id)
+            raise JsonRpcError(INVALID_PARAMS, "Invalid params: params must be an object", request_id)
         if "id" not in data:
             return Message(kind="notification", method=method, params=params)
         if not _valid_id(data["id"]):
-            raise FramingError(INVALID_REQUEST, "Invalid Request: id must be a string or integer")
+            raise JsonRpcError(INVALID_REQUEST, "Invalid Request: id must be a string or integer")
         return Message(kind="request", method=method, id=data["id"], params=params)
     if ("result" in data) != ("error" in data) and "id" in data:
         return Message(kind="response", id=request_id)
-    raise FramingError(INVALID_REQUEST, "Invalid Request: not a request, notification or response",
+    raise JsonRpcError(INVALID_REQUEST, "Invalid Request: not a request, notification or response",
                        request_id)
 
 
@@ -98,7 +99,7 @@ def request_id_of(body: bytes):
     before the message is handled (an unsupported protocol version) still echoes it."""
     try:
         return parse_message(body).id
-    except FramingError as error:
+    except JsonRpcError as error:
         return error.request_id
 
 

@@ -84,7 +84,7 @@ def _dispatch(endpoint, session_id: str, message) -> dict:
         try:
             result = tools.call_tool(endpoint=endpoint, session_id=session_id,
                                      params=message.params)
-        except tools.ToolCallError as error:
+        except framing.JsonRpcError as error:
             return framing.error_envelope(message.id, error.code, error.message)
         return framing.result_envelope(message.id, result)
     return framing.error_envelope(message.id, framing.METHOD_NOT_FOUND,
@@ -108,7 +108,7 @@ def answer_post(request: plain.Request, *, woken: bool = False) -> Answer:
         return framing.version_refusal(version, framing.request_id_of(request.body))
     try:
         message = framing.parse_message(request.body)
-    except framing.FramingError as error:
+    except framing.JsonRpcError as error:
         return fault(400, error.message, code=error.code, request_id=error.request_id)
     if message.kind == "request" and message.method == "initialize":
         return _initialize(endpoint, message)

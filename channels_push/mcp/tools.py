@@ -9,7 +9,7 @@ Argument problems a model can correct — a wrong JSON type, a missing or unknow
 value out of range — are tool results with ``isError`` and ``error.code = "invalid_argument"``
 naming the argument and what it expects (SEP-1303: the model sees tool results, not JSON-RPC
 errors). Only an unknown tool or a ``params``/``arguments`` that is not an object stays a
-JSON-RPC ``-32602`` (``ToolCallError``).
+JSON-RPC ``-32602`` (``framing.JsonRpcError``).
 
 ``read_secret``: operator secrets are stored by ``ingest`` (CONTRACT §5), and ``channels_push``
 must not import ``ingest`` (dependency direction, STYLE). So the reader is a hook: the app that
@@ -39,17 +39,6 @@ log = logging.getLogger("switchboard.mcp")
 # call from that client fail, so they are dropped before validation and never advertised.
 IGNORED_ARGUMENTS = frozenset({"wait_for_previous"})
 
-
-class ToolCallError(Exception):
-    """A malformed tools/call: answered as a JSON-RPC error, not a tool result."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-
 _VALIDATORS = {
     name: jsonschema.Draft202012Validator(schema) for name, (_, schema) in TOOL_SCHEMAS.items()
 }
@@ -76,11 +65,6 @@ def unregister_secret_reader(reader) -> None:
 
 
 # -- dispatch ------------------------------------------------------------------------------------
-
-
-class _Refused(Exception):
-    def __init__(self, code, message):
-        self.code, self.message = code, message
 
 
 # Above this many characters the text content summarises the result instead of repeating it:
@@ -203,12 +187,13 @@ def _check_text(arguments: dict) -> None:
     for argument, value in arguments.items():
         reason = json_input.unstorable_reason(argument)
         if reason is not None:
-            raise _Refused("invalid_argument", f"{argument!r}: the argument name {reason}")
+            raise transitions.Refusal("invalid_argument",
+                                      f"{argument!r}: the argument name {reason}")
         if argument in _STORED_WHOLE:
             continue
         reason = json_input.unstorable_reason(value)
         if reason is not None:
-            raise _Refused("invalid_argument", f"{argument}: {reason}")
+            raise transitions.Refusal("invalid_argument", f"{argument}: {reason}")
 
 
 def _check_arguments(name: str, arguments: dict) -> None:
@@ -217,7 +202,7 @@ def _check_arguments(name: str, arguments: dict) -> None:
     _check_text(arguments)
     errors = sorted(_VALIDATORS[name].iter_errors(arguments), key=lambda e: [str(p) for p in e.path])
     if errors:
-        raise _Refused("invalid_argument", "; ".join(
+        raise transitions.Refusal("invalid_argument", "; ".join(
             dict.fromkeys(_argument_problem(name, error) for error in errors)))
 
 
@@ -229,14 +214,15 @@ def _todo(todo) -> dict:
 
 def _read_secret(caller, args):
     if _secret_reader is None:
-        raise _Refused("not_found", f"no secret {args['ref']!r}")
+        raise transitions.Refusal("not_found", f"no secret {args['ref']!r}")
     return _secret_reader(caller, args["ref"])
 
 
 def _list_todos(caller, args):
     queue = args.get("queue")
     if queue is not None and not caller.covers(queue):
-        raise _Refused("not_in_scope", f"queue {queue!r} is outside this endpoint's scope")
+        raise transitions.Refusal("not_in_scope",
+                                  f"queue {queue!r} is outside this endpoint's scope")
     try:
         rows, next_cursor = todo_queries.list_todos(
             caller, queue=queue, state=args.get("state"), cursor=args.get("cursor"),
@@ -244,7 +230,7 @@ def _list_todos(caller, args):
             scheduled=args.get("scheduled"),
         )
     except ValueError as bad_cursor:
-        raise _Refused("invalid_argument", f"cursor: {bad_cursor}") from None
+        raise transitions.Refusal("invalid_argument", f"cursor: {bad_cursor}") from None
     # Other sessions' leases show no lease_id and only an owner hint (CONTRACT §12).
     return {"todos": [todo_queries.todo_as_dict(row, holder=caller.actor) for row in rows],
             "next_cursor": next_cursor, "has_more": next_cursor is not None}
@@ -300,17 +286,18 @@ assert set(_VERBS) == set(TOOL_SCHEMAS)
 
 
 def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallToolResult:
-    """Run one tools/call for a session of ``endpoint``. Raises ToolCallError for a malformed
-    call (unknown tool, ``arguments`` not an object); every other outcome, argument errors and
-    refusals included, is a CallToolResult."""
+    """Run one tools/call for a session of ``endpoint``. Raises framing.JsonRpcError for a
+    malformed call (unknown tool, ``arguments`` not an object); every other outcome, argument
+    errors and refusals included, is a CallToolResult."""
     params = params or {}
     name, arguments = params.get("name"), params.get("arguments")
     if not isinstance(name, str) or name not in _VERBS:
-        raise ToolCallError(framing.INVALID_PARAMS, f"Unknown tool: {name!r}")
+        raise framing.JsonRpcError(framing.INVALID_PARAMS, f"Unknown tool: {name!r}")
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        raise ToolCallError(framing.INVALID_PARAMS, "Invalid params: arguments must be an object")
+        raise framing.JsonRpcError(framing.INVALID_PARAMS,
+                                   "Invalid params: arguments must be an object")
     if IGNORED_ARGUMENTS.intersection(arguments):
         arguments = {k: v for k, v in arguments.items() if k not in IGNORED_ARGUMENTS}
     if not endpoint.allows(name):
@@ -319,7 +306,5 @@ def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallTo
     try:
         _check_arguments(name, arguments)
         return _structured(_VERBS[name](caller, arguments))
-    except _Refused as refused:
-        return refusal_result(refused.code, refused.message)
     except transitions.Refusal as refusal:
         return refusal_result(refusal.code, refusal.message)

@@ -32,13 +32,13 @@ def test_parse_request_notification_and_response():
     (b'{"jsonrpc":"2.0","id":1}', framing.INVALID_REQUEST),
 ])
 def test_malformed_messages_raise_the_jsonrpc_code(body, code):
-    with pytest.raises(framing.FramingError) as raised:
+    with pytest.raises(framing.JsonRpcError) as raised:
         framing.parse_message(body)
     assert raised.value.code == code
 
 
 def test_framing_error_keeps_a_readable_id():
-    with pytest.raises(framing.FramingError) as raised:
+    with pytest.raises(framing.JsonRpcError) as raised:
         framing.parse_message(b'{"jsonrpc":"1.0","id":"r1","method":"ping"}')
     assert raised.value.request_id == "r1"
 

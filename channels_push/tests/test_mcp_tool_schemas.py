@@ -186,7 +186,7 @@ def test_tools_skipping_validation_for_empty_arguments_accept_them_by_their_sche
         accepts_empty = jsonschema.Draft202012Validator(schema).is_valid({})
         assert (name in mcp_tools._TAKE_EMPTY_ARGUMENTS) == accepts_empty, name
     assert "claim_next" in mcp_tools._TAKE_EMPTY_ARGUMENTS
-    with pytest.raises(mcp_tools._Refused) as refused:
+    with pytest.raises(transitions.Refusal) as refused:
         mcp_tools._check_arguments("complete", {})
     assert refused.value.code == "invalid_argument" and "todo_id" in refused.value.message
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from channels_push.mcp import framing as mcp_framing
 from channels_push.mcp import instructions as mcp_instructions
 from channels_push.mcp import schemas as mcp_schemas
 from channels_push.mcp import tools as mcp_tools
@@ -105,9 +106,9 @@ def test_verb_not_allowed(vend, make_todo):
 
 
 def test_unknown_tool_and_non_object_arguments_raise(endpoint):
-    with pytest.raises(mcp_tools.ToolCallError):
+    with pytest.raises(mcp_framing.JsonRpcError):
         mcp_tools.call_tool(endpoint=endpoint, session_id="s", params={"name": "nope"})
-    with pytest.raises(mcp_tools.ToolCallError):
+    with pytest.raises(mcp_framing.JsonRpcError):
         mcp_tools.call_tool(endpoint=endpoint, session_id="s",
                             params={"name": "claim", "arguments": ["todo_id"]})
     assert refusal_code(call(endpoint, "claim", {"todo_id": None})) == "invalid_argument"
