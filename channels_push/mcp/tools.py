@@ -11,10 +11,8 @@ naming the argument and what it expects (SEP-1303: the model sees tool results, 
 errors). Only an unknown tool or a ``params``/``arguments`` that is not an object stays a
 JSON-RPC ``-32602`` (``framing.JsonRpcError``).
 
-``read_secret``: operator secrets are stored by ``ingest`` (CONTRACT §5), and ``channels_push``
-must not import ``ingest`` (dependency direction, STYLE). So the reader is a hook: the app that
-stores secrets registers one at ``AppConfig.ready()`` with ``register_secret_reader``; with none
-registered every ref is ``not_found``.
+``read_secret``: operator secrets are stored by ``ingest``, which the MCP server sits above in
+the layers, so the verb calls ``ingest.queries.read_secret`` directly.
 """
 
 import json
@@ -25,6 +23,7 @@ import mcp.types as types
 from django.conf import settings
 
 from endpoints import transitions as endpoint_transitions
+from ingest import queries as ingest_queries
 from switchboard import json_input
 from todos import queries as todo_queries
 from todos import transitions
@@ -42,26 +41,6 @@ IGNORED_ARGUMENTS = frozenset({"wait_for_previous"})
 _VALIDATORS = {
     name: jsonschema.Draft202012Validator(schema) for name, (_, schema) in TOOL_SCHEMAS.items()
 }
-
-
-# -- read_secret hook ----------------------------------------------------------------------------
-
-_secret_reader = None
-
-
-def register_secret_reader(reader) -> None:
-    """Install ``reader(caller, ref) -> {"ref", "value"}``, which raises
-    ``todos.transitions.Refusal`` (``not_found`` when ``ref`` is missing or not visible to
-    ``caller``'s endpoint and scope, ``invalid_argument`` when malformed). The app that stores
-    secrets (ingest) installs it; channels_push never imports ingest."""
-    global _secret_reader
-    _secret_reader = reader
-
-
-def unregister_secret_reader(reader) -> None:
-    global _secret_reader
-    if _secret_reader is reader:
-        _secret_reader = None
 
 
 # -- dispatch ------------------------------------------------------------------------------------
@@ -213,9 +192,7 @@ def _todo(todo) -> dict:
 
 
 def _read_secret(caller, args):
-    if _secret_reader is None:
-        raise transitions.Refusal("not_found", f"no secret {args['ref']!r}")
-    return _secret_reader(caller, args["ref"])
+    return ingest_queries.read_secret(caller, args["ref"])
 
 
 def _list_todos(caller, args):

@@ -13,6 +13,7 @@ from channels_push.mcp import instructions as mcp_instructions
 from channels_push.mcp import schemas as mcp_schemas
 from channels_push.mcp import tools as mcp_tools
 from endpoints.models import AGENT_VERBS
+from ingest import queries as ingest_queries
 from todos import transitions
 
 pytestmark = pytest.mark.django_db
@@ -28,44 +29,41 @@ def tools_by_name(endpoint):
 
 
 def test_every_result_success_and_refusal_validates_against_its_output_schema(endpoint, make_todo,
-                                                                              vend):
-    installed = mcp_tools._secret_reader
-    mcp_tools.register_secret_reader(lambda caller, ref: {"ref": ref, "value": "v"})
-    try:
-        tools = tools_by_name(endpoint)
-        first, second, third = (make_todo(payload={"n": n}) for n in range(3))
-        held = transitions.claim_todo(transitions.Caller.agent(endpoint, "other"), third.pk)
-        one = str(first.pk)
-        outcomes = {
-            "list_todos": [({}, False), ({"limit": 1}, False), ({"limit": 0}, True)],
-            "claim": [({"todo_id": one}, False), ({"todo_id": one}, True)],
-            "heartbeat": [({"todo_id": one}, False), ({"todo_id": "424242"}, True)],
-            "complete": [({"todo_id": one, "result": [1, "x"]}, False),
-                         ({"todo_id": one}, True)],  # already_done
-            "claim_next": [({}, False), ({"queues": ["nowhere"]}, False), ({}, False),
-                           ({"lease_ttl_seconds": 0}, True)],
-            "fail": [({"todo_id": str(second.pk), "error": "boom"}, False),
-                     ({"todo_id": str(held.pk)}, True)],
-            "release": [({"todo_id": str(held.pk)}, True)],
-            "read_secret": [({"ref": "secret:1"}, False), ({"ref": 1}, True)],
-            "clock_in": [({}, False), ({"x": 1}, True)],
-            "clock_out": [({}, False)],
-        }
-        seen = set()
-        for name, cases in outcomes.items():
-            validator = jsonschema.Draft202012Validator(tools[name].output_schema)
-            for arguments, is_error in cases:
-                result = call(endpoint, name, arguments)
-                assert result.is_error is is_error, (name, arguments, result.structured_content)
-                validator.validate(result.structured_content)
-                seen.add((name, is_error))
-        assert {name for name, _ in seen} == set(AGENT_VERBS)
-        assert len({name for name, is_error in seen if is_error}) == 9  # all but clock_out
-        limited, _ = vend(slug="limited", verbs=["list_todos"])
-        refused = call(limited, "claim_next")
-        jsonschema.validate(refused.structured_content, tools["claim_next"].output_schema)
-    finally:
-        mcp_tools.register_secret_reader(installed)
+                                                                              vend, monkeypatch):
+    monkeypatch.setattr(ingest_queries, "read_secret",
+                        lambda caller, ref: {"ref": ref, "value": "v"})
+    tools = tools_by_name(endpoint)
+    first, second, third = (make_todo(payload={"n": n}) for n in range(3))
+    held = transitions.claim_todo(transitions.Caller.agent(endpoint, "other"), third.pk)
+    one = str(first.pk)
+    outcomes = {
+        "list_todos": [({}, False), ({"limit": 1}, False), ({"limit": 0}, True)],
+        "claim": [({"todo_id": one}, False), ({"todo_id": one}, True)],
+        "heartbeat": [({"todo_id": one}, False), ({"todo_id": "424242"}, True)],
+        "complete": [({"todo_id": one, "result": [1, "x"]}, False),
+                     ({"todo_id": one}, True)],  # already_done
+        "claim_next": [({}, False), ({"queues": ["nowhere"]}, False), ({}, False),
+                       ({"lease_ttl_seconds": 0}, True)],
+        "fail": [({"todo_id": str(second.pk), "error": "boom"}, False),
+                 ({"todo_id": str(held.pk)}, True)],
+        "release": [({"todo_id": str(held.pk)}, True)],
+        "read_secret": [({"ref": "secret:1"}, False), ({"ref": 1}, True)],
+        "clock_in": [({}, False), ({"x": 1}, True)],
+        "clock_out": [({}, False)],
+    }
+    seen = set()
+    for name, cases in outcomes.items():
+        validator = jsonschema.Draft202012Validator(tools[name].output_schema)
+        for arguments, is_error in cases:
+            result = call(endpoint, name, arguments)
+            assert result.is_error is is_error, (name, arguments, result.structured_content)
+            validator.validate(result.structured_content)
+            seen.add((name, is_error))
+    assert {name for name, _ in seen} == set(AGENT_VERBS)
+    assert len({name for name, is_error in seen if is_error}) == 9  # all but clock_out
+    limited, _ = vend(slug="limited", verbs=["list_todos"])
+    refused = call(limited, "claim_next")
+    jsonschema.validate(refused.structured_content, tools["claim_next"].output_schema)
 
 
 def test_output_schemas_are_valid_json_schema_objects(endpoint):
@@ -191,11 +189,12 @@ def test_tools_skipping_validation_for_empty_arguments_accept_them_by_their_sche
     assert refused.value.code == "invalid_argument" and "todo_id" in refused.value.message
 
 
-def test_every_tool_accepts_and_ignores_gemini_clis_wait_for_previous(endpoint, make_todo):
+def test_every_tool_accepts_and_ignores_gemini_clis_wait_for_previous(endpoint, make_todo,
+                                                                       monkeypatch):
     """Gemini CLI adds ``wait_for_previous`` to every tool call it makes; refusing it as an
     unknown argument would make that client unusable."""
-    installed = mcp_tools._secret_reader
-    mcp_tools.register_secret_reader(lambda caller, ref: {"ref": ref, "value": "v"})
+    monkeypatch.setattr(ingest_queries, "read_secret",
+                        lambda caller, ref: {"ref": ref, "value": "v"})
 
     def every_call():
         first, second, third = (str(make_todo(payload={"n": n}).pk) for n in range(3))
@@ -205,19 +204,16 @@ def test_every_tool_accepts_and_ignores_gemini_clis_wait_for_previous(endpoint, 
                 ("release", {"todo_id": third}), ("read_secret", {"ref": "secret:1"}),
                 ("clock_out", {}), ("clock_in", {})], second
 
-    try:
-        for flag in (True, False):
-            calls, claimed_next = every_call()
-            for name, arguments in calls:
-                result = call(endpoint, name, {**arguments, "wait_for_previous": flag})
-                assert not result.is_error, (name, result.structured_content)
-            claimed = transitions.claim_next_todo(transitions.Caller.agent(endpoint, "session-a"))
-            result = call(endpoint, "fail", {"todo_id": str(claimed.pk), "error": "x",
-                                             "wait_for_previous": flag})
-            assert not result.is_error, result.structured_content
-            assert {name for name, _ in calls} | {"fail"} == set(AGENT_VERBS)
-    finally:
-        mcp_tools.register_secret_reader(installed)
+    for flag in (True, False):
+        calls, claimed_next = every_call()
+        for name, arguments in calls:
+            result = call(endpoint, name, {**arguments, "wait_for_previous": flag})
+            assert not result.is_error, (name, result.structured_content)
+        claimed = transitions.claim_next_todo(transitions.Caller.agent(endpoint, "session-a"))
+        result = call(endpoint, "fail", {"todo_id": str(claimed.pk), "error": "x",
+                                         "wait_for_previous": flag})
+        assert not result.is_error, result.structured_content
+        assert {name for name, _ in calls} | {"fail"} == set(AGENT_VERBS)
     # Not advertised: it is one client's habit, not part of any tool.
     for tool in mcp_schemas.tools_for(endpoint):
         assert "wait_for_previous" not in tool.input_schema["properties"]

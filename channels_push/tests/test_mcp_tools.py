@@ -8,6 +8,7 @@ from channels_push.mcp import framing as mcp_framing
 from channels_push.mcp import instructions as mcp_instructions
 from channels_push.mcp import schemas as mcp_schemas
 from channels_push.mcp import tools as mcp_tools
+from ingest import queries as ingest_queries
 from todos import transitions
 from todos.models import Todo
 
@@ -114,12 +115,8 @@ def test_unknown_tool_and_non_object_arguments_raise(endpoint):
     assert refusal_code(call(endpoint, "claim", {"todo_id": None})) == "invalid_argument"
 
 
-def test_read_secret_without_a_registered_reader_is_not_found(endpoint, monkeypatch):
-    monkeypatch.setattr(mcp_tools, "_secret_reader", None)
-    assert refusal_code(call(endpoint, "read_secret", {"ref": "secret:1"})) == "not_found"
-
-
-def test_read_secret_goes_through_the_registered_reader(endpoint, vend):
+def test_read_secret_asks_ingest_for_the_agent_and_passes_its_refusals_on(endpoint, vend,
+                                                                          monkeypatch):
     seen = []
 
     def reader(caller, ref):
@@ -128,16 +125,11 @@ def test_read_secret_goes_through_the_registered_reader(endpoint, vend):
             raise transitions.Refusal("not_found", "no such secret")
         return {"ref": ref, "value": "s3cr3t"}
 
-    installed = mcp_tools._secret_reader
-    mcp_tools.register_secret_reader(reader)
-    try:
-        assert call(endpoint, "read_secret", {"ref": "secret:1"}) == (
-            False, {"ref": "secret:1", "value": "s3cr3t"})
-        other, _ = vend(slug="other")
-        assert refusal_code(call(other, "read_secret", {"ref": "secret:1"})) == "not_found"
-    finally:
-        mcp_tools.unregister_secret_reader(reader)
-        mcp_tools.register_secret_reader(installed)
+    monkeypatch.setattr(ingest_queries, "read_secret", reader)
+    assert call(endpoint, "read_secret", {"ref": "secret:1"}) == (
+        False, {"ref": "secret:1", "value": "s3cr3t"})
+    other, _ = vend(slug="other")
+    assert refusal_code(call(other, "read_secret", {"ref": "secret:1"})) == "not_found"
     assert seen[0] == (endpoint.slug, "session-a", "secret:1")
 
 
