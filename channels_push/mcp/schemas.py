@@ -9,6 +9,7 @@ to the portable subset (single-type ``type``, no bare ``true`` schemas) that the
 
 import mcp.types as types
 
+from todos import queries as todo_queries
 from todos.models import State
 
 # claim_next's long poll (CONTRACT §6): at most this long, like SQS's WaitTimeSeconds cap of 20 s
@@ -58,8 +59,9 @@ TOOL_SCHEMAS = {
             "queue": {"type": "string", "description": "Only this queue."},
             "state": {"type": "string", "enum": [s.value for s in State],
                       "description": "Only todos in this state."},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 200,
-                      "description": "At most this many (1-200, default 50)."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": todo_queries.LIST_LIMIT_MAX,
+                      "description": f"At most this many (1-{todo_queries.LIST_LIMIT_MAX}, "
+                                     f"default {todo_queries.LIST_LIMIT_DEFAULT})."},
             "cursor": {"type": "string",
                        "description": "next_cursor of the previous page, to list the next one."},
             "scheduled": {"type": "boolean",

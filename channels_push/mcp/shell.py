@@ -55,6 +55,10 @@ class McpEndpoint:
                  buffer_bytes: int | None = None,
                  layer_retry_seconds: tuple = (group_reader.RETRY_FIRST_SECONDS,
                                                group_reader.RETRY_MAX_SECONDS)):
+        # Keep-alive comments on a stream (default 15 s: below the 30-60 s idle cut of common
+        # proxies). The process's stream heartbeat re-checks every held session's credential at
+        # the same interval (one query for all), so this is also how soon a revoked stream
+        # closes (CONTRACT §12).
         self.keepalive_seconds = keepalive_seconds or settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS
         self.layer_retry_seconds = layer_retry_seconds
         self.buffer_frames = buffer_frames

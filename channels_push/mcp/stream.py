@@ -40,11 +40,6 @@ from .framing import Answer, accepts, fault
 
 log = logging.getLogger("switchboard.mcp")
 
-# Keep-alive comments on a stream (settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS, default
-# 15 s: below the 30-60 s idle cut of common proxies). The process's stream heartbeat
-# re-checks every held session's credential at the same interval (one query for all), so this
-# is also how soon a revoked stream closes (CONTRACT §12).
-KEEPALIVE_SECONDS = 15.0
 # Reconnect hint sent on every stream: long enough not to hammer a restarting server.
 RETRY_HINT = timedelta(seconds=3)
 # Frames a stream holds for a client that reads slower than doorbells arrive. Beyond this the
