@@ -81,7 +81,7 @@ def parse_message(body: bytes) -> Message:
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: method must be a string", request_id)
         if params is not None and not isinstance(params, dict):
             # A request whose params is not an object is well-formed JSON-RPC with bad params:
-            # -32602, as CONTRACT §6 says ("a malformed params object is a JSON-RPC error").
+            # -32602 (docs/reference.md#refusal-codes: a non-object params is a JSON-RPC error).
             raise JsonRpcError(INVALID_PARAMS, "Invalid params: params must be an object", request_id)
         if "id" not in data:
             return Message(kind="notification", method=method, params=params)
@@ -122,7 +122,7 @@ def result_envelope(request_id, result) -> dict:
     Built as the dict ``types.JSONRPCResponse(...).model_dump(by_alias=True, mode="json")``
     gives (``jsonrpc``, ``id``, ``result``; test_mcp_framing pins the equality): validating
     the result into the model and dumping it again walked every tool answer twice more on
-    every call (issue 17)."""
+    every call."""
     if isinstance(result, BaseModel):
         result = dump_result(result)
     return {"jsonrpc": "2.0", "id": request_id, "result": result}

@@ -147,7 +147,7 @@ def initialize_result(endpoint, protocol_version: str) -> types.InitializeResult
             tools=types.ToolsCapability(),
             logging=types.LoggingCapability(),  # setLevel accepted; no log messages are sent
             # Claude Code's channel extension: the doorbell arrives as
-            # notifications/claude/channel on the session's stream (CONTRACT §7).
+            # notifications/claude/channel on the session's stream (docs/reference.md#doorbells).
             experimental={"claude/channel": {}},
         ),
         server_info=types.Implementation(name=SERVER_NAME, version=SERVER_VERSION),

@@ -1,4 +1,4 @@
-"""Long-poll ``claim_next`` (CONTRACT §6): where a waiting claim waits.
+"""Long-poll ``claim_next`` (docs/reference.md#long-poll): where a waiting claim waits.
 
 A waiting claim holds no database connection and no thread: it is a coroutine parked on an
 ``asyncio.Event`` in this process's ``WaitRoom`` until a todo it could claim may be ready, and
@@ -45,8 +45,9 @@ from todos import transitions
 
 log = logging.getLogger("switchboard.longpoll")
 
-# The re-check period: the worst-case latency a lost wake-up costs (CONTRACT §6: ≤ 5 s). Each
-# (endpoint, queues) pair of waiters costs at most one claim per period, however many wait.
+# The re-check period: the worst-case latency a lost wake-up costs (at most 5 s:
+# docs/reference.md#long-poll). Each (endpoint, queues) pair of waiters costs at most one claim
+# per period, however many wait.
 RECHECK_SECONDS = 5.0
 # A room that cannot join the channel layer retries after this long, doubling up to the cap
 # (the re-check keeps waiters served meanwhile).
@@ -133,8 +134,8 @@ class WaitRoom:
     # -- waiters --------------------------------------------------------------------------------
 
     def over_cap(self, session_id: str | None, credential_id: int | None) -> str | None:
-        """Why one more waiting claim of this session and credential is refused (CONTRACT §12
-        caps, per process), or None."""
+        """Why one more waiting claim of this session and credential is refused (the caps
+        SWITCHBOARD_MAX_LONG_POLLS_PER_SESSION and _PER_CREDENTIAL, per process), or None."""
         from django.conf import settings
 
         per_session = settings.SWITCHBOARD_MAX_LONG_POLLS_PER_SESSION

@@ -12,8 +12,9 @@ import mcp.types as types
 from todos import queries as todo_queries
 from todos.models import State
 
-# claim_next's long poll (CONTRACT §6): at most this long, like SQS's WaitTimeSeconds cap of 20 s
-# but longer, since a waiting claim here costs neither a connection nor a thread.
+# claim_next's long poll (docs/reference.md#long-poll): at most this long, like SQS's
+# WaitTimeSeconds cap of 20 s but longer, since a waiting claim here costs neither a connection
+# nor a thread.
 MAX_WAIT_SECONDS = 60
 
 
@@ -148,7 +149,7 @@ TOOL_SCHEMAS = {
 _NULLABLE_STRING = {"anyOf": [{"type": "string"}, {"type": "null"}]}
 _TODO_OUTPUT = {
     "type": "object",
-    "description": "A todo (CONTRACT §11). Times are ISO-8601 UTC; a done todo shows no lease.",
+    "description": "A todo. Times are ISO-8601 UTC; a done todo shows no lease.",
     "properties": {
         "id": {"type": "string"},
         "endpoint": {"type": "string"},

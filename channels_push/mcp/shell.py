@@ -1,4 +1,5 @@
-"""The vended MCP endpoint, ``/mcp/<endpoint_slug>``: MCP Streamable HTTP (CONTRACT §6).
+"""The vended MCP endpoint, ``/mcp/<endpoint_slug>``: MCP Streamable HTTP
+(docs/reference.md#sessions-and-streams).
 
 Why the transport and session layer are ours: the ``mcp`` SDK's Streamable HTTP server keeps
 each session (its streams, its negotiated state) in one process's memory, so a restart forgets
@@ -58,7 +59,7 @@ class McpEndpoint:
         # Keep-alive comments on a stream (default 15 s: below the 30-60 s idle cut of common
         # proxies). The process's stream heartbeat re-checks every held session's credential at
         # the same interval (one query for all), so this is also how soon a revoked stream
-        # closes (CONTRACT §12).
+        # closes (docs/security.md#who-may-read-who-may-act).
         self.keepalive_seconds = keepalive_seconds or settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS
         self.layer_retry_seconds = layer_retry_seconds
         self.buffer_frames = buffer_frames
@@ -216,11 +217,11 @@ class McpEndpoint:
                     self.heartbeat.lapsed("a stream's detach failed")
 
     async def _long_poll(self, request, answer: Answer, started: float, receive, send):
-        """Answer a claim_next that waits (CONTRACT §6). The wait is this coroutine parked in
-        the process's wait room: no thread, no database connection. Woken (a todo may be
-        ready, or the re-check), it first makes sure the client is still there — a client
-        that went away must not be handed a lease — then runs the request again in one
-        thread hop (``database_sync_to_async`` refreshes old connections around it).
+        """Answer a claim_next that waits (docs/reference.md#long-poll). The wait is this
+        coroutine parked in the process's wait room: no thread, no database connection. Woken
+        (a todo may be ready, or the re-check), it first makes sure the client is still there
+        — a client that went away must not be handed a lease — then runs the request again in
+        one thread hop (``database_sync_to_async`` refreshes old connections around it).
 
         When the client accepts text/event-stream the answer is an SSE response opened at
         once, with a keep-alive comment every SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS (and
@@ -325,7 +326,7 @@ class McpEndpoint:
 
     async def _pump(self, session_id, held, layer, group, membership, buffer, receive, send):
         # Set by a terminate message (DELETE, eviction) or by the process's heartbeat when the
-        # session lost its rights (CONTRACT §12): either way the stream ends.
+        # session lost its rights: either way the stream ends.
         terminated = held.ended
 
         async def on_message(message) -> bool:
@@ -371,7 +372,7 @@ class McpEndpoint:
                     body = sse.event("message", message)
                     # A client that stopped reading: its unsent bytes sit in the server's
                     # memory (daphne's send never waits), so past the bound the frame is
-                    # dropped here instead of piling up there (§7).
+                    # dropped here instead of piling up there.
                     backlog = daphne_tuning.transport_backlog_bytes(send)
                     if backlog is not None and backlog + len(body) > bound:
                         stream.drop_frame("stream backlog over its bound",

@@ -1,6 +1,6 @@
 """The MCP notification stream (GET): the checks that open it (``open_stream``), its bounded
 frame buffer (``offer_frame``, ``drop_frame``), its detach (``close_stream``), and one
-heartbeat per web process for all the streams it holds (issue 17). The stream's async loop
+heartbeat per web process for all the streams it holds. The stream's async loop
 itself is the shell's (``shell.McpEndpoint._stream``).
 
 A thousand idle agents must cost the database next to nothing. So instead of every stream
@@ -8,9 +8,9 @@ re-checking its session on every keep-alive and renewing a lease of its own, the
 both once for all of them:
 
 * every keep-alive interval, ONE read re-checks every session it holds a stream of (still live,
-  its credential still gives its rights: CONTRACT §12); the sessions that lost them end in one
-  guarded UPDATE and their streams close here, so a revoked stream still closes within one
-  keep-alive;
+  its credential still gives its rights: docs/reference.md#sessions-and-streams); the sessions
+  that lost them end in one guarded UPDATE and their streams close here, so a revoked stream
+  still closes within one keep-alive;
 * every ``queries.stream_lease_renew()``, ONE row write renews the process's ``StreamHost``
   lease, which keeps all its streams counting as open. A process killed without a goodbye
   stops renewing: its streams stop counting within ``queries.stream_lease()`` and the
@@ -199,7 +199,7 @@ def open_stream(request: plain.Request, heartbeat: StreamHeartbeat | None = None
         endpoint=endpoint, session_id=session_id, host_id=host_id)
     if attached == "full":
         # Refused rather than closing the oldest: a client that reconnects in a loop must not
-        # knock out its own working stream (CONTRACT §12 cap; README "Security model").
+        # knock out its own working stream (docs/reference.md#sessions-and-streams).
         return fault(409, "Conflict: this session already has the maximum of "
                           f"{settings.SWITCHBOARD_MAX_OPEN_STREAMS} open streams; close one "
                           "or initialize another session")

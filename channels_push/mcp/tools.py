@@ -1,5 +1,5 @@
-"""The MCP tools an agent works its queue with (CONTRACT §6, §11): ``call_tool`` checks a
-tools/call's arguments against its tool's schema (``schemas``) and runs its verb.
+"""The MCP tools an agent works its queue with (docs/reference.md#tools): ``call_tool`` checks
+a tools/call's arguments against its tool's schema (``schemas``) and runs its verb.
 
 Tool results are ``mcp.types`` models; every verb calls the same
 ``todos.transitions`` functions the board and the commands use, as
@@ -7,9 +7,10 @@ Tool results are ``mcp.types`` models; every verb calls the same
 
 Argument problems a model can correct — a wrong JSON type, a missing or unknown argument, a
 value out of range — are tool results with ``isError`` and ``error.code = "invalid_argument"``
-naming the argument and what it expects (SEP-1303: the model sees tool results, not JSON-RPC
-errors). Only an unknown tool or a ``params``/``arguments`` that is not an object stays a
-JSON-RPC ``-32602`` (``framing.JsonRpcError``).
+naming the argument and what it expects: the model sees tool results, not JSON-RPC errors,
+so this is how it learns to correct the call. Only an unknown tool or a
+``params``/``arguments`` that is not an object stays a JSON-RPC ``-32602``
+(``framing.JsonRpcError``).
 
 ``read_secret``: operator secrets are stored by ``ingest``, which the MCP server sits above in
 the layers, so the verb calls ``ingest.queries.read_secret`` directly.
@@ -47,9 +48,8 @@ _VALIDATORS = {
 
 
 # Above this many characters the text content summarises the result instead of repeating it:
-# structuredContent carries the whole result, and sending a large one twice doubled the answer
-# (a list of 200 big todos was ~360 MB). Small results keep the full JSON in text too, for
-# clients that read only text.
+# structuredContent carries the whole result, and sending a large one twice doubled the answer.
+# Small results keep the full JSON in text too, for clients that read only text.
 TEXT_RENDERING_MAX_CHARS = 16 * 1024
 
 
@@ -208,7 +208,8 @@ def _list_todos(caller, args):
         )
     except ValueError as bad_cursor:
         raise transitions.Refusal("invalid_argument", f"cursor: {bad_cursor}") from None
-    # Other sessions' leases show no lease_id and only an owner hint (CONTRACT §12).
+    # Other sessions' leases show no lease_id and only an owner hint
+    # (docs/security.md#who-may-read-who-may-act).
     return {"todos": [todo_queries.todo_as_dict(row, holder=caller.actor) for row in rows],
             "next_cursor": next_cursor, "has_more": next_cursor is not None}
 
@@ -234,8 +235,8 @@ def _claim_next(caller, args):
         return {"empty": True, "at_capacity": True}
     if todo is not None:
         return _todo(todo)
-    # Everything asked for is paused (§14): say so, so the agent waits instead of concluding
-    # the queue is drained.
+    # Everything asked for is paused (docs/reference.md#pausing): say so, so the agent waits
+    # instead of concluding the queue is drained.
     paused = caller.endpoint.paused_among(args.get("queues") or caller.queues)
     return {"empty": True, "paused": paused} if paused else {"empty": True}
 
