@@ -150,40 +150,6 @@ def _ringed_todos(sql: str, params: dict):
     return sorted(rows, key=lambda todo: (todo.created_at, todo.pk))
 
 
-def record_reconnect_rings(*, endpoint_id: int, limit: int, now=None):
-    """Charge one ring to each of the oldest ``limit`` pending push-eligible todos of
-    ``endpoint_id`` in its scope that have ring budget left and were not rung within
-    RECONNECT_COOLDOWN. Returns ``(endpoint, [todo, …])``, oldest first. The selection and the
-    charge are one statement; on PostgreSQL rows another ring holds are skipped."""
-    from endpoints.models import Endpoint
-
-    now = now or timezone.now()
-    endpoint = Endpoint.objects.get(pk=endpoint_id)
-    params = {"endpoint_id": endpoint_id, "now": _time(now), "limit": limit,
-              "cooled": _time(now - RECONNECT_COOLDOWN), "max_rings": MAX_RING_ATTEMPTS}
-    scope = "" if endpoint.all_queues else " AND " + _id_list("p.queue", "queues", params,
-                                                              endpoint.scope)
-    guard = ("state = 'pending' AND ring_attempts < %(max_rings)s"
-             " AND (last_ringed_at IS NULL OR last_ringed_at <= %(cooled)s)")
-    lock = " FOR UPDATE SKIP LOCKED" if _postgres() else ""
-    # MATERIALIZED: PostgreSQL may re-run an ``IN (… LIMIT n FOR UPDATE SKIP LOCKED)``
-    # sub-select during the semi-join and then update more than n rows; a materialized CTE is
-    # evaluated exactly once.
-    sql = (
-        "WITH picked AS MATERIALIZED (SELECT p.id FROM todos_todo p"
-        f" WHERE p.endpoint_id = %(endpoint_id)s AND {_eligible_sql('p')}{scope}"
-        " AND p.ring_attempts < %(max_rings)s"
-        " AND (p.last_ringed_at IS NULL OR p.last_ringed_at <= %(cooled)s)"
-        f" ORDER BY p.created_at, p.id LIMIT %(limit)s{lock})"
-        " UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
-        f" WHERE id IN (SELECT id FROM picked) AND {guard} RETURNING *"
-    )
-    todos = _ringed_todos(sql, params)
-    for todo in todos:
-        todo.endpoint = endpoint
-    return endpoint, todos
-
-
 def record_sweep_rings(*, endpoint_ids, schedule, limit: int, now=None):
     """The heartbeat sweep's statement: select up to ``limit`` due todos, round-robin across
     ``endpoint_ids`` (endpoints that can receive a ring right now), and charge each a ring, in
