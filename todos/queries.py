@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 from django.db import connection
-from django.db.models import Count, Min, Q, Value
+from django.db.models import Count, Exists, Min, Q, Value
 from django.utils import timezone
 
 from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, Trust
@@ -638,3 +638,29 @@ def may_ring(todo_id) -> bool:
         cursor.execute(f"SELECT 1 FROM todos_todo t WHERE t.id = %s AND {ring_eligible_sql('t')}",
                        [todo_id])
         return cursor.fetchone() is not None
+
+
+# -- a todo's end, for what dies with it ----------------------------------------------------------
+
+
+def _ending_events():
+    """The events that finish a todo: done, cancelled (cancel, reject), dead-lettered (a failure
+    with no attempt left, or the last attempt's lease lapsing)."""
+    from .models import TodoEvent
+
+    return TodoEvent.objects.filter(
+        Q(to_state__in=(State.DONE, State.CANCELLED)) | Q(action="dead_letter")
+        | Q(action="lease_lapsed", to_state=State.FAILED))
+
+
+def has_ended(todo_id) -> bool:
+    """Whether todo ``todo_id`` was ever finished — done, cancelled or dead-lettered — even if
+    an operator has re-queued the dead letter since. Read from its events, which live as long
+    as the todo does."""
+    return _ending_events().filter(todo_id=todo_id).exists()
+
+
+def ended(todo_ref) -> Exists:
+    """``has_ended`` as a filter over ``todo_ref`` (an ``OuterRef`` to a todo id): for another
+    app's rows that die with their todo."""
+    return Exists(_ending_events().filter(todo_id=todo_ref))

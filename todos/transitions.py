@@ -189,37 +189,6 @@ def _text_array_literal(queues: tuple) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
-# -- rows that die with their todo (docs/security.md#stored-secrets) -----------------------------
-#
-# Tables other apps keep per todo (a ``todo_id`` column) whose rows must be deleted when the todo
-# is done or dead-lettered, in the same transaction as that transition: ingest's operator
-# secrets. Registered by table name from the owning app's ready(), so this module imports no
-# app above it (dependencies point ingest -> todos).
-_ENDS_WITH_TODO_TABLES: list[str] = []
-_FINISHED_SQL = "state IN ('done', 'cancelled') OR dead_lettered_at IS NOT NULL"
-
-
-def register_rows_ending_with_todo(table: str) -> None:
-    if table not in _ENDS_WITH_TODO_TABLES:
-        _ENDS_WITH_TODO_TABLES.append(table)
-
-
-def _finished_cleanup_ctes() -> str:
-    """PostgreSQL: data-modifying CTEs over the UPDATE's rows ``t`` (same statement)."""
-    return "".join(
-        f", d{n} AS (DELETE FROM {table} WHERE todo_id IN"
-        f" (SELECT id FROM t WHERE {_FINISHED_SQL}))"
-        for n, table in enumerate(_ENDS_WITH_TODO_TABLES))
-
-
-def _delete_finished_rows(cursor, ids_param: str) -> None:
-    """SQLite: the same deletes as statements inside the transition's transaction."""
-    for table in _ENDS_WITH_TODO_TABLES:
-        cursor.execute(
-            f"DELETE FROM {table} WHERE todo_id IN (SELECT id FROM todos_todo WHERE id IN"
-            f" (SELECT value FROM json_each(%(ids)s)) AND ({_FINISHED_SQL}))", {"ids": ids_param})
-
-
 # The event detail a transition from any of several states adds about the row it changed
 # (``from_prior``): the lease it overrode when the todo was claimed, the trust it raised.
 # PostgreSQL builds it from the locked prior row ``o`` and the updated row ``t``;
@@ -245,14 +214,11 @@ def _prior_detail(prior: dict, trust_after: str) -> dict:
 
 
 def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
-           actor: str, now, detail=None, endpoint=None, may_finish=False,
-           from_prior=False) -> list[Todo]:
+           actor: str, now, detail=None, endpoint=None, from_prior=False) -> list[Todo]:
     """Run one guarded UPDATE and write one todo event per changed row.
 
     ``action_sql`` and ``from_state_sql`` are SQL expressions over the updated row ``t``; they
     let one statement record, e.g., ``fail`` or ``dead_letter`` depending on the attempts left.
-    ``may_finish``: the transition can end a todo (done, dead letter, cancelled), so the rows
-    registered with ``register_rows_ending_with_todo`` are deleted for the rows it finished.
     ``from_prior``: a transition of the one todo ``%(todo_id)s`` from any of several states
     (``from_state_sql`` is then unused). The event's from state is the row's state before the
     statement, which RETURNING cannot give: PostgreSQL locks and reads the row first in the
@@ -289,8 +255,7 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
     if _is_postgres():
         sql = (
             f"WITH {prelude}t AS ({update}), "
-            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from})"
-            f"{_finished_cleanup_ctes() if may_finish else ''} "
+            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from}) "
             f"SELECT * FROM t"
         )
         rows = _fetch_todos(sql, params)
@@ -312,8 +277,6 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
                         f"FROM todos_todo t WHERE t.id IN (SELECT value FROM json_each(%(ids)s))",
                         params,
                     )
-                    if may_finish:
-                        _delete_finished_rows(cursor, params["ids"])
     for row in rows:
         if endpoint is not None and row.endpoint_id == endpoint.pk:
             # Spare the serializer a query per row; set as select_related does (the field's
@@ -879,7 +842,7 @@ def _claimable_exists(caller: Caller, wanted, hide_unverified: bool) -> bool:
 
 
 def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, action, now,
-            detail=None, overriding=None, may_finish=False) -> Todo:
+            detail=None, overriding=None) -> Todo:
     todo_id = _todo_id(todo_id)
     params["todo_id"] = todo_id
     where = _by_id(_visible_guard(caller, params) + " AND "
@@ -891,7 +854,7 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
     todo = _one(_apply(
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
-        endpoint=caller.endpoint, may_finish=may_finish,
+        endpoint=caller.endpoint,
     ))
     if todo is None:
         raise _explain_refusal(caller, todo_id, lease_id, now=now, completing=action == "complete",
@@ -943,8 +906,7 @@ def complete_todo(caller: Caller, todo_id, *, lease_id=None, result=None, now=No
     if overriding is not None:
         set_sql += _TAKE_OVER_SQL
     return _fenced(caller, todo_id, lease_id, params=params, action_sql="'complete'",
-                   action="complete", set_sql=set_sql, now=now, overriding=overriding,
-                   may_finish=True)
+                   action="complete", set_sql=set_sql, now=now, overriding=overriding)
 
 
 def _retry_at_by_attempts(now) -> tuple[str, dict]:
@@ -981,7 +943,7 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
     return _fenced(
         caller, todo_id, lease_id, set_sql=set_sql, params=params, action="fail", now=now,
         action_sql="CASE WHEN t.dead_lettered_at IS NULL THEN 'fail' ELSE 'dead_letter' END",
-        detail={"error": error} if error else None, overriding=overriding, may_finish=True,
+        detail={"error": error} if error else None, overriding=overriding,
     )
 
 
@@ -1209,7 +1171,7 @@ def cancel_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
     todo = _one(_apply(
         set_sql=_CANCELLED_SET_SQL, where_sql=where, params=params, action_sql="'cancel'",
         from_state_sql="", actor=caller.actor, now=now, detail=detail, endpoint=caller.endpoint,
-        may_finish=True, from_prior=True,
+        from_prior=True,
     ))
     if todo is None:
         raise _wrong_state(caller, todo_id, "only awaiting_approval, pending, failed or claimed "
@@ -1255,7 +1217,7 @@ def reject_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
     todo = _one(_apply(
         set_sql=_CANCELLED_SET_SQL, where_sql=where, params=params, action_sql="'reject'",
         from_state_sql="'awaiting_approval'", actor=caller.actor, now=now, detail=detail,
-        endpoint=caller.endpoint, may_finish=True,
+        endpoint=caller.endpoint,
     ))
     if todo is None:
         raise _wrong_state(caller, todo_id, "only a todo awaiting approval can be rejected")
@@ -1320,7 +1282,7 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
         ),
         where_sql=f"id IN ({lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
         params={"limit": limit}, action_sql="'lease_lapsed'", from_state_sql="'claimed'",
-        actor="reaper", now=now, may_finish=True,
+        actor="reaper", now=now,
     )
     _announce(todos, "lease_lapsed")
     return todos
@@ -1353,7 +1315,6 @@ def cancel_stale_approvals(*, now, limit: int) -> list[Todo]:
         where_sql=f"id IN ({stale_approvals_sql()}) AND state = 'awaiting_approval'",
         params={"limit": limit}, action_sql="'cancel'", from_state_sql="'awaiting_approval'",
         actor="approval-timeout", now=now, detail={"reason": "approval_timeout"},
-        may_finish=True,
     )
     _announce(todos, "cancel")
     return todos
