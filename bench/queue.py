@@ -16,7 +16,7 @@ also gives PostgreSQL's CPU per cycle (the workers' backends, from /proc) and th
 processes' own CPU per cycle (a's against d's is what switchboard's Python costs).
 
 PostgreSQL CPU breakdown (``--breakdown-workers``, default 4): d's statements with one piece
-taken out at a time (the four per-queue claim probes, the audit events, the secrets cleanup)
+taken out at a time (the four per-queue claim probes, the audit events)
 beside b, so the PG a/b ratio comes with what it is made of.
 
 Priorities: (e) is (a) draining todos with mixed priorities (-50…50; docs/work-control.md),
@@ -265,13 +265,7 @@ _TODO_COLUMNS = (
 _EVENT = (
     ", e AS (INSERT INTO todos_todoevent (todo_id, action, from_state, to_state, actor, at, "
     "detail) SELECT t.id, '{action}', '{before}', t.state, %(actor)s, %(now)s, "
-    "%(detail)s::jsonb FROM t){cleanup} SELECT * FROM t"
-)
-# complete ends the todo, so the same statement deletes its operator secrets
-# (docs/security.md#stored-secrets).
-_SECRETS_CLEANUP = (
-    ", d0 AS (DELETE FROM ingest_operatorsecret WHERE todo_id IN (SELECT id FROM t WHERE "
-    "state = 'done' OR dead_lettered_at IS NOT NULL))"
+    "%(detail)s::jsonb FROM t) SELECT * FROM t"
 )
 AUDITED_CLAIM = (
     "WITH t AS (UPDATE todos_todo SET state = 'claimed', lease_id = %(lease_id)s, "
@@ -284,7 +278,7 @@ AUDITED_CLAIM = (
     "LIMIT 1 FOR UPDATE SKIP LOCKED) c "
     "ORDER BY c.priority DESC, c.created_at, c.id LIMIT 1) AND state = 'pending' "
     "AND not_before IS NULL "
-    f"RETURNING {_TODO_COLUMNS})" + _EVENT.format(action="claim", before="pending", cleanup="")
+    f"RETURNING {_TODO_COLUMNS})" + _EVENT.format(action="claim", before="pending")
 )
 AUDITED_COMPLETE = (
     "WITH t AS (UPDATE todos_todo SET state = 'done', result = %(result)s::jsonb, "
@@ -292,7 +286,7 @@ AUDITED_COMPLETE = (
     "(endpoint_id = %(endpoint_id)s AND queue = ANY(%(queues)s::text[]) AND state = 'claimed' "
     "AND lease_id = %(lease_id)s AND lease_expires_at > %(now)s) IS TRUE "
     f"RETURNING {_TODO_COLUMNS})"
-    + _EVENT.format(action="complete", before="claimed", cleanup=_SECRETS_CLEANUP)
+    + _EVENT.format(action="complete", before="claimed")
 )
 
 
@@ -319,11 +313,8 @@ AUDITED_VARIANTS = {
         AUDITED_COMPLETE),
     "no audit events (the two todo-event inserts)": (
         _without(AUDITED_CLAIM, _EVENT_CTE),
-        # complete's event CTE only: the secrets cleanup after it stays (its own row below).
         _without(AUDITED_COMPLETE, AUDITED_COMPLETE[AUDITED_COMPLETE.index(", e AS ("):
-                                                    AUDITED_COMPLETE.index(", d0 AS (")])),
-    "no operator-secrets cleanup in complete": (
-        AUDITED_CLAIM, _without(AUDITED_COMPLETE, _SECRETS_CLEANUP)),
+                                                    AUDITED_COMPLETE.index(" SELECT * FROM t")])),
 }
 
 

@@ -10,6 +10,7 @@ from django.utils.dateparse import parse_datetime
 
 from endpoints.models import Endpoint
 from switchboard.db import statements
+from todos import queries as todo_queries
 from todos.models import State, Todo
 from todos.transitions import Refusal
 
@@ -133,7 +134,10 @@ def read_secret(caller, ref) -> dict:
         raise Refusal("not_found", f"no secret {ref}")
     todo = (Todo.objects.filter(pk=secret.todo_id)
             .only("queue", "state", "lease_owner", "lease_expires_at").first())
-    if todo is None or not caller.covers(todo.queue):
+    # A secret dies with its todo (docs/security.md#stored-secrets): from the moment the todo
+    # ends it reads as missing, even before the sweep deletes it and after an operator
+    # re-queues the dead letter.
+    if todo is None or not caller.covers(todo.queue) or todo_queries.has_ended(todo.pk):
         raise Refusal("not_found", f"no secret {ref}")
     # Only the worker doing the job reads its secrets (docs/security.md#stored-secrets): the session
     # holding the todo's unexpired lease, not its siblings, and not after the work is handed back.

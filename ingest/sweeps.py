@@ -19,9 +19,11 @@ from datetime import datetime, timezone as dt_timezone
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import OuterRef
 from django.utils import timezone
 
 from channels_push.models import McpSession
+from todos import queries as todo_queries
 from todos.models import PrunedEventTally, State, Todo, TodoEvent
 
 from switchboard import ratelimit
@@ -320,6 +322,25 @@ def prune_replay_ledger(*, now=None, pause_seconds=PAUSE_BETWEEN_BATCHES_SECONDS
         time.sleep(pause_seconds)
 
 
+# One pass deletes at most this many secrets: operators hand over a few per todo, so even a
+# burst of completions clears in a pass or two of short statements.
+ENDED_SECRETS_BATCH = 1000
+
+
+def delete_secrets_of_ended_todos() -> int:
+    """Delete at most ENDED_SECRETS_BATCH operator secrets whose todo has ended (done,
+    cancelled or dead-lettered, ``todos.queries.ended``): a secret reads as missing from the
+    moment its todo ends (``queries.read_secret``), and this takes it off the disk within a
+    pass (docs/decisions/secrets-end-with-their-todo.md). Safe when two runs overlap (a
+    secret deleted twice is deleted once). Returns how many."""
+    ended = list(OperatorSecret.objects.filter(todo_queries.ended(OuterRef("todo_id")))
+                 .values_list("pk", flat=True)[:ENDED_SECRETS_BATCH])
+    if not ended:
+        return 0
+    deleted, _ = OperatorSecret.objects.filter(pk__in=ended).delete()
+    return deleted
+
+
 def fold_dropped_delivery_counts() -> int:
     """Write the per-minute counts of refused deliveries that the delivery log did not record
     (past SWITCHBOARD_DELIVERY_LOG_REFUSED_PER_MINUTE) into ``DeliveryDrops``. The counters
@@ -352,4 +373,5 @@ EMBEDDED_SWEEPS = [
     (prune_history_sweep, 3600.0),
     (prune_replay_ledger, 60.0),
     (fold_dropped_delivery_counts, 15.0),
+    (delete_secrets_of_ended_todos, 60.0),
 ]

@@ -18,3 +18,8 @@ def prune_replay_ledger():
 @shared_task(name="ingest.tasks.fold_dropped_delivery_counts")
 def fold_dropped_delivery_counts():
     return sweeps.fold_dropped_delivery_counts()
+
+
+@shared_task(name="ingest.tasks.delete_secrets_of_ended_todos")
+def delete_secrets_of_ended_todos():
+    return sweeps.delete_secrets_of_ended_todos()

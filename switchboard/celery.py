@@ -53,4 +53,8 @@ app.conf.beat_schedule = {
     # 15 s writes those counts so the webhook page shows them within a quarter minute.
     "fold-dropped-delivery-counts": {"task": "ingest.tasks.fold_dropped_delivery_counts",
                                      "schedule": 15.0},
+    # Operator secrets of ended todos already read as missing; this takes them off the disk.
+    # A minute's lag keeps a handed-over value at rest no longer than that after its todo ends.
+    "delete-secrets-of-ended-todos": {"task": "ingest.tasks.delete_secrets_of_ended_todos",
+                                      "schedule": 60.0},
 }

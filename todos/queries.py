@@ -6,7 +6,8 @@ import json
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
-from django.db.models import Count, Min, Q, Value
+from django.db import connection
+from django.db.models import Count, Exists, Min, Q, Value
 from django.utils import timezone
 
 from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, Trust
@@ -608,3 +609,58 @@ def endpoint_queue_stats(endpoint, *, now) -> list[dict]:
     return [{"queue": queue, **{name: rows.get(queue, {}).get(name, 0) for name in STATS_COUNTS},
              "oldest_pending_seconds": rows.get(queue, {}).get("oldest_pending_seconds")}
             for queue in sorted(queues)]
+
+
+# -- who may be rung (the doorbell's sender gate) -------------------------------------------------
+
+# The trust modes that may ring: verified by source signature, or handed over by the endpoint's
+# authenticated owner; unverified deliveries never ring. Spelled as a literal because the
+# partial index todo_doorbell_due spells it: with a parameter in its place the planner could
+# not match the index's predicate.
+RING_TRUST_SQL = "('signed', 'operator')"
+
+
+def ring_eligible_sql(alias: str) -> str:
+    """SQL over the todo row ``alias``: it may ring now — pending and not scheduled (a
+    scheduled todo is rung when it comes due), trusted, and attributed to a human through its
+    delivery event."""
+    return (
+        f"{alias}.state = 'pending' AND {alias}.not_before IS NULL"
+        f" AND {alias}.trust IN {RING_TRUST_SQL} AND EXISTS ("
+        f"SELECT 1 FROM ingest_deliveryevent d WHERE d.id = {alias}.delivery_event_id "
+        "AND d.attributed_to_id IS NOT NULL)"
+    )
+
+
+def may_ring(todo_id) -> bool:
+    """Whether todo ``todo_id`` may ring now (``ring_eligible_sql``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM todos_todo t WHERE t.id = %s AND {ring_eligible_sql('t')}",
+                       [todo_id])
+        return cursor.fetchone() is not None
+
+
+# -- a todo's end, for what dies with it ----------------------------------------------------------
+
+
+def _ending_events():
+    """The events that finish a todo: done, cancelled (cancel, reject), dead-lettered (a failure
+    with no attempt left, or the last attempt's lease lapsing)."""
+    from .models import TodoEvent
+
+    return TodoEvent.objects.filter(
+        Q(to_state__in=(State.DONE, State.CANCELLED)) | Q(action="dead_letter")
+        | Q(action="lease_lapsed", to_state=State.FAILED))
+
+
+def has_ended(todo_id) -> bool:
+    """Whether todo ``todo_id`` was ever finished — done, cancelled or dead-lettered — even if
+    an operator has re-queued the dead letter since. Read from its events, which live as long
+    as the todo does."""
+    return _ending_events().filter(todo_id=todo_id).exists()
+
+
+def ended(todo_ref) -> Exists:
+    """``has_ended`` as a filter over ``todo_ref`` (an ``OuterRef`` to a todo id): for another
+    app's rows that die with their todo."""
+    return Exists(_ending_events().filter(todo_id=todo_ref))

@@ -75,7 +75,7 @@ class Caller:
     def agent(cls, endpoint, session_id: str) -> "Caller":
         queues = None if endpoint.all_queues else tuple(endpoint.scope)
         return cls(endpoint=endpoint, actor=session_id, queues=queues,
-                   hides_unverified=not endpoint.accept_unverified)
+                   hides_unverified=refuses_unverified(endpoint))
 
     @classmethod
     def operator(cls, endpoint, username: str) -> "Caller":
@@ -189,37 +189,6 @@ def _text_array_literal(queues: tuple) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
-# -- rows that die with their todo (docs/security.md#stored-secrets) -----------------------------
-#
-# Tables other apps keep per todo (a ``todo_id`` column) whose rows must be deleted when the todo
-# is done or dead-lettered, in the same transaction as that transition: ingest's operator
-# secrets. Registered by table name from the owning app's ready(), so this module imports no
-# app above it (dependencies point ingest -> todos).
-_ENDS_WITH_TODO_TABLES: list[str] = []
-_FINISHED_SQL = "state IN ('done', 'cancelled') OR dead_lettered_at IS NOT NULL"
-
-
-def register_rows_ending_with_todo(table: str) -> None:
-    if table not in _ENDS_WITH_TODO_TABLES:
-        _ENDS_WITH_TODO_TABLES.append(table)
-
-
-def _finished_cleanup_ctes() -> str:
-    """PostgreSQL: data-modifying CTEs over the UPDATE's rows ``t`` (same statement)."""
-    return "".join(
-        f", d{n} AS (DELETE FROM {table} WHERE todo_id IN"
-        f" (SELECT id FROM t WHERE {_FINISHED_SQL}))"
-        for n, table in enumerate(_ENDS_WITH_TODO_TABLES))
-
-
-def _delete_finished_rows(cursor, ids_param: str) -> None:
-    """SQLite: the same deletes as statements inside the transition's transaction."""
-    for table in _ENDS_WITH_TODO_TABLES:
-        cursor.execute(
-            f"DELETE FROM {table} WHERE todo_id IN (SELECT id FROM todos_todo WHERE id IN"
-            f" (SELECT value FROM json_each(%(ids)s)) AND ({_FINISHED_SQL}))", {"ids": ids_param})
-
-
 # The event detail a transition from any of several states adds about the row it changed
 # (``from_prior``): the lease it overrode when the todo was claimed, the trust it raised.
 # PostgreSQL builds it from the locked prior row ``o`` and the updated row ``t``;
@@ -245,14 +214,11 @@ def _prior_detail(prior: dict, trust_after: str) -> dict:
 
 
 def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
-           actor: str, now, detail=None, endpoint=None, may_finish=False,
-           from_prior=False) -> list[Todo]:
+           actor: str, now, detail=None, endpoint=None, from_prior=False) -> list[Todo]:
     """Run one guarded UPDATE and write one todo event per changed row.
 
     ``action_sql`` and ``from_state_sql`` are SQL expressions over the updated row ``t``; they
     let one statement record, e.g., ``fail`` or ``dead_letter`` depending on the attempts left.
-    ``may_finish``: the transition can end a todo (done, dead letter, cancelled), so the rows
-    registered with ``register_rows_ending_with_todo`` are deleted for the rows it finished.
     ``from_prior``: a transition of the one todo ``%(todo_id)s`` from any of several states
     (``from_state_sql`` is then unused). The event's from state is the row's state before the
     statement, which RETURNING cannot give: PostgreSQL locks and reads the row first in the
@@ -289,8 +255,7 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
     if _is_postgres():
         sql = (
             f"WITH {prelude}t AS ({update}), "
-            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from})"
-            f"{_finished_cleanup_ctes() if may_finish else ''} "
+            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from}) "
             f"SELECT * FROM t"
         )
         rows = _fetch_todos(sql, params)
@@ -312,8 +277,6 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
                         f"FROM todos_todo t WHERE t.id IN (SELECT value FROM json_each(%(ids)s))",
                         params,
                     )
-                    if may_finish:
-                        _delete_finished_rows(cursor, params["ids"])
     for row in rows:
         if endpoint is not None and row.endpoint_id == endpoint.pk:
             # Spare the serializer a query per row; set as select_related does (the field's
@@ -879,7 +842,7 @@ def _claimable_exists(caller: Caller, wanted, hide_unverified: bool) -> bool:
 
 
 def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, action, now,
-            detail=None, overriding=None, may_finish=False) -> Todo:
+            detail=None, overriding=None) -> Todo:
     todo_id = _todo_id(todo_id)
     params["todo_id"] = todo_id
     where = _by_id(_visible_guard(caller, params) + " AND "
@@ -891,7 +854,7 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
     todo = _one(_apply(
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
-        endpoint=caller.endpoint, may_finish=may_finish,
+        endpoint=caller.endpoint,
     ))
     if todo is None:
         raise _explain_refusal(caller, todo_id, lease_id, now=now, completing=action == "complete",
@@ -943,8 +906,7 @@ def complete_todo(caller: Caller, todo_id, *, lease_id=None, result=None, now=No
     if overriding is not None:
         set_sql += _TAKE_OVER_SQL
     return _fenced(caller, todo_id, lease_id, params=params, action_sql="'complete'",
-                   action="complete", set_sql=set_sql, now=now, overriding=overriding,
-                   may_finish=True)
+                   action="complete", set_sql=set_sql, now=now, overriding=overriding)
 
 
 def _retry_at_by_attempts(now) -> tuple[str, dict]:
@@ -981,7 +943,7 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
     return _fenced(
         caller, todo_id, lease_id, set_sql=set_sql, params=params, action="fail", now=now,
         action_sql="CASE WHEN t.dead_lettered_at IS NULL THEN 'fail' ELSE 'dead_letter' END",
-        detail={"error": error} if error else None, overriding=overriding, may_finish=True,
+        detail={"error": error} if error else None, overriding=overriding,
     )
 
 
@@ -1209,7 +1171,7 @@ def cancel_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
     todo = _one(_apply(
         set_sql=_CANCELLED_SET_SQL, where_sql=where, params=params, action_sql="'cancel'",
         from_state_sql="", actor=caller.actor, now=now, detail=detail, endpoint=caller.endpoint,
-        may_finish=True, from_prior=True,
+        from_prior=True,
     ))
     if todo is None:
         raise _wrong_state(caller, todo_id, "only awaiting_approval, pending, failed or claimed "
@@ -1255,7 +1217,7 @@ def reject_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
     todo = _one(_apply(
         set_sql=_CANCELLED_SET_SQL, where_sql=where, params=params, action_sql="'reject'",
         from_state_sql="'awaiting_approval'", actor=caller.actor, now=now, detail=detail,
-        endpoint=caller.endpoint, may_finish=True,
+        endpoint=caller.endpoint,
     ))
     if todo is None:
         raise _wrong_state(caller, todo_id, "only a todo awaiting approval can be rejected")
@@ -1320,7 +1282,7 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
         ),
         where_sql=f"id IN ({lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
         params={"limit": limit}, action_sql="'lease_lapsed'", from_state_sql="'claimed'",
-        actor="reaper", now=now, may_finish=True,
+        actor="reaper", now=now,
     )
     _announce(todos, "lease_lapsed")
     return todos
@@ -1353,7 +1315,6 @@ def cancel_stale_approvals(*, now, limit: int) -> list[Todo]:
         where_sql=f"id IN ({stale_approvals_sql()}) AND state = 'awaiting_approval'",
         params={"limit": limit}, action_sql="'cancel'", from_state_sql="'awaiting_approval'",
         actor="approval-timeout", now=now, detail={"reason": "approval_timeout"},
-        may_finish=True,
     )
     _announce(todos, "cancel")
     return todos
@@ -1370,3 +1331,248 @@ def promote_due_retries(*, now, limit: int) -> list[Todo]:
     )
     _announce(todos, "retry")
     return todos
+
+
+# -- ring bookkeeping: what a doorbell spends -------------------------------------------------
+#
+# A todo's ring_attempts and last_ringed_at are not lifecycle states, but they are this table's
+# columns: the doorbell (channels_push.doorbells) decides who is rung and calls these to spend
+# or mark its rings. Each is one guarded statement, so overlapping publishers and sweeps agree
+# without locks held across round trips; none writes a todo event.
+
+# A todo is rung at most this many times in all, its creation ring included
+# (channels_push.doorbells.sweeps.RING_SCHEDULE names each of them); the partial index
+# todo_doorbell_due spells the same number.
+MAX_RING_ATTEMPTS = 5
+
+
+def charge_ring(*, todo_id) -> bool:
+    """Count one ring toward todo ``todo_id``'s budget (``ring_attempts``, never past
+    MAX_RING_ATTEMPTS) if it may still ring (``queries.ring_eligible_sql``), in one guarded
+    UPDATE. ``last_ringed_at`` is left alone, so the heartbeat's next step still counts from
+    creation (or the last sweep ring or digest), as its schedule is written. False: the todo
+    may not ring (claimed, scheduled, gone meanwhile) and nothing changed."""
+    sql = ("UPDATE todos_todo SET ring_attempts = CASE WHEN ring_attempts < %(max_rings)s"
+           " THEN ring_attempts + 1 ELSE ring_attempts END"
+           f" WHERE id = %(todo_id)s AND {queries.ring_eligible_sql('todos_todo')} RETURNING id")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"todo_id": todo_id, "max_rings": MAX_RING_ATTEMPTS})
+        return cursor.fetchone() is not None
+
+
+def _ids_param(values) -> object:
+    return list(values) if _is_postgres() else json.dumps(list(values))
+
+
+def _pairs_sql(alias: str, pairs, params: dict, name: str) -> str:
+    """``(alias.endpoint_id, alias.queue)`` is one of ``pairs``, as SQL."""
+    if _is_postgres():
+        params[f"{name}_ids"] = [endpoint_id for endpoint_id, _ in pairs]
+        params[f"{name}_queues"] = [queue for _, queue in pairs]
+        return (f"({alias}.endpoint_id, {alias}.queue) IN (SELECT * FROM"
+                f" unnest(%({name}_ids)s::bigint[], %({name}_queues)s::text[]))")
+    params[f"{name}_pairs"] = json.dumps(list(pairs))
+    return (f"EXISTS (SELECT 1 FROM json_each(%({name}_pairs)s) j"
+            f" WHERE json_extract(j.value, '$[0]') = {alias}.endpoint_id"
+            f" AND json_extract(j.value, '$[1]') = {alias}.queue)")
+
+
+def _id_in(column: str, param: str, params: dict, values) -> str:
+    params[param] = _ids_param(values)
+    if _is_postgres():
+        return f"{column} = ANY(%({param})s)"
+    return f"{column} IN (SELECT value FROM json_each(%({param})s))"
+
+
+def _ring_scope_sql(alias: str, endpoint_ids, params: dict) -> str:
+    """``alias``'s queue is covered by its endpoint's scope ('*' covers all) and not paused
+    (a paused queue's todos keep their ring budget), for the endpoints ``endpoint_ids``, as
+    SQL; the scopes are read here and passed as parameters."""
+    from endpoints.models import ALL_QUEUES, Endpoint
+
+    everything, pairs, paused = [], [], []
+    rows = Endpoint.objects.filter(pk__in=endpoint_ids).values_list("pk", "scope", "paused_queues")
+    for endpoint_id, scope, paused_queues in rows:
+        if ALL_QUEUES in (paused_queues or []):
+            continue
+        paused.extend((endpoint_id, str(queue)) for queue in paused_queues or [])
+        if ALL_QUEUES in scope:
+            everything.append(endpoint_id)
+        else:
+            pairs.extend((endpoint_id, str(queue)) for queue in scope)
+    clauses = []
+    if everything:
+        clauses.append(_id_in(f"{alias}.endpoint_id", "scope_all", params, everything))
+    if pairs:
+        clauses.append(_pairs_sql(alias, pairs, params, "scope"))
+    if not clauses:
+        return "FALSE"
+    covered = "(" + " OR ".join(clauses) + ")"
+    if paused:
+        covered += f" AND NOT {_pairs_sql(alias, paused, params, 'paused')}"
+    return covered
+
+
+def record_sweep_rings(*, receivers: dict, schedule, limit: int, now=None) -> list[Todo]:
+    """The heartbeat sweep's statement: select up to ``limit`` due todos, round-robin across
+    ``receivers`` (``{endpoint_id: when its sessions were last rung, or None}``: the endpoints
+    that can receive a ring right now), and charge each a ring, in ONE statement. Returns the
+    rung todos, oldest first.
+
+    Due: pending, may ring (``queries.ring_eligible_sql``), in the endpoint's scope (a todo
+    its agent may not claim is never rung and never spends budget), fewer than
+    MAX_RING_ATTEMPTS rings, and ``COALESCE(last_ringed_at, created_at) <= now -
+    schedule[min(ring_attempts, last)]`` — the interval counts from the last ring (or digest)
+    else creation, and the attempt count only picks which interval. Round-robin: every
+    endpoint's most overdue todo comes before any endpoint's second, and among endpoints the
+    one whose sessions were rung least recently goes first, so a flooded endpoint cannot
+    starve the others across sweeps.
+
+    Two overlapping sweeps may pick the same row; the UPDATE re-checks the due guard on the
+    row it locks, and the loser's guard then fails (last_ringed_at is now), so a todo is not
+    rung twice — the loser just rings fewer this round.
+    """
+    statement = sweep_rings_sql(receivers=receivers, schedule=schedule, limit=limit, now=now)
+    if statement is None:
+        return []
+    return sorted(_fetch_todos(*statement), key=lambda todo: (todo.created_at, todo.pk))
+
+
+def _receivers_param(receivers: dict) -> str:
+    """``{endpoint_id: rung_at}`` as the JSON list of pairs the sweep's statement reads, each
+    time as the backend compares it (SQLite: its stored text)."""
+    def as_sql_time(value):
+        if value is None or isinstance(value, str):
+            return value
+        return value.isoformat() if _is_postgres() else connection.ops.adapt_datetimefield_value(value)
+
+    return json.dumps([[endpoint_id, as_sql_time(rung_at)]
+                       for endpoint_id, rung_at in receivers.items()])
+
+
+def sweep_rings_sql(*, receivers: dict, schedule, limit: int, now=None, select_only=False):
+    """The statement ``record_sweep_rings`` runs, as ``(sql, params)`` (None: no receivers).
+    ``select_only``: just the selecting query (what picks the todos), so a test can EXPLAIN the
+    very SQL the sweep runs."""
+    endpoint_ids = list(receivers)
+    if not endpoint_ids:
+        return None
+    now = now or timezone.now()
+    # schedule[n] is the wait before ring n + 1; ring 1 is the publisher's, on creation. The
+    # sweep only re-rings: a todo whose first ring reached nobody (ring_attempts 0: nobody was
+    # attached, or it was held) waits the first re-ring step too, from creation or from the
+    # digest that summarised it, never zero.
+    waits = [schedule[max(attempts, 1)] for attempts in range(len(schedule))]
+    params = {"now": _db_time(now), "limit": limit, "max_rings": MAX_RING_ATTEMPTS,
+              "due_first": _db_time(now - min(waits)), "receivers": _receivers_param(receivers)}
+    branches = []
+    for attempts, interval in enumerate(waits):
+        params[f"due_{attempts}"] = _db_time(now - interval)
+        if attempts < len(waits) - 1:
+            branches.append(f"WHEN {{t}}.ring_attempts = {attempts} THEN %(due_{attempts})s")
+    due_case = "CASE " + " ".join(branches) + f" ELSE %(due_{len(waits) - 1})s END"
+
+    def due(alias):
+        return (f"COALESCE({alias}.last_ringed_at, {alias}.created_at) <= "
+                + due_case.replace("{t}", alias))
+
+    receiver_rows = (
+        "SELECT (r.value->>0)::bigint AS endpoint_id, (r.value->>1)::timestamptz AS rung_at"
+        " FROM jsonb_array_elements(%(receivers)s::jsonb) r" if _is_postgres() else
+        "SELECT json_extract(r.value, '$[0]') AS endpoint_id,"
+        " json_extract(r.value, '$[1]') AS rung_at FROM json_each(%(receivers)s) r")
+    in_scope = _ring_scope_sql("p", endpoint_ids, params)
+    select = (
+        f"WITH receivers AS ({receiver_rows}),"
+        " candidates AS ("
+        " SELECT p.id, r.rung_at, COALESCE(p.last_ringed_at, p.created_at) AS base,"
+        " row_number() OVER (PARTITION BY p.endpoint_id"
+        "  ORDER BY COALESCE(p.last_ringed_at, p.created_at), p.id) AS n"
+        " FROM todos_todo p JOIN receivers r ON r.endpoint_id = p.endpoint_id"
+        # The first three conditions are todo_doorbell_due's predicate and range.
+        f" WHERE p.state = 'pending' AND p.ring_attempts < {MAX_RING_ATTEMPTS}"
+        f" AND p.trust IN {queries.RING_TRUST_SQL}"
+        " AND COALESCE(p.last_ringed_at, p.created_at) <= %(due_first)s"
+        f" AND {due('p')} AND {in_scope} AND {queries.ring_eligible_sql('p')}),"
+        " picked AS MATERIALIZED (SELECT id FROM candidates"
+        "  ORDER BY n, rung_at ASC NULLS FIRST, base, id LIMIT %(limit)s)"
+    )
+    if select_only:
+        return select + " SELECT id FROM picked", params
+    sql = select + (
+        " UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
+        " WHERE id IN (SELECT id FROM picked) AND state = 'pending'"
+        f" AND ring_attempts < %(max_rings)s AND {due('todos_todo')} RETURNING {_returning()}"
+    )
+    return sql, params
+
+
+def refuses_unverified(endpoint) -> bool:
+    """Whether claim_next withholds ``trust: unverified`` todos from this endpoint's agents
+    (``accept_unverified`` off): ``Caller.agent`` and the digest's count both ask here."""
+    return not endpoint.accept_unverified
+
+
+def _claimable_sql(alias: str, endpoint, params: dict) -> str:
+    """SQL over the todo row ``alias``: what claim_next would hand ``endpoint``'s agents now —
+    pending and not scheduled, in its scope, not in a paused queue, and (when the endpoint
+    refuses them) not unverified. The digest counts exactly this."""
+    if endpoint.paused_all:
+        return "FALSE"
+    params["claimable_endpoint_id"] = endpoint.pk
+    sql = (f"{alias}.endpoint_id = %(claimable_endpoint_id)s AND {alias}.state = 'pending'"
+           f" AND {alias}.not_before IS NULL")
+    if not endpoint.all_queues:
+        sql += " AND " + _id_in(f"{alias}.queue", f"{alias}_scope", params, endpoint.scope)
+    paused = list(endpoint.paused_queues or [])
+    if paused:
+        sql += " AND NOT " + _id_in(f"{alias}.queue", f"{alias}_paused", params, paused)
+    if refuses_unverified(endpoint):
+        sql += f" AND {alias}.trust <> 'unverified'"
+    return sql
+
+
+def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, object, str]]:
+    """Mark every todo claim_next would hand ``endpoint`` (``_claimable_sql``) as just rung
+    (last_ringed_at = now) WITHOUT spending a ring attempt, and return what was counted as
+    ``[(queue, created_at, trust)]``: the digest's content and the mark are one statement, so
+    the heartbeat's next ring counts its backoff from exactly the digest that was sent.
+
+    With ``cooldown`` (the reconnect digest): nothing is marked or counted unless at least one
+    of those todos was not rung or digested within it, so a flapping stream is not handed the
+    same summary again and again (nor does it keep pushing the heartbeat's backoff out)."""
+    now = now or timezone.now()
+    params = {"now": _db_time(now)}
+    fresh = ""
+    if cooldown is not None:
+        params["cooled"] = _db_time(now - cooldown)
+        fresh = (" AND EXISTS (SELECT 1 FROM todos_todo c"
+                 f" WHERE {_claimable_sql('c', endpoint, params)}"
+                 " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")
+    if _is_postgres():
+        # Every digest of the endpoint marks the same rows: locked in one order (by id) before
+        # the update, or two streams opening together (whose plans visit the rows' versions in
+        # table order, which differs between two snapshots once rows have moved) each wait
+        # for a row the other holds, and PostgreSQL aborts one: its stream gets no digest.
+        sql = (
+            "WITH marked AS (SELECT t.id FROM todos_todo t"
+            f" WHERE {_claimable_sql('t', endpoint, params)}{fresh}"
+            " ORDER BY t.id FOR UPDATE OF t)"
+            " UPDATE todos_todo SET last_ringed_at = %(now)s FROM marked"
+            " WHERE todos_todo.id = marked.id AND todos_todo.state = 'pending'"
+            " RETURNING todos_todo.queue, todos_todo.created_at, todos_todo.trust"
+        )
+    else:  # SQLite runs one writer at a time, and has no row locks to order
+        sql = (
+            "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
+            f" SELECT t.id FROM todos_todo t WHERE {_claimable_sql('t', endpoint, params)})"
+            f" AND state = 'pending'{fresh} RETURNING queue, created_at, trust"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    if not _is_postgres():
+        field = Todo._meta.get_field("created_at")
+        rows = [(queue, connection.ops.convert_datetimefield_value(created, field, connection),
+                 trust) for queue, created, trust in rows]
+    return rows

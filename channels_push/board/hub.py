@@ -105,7 +105,7 @@ class BoardHub:
             await stream.send_sync()
 
     async def on_message(self, message) -> bool:
-        if message.get("type") == "todos.changed":
+        if message.get("type") == groups.BOARD_CHANGES_TYPE:
             for change in message.get("changes", ()):
                 # Coalesce: a burst of changes (a pool draining a queue) costs the process one
                 # query per FLUSH_DELAY, not one per change, and a todo changed twice is

@@ -46,12 +46,14 @@ async def leave_groups(layer, groups, channel) -> None:
 
 
 async def follow_groups(layer, groups, membership: dict, on_message, context: dict, *,
-                        retry_seconds=(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS), on_join=None):
+                        retry_seconds=(RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS), on_join=None,
+                        on_leave=None):
     """Hand every message of the stream's channel to ``await on_message(message)`` (a True
     return ends the loop). ``membership["channel"]`` is the channel in the groups (None while
     the layer is unreachable); while it is None this rejoins with a capped backoff and, once
-    back in, awaits ``on_join()`` (the board re-syncs there). The stream itself never waits on
-    the layer: this runs as a task beside it."""
+    back in, awaits ``on_join()`` (the board re-syncs there, the long poll re-checks). A
+    channel lost to the layer is reported to ``on_leave()`` before the rejoining starts. The
+    stream itself never waits on the layer: this runs as a task beside it."""
     first, cap = retry_seconds
     delay = first
     failing = False
@@ -79,6 +81,8 @@ async def follow_groups(layer, groups, membership: dict, on_message, context: di
                         extra={**context, "error": type(exc).__name__})
             failing = True
             membership["channel"] = None
+            if on_leave is not None:
+                await on_leave()
             await leave_groups(layer, groups, channel)
             await asyncio.sleep(delay)
             delay = min(delay * 2, cap)

@@ -2,8 +2,9 @@
 the streams that listen agree on them, so neither imports the other for it."""
 
 # Every committed todo change, in per-process batches (``publish._BoardBatch``): the board's
-# hub and the long poll's wait room follow it.
+# hub and the long poll's wait room follow it. Its one message type carries a batch.
 BOARD_GROUP = "todos.board"
+BOARD_CHANGES_TYPE = "todos.changed"
 
 # Channel-layer group per MCP session; the doorbell (any process) sends to it, the session's
 # notification stream(s) listen.

@@ -164,7 +164,8 @@ class _BoardBatch:
         layer = get_channel_layer()
         for start in range(0, len(changes), BOARD_BATCH_MAX):
             await layer.group_send(groups.BOARD_GROUP, {
-                "type": "todos.changed", "changes": changes[start:start + BOARD_BATCH_MAX]})
+                "type": groups.BOARD_CHANGES_TYPE,
+                "changes": changes[start:start + BOARD_BATCH_MAX]})
 
 
 _board_batch = _BoardBatch()

@@ -30,6 +30,7 @@ from django.utils import timezone
 from endpoints.models import Presence
 from switchboard import metrics
 from switchboard.db import statements
+from todos import transitions as todo_transitions
 
 from channels_push.bus import publish
 from channels_push.sessions import notify as session_notify
@@ -47,9 +48,6 @@ CHANNEL_METHOD = "notifications/claude/channel"
 # handed over by the endpoint's authenticated owner. Unverified deliveries never ring.
 PUSH_TRUST = frozenset({"signed", "operator"})
 DIGEST_KIND = "digest"
-# Kept under these names for callers and tests; doorbell_text owns the rules.
-META_KEY_RE = doorbell_text.META_KEY_RE
-META_VALUE_MAX_CHARS = doorbell_text.META_VALUE_MAX_CHARS
 # One line the harness shows in-session: long enough for a GitHub-style title, short enough
 # that a webhook cannot flood the agent's context through the doorbell.
 CONTENT_MAX_CHARS = 300
@@ -268,20 +266,11 @@ def ring_on_commit(todos) -> None:
 
 # -- digests and reconnect (§8) -------------------------------------------------------------------
 
-# At most this many oldest waiting todos are rung on a stream (re)open (SPEC-0011): enough to
-# get a restarted agent going, few enough not to flood it; the rest it drains by pull. Used
-# only by the individual reconnect rings, which the reconnect digest replaced (kept for a
-# deployment that turns presence digests off: RECONNECT_DIGEST).
-RECONNECT_RING_LIMIT = 5
-# SPEC-0022: once presence ships, a reconnect is answered with one digest instead of rings.
-RECONNECT_DIGEST = True
-
-
 def build_digest(endpoint, reason: str, now, *, cooldown=None) -> dict | None:
     """Mark what claim_next would hand ``endpoint`` as rung (no attempt spent) and build the
     digest that summarizes it; None when nothing is pending, or (with ``cooldown``) when every
     one of them was rung or digested within it (no digest is sent)."""
-    counted = rings.record_digest(endpoint=endpoint, now=now, cooldown=cooldown)
+    counted = todo_transitions.record_digest(endpoint=endpoint, now=now, cooldown=cooldown)
     if not counted:
         return None
     counts = Counter(queue for queue, _, _ in counted)
@@ -336,8 +325,6 @@ def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tup
     endpoint = Endpoint.objects.get(pk=endpoint_id)
     if endpoint.presence_at(now) != Presence.IN:
         return []
-    if not RECONNECT_DIGEST:
-        return reconnect_rings(endpoint_id=endpoint_id, session_id=session_id, now=now)
     # The cooldown: a stream that flaps (three reconnects in three seconds) gets one digest,
     # not three; a todo that arrived or went unrung meanwhile lifts it.
     params = build_digest(endpoint, "reconnect", now,
@@ -348,20 +335,3 @@ def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tup
                                        "pending": params["meta"]["pending"],
                                        "session": session_id[:8]})
     return [(params, {"endpoint": endpoint.slug, "session": session_id[:8], "reason": "reconnect"})]
-
-
-def reconnect_rings(*, endpoint_id: int, session_id: str, now=None) -> list[tuple[dict, dict]]:
-    """The pre-presence reconnect (SPEC-0011): the endpoint's oldest pending push-eligible
-    todos in scope (≤ RECONNECT_RING_LIMIT), each charged to its ring budget and skipped while
-    inside the reconnect cooldown."""
-    now = now or timezone.now()
-    endpoint, todos = rings.record_reconnect_rings(
-        endpoint_id=endpoint_id, limit=RECONNECT_RING_LIMIT, now=now)
-    frames = []
-    for todo in todos:
-        context = {**_context(todo, endpoint.slug), "session": session_id[:8], "reason": "reconnect"}
-        frames.append((todo_doorbell(todo), context))
-    if frames:
-        log.info("doorbell reconnect rings", extra={"endpoint": endpoint.slug,
-                                                     "session": session_id[:8], "rung": len(frames)})
-    return frames

@@ -12,8 +12,9 @@ from channels_push.bus import publish
 from channels_push.sessions import queries
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint, Presence
+from todos import transitions as todo_transitions
 
-from . import doorbells, rings
+from . import doorbells
 
 # -- the doorbell heartbeat (CONTRACT §7, SPEC-0011 "Doorbell Heartbeat") -------------------------
 
@@ -32,16 +33,18 @@ RING_SCHEDULE = (
 RINGS_PER_SWEEP = 3
 
 
-def find_ring_receivers(*, now) -> list[int]:
-    """Endpoints that can receive a ring now: active, effectively ``in`` (§8: a clocked-out
+def find_ring_receivers(*, now) -> dict:
+    """Endpoints that can receive a ring now, as ``{endpoint_id: when its sessions were last
+    rung}`` (``queries.attached_endpoints``): active, effectively ``in`` (§8: a clocked-out
     endpoint keeps its whole ring budget), with at least one attached session (an open stream,
     or a request within the attach window: ``queries.attached_sql``) — with or without an open
     stream: the doorbell falls back to a streamless session, and a push dropped at the
     transport still counts (SPEC-0011). Paused queues are left out by the sweep's statement. Presence needs the schedule's time-zone math, so
     it is evaluated here, over the few endpoints that have a live session."""
-    endpoint_ids = queries.attached_endpoint_ids(now)
-    return [endpoint.pk for endpoint in Endpoint.objects.filter(pk__in=endpoint_ids)
-            if endpoint.presence_at(now) == Presence.IN]
+    attached = queries.attached_endpoints(now)
+    return {endpoint.pk: attached[endpoint.pk]
+            for endpoint in Endpoint.objects.filter(pk__in=list(attached))
+            if endpoint.presence_at(now) == Presence.IN}
 
 
 def ring_due_todos(*, now=None) -> int:
@@ -52,8 +55,8 @@ def ring_due_todos(*, now=None) -> int:
     if not publish.can_reach_streams():
         # In-memory layer outside the server: a ring would be charged and reach nobody.
         return 0
-    rung = rings.record_sweep_rings(
-        endpoint_ids=find_ring_receivers(now=now), schedule=RING_SCHEDULE,
+    rung = todo_transitions.record_sweep_rings(
+        receivers=find_ring_receivers(now=now), schedule=RING_SCHEDULE,
         limit=RINGS_PER_SWEEP, now=now)
     doorbells.ring_on_commit(rung)
     return len(rung)

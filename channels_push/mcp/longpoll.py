@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from channels.layers import get_channel_layer
 
-from channels_push.bus import groups
+from channels_push.bus import group_reader, groups
 from todos import transitions
 
 log = logging.getLogger("switchboard.longpoll")
@@ -49,11 +49,6 @@ log = logging.getLogger("switchboard.longpoll")
 # docs/reference.md#long-poll). Each (endpoint, queues) pair of waiters costs at most one claim
 # per period, however many wait.
 RECHECK_SECONDS = 5.0
-# A room that cannot join the channel layer retries after this long, doubling up to the cap
-# (the re-check keeps waiters served meanwhile).
-FOLLOW_RETRY_FIRST_SECONDS = 0.5
-FOLLOW_RETRY_MAX_SECONDS = 5.0
-BOARD_CHANGES_TYPE = "todos.changed"
 # Why a waiter was woken when no ready change named a todo for it.
 RECHECK = "recheck"
 # States a claimed todo settles into: each may free a slot under a concurrency cap.
@@ -292,37 +287,29 @@ class WaitRoom:
 
     async def _follow(self):
         """Follow the board group for as long as the process lives (one channel; a process
-        that served one long poll is likely to serve the next), rejoining after a loss."""
+        that served one long poll is likely to serve the next), rejoining after a loss
+        (``group_reader.follow_groups``, the streams' own loop)."""
         layer = get_channel_layer()
         if layer is None:
             return
-        delay = FOLLOW_RETRY_FIRST_SECONDS
-        while True:
-            channel = None
-            try:
-                channel = await layer.new_channel()
-                await layer.group_add(groups.BOARD_GROUP, channel)
-                self.following_since = self.loop.time()
-                # Changes may have been missed while not following: check now.
-                self.recheck_all()
-                delay = FOLLOW_RETRY_FIRST_SECONDS
-                while True:
-                    message = await layer.receive(channel)
-                    if message.get("type") == BOARD_CHANGES_TYPE:
-                        self.on_changes(message.get("changes") or ())
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.following_since = None
-                log.warning("long poll lost its channel layer; re-checking meanwhile",
-                            extra={"error": type(exc).__name__})
-                if channel is not None:
-                    try:
-                        await layer.group_discard(groups.BOARD_GROUP, channel)
-                    except Exception:  # the layer is gone; the membership goes with it
-                        pass
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, FOLLOW_RETRY_MAX_SECONDS)
+
+        async def joined():
+            self.following_since = self.loop.time()
+            # Changes may have been missed while not following: check now.
+            self.recheck_all()
+
+        async def lost():
+            # Not following: waiters are served by the re-check until the room is back in.
+            self.following_since = None
+
+        async def on_message(message) -> bool:
+            if message.get("type") == groups.BOARD_CHANGES_TYPE:
+                self.on_changes(message.get("changes") or ())
+            return False
+
+        await group_reader.follow_groups(layer, [groups.BOARD_GROUP], {"channel": None},
+                                         on_message, {"long_poll": "room"}, on_join=joined,
+                                         on_leave=lost)
 
 
 _room: WaitRoom | None = None

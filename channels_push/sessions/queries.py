@@ -73,15 +73,17 @@ def attached_sql(alias: str, params: dict, now) -> str:
             f" AND {session_rights_sql(alias, params, now)})")
 
 
-def attached_endpoint_ids(now) -> list[int]:
-    """Active endpoints with at least one attached session at ``now``."""
+def attached_endpoints(now) -> dict:
+    """Active endpoints with at least one attached session at ``now``, as ``{endpoint_id:
+    when one of those sessions was last rung}`` (None: never; the time as the backend returns
+    it, to be passed back to the database as it is)."""
     params = {}
-    sql = ("SELECT DISTINCT s.endpoint_id FROM channels_push_mcpsession s"
+    sql = ("SELECT s.endpoint_id, MAX(s.last_doorbell_at) FROM channels_push_mcpsession s"
            " JOIN endpoints_endpoint e ON e.id = s.endpoint_id"
-           f" WHERE e.active AND {attached_sql('s', params, now)}")
+           f" WHERE e.active AND {attached_sql('s', params, now)} GROUP BY s.endpoint_id")
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [row[0] for row in cursor.fetchall()]
+        return dict(cursor.fetchall())
 
 
 def has_attached_session(endpoint_id: int, now) -> bool:

@@ -5,6 +5,7 @@ import pytest
 
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
+from ingest import sweeps as ingest_sweeps
 from ingest import transitions as ingest_transitions
 from ingest.models import OperatorSecret
 from todos import transitions
@@ -95,6 +96,9 @@ def test_secrets_are_deleted_when_their_todo_is_done(workers):
     one.call("claim", {"todo_id": str(todo.pk)})
     assert OperatorSecret.objects.filter(ref=ref).exists()
     one.call("complete", {"todo_id": str(todo.pk)})
+    # Dead from the moment the todo is done; off the disk with the next sweep.
+    assert error_code(one.call("read_secret", {"ref": ref})) == "not_found"
+    assert ingest_sweeps.delete_secrets_of_ended_todos() == 1
     assert not OperatorSecret.objects.filter(ref=ref).exists()
     assert error_code(one.call("read_secret", {"ref": ref})) == "not_found"
 
@@ -106,12 +110,32 @@ def test_secrets_are_deleted_when_their_todo_is_dead_lettered_but_kept_for_a_ret
     todo, ref = handed_over(endpoint)
     worker.call("claim", {"todo_id": str(todo.pk)})
     worker.call("fail", {"todo_id": str(todo.pk), "error": "first"})
+    assert ingest_sweeps.delete_secrets_of_ended_todos() == 0
     assert OperatorSecret.objects.filter(ref=ref).exists()  # waiting to retry
     Todo.objects.filter(pk=todo.pk).update(state="pending", retry_at=None)
     worker.call("claim", {"todo_id": str(todo.pk)})
+    assert structured(worker.call("read_secret", {"ref": ref}))["value"] == "tok-live-123"
     worker.call("fail", {"todo_id": str(todo.pk), "error": "last"})
     assert Todo.objects.get(pk=todo.pk).dead_lettered_at is not None
+    assert ingest_sweeps.delete_secrets_of_ended_todos() == 1
     assert not OperatorSecret.objects.filter(ref=ref).exists()
+
+
+def test_a_requeued_dead_letter_gets_no_secret_back(vend):
+    """The secret died with the dead letter: an operator's requeue before the sweep took it
+    off the disk does not bring it back."""
+    endpoint, credential = vend(slug="requeued", max_attempts=1)
+    worker = McpDriver(endpoint.slug, credential)
+    worker.initialize()
+    todo, ref = handed_over(endpoint)
+    worker.call("claim", {"todo_id": str(todo.pk)})
+    worker.call("fail", {"todo_id": str(todo.pk), "error": "last"})
+    operator = transitions.Caller.operator(endpoint, "alice")
+    transitions.requeue_todo(operator, todo.pk)
+    worker.call("claim", {"todo_id": str(todo.pk)})
+    assert OperatorSecret.objects.filter(ref=ref).exists()  # not swept yet
+    assert error_code(worker.call("read_secret", {"ref": ref})) == "not_found"
+    assert ingest_sweeps.delete_secrets_of_ended_todos() == 1
 
 
 def test_a_lease_lapsing_on_the_last_attempt_deletes_the_secrets(vend):
@@ -124,4 +148,5 @@ def test_a_lease_lapsing_on_the_last_attempt_deletes_the_secrets(vend):
     transitions.claim_todo(transitions.Caller.agent(endpoint, "s1"), todo.pk)
     transitions.return_lapsed_leases(now=timezone.now() + timedelta(hours=1), limit=10)
     assert Todo.objects.get(pk=todo.pk).dead_lettered_at is not None
+    assert ingest_sweeps.delete_secrets_of_ended_todos() == 1
     assert not OperatorSecret.objects.filter(ref=ref).exists()

@@ -115,3 +115,57 @@ def test_an_unverified_todo_no_waiter_may_claim_is_not_kept_for_later(room):
     picky = room.add(1, None, started_at=room.loop.time(), verified_only=True)
     room.on_changes([{**change(10), "trust": "unverified"}])
     assert picky.idle and not room.unserved.get(1)
+
+
+class FlakyLayer:
+    """A channel layer whose first receive fails (Redis gone) and then hands out one board
+    batch before going quiet."""
+
+    def __init__(self, batch):
+        self.batch = batch
+        self.receives = 0
+        self.joined = asyncio.Event()
+
+    async def new_channel(self):
+        return f"channel-{self.receives}"
+
+    async def group_add(self, group, channel):
+        self.joined.set()
+
+    async def group_discard(self, group, channel):
+        pass
+
+    async def receive(self, channel):
+        self.receives += 1
+        if self.receives == 1:
+            raise ConnectionError("redis went away")
+        if self.receives == 2:
+            return {"type": "todos.changed", "changes": self.batch}
+        await asyncio.Event().wait()
+
+
+def test_the_room_follows_the_board_group_through_the_streams_rejoin_loop(monkeypatch):
+    """A lost channel layer: the room rejoins (after the loop's first retry delay), re-checks
+    every kind of waiter, and takes the next batch."""
+    loop = asyncio.new_event_loop()
+    layer = FlakyLayer([change(10)])
+    monkeypatch.setattr(longpoll, "get_channel_layer", lambda: layer)
+    room = longpoll.WaitRoom(loop, follow=False)
+    rechecks = []
+    room.recheck_all = lambda: rechecks.append(loop.time())
+
+    async def scenario():
+        waiter = room.add(1, None, started_at=loop.time() + 100)
+        task = loop.create_task(room._follow())
+        while not waiter.woken_for:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        return waiter
+
+    try:
+        waiter = loop.run_until_complete(asyncio.wait_for(scenario(), 10))
+    finally:
+        loop.close()
+    assert waiter.woken_for == "10"
+    assert len(rechecks) == 2  # at the first join and again after the loss
+    assert room.following_since is not None

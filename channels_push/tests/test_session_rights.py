@@ -114,8 +114,7 @@ def test_a_revoked_session_is_never_chosen_for_a_doorbell(mcp):
         open_streams=1, stream_lease_until=timezone.now() + timedelta(minutes=5))
     assert queries.has_attached_session(mcp.endpoint.pk, timezone.now())
     Credential.objects.filter(endpoint=mcp.endpoint).update(expires_at=timezone.now())
-    assert rings.choose_sessions(
-        endpoint_id=mcp.endpoint.pk, limit=1, todo_id=todo.pk) == []
+    assert rings.choose_doorbell_session(endpoint_id=mcp.endpoint.pk, todo_id=todo.pk) is None
     assert not queries.has_attached_session(mcp.endpoint.pk, timezone.now())
 
 

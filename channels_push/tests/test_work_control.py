@@ -11,8 +11,6 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from channels_push.doorbells import doorbells
-from channels_push.doorbells import rings
 from channels_push.mcp import longpoll
 from channels_push.mcp import schemas as mcp_schemas
 from channels_push.mcp import tools as mcp_tools
@@ -58,7 +56,7 @@ def test_a_scheduled_todo_rings_only_when_it_becomes_ready(driver, becomes_ready
     assert row.not_before is None
 
 
-def test_reconnect_rings_digests_and_the_ring_sweep_leave_scheduled_todos_out(
+def test_digests_and_the_ring_sweep_leave_scheduled_todos_out(
         driver, settings):  # noqa: F811
     settings.SWITCHBOARD_ATTACH_WINDOW = timedelta(days=1)
     d = driver()
@@ -66,8 +64,8 @@ def test_reconnect_rings_digests_and_the_ring_sweep_leave_scheduled_todos_out(
     scheduled = make_ready_todo(d.endpoint, title="later", not_before=now + timedelta(hours=1),
                                 now=now - timedelta(hours=1))
     ready = make_ready_todo(d.endpoint, title="ready", now=now - timedelta(hours=1))
-    statement = rings.sweep_rings_sql(
-        endpoint_ids=[d.endpoint.pk], schedule=(timedelta(minutes=5), timedelta(minutes=20)),
+    statement = todo_transitions.sweep_rings_sql(
+        receivers={d.endpoint.pk: None}, schedule=(timedelta(minutes=5), timedelta(minutes=20)),
         limit=10, now=now, select_only=True)
     from django.db import connection
 
@@ -75,9 +73,7 @@ def test_reconnect_rings_digests_and_the_ring_sweep_leave_scheduled_todos_out(
         cursor.execute(*statement)
         picked = {row[0] for row in cursor.fetchall()}
     assert picked == {ready.pk}
-    frames = doorbells.reconnect_rings(endpoint_id=d.endpoint.pk, session_id=d.session_id, now=now)
-    assert [p["meta"]["todo_id"] for p, _ in frames] == [str(ready.pk)]
-    counted = rings.record_digest(endpoint=d.endpoint, now=now)
+    counted = todo_transitions.record_digest(endpoint=d.endpoint, now=now)
     assert len(counted) == 1
     assert Todo.objects.get(pk=scheduled.pk).ring_attempts == 0
 

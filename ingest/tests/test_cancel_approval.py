@@ -6,7 +6,7 @@ import json
 import pytest
 from django.core.management import call_command
 
-from ingest import transitions
+from ingest import sweeps, transitions
 from ingest.models import OperatorSecret, Route
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions as todo_transitions
@@ -163,6 +163,7 @@ def test_cancel_and_reject_delete_the_todos_operator_secrets(client, endpoint, a
     assert OperatorSecret.objects.filter(todo_id=todo_id).count() == 1
     verb = "reject" if state == "awaiting_approval" else "cancel"
     assert act(client, todo_id, verb, **bearer(token)).status_code == 200
+    assert sweeps.delete_secrets_of_ended_todos() == 1
     assert OperatorSecret.objects.filter(todo_id=todo_id).count() == 0
     assert OperatorSecret.objects.filter(todo_id=kept.json()["todo"]["id"]).count() == 1
 

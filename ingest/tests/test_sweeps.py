@@ -80,8 +80,9 @@ def test_prune_deletes_exactly_the_done_todos_past_retention_with_their_history(
     kept = {history[name].pk for name in
             ("recent_done", "old_dead", "old_pending", "pending_sharing_delivery")}
     assert set(Todo.objects.values_list("pk", flat=True)) == kept
-    # Secrets went with their todo's completion or dead letter (CONTRACT §12); only the
-    # unfinished todos still have theirs.
+    # Secrets die with their todo's completion or dead letter (their own sweep deletes them);
+    # only the unfinished todos keep theirs.
+    sweeps.delete_secrets_of_ended_todos()
     unfinished = {history[name].pk for name in ("old_pending", "pending_sharing_delivery")}
     assert set(OperatorSecret.objects.values_list("todo_id", flat=True)) == unfinished
     # Delivery events: those of the two unshared old done todos and the one that created
