@@ -1,4 +1,4 @@
-"""The sweeps the embedded scheduler runs (``channels_push.scheduler.embedded_sweeps`` finds
+"""The sweeps the embedded scheduler runs (``switchboard.scheduler.embedded_sweeps`` finds
 this module as ``<app>.sweeps``). The sweeps themselves live with what they sweep:
 ``sessions/sweeps.py`` and ``doorbells/sweeps.py``."""
 
