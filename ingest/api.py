@@ -99,10 +99,9 @@ def hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = F
     if not plainly_storable:
         # Text the database cannot take (NUL, a lone surrogate) is refused naming its field,
         # before anything is looked up or written.
-        for name in HAND_OVER_FIELDS:
-            reason = json_input.unstorable_reason(data.get(name))
-            if reason is not None:
-                raise Problem(400, "invalid_argument", f"{name} {reason}")
+        problem = json_input.find_unstorable({name: data.get(name) for name in HAND_OVER_FIELDS})
+        if problem is not None:
+            raise Problem(400, "invalid_argument", problem)
     queue = data.get("queue")
     if not isinstance(queue, str):
         raise Problem(400, "invalid_argument", "queue (a queue name) is required")

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from channels_push.bus import publish
 from endpoints.models import queue_name_validator
-from switchboard import ratelimit
+from switchboard import json_input, ratelimit
 from switchboard.db import statements
 from todos import transitions as todo_transitions
 
@@ -683,7 +683,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     if matching and not payload_storable:
         # Checked once for the whole delivery, never once per route: the body may be an
         # anonymous one, and its cost must not grow with the routes it reaches.
-        reason = todo_transitions.unstorable_reason(payload)
+        reason = json_input.unstorable_reason(payload)
         if reason is not None:
             raise todo_transitions.Refusal("invalid_argument", f"payload {reason}")
         payload_storable = True

@@ -338,17 +338,12 @@ def _lease_ttl(caller: Caller, lease_ttl_seconds) -> timedelta:
     return timedelta(seconds=lease_ttl_seconds)
 
 
-# Deeper JSON than this is refused rather than walked (and it is no real payload).
-MAX_JSON_DEPTH = json_input.MAX_JSON_DEPTH
-# Why a value cannot be stored (NUL, lone surrogate, NaN, too deep): one walk for every surface.
-unstorable_reason = json_input.unstorable_reason
-
-
 def _check_storable(**values) -> None:
-    for name, value in values.items():
-        reason = unstorable_reason(value)
-        if reason is not None:
-            raise Refusal("invalid_argument", f"{name} {reason}")
+    # Text or numbers no database can store (NUL, a lone surrogate, NaN, too deep): refused
+    # naming the field, by the one walk every surface uses (switchboard/json_input.py).
+    problem = json_input.find_unstorable(values)
+    if problem is not None:
+        raise Refusal("invalid_argument", problem)
 
 
 def _visible_guard(caller: Caller, params: dict) -> str:
