@@ -24,17 +24,19 @@ from todos import transitions as todo_transitions
 from todos.models import Todo
 
 from . import queries, transitions
+from .models import OperatorSecret
 from .problems import (MAX_ECHOED_SLUG_CHARS, Problem, check_declared_length, check_rate,
                        decode_utf8, is_json_type, media_type_of, one_line, parse_json_document,
                        storage_unavailable, too_large)
 
 log = logging.getLogger("switchboard.ingest")
 
-MAX_TITLE_CHARS = 500
-MAX_KIND_CHARS = 200
+# Text fields are refused past their column's width, which the model declares.
+MAX_TITLE_CHARS = Todo._meta.get_field("title").max_length
+MAX_KIND_CHARS = Todo._meta.get_field("kind").max_length
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 MAX_SECRETS = 50
-MAX_SECRET_NAME_CHARS = 100
+MAX_SECRET_NAME_CHARS = OperatorSecret._meta.get_field("name").max_length
 MAX_SECRET_VALUE_CHARS = 64 * 1024
 
 

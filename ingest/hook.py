@@ -27,7 +27,7 @@ from switchboard import ratelimit
 from switchboard.http import plain
 
 from . import queries, titles, transitions, verification
-from .models import Outcome, Source, TrustMode
+from .models import Outcome, Source, TrustMode, Webhook
 from .problems import (MAX_ECHOED_SLUG_CHARS, Problem, check_declared_length, check_rate,
                        decode_utf8, is_json_type, media_type_of, one_line, parse_json_document,
                        storage_unavailable, too_large)
@@ -36,7 +36,7 @@ log = logging.getLogger("switchboard.ingest")
 
 # The delivery id becomes part of an idempotency key (300 chars with slug and queue).
 MAX_DELIVERY_ID_CHARS = 160
-MAX_SLUG_CHARS = 64  # Webhook.slug's max_length
+MAX_SLUG_CHARS = Webhook._meta.get_field("slug").max_length
 # /hooks/<webhook_slug> (routed in switchboard/asgi.py), with an optional trailing slash served
 # as is: senders do not follow redirects on POST.
 HOOK_ROUTE_PATTERN = r"^hooks/(?P<webhook_slug>[^/]+)/?$"

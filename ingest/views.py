@@ -98,7 +98,8 @@ def webhook_page(request, slug):
         "hook_url": f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}",
         "routes": webhook.routes.select_related("endpoint").order_by("id"),
         "drops": webhook.drops.filter(dropped__gt=0).order_by("-minute")[:20],
-        "unsigned_warning": transitions.UNSIGNED_WARNING if webhook.source == Source.UNSIGNED else "",
+        "unsigned_warning": (transitions.unsigned_warning() if webhook.source == Source.UNSIGNED
+                             else ""),
         "public_url_warning": sender_setup.public_url_warning(settings.SWITCHBOARD_PUBLIC_URL),
         "setup_steps": sender_setup.setup_steps(
             webhook.source, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}"),

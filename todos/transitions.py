@@ -37,6 +37,8 @@ from . import queries
 from .models import (MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT,
                      PRIORITY_MAX, PRIORITY_MIN, State, Todo, Trust)
 
+# A todo's title is folded to one line and cut to its column's width.
+MAX_TITLE_CHARS = Todo._meta.get_field("title").max_length
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=24)
 FIRST_RETRY_BACKOFF = timedelta(seconds=30)
@@ -512,13 +514,13 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
                        payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
                        not_before=None, requires_approval: bool = False) -> dict:
     """The parameters of a create statement (``create_todo``, ``create_todo_ctes``): the title
-    folded to one line of at most 500 characters. Refuses ``invalid_argument`` for a value no
+    folded to one line of at most ``MAX_TITLE_CHARS``. Refuses ``invalid_argument`` for a value no
     database can store; ``payload_storable`` says the caller already knows the payload is
     (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from).
     ``priority`` (``check_priority``) and ``not_before`` (``resolve_not_before``: a future
     time, or None for ready at once) are the work-control settings it starts with;
     ``requires_approval``: the todo is created ``awaiting_approval`` instead of ``pending``."""
-    title = " ".join(str(title).split())[:500] or "(untitled)"
+    title = " ".join(str(title).split())[:MAX_TITLE_CHARS] or "(untitled)"
     check_priority(priority)
     _check_storable(title=title, kind=kind or "", queue=queue,
                     **({} if payload_storable else {"payload": payload}))
