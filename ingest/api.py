@@ -19,6 +19,7 @@ from channels_push.sessions import queries as push_queries
 from endpoints.models import Endpoint, queue_name_validator
 from switchboard import json_input
 from switchboard import metrics as push_metrics
+from switchboard.http import plain
 from todos import queries as todo_queries
 from todos import transitions as todo_transitions
 from todos.models import Todo
@@ -181,9 +182,9 @@ def hand_over(request, endpoint_slug):
         body = _read_body(request)
         if not is_json_type(media_type_of(request.META.get("CONTENT_TYPE"))):
             raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
-        data, plain = parse_json_document(decode_utf8(body), walk=False)
+        data, plainly = parse_json_document(decode_utf8(body), walk=False)
         now = timezone.now()
-        arguments = hand_over_arguments(endpoint, data, plainly_storable=plain, now=now)
+        arguments = hand_over_arguments(endpoint, data, plainly_storable=plainly, now=now)
         todo, created = transitions.hand_over_todo(
             endpoint=endpoint, operator=operator, body_sha256=transitions.body_digest(body),
             now=now, **arguments,
@@ -193,7 +194,7 @@ def hand_over(request, endpoint_slug):
         return problem.response()
     except DatabaseError as exc:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
-        return storage_unavailable(exc, endpoint=endpoint_slug).response()
+        return plain.django_response(storage_unavailable(exc, endpoint=endpoint_slug))
     push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
     log.info("operator hand-over", extra={
         "endpoint": endpoint.slug, "operator": operator.get_username(), "todo_id": todo.pk,
@@ -227,7 +228,7 @@ def endpoint_stats(request, endpoint_slug):
     except Problem as problem:
         return problem.response()
     except DatabaseError as exc:
-        return storage_unavailable(exc, endpoint=endpoint_slug).response()
+        return plain.django_response(storage_unavailable(exc, endpoint=endpoint_slug))
     return JsonResponse({
         "endpoint": endpoint.slug,
         "queues": queues,
@@ -319,7 +320,7 @@ def todo_action(request, todo_id, action):
     except Problem as problem:
         return problem.response()
     except DatabaseError as exc:
-        return storage_unavailable(exc, todo=todo_id).response()
+        return plain.django_response(storage_unavailable(exc, todo=todo_id))
     log.info("operator todo action", extra={
         "todo_id": changed.pk, "action": action, "operator": operator.get_username()})
     return JsonResponse({"todo": todo_queries.todo_as_dict(changed)})

@@ -370,7 +370,7 @@ def answer_hook(request: plain.Request) -> plain.Answer:
         return problem.answer()
     except DatabaseError as exc:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
-        return storage_unavailable(exc, webhook=webhook_slug).answer()
+        return storage_unavailable(exc, webhook=webhook_slug)
     if arrival.todos and not any(created for _, created in arrival.todos):
         # A redelivery of a live delivery (same id, §4): answered as a duplicate, charged as
         # a repeat. The answer stays a 202 even past the sender's repeat budget: its work is

@@ -122,13 +122,13 @@ def decode_utf8(body: bytes) -> str:
         raise Problem(400, "malformed_body", "body is not UTF-8") from None
 
 
-def storage_unavailable(exc, **context) -> Problem:
+def storage_unavailable(exc, **context) -> plain.Answer:
     """The database failed: nothing was committed, so the sender should retry (every source
     retries on 5xx). Only the error's type is logged: a driver's message can quote row values,
     which here means the body."""
     health.note_database_unavailable(exc, route="ingest", **context)
-    return Problem(503, "unavailable", "could not store the delivery; nothing was kept, retry",
-                   headers=health.unavailable_headers())
+    return plain.database_unavailable_answer(
+        "could not store the delivery; nothing was kept, retry")
 
 
 def one_line(value: str, limit: int) -> str:

@@ -22,13 +22,15 @@ import functools
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
+from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
 
-from switchboard import health
+from switchboard.db import pool_check
 
 log = logging.getLogger("switchboard.http")
 
@@ -66,6 +68,30 @@ class Answer:
 
 def json_answer(status: int, payload, headers=None) -> Answer:
     return Answer(status, json.dumps(payload).encode(), {**JSON_HEADERS, **(headers or {})})
+
+
+def django_response(answer: Answer) -> HttpResponse:
+    """``answer`` from a Django view or middleware, for an answer every surface gives alike."""
+    return HttpResponse(answer.body, status=answer.status, headers=answer.headers)
+
+
+# What a request the database could not serve is told, on every surface (the hooks, /mcp, the
+# operator API, the board and its streams, every Django view through
+# switchboard.health.DatabaseUnavailableMiddleware): nothing was done, retry after this long
+# (docs/operating.md#when-postgresql-is-down).
+DATABASE_UNAVAILABLE_RETRY_AFTER = timedelta(seconds=5)
+DATABASE_UNAVAILABLE_MESSAGE = "the database is unreachable; retry"
+
+
+def database_unavailable_answer(message: str = DATABASE_UNAVAILABLE_MESSAGE, *,
+                                payload=None) -> Answer:
+    """503 + Retry-After with the JSON body ``{"error": {"code": "unavailable", "message"}}``;
+    ``payload`` replaces the body for an endpoint with an error format of its own (MCP's
+    JSON-RPC envelope)."""
+    if payload is None:
+        payload = {"error": {"code": "unavailable", "message": message}}
+    retry_after = int(DATABASE_UNAVAILABLE_RETRY_AFTER.total_seconds())
+    return json_answer(503, payload, {"Retry-After": str(retry_after)})
 
 
 def request_from_scope(scope) -> Request:
@@ -240,7 +266,7 @@ class SyncHandlerApp:
             # Never the body or headers in the log: they may carry secrets or signatures.
             log.exception("request failed", extra={"slug": request.slug, "method": request.method})
             if isinstance(exc, DatabaseError):
-                await database_sync_to_async(health.discard_broken_pooled_connections)()
+                await database_sync_to_async(pool_check.discard_broken_pooled_connections)()
             try:
                 await send_answer(send, self.refusal(500, "internal_error", "internal error"))
             except Exception:  # the answer had already started; nothing more to say
