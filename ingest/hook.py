@@ -50,7 +50,8 @@ UNSIGNED_ACCEPTED = {"accepted": True}
 
 
 def refusal_answer(status: int, code: str, message: str) -> plain.Answer:
-    """Answers switchboard.http.plain gives without calling ``answer_hook`` (bad Host, internal error)."""
+    """Answers switchboard.http.plain gives without calling ``answer_hook`` (bad Host,
+    internal error)."""
     return Problem(status, code, message).answer()
 
 
@@ -108,8 +109,8 @@ def _could_be_slug(value: str) -> bool:
     return len(value) <= MAX_SLUG_CHARS and slug_re.match(value) is not None
 
 
-# Event and kind names an agent, a route and a doorbell will see (CONTRACT §12): anything else
-# (quotes, spaces, markup) is refused rather than cleaned, so what is stored is what was sent.
+# Event and kind names an agent, a route and a doorbell will see: anything else (quotes,
+# spaces, markup) is refused rather than cleaned, so what is stored is what was sent.
 KIND_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # The event header each source names its event in (the claimed kind in the delivery log).
 EVENT_HEADERS = ("x-github-event", "x-forgejo-event", "x-gitea-event", "x-gitlab-event",
@@ -196,8 +197,8 @@ def _rate_limited(verdict, per_minute: int) -> Problem:
 
 def _charge_repeat_to_the_sender(webhook, request) -> None:
     """A repeated or replayed signed delivery spends the budget of the address that sent it,
-    not the webhook's (§12): re-sending one captured body must not push the real sender into
-    429. The token ``_verify`` took for it goes back."""
+    not the webhook's: re-sending one captured body must not push the real sender into 429.
+    The token ``_verify`` took for it goes back."""
     ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
                               per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
     verdict = ratelimit.charge_client_failure(
@@ -208,7 +209,7 @@ def _charge_repeat_to_the_sender(webhook, request) -> None:
 
 
 def _verify(webhook, request, now):
-    """Verify, spending the right budget (§12): a failure spends its client address's budget
+    """Verify, spending the right budget: a failure spends its client address's budget
     for this webhook (and is a 429 once that is gone), a success the webhook's own — so no
     number of failures can push a verified sender into 429."""
     try:
@@ -299,9 +300,9 @@ def _duplicate_answer(event_id) -> dict:
 
 def answer_hook(request: plain.Request) -> plain.Answer:
     """Verify one delivery and turn it into todos (202), or say why not. Runs in one thread
-    hop (switchboard.http.plain): lookup, verification, rate limit and the one write. Every request naming
-    a webhook is logged (``DeliveryRecord``): accepted ones in the delivery's own statement,
-    refused ones capped per minute (``transitions.record_refused``)."""
+    hop (switchboard.http.plain): lookup, verification, rate limit and the one write. Every
+    request naming a webhook is logged (``DeliveryRecord``): accepted ones in the delivery's own
+    statement, refused ones capped per minute (``transitions.record_refused``)."""
     webhook_slug = request.slug
     webhook = None
     now = timezone.now()
@@ -372,9 +373,10 @@ def answer_hook(request: plain.Request) -> plain.Answer:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
         return storage_unavailable(exc, webhook=webhook_slug)
     if arrival.todos and not any(created for _, created in arrival.todos):
-        # A redelivery of a live delivery (same id, §4): answered as a duplicate, charged as
-        # a repeat. The answer stays a 202 even past the sender's repeat budget: its work is
-        # already recorded, and a genuine sender retrying must not be told otherwise.
+        # A redelivery of a live delivery (the same delivery id, docs/reference.md#idempotency):
+        # answered as a duplicate, charged as a repeat. The answer stays a 202 even past the
+        # sender's repeat budget: its work is already recorded, and a genuine sender retrying
+        # must not be told otherwise.
         try:
             _charge_repeat_to_the_sender(webhook, request)
         except Problem:

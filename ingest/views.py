@@ -25,7 +25,7 @@ from .models import DeliveryRecord, Outcome, Source, Webhook
 from .problems import Problem
 
 
-# -- the webhook pages of the board (CONTRACT §14) -----------------------------------------------
+# -- the webhook pages of the board (docs/console.md) --------------------------------------------
 #
 # Per webhook the operator owns (superusers: all): URL, source, routes and the last 200
 # deliveries with their outcome, live over the board's SSE mechanism (/todos/webhooks/<slug>/events,

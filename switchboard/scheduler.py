@@ -1,4 +1,5 @@
-"""The embedded scheduler: periodic sweeps inside the web process when there is no Celery (§2).
+"""The embedded scheduler: periodic sweeps inside the web process when there is no Celery
+(docs/operating.md#the-embedded-default).
 
 Started as an asyncio task once daphne is ready. Each tick runs a sweep function — the very
 same plain function the Celery task wraps — in Django's sync thread, so on SQLite it queues

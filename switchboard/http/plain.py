@@ -3,11 +3,10 @@ plain sync function in one thread hop, and written back here.
 
 Why not Django's ASGI handler for such endpoints: per request it starts (and joins) a thread
 for the view's sync context, walks the middleware chain through several sync/async hops and
-builds an HttpRequest and an HttpResponse. On the 2-core benchmark machine that machinery alone
-answered a no-op view at 0.16 of a bare daphne's rate (bench/ingest.py), far more than a
-webhook delivery's own work. Endpoints that need none of it (no session, no CSRF, no templates)
-are served here instead: the webhook hooks (``ingest.hook.answer_hook``) and, for its
-requests and answers, the MCP transport.
+builds an HttpRequest and an HttpResponse, which alone costs more than a webhook delivery's
+own work (measured in docs/decisions/hook-outside-django.md). Endpoints that need none of it
+(no session, no CSRF, no templates) are served here instead: the webhook hooks
+(``ingest.hook.answer_hook``) and, for its requests and answers, the MCP transport.
 
 What Django's stack did for these endpoints and is kept here: the Host header is checked
 against ALLOWED_HOSTS (CommonMiddleware's ``get_host()``), answers carry
