@@ -29,7 +29,7 @@ from .problems import Problem
 #
 # Per webhook the operator owns (superusers: all): URL, source, routes and the last 200
 # deliveries with their outcome, live over the board's SSE mechanism (/todos/webhooks/<slug>/events,
-# channels_push.board_stream.GroupStreamConsumer: a board stream with its caps and re-checks),
+# channels_push.board.stream.GroupStreamConsumer: a board stream with its caps and re-checks),
 # filterable by outcome, with a redeliver button on accepted deliveries.
 
 WEBHOOK_PAGE_DELIVERIES = 200
