@@ -15,7 +15,7 @@ docs/decisions/one-statement-delivery.md), by throughput and by CPU per delivery
 floor is printed for information.
 
 What is measured on switchboard's side: ``POST /hooks/<slug>`` as production serves it, a plain
-ASGI app (``switchboard/http/plain.py``) calling ``ingest.views.answer_hook`` in one thread
+ASGI app (``switchboard/http/plain.py``) calling ``ingest.hook.answer_hook`` in one thread
 hop: webhook lookup, rate limit (Redis), signature, strict JSON, then the writes: for a
 delivery matching one route, one autocommit statement (delivery event, replay-ledger entry,
 delivery-log record, todo, its create event; see README), then the board publish and the

@@ -42,7 +42,7 @@ class McpSession(models.Model):
     # Notification streams (GET) currently open on this session, across all web processes.
     # Incremented/decremented by the stream consumer (with its StreamAttachment); a crashed
     # process leaves it high, which the idle-session sweep corrects (see
-    # channels_push/sweeps.py).
+    # channels_push/sessions/sweeps.py).
     open_streams = models.PositiveIntegerField(default=0)
     # The lease a stream's attach grants (queries.stream_lease() from the attach; never renewed
     # by the stream). ``open_streams`` counts while this or the lease of a process holding one

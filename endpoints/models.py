@@ -237,8 +237,8 @@ class Endpoint(models.Model):
     class Meta:
         ordering = ["slug"]
         indexes = [
-            # channels_push.sweeps.announce_presence_boundaries: only endpoints that have a
-            # schedule or an override can cross a presence boundary.
+            # channels_push.doorbells.sweeps.announce_presence_boundaries: only endpoints that
+            # have a schedule or an override can cross a presence boundary.
             models.Index(
                 fields=["presence_boundary_at"], name="endpoint_presence_boundary",
                 condition=~models.Q(shift_timezone="") | models.Q(presence_override_until__isnull=False),

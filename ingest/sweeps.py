@@ -364,14 +364,3 @@ def fold_dropped_delivery_counts() -> int:
                                       unique_fields=["webhook", "minute"],
                                       update_fields=["dropped"])
     return len(drops)
-
-
-# The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
-# switchboard/celery.py names the same cadence): retention is measured in days, so hourly keeps
-# any row within an hour of its due.
-EMBEDDED_SWEEPS = [
-    (prune_history_sweep, 3600.0),
-    (prune_replay_ledger, 60.0),
-    (fold_dropped_delivery_counts, 15.0),
-    (delete_secrets_of_ended_todos, 60.0),
-]

@@ -8,10 +8,11 @@ the doorbell neutralises ``</channel>`` — titles here only have to be readable
 import re
 
 from channels_push.doorbells import text as doorbell_text
+from todos.models import Todo
 
 from .models import Source
 
-MAX_KIND_CHARS = 200
+MAX_KIND_CHARS = Todo._meta.get_field("kind").max_length
 
 
 def _dig(payload, *path):

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from channels_push.bus import publish
 from endpoints.models import queue_name_validator
-from switchboard import ratelimit
+from switchboard import json_input, ratelimit
 from switchboard.db import statements
 from todos import transitions as todo_transitions
 
@@ -39,12 +39,20 @@ from .verification import STANDARD_SECRET_PREFIX, decode_standard_secret
 log = logging.getLogger("switchboard.ingest")
 
 DEFAULT_SECRET_ROTATION_GRACE = timedelta(hours=24)
+
+
 # Said plainly whenever an unsigned webhook is made or shown (docs/security.md#anonymous-senders):
 # add_webhook, the admin, the webhook's page. Its URL is its only secret.
-UNSIGNED_WARNING = ("unsigned: ANYONE WHO KNOWS THIS URL CAN CREATE WORK. Deliveries are recorded "
-                    "as trust unverified, never rung, and agents are told to treat them as data; "
-                    "endpoints with accept_unverified off never get them until you promote one. "
-                    "Bodies are capped at SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES (64 KiB).")
+def unsigned_warning() -> str:
+    """The warning, naming the body cap this process enforces (the setting, not its default)."""
+    cap = settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES
+    size = f"{cap // 1024} KiB" if cap % 1024 == 0 else f"{cap} bytes"
+    return ("unsigned: ANYONE WHO KNOWS THIS URL CAN CREATE WORK. Deliveries are recorded as trust "
+            "unverified, never rung, and agents are told to treat them as data; endpoints with "
+            "accept_unverified off never get them until you promote one. Bodies are capped at "
+            f"SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES ({size}).")
+
+
 OPERATOR_SOURCE = "operator"
 # Operator keys live in their own namespace: "@" cannot appear in a webhook slug, so an
 # operator-chosen key can never collide with "<webhook slug>:<delivery id>".
@@ -476,14 +484,21 @@ def _printable(value: str, limit: int) -> str:
     return value[:limit]
 
 
+# The delivery log's text columns, cut to the width the model declares.
+_RECORD_WIDTH = {name: DeliveryRecord._meta.get_field(name).max_length
+                 for name in ("delivery_id", "kind", "source_address", "reason")}
+
+
 def _record_row(*, webhook_id, at, outcome, status, observed: Observed, reason="",
                 delivery_event_id=None, todo_ids=(), redelivered_from_id=None,
                 attributed_to_id=None) -> dict:
     return {
         "webhook_id": webhook_id, "at": at, "outcome": outcome, "status": status,
-        "delivery_id": _printable(observed.delivery_id, 300), "kind": _printable(observed.kind, 200),
+        "delivery_id": _printable(observed.delivery_id, _RECORD_WIDTH["delivery_id"]),
+        "kind": _printable(observed.kind, _RECORD_WIDTH["kind"]),
         "size": observed.size, "body_sha256": observed.body_sha256,
-        "source_address": _printable(observed.address, 64), "reason": _printable(reason, 200),
+        "source_address": _printable(observed.address, _RECORD_WIDTH["source_address"]),
+        "reason": _printable(reason, _RECORD_WIDTH["reason"]),
         "delivery_event_id": delivery_event_id, "todo_ids": json.dumps([str(t) for t in todo_ids]),
         "redelivered_from_id": redelivered_from_id, "attributed_to_id": attributed_to_id,
         "headers": json.dumps(observed.headers),
@@ -629,7 +644,7 @@ def _admitted_by_actor(webhook: Webhook, routes, kind: str, payload) -> tuple[li
         "webhook": webhook.slug, "actor": actor.login[:100],
         "routes": [f"{route.endpoint.slug}/{route.queue}" for route in refused]})
     where = ", ".join(f"{route.endpoint.slug}/{route.queue}" for route in refused)
-    return admitted, _printable(f"filtered {actor.describe()} on {where}", 200)
+    return admitted, _printable(f"filtered {actor.describe()} on {where}", _RECORD_WIDTH["reason"])
 
 
 def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, kind: str,
@@ -683,7 +698,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     if matching and not payload_storable:
         # Checked once for the whole delivery, never once per route: the body may be an
         # anonymous one, and its cost must not grow with the routes it reaches.
-        reason = todo_transitions.unstorable_reason(payload)
+        reason = json_input.unstorable_reason(payload)
         if reason is not None:
             raise todo_transitions.Refusal("invalid_argument", f"payload {reason}")
         payload_storable = True

@@ -24,6 +24,7 @@ from django.urls import re_path  # noqa: E402
 from channels_push.board import stream as board_stream  # noqa: E402
 from channels_push.bus import publish  # noqa: E402
 from channels_push.mcp import shell as mcp_shell  # noqa: E402
+from ingest import hook as ingest_hook  # noqa: E402
 from ingest import views as ingest_views  # noqa: E402
 from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 
@@ -42,8 +43,8 @@ http_routes = [
         board_stream.group_stream_application(ingest_views.delivery_stream_group))),
     # Webhook deliveries (docs/reference.md#the-hooks-answers), /hooks/<webhook_slug>: any slug text
     # is captured so that an unknown one gets ingest's JSON 404.
-    re_path(ingest_views.HOOK_ROUTE_PATTERN,
-            plain.SyncHandlerApp(ingest_views.answer_hook, ingest_views.refusal_answer)),
+    re_path(ingest_hook.HOOK_ROUTE_PATTERN,
+            plain.SyncHandlerApp(ingest_hook.answer_hook, ingest_hook.refusal_answer)),
     # Everything else is Django. Static files (the admin's CSS and JS) are served from the
     # installed apps by Django's own handler: switchboard's static files are a few admin
     # assets, not worth a separate server or collectstatic step; put a CDN or proxy cache in

@@ -10,6 +10,9 @@ from django.db import InterfaceError, OperationalError, connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
+from switchboard.db import pool_check
+from switchboard.http import plain
+
 log = logging.getLogger("switchboard.health")
 
 # A readiness probe must answer fast even when Redis is black-holed.
@@ -21,39 +24,12 @@ def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
-def discard_broken_pooled_connections() -> None:
-    """After a database error, test every idle pooled connection now and replace the dead ones.
-
-    Why: a PostgreSQL restart kills every pooled connection at once. The pool checks a connection
-    only when it hands it out, backing off 1 s, 2 s, 4 s … between failed checks, so with several
-    dead ones a request outlasts the 5 s pool wait and fails, and so does the next (seen on a loaded
-    machine: several of the first requests after a restart). Checking them all at the first error
-    leaves at most that one request failed (with a retryable answer)."""
-    pool = getattr(connection, "pool", None)
-    if pool is None:
-        return
-    try:
-        pool.check()
-    except Exception as exc:  # the database may still be down; the next error tries again
-        log.warning("pool check failed", extra={"error": type(exc).__name__})
-
-
-# What a request the database could not serve is told: nothing was done, retry after this long
-# (/hooks, /mcp, the board and its stream answer 503 with it;
-# docs/operating.md#when-postgresql-is-down).
-UNAVAILABLE_RETRY_AFTER_SECONDS = 5
-
-
-def unavailable_headers() -> dict:
-    return {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)}
-
-
 def note_database_unavailable(exc, **context) -> None:
     """Log a request the database failed (one line, the error's type only: a driver's message
-    can quote row values) and replace dead pooled connections. Callers answer 503 with
-    ``unavailable_headers()``."""
+    can quote row values) and replace dead pooled connections. Callers answer
+    ``plain.database_unavailable_answer()``."""
     log.error("database unavailable", extra={**context, "error": type(exc).__name__})
-    discard_broken_pooled_connections()
+    pool_check.discard_broken_pooled_connections()
 
 
 # The database probe runs on a worker thread of its own and is given this long: a pooled
@@ -105,13 +81,7 @@ class DatabaseUnavailableMiddleware:
         if not isinstance(exception, UNAVAILABLE_ERRORS):
             return None
         note_database_unavailable(exception, route="django", path=request.path[:100])
-        return database_unavailable_response()
-
-
-def database_unavailable_response() -> JsonResponse:
-    return JsonResponse({"error": {"code": "unavailable",
-                                   "message": "the database is unreachable; retry"}},
-                        status=503, headers=unavailable_headers())
+        return plain.django_response(plain.database_unavailable_answer())
 
 
 def _check_redis():
@@ -160,7 +130,7 @@ def readyz(request):
             results[name] = "error: timeout" if isinstance(exc, ProbeTimeout) \
                 else f"error: {type(exc).__name__}"
             if name == "database":
-                discard_broken_pooled_connections()
+                pool_check.discard_broken_pooled_connections()
     ready = all(value == "ok" for value in results.values())
     return JsonResponse({"status": "ok" if ready else "unavailable", "checks": results},
                         status=200 if ready else 503)

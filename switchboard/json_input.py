@@ -70,7 +70,7 @@ def _finite_float(text):
 
 def is_plainly_storable(text: str) -> bool:
     """True when the value ``loads_strict(text)`` returns needs no walk to know that both
-    databases store it (``todos.transitions.unstorable_reason`` is None for it), decided on the
+    databases store it (``unstorable_reason`` is None for it), decided on the
     text at C speed. What that walk looks for, and why none of it can be there:
 
     * NUL or a lone surrogate in a string or key: without a backslash every decoded string is a
@@ -115,6 +115,16 @@ def unstorable_reason(value) -> str | None:
             stack.extend((child, depth + 1) for child in item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend((child, depth + 1) for child in item)
+    return None
+
+
+def find_unstorable(values: dict) -> str | None:
+    """The first of ``values`` (name -> JSON-shaped value) that cannot be stored, as
+    ``"<name> <reason>"`` for an argument error naming it, or None."""
+    for name, value in values.items():
+        reason = unstorable_reason(value)
+        if reason is not None:
+            return f"{name} {reason}"
     return None
 
 

@@ -4,6 +4,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
+from ingest import api as ingest_api
 from ingest import views as ingest_views
 from todos import views as todo_views
 
@@ -21,14 +22,14 @@ urlpatterns = [
     path("favicon.ico", console_assets.favicon),
     path("admin/", admin.site.urls),
     # ingest; POST /hooks/<webhook_slug> is routed in asgi.py (the hot path).
-    re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/stats/?$", ingest_views.endpoint_stats,
+    re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/stats/?$", ingest_api.endpoint_stats,
             name="api-endpoint-stats"),
-    re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_views.hand_over,
+    re_path(r"^api/v1/endpoints/(?P<endpoint_slug>[^/]+)/todos/?$", ingest_api.hand_over,
             name="hand_over"),
     # An operator's actions on one todo (docs/work-control.md): priority, run_now, cancel,
     # approve, reject. Any id reaches the view, which answers a malformed one a JSON 404.
     re_path(r"^api/v1/todos/(?P<todo_id>[^/]+)/(?P<action>[a-z_-]{1,32})/?$",
-            ingest_views.todo_action, name="todo_action"),
+            ingest_api.todo_action, name="todo_action"),
     # -- operator console (docs/console.md); /todos/events is the SSE consumer routed in asgi.py --
     path("accounts/login/", todo_views.LoginView.as_view(), name="board-login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="board-login"), name="board-logout"),

@@ -9,6 +9,7 @@
   (found by parsing them, not by importing them), each with the default the code uses.
 * docs/commands.md documents every management command of ours with exactly the options its
   argparse parser accepts (what ``--help`` prints), and every choice an option offers.
+* docs/operating.md lists every periodic sweep of switchboard/schedule.py at its cadence.
 """
 
 import ast
@@ -295,3 +296,20 @@ def test_commands_doc_lists_exactly_the_parsers_options(name):
     assert not undocumented, f"{name}: choices {undocumented} not documented"
     missing = [p for p in positionals if p not in section]
     assert not missing, f"{name}: positional arguments {missing} not in its synopsis"
+
+
+# -- the sweeps ------------------------------------------------------------------------------
+
+
+def _cadence(every) -> str:
+    seconds = int(every.total_seconds())
+    return f"{seconds // 3600} h" if seconds >= 3600 and seconds % 3600 == 0 else f"{seconds} s"
+
+
+def test_operating_lists_every_periodic_sweep_at_its_cadence():
+    """docs/operating.md's table of sweeps is switchboard/schedule.py's, entry for entry."""
+    from switchboard import schedule
+
+    section = (DOCS / "operating.md").read_text().split("### The sweeps", 1)[1].split("\n## ", 1)[0]
+    written = dict(re.findall(r"^\| `([a-z-]+)` \| ([^|]+?) \|", section, flags=re.MULTILINE))
+    assert written == {entry.name: _cadence(entry.every) for entry in schedule.SWEEPS}

@@ -71,3 +71,21 @@ def test_the_lean_thread_hop_runs_the_handler_off_the_loop_with_its_arguments():
             await hop("boom")
 
     asyncio.run(scenario())
+
+
+def test_every_surface_answers_a_database_outage_with_the_one_answer(rf):
+    """The hooks, the operator API, the board's streams and every Django view (through the
+    middleware) answer what plain.database_unavailable_answer builds: 503, Retry-After, JSON."""
+    from django.db import OperationalError
+
+    from switchboard import health
+
+    built = plain.database_unavailable_answer()
+    assert built.status == 503 and int(built.headers["Retry-After"]) > 0
+    assert json.loads(built.body) == {"error": {"code": "unavailable",
+                                                "message": plain.DATABASE_UNAVAILABLE_MESSAGE}}
+    middleware = health.DatabaseUnavailableMiddleware(lambda request: None)
+    response = middleware.process_exception(rf.get("/todos/"), OperationalError("gone"))
+    assert (response.status_code, response.content) == (503, built.body)
+    assert response["Retry-After"] == built.headers["Retry-After"]
+    assert response["Content-Type"] == "application/json"

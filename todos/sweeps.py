@@ -99,14 +99,3 @@ def cancel_stale_approvals(*, now=None) -> int:
     (reason ``approval_timeout``). Returns how many were cancelled."""
     return len(transitions.cancel_stale_approvals(now=now or timezone.now(),
                                                   limit=STALE_APPROVAL_BATCH))
-
-
-# The sweeps the embedded scheduler runs, with their cadence in seconds (the beat schedule in
-# switchboard/celery.py names the same cadence).
-EMBEDDED_SWEEPS = [
-    (expire_lapsed_leases, 5.0),
-    (promote_due_retries, 5.0),
-    (fold_throughput, 15.0),
-    (release_due_scheduled_todos, 5.0),
-    (cancel_stale_approvals, 5.0),
-]

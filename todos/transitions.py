@@ -37,6 +37,8 @@ from . import queries
 from .models import (MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT,
                      PRIORITY_MAX, PRIORITY_MIN, State, Todo, Trust)
 
+# A todo's title is folded to one line and cut to its column's width.
+MAX_TITLE_CHARS = Todo._meta.get_field("title").max_length
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=24)
 FIRST_RETRY_BACKOFF = timedelta(seconds=30)
@@ -301,17 +303,12 @@ def _lease_ttl(caller: Caller, lease_ttl_seconds) -> timedelta:
     return timedelta(seconds=lease_ttl_seconds)
 
 
-# Deeper JSON than this is refused rather than walked (and it is no real payload).
-MAX_JSON_DEPTH = json_input.MAX_JSON_DEPTH
-# Why a value cannot be stored (NUL, lone surrogate, NaN, too deep): one walk for every surface.
-unstorable_reason = json_input.unstorable_reason
-
-
 def _check_storable(**values) -> None:
-    for name, value in values.items():
-        reason = unstorable_reason(value)
-        if reason is not None:
-            raise Refusal("invalid_argument", f"{name} {reason}")
+    # Text or numbers no database can store (NUL, a lone surrogate, NaN, too deep): refused
+    # naming the field, by the one walk every surface uses (switchboard/json_input.py).
+    problem = json_input.find_unstorable(values)
+    if problem is not None:
+        raise Refusal("invalid_argument", problem)
 
 
 def _visible_guard(caller: Caller, params: dict) -> str:
@@ -480,13 +477,13 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
                        payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
                        not_before=None, requires_approval: bool = False) -> dict:
     """The parameters of a create statement (``create_todo``, ``create_todo_ctes``): the title
-    folded to one line of at most 500 characters. Refuses ``invalid_argument`` for a value no
+    folded to one line of at most ``MAX_TITLE_CHARS``. Refuses ``invalid_argument`` for a value no
     database can store; ``payload_storable`` says the caller already knows the payload is
     (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from).
     ``priority`` (``check_priority``) and ``not_before`` (``resolve_not_before``: a future
     time, or None for ready at once) are the work-control settings it starts with;
     ``requires_approval``: the todo is created ``awaiting_approval`` instead of ``pending``."""
-    title = " ".join(str(title).split())[:500] or "(untitled)"
+    title = " ".join(str(title).split())[:MAX_TITLE_CHARS] or "(untitled)"
     check_priority(priority)
     _check_storable(title=title, kind=kind or "", queue=queue,
                     **({} if payload_storable else {"payload": payload}))

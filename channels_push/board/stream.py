@@ -23,7 +23,6 @@ the same cap per viewer, re-checks and dependency-down behaviour.
 """
 
 import asyncio
-import json
 import logging
 from datetime import timedelta
 from urllib.parse import parse_qsl
@@ -34,7 +33,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from switchboard import health
-from switchboard.http import sse
+from switchboard.http import plain, sse
 
 from channels_push.bus import group_reader
 from channels_push.bus import groups as bus_groups
@@ -131,7 +130,7 @@ class BoardStreamConsumer:
         except health.UNAVAILABLE_ERRORS as exc:
             await database_sync_to_async(health.note_database_unavailable)(
                 exc, route="board_stream")
-            await send_database_unavailable(send)
+            await plain.send_answer(send, plain.database_unavailable_answer())
             return
         if self.viewer is None:
             await self.send_whole(403, b"not yours to watch\n")
@@ -317,15 +316,6 @@ class BoardStreamConsumer:
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def send_database_unavailable(send):
-    body = json.dumps({"error": {"code": "unavailable",
-                                 "message": "the database is unreachable; retry"}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in health.unavailable_headers().items()]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 def with_database_guard(app):
     """``app`` (the board stream behind Django's session and auth middleware, which read the
     database before the stream starts) answering 503 + Retry-After instead of failing when the
@@ -344,7 +334,7 @@ def with_database_guard(app):
             await database_sync_to_async(health.note_database_unavailable)(
                 exc, route="board_stream")
             if not started:
-                await send_database_unavailable(send)
+                await plain.send_answer(send, plain.database_unavailable_answer())
     return guarded
 
 

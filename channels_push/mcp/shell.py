@@ -33,6 +33,7 @@ from channels_push.bus import group_reader
 from channels_push.bus.groups import NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE, session_group
 from channels_push.doorbells.doorbells import CHANNEL_METHOD
 from switchboard import health, metrics
+from switchboard.db import pool_check
 from switchboard.http import daphne_tuning, plain, sse
 
 from . import framing, handlers, longpoll, stream, tools
@@ -134,9 +135,10 @@ class McpEndpoint:
             await database_sync_to_async(health.note_database_unavailable)(
                 exc, route="mcp", slug=request.slug, method=request.method)
             try:
-                await plain.send_answer(send, fault(
-                    503, "Service Unavailable: the database is unreachable; retry",
-                    code=framing.INTERNAL_ERROR, headers=health.unavailable_headers()))
+                await plain.send_answer(send, plain.database_unavailable_answer(
+                    payload=framing.error_envelope(
+                        None, framing.INTERNAL_ERROR,
+                        f"Service Unavailable: {plain.DATABASE_UNAVAILABLE_MESSAGE}")))
             except Exception:  # the response had already started; nothing more to say
                 pass
         except Exception:
@@ -310,7 +312,7 @@ class McpEndpoint:
         except Exception as exc:
             log.exception("mcp long poll retry failed", extra={"slug": request.slug})
             if isinstance(exc, DatabaseError):
-                await database_sync_to_async(health.discard_broken_pooled_connections)()
+                await database_sync_to_async(pool_check.discard_broken_pooled_connections)()
             return answer
 
     @staticmethod

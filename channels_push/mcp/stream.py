@@ -33,6 +33,7 @@ from channels_push.doorbells import doorbells
 from channels_push.sessions import queries
 from channels_push.sessions import transitions as session_transitions
 from switchboard import health, metrics
+from switchboard.db import pool_check
 from switchboard.http import plain
 
 from . import framing, security
@@ -136,7 +137,7 @@ class StreamHeartbeat:
         except health.UNAVAILABLE_ERRORS as exc:
             log.warning("mcp stream check skipped: database unavailable",
                         extra={"streams": len(held), "error": type(exc).__name__})
-            await database_sync_to_async(health.discard_broken_pooled_connections)()
+            await database_sync_to_async(pool_check.discard_broken_pooled_connections)()
             return
         for session_id in held:
             if session_id not in allowed:
@@ -150,7 +151,7 @@ class StreamHeartbeat:
         except health.UNAVAILABLE_ERRORS as exc:
             log.warning("mcp stream lease not renewed: database unavailable",
                         extra={"streams": len(self._held), "error": type(exc).__name__})
-            await database_sync_to_async(health.discard_broken_pooled_connections)()
+            await database_sync_to_async(pool_check.discard_broken_pooled_connections)()
             return False
         if not renewed:
             self.lapsed("host row gone")

@@ -7,10 +7,10 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from tests.factories import credential_for
-from channels_push import scheduler
 from channels_push.sessions import sweeps
 from channels_push.sessions import queries
 from channels_push.sessions import transitions as session_transitions
+from switchboard import scheduler
 from channels_push.models import McpSession, StreamAttachment, StreamHost
 
 

@@ -22,11 +22,11 @@ SECRETS = {
 @pytest.fixture(autouse=True)
 def forget_found_slugs():
     """The hook's in-process memory of slugs it found (which pass an address block)."""
-    from ingest import views
+    from ingest import hook
 
-    views._found_slugs.clear()
+    hook._found_slugs.clear()
     yield
-    views._found_slugs.clear()
+    hook._found_slugs.clear()
 
 
 @pytest.fixture

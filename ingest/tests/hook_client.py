@@ -1,7 +1,7 @@
 """POST /hooks/<slug> in-process through the real ASGI app (test helper).
 
-The route and app are production's (``views.HOOK_ROUTE_PATTERN`` served by
-``plain.SyncHandlerApp(views.answer_hook, …)``); only the thread differs: the handler runs
+The route and app are production's (``hook.HOOK_ROUTE_PATTERN`` served by
+``plain.SyncHandlerApp(hook.answer_hook, …)``); only the thread differs: the handler runs
 on the calling thread (``thread_sensitive=True``) so it sees the test's transaction, as the MCP
 tests do. Headers are given Django test-client style (``HTTP_X_HUB_SIGNATURE_256=…``,
 ``CONTENT_LENGTH=…``) so the signing helpers serve both.
@@ -16,11 +16,11 @@ from channels.testing import ApplicationCommunicator
 from django.urls import re_path
 
 from switchboard.http import plain
-from ingest import views
+from ingest import hook
 
 application = URLRouter([
-    re_path(views.HOOK_ROUTE_PATTERN,
-            plain.SyncHandlerApp(views.answer_hook, views.refusal_answer,
+    re_path(hook.HOOK_ROUTE_PATTERN,
+            plain.SyncHandlerApp(hook.answer_hook, hook.refusal_answer,
                                       thread_sensitive=True)),
 ])
 # Host header of every request unless one is given (an ALLOWED_HOSTS entry).

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from ingest import transitions
 from ingest.models import DeliveryRecord
 from switchboard import json_input
-from todos import transitions as todo_transitions
 from todos.models import Todo
 
 from .test_views import post_hook
@@ -165,7 +164,6 @@ def test_an_unsigned_body_is_validated_once_however_many_routes_it_matches(
         return real(value)
 
     monkeypatch.setattr(json_input, "unstorable_reason", counting)
-    monkeypatch.setattr(todo_transitions, "unstorable_reason", counting)
     # Escapes make the body one a walk must check (json_input.is_plainly_storable is False).
     body = json.dumps({"type": "log", "lines": ["a\nb"] * 2000}).encode()
     answer = post_hook(webhook.slug, body, {})

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from ingest import titles, transitions, views
+from ingest import problems, titles, transitions
 
 any_text = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=600)
 
@@ -18,13 +18,13 @@ def walk(value: str) -> str:
 @given(value=any_text | st.text(max_size=600), limit=st.integers(min_value=0, max_value=400))
 @hypothesis_settings(max_examples=400, deadline=None)
 def test_the_printable_cleaners_equal_their_character_walk(value, limit):
-    assert views._one_line(value, limit) == walk(value).strip()[:limit]
+    assert problems.one_line(value, limit) == walk(value).strip()[:limit]
     assert transitions._printable(value, limit) == walk(value[:limit * 2])[:limit]
     assert titles._clean_kind(value) == walk(value).strip()[:titles.MAX_KIND_CHARS]
 
 
 def test_control_characters_are_still_dropped():
-    assert views._one_line(" a\x00b\nc ", 10) == "abc"
+    assert problems.one_line(" a\x00b\nc ", 10) == "abc"
     assert transitions._printable("d-\x1b[31m1", 10) == "d-[31m1"
     assert titles._clean_kind("issues\t.opened") == "issues.opened"
 

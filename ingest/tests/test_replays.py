@@ -145,7 +145,7 @@ def test_prune_replay_ledger_deletes_only_entries_past_the_window_in_bounded_bat
 
 
 def test_prune_replay_ledger_runs_in_the_embedded_scheduler_and_the_beat_schedule():
-    from channels_push import scheduler
+    from switchboard import scheduler
     from switchboard.celery import app
 
     assert (sweeps.prune_replay_ledger, 60.0) in scheduler.embedded_sweeps()

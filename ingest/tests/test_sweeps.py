@@ -243,7 +243,7 @@ def test_prune_command_prints_counts_as_json(history):
 
 
 def test_the_hourly_sweep_is_scheduled_for_beat_and_the_embedded_scheduler():
-    from channels_push import scheduler
+    from switchboard import scheduler
     from switchboard.celery import app
 
     assert (sweeps.prune_history_sweep, 3600.0) in scheduler.embedded_sweeps()

@@ -251,3 +251,10 @@ def test_route_to_another_owners_endpoint_is_refused(operator):
     with pytest.raises(ValidationError, match="different owners"):
         transitions.add_webhook_route(webhook=webhook, endpoint=bobs, queue="inbox")
     assert Route.objects.count() == 0
+
+
+def test_the_unsigned_warning_names_the_body_cap_in_force(settings):
+    settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES = 16 * 1024
+    assert "SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES (16 KiB)" in transitions.unsigned_warning()
+    settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES = 1000
+    assert "(1000 bytes)" in transitions.unsigned_warning()

@@ -360,12 +360,12 @@ def test_an_unexpected_error_is_500_json_without_the_body(make_webhook, monkeypa
 def test_the_asgi_routing_serves_hooks_with_answer_hook():
     """hook_client mirrors production: the same pattern and handler, routed in asgi.py."""
     from switchboard.http import plain
-    from ingest import views
+    from ingest import hook
     from switchboard import asgi
 
-    [route] = [r for r in asgi.http_routes if r.pattern.regex.pattern == views.HOOK_ROUTE_PATTERN]
+    [route] = [r for r in asgi.http_routes if r.pattern.regex.pattern == hook.HOOK_ROUTE_PATTERN]
     assert isinstance(route.callback, plain.SyncHandlerApp)
-    assert route.callback.handler is views.answer_hook
+    assert route.callback.handler is hook.answer_hook
 
 
 @override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=3)

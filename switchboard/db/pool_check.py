@@ -16,11 +16,15 @@ bench/ingest.py), where without one the returning thread puts it
 back itself. Timed from the hand-out, a connection held for a while earns less trust, never more.
 """
 
+import logging
 import select
 import time
 import weakref
 
+from django.db import connection
 from psycopg_pool import ConnectionPool
+
+log = logging.getLogger("switchboard.db")
 
 # How long after it was last handed out a quiet connection is trusted without the empty query.
 # Short, so a silent network fault (no goodbye) is still found on the next request after a pause.
@@ -56,3 +60,20 @@ def _socket_quiet(connection) -> bool:
     except (OSError, ValueError):
         return False
     return not readable
+
+
+def discard_broken_pooled_connections() -> None:
+    """After a database error, test every idle pooled connection now and replace the dead ones.
+
+    Why: a PostgreSQL restart kills every pooled connection at once. The pool checks a connection
+    only when it hands it out, backing off 1 s, 2 s, 4 s … between failed checks, so with several
+    dead ones a request outlasts the 5 s pool wait and fails, and so does the next (seen on a loaded
+    machine: several of the first requests after a restart). Checking them all at the first error
+    leaves at most that one request failed (with a retryable answer)."""
+    pool = getattr(connection, "pool", None)
+    if pool is None:
+        return
+    try:
+        pool.check()
+    except Exception as exc:  # the database may still be down; the next error tries again
+        log.warning("pool check failed", extra={"error": type(exc).__name__})

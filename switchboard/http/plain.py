@@ -3,11 +3,10 @@ plain sync function in one thread hop, and written back here.
 
 Why not Django's ASGI handler for such endpoints: per request it starts (and joins) a thread
 for the view's sync context, walks the middleware chain through several sync/async hops and
-builds an HttpRequest and an HttpResponse. On the 2-core benchmark machine that machinery alone
-answered a no-op view at 0.16 of a bare daphne's rate (bench/ingest.py), far more than a
-webhook delivery's own work. Endpoints that need none of it (no session, no CSRF, no templates)
-are served here instead: the webhook hooks (``ingest.views.answer_hook``) and, for its
-requests and answers, the MCP transport.
+builds an HttpRequest and an HttpResponse, which alone costs more than a webhook delivery's
+own work (measured in docs/decisions/hook-outside-django.md). Endpoints that need none of it
+(no session, no CSRF, no templates) are served here instead: the webhook hooks
+(``ingest.hook.answer_hook``) and, for its requests and answers, the MCP transport.
 
 What Django's stack did for these endpoints and is kept here: the Host header is checked
 against ALLOWED_HOSTS (CommonMiddleware's ``get_host()``), answers carry
@@ -22,13 +21,15 @@ import functools
 import json
 import logging
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
+from django.http import HttpResponse
 from django.http.request import split_domain_port, validate_host
 
-from switchboard import health
+from switchboard.db import pool_check
 
 log = logging.getLogger("switchboard.http")
 
@@ -66,6 +67,30 @@ class Answer:
 
 def json_answer(status: int, payload, headers=None) -> Answer:
     return Answer(status, json.dumps(payload).encode(), {**JSON_HEADERS, **(headers or {})})
+
+
+def django_response(answer: Answer) -> HttpResponse:
+    """``answer`` from a Django view or middleware, for an answer every surface gives alike."""
+    return HttpResponse(answer.body, status=answer.status, headers=answer.headers)
+
+
+# What a request the database could not serve is told, on every surface (the hooks, /mcp, the
+# operator API, the board and its streams, every Django view through
+# switchboard.health.DatabaseUnavailableMiddleware): nothing was done, retry after this long
+# (docs/operating.md#when-postgresql-is-down).
+DATABASE_UNAVAILABLE_RETRY_AFTER = timedelta(seconds=5)
+DATABASE_UNAVAILABLE_MESSAGE = "the database is unreachable; retry"
+
+
+def database_unavailable_answer(message: str = DATABASE_UNAVAILABLE_MESSAGE, *,
+                                payload=None) -> Answer:
+    """503 + Retry-After with the JSON body ``{"error": {"code": "unavailable", "message"}}``;
+    ``payload`` replaces the body for an endpoint with an error format of its own (MCP's
+    JSON-RPC envelope)."""
+    if payload is None:
+        payload = {"error": {"code": "unavailable", "message": message}}
+    retry_after = int(DATABASE_UNAVAILABLE_RETRY_AFTER.total_seconds())
+    return json_answer(503, payload, {"Retry-After": str(retry_after)})
 
 
 def request_from_scope(scope) -> Request:
@@ -240,7 +265,7 @@ class SyncHandlerApp:
             # Never the body or headers in the log: they may carry secrets or signatures.
             log.exception("request failed", extra={"slug": request.slug, "method": request.method})
             if isinstance(exc, DatabaseError):
-                await database_sync_to_async(health.discard_broken_pooled_connections)()
+                await database_sync_to_async(pool_check.discard_broken_pooled_connections)()
             try:
                 await send_answer(send, self.refusal(500, "internal_error", "internal error"))
             except Exception:  # the answer had already started; nothing more to say

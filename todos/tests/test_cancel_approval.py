@@ -211,7 +211,9 @@ def test_the_approval_timeout_sweep_cancels_only_stale_approvals(endpoint, alice
         "cancelled", "awaiting_approval", "pending", "awaiting_approval"]
     assert events_of(stale.pk)[-1] == ("cancel", "awaiting_approval", "cancelled",
                                        "approval-timeout", {"reason": "approval_timeout"})
-    assert (sweeps.cancel_stale_approvals, 5.0) in sweeps.EMBEDDED_SWEEPS
+    from switchboard import scheduler
+
+    assert (sweeps.cancel_stale_approvals, 5.0) in scheduler.embedded_sweeps()
 
 
 # -- races (PostgreSQL in the main run) ----------------------------------------------------------

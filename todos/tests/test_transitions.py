@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from switchboard import json_input
 from tests.factories import EndpointFactory
 from todos import queries, sweeps, transitions
 from todos.models import State, Todo, TodoEvent
@@ -577,7 +578,7 @@ def test_values_no_database_can_store_are_refused_before_writing(agent, endpoint
 
 def test_absurdly_deep_json_is_refused_not_walked(agent, make_todo):
     deep = []
-    for _ in range(transitions.MAX_JSON_DEPTH + 5):
+    for _ in range(json_input.MAX_JSON_DEPTH + 5):
         deep = [deep]
     todo = transitions.claim_todo(agent, make_todo().pk)
     assert refusal_code(transitions.complete_todo, agent, todo.pk, result=deep) == "invalid_argument"

@@ -30,7 +30,7 @@ class Command(BaseCommand):
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
 
-        from channels_push import scheduler
+        from switchboard import scheduler
         from switchboard.asgi import application
 
         run_sweeps = sweeps == "on" or (sweeps == "auto" and not settings.REDIS_URL)

@@ -8,11 +8,6 @@ from ingest.models import Source
 from switchboard.commands import JsonCommand, get_user
 
 
-# Said plainly when an unsigned webhook is made (docs/security.md#anonymous-senders): its URL is its
-# only secret.
-UNSIGNED_WARNING = "  " + transitions.UNSIGNED_WARNING
-
-
 class Command(JsonCommand):
     help = ("Create a webhook and print its URL and secret (a minted secret is shown only now; "
             "or pass --secret to use the one the sender already has).")
@@ -48,7 +43,7 @@ class Command(JsonCommand):
             options, {"slug": webhook.slug, "hook_url": hook_url, "secret": secret},
             f"webhook {webhook.slug} ({source})\n  URL:    {hook_url}\n"
             + (f"  secret: {secret}\n  (configure it at the sender; it is not shown again)"
-               if secret else UNSIGNED_WARNING),
+               if secret else "  " + transitions.unsigned_warning()),
         )
         if not secret and options.get("json"):
-            self.stderr.write(UNSIGNED_WARNING.strip())  # stdout holds only the JSON object
+            self.stderr.write(transitions.unsigned_warning())  # stdout holds only the JSON object

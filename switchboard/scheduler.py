@@ -1,4 +1,5 @@
-"""The embedded scheduler: periodic sweeps inside the web process when there is no Celery (§2).
+"""The embedded scheduler: periodic sweeps inside the web process when there is no Celery
+(docs/operating.md#the-embedded-default).
 
 Started as an asyncio task once daphne is ready. Each tick runs a sweep function — the very
 same plain function the Celery task wraps — in Django's sync thread, so on SQLite it queues
@@ -10,6 +11,9 @@ import logging
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
+from django.utils.module_loading import import_string
+
+from switchboard import schedule
 
 log = logging.getLogger("switchboard.scheduler")
 
@@ -40,19 +44,10 @@ async def run_every(sweep, interval_seconds: float):
 
 
 def embedded_sweeps():
-    """Every (sweep, interval) pair the embedded scheduler runs: each installed app's
-    ``sweeps.EMBEDDED_SWEEPS``, found the way Celery's autodiscover_tasks finds ``tasks.py`` (so
-    this module imports no app above it)."""
-    from importlib import import_module
-
-    from django.apps import apps
-    from django.utils.module_loading import module_has_submodule
-
-    found = []
-    for app in apps.get_app_configs():
-        if module_has_submodule(app.module, "sweeps"):
-            found += getattr(import_module(f"{app.name}.sweeps"), "EMBEDDED_SWEEPS", [])
-    return found
+    """Every (sweep, interval in seconds) pair the embedded scheduler runs: the table in
+    switchboard/schedule.py, which beat reads too."""
+    return [(import_string(entry.sweep), entry.every.total_seconds())
+            for entry in schedule.SWEEPS]
 
 
 def start(loop=None) -> list:

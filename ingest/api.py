@@ -1,0 +1,326 @@
+"""The operator JSON API: ``POST /api/v1/endpoints/<slug>/todos`` (hand a todo over),
+``GET /api/v1/endpoints/<slug>/stats`` and ``POST /api/v1/todos/<id>/<action>``.
+
+Ordinary Django views: they need sessions, CSRF and OIDC sign-in, and are not a hot path. Like
+the hook they answer JSON for everything, errors included, and write nothing before every check
+has passed.
+"""
+
+import logging
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.http import JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from channels_push.sessions import queries as push_queries
+from endpoints.models import Endpoint, queue_name_validator
+from switchboard import json_input
+from switchboard import metrics as push_metrics
+from switchboard.http import plain
+from todos import queries as todo_queries
+from todos import transitions as todo_transitions
+from todos.models import Todo
+
+from . import queries, transitions
+from .models import OperatorSecret
+from .problems import (MAX_ECHOED_SLUG_CHARS, Problem, check_declared_length, check_rate,
+                       decode_utf8, is_json_type, media_type_of, one_line, parse_json_document,
+                       storage_unavailable, too_large)
+
+log = logging.getLogger("switchboard.ingest")
+
+# Text fields are refused past their column's width, which the model declares.
+MAX_TITLE_CHARS = Todo._meta.get_field("title").max_length
+MAX_KIND_CHARS = Todo._meta.get_field("kind").max_length
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+MAX_SECRETS = 50
+MAX_SECRET_NAME_CHARS = OperatorSecret._meta.get_field("name").max_length
+MAX_SECRET_VALUE_CHARS = 64 * 1024
+
+
+def _read_body(request) -> bytes:
+    """Read the raw body once, never more than the cap plus one byte (a body without a
+    Content-Length, e.g. chunked, is cut off here)."""
+    body = request.read(settings.SWITCHBOARD_MAX_BODY_BYTES + 1)
+    if len(body) > settings.SWITCHBOARD_MAX_BODY_BYTES:
+        raise too_large()
+    return body
+
+
+# -- POST /api/v1/endpoints/<slug>/todos --------------------------------------------------------
+
+
+def _csrf_failure(request):
+    """Session-authenticated writes need a CSRF token (the view is csrf_exempt so that token-
+    authenticated clients need none); run Django's own check for the session case."""
+    check = CsrfViewMiddleware(lambda req: None)
+    check.process_request(request)
+    return check.process_view(request, None, (), {})
+
+
+def _authenticate_operator(request):
+    """The human behind the request: a personal API token (``Authorization: Bearer sbo_…``),
+    else the Django session (password or OIDC sign-in), which must also pass CSRF."""
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if header:
+        scheme, _, token = header.partition(" ")
+        user = queries.find_operator_for_token(token.strip()) if scheme.lower() == "bearer" else None
+        if user is None:
+            raise Problem(401, "unauthenticated", "bad or revoked API token",
+                          headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
+        return user
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        raise Problem(401, "unauthenticated",
+                      "sign in, or send Authorization: Bearer <personal API token>",
+                      headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
+    if _csrf_failure(request) is not None:
+        raise Problem(403, "csrf_failed", "session requests need a CSRF token (X-CSRFToken)")
+    return user
+
+
+def _optional_str(data: dict, name: str, limit: int) -> str:
+    value = data.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise Problem(400, "invalid_argument", f"{name} must be a string of at most {limit} characters")
+    return value
+
+
+HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets",
+                    "priority", "not_before", "delay_seconds", "requires_approval")
+
+
+def hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = False) -> dict:
+    unknown = sorted(set(data) - set(HAND_OVER_FIELDS))
+    if unknown:
+        raise Problem(400, "invalid_argument", f"unknown fields: {unknown}")
+    if not plainly_storable:
+        # Text the database cannot take (NUL, a lone surrogate) is refused naming its field,
+        # before anything is looked up or written.
+        problem = json_input.find_unstorable({name: data.get(name) for name in HAND_OVER_FIELDS})
+        if problem is not None:
+            raise Problem(400, "invalid_argument", problem)
+    queue = data.get("queue")
+    if not isinstance(queue, str):
+        raise Problem(400, "invalid_argument", "queue (a queue name) is required")
+    try:
+        queue_name_validator(queue)
+    except Exception:
+        raise Problem(400, "invalid_argument", "queue names are 1-64 of A-Z a-z 0-9 _ . -") from None
+    if not endpoint.covers(queue):
+        raise Problem(400, "invalid_argument",
+                      f"queue {queue!r} is outside endpoint {endpoint.slug}'s scope")
+    title = _optional_str(data, "title", MAX_TITLE_CHARS)
+    if not title.strip():
+        raise Problem(400, "invalid_argument", "title (one line) is required")
+    payload = data.get("payload")
+    if payload is not None and not isinstance(payload, dict):
+        raise Problem(400, "invalid_argument", "payload must be a JSON object")
+    secret_values = data.get("secrets")
+    if secret_values is not None:
+        if (not isinstance(secret_values, dict) or len(secret_values) > MAX_SECRETS
+                or not all(isinstance(v, str) and len(v) <= MAX_SECRET_VALUE_CHARS
+                           for v in secret_values.values())
+                or not all(0 < len(k) <= MAX_SECRET_NAME_CHARS for k in secret_values)):
+            raise Problem(400, "invalid_argument",
+                          f"secrets must be an object of at most {MAX_SECRETS} name -> string values")
+        if secret_values and payload and "secrets" in payload:
+            raise Problem(400, "invalid_argument",
+                          'payload.secrets is reserved for secret refs when secrets are given')
+    key = _optional_str(data, "idempotency_key", MAX_IDEMPOTENCY_KEY_CHARS)
+    requires_approval = data.get("requires_approval", False)
+    if not isinstance(requires_approval, bool):
+        raise Problem(400, "invalid_argument", "requires_approval must be true or false")
+    return {
+        "requires_approval": requires_approval,
+        "queue": queue, "title": title, "payload": payload,
+        "kind": one_line(_optional_str(data, "kind", MAX_KIND_CHARS), MAX_KIND_CHARS),
+        "idempotency_key": key or None, "secret_values": secret_values or None,
+        **_work_control_arguments(data, now),
+    }
+
+
+def _work_control_arguments(data: dict, now) -> dict:
+    """The hand-over's ``priority`` and ``not_before``/``delay_seconds`` (docs/work-control.md),
+    checked by the same functions every surface uses; a bad one is a 400 naming its field."""
+    try:
+        priority = data.get("priority")
+        return {
+            "priority": (todo_transitions.PRIORITY_DEFAULT if priority is None
+                         else todo_transitions.check_priority(priority)),
+            "not_before": todo_transitions.resolve_not_before(
+                not_before=data.get("not_before"), delay_seconds=data.get("delay_seconds"),
+                now=now),
+        }
+    except todo_transitions.Refusal as refusal:
+        raise Problem(400, refusal.code, refusal.message) from None
+
+
+@csrf_exempt
+def hand_over(request, endpoint_slug):
+    """An operator hands their endpoint a todo. 201 with the todo; 200 with the existing live
+    todo when the idempotency key repeats (nothing new is written or rung)."""
+    try:
+        if request.method != "POST":
+            raise Problem(405, "method_not_allowed", "POST a todo here")
+        check_declared_length(request.META.get("CONTENT_LENGTH"))
+        operator = _authenticate_operator(request)
+        reason = json_input.unstorable_reason(endpoint_slug)
+        if reason is not None:  # PostgreSQL would refuse the lookup itself (a false 503)
+            raise Problem(400, "invalid_argument", f"the endpoint slug in the path {reason}")
+        # Somebody else's endpoint looks exactly like a missing one.
+        endpoint = Endpoint.objects.filter(slug=endpoint_slug, active=True, owner=operator).first()
+        if endpoint is None:
+            raise Problem(404, "not_found",
+                          f"no endpoint {endpoint_slug[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
+        check_rate(f"operator:{operator.pk}")
+        body = _read_body(request)
+        if not is_json_type(media_type_of(request.META.get("CONTENT_TYPE"))):
+            raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
+        data, plainly = parse_json_document(decode_utf8(body), walk=False)
+        now = timezone.now()
+        arguments = hand_over_arguments(endpoint, data, plainly_storable=plainly, now=now)
+        todo, created = transitions.hand_over_todo(
+            endpoint=endpoint, operator=operator, body_sha256=transitions.body_digest(body),
+            now=now, **arguments,
+        )
+    except Problem as problem:
+        push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
+        return problem.response()
+    except DatabaseError as exc:
+        push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
+        return plain.django_response(storage_unavailable(exc, endpoint=endpoint_slug))
+    push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
+    log.info("operator hand-over", extra={
+        "endpoint": endpoint.slug, "operator": operator.get_username(), "todo_id": todo.pk,
+        "duplicate": not created,
+    })
+    return JsonResponse({"todo": todo_queries.todo_as_dict(todo), "duplicate": not created},
+                        status=201 if created else 200)
+
+
+@csrf_exempt
+def endpoint_stats(request, endpoint_slug):
+    """``GET /api/v1/endpoints/<slug>/stats`` (docs/work-control.md#stats): per queue, what
+    waits, runs and finished in the last day, and the endpoint's live sessions, for scripts
+    that poll. Authenticated and owned like the hand-over: another operator's endpoint is a
+    404, as a missing one. A fixed number of statements, each an index range of this
+    endpoint's rows (todos.queries.endpoint_queue_stats)."""
+    try:
+        if request.method != "GET":
+            raise Problem(405, "method_not_allowed", "GET the stats")
+        operator = _authenticate_operator(request)
+        if json_input.unstorable_reason(endpoint_slug) is not None:
+            raise Problem(404, "not_found", "no such endpoint of yours")
+        endpoint = Endpoint.objects.filter(slug=endpoint_slug, owner=operator).first()
+        if endpoint is None:
+            raise Problem(404, "not_found",
+                          f"no endpoint {endpoint_slug[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
+        check_rate(f"operator:{operator.pk}")
+        now = timezone.now()
+        queues = todo_queries.endpoint_queue_stats(endpoint, now=now)
+        sessions = push_queries.live_sessions(endpoint.pk, now)
+    except Problem as problem:
+        return problem.response()
+    except DatabaseError as exc:
+        return plain.django_response(storage_unavailable(exc, endpoint=endpoint_slug))
+    return JsonResponse({
+        "endpoint": endpoint.slug,
+        "queues": queues,
+        # The client as it named itself; never the session id (a handle of its session).
+        "sessions": [{"client": " ".join(part for part in (row["client_name"],
+                                                           row["client_version"]) if part),
+                      "streaming": row["streaming"],
+                      "last_seen_at": todo_queries.iso_time(row["last_seen_at"])} for row in sessions],
+    })
+
+
+# -- POST /api/v1/todos/<id>/<action>: an operator acts on one of their todos -------------------
+
+
+def _priority_action(caller, todo_id, data: dict):
+    if "priority" not in data:
+        raise Problem(400, "invalid_argument", "priority (an integer from -100 to 100) is required")
+    return todo_transitions.set_priority_todo(caller, todo_id, data["priority"])
+
+
+# action -> (the JSON fields it takes, what it does). Each is one guarded transition of
+# todos.transitions; its refusal is answered with the transition's code.
+TODO_ACTIONS = {
+    "priority": (("priority",), _priority_action),
+    "run_now": ((), lambda caller, todo_id, data: todo_transitions.run_now_todo(caller, todo_id)),
+    "cancel": (("reason",), lambda caller, todo_id, data: todo_transitions.cancel_todo(
+        caller, todo_id, reason=data.get("reason"))),
+    "approve": ((), lambda caller, todo_id, data: todo_transitions.approve_todo(caller, todo_id)),
+    "reject": (("reason",), lambda caller, todo_id, data: todo_transitions.reject_todo(
+        caller, todo_id, reason=data.get("reason"))),
+}
+# The spelling with a hyphen, as URLs usually have it, is the same action.
+TODO_ACTION_ALIASES = {"run-now": "run_now"}
+# Refusal code -> HTTP status. Anything else a transition refuses is a conflict with the
+# todo's state (409).
+REFUSAL_STATUS = {"invalid_argument": 400, "not_found": 404}
+
+
+def _owned_todo(operator, todo_id: str) -> Todo:
+    """The operator's todo (its endpoint theirs), else 404: another's looks like a missing one."""
+    if not (todo_id.isascii() and todo_id.isdigit() and 0 < int(todo_id) < 2**63):
+        raise Problem(404, "not_found", f"no todo {todo_id[:MAX_ECHOED_SLUG_CHARS]!r} of yours")
+    todo = (Todo.objects.filter(pk=int(todo_id), endpoint__owner=operator)
+            .select_related("endpoint").first())
+    if todo is None:
+        raise Problem(404, "not_found", f"no todo {todo_id} of yours")
+    return todo
+
+
+def _action_body(request) -> dict:
+    body = _read_body(request)
+    if not body.strip():
+        return {}
+    if not is_json_type(media_type_of(request.META.get("CONTENT_TYPE"))):
+        raise Problem(415, "unsupported_media_type", "Content-Type must be application/json")
+    # Not walked: the transition names a field the database cannot store ("reason …").
+    data, _ = parse_json_document(decode_utf8(body), walk=False)
+    return data
+
+
+@csrf_exempt
+def todo_action(request, todo_id, action):
+    """An operator acts on a todo of an endpoint they own (docs/work-control.md): priority,
+    run_now, cancel, approve, reject. 200 with the todo; 404 for a todo that is missing or not theirs; 400 for bad input (nothing written);
+    409 with the transition's refusal code when the todo's state does not allow it (approve,
+    reject and cancel answer a state they do not take 400 ``invalid_argument``, from the
+    transition)."""
+    try:
+        if request.method != "POST":
+            raise Problem(405, "method_not_allowed", "POST here")
+        action = TODO_ACTION_ALIASES.get(action, action)
+        if action not in TODO_ACTIONS:
+            raise Problem(404, "not_found", f"no todo action {action[:40]!r}")
+        check_declared_length(request.META.get("CONTENT_LENGTH"))
+        operator = _authenticate_operator(request)
+        todo = _owned_todo(operator, todo_id)
+        check_rate(f"operator:{operator.pk}")
+        fields, act = TODO_ACTIONS[action]
+        data = _action_body(request)
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise Problem(400, "invalid_argument", f"unknown fields: {unknown}")
+        caller = todo_transitions.Caller.operator(todo.endpoint, operator.get_username())
+        try:
+            changed = act(caller, todo.pk, data)
+        except todo_transitions.Refusal as refusal:
+            raise Problem(REFUSAL_STATUS.get(refusal.code, 409), refusal.code,
+                          refusal.message) from None
+    except Problem as problem:
+        return problem.response()
+    except DatabaseError as exc:
+        return plain.django_response(storage_unavailable(exc, todo=todo_id))
+    log.info("operator todo action", extra={
+        "todo_id": changed.pk, "action": action, "operator": operator.get_username()})
+    return JsonResponse({"todo": todo_queries.todo_as_dict(changed)})

@@ -1,0 +1,393 @@
+"""``POST /hooks/<slug>``: a webhook delivery turned into todos, or refused.
+
+The order of checks is chosen so that nothing unverified is parsed and nothing is written before
+every check has passed: size (by Content-Length, then by a bounded read), webhook lookup, rate
+limit, signature, then parsing, then the one write.
+
+The hook is the hot path: ``answer_hook`` is a plain function from a
+``switchboard.http.plain.Request`` to an ``Answer``, served straight from ASGI
+(``switchboard/asgi.py``) in one thread hop, without Django's request machinery (see
+switchboard/http/plain.py for why and what it keeps).
+"""
+
+import dataclasses
+import logging
+import re
+import time
+from urllib.parse import parse_qs
+
+from django.conf import settings
+from django.core.validators import slug_re
+from django.db import DatabaseError
+from django.utils import timezone
+from django.utils.datastructures import CaseInsensitiveMapping
+
+from switchboard import metrics as push_metrics
+from switchboard import ratelimit
+from switchboard.http import plain
+
+from . import queries, titles, transitions, verification
+from .models import Outcome, Source, TrustMode, Webhook
+from .problems import (MAX_ECHOED_SLUG_CHARS, Problem, check_declared_length, check_rate,
+                       decode_utf8, is_json_type, media_type_of, one_line, parse_json_document,
+                       storage_unavailable, too_large)
+
+log = logging.getLogger("switchboard.ingest")
+
+# The delivery id becomes part of an idempotency key (300 chars with slug and queue).
+MAX_DELIVERY_ID_CHARS = 160
+MAX_SLUG_CHARS = Webhook._meta.get_field("slug").max_length
+# /hooks/<webhook_slug> (routed in switchboard/asgi.py), with an optional trailing slash served
+# as is: senders do not follow redirects on POST.
+HOOK_ROUTE_PATTERN = r"^hooks/(?P<webhook_slug>[^/]+)/?$"
+# Forms are accepted where the source can send them (GitHub's and Gitea's "form" content
+# type: the JSON is in the ``payload`` field, the signature covers the raw form body).
+FORM_SOURCES = (Source.GITHUB, Source.GITEA)
+
+
+# The whole 202 an anonymous sender of an unsigned webhook gets.
+UNSIGNED_ACCEPTED = {"accepted": True}
+
+
+def refusal_answer(status: int, code: str, message: str) -> plain.Answer:
+    """Answers switchboard.http.plain gives without calling ``answer_hook`` (bad Host,
+    internal error)."""
+    return Problem(status, code, message).answer()
+
+
+def _parse_delivery_body(webhook, media_type: str, body: bytes) -> tuple[dict, bool]:
+    """The payload, and whether it is known storable (``parse_json_document``)."""
+    if is_json_type(media_type):
+        return parse_json_document(decode_utf8(body))
+    if media_type == "application/x-www-form-urlencoded" and webhook.source in FORM_SOURCES:
+        try:
+            fields = parse_qs(decode_utf8(body), strict_parsing=True, errors="strict")
+        except (ValueError, UnicodeDecodeError):
+            raise Problem(400, "malformed_body", "form body is malformed") from None
+        if len(fields.get("payload", [])) != 1:
+            raise Problem(400, "malformed_body", "form body needs exactly one payload field")
+        return parse_json_document(fields["payload"][0], what="payload field")
+    accepted = "application/json" + (
+        " or application/x-www-form-urlencoded" if webhook.source in FORM_SOURCES else ""
+    )
+    raise Problem(415, "unsupported_media_type",
+                  f"Content-Type must be {accepted}, got {media_type or 'none'}")
+
+
+def _delivery_id(webhook, envelope, payload: dict) -> str:
+    delivery_id = envelope.delivery_id
+    if webhook.source == Source.STRIPE:
+        delivery_id = payload.get("id") if isinstance(payload.get("id"), str) else ""
+    elif webhook.source == Source.STANDARD and isinstance(payload.get("event_id"), str):
+        # Cairn signs its event_id inside the body; it is the stable id across redeliveries.
+        delivery_id = payload["event_id"]
+    elif webhook.source == Source.SLACK:
+        # Slack's retries (X-Slack-Retry-Num) keep the event_id: they fold into the live todo.
+        delivery_id = payload.get("event_id") if isinstance(payload.get("event_id"), str) else ""
+    delivery_id = delivery_id.strip()
+    if len(delivery_id) > MAX_DELIVERY_ID_CHARS or not delivery_id.isprintable():
+        raise Problem(400, "bad_delivery_id",
+                      f"delivery id must be at most {MAX_DELIVERY_ID_CHARS} printable characters")
+    return delivery_id
+
+
+def _arrival_answer(arrival) -> dict:
+    event_id = arrival.delivery_event.pk if arrival.delivery_event else None
+    if event_id is None and arrival.todos:
+        event_id = arrival.todos[0][0].delivery_event_id
+    return {
+        "delivery": str(event_id) if event_id is not None else None,
+        "todos": [
+            {"id": str(todo.pk), "endpoint": todo.endpoint.slug, "queue": todo.queue,
+             "duplicate": not created}
+            for todo, created in arrival.todos
+        ],
+    }
+
+
+def _could_be_slug(value: str) -> bool:
+    return len(value) <= MAX_SLUG_CHARS and slug_re.match(value) is not None
+
+
+# Event and kind names an agent, a route and a doorbell will see: anything else (quotes,
+# spaces, markup) is refused rather than cleaned, so what is stored is what was sent.
+KIND_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# The event header each source names its event in (the claimed kind in the delivery log).
+EVENT_HEADERS = ("x-github-event", "x-forgejo-event", "x-gitea-event", "x-gitlab-event",
+                 "linear-event", "sentry-hook-resource")
+DELIVERY_HEADERS = ("x-github-delivery", "x-forgejo-delivery", "x-gitea-delivery",
+                    "idempotency-key", "x-gitlab-event-uuid", "webhook-id", "linear-delivery",
+                    "request-id")
+# Slack's url_verification challenge is echoed back; Slack's own are 48 characters.
+MAX_CHALLENGE_CHARS = 200
+
+
+def _claimed(request, names) -> str:
+    for name in names:
+        value = request.header(name)
+        if value:
+            return one_line(value, 200)
+    return ""
+
+
+def _observe(request, body: bytes) -> transitions.Observed:
+    """What the delivery log keeps of this request, as the sender claimed it (a body over the
+    cap was not read: its declared length stands for its size)."""
+    size = len(body)
+    declared = request.header("content-length") or ""
+    if request.too_large and declared.isdigit():
+        size = int(declared)
+    return transitions.Observed(
+        address=request.client, size=min(size, 2**31 - 1),
+        body_sha256=transitions.body_digest(body) if body else "",
+        delivery_id=_claimed(request, DELIVERY_HEADERS), kind=_claimed(request, EVENT_HEADERS),
+        headers=transitions.safe_headers(request.headers),
+    )
+
+
+def _check_kind(kind: str) -> None:
+    if kind and not KIND_RE.match(kind):
+        raise Problem(400, "bad_kind",
+                      "event/kind must be 1-64 of A-Z a-z 0-9 _ . - (from the event header and "
+                      "the payload's action or type)")
+
+
+# Webhook slugs this process found recently, and until when they pass an address's
+# unknown-slug block: a shared egress address (a CI fleet, a source's own senders) spent by
+# somebody's typos must not cut off the webhooks it really delivers to. Only a hint: every
+# delivery still looks its webhook up. Bounded like the rate limiter's local state.
+FOUND_SLUG_MEMORY_SECONDS = 600.0
+_found_slugs: dict[str, float] = {}
+
+
+def _recently_found(slug: str) -> bool:
+    return _found_slugs.get(slug, 0.0) > time.monotonic()
+
+
+def _note_found(slug: str) -> None:
+    _found_slugs.pop(slug, None)  # re-insert: dict order is recency
+    _found_slugs[slug] = time.monotonic() + FOUND_SLUG_MEMORY_SECONDS
+    while len(_found_slugs) > ratelimit.MAX_LOCAL_BUCKETS:
+        _found_slugs.pop(next(iter(_found_slugs)))
+
+
+def _refuse_blocked_address(request, webhook_slug: str) -> None:
+    """Before the lookup: an address out of its unknown-slug budget (as this process last heard,
+    no Redis call) is refused without a query, unless the slug is one this process found."""
+    refused = ratelimit.refuse_failing_client("hook-unknown", request.client)
+    if not refused.allowed and not _recently_found(webhook_slug):
+        raise _rate_limited(refused, settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
+
+
+def _refuse_unknown_webhook(request, webhook_slug: str) -> Problem:
+    verdict = ratelimit.charge_client_failure(
+        "hook-unknown", request.client, per_minute=settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
+    if not verdict.allowed:
+        return _rate_limited(verdict, settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
+    return Problem(404, "unknown_webhook",
+                   f"no active webhook {webhook_slug[:MAX_ECHOED_SLUG_CHARS]!r}")
+
+
+def _rate_limited(verdict, per_minute: int) -> Problem:
+    return Problem(429, "rate_limited",
+                   f"more than {per_minute} requests a minute; "
+                   f"retry in {verdict.retry_after_seconds} s",
+                   headers={"Retry-After": str(verdict.retry_after_seconds)})
+
+
+def _charge_repeat_to_the_sender(webhook, request) -> None:
+    """A repeated or replayed signed delivery spends the budget of the address that sent it,
+    not the webhook's: re-sending one captured body must not push the real sender into 429.
+    The token ``_verify`` took for it goes back."""
+    ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
+                              per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+    verdict = ratelimit.charge_client_failure(
+        "hook-failures", f"{webhook.pk}:{request.client}",
+        per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+    if not verdict.allowed:
+        raise _rate_limited(verdict, settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+
+
+def _verify(webhook, request, now):
+    """Verify, spending the right budget: a failure spends its client address's budget
+    for this webhook (and is a 429 once that is gone), a success the webhook's own — so no
+    number of failures can push a verified sender into 429."""
+    try:
+        envelope = verification.verify_delivery(
+            webhook, CaseInsensitiveMapping(request.headers), request.body, now=now)
+    except verification.VerificationFailed as failure:
+        raise _not_verified(webhook, request, failure) from None
+    check_rate(f"ingest:{webhook.pk}")
+    return envelope
+
+
+def _not_verified(webhook, request, failure) -> Problem:
+    """The 401 of a failed verification, charged to the client address's failure budget (a
+    429 once that is spent)."""
+    log.warning("webhook verification failed",
+                extra={"webhook": webhook.slug, "reason": failure.reason})
+    verdict = ratelimit.charge_client_failure(
+        "hook-failures", f"{webhook.pk}:{request.client}",
+        per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+    if not verdict.allowed:
+        return _rate_limited(verdict, settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
+    # A stale timestamp gets its own code, as in the delivery log: the sender's clock (or a
+    # replay) is the problem, not its secret.
+    code = Outcome.STALE_TIMESTAMP if failure.stale else Outcome.BAD_SIGNATURE
+    return Problem(401, code, f"delivery not verified: {failure.reason}", outcome=code)
+
+
+def _check_signed_payload(webhook, request, payload: dict, now) -> None:
+    """What the source signs inside the body (Linear's timestamp). A failure here is a failed
+    verification like any other: the webhook gets back the token ``_verify`` took for it."""
+    try:
+        verification.check_payload(webhook, payload, now=now)
+    except verification.VerificationFailed as failure:
+        ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
+                                  per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+        raise _not_verified(webhook, request, failure) from None
+
+
+def _is_url_verification(webhook, payload: dict) -> bool:
+    return webhook.source == Source.SLACK and payload.get("type") == "url_verification"
+
+
+def _answer_url_verification(webhook, request, body: bytes, payload: dict, now):
+    """Slack's handshake when an Events API request URL is saved: a signed body whose
+    ``challenge`` is answered as is (200). No todo; the delivery log records it."""
+    challenge = payload.get("challenge")
+    if (not isinstance(challenge, str) or not challenge or len(challenge) > MAX_CHALLENGE_CHARS
+            or not challenge.isprintable()):
+        raise Problem(400, "malformed_body",
+                      f"url_verification needs a challenge of 1-{MAX_CHALLENGE_CHARS} printable "
+                      "characters")
+    transitions.record_refused(
+        webhook, outcome=Outcome.ACCEPTED, status=200, now=now,
+        observe=lambda: dataclasses.replace(_observe(request, body), kind="url_verification"),
+        reason="url_verification: challenge answered, no todo")
+    log.info("slack url_verification answered", extra={"webhook": webhook.slug})
+    return plain.json_answer(200, {"challenge": challenge})
+
+
+def _retry_note(webhook, request) -> str:
+    """Slack says when a request is its retry of an unanswered one: kept in the delivery log."""
+    if webhook.source != Source.SLACK or not request.header("x-slack-retry-num"):
+        return ""
+    reason = one_line(request.header("x-slack-retry-reason") or "", 40)
+    return (f"slack retry {one_line(request.header('x-slack-retry-num'), 8)}"
+            + (f" ({reason})" if reason else ""))
+
+
+def _check_body_size(webhook, request) -> None:
+    if request.too_large:
+        raise too_large()
+    check_declared_length(request.header("content-length"))
+    if webhook.source == Source.UNSIGNED and len(request.body) > settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES:
+        raise Problem(413, "too_large",
+                      f"unsigned webhooks take bodies of at most "
+                      f"{settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES} bytes")
+
+
+def _duplicate_answer(event_id) -> dict:
+    """A repeated timestamped request: the todos its first arrival created, as duplicates."""
+    todos = queries.todos_of_delivery_event(event_id) if event_id else []
+    return {
+        "delivery": str(event_id) if event_id is not None else None,
+        "todos": [{"id": str(todo.pk), "endpoint": todo.endpoint.slug, "queue": todo.queue,
+                   "duplicate": True} for todo in todos],
+    }
+
+
+def answer_hook(request: plain.Request) -> plain.Answer:
+    """Verify one delivery and turn it into todos (202), or say why not. Runs in one thread
+    hop (switchboard.http.plain): lookup, verification, rate limit and the one write. Every
+    request naming a webhook is logged (``DeliveryRecord``): accepted ones in the delivery's own
+    statement, refused ones capped per minute (``transitions.record_refused``)."""
+    webhook_slug = request.slug
+    webhook = None
+    now = timezone.now()
+    try:
+        if request.method != "POST":
+            raise Problem(405, "method_not_allowed", "POST a webhook delivery here",
+                          headers={"Allow": "POST"})
+        _refuse_blocked_address(request, webhook_slug)
+        # A path that cannot be a slug (a NUL, say, which PostgreSQL refuses outright and
+        # which turned into a 503) is answered like any unknown webhook, without a query.
+        webhook, routes = (queries.find_webhook_with_routes(webhook_slug)
+                           if _could_be_slug(webhook_slug) else (None, None))
+        if webhook is None:
+            raise _refuse_unknown_webhook(request, webhook_slug)
+        _note_found(webhook_slug)
+        _check_body_size(webhook, request)
+        envelope = _verify(webhook, request, now)
+        body = request.body
+        payload, payload_storable = _parse_delivery_body(
+            webhook, media_type_of(request.header("content-type")), body)
+        _check_signed_payload(webhook, request, payload, now)
+        if _is_url_verification(webhook, payload):
+            return _answer_url_verification(webhook, request, body, payload, now)
+        kind = titles.derive_kind(webhook.source, envelope.event, payload)
+        _check_kind(kind)
+        delivery_id = _delivery_id(webhook, envelope, payload)
+        observed = _observe(request, body)
+        if kind or delivery_id:
+            observed = dataclasses.replace(observed, kind=kind or observed.kind,
+                                           delivery_id=delivery_id or observed.delivery_id)
+        body_sha256 = observed.body_sha256 or transitions.body_digest(body)
+        try:
+            arrival = transitions.ingest_delivery(
+                webhook=webhook, routes=routes, trust=envelope.trust, delivery_id=delivery_id,
+                kind=kind, title=titles.derive_title(webhook.source, kind, payload,
+                                                     webhook_slug=webhook.slug),
+                payload=payload, payload_storable=payload_storable, body_sha256=body_sha256,
+                observed=observed,
+                # Unsigned bodies prove nothing, so they have no replay to refuse.
+                fingerprint="" if envelope.trust == TrustMode.UNVERIFIED
+                else envelope.signed_digest or body_sha256,
+                timestamped=bool(envelope.signed_digest), note=_retry_note(webhook, request),
+                now=now,
+            )
+        except transitions.Refused as refused:
+            _charge_repeat_to_the_sender(webhook, request)
+            if refused.outcome == Outcome.REPLAY:
+                log.warning("webhook replay refused", extra={"webhook": webhook.slug,
+                                                             "delivery_id": delivery_id[:64]})
+                raise Problem(409, "replay",
+                              "this signed body was already accepted under another delivery id; "
+                              "a sender's redelivery keeps its delivery id",
+                              reason="body already accepted under another delivery id") from None
+            answer = _duplicate_answer(refused.duplicate_event_id)
+            transitions.record_refused(webhook, outcome=Outcome.DUPLICATE, status=202,
+                                       observe=lambda: observed, now=now,
+                                       todo_ids=[t["id"] for t in answer["todos"]],
+                                       reason="this signed request was already accepted")
+            return plain.json_answer(202, answer)
+    except Problem as problem:
+        push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
+        if webhook is not None:
+            transitions.record_refused(
+                webhook, outcome=problem.outcome, status=problem.status,
+                observe=lambda: _observe(request, request.body), reason=problem.reason, now=now)
+        return problem.answer()
+    except DatabaseError as exc:
+        push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
+        return storage_unavailable(exc, webhook=webhook_slug)
+    if arrival.todos and not any(created for _, created in arrival.todos):
+        # A redelivery of a live delivery (the same delivery id, docs/reference.md#idempotency):
+        # answered as a duplicate, charged as a repeat. The answer stays a 202 even past the
+        # sender's repeat budget: its work is already recorded, and a genuine sender retrying
+        # must not be told otherwise.
+        try:
+            _charge_repeat_to_the_sender(webhook, request)
+        except Problem:
+            pass
+    push_metrics.INGEST_ACCEPTED.labels(source=webhook.source).inc()
+    log.info("webhook delivery accepted", extra={
+        "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),
+        "todos_created": sum(1 for _, created in arrival.todos if created),
+    })
+    if webhook.source == Source.UNSIGNED:
+        # Anyone who knows the URL may post here: they learn that it was taken, not which
+        # endpoints and queues it reached or the ids of the rows it made.
+        return plain.json_answer(202, UNSIGNED_ACCEPTED)
+    return plain.json_answer(202, _arrival_answer(arrival))

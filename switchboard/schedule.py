@@ -1,0 +1,85 @@
+"""The periodic sweeps, declared once. Celery beat (``switchboard/celery.py``, production) and
+the embedded scheduler (``switchboard/scheduler.py``, under ``manage.py serve``) both read this
+table, so the two cannot run a sweep at different cadences or leave one out.
+
+Each entry runs one bounded sweep; overlapping runs are safe (every sweep claims its rows with a
+guarded statement), so a slow run never needs a lock. ``sweep`` is the plain function the
+embedded scheduler calls; ``task`` is the Celery task beat enqueues, a thin wrapper in the
+app's ``tasks.py`` that calls that same function (tests/test_celery_tasks.py checks each pair).
+Both are dotted paths, so this module imports no app: celery.py reads it before Django is set
+up. The operator's view of the table is docs/operating.md#the-sweeps.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class PeriodicSweep:
+    name: str  # the beat entry: what the sweep is for
+    sweep: str  # dotted path of the sweep function
+    task: str  # the registered name of the Celery task that calls it
+    every: timedelta
+
+
+SWEEPS = (
+    # A lapsed lease returns its todo to pending within about 5 s of its expiry
+    # (docs/reference.md#leases).
+    PeriodicSweep("return-lapsed-leases", "todos.sweeps.expire_lapsed_leases",
+                  "todos.tasks.expire_lapsed_leases", timedelta(seconds=5)),
+    # Failed todos whose backoff has passed go back to pending; 5 s keeps the 30 s first retry
+    # within a sixth of its interval (docs/reference.md#attempts-and-retries).
+    PeriodicSweep("promote-due-retries", "todos.sweeps.promote_due_retries",
+                  "todos.tasks.promote_due_retries", timedelta(seconds=5)),
+    # The board's throughput chart: settled audit events into per-minute and per-hour tallies.
+    # The board counts the unfolded events itself, so the cadence only bounds that read: 15 s
+    # keeps it to a couple of minutes of events.
+    PeriodicSweep("fold-throughput", "todos.sweeps.fold_throughput",
+                  "todos.tasks.fold_throughput", timedelta(seconds=15)),
+    # Scheduled todos become ready within about 5 s of their not_before
+    # (docs/work-control.md#scheduled-todos).
+    PeriodicSweep("release-due-scheduled-todos", "todos.sweeps.release_due_scheduled_todos",
+                  "todos.tasks.release_due_scheduled_todos", timedelta(seconds=5)),
+    # Todos awaiting approval past their endpoint's approval timeout are cancelled; at the
+    # other lifecycle sweeps' cadence, so a timeout is honoured within about 5 s
+    # (docs/work-control.md#approval).
+    PeriodicSweep("cancel-stale-approvals", "todos.sweeps.cancel_stale_approvals",
+                  "todos.tasks.cancel_stale_approvals", timedelta(seconds=5)),
+    # Idle MCP sessions end. The idle limit is an hour, so once a minute is plenty; the same
+    # pass zeroes the stream counts a crashed web process left behind
+    # (docs/reference.md#sessions-and-streams).
+    PeriodicSweep("expire-idle-mcp-sessions", "channels_push.sessions.sweeps.expire_idle_sessions",
+                  "channels_push.tasks.expire_idle_sessions", timedelta(seconds=60)),
+    # The doorbell heartbeat. The shortest re-ring interval is 5 min and a pass rings at most
+    # 3 todos, so every 30 s keeps a first re-ring within a tenth of its interval
+    # (docs/reference.md#doorbells).
+    PeriodicSweep("ring-due-doorbells", "channels_push.doorbells.sweeps.ring_due_todos",
+                  "channels_push.tasks.ring_due_todos", timedelta(seconds=30)),
+    # Shift starts and override ends send a digest; 30 s keeps it within half a minute of the
+    # boundary, and overlapping runs announce each boundary once (docs/reference.md#digests).
+    PeriodicSweep("announce-presence-boundaries",
+                  "channels_push.doorbells.sweeps.announce_presence_boundaries",
+                  "channels_push.tasks.announce_presence_boundaries", timedelta(seconds=30)),
+    # Retention: rows are kept for days, so hourly keeps any row within an hour of its due;
+    # each run deletes in bounded batches until it has caught up (docs/operating.md#retention).
+    PeriodicSweep("prune-history", "ingest.sweeps.prune_history_sweep",
+                  "ingest.tasks.prune_history", timedelta(hours=1)),
+    # Replay-ledger entries past the replay window (7 days by default) can refuse nothing; a
+    # minute's lag is nothing against a week, and one pass deletes a bounded batch.
+    PeriodicSweep("prune-replay-ledger", "ingest.sweeps.prune_replay_ledger",
+                  "ingest.tasks.prune_replay_ledger", timedelta(seconds=60)),
+    # Refused deliveries past the delivery log's per-minute cap are only counted (in Redis);
+    # every 15 s writes those counts, so the webhook page shows them within a quarter minute.
+    PeriodicSweep("fold-dropped-delivery-counts", "ingest.sweeps.fold_dropped_delivery_counts",
+                  "ingest.tasks.fold_dropped_delivery_counts", timedelta(seconds=15)),
+    # Operator secrets of ended todos already read as missing; this takes them off the disk. A
+    # minute's lag keeps a handed-over value at rest no longer than that after its todo ends.
+    PeriodicSweep("delete-secrets-of-ended-todos", "ingest.sweeps.delete_secrets_of_ended_todos",
+                  "ingest.tasks.delete_secrets_of_ended_todos", timedelta(seconds=60)),
+)
+
+
+def beat_schedule() -> dict:
+    """The table as Celery's ``beat_schedule``: entry name -> task and interval in seconds."""
+    return {entry.name: {"task": entry.task, "schedule": entry.every.total_seconds()}
+            for entry in SWEEPS}
