@@ -26,6 +26,17 @@ lookup and durable write with psycopg and nothing else, the least any Python ser
 delivery here: the target's denominator. It tells how much of the gap to the floor is the
 database write itself and how much is switchboard.
 
+``--compare-tree DIR`` is an A/B: a second switchboard daphne served from another checkout of
+this repository (``git worktree add DIR <commit>``), line ``compare``, on the same database with
+the same kind of requests, alternating with ``switchboard`` round by round (the order of the
+targets reverses every round, so drift does not favour the one that goes first). Each round is
+printed, and at the end the per-round ratios compare/switchboard with their median and range.
+``--no-reference`` leaves out ``floor`` and ``bare-sql`` (fewer processes, shorter rounds).
+
+PostgreSQL's share is measured too: every daphne connects under an application name of its
+own (``PGAPPNAME``), and the CPU of that server's backends (``pg_stat_activity``, then
+/proc/<pid>/stat) is read around each round. Run it on the machine the database runs on.
+
 ``--sources github,linear,slack,sentry`` adds one switchboard line per sender (``sb-linear``,
 …): the same daphne and load, each sender's own signature scheme and a payload of its shape
 (Linear's body timestamp and Slack's header timestamp are signed just before each round, so no
@@ -144,11 +155,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_daphne(app: str, port: int, env: dict, log_path: Path) -> subprocess.Popen:
+def start_daphne(app: str, port: int, env: dict, log_path: Path,
+                 tree: Path = REPO) -> subprocess.Popen:
     log = open(log_path, "wb")
     return subprocess.Popen(
         [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=tree, env={**env, "PYTHONPATH": str(tree)}, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -314,6 +327,29 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def app_name(server: str) -> str:
+    return f"bench-ingest-{server}"
+
+
+def backend_cpu_seconds(monitor, server: str) -> dict:
+    """``{pid: CPU seconds so far}`` of the PostgreSQL backends ``server``'s daphne holds."""
+    rows = monitor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                           (app_name(server),)).fetchall()
+    return {pid: process_cpu_seconds(pid) for (pid,) in rows}
+
+
+def backend_cpu_spent(before: dict, after: dict) -> tuple[float, int]:
+    """CPU the backends spent between two readings, and how many backends ended in between
+    (their share is lost: the pool keeps its connections, so this should stay 0)."""
+    spent = sum(cpu - before.get(pid, 0.0) for pid, cpu in after.items())
+    return spent, len(before.keys() - after.keys())
+
+
+def ratio_summary(values: list) -> str:
+    return (f"median {statistics.median(values):.3f}  range {min(values):.3f}-{max(values):.3f}"
+            f"  ({len(values)} rounds)")
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -326,7 +362,13 @@ def main():
     parser.add_argument("--max-seconds", type=float, default=60.0, help="cap per round")
     parser.add_argument("--sources", default="github",
                         help=f"comma-separated senders to measure, of {','.join(SOURCES)}")
+    parser.add_argument("--compare-tree", type=Path, default=None,
+                        help="another checkout of this repository: served as line 'compare'")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="leave out the floor and bare-sql lines")
     args = parser.parse_args()
+    if args.compare_tree is not None and not (args.compare_tree / "manage.py").is_file():
+        sys.exit(f"--compare-tree: {args.compare_tree} is not a checkout of this repository")
     sources = [name.strip() for name in args.sources.split(",") if name.strip()]
     if not sources or set(sources) - set(SOURCES):
         sys.exit(f"--sources: pick from {','.join(SOURCES)}")
@@ -346,19 +388,33 @@ def main():
     logs.mkdir(exist_ok=True)
     env["BENCH_BARE_SQL_DSN"] = database_url
     env["BENCH_WEBHOOK_SECRET"] = SECRET
-    ports = {"floor": free_port(), "switchboard": free_port(), "bare-sql": free_port()}
     apps = {"floor": "bench.bare_asgi:application", "switchboard": "switchboard.asgi:application",
             "bare-sql": "bench.bare_sql_asgi:application"}
+    trees = dict.fromkeys(apps, REPO)
+    if args.no_reference:
+        del apps["floor"], apps["bare-sql"]
+    if args.compare_tree is not None:
+        apps["compare"] = "switchboard.asgi:application"
+        trees["compare"] = args.compare_tree.resolve()
+    ports = {name: free_port() for name in apps}
     # Every target: (daphne it is served by, the sender whose requests it gets). The sender
-    # lines share switchboard's daphne; floor and bare-sql get GitHub's requests.
-    targets = {"floor": ("floor", "github")}
+    # lines share switchboard's daphne; floor, bare-sql and compare get GitHub's requests.
+    targets = {"floor": ("floor", "github")} if "floor" in apps else {}
     targets.update({target_name(source): ("switchboard", source) for source in sources})
-    targets["bare-sql"] = ("bare-sql", "github")
+    if "compare" in apps:
+        targets["compare"] = ("compare", "github")
+    if "bare-sql" in apps:
+        targets["bare-sql"] = ("bare-sql", "github")
     processes = {}
+    import psycopg
+
+    monitor = psycopg.connect(database_url, autocommit=True)
     try:
         for name in apps:
             log_path = logs / f"bench-ingest-{name}.log"
-            processes[name] = start_daphne(apps[name], ports[name], env, log_path)
+            processes[name] = start_daphne(apps[name], ports[name],
+                                           {**env, "PGAPPNAME": app_name(name)}, log_path,
+                                           trees[name])
             wait_until_serving(ports[name], processes[name], log_path)
         run_id = uuid.uuid4().hex[:12]
         # Signed per round, just before it is sent: Linear's and Slack's timestamps age.
@@ -366,22 +422,36 @@ def main():
                       ports[server], source_requests(source, 0, args.warmup, f"{run_id}{name}"),
                       args.concurrency, args.max_seconds))
                   for name, (server, source) in targets.items()}
-        results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}, "cpu": 0.0}
+        results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}, "cpu": 0.0,
+                          "db_cpu": 0.0, "lost_backends": 0, "rounds": []}
                    for name in targets}
         for round_number in range(args.rounds):
             start = args.warmup + round_number * args.deliveries
-            for name, (server, source) in targets.items():
+            order = list(targets.items())
+            if round_number % 2:
+                order.reverse()  # A B, B A, …: whichever goes first gains nothing from drift
+            for name, (server, source) in order:
                 batch = source_requests(source, start, args.deliveries, f"{run_id}{name}")
+                db_before = backend_cpu_seconds(monitor, server)
                 cpu_before = process_cpu_seconds(processes[server].pid)
                 elapsed, latencies, statuses = asyncio.run(
                     drive(ports[server], batch, args.concurrency, args.max_seconds))
+                cpu = process_cpu_seconds(processes[server].pid) - cpu_before
+                db_cpu, lost = backend_cpu_spent(db_before, backend_cpu_seconds(monitor, server))
                 result = results[name]
-                result["cpu"] += process_cpu_seconds(processes[server].pid) - cpu_before
+                result["cpu"] += cpu
+                result["db_cpu"] += db_cpu
+                result["lost_backends"] += lost
                 result["elapsed"] += elapsed
                 result["latencies"] += latencies
+                done = max(1, len(latencies))
+                result["rounds"].append({"rate": len(latencies) / elapsed if elapsed else 0.0,
+                                         "cpu_ms": cpu / done * 1000,
+                                         "db_cpu_ms": db_cpu / done * 1000})
                 for status, count in statuses.items():
                     result["statuses"][status] = result["statuses"].get(status, 0) + count
     finally:
+        monitor.close()
         for process in processes.values():
             stop(process)
 
@@ -401,13 +471,37 @@ def main():
               for name, result in results.items()}
     print("  daphne CPU per delivery: " + ", ".join(
         f"{name} {cpu_ms[name]:.2f} ms" for name in targets))
-    if "switchboard" in rates and rates["bare-sql"] and rates["floor"]:
+    db_ms = {name: result["db_cpu"] / max(1, len(result["latencies"])) * 1000
+             for name, result in results.items()}
+    print("  PostgreSQL backend CPU per delivery: " + ", ".join(
+        f"{name} {db_ms[name]:.2f} ms" for name in targets))
+    lost = {name: result["lost_backends"] for name, result in results.items()
+            if result["lost_backends"]}
+    if lost:
+        print(f"  (backends that ended mid-round, their CPU not counted: {lost})")
+    if "compare" in results and "switchboard" in results:
+        print("  per round (deliveries/s | daphne ms | PostgreSQL ms per delivery):")
+        for number, (ours, theirs) in enumerate(zip(results["switchboard"]["rounds"],
+                                                    results["compare"]["rounds"]), 1):
+            print(f"    {number:>3}  switchboard {ours['rate']:7.1f} | {ours['cpu_ms']:5.2f} |"
+                  f" {ours['db_cpu_ms']:5.2f}    compare {theirs['rate']:7.1f} |"
+                  f" {theirs['cpu_ms']:5.2f} | {theirs['db_cpu_ms']:5.2f}")
+        pairs = list(zip(results["switchboard"]["rounds"], results["compare"]["rounds"]))
+        for label, of in (("deliveries/s", lambda r: r["rate"]),
+                          ("daphne CPU per delivery", lambda r: r["cpu_ms"]),
+                          ("PostgreSQL CPU per delivery", lambda r: r["db_cpu_ms"]),
+                          ("daphne + PostgreSQL CPU per delivery",
+                           lambda r: r["cpu_ms"] + r["db_cpu_ms"])):
+            ratios = [of(theirs) / of(ours) for ours, theirs in pairs if of(ours)]
+            if ratios:
+                print(f"  compare/switchboard {label}: {ratio_summary(ratios)}")
+    if "switchboard" in rates and "bare-sql" in rates and rates["bare-sql"] and rates["floor"]:
         print(f"  ratio switchboard/bare-sql = {rates['switchboard'] / rates['bare-sql']:.2f} "
               f"(target >= 0.75); by daphne CPU per delivery bare-sql/switchboard = "
               f"{cpu_ms['bare-sql'] / cpu_ms['switchboard']:.2f}")
         print(f"  (information) switchboard/floor = {rates['switchboard'] / rates['floor']:.2f}, "
               f"bare-sql/floor = {rates['bare-sql'] / rates['floor']:.2f}")
-    ours = [target_name(source) for source in sources]
+    ours = [target_name(source) for source in sources] + ["compare"] * ("compare" in targets)
     sent = sum(len(warmed[name][1]) + len(results[name]["latencies"]) for name in ours)
     todos = count_bench_todos(env)
     print(f"  todos created {todos} for {sent} deliveries sent (one per delivery: {todos == sent})")
