@@ -422,6 +422,12 @@ def main():
                       ports[server], source_requests(source, 0, args.warmup, f"{run_id}{name}"),
                       args.concurrency, args.max_seconds))
                   for name, (server, source) in targets.items()}
+        # Fresh statistics before measuring, as autovacuum would have taken by now; a server
+        # with autovacuum off (a shared test box) never does. Without them a server's pooled
+        # connections keep whatever generic plan they chose while the tables were nearly
+        # empty (ANALYZE invalidates those plans), and a lookup planned on the wrong index
+        # then costs more each round as the tables grow.
+        monitor.execute("ANALYZE")
         results = {name: {"elapsed": 0.0, "latencies": [], "statuses": {}, "cpu": 0.0,
                           "db_cpu": 0.0, "lost_backends": 0, "rounds": []}
                    for name in targets}
