@@ -18,8 +18,8 @@ What is measured on switchboard's side: ``POST /hooks/<slug>`` as production ser
 ASGI app (``switchboard/http/plain.py``) calling ``ingest.hook.answer_hook`` in one thread
 hop: webhook lookup, rate limit (Redis), signature, strict JSON, then the writes: for a
 delivery matching one route, one autocommit statement (delivery event, replay-ledger entry,
-delivery-log record, todo, its create event; see README), then the board publish and the
-doorbell check.
+delivery-log record, todo, its create event; docs/decisions/one-statement-delivery.md),
+then the board publish and the doorbell check.
 
 A diagnostic third line, ``bare-sql`` (``bench/bare_sql_asgi.py``, a third daphne): the same
 lookup and durable write with psycopg and nothing else, the least any Python server can do per
