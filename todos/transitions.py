@@ -1068,8 +1068,8 @@ def resolve_not_before(*, not_before=None, delay_seconds=None, now):
             when = None
     if not isinstance(when, datetime) or when.tzinfo is None:
         raise Refusal("invalid_argument",
-                      "not_before must be an ISO-8601 time with a time zone, e.g. "
-                      "2030-01-01T09:00:00Z")
+                      "not_before must be an ISO-8601 time with a time zone, "
+                      "such as YYYY-MM-DDTHH:MM:SSZ")
     if when < now - NOT_BEFORE_PAST_TOLERANCE:
         raise Refusal("invalid_argument", "not_before is in the past (more than a minute ago)")
     if when > now + MAX_SCHEDULE_AHEAD:

@@ -159,7 +159,7 @@ def test_add_webhook_route_command_takes_actors_and_roles(capsys, make_webhook, 
     assert (route.actors, route.author_associations) == (["alice", "bob"], ["MEMBER", "OWNER"])
     run = run_manage(capsys, "add_webhook_route", webhook.slug, endpoint.slug, "--queue", "other",
                      "--author-association", "BOSS")
-    assert run.code != 0 and "author-association:" in run.err  # names the flag
+    assert run.code != 0 and "--author-association:" in run.err  # names the flag
 
 
 def test_the_webhook_page_shows_the_rule_and_the_filtered_outcome(trusted_hook, operator):

@@ -70,11 +70,11 @@ class Command(JsonCommand):
 
 
 def _field_messages(exc: ValidationError) -> list:
-    """Each message prefixed with the field it is about (``priority: …``), so a bad flag is
+    """Each message prefixed with the flag it is about (``--priority: …``), so a bad flag is
     named, not only described."""
     if not hasattr(exc, "error_dict"):
         return exc.messages
-    return [f"{FLAG_OF_FIELD.get(field, field.replace('_', '-'))}: {message}"
+    return [f"--{FLAG_OF_FIELD.get(field, field.replace('_', '-'))}: {message}"
             for field, errors in exc.error_dict.items()
             for error in errors for message in error.messages]
 
