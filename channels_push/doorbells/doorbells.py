@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from endpoints.models import Presence
-from switchboard import metrics
+from switchboard import harness_text, metrics
 from switchboard.db import statements
 from todos import transitions as todo_transitions
 
@@ -68,13 +68,13 @@ def todo_doorbell(todo) -> dict:
     without a round trip. A todo whose own kind is ``digest`` (kind is copied from the payload,
     an open vocabulary) carries it as ``todo_kind``, so no todo doorbell can pass for a digest
     (SPEC-0011)."""
-    kind = doorbell_text.sanitize_meta_value(todo.kind or "")
+    kind = harness_text.sanitize_meta_value(todo.kind or "")
     kind_key = "todo_kind" if kind.lower() == DIGEST_KIND else "kind"
     meta = doorbell_text.build_meta([("todo_id", todo.pk), ("queue", todo.queue), (kind_key, kind),
                                      ("source", todo.source), ("trust", todo.trust)])
     label = f" [{meta[kind_key]}]" if kind_key in meta else ""
-    content = (f"Todo {todo.pk} ready in {doorbell_text.sanitize_content(todo.queue)}{label}: "
-               f"{doorbell_text.sanitize_content(todo.title)}")
+    content = (f"Todo {todo.pk} ready in {harness_text.sanitize_content(todo.queue)}{label}: "
+               f"{harness_text.sanitize_content(todo.title)}")
     return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
 
 
@@ -106,7 +106,7 @@ def digest_doorbell(counts: dict, oldest_age, reason: str, *, unverified: int = 
         raise ValueError(f"unknown digest reason {reason!r}")
     queues = sorted(counts)
     pending = sum(counts.values())
-    per_queue = ", ".join(f"{doorbell_text.sanitize_content(queue)} {counts[queue]}"
+    per_queue = ", ".join(f"{harness_text.sanitize_content(queue)} {counts[queue]}"
                           for queue in queues)
     content = (f"Digest ({reason}): {pending} pending todo{'s' if pending != 1 else ''} "
                f"({per_queue}), {unverified} unverified; oldest waiting "
