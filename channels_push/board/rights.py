@@ -9,7 +9,7 @@ owner's stream with the next batch).
 """
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import import_module
 
 from django.conf import settings
@@ -20,17 +20,20 @@ from channels_push.bus import groups, publish
 
 @dataclass
 class Viewer:
-    """Who is watching: what decides which rows their stream may carry."""
+    """Who is watching: what decides which rows their stream may carry. ``user``: the user as
+    read with this viewer, for a stream whose right depends on more than the flag (a webhook
+    page asks whether its webhook is still theirs)."""
 
     user_id: int
     superuser: bool
+    user: object = field(default=None, compare=False, repr=False)
 
     def may_see(self, owner_id) -> bool:
         return self.superuser or owner_id == self.user_id
 
 
 def find_viewer(user) -> Viewer:
-    return Viewer(user_id=user.pk, superuser=user.is_superuser)
+    return Viewer(user_id=user.pk, superuser=user.is_superuser, user=user)
 
 
 def _session_matches(data: dict | None, user) -> bool:
