@@ -1,10 +1,11 @@
-"""Untrusted text an agent's harness can show without being steered by it (CONTRACT §7).
+"""Untrusted text an agent's harness can show without being steered by it
+(docs/reference.md#doorbells).
 
 A doorbell's ``content`` and ``meta`` are rendered by the agent's harness inside a
 ``<channel …>…</channel>`` wrapper, next to the harness's own tags (``<system-reminder>`` and
 the like). Titles, kinds and sources come from the open internet, so no spelling of a tag may
 survive: blocklisting ``</channel>`` lost to zero-width characters, fullwidth forms and
-attributes (issue 12). Instead every ``<`` and ``>`` is replaced, after NFKC — NFKC turns
+attributes. Instead every ``<`` and ``>`` is replaced, after NFKC — NFKC turns
 ``＜`` (U+FF1C), ``﹤`` (U+FE64) and friends INTO ``<``, so replacing first would let them back
 in — and control, format, private-use and surrogate characters (ANSI escapes, bidi overrides,
 zero-width joiners) are removed. Meta values are held to a small alphabet, so a value can never
@@ -51,7 +52,7 @@ def sanitize_content(text) -> str:
 
 def sanitize_meta_value(value) -> str:
     """A meta value over ``[A-Za-z0-9_.:/@#+-]``, at most META_VALUE_MAX_CHARS: whitespace
-    trimmed and folded, NFKC (so fullwidth letters stay legible), then every other character replaced by ``_``. Clipped
-    without an ellipsis, which would itself be off the alphabet."""
+    trimmed and folded, NFKC (so fullwidth letters stay legible), then every other character
+    replaced by ``_``. Clipped without an ellipsis, which would itself be off the alphabet."""
     text = unicodedata.normalize("NFKC", _fold_whitespace(str(value)))
     return _OFF_ALPHABET_RE.sub(META_VALUE_SUBSTITUTE, text)[:META_VALUE_MAX_CHARS]

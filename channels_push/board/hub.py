@@ -1,7 +1,7 @@
 """The process's one reader of the board group, and its one re-checker of every operator
 stream's viewer (``BoardHub``).
 
-Shared per process (issue 17): one ``BoardHub`` is the process's single reader of the board
+Shared per process: one ``BoardHub`` is the process's single reader of the board
 group. Per committed batch it reads the changed rows ONCE (one query, owners included) and
 renders each distinct board view (query string) once, and every stream picks the rows its
 viewer may see; every keep-alive interval, and with every batch before any row is sent, it
@@ -232,9 +232,9 @@ class BoardHub:
                 log.exception("board stream re-check failed", extra={"streams": len(self.streams)})
 
     async def recheck(self) -> None:
-        """Every viewer of every stream, in one database hop (CONTRACT §12). The database
-        being unreachable is not a logout: streams keep their keep-alives and the next
-        interval checks again."""
+        """Every viewer of every stream, in one database hop
+        (docs/security.md#who-may-read-who-may-act). The database being unreachable is not a
+        logout: streams keep their keep-alives and the next interval checks again."""
         streams = [stream for stream in self.streams if not stream.closed]
         if not streams:
             return

@@ -1,4 +1,4 @@
-"""``/todos/events``: the Todos board's Server-Sent Events stream (CONTRACT §9).
+"""``/todos/events``: the Todos board's Server-Sent Events stream (docs/console.md#the-board-todos).
 
 Fed by the channel-layer group ``todos.board`` that ``publish.deliver`` sends every committed
 todo change to, in per-process batches (``todos.changed``). Changes an operator may see are
@@ -44,7 +44,7 @@ log = logging.getLogger("switchboard.board_stream")
 
 # Keep-alive comments: settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS (15 s: proxies close an
 # idle response after 30-60 s). Each one also re-checks the viewer's Django session and
-# is_active (CONTRACT §12), so a logged-out or deactivated operator's stream ends by then.
+# is_active, so a logged-out or deactivated operator's stream ends by then.
 
 # How soon the browser reconnects after a drop (the SSE ``retry`` field).
 RECONNECT_DELAY = timedelta(seconds=2)
@@ -52,7 +52,7 @@ RECONNECT_DELAY = timedelta(seconds=2)
 
 class _OpenBoards:
     """This process's open board streams per user, oldest first: a user's fifth stream closes
-    their oldest (CONTRACT §12 cap, per process; a browser tab left behind is the usual
+    their oldest (the cap is per process; a browser tab left behind is the usual
     oldest, and refusing the new tab would leave the operator with a dead board)."""
 
     def __init__(self):
@@ -223,7 +223,7 @@ class BoardStreamConsumer:
             return False
 
         # Redis unreachable: the stream still opens and keeps its keep-alives while the reader
-        # keeps trying to join (CONTRACT §12), never a failed request.
+        # keeps trying to join (docs/operating.md#when-redis-is-down), never a failed request.
         reader = asyncio.ensure_future(group_reader.follow_groups(
             layer, groups, membership, on_message, context,
             retry_seconds=self.layer_retry_seconds, on_join=self.on_own_join))
@@ -359,14 +359,15 @@ def application():
 
 class GroupStreamConsumer(BoardStreamConsumer):
     """A board page's live stream of one channel-layer group (a webhook page's deliveries,
-    CONTRACT §14): a board stream in all but its content, so it shares the board's cap per
-    viewer, its hub's re-checks and its behaviour with a dependency down. ``authorize(user,
-    url_kwargs)`` — a sync function the routing file passes in — names the group the user may
-    watch, or None (403). As for the Todos board: join the group FIRST, then send ``sync`` (the
-    page re-fetches; again after every rejoin), and forward each ``stream.event`` message as an
-    SSE event of its ``event`` name. Every keep-alive interval the hub re-checks the viewer
-    with their current rights (signed out, deactivated, demoted, the webhook given to another
-    owner: the stream ends). The messages carry ids and outcomes, never a body."""
+    docs/console.md#a-webhook-todoswebhooksslug): a board stream in all but its content, so it
+    shares the board's cap per viewer, its hub's re-checks and its behaviour with a dependency
+    down. ``authorize(user, url_kwargs)`` — a sync function the routing file passes in — names
+    the group the user may watch, or None (403). As for the Todos board: join the group FIRST,
+    then send ``sync`` (the page re-fetches; again after every rejoin), and forward each
+    ``stream.event`` message as an SSE event of its ``event`` name. Every keep-alive interval
+    the hub re-checks the viewer with their current rights (signed out, deactivated, demoted,
+    the webhook given to another owner: the stream ends). The messages carry ids and outcomes,
+    never a body."""
 
     shows_board = False
 

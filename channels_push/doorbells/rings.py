@@ -1,4 +1,4 @@
-"""Ring bookkeeping: which attached sessions a doorbell goes to (CONTRACT §7).
+"""Ring bookkeeping: which attached sessions a doorbell goes to (docs/reference.md#doorbells).
 
 A session's last doorbell time is written here, one guarded statement per pick, so
 overlapping publishers and sweeps agree without locks held across round trips. What a ring
@@ -15,8 +15,8 @@ from channels_push.sessions import queries
 from todos import queries as todo_queries
 from todos import transitions as todo_transitions
 
-# A re-attach does not ring the same todo again within this long (SPEC-0011 "Reconnecting
-# session is rung"): an agent whose stream flaps must not be woken again and again.
+# A re-attach does not ring the same todo again within this long: an agent whose stream flaps
+# must not be woken again and again.
 RECONNECT_COOLDOWN = timedelta(seconds=60)
 
 

@@ -6,7 +6,7 @@ import re
 from switchboard.harness_text import META_VALUE_MAX_CHARS, sanitize_meta_value
 
 META_KEY_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
-# Joins the names of a list-valued meta entry (the digest's ``queues``, §8). A comma never
+# Joins the names of a list-valued meta entry (the digest's ``queues``). A comma never
 # comes from a value itself (values are held to the alphabet), so splitting on it is exact.
 META_LIST_SEPARATOR = ","
 

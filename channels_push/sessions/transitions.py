@@ -1,4 +1,4 @@
-"""Every write on an MCP session's lifecycle (CONTRACT §3, §6).
+"""Every write on an MCP session's lifecycle (docs/reference.md#sessions-and-streams).
 
 Each function is one guarded UPDATE (``… WHERE id = … AND endpoint = … AND terminated_at IS
 NULL``): the guard is what pins a session to its endpoint and makes a terminated session dead
@@ -62,8 +62,8 @@ def open_session(*, endpoint, protocol_version: str, client_name: str = "",
 
 
 def evict_sessions_over_cap(*, credential_id: int, keep: str, cap: int, now=None) -> list[str]:
-    """End the live sessions of ``credential_id`` beyond the ``cap`` it may hold (CONTRACT
-    §12): ``keep`` (the one just minted) stays, then sessions with an open stream, then the
+    """End the live sessions of ``credential_id`` beyond the ``cap`` it may hold:
+    ``keep`` (the one just minted) stays, then sessions with an open stream, then the
     most recently seen; the oldest idle go first. One guarded UPDATE; concurrent initializes
     may each leave up to ``cap`` as they saw it, and the next initialize trims again."""
     now = now or timezone.now()
@@ -197,7 +197,7 @@ def renew_stream_host(*, host_id: str, now=None) -> bool:
 def check_stream_sessions(*, session_ids, now=None) -> set[str]:
     """The process heartbeat's re-check of every session it holds a stream of, in one read:
     which are still live with a credential that still gives its rights (unexpired or in grace,
-    endpoint active, owner active; CONTRACT §12). The others end here (one guarded UPDATE for
+    endpoint active, owner active). The others end here (one guarded UPDATE for
     all of them) and the caller closes their streams. Returns the ids still allowed. A process
     whose streams' state did not change writes nothing."""
     now = now or timezone.now()
@@ -219,7 +219,7 @@ def check_stream_sessions(*, session_ids, now=None) -> set[str]:
 
 
 def _session_rights_sql(params: dict, now) -> str:
-    """SQL over a session row ``s``: its credential still gives its rights (§12)."""
+    """SQL over a session row ``s``: its credential still gives its rights."""
     return queries.session_rights_sql("s", params, now)
 
 
