@@ -34,13 +34,14 @@ def stream_lease_renew() -> timedelta:
     return stream_lease() * 0.4
 
 
-def _time(value):
+def sql_time(value):
+    """A time as a statement's parameter, as the backend compares it (SQLite: its stored text)."""
     return connection.ops.adapt_datetimefield_value(value)
 
 
 def stream_open_sql(alias: str, params: dict, now) -> str:
     """SQL over the session row ``alias``: it has an open notification stream now."""
-    params["stream_alive_at"] = _time(now)
+    params["stream_alive_at"] = sql_time(now)
     # COALESCE: never NULL (a NULL would sort first in the doorbell's ``ORDER BY … DESC``).
     return (f"({alias}.open_streams > 0 AND (COALESCE({alias}.stream_lease_until"
             " > %(stream_alive_at)s, FALSE)"
@@ -57,7 +58,7 @@ def session_rights_sql(alias: str, params: dict, now) -> str:
 
     joins, rights = endpoint_queries.credential_rights_sql("sc", "se", "su",
                                                            now_param="rights_now")
-    params["rights_now"] = _time(now)
+    params["rights_now"] = sql_time(now)
     return (f"EXISTS (SELECT 1 FROM endpoints_credential sc{joins}"
             f" WHERE sc.id = {alias}.credential_id AND {rights})")
 
@@ -67,7 +68,7 @@ def attached_sql(alias: str, params: dict, now) -> str:
     request within the attach window), and still allowed to hear anything: a session whose
     credential lost its rights is no receiver even while its stream waits for the keep-alive
     that closes it. Adds its parameters to ``params`` (named style)."""
-    params["attach_since"] = _time(now - settings.SWITCHBOARD_ATTACH_WINDOW)
+    params["attach_since"] = sql_time(now - settings.SWITCHBOARD_ATTACH_WINDOW)
     return (f"({alias}.terminated_at IS NULL AND ({stream_open_sql(alias, params, now)}"
             f" OR {alias}.last_seen_at >= %(attach_since)s)"
             f" AND {session_rights_sql(alias, params, now)})")

@@ -17,22 +17,15 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from endpoints import queries as endpoint_queries
+from switchboard.db import statements
 
 from channels_push.models import McpSession, StreamAttachment, StreamHost
 
 from . import holders, queries
 
 
-def _postgres() -> bool:
-    return connection.vendor == "postgresql"
-
-
-def _time(value):
-    return connection.ops.adapt_datetimefield_value(value)
-
-
 def _id_list(column: str, param: str, params: dict, values) -> str:
-    if _postgres():
+    if statements.is_postgres():
         params[param] = list(values)
         return f"{column} = ANY(%({param})s)"
     params[param] = json.dumps(list(values))
@@ -101,7 +94,7 @@ def find_endpoint_with_session(*, slug: str, credential: str, session_id: str | 
                  " AND s.terminated_at IS NULL",
         join_columns={"session_live": "s.id IS NOT NULL",
                       "session_fresh": "COALESCE(s.last_seen_at >= %(fresh_since)s, FALSE)"},
-        join_params={"session_id": session_id, "fresh_since": _time(now - fresh_within)},
+        join_params={"session_id": session_id, "fresh_since": queries.sql_time(now - fresh_within)},
     )
 
 
@@ -182,7 +175,7 @@ def register_stream_host(*, host_id: str, now=None, renew: bool = True) -> None:
         cursor.execute(
             "INSERT INTO channels_push_streamhost (id, started_at, lease_until)"
             f" VALUES (%s, %s, %s) ON CONFLICT (id) {on_conflict}",
-            [host_id, _time(now), _time(lease_until)])
+            [host_id, queries.sql_time(now), queries.sql_time(lease_until)])
 
 
 def renew_stream_host(*, host_id: str, now=None) -> bool:
@@ -247,7 +240,7 @@ def expire_idle_sessions(*, idle_before, limit: int, now=None) -> int:
     ``limit`` of them. Safe when two runs overlap: each row's guard (still live) is re-checked
     by the UPDATE itself."""
     now = now or timezone.now()
-    params = {"idle_before": _time(idle_before), "limit": limit}
+    params = {"idle_before": queries.sql_time(idle_before), "limit": limit}
     streaming = queries.stream_open_sql("s", params, now)
     with connection.cursor() as cursor:
         cursor.execute("SELECT s.id FROM channels_push_mcpsession s"
