@@ -17,7 +17,7 @@ class ChannelsPushConfig(AppConfig):
         # Presence turned in / paused work resumed (endpoints.transitions): one digest.
         publish.add_endpoint_listener(doorbells.digest_on_endpoint_change)
 
-        # A logout ends the board streams its Django session opened (CONTRACT §12). The signal,
+        # A logout ends the board streams its Django session opened. The signal,
         # not a view: the board's logout, the admin's and OIDC's all end in auth.logout, which
         # sends it. It only sends a message; the streams' keep-alive re-check is the guarantee.
         from django.contrib.auth.signals import user_logged_out

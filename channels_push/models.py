@@ -1,4 +1,4 @@
-"""MCP sessions as database rows (CONTRACT §3, §6).
+"""MCP sessions as database rows (docs/reference.md#sessions-and-streams).
 
 A session lives in the database, not in a process's memory, so it survives a restart of the
 web process and any web process can serve any request of it (no sticky routing).
@@ -23,7 +23,7 @@ class McpSession(models.Model):
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", on_delete=models.CASCADE, related_name="mcp_sessions"
     )
-    # The credential that opened the session (CONTRACT §12): every request and every stream
+    # The credential that opened the session: every request and every stream
     # keep-alive must present it, and while it still gives its rights. Deleting the credential
     # deletes its sessions. Null only for sessions minted before binding existed, which no
     # credential matches (their clients initialize again).
@@ -74,7 +74,7 @@ class McpSession(models.Model):
                 fields=["terminated_at"], name="mcp_session_prune",
                 condition=Q(terminated_at__isnull=False),
             ),
-            # Attached sessions of an endpoint (the doorbell's pool, issue 5).
+            # Attached sessions of an endpoint (the doorbell's pool).
             models.Index(
                 fields=["endpoint", "last_seen_at"], name="mcp_session_live_by_endpoint",
                 condition=Q(terminated_at__isnull=True),
@@ -94,7 +94,7 @@ def mint_host_id() -> str:
 
 
 class StreamHost(models.Model):
-    """One web process that holds MCP notification streams, and its lease (issue 17).
+    """One web process that holds MCP notification streams, and its lease.
 
     An idle stream writes nothing: the process renews this one row every
     ``queries.stream_lease_renew()`` for all the streams it holds, and the streams count as

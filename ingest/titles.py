@@ -7,7 +7,7 @@ the doorbell neutralises ``</channel>`` — titles here only have to be readable
 
 import re
 
-from channels_push.doorbells import text as doorbell_text
+from switchboard import harness_text
 from todos.models import Todo
 
 from .models import Source
@@ -199,7 +199,7 @@ def slack_text(text) -> str:
     text = _SLACK_MARKUP_RE.sub(_slack_markup, _text(text))
     for entity, char in _SLACK_ENTITIES:
         text = text.replace(entity, char)
-    text = doorbell_text.sanitize_content(text)
+    text = harness_text.sanitize_content(text)
     return text if len(text) <= MAX_SLACK_TEXT_CHARS else text[:MAX_SLACK_TEXT_CHARS - 1] + "…"
 
 

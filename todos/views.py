@@ -609,12 +609,13 @@ def metrics(request):
     (without a token: nobody else in production, loopback on the embedded default)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    from switchboard import metrics as push_metrics
+    from . import metrics as queue_metrics
 
     refusal = _refuse_metrics(request)
     if refusal is not None:
         return refusal
-    return HttpResponse(generate_latest(push_metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    # switchboard.metrics' registry, with the queue series todos.metrics registers in it.
+    return HttpResponse(generate_latest(queue_metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
 # -- the endpoint's page -------------------------------------------------------------------------

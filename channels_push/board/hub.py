@@ -1,6 +1,7 @@
-"""The process's one reader of the board group (``BoardHub``).
+"""The process's one reader of the board group, and its one re-checker of every operator
+stream's viewer (``BoardHub``).
 
-Shared per process (issue 17): one ``BoardHub`` is the process's single reader of the board
+Shared per process: one ``BoardHub`` is the process's single reader of the board
 group. Per committed batch it reads the changed rows ONCE (one query, owners included) and
 renders each distinct board view (query string) once, and every stream picks the rows its
 viewer may see; every keep-alive interval, and with every batch before any row is sent, it
@@ -13,6 +14,9 @@ stream: after a batch the hub reads the glance of the endpoints it touched
 (``todos.queries.board_glance``), at most once per GLANCE_INTERVAL, and sends each stream a
 ``glance`` event with the endpoints its viewer may see. The page re-reads the whole glance on
 ``sync``, like its rows.
+
+A webhook page's stream (``stream.GroupStreamConsumer``) joins the same hub for the re-checks
+only: it reads its own group, and neither rows nor the header go to it.
 """
 
 import asyncio
@@ -42,12 +46,13 @@ GLANCE_INTERVAL = timedelta(seconds=1)
 
 
 class BoardHub:
-    """The board streams of one process that share a configuration (in production: all of
-    them), and the work they share: ONE channel in the board group (kept by
-    ``group_reader.follow_groups``, rejoined when Redis returns, every stream told to ``sync``
-    then), ONE read and one render per view per committed batch (``rendering.render_batch``), and ONE
-    re-check of every viewer per keep-alive interval (``rights.recheck_viewers``). A stream is added
-    once its response has started and removed when it ends; the hub stops with its last."""
+    """The operator streams of one process that share a configuration (in production: all of
+    them), and the work they share: ONE channel in the board group for the board's streams
+    (kept by ``group_reader.follow_groups``, rejoined when Redis returns, every board stream
+    told to ``sync`` then), ONE read and one render per view per committed batch
+    (``rendering.render_batch``), and ONE re-check of every viewer of every stream per
+    keep-alive interval (``recheck_streams``). A stream is added once its response has started
+    and removed when it ends; the hub stops with its last."""
 
     def __init__(self, key, *, flush_delay: timedelta, recheck_interval: timedelta,
                  layer_retry_seconds):
@@ -59,7 +64,8 @@ class BoardHub:
         self.membership = {"channel": None}
         self.pending = {}  # todo id -> its latest action, waiting for the next flush
         self.flush_task = None
-        self.tasks = []
+        self.follow_task = None
+        self.recheck_task = None
         self.layer = None
         self.glance_interval = GLANCE_INTERVAL
         self.glance_pending = {}  # endpoint id -> endpoint, header counts due
@@ -70,17 +76,22 @@ class BoardHub:
     def joined(self) -> bool:
         return self.membership.get("channel") is not None
 
+    def board_streams(self) -> list:
+        """The open streams that carry the board's rows and header."""
+        return [stream for stream in self.streams if stream.shows_board and not stream.closed]
+
     async def add(self, stream) -> None:
         self.streams.append(stream)
-        if not self.tasks:
+        if self.recheck_task is None:
+            self.recheck_task = asyncio.ensure_future(self.recheck_forever())
+        if not stream.shows_board:
+            return
+        if self.follow_task is None:
             self.layer = get_channel_layer()
-            self.tasks = [
-                asyncio.ensure_future(group_reader.follow_groups(
-                    self.layer, [groups.BOARD_GROUP], self.membership, self.on_message,
-                    {"board_streams": "hub"}, retry_seconds=self.layer_retry_seconds,
-                    on_join=self.on_join)),
-                asyncio.ensure_future(self.recheck_forever()),
-            ]
+            self.follow_task = asyncio.ensure_future(group_reader.follow_groups(
+                self.layer, [groups.BOARD_GROUP], self.membership, self.on_message,
+                {"board_streams": "hub"}, retry_seconds=self.layer_retry_seconds,
+                on_join=self.on_join))
         elif self.joined:
             # Subscribed already (the hub's channel is in the group): the stream may re-sync.
             await stream.send_sync()
@@ -91,17 +102,18 @@ class BoardHub:
         if self.streams:
             return
         _hubs.pop(self.key, None)
-        for task in [*self.tasks, self.flush_task, self.glance_task]:
+        for task in [self.follow_task, self.recheck_task, self.flush_task, self.glance_task]:
             if task is not None and not task.done():
                 task.cancel()
-        self.tasks, self.flush_task, self.glance_task = [], None, None
-        await group_reader.leave_groups(self.layer, [groups.BOARD_GROUP],
-                                        self.membership.get("channel"))
+        self.follow_task = self.recheck_task = self.flush_task = self.glance_task = None
+        if self.layer is not None:
+            await group_reader.leave_groups(self.layer, [groups.BOARD_GROUP],
+                                            self.membership.get("channel"))
         self.membership["channel"] = None
 
     async def on_join(self):
         # Subscribed first, then told to re-sync: see the module docstring.
-        for stream in list(self.streams):
+        for stream in self.board_streams():
             await stream.send_sync()
 
     async def on_message(self, message) -> bool:
@@ -119,7 +131,7 @@ class BoardHub:
         await asyncio.sleep(self.flush_delay.total_seconds())
         batch, self.pending = self.pending, {}
         self.flush_task = None
-        streams = [stream for stream in self.streams if not stream.closed]
+        streams = self.board_streams()
         views = {}
         for stream in streams:
             view = views.setdefault(stream.view_key, (stream.filters, stream.next_url, []))
@@ -183,7 +195,7 @@ class BoardHub:
         endpoints, self.glance_pending = list(self.glance_pending.values()), {}
         self.glance_task = None
         self.glance_sent_at = loop.time()
-        streams = [stream for stream in self.streams if not stream.closed]
+        streams = self.board_streams()
         if not streams or not endpoints:
             return
         try:
@@ -220,21 +232,29 @@ class BoardHub:
                 log.exception("board stream re-check failed", extra={"streams": len(self.streams)})
 
     async def recheck(self) -> None:
-        """Every viewer of every stream, in one database hop (CONTRACT §12). The database
-        being unreachable is not a logout: streams keep their keep-alives and the next
-        interval checks again."""
+        """Every viewer of every stream, in one database hop
+        (docs/security.md#who-may-read-who-may-act). The database being unreachable is not a
+        logout: streams keep their keep-alives and the next interval checks again."""
         streams = [stream for stream in self.streams if not stream.closed]
         if not streams:
             return
         try:
-            viewers = await database_sync_to_async(rights.recheck_viewers)(
-                [stream.viewer_key for stream in streams])
+            viewers = await database_sync_to_async(recheck_streams)(streams)
         except health.UNAVAILABLE_ERRORS as exc:
             log.warning("board stream check skipped: database unavailable",
                         extra={"streams": len(streams), "error": type(exc).__name__})
             return
-        for stream in streams:
-            stream.take_recheck(viewers.get(stream.viewer_key))
+        for stream, viewer in zip(streams, viewers):
+            stream.take_recheck(viewer)
+
+
+def recheck_streams(streams) -> list:
+    """Each stream's viewer re-checked (``rights.recheck_viewers``: two queries for all of
+    them) and then by what the stream itself requires (``may_still_watch``: a webhook page
+    asks whether its webhook is still the viewer's), in one database hop. The fresh viewer or
+    None (the stream ends), in the order of ``streams``."""
+    viewers = rights.recheck_viewers([stream.viewer_key for stream in streams])
+    return [stream.may_still_watch(viewers.get(stream.viewer_key)) for stream in streams]
 
 
 # Hubs of this process by (event loop, channel layer, flush delay, re-check interval): one in

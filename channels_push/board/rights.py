@@ -1,6 +1,6 @@
 """Who may watch the board: the viewer of a stream, re-checked against their Django session
-and their account (CONTRACT §12), and the logout that reaches their streams through their
-viewer group.
+and their account (docs/security.md#who-may-read-who-may-act), and the logout that reaches
+their streams through their viewer group.
 
 Visibility is checked per event: superusers see every endpoint, operators only endpoints they
 own, judged by the endpoint's owner as read with the batch's rows (so an endpoint vended after
@@ -9,7 +9,7 @@ owner's stream with the next batch).
 """
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import import_module
 
 from django.conf import settings
@@ -20,17 +20,20 @@ from channels_push.bus import groups, publish
 
 @dataclass
 class Viewer:
-    """Who is watching: what decides which rows their stream may carry."""
+    """Who is watching: what decides which rows their stream may carry. ``user``: the user as
+    read with this viewer, for a stream whose right depends on more than the flag (a webhook
+    page asks whether its webhook is still theirs)."""
 
     user_id: int
     superuser: bool
+    user: object = field(default=None, compare=False, repr=False)
 
     def may_see(self, owner_id) -> bool:
         return self.superuser or owner_id == self.user_id
 
 
 def find_viewer(user) -> Viewer:
-    return Viewer(user_id=user.pk, superuser=user.is_superuser)
+    return Viewer(user_id=user.pk, superuser=user.is_superuser, user=user)
 
 
 def _session_matches(data: dict | None, user) -> bool:
@@ -44,7 +47,7 @@ def _session_matches(data: dict | None, user) -> bool:
 
 
 def recheck_viewer(user_id: int, session_key: str | None, check_session: bool) -> Viewer | None:
-    """One viewer's re-check (CONTRACT §12): the viewer afresh (superuser flag re-read), or None
+    """One viewer's re-check: the viewer afresh (superuser flag re-read), or None
     when the stream must close: the user is gone or inactive, or (``check_session``) the Django
     session that opened the stream was logged out, expired, or no longer carries this user
     with their current password hash. ``recheck_viewers`` does the same for many at once."""

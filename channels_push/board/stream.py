@@ -1,4 +1,4 @@
-"""``/todos/events``: the Todos board's Server-Sent Events stream (CONTRACT §9).
+"""``/todos/events``: the Todos board's Server-Sent Events stream (docs/console.md#the-board-todos).
 
 Fed by the channel-layer group ``todos.board`` that ``publish.deliver`` sends every committed
 todo change to, in per-process batches (``todos.changed``). Changes an operator may see are
@@ -44,7 +44,7 @@ log = logging.getLogger("switchboard.board_stream")
 
 # Keep-alive comments: settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS (15 s: proxies close an
 # idle response after 30-60 s). Each one also re-checks the viewer's Django session and
-# is_active (CONTRACT §12), so a logged-out or deactivated operator's stream ends by then.
+# is_active, so a logged-out or deactivated operator's stream ends by then.
 
 # How soon the browser reconnects after a drop (the SSE ``retry`` field).
 RECONNECT_DELAY = timedelta(seconds=2)
@@ -52,7 +52,7 @@ RECONNECT_DELAY = timedelta(seconds=2)
 
 class _OpenBoards:
     """This process's open board streams per user, oldest first: a user's fifth stream closes
-    their oldest (CONTRACT §12 cap, per process; a browser tab left behind is the usual
+    their oldest (the cap is per process; a browser tab left behind is the usual
     oldest, and refusing the new tab would leave the operator with a dead board)."""
 
     def __init__(self):
@@ -152,6 +152,21 @@ class BoardStreamConsumer:
 
     # What a kind of stream adds to the board's (the webhook page's stream overrides these).
 
+    # Whether the stream carries the board's rows and header: its hub then reads the board
+    # group for it and re-checks its viewer with every batch too.
+    shows_board = True
+
+    def may_still_watch(self, viewer) -> rights.Viewer | None:
+        """Sync, in the re-check's database hop: the fresh ``viewer`` (None: signed out or
+        deactivated) this stream may go on with, else None (it ends). The board: any
+        signed-in operator, every row then filtered by what they may see."""
+        return viewer
+
+    @property
+    def context(self) -> dict:
+        """Ids for this stream's log lines."""
+        return {"board_user": self.viewer.user_id}
+
     def own_groups(self) -> list:
         """Channel-layer groups this stream reads itself, besides its viewer's group."""
         return []
@@ -163,20 +178,16 @@ class BoardStreamConsumer:
         """A message of one of ``own_groups``."""
 
     async def attach(self):
-        # Subscribed to the board group through the process's hub, which re-checks its
-        # viewers every keep-alive interval and with every batch.
+        # Into the process's hub, which re-checks every viewer of its streams once per
+        # keep-alive interval (and, for the board's, with every batch), and feeds the board's
+        # streams the board group.
         self.hub = hub.board_hub(flush_delay=self.flush_delay,
-                             recheck_interval=self.keepalive_interval,
-                             layer_retry_seconds=self.layer_retry_seconds)
+                                 recheck_interval=self.keepalive_interval,
+                                 layer_retry_seconds=self.layer_retry_seconds)
         await self.hub.add(self)
 
     async def detach(self):
         await self.hub.remove(self)
-
-    async def keepalive_check(self) -> bool:
-        """Before each keep-alive: False ends the stream. The board's viewers are re-checked
-        by their hub, for all of them at once, so nothing here."""
-        return True
 
     async def run(self, receive):
         self.stop = asyncio.Event()
@@ -196,7 +207,7 @@ class BoardStreamConsumer:
         layer = get_channel_layer()
         groups = [bus_groups.viewer_group(self.viewer.user_id), *self.own_groups()]
         membership = {"channel": None}
-        context = {"board_user": self.viewer.user_id}
+        context = self.context
         self.resumed = self.find_header(b"last-event-id")
 
         async def on_message(message) -> bool:
@@ -212,7 +223,7 @@ class BoardStreamConsumer:
             return False
 
         # Redis unreachable: the stream still opens and keeps its keep-alives while the reader
-        # keeps trying to join (CONTRACT §12), never a failed request.
+        # keeps trying to join (docs/operating.md#when-redis-is-down), never a failed request.
         reader = asyncio.ensure_future(group_reader.follow_groups(
             layer, groups, membership, on_message, context,
             retry_seconds=self.layer_retry_seconds, on_join=self.on_own_join))
@@ -237,8 +248,8 @@ class BoardStreamConsumer:
     def take_recheck(self, viewer) -> None:
         """The hub's re-check of this stream's viewer: the fresh viewer, or None (end)."""
         if viewer is None:
-            log.info("board stream closed: viewer signed out or deactivated",
-                     extra={"board_user": self.viewer.user_id})
+            log.info("board stream closed: its viewer lost the right to watch",
+                     extra=self.context)
             self.stop.set()
         else:
             self.viewer = viewer
@@ -267,9 +278,6 @@ class BoardStreamConsumer:
                 if loop.time() < keepalive_due:
                     continue
                 keepalive_due = loop.time() + interval
-                if not await self.keepalive_check():
-                    await self.end_stream()
-                    return
                 await self.send_chunk(sse.comment("keep-alive"))
         finally:
             for task in (disconnect, stopped):
@@ -277,22 +285,25 @@ class BoardStreamConsumer:
                     task.cancel()
 
     async def still_allowed(self) -> bool:
-        """Re-check the viewer now (a logout without a session key asked for it); False once
-        the stream must close. The database being unreachable is not a logout: the stream
-        keeps its keep-alives and the hub checks again."""
+        """Re-check the viewer now (a logout without a session key asked for it), as the hub
+        does every interval; False once the stream must close. The database being unreachable
+        is not a logout: the stream keeps its keep-alives and the hub checks again."""
         try:
-            viewer = await database_sync_to_async(rights.recheck_viewer)(
-                self.viewer.user_id, self.session_key, self.check_session)
+            viewer = await database_sync_to_async(self.recheck_now)()
         except health.UNAVAILABLE_ERRORS as exc:
             log.warning("board stream check skipped: database unavailable",
-                        extra={"board_user": self.viewer.user_id, "error": type(exc).__name__})
+                        extra={**self.context, "error": type(exc).__name__})
             return True
         if viewer is None:
-            log.info("board stream closed: viewer signed out or deactivated",
-                     extra={"board_user": self.viewer.user_id})
+            log.info("board stream closed: its viewer lost the right to watch",
+                     extra=self.context)
             return False
         self.viewer = viewer
         return True
+
+    def recheck_now(self) -> rights.Viewer | None:
+        return self.may_still_watch(rights.recheck_viewer(
+            self.viewer.user_id, self.session_key, self.check_session))
 
     async def end_stream(self):
         self.closed = True
@@ -348,14 +359,17 @@ def application():
 
 class GroupStreamConsumer(BoardStreamConsumer):
     """A board page's live stream of one channel-layer group (a webhook page's deliveries,
-    CONTRACT §14): a board stream in all but its content, so it shares the board's cap per
-    viewer, its re-checks and its behaviour with a dependency down. ``authorize(user,
-    url_kwargs)`` — a sync function the routing file passes in — names the group the user may
-    watch, or None (403). As for the Todos board: join the group FIRST, then send ``sync`` (the
-    page re-fetches; again after every rejoin), and forward each ``stream.event`` message as an
-    SSE event of its ``event`` name. Every keep-alive re-checks the viewer with their current
-    rights (signed out, deactivated, demoted, the webhook given to another owner: the stream
-    ends). The messages carry ids and outcomes, never a body."""
+    docs/console.md#a-webhook-todoswebhooksslug): a board stream in all but its content, so it
+    shares the board's cap per viewer, its hub's re-checks and its behaviour with a dependency
+    down. ``authorize(user, url_kwargs)`` — a sync function the routing file passes in — names
+    the group the user may watch, or None (403). As for the Todos board: join the group FIRST,
+    then send ``sync`` (the page re-fetches; again after every rejoin), and forward each
+    ``stream.event`` message as an SSE event of its ``event`` name. Every keep-alive interval
+    the hub re-checks the viewer with their current rights (signed out, deactivated, demoted,
+    the webhook given to another owner: the stream ends). The messages carry ids and outcomes,
+    never a body."""
+
+    shows_board = False
 
     def __init__(self, authorize, **kwargs):
         super().__init__(**kwargs)
@@ -365,6 +379,17 @@ class GroupStreamConsumer(BoardStreamConsumer):
     def admit(self, user) -> rights.Viewer | None:
         self.group = self.authorize(user, self.url_kwargs)
         return rights.find_viewer(user) if self.group is not None else None
+
+    def may_still_watch(self, viewer) -> rights.Viewer | None:
+        # The user as the re-check read them: a superuser demoted since the stream opened is
+        # judged as the operator they have become.
+        if viewer is None or self.authorize(viewer.user, self.url_kwargs) != self.group:
+            return None
+        return viewer
+
+    @property
+    def context(self) -> dict:
+        return {"board_user": self.viewer.user_id, "group": self.group}
 
     @property
     def url_kwargs(self) -> dict:
@@ -379,39 +404,6 @@ class GroupStreamConsumer(BoardStreamConsumer):
     async def on_group_message(self, message) -> None:
         if message.get("type") == "stream.event":
             await self.send_chunk(sse.event(message["event"], message.get("data", {})))
-
-    async def attach(self):
-        pass
-
-    async def detach(self):
-        pass
-
-    async def keepalive_check(self) -> bool:
-        return await self.still_allowed()
-
-    async def still_allowed(self) -> bool:
-        """The viewer re-checked (``rights.recheck_viewer``) and, read afresh, still allowed this
-        group; the database being unreachable is not a revocation (as for the board)."""
-        try:
-            allowed = await database_sync_to_async(self.may_still_watch)()
-        except health.UNAVAILABLE_ERRORS as exc:
-            log.warning("board stream check skipped: database unavailable",
-                        extra={"board_user": self.viewer.user_id, "error": type(exc).__name__})
-            return True
-        if not allowed:
-            log.info("board stream closed: viewer lost the right to watch",
-                     extra={"board_user": self.viewer.user_id, "group": self.group})
-        return allowed
-
-    def may_still_watch(self) -> bool:
-        from django.contrib.auth import get_user_model
-
-        if rights.recheck_viewer(self.viewer.user_id, self.session_key, self.check_session) is None:
-            return False
-        # The user as they are now: a superuser demoted since the stream opened is judged as
-        # the operator they have become.
-        user = get_user_model().objects.filter(pk=self.viewer.user_id).first()
-        return user is not None and self.authorize(user, self.url_kwargs) == self.group
 
 
 def group_stream_application(authorize):

@@ -1,9 +1,10 @@
 """A long-lived stream's membership in channel-layer groups, kept up while Redis comes and goes.
 
-Shared by the MCP notification stream (``mcp.shell``) and the board's SSE stream
-(``board_stream``): both must keep serving keep-alives while the channel layer is unreachable
-and rejoin their groups when it returns (CONTRACT §12), instead of failing the request or
-logging a traceback per stream every few seconds.
+Shared by the MCP notification stream (``mcp.shell``), the board's SSE streams and their hub
+(``board``) and the long poll's wait room (``mcp.longpoll``): each must keep serving while the
+channel layer is unreachable and rejoin its groups when it returns
+(docs/operating.md#when-redis-is-down), instead of failing the request or logging a traceback
+per stream every few seconds.
 """
 
 import asyncio

@@ -25,9 +25,10 @@ from . import groups
 
 log = logging.getLogger("switchboard.publish")
 
-# Changes after which a todo is ready for an agent to pick up: the doorbell's triggers (§7).
-# A lease that lapsed and a release put the todo back to pending: ready again exactly as a new
-# one (§4), when the change left it pending (a lapse on the last attempt dead-letters it).
+# Changes after which a todo is ready for an agent to pick up: the doorbell's triggers
+# (docs/reference.md#doorbells). A lease that lapsed and a release put the todo back to
+# pending: ready again exactly as a new one (docs/reference.md#leases), when the change left it
+# pending (a lapse on the last attempt dead-letters it).
 # A scheduled todo comes due ("due", by the sweep) or is run now by an operator ("run_now"):
 # ready exactly as a new one. A change that leaves the todo scheduled carries
 # ``"scheduled": true`` and readies nothing (docs/work-control.md). An approved todo is ready
@@ -132,8 +133,8 @@ class _BoardBatch:
 
     The board coalesces for 100 ms on its side anyway, so the window costs a viewer nothing
     visible, while a per-change send was the largest single cost of a transition on a busy
-    worker (a cross-thread wake-up plus a Redis round trip, ~0.2 ms of a ~0.7 ms claim+complete
-    cycle). Doorbells do not come through here: they are sent at once (``send_to_group``).
+    worker (a cross-thread wake-up plus a Redis round trip; bench/PROFILES.md). Doorbells do
+    not come through here: they are sent at once (``send_to_group``).
     Bounded like every send: past ``MAX_PENDING_SENDS`` waiting changes, one is dropped and
     logged (only when the layer has hung for a whole window's worth of them).
     """
@@ -179,8 +180,8 @@ class _Sender:
 
     Producers append to a queue and wake the loop only when the queue was empty, so a burst of
     transitions costs one cross-thread wake-up, not one per message (run_coroutine_threadsafe
-    per message measured at a third of a claim's CPU). The loop sends the batch in order, so
-    a board sees a todo's changes in the order they committed.
+    per message cost a large share of a claim's CPU; bench/PROFILES.md). The loop sends the
+    batch in order, so a board sees a todo's changes in the order they committed.
     """
 
     def __init__(self):

@@ -1,4 +1,4 @@
-"""Doorbells: waking an agent's live MCP session when a todo is ready (CONTRACT §7, SPEC-0011).
+"""Doorbells: waking an agent's live MCP session when a todo is ready (docs/reference.md#doorbells).
 
 A doorbell is a ``notifications/claude/channel`` on one session's notification stream. It is
 lossy by design and never gates correctness: the durable queue is the record, and every todo
@@ -15,8 +15,8 @@ Three parts, kept apart so each is tested on its own:
   (``transitions.choose_doorbell_session``) and hands the frame to the channel layer
   fire-and-forget (``session_notify``), so neither a slow Redis nor a dead one can block or
   fail the request that committed the todo. Every doorbell rung or dropped is one INFO line.
-* Digests (§8): ``digest_on_endpoint_change`` reacts to an endpoint's committed change
-  (presence turned in, work resumed; ``endpoints.transitions`` announces it).
+* Digests (docs/reference.md#digests): ``digest_on_endpoint_change`` reacts to an endpoint's
+  committed change (presence turned in, work resumed; ``endpoints.transitions`` announces it).
 """
 
 import functools
@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from endpoints.models import Presence
-from switchboard import metrics
+from switchboard import harness_text, metrics
 from switchboard.db import statements
 from todos import transitions as todo_transitions
 
@@ -41,11 +41,12 @@ from . import text as doorbell_text
 
 log = logging.getLogger("switchboard.doorbell")
 
-# The doorbell's JSON-RPC method (CONTRACT §7): Claude Code's channel extension.
+# The doorbell's JSON-RPC method: Claude Code's channel extension.
 CHANNEL_METHOD = "notifications/claude/channel"
 
-# The trust modes that may ring (SPEC-0011 "Sender Gate"): verified by source signature, or
-# handed over by the endpoint's authenticated owner. Unverified deliveries never ring.
+# The trust modes that may ring (the sender gate): verified by source signature, or handed
+# over by the endpoint's authenticated owner. Unverified deliveries never ring. The same gate
+# as SQL is todos.queries.RING_TRUST_SQL.
 PUSH_TRUST = frozenset({"signed", "operator"})
 DIGEST_KIND = "digest"
 # One line the harness shows in-session: long enough for a GitHub-style title, short enough
@@ -66,15 +67,15 @@ def todo_doorbell(todo) -> dict:
     ``meta``: ``todo_id``, ``queue``, ``kind`` / ``source`` when the todo has them, and its
     ``trust``, so the agent can weigh the content line (third-party text whatever the trust)
     without a round trip. A todo whose own kind is ``digest`` (kind is copied from the payload,
-    an open vocabulary) carries it as ``todo_kind``, so no todo doorbell can pass for a digest
-    (SPEC-0011)."""
-    kind = doorbell_text.sanitize_meta_value(todo.kind or "")
+    an open vocabulary) carries it as ``todo_kind``, so no todo doorbell can pass for a
+    digest."""
+    kind = harness_text.sanitize_meta_value(todo.kind or "")
     kind_key = "todo_kind" if kind.lower() == DIGEST_KIND else "kind"
     meta = doorbell_text.build_meta([("todo_id", todo.pk), ("queue", todo.queue), (kind_key, kind),
                                      ("source", todo.source), ("trust", todo.trust)])
     label = f" [{meta[kind_key]}]" if kind_key in meta else ""
-    content = (f"Todo {todo.pk} ready in {doorbell_text.sanitize_content(todo.queue)}{label}: "
-               f"{doorbell_text.sanitize_content(todo.title)}")
+    content = (f"Todo {todo.pk} ready in {harness_text.sanitize_content(todo.queue)}{label}: "
+               f"{harness_text.sanitize_content(todo.title)}")
     return {"content": _clip(content, CONTENT_MAX_CHARS), "meta": meta}
 
 
@@ -98,15 +99,16 @@ def describe_age(age) -> str:
 
 
 def digest_doorbell(counts: dict, oldest_age, reason: str, *, unverified: int = 0) -> dict:
-    """The ``params`` of a digest (§8): how much waits, where, and for how long — counts and
-    queue names only (queue names are the operator's routing config, not webhook text), never
-    a title or payload. ``counts``: queue -> pending count (what claim_next would hand);
-    ``unverified``: how many of them came from an unauthenticated sender."""
+    """The ``params`` of a digest (docs/reference.md#digests): how much waits, where, and for
+    how long — counts and queue names only (queue names are the operator's routing config, not
+    webhook text), never a title or payload. ``counts``: queue -> pending count (what
+    claim_next would hand); ``unverified``: how many of them came from an unauthenticated
+    sender."""
     if reason not in DIGEST_REASONS:
         raise ValueError(f"unknown digest reason {reason!r}")
     queues = sorted(counts)
     pending = sum(counts.values())
-    per_queue = ", ".join(f"{doorbell_text.sanitize_content(queue)} {counts[queue]}"
+    per_queue = ", ".join(f"{harness_text.sanitize_content(queue)} {counts[queue]}"
                           for queue in queues)
     content = (f"Digest ({reason}): {pending} pending todo{'s' if pending != 1 else ''} "
                f"({per_queue}), {unverified} unverified; oldest waiting "
@@ -118,7 +120,7 @@ def digest_doorbell(counts: dict, oldest_age, reason: str, *, unverified: int = 
 
 
 def is_digest(params: dict) -> bool:
-    """The consumer's rule (SPEC-0011): a notification is a digest only when ``meta.kind`` is
+    """The consumer's rule: a notification is a digest only when ``meta.kind`` is
     ``digest`` and it names no ``todo_id``."""
     meta = (params or {}).get("meta") or {}
     return meta.get("kind") == DIGEST_KIND and "todo_id" not in meta
@@ -162,7 +164,7 @@ def drop_doorbell(reason: str, context: dict) -> None:
 
 def _ring_session(session_id: str, has_stream: bool, params: dict, context: dict) -> None:
     """Send to one chosen session, or, when it has no open stream (attached by a recent request
-    only), record the drop: the ring is spent either way (SPEC-0011), and it is never silent."""
+    only), record the drop: the ring is spent either way, and it is never silent."""
     context = {**context, "session": session_id[:8]}
     if not has_stream:
         drop_doorbell("session has no open stream", context)
@@ -190,8 +192,8 @@ def _find_endpoint_for_ring(endpoint_id: int, now):
            " FROM endpoints_endpoint e WHERE e.id = %(endpoint_id)s")
     if statements.is_postgres():
         # The hot path of every accepted delivery (after commit): prepared, C loaders, no
-        # Model.__init__ (statements.fetch_rows; ~16 % of a delivery's CPU through Django's
-        # cursor, profiled for issue 17).
+        # Model.__init__ (statements.fetch_rows; through Django's cursor it was a large share
+        # of a delivery's CPU: bench/PROFILES.md).
         row = next(iter(statements.fetch_rows(sql, params)), None)
         build = statements.instance_from_loaded_row
     else:
@@ -226,8 +228,9 @@ def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
         return None
     context = _context(todo, endpoint.slug)
     if endpoint.presence_at(now) != Presence.IN or endpoint.is_paused(todo.queue):
-        # Held (§8, §14): no doorbell and no ring recorded; the todo stays pending and
-        # pullable, and the digest on return (clock in, resume) summarizes it.
+        # Held (docs/reference.md#presence, docs/reference.md#pausing): no doorbell and no ring
+        # recorded; the todo stays pending and pullable, and the digest on return (clock in,
+        # resume) summarizes it.
         log.info("doorbell held: endpoint is out or the queue is paused", extra=context)
         return None
     # One guarded statement picks the session AND re-checks the todo (still pending, trusted,
@@ -247,7 +250,7 @@ def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
 
 def ring_ready_todo(todo, change: dict) -> None:
     """Publish listener (after commit): ring for a todo that just became ready — created,
-    retried, re-queued, or back to pending from a lapsed lease or a release (§4)."""
+    retried, re-queued, or back to pending from a lapsed lease or a release."""
     if change.get("action") not in publish.READY_ACTIONS or todo.trust not in PUSH_TRUST:
         return
     if todo.state != "pending":  # a lapse on the last attempt dead-letters instead
@@ -264,7 +267,7 @@ def ring_on_commit(todos) -> None:
         transaction.on_commit(lambda: [ring_todo(todo, charged=True) for todo in todos])
 
 
-# -- digests and reconnect (§8) -------------------------------------------------------------------
+# -- digests and reconnect (docs/reference.md#digests) --------------------------------------------
 
 def build_digest(endpoint, reason: str, now, *, cooldown=None) -> dict | None:
     """Mark what claim_next would hand ``endpoint`` as rung (no attempt spent) and build the
@@ -317,8 +320,8 @@ def digest_on_endpoint_change(endpoint, change: dict) -> None:
 def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tuple[dict, dict]]:
     """What a stream opening on ``session_id`` gets at once, for THAT stream only: one
     reconnect digest when its endpoint is in and anything is pending that was not rung or
-    digested within RECONNECT_COOLDOWN (SPEC-0022 replaces the individual rings with it),
-    nothing while it is out. Returns ``[(params, log context)]``."""
+    digested within RECONNECT_COOLDOWN, nothing while it is out. Returns ``[(params, log
+    context)]``."""
     from endpoints.models import Endpoint
 
     now = now or timezone.now()

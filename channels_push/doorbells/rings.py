@@ -1,4 +1,4 @@
-"""Ring bookkeeping: which attached sessions a doorbell goes to (CONTRACT §7).
+"""Ring bookkeeping: which attached sessions a doorbell goes to (docs/reference.md#doorbells).
 
 A session's last doorbell time is written here, one guarded statement per pick, so
 overlapping publishers and sweeps agree without locks held across round trips. What a ring
@@ -12,20 +12,13 @@ from django.db import connection
 from django.utils import timezone
 
 from channels_push.sessions import queries
+from switchboard.db import statements
 from todos import queries as todo_queries
 from todos import transitions as todo_transitions
 
-# A re-attach does not ring the same todo again within this long (SPEC-0011 "Reconnecting
-# session is rung"): an agent whose stream flaps must not be woken again and again.
+# A re-attach does not ring the same todo again within this long: an agent whose stream flaps
+# must not be woken again and again.
 RECONNECT_COOLDOWN = timedelta(seconds=60)
-
-
-def _postgres() -> bool:
-    return connection.vendor == "postgresql"
-
-
-def _time(value):
-    return connection.ops.adapt_datetimefield_value(value)
 
 
 def choose_sessions(*, endpoint_id: int, limit: int, now=None) -> list[tuple[str, bool]]:
@@ -46,7 +39,7 @@ def choose_sessions(*, endpoint_id: int, limit: int, now=None) -> list[tuple[str
     dropping the doorbell.
     """
     now = now or timezone.now()
-    params = {"endpoint_id": endpoint_id, "now": _time(now), "limit": limit}
+    params = {"endpoint_id": endpoint_id, "now": queries.sql_time(now), "limit": limit}
     attached = queries.attached_sql("s", params, now)
     stream_open = queries.stream_open_sql("s", params, now)
     # How many sessions stream, up to ``limit`` (reading no further than that): the cheap
@@ -55,7 +48,7 @@ def choose_sessions(*, endpoint_id: int, limit: int, now=None) -> list[tuple[str
         "(SELECT count(*) FROM (SELECT 1 FROM channels_push_mcpsession o"
         f" WHERE o.endpoint_id = %(endpoint_id)s AND {queries.stream_open_sql('o', params, now)}"
         f" AND {queries.attached_sql('o', params, now)} LIMIT %(limit)s) streaming)")
-    for lock in ((" FOR UPDATE SKIP LOCKED", "") if _postgres() else ("",)):
+    for lock in ((" FOR UPDATE SKIP LOCKED", "") if statements.is_postgres() else ("",)):
         # MATERIALIZED: an ``IN (… LIMIT n FOR UPDATE SKIP LOCKED)`` sub-select may be re-run
         # during the semi-join and stamp more than n rows; the CTE is evaluated once.
         sql = (

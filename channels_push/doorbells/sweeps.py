@@ -16,7 +16,7 @@ from todos import transitions as todo_transitions
 
 from . import doorbells
 
-# -- the doorbell heartbeat (CONTRACT §7, SPEC-0011 "Doorbell Heartbeat") -------------------------
+# -- the doorbell heartbeat (docs/reference.md#doorbells) ------------------------------------------
 
 # Every ring a todo gets, five in all (MAX_RING_ATTEMPTS), as the wait before each, indexed by
 # ring_attempts and counted from last_ringed_at (a sweep ring or a digest), else from creation.
@@ -28,19 +28,20 @@ RING_SCHEDULE = (
     timedelta(hours=1),  # 4
     timedelta(hours=6),  # 5: the last; never rung again
 )
-# Rings per sweep (SPEC-0011 fixes it at 3): a wake-up nudge, not a delivery path; an agent
+# Rings per sweep: a wake-up nudge, not a delivery path; an agent
 # that is awake drains by pull, so more rings would only add noise to its session.
 RINGS_PER_SWEEP = 3
 
 
 def find_ring_receivers(*, now) -> dict:
     """Endpoints that can receive a ring now, as ``{endpoint_id: when its sessions were last
-    rung}`` (``queries.attached_endpoints``): active, effectively ``in`` (§8: a clocked-out
-    endpoint keeps its whole ring budget), with at least one attached session (an open stream,
-    or a request within the attach window: ``queries.attached_sql``) — with or without an open
-    stream: the doorbell falls back to a streamless session, and a push dropped at the
-    transport still counts (SPEC-0011). Paused queues are left out by the sweep's statement. Presence needs the schedule's time-zone math, so
-    it is evaluated here, over the few endpoints that have a live session."""
+    rung}`` (``queries.attached_endpoints``): active, effectively ``in`` (a clocked-out
+    endpoint keeps its whole ring budget: docs/reference.md#presence), with at least one
+    attached session (an open stream, or a request within the attach window:
+    ``queries.attached_sql``) — with or without an open stream: the doorbell falls back to a
+    streamless session, and a push dropped at the transport still counts. Paused queues are
+    left out by the sweep's statement. Presence needs the schedule's time-zone math, so it is
+    evaluated here, over the few endpoints that have a live session."""
     attached = queries.attached_endpoints(now)
     return {endpoint.pk: attached[endpoint.pk]
             for endpoint in Endpoint.objects.filter(pk__in=list(attached))
@@ -62,7 +63,7 @@ def ring_due_todos(*, now=None) -> int:
     return len(rung)
 
 
-# -- presence boundaries (§8) ------------------------------------------------------------------
+# -- presence boundaries (docs/reference.md#presence) ----------------------------------------------
 
 # A boundary older than this when first seen is history, not news: a sweep that was down for
 # longer does not wake agents with a stale "your shift started" (the heartbeat still rings).

@@ -335,8 +335,11 @@ class McpEndpoint:
             if message.get("type") == TERMINATE_MESSAGE_TYPE:
                 terminated.set()
                 return True
-            if message.get("type") == NOTIFY_MESSAGE_TYPE:
-                stream.offer_frame(buffer, message["message"],
+            if message.get("type") == NOTIFY_MESSAGE_TYPE and message.get("method"):
+                # The sender names the method and its params; the JSON-RPC envelope is this
+                # layer's (sessions.notify sits below the MCP server and frames nothing).
+                envelope = framing.notification_envelope(message["method"], message.get("params"))
+                stream.offer_frame(buffer, envelope,
                                    message.get("context") or {"session": session_id[:8]})
             return False
 

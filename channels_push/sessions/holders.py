@@ -9,7 +9,7 @@ session's hint. Operators (usernames) and sweeps (``reaper``) are shown as they 
 
 import re
 
-from channels_push.doorbells.text import sanitize_meta_value
+from switchboard.harness_text import sanitize_meta_value
 from channels_push.models import McpSession
 
 CLIENT_INFO_MAX_CHARS = 64

@@ -4,7 +4,6 @@ Both import this module and neither imports the other for it, so there is no imp
 """
 
 from channels_push.bus import groups, publish
-from channels_push.mcp import framing as mcp_framing
 
 
 def notify_session(session_id: str, method: str, params: dict | None = None, *,
@@ -15,9 +14,10 @@ def notify_session(session_id: str, method: str, params: dict | None = None, *,
     stream that has to drop it; the full session id never goes into a log. ``on_sent`` /
     ``on_dropped``: how the channel-layer send ended (``publish.send_to_group``)."""
     context = {"session": session_id[:8], "method": method, **(context or {})}
-    message = mcp_framing.notification_envelope(method, params)
+    # The method and its params only: the stream that takes it frames the JSON-RPC envelope.
     return publish.send_to_group(
         groups.session_group(session_id),
-        {"type": groups.NOTIFY_MESSAGE_TYPE, "message": message, "context": context},
+        {"type": groups.NOTIFY_MESSAGE_TYPE, "method": method, "params": params,
+         "context": context},
         context={**context, "group": groups.SESSION_GROUP_PREFIX + session_id[:8] + "…"},
         on_sent=on_sent, on_dropped=on_dropped)

@@ -1,9 +1,9 @@
 """Reads on MCP sessions shared by doorbells, digests and sweeps: who counts as attached.
 
-**Attached** (CONTRACT §7): a live session with an open notification stream now, or one that
-made a request within ``SWITCHBOARD_ATTACH_WINDOW``. A session that is neither (a client that
-vanished without DELETE, as Claude Code always does) is no receiver for rings, sweeps or
-digests, so its endpoint's todos keep their ring budget.
+**Attached** (docs/reference.md#sessions-and-streams): a live session with an open
+notification stream now, or one that made a request within ``SWITCHBOARD_ATTACH_WINDOW``. A
+session that is neither (a client that vanished without DELETE, as Claude Code always does) is
+no receiver for rings, sweeps or digests, so its endpoint's todos keep their ring budget.
 
 "An open stream now" cannot be read from ``last_seen_at``: an idle stream writes nothing. The
 open-stream count is believed only while a lease says its streams still live: the lease its
@@ -34,13 +34,14 @@ def stream_lease_renew() -> timedelta:
     return stream_lease() * 0.4
 
 
-def _time(value):
+def sql_time(value):
+    """A time as a statement's parameter, as the backend compares it (SQLite: its stored text)."""
     return connection.ops.adapt_datetimefield_value(value)
 
 
 def stream_open_sql(alias: str, params: dict, now) -> str:
     """SQL over the session row ``alias``: it has an open notification stream now."""
-    params["stream_alive_at"] = _time(now)
+    params["stream_alive_at"] = sql_time(now)
     # COALESCE: never NULL (a NULL would sort first in the doorbell's ``ORDER BY … DESC``).
     return (f"({alias}.open_streams > 0 AND (COALESCE({alias}.stream_lease_until"
             " > %(stream_alive_at)s, FALSE)"
@@ -51,13 +52,13 @@ def stream_open_sql(alias: str, params: dict, now) -> str:
 
 def session_rights_sql(alias: str, params: dict, now) -> str:
     """SQL over the session row ``alias``: the credential that opened it still gives its rights
-    (CONTRACT §12: unexpired or in grace, endpoint active, owner active; the rule itself is
+    (unexpired or in grace, endpoint active, owner active; the rule itself is
     ``endpoints.queries.credential_rights_sql``)."""
     from endpoints import queries as endpoint_queries
 
     joins, rights = endpoint_queries.credential_rights_sql("sc", "se", "su",
                                                            now_param="rights_now")
-    params["rights_now"] = _time(now)
+    params["rights_now"] = sql_time(now)
     return (f"EXISTS (SELECT 1 FROM endpoints_credential sc{joins}"
             f" WHERE sc.id = {alias}.credential_id AND {rights})")
 
@@ -66,8 +67,8 @@ def attached_sql(alias: str, params: dict, now) -> str:
     """SQL over the session row ``alias``: live and attached at ``now`` (an open stream, or a
     request within the attach window), and still allowed to hear anything: a session whose
     credential lost its rights is no receiver even while its stream waits for the keep-alive
-    that closes it (§12). Adds its parameters to ``params`` (named style)."""
-    params["attach_since"] = _time(now - settings.SWITCHBOARD_ATTACH_WINDOW)
+    that closes it. Adds its parameters to ``params`` (named style)."""
+    params["attach_since"] = sql_time(now - settings.SWITCHBOARD_ATTACH_WINDOW)
     return (f"({alias}.terminated_at IS NULL AND ({stream_open_sql(alias, params, now)}"
             f" OR {alias}.last_seen_at >= %(attach_since)s)"
             f" AND {session_rights_sql(alias, params, now)})")

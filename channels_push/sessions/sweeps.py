@@ -17,7 +17,7 @@ REVOKED_SESSION_BATCH = 1000
 
 def expire_idle_sessions(*, now=None) -> int:
     """End sessions idle longer than SWITCHBOARD_MCP_SESSION_IDLE (no request, no open stream
-    keeping them seen) and sessions whose credential lost its rights (§12), and zero the
+    keeping them seen) and sessions whose credential lost its rights, and zero the
     stream counts of sessions whose streams died with their process (their stream lease ran
     out). Each step is one bounded batch; ended sessions are deleted a day later by the
     retention sweep (ingest.sweeps.prune_history). Returns how many sessions ended."""

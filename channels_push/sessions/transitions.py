@@ -1,4 +1,4 @@
-"""Every write on an MCP session's lifecycle (CONTRACT §3, §6).
+"""Every write on an MCP session's lifecycle (docs/reference.md#sessions-and-streams).
 
 Each function is one guarded UPDATE (``… WHERE id = … AND endpoint = … AND terminated_at IS
 NULL``): the guard is what pins a session to its endpoint and makes a terminated session dead
@@ -17,22 +17,15 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from endpoints import queries as endpoint_queries
+from switchboard.db import statements
 
 from channels_push.models import McpSession, StreamAttachment, StreamHost
 
 from . import holders, queries
 
 
-def _postgres() -> bool:
-    return connection.vendor == "postgresql"
-
-
-def _time(value):
-    return connection.ops.adapt_datetimefield_value(value)
-
-
 def _id_list(column: str, param: str, params: dict, values) -> str:
-    if _postgres():
+    if statements.is_postgres():
         params[param] = list(values)
         return f"{column} = ANY(%({param})s)"
     params[param] = json.dumps(list(values))
@@ -62,8 +55,8 @@ def open_session(*, endpoint, protocol_version: str, client_name: str = "",
 
 
 def evict_sessions_over_cap(*, credential_id: int, keep: str, cap: int, now=None) -> list[str]:
-    """End the live sessions of ``credential_id`` beyond the ``cap`` it may hold (CONTRACT
-    §12): ``keep`` (the one just minted) stays, then sessions with an open stream, then the
+    """End the live sessions of ``credential_id`` beyond the ``cap`` it may hold:
+    ``keep`` (the one just minted) stays, then sessions with an open stream, then the
     most recently seen; the oldest idle go first. One guarded UPDATE; concurrent initializes
     may each leave up to ``cap`` as they saw it, and the next initialize trims again."""
     now = now or timezone.now()
@@ -101,7 +94,7 @@ def find_endpoint_with_session(*, slug: str, credential: str, session_id: str | 
                  " AND s.terminated_at IS NULL",
         join_columns={"session_live": "s.id IS NOT NULL",
                       "session_fresh": "COALESCE(s.last_seen_at >= %(fresh_since)s, FALSE)"},
-        join_params={"session_id": session_id, "fresh_since": _time(now - fresh_within)},
+        join_params={"session_id": session_id, "fresh_since": queries.sql_time(now - fresh_within)},
     )
 
 
@@ -182,7 +175,7 @@ def register_stream_host(*, host_id: str, now=None, renew: bool = True) -> None:
         cursor.execute(
             "INSERT INTO channels_push_streamhost (id, started_at, lease_until)"
             f" VALUES (%s, %s, %s) ON CONFLICT (id) {on_conflict}",
-            [host_id, _time(now), _time(lease_until)])
+            [host_id, queries.sql_time(now), queries.sql_time(lease_until)])
 
 
 def renew_stream_host(*, host_id: str, now=None) -> bool:
@@ -197,7 +190,7 @@ def renew_stream_host(*, host_id: str, now=None) -> bool:
 def check_stream_sessions(*, session_ids, now=None) -> set[str]:
     """The process heartbeat's re-check of every session it holds a stream of, in one read:
     which are still live with a credential that still gives its rights (unexpired or in grace,
-    endpoint active, owner active; CONTRACT §12). The others end here (one guarded UPDATE for
+    endpoint active, owner active). The others end here (one guarded UPDATE for
     all of them) and the caller closes their streams. Returns the ids still allowed. A process
     whose streams' state did not change writes nothing."""
     now = now or timezone.now()
@@ -219,7 +212,7 @@ def check_stream_sessions(*, session_ids, now=None) -> set[str]:
 
 
 def _session_rights_sql(params: dict, now) -> str:
-    """SQL over a session row ``s``: its credential still gives its rights (§12)."""
+    """SQL over a session row ``s``: its credential still gives its rights."""
     return queries.session_rights_sql("s", params, now)
 
 
@@ -247,7 +240,7 @@ def expire_idle_sessions(*, idle_before, limit: int, now=None) -> int:
     ``limit`` of them. Safe when two runs overlap: each row's guard (still live) is re-checked
     by the UPDATE itself."""
     now = now or timezone.now()
-    params = {"idle_before": _time(idle_before), "limit": limit}
+    params = {"idle_before": queries.sql_time(idle_before), "limit": limit}
     streaming = queries.stream_open_sql("s", params, now)
     with connection.cursor() as cursor:
         cursor.execute("SELECT s.id FROM channels_push_mcpsession s"

@@ -122,7 +122,7 @@ def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_include
         heard = []
         while True:
             message = await asyncio.wait_for(layer.receive(channel), 10)
-            todo_id = message["message"]["params"]["meta"]["todo_id"]
+            todo_id = message["params"]["meta"]["todo_id"]
             if todo_id == str(control.pk):
                 return todo, rung, heard
             heard.append(todo_id)

@@ -105,9 +105,8 @@ def test_group_message_becomes_an_sse_data_frame(mcp):
         # Any process may ring the session: this is what the doorbell will send.
         await get_channel_layer().group_send(
             groups.session_group(mcp.session_id),
-            {"type": groups.NOTIFY_MESSAGE_TYPE,
-             "message": {"jsonrpc": "2.0", "method": "notifications/claude/channel",
-                         "params": params}},
+            {"type": groups.NOTIFY_MESSAGE_TYPE, "method": "notifications/claude/channel",
+             "params": params},
         )
         frame = b""
         while b"data: " not in frame:  # keep-alives may come first

@@ -121,3 +121,29 @@ def test_the_page_stream_ends_at_its_next_keep_alive_once_its_viewer_loses_the_r
 def test_with_redis_down_the_page_stream_opens_and_keeps_its_keep_alives(client, alice, webhook):
     cookie = cookie_for(client, alice)
     with_redis_down_it_opens_and_keeps_its_keep_alives(lambda: page_stream(cookie))
+
+
+def test_the_hub_rechecks_page_and_board_streams_together(alice, webhook,
+                                                          django_assert_num_queries):
+    """One database hop per interval for every operator stream of the process: the viewers in
+    one query (no Django session to read here), then one webhook lookup per page stream. A
+    webhook given away ends its page streams and leaves the board's stream alone."""
+    from channels_push.board import hub
+    from channels_push.board import stream as board_stream
+    from ingest import views as ingest_views
+
+    def opened(consumer):  # as __call__ leaves it once the stream is admitted
+        consumer.scope = {"url_route": {"kwargs": {"slug": webhook.slug}}}
+        consumer.session_key, consumer.check_session = None, False
+        consumer.viewer = consumer.admit(alice)
+        return consumer
+
+    pages = [opened(board_stream.GroupStreamConsumer(ingest_views.delivery_stream_group))
+             for _ in range(2)]
+    board = opened(board_stream.BoardStreamConsumer())
+    with django_assert_num_queries(1 + len(pages)):
+        assert [viewer and viewer.user_id for viewer in hub.recheck_streams([*pages, board])] == [
+            alice.pk] * 3
+    Webhook.objects.filter(pk=webhook.pk).update(owner=UserFactory(username="carol"))
+    assert [viewer and viewer.user_id for viewer in hub.recheck_streams([*pages, board])] == [
+        None, None, alice.pk]

@@ -8,6 +8,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from switchboard import metrics as push_metrics
+from todos import metrics as queue_metrics
 from tests.factories import EndpointFactory, UserFactory
 from todos import sweeps, transitions
 
@@ -110,9 +111,9 @@ def test_scrape_cost_does_not_grow_with_endpoints_or_todos(client, operator,
 
 
 def test_event_tally_folds_settled_events_once_and_recounts_recent_ones(make_todo):
-    tally = push_metrics.EventTally()
+    tally = queue_metrics.EventTally()
     now = timezone.now()
-    long_ago = now - 3 * push_metrics.EVENT_SETTLE_TIME
+    long_ago = now - 3 * queue_metrics.EVENT_SETTLE_TIME
     for _ in range(2):
         make_todo(now=long_ago)
     make_todo()  # recent
@@ -121,7 +122,7 @@ def test_event_tally_folds_settled_events_once_and_recounts_recent_ones(make_tod
     settled_through = tally._settled_through
     assert settled_through > 0  # the old ones were folded in
     assert tally.counts(now=now) == first  # a second scrape counts nothing twice
-    later = now + 3 * push_metrics.EVENT_SETTLE_TIME
+    later = now + 3 * queue_metrics.EVENT_SETTLE_TIME
     assert tally.counts(now=later) == first  # folding the recent one changes no total
     assert tally._settled_through > settled_through
     make_todo()

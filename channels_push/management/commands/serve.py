@@ -1,4 +1,5 @@
-"""``manage.py serve``: the embedded default in one process (§2).
+"""``manage.py serve``: the embedded default in one process
+(docs/operating.md#the-embedded-default).
 
 Creates and migrates the database, then runs daphne with the periodic sweeps inside the same
 process. With REDIS_URL set (production) the sweeps are Celery beat's job, so they are not

@@ -1,4 +1,5 @@
-"""``manage.py sweep_doorbells``: run the doorbell heartbeat sweep once (CONTRACT §7, §11)."""
+"""``manage.py sweep_doorbells``: run the doorbell heartbeat sweep once
+(docs/commands.md#sweep_doorbells)."""
 
 from channels_push.doorbells import sweeps
 from channels_push.bus import publish
