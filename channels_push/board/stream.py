@@ -33,7 +33,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from switchboard import health
-from switchboard.http import plain, sse
+from switchboard.http import plain, sse, stream_pump
 
 from channels_push.bus import group_reader
 from channels_push.bus import groups as bus_groups
@@ -197,11 +197,7 @@ class BoardStreamConsumer:
         await self.send({
             "type": "http.response.start",
             "status": 200,
-            "headers": [
-                (b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache, no-store"),
-                (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
-            ],
+            "headers": sse.response_headers(),
         })
         await self.send_chunk(sse.retry(RECONNECT_DELAY))
         layer = get_channel_layer()
@@ -257,32 +253,8 @@ class BoardStreamConsumer:
     async def pump(self, receive):
         """Until the client leaves or the stream is stopped: keep-alives on their own clock (no
         query: the hub re-checks every viewer of the process once per interval)."""
-        loop = asyncio.get_running_loop()
-        interval = self.keepalive_interval.total_seconds()
-        keepalive_due = loop.time() + interval
-        disconnect = asyncio.ensure_future(receive())
-        stopped = asyncio.ensure_future(self.stop.wait())
-        try:
-            while True:
-                done, _ = await asyncio.wait({disconnect, stopped},
-                                             timeout=max(0.0, keepalive_due - loop.time()),
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if disconnect in done:
-                    if disconnect.result().get("type") == "http.disconnect":
-                        return
-                    disconnect = asyncio.ensure_future(receive())
-                    continue
-                if stopped in done:
-                    await self.end_stream()
-                    return
-                if loop.time() < keepalive_due:
-                    continue
-                keepalive_due = loop.time() + interval
-                await self.send_chunk(sse.comment("keep-alive"))
-        finally:
-            for task in (disconnect, stopped):
-                if not task.done():
-                    task.cancel()
+        await stream_pump.pump_stream(receive, self.send_unless_closed,
+                                      keepalive_interval=self.keepalive_interval, stop=self.stop)
 
     async def still_allowed(self) -> bool:
         """Re-check the viewer now (a logout without a session key asked for it), as the hub
@@ -305,10 +277,6 @@ class BoardStreamConsumer:
         return self.may_still_watch(rights.recheck_viewer(
             self.viewer.user_id, self.session_key, self.check_session))
 
-    async def end_stream(self):
-        self.closed = True
-        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
-
     def find_header(self, name: bytes):
         for key, value in self.scope.get("headers", []):
             if key.lower() == name:
@@ -316,8 +284,18 @@ class BoardStreamConsumer:
         return None
 
     async def send_chunk(self, body: bytes):
-        if not self.closed:
-            await self.send({"type": "http.response.body", "body": body, "more_body": True})
+        await self.send_unless_closed({"type": "http.response.body", "body": body,
+                                       "more_body": True})
+
+    async def send_unless_closed(self, message):
+        """Every body chunk of the stream, from the pump, the hub and the group reader alike:
+        nothing after the last one (marked closed before it is sent, so a writer that runs
+        while it is being sent writes nothing)."""
+        if self.closed:
+            return
+        if not message.get("more_body"):
+            self.closed = True
+        await self.send(message)
 
     async def send_whole(self, status: int, body: bytes):
         await self.send({

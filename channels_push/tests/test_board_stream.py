@@ -139,7 +139,7 @@ def test_stream_opens_with_sync_then_sends_new_todos_with_id_and_trust_badge(ali
         stream = Stream(alice)
         start = await stream.open()
         assert start["status"] == 200
-        assert (b"content-type", b"text/event-stream; charset=utf-8") in start["headers"]
+        assert (b"content-type", b"text/event-stream") in start["headers"]
         retry = await stream.next_event()
         assert retry == {"retry": "2000"}
         sync = await stream.next_event(kind="sync")

@@ -31,3 +31,15 @@ def comment(text: str = "") -> bytes:
 def retry(delay: timedelta) -> bytes:
     """The reconnection delay a client waits after the stream drops."""
     return f"retry: {int(delay.total_seconds() * 1000)}\n\n".encode()
+
+
+def response_headers(*extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    """The response headers of every SSE answer, then ``extra``. The content type is the bare
+    ``text/event-stream`` (an event stream is UTF-8 by definition, and some MCP clients compare
+    the type exactly); nothing on the way may keep, transform or buffer the stream."""
+    return [
+        (b"content-type", b"text/event-stream"),
+        (b"cache-control", b"no-cache, no-store, no-transform"),
+        (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+        *extra,
+    ]
