@@ -23,6 +23,7 @@ shell reads the capped body, writes the answer, and runs the long-lived notifica
 import asyncio
 import json
 import logging
+from datetime import timedelta
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -34,7 +35,7 @@ from channels_push.bus.groups import NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE
 from channels_push.doorbells.doorbells import CHANNEL_METHOD
 from switchboard import health, metrics
 from switchboard.db import pool_check
-from switchboard.http import daphne_tuning, plain, sse
+from switchboard.http import daphne_tuning, plain, sse, stream_pump
 
 from . import framing, handlers, longpoll, stream, tools
 from .framing import Answer, fault, json_answer
@@ -230,7 +231,6 @@ class McpEndpoint:
         ``notifications/progress`` when the call carried a progressToken), so proxies and
         clients that cut idle responses keep waiting; otherwise the JSON answer comes at
         the end. At the deadline: the last empty answer, ``{"empty": true}``."""
-        loop = asyncio.get_running_loop()
         poll, request_id = answer.long_poll, framing.request_id_of(request.body)
         deadline = started + poll.wait_seconds
         keepalive_seconds = settings.SWITCHBOARD_LONG_POLL_KEEPALIVE_SECONDS
@@ -248,48 +248,35 @@ class McpEndpoint:
         waiter = room.add(poll.endpoint_id, poll.queues, started_at=started,
                           verified_only=poll.verified_only, at_capacity=poll.at_capacity,
                           session_id=poll.session_id, credential_id=poll.credential_id)
-        disconnect = asyncio.ensure_future(receive())
-        woken = asyncio.ensure_future(waiter.event.wait())
+        waited = {"answer": answer}  # the latest answer, each wake-up's retry replaces it
+
+        async def retry_when_woken(_) -> bool:
+            # Only for a client still there (the pump looks at a queued disconnect first): a
+            # client that went away must not be handed a lease.
+            retried = await self._retry_long_poll(request, waited["answer"])
+            room.attempted(waiter, claimed=retried.long_poll is None,
+                           at_capacity=bool(retried.long_poll and retried.long_poll.at_capacity))
+            waited["answer"] = retried
+            return retried.long_poll is not None  # False: claimed (or refused), answer now
+
+        def keepalive_frame() -> bytes:
+            return self._keepalive_frames(waited["answer"], poll, started) if streaming else b""
+
         try:
             if streaming:
                 await send({"type": "http.response.start", "status": 200,
                             "headers": stream.sse_headers(answer.headers["Mcp-Session-Id"])})
                 await send({"type": "http.response.body", "more_body": True,
                             "body": sse.comment("waiting for a todo")})
-            next_beat = loop.time() + keepalive_seconds
-            while (now := loop.time()) < deadline:
-                done, _ = await asyncio.wait({disconnect, woken},
-                                             timeout=min(deadline, next_beat) - now,
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if disconnect in done:
-                    if disconnect.result().get("type") == "http.disconnect":
-                        return  # nobody to answer; nothing was claimed for them
-                    disconnect = asyncio.ensure_future(receive())
-                    continue
-                if woken in done:
-                    # A disconnect already queued by the server lands in this turn of the loop.
-                    await asyncio.sleep(0)
-                    if disconnect.done():
-                        continue
-                    retried = await self._retry_long_poll(request, answer)
-                    room.attempted(waiter, claimed=retried.long_poll is None,
-                                   at_capacity=bool(retried.long_poll
-                                                    and retried.long_poll.at_capacity))
-                    woken = asyncio.ensure_future(waiter.event.wait())
-                    answer = retried
-                    if answer.long_poll is None:
-                        break
-                    continue
-                if loop.time() >= next_beat:
-                    next_beat += keepalive_seconds
-                    if streaming:
-                        await send({"type": "http.response.body", "more_body": True,
-                                    "body": self._keepalive_frames(answer, poll, started)})
-            if answer.long_poll is None:
-                await asyncio.sleep(0)  # a disconnect the server already queued lands here
-                if disconnect.done() and disconnect.result().get("type") == "http.disconnect":
+            ending = await stream_pump.pump_stream(
+                receive, send, keepalive_interval=timedelta(seconds=keepalive_seconds),
+                next_frame=waiter.event.wait, on_frame=retry_when_woken,
+                keepalive_frame=keepalive_frame, deadline=deadline)
+            answer = waited["answer"]
+            if ending is stream_pump.Ending.DISCONNECTED:
+                if answer.long_poll is None:  # claimed for a client that left meanwhile
                     await self._sync(handlers.release_claim_of_departed_client)(request, answer)
-                    return
+                return  # nobody to answer
             if not streaming:
                 await plain.send_answer(send, answer)
                 return
@@ -300,9 +287,6 @@ class McpEndpoint:
                         "body": sse.event("message", envelope)})
         finally:
             room.remove(waiter)
-            for task in (disconnect, woken):
-                if not task.done():
-                    task.cancel()
 
     async def _retry_long_poll(self, request, answer: Answer) -> Answer:
         """The woken request, run again; on a failure (the database gone for a moment) the
@@ -349,56 +333,39 @@ class McpEndpoint:
         reader = asyncio.ensure_future(group_reader.follow_groups(
             layer, [group], membership, on_message, {"session": session_id[:8]},
             retry_seconds=self.layer_retry_seconds))
-        disconnect = asyncio.ensure_future(receive())
-        next_frame = asyncio.ensure_future(buffer.get())
-        ended = asyncio.ensure_future(terminated.wait())
-        loop = asyncio.get_running_loop()
-        # Keep-alives run on a clock of their own, not only when the stream is idle. They cost
-        # no query: the heartbeat re-checks every held session (and renews the lease that keeps
-        # them counting as open) once per interval for the whole process.
-        keepalive_due = loop.time() + self.keepalive_seconds
         bound = self.buffer_bytes or settings.SWITCHBOARD_STREAM_BUFFER_BYTES
-        try:
-            while True:
-                done, _ = await asyncio.wait({disconnect, next_frame, ended},
-                                             timeout=max(0.0, keepalive_due - loop.time()),
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if disconnect in done:
-                    if disconnect.result().get("type") == "http.disconnect":
-                        return
-                    disconnect = asyncio.ensure_future(receive())
-                    continue
-                if ended in done:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
-                    return
-                if next_frame in done:
-                    message, context = next_frame.result()
-                    next_frame = asyncio.ensure_future(buffer.get())
-                    body = sse.event("message", message)
-                    # A client that stopped reading: its unsent bytes sit in the server's
-                    # memory (daphne's send never waits), so past the bound the frame is
-                    # dropped here instead of piling up there.
-                    backlog = daphne_tuning.transport_backlog_bytes(send)
-                    if backlog is not None and backlog + len(body) > bound:
-                        stream.drop_frame("stream backlog over its bound",
-                                          {**context, "unsent_bytes": backlog})
-                        continue
-                    await send({"type": "http.response.body", "more_body": True, "body": body})
-                    if message.get("method") == CHANNEL_METHOD:
-                        metrics.DOORBELLS_SENT.inc()
-                    continue
-                if loop.time() < keepalive_due:
-                    continue
-                keepalive_due = loop.time() + self.keepalive_seconds
-                backlog = daphne_tuning.transport_backlog_bytes(send)
-                if backlog is None or backlog < bound:  # a stalled reader needs no keep-alive
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": sse.comment("keep-alive")})
-        finally:
-            for task in (reader, disconnect, next_frame, ended):
-                if task is not None and not task.done():
-                    task.cancel()
 
+        async def write_frame(frame) -> bool:
+            message, context = frame
+            body = sse.event("message", message)
+            # A client that stopped reading: its unsent bytes sit in the server's memory
+            # (daphne's send never waits), so past the bound the frame is dropped here instead
+            # of piling up there.
+            backlog = daphne_tuning.transport_backlog_bytes(send)
+            if backlog is not None and backlog + len(body) > bound:
+                stream.drop_frame("stream backlog over its bound",
+                                  {**context, "unsent_bytes": backlog})
+                return True
+            await send({"type": "http.response.body", "more_body": True, "body": body})
+            if message.get("method") == CHANNEL_METHOD:
+                metrics.DOORBELLS_SENT.inc()
+            return True
+
+        def keepalive_frame() -> bytes:
+            backlog = daphne_tuning.transport_backlog_bytes(send)
+            # A stalled reader needs no keep-alive.
+            return stream_pump.KEEPALIVE_COMMENT if backlog is None or backlog < bound else b""
+
+        # Keep-alives cost no query: the heartbeat re-checks every held session (and renews the
+        # lease that keeps them counting as open) once per interval for the whole process.
+        try:
+            await stream_pump.pump_stream(
+                receive, send, keepalive_interval=timedelta(seconds=self.keepalive_seconds),
+                stop=terminated, next_frame=buffer.get, on_frame=write_frame,
+                keepalive_frame=keepalive_frame)
+        finally:
+            if not reader.done():
+                reader.cancel()
 
 
 async def _close_session_streams(session_id: str):

@@ -34,7 +34,7 @@ from channels_push.sessions import queries
 from channels_push.sessions import transitions as session_transitions
 from switchboard import health, metrics
 from switchboard.db import pool_check
-from switchboard.http import plain
+from switchboard.http import plain, sse
 
 from . import framing, security
 from .framing import Answer, accepts, fault
@@ -228,12 +228,7 @@ def drop_frame(reason: str, context: dict) -> None:
 
 def sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:
     """Response headers of an SSE answer: the GET stream and a waiting POST alike."""
-    return [
-        (b"content-type", b"text/event-stream"),
-        (b"cache-control", b"no-cache, no-transform"),
-        (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
-        (b"mcp-session-id", session_id.encode()),
-    ]
+    return sse.response_headers((b"mcp-session-id", session_id.encode()))
 
 
 def offer_frame(buffer: asyncio.Queue, message: dict, context: dict) -> bool:
