@@ -104,7 +104,7 @@ def test_ready_todo_rings_one_identifier_safe_notification_on_the_session(driver
         stream = await open_stream(d)
         todo = await ring(d.endpoint, "reviews", title="acme/x#1 opened: bug", kind="issues.opened",
                           source="github")
-        params = await next_doorbell(stream)
+        params = await next_ring(stream)
         assert params["meta"] == {"todo_id": str(todo.pk), "queue": "reviews",
                                   "kind": "issues.opened", "source": "github",
                                   "trust": "signed"}
