@@ -108,24 +108,6 @@ def test_a_keepalive_comment_goes_out_every_interval():
                            "body": sse.comment("keep-alive")} for message in sent)
 
 
-def test_a_keepalive_check_saying_no_ends_the_body():
-    async def scenario():
-        client = Client()
-        checks = []
-
-        async def check():
-            checks.append(True)
-            return len(checks) < 3  # the third re-check refuses
-
-        ending = await stream_pump.pump_stream(client.receive, client.send,
-                                               keepalive_interval=SHORT, keepalive_check=check)
-        return ending, len(checks), client.bodies, client.sent[-1]["more_body"]
-
-    ending, checks, bodies, more = run(scenario)
-    assert ending is Ending.STOPPED and checks == 3
-    assert bodies == [stream_pump.KEEPALIVE_COMMENT] * 2 + [b""] and more is False
-
-
 def test_an_empty_keepalive_frame_sends_nothing():
     async def scenario():
         client = Client()

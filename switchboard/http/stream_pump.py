@@ -12,12 +12,12 @@ the stream's source and the keep-alive clock, and does what each asks:
   without ending the body (the caller has its last word to write). A frame never reaches
   ``on_frame`` while a disconnect is already queued: that is looked at first;
 * the keep-alive clock, on its own schedule (not only when the stream is idle, so a busy
-  stream's re-checks are not postponed): ``keepalive_check`` (a periodic re-check; False ends
-  the body and returns), then ``keepalive_frame()``'s bytes (a comment by default; empty bytes
-  send nothing);
+  stream still shows a proxy it is alive): ``keepalive_frame()``'s bytes (a comment by
+  default; empty bytes send nothing). Streams are re-checked by their process's heartbeat or
+  hub, for all of them at once, which sets ``stop`` on those that must end;
 * the ``deadline`` (loop time) passed: return; the caller writes the last word.
 
-Async and domain-free: the callers bring the checks, the frames and what a frame means.
+Async and domain-free: the callers bring the frames, what a frame means and when to stop.
 """
 
 import asyncio
@@ -33,31 +33,25 @@ class Ending(enum.Enum):
     """Why the pump returned."""
 
     DISCONNECTED = "the client left"
-    STOPPED = "stopped, or refused by the keep-alive check; the body is ended"
+    STOPPED = "stop was set; the body is ended"
     SOURCE_ENDED = "on_frame said so; the body is not ended"
     DEADLINE = "the deadline passed; the body is not ended"
 
 
 async def pump_stream(receive, send, *, keepalive_interval: timedelta,
                       stop: asyncio.Event | None = None, next_frame=None, on_frame=None,
-                      keepalive_check=None, keepalive_frame=None,
-                      deadline: float | None = None) -> Ending:
+                      keepalive_frame=None, deadline: float | None = None) -> Ending:
     """Drive one started SSE response until it ends; returns why (``Ending``).
 
     ``next_frame``: a callable returning an awaitable of the next frame (``queue.get``), called
     again after each frame; ``on_frame(frame)``: async, writes it; returns False to end.
-    ``keepalive_check()``: async, False ends the stream. ``keepalive_frame()``: the bytes of
-    one keep-alive (default ``KEEPALIVE_COMMENT``)."""
+    ``keepalive_frame()``: the bytes of one keep-alive (default ``KEEPALIVE_COMMENT``)."""
     loop = asyncio.get_running_loop()
     interval = keepalive_interval.total_seconds()
     keepalive_due = loop.time() + interval
     disconnect = asyncio.ensure_future(receive())
     stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
     frame = asyncio.ensure_future(next_frame()) if next_frame is not None else None
-
-    async def end_body() -> Ending:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return Ending.STOPPED
 
     async def departed() -> bool:
         # A disconnect the server already queued lands in this turn of the loop.
@@ -77,7 +71,8 @@ async def pump_stream(receive, send, *, keepalive_interval: timedelta,
                 disconnect = asyncio.ensure_future(receive())
                 continue
             if stopped is not None and stopped.done():
-                return await end_body()
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return Ending.STOPPED
             if frame is not None and frame.done():
                 if await departed():
                     continue  # the disconnect first; the frame stays where it is
@@ -95,8 +90,6 @@ async def pump_stream(receive, send, *, keepalive_interval: timedelta,
             if now < keepalive_due:
                 continue
             keepalive_due = now + interval
-            if keepalive_check is not None and not await keepalive_check():
-                return await end_body()
             body = keepalive_frame() if keepalive_frame is not None else KEEPALIVE_COMMENT
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
