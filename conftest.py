@@ -5,6 +5,32 @@ from django.conf import settings
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
 
+# -- the two parts of a run (docs/testing.md "Parallel and serial") ---------------------------
+# bash scripts/test runs the suite twice over: `--part parallel` under pytest-xdist, then
+# `--part serial` on its own, for the tests that must not share the machine with other tests
+# (the system suite and anything marked serial). Without --part every test is collected.
+SERIAL_MARKERS = ("system", "serial")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--part", choices=("parallel", "serial"), default=None,
+                     help="collect only the tests safe to run in parallel (not marked "
+                          f"{' / '.join(SERIAL_MARKERS)}), or only those that are not")
+
+
+def pytest_collection_modifyitems(config, items):
+    part = config.getoption("--part")
+    if part is None:
+        return
+    want_serial = part == "serial"
+    kept, dropped = [], []
+    for item in items:
+        serial = any(item.get_closest_marker(name) for name in SERIAL_MARKERS)
+        (kept if serial == want_serial else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
 
 @pytest.fixture
 def operator(db):
