@@ -615,6 +615,10 @@ def test_sigterm_ends_a_waiting_long_poll_while_agents_finish(setup, runners, tm
     assert_long_polls(runner)
     runner.process.send_signal(signal.SIGTERM)
     runner.wait_log("stopping signal=SIGTERM")
+    # The runner abandons the long poll by reopening its session: once it has connected again,
+    # the old session's requests are closed (before that, a todo could still be handed to the
+    # waiting call: the stop and the arrival at the same instant).
+    assert poll(lambda: runner.log_text().count("connected url=") >= 2, 30), runner.log_text()
     [late] = make_todos(endpoint, 1)
     # Had the abandoned long poll stayed open, the server would hand it this todo at once.
     assert not poll(lambda: Todo.objects.get(pk=late.pk).state != "pending", 2.0)
