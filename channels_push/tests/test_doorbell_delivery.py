@@ -104,7 +104,7 @@ def test_ready_todo_rings_one_identifier_safe_notification_on_the_session(driver
         stream = await open_stream(d)
         todo = await ring(d.endpoint, "reviews", title="acme/x#1 opened: bug", kind="issues.opened",
                           source="github")
-        params = await next_doorbell(stream)
+        params = await next_ring(stream)
         assert params["meta"] == {"todo_id": str(todo.pk), "queue": "reviews",
                                   "kind": "issues.opened", "source": "github",
                                   "trust": "signed"}
@@ -142,7 +142,7 @@ def test_unverified_and_unattributed_todos_never_ring_operator_todos_do(driver):
         await ring(d.endpoint, title="unsigned", trust="unverified")
         await ring(d.endpoint, title="nobody's", trust="signed", attributed=False)
         handed = await ring(d.endpoint, title="from my human", trust="operator")
-        params = await next_doorbell(stream)
+        params = await next_ring(stream)
         assert params["meta"]["todo_id"] == str(handed.pk)
         await close(stream)
 
