@@ -5,6 +5,55 @@ from django.conf import settings
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
 
+# -- the two passes of a run (docs/testing.md "Parallel and serial") -------------------------
+# bash scripts/test runs the suite twice over: `--part parallel` under pytest-xdist
+# (--dist loadgroup), then `--part serial` on its own, for the tests marked serial: those that
+# must not share the machine with other tests. Without --part every test is collected.
+#
+# The system suite runs in the parallel pass, as one group on one worker (its topology is
+# session-scoped, and private: its own PostgreSQL, Redis and free ports); loadgroup hands out
+# the largest groups first, so it starts at once and the other workers share the rest.
+
+
+def pytest_addoption(parser):
+    parser.addoption("--part", choices=("parallel", "serial"), default=None,
+                     help="collect only the tests safe to run beside others (not marked "
+                          "serial), or only those marked serial")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("system"):
+            item.add_marker(pytest.mark.xdist_group("system"))
+    part = config.getoption("--part")
+    if part is None:
+        return
+    want_serial = part == "serial"
+    kept, dropped = [], []
+    for item in items:
+        serial = item.get_closest_marker("serial") is not None
+        (kept if serial == want_serial else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+# The system suite's observed numbers, from the worker that ran it (tests/system/conftest.py).
+SYSTEM_RECORDS: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on the controller
+def pytest_testnodedown(node, error):
+    SYSTEM_RECORDS.extend(getattr(node, "workeroutput", {}).get("system_records", ()))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SYSTEM_RECORDS:
+        terminalreporter.section("system suite: observed numbers")
+        for line in SYSTEM_RECORDS:
+            terminalreporter.write_line(line)
+
 
 @pytest.fixture
 def operator(db):

@@ -14,6 +14,11 @@ os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtdGVzdHMtb25seS
 # Tests run many threads against one process's pool (8 drain workers, Channels' thread pool,
 # live servers); a production-sized pool of 10 would make them queue for connections.
 os.environ.setdefault("DATABASE_POOL_MAX_SIZE", "40")
+# Under pytest-xdist, each worker's own Redis database and channel prefix (its own test
+# database comes from pytest-django).
+from tests.workers import isolate_xdist_worker  # noqa: E402
+
+isolate_xdist_worker()
 
 from .settings import *  # noqa: E402,F401,F403
 

@@ -43,10 +43,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# free_port() frees the port it found before daphne binds it, so another test process (xdist
+# workers, other runs on the machine) may take it in between; a start that lost that race
+# tries again on another port.
+PORT_ATTEMPTS = 3
+
+
 class DaphneServer:
     def __init__(self, *, env=None, port=None):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._own_port = port is None
+        self._use_port(port or free_port())
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "switchboard.settings",
@@ -62,14 +68,28 @@ class DaphneServer:
         self._log = tempfile.NamedTemporaryFile(prefix="daphne-", suffix=".log", delete=False)
         self.process = None
 
+    def _use_port(self, port):
+        self.port = port
+        self.url = f"http://127.0.0.1:{self.port}"
+
     def start(self):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-             "switchboard.asgi:application"],
-            cwd=REPO_ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-        self.wait_ready()
-        return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            logged_before = len(self.log_text())
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                 "switchboard.asgi:application"],
+                cwd=REPO_ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            )
+            try:
+                self.wait_ready()
+                return self
+            except RuntimeError:
+                lost_the_port = (self.process.poll() is not None and "Address already in use"
+                                 in self.log_text()[logged_before:])
+                if not (lost_the_port and self._own_port and attempt < PORT_ATTEMPTS):
+                    raise
+                self._use_port(free_port())
+        raise AssertionError("unreachable")
 
     def wait_ready(self):
         self.wait_ready_at(self.url, self.process, log=self.log_text)

@@ -32,7 +32,8 @@ from tests.servers import REPO_ROOT
 from todos import transitions
 from todos.models import Trust
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# One worker installs and drives the CLIs (var/agent-clis is one directory for the run).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("agent-clis")]
 
 CLI_TIMEOUT_SECONDS = 180
 INSTALL_TIMEOUT_SECONDS = 900

@@ -353,8 +353,16 @@ def test_the_official_sdk_client_long_polls_with_progress(start_daphne):
                 httpx.AsyncClient(timeout=30) as http:
             empty = await client.call_tool("claim_next", {"wait_seconds": 1.6},
                                            progress_callback=on_progress)
-            waiting = asyncio.ensure_future(client.call_tool("claim_next", {"wait_seconds": 20}))
-            await asyncio.sleep(1)  # let the call start waiting; either order must work
+            started_waiting = asyncio.Event()
+
+            async def on_waiting_progress(done, total, message):
+                started_waiting.set()
+
+            waiting = asyncio.ensure_future(client.call_tool(
+                "claim_next", {"wait_seconds": 20}, progress_callback=on_waiting_progress))
+            # Delivered once the call waits (its first progress says so): the wake-up, not the
+            # first look, must find the todo.
+            await asyncio.wait_for(started_waiting.wait(), 15)
             todo_id, _ = await deliver(http, server.url, hook, 1)
             return empty, await asyncio.wait_for(waiting, 15), todo_id
 

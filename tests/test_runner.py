@@ -134,6 +134,12 @@ class StartStamp:
         return float(self.path.read_text()) - at
 
 
+# How long a runner's fallback would take to find a todo in the wake-up tests below (their
+# --poll-seconds): a wake-up well inside half of it came by the path under test (doorbell, digest,
+# long poll), however loaded the machine. How fast that path is, is bench/'s business.
+FALLBACK_POLL_SECONDS = 60
+
+
 def start_idle_runner(runners, url, credential, tmp_path, *flags):
     """A runner whose agent stamps its start time, once it is idle with its stream open:
     ``(runner, stamp)``."""
@@ -415,18 +421,19 @@ def test_a_second_signal_skips_the_grace_period(setup, runners, tmp_path):
 # -- finding work -------------------------------------------------------------------------------
 
 
-def test_a_doorbell_starts_the_agent_within_a_second_while_the_runner_idles(
+def test_a_doorbell_starts_the_agent_while_the_runner_idles(
         daphne_server, setup, runners, tmp_path):
     endpoint, credential, url = setup
     token = ingest_transitions.mint_operator_token(user=endpoint.owner, name="runner-test")[1]
-    # No long poll and a 60 s poll interval: only the doorbell can start the agent quickly.
+    # No long poll and a long poll interval: only the doorbell can start the agent soon.
     runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--wait-seconds", "0",
-                                      "--poll-seconds", "60")
+                                      "--poll-seconds", str(FALLBACK_POLL_SECONDS))
 
     handed_at = time.time()
     todo_id = hand_over(daphne_server, endpoint, token)
     latency = stamp.seconds_after(handed_at, runner)
-    assert latency < 1.0, f"agent started {latency:.2f} s after the hand-over\n{runner.log_text()}"
+    assert latency < FALLBACK_POLL_SECONDS / 2, \
+        f"agent started {latency:.2f} s after the hand-over\n{runner.log_text()}"
     assert "doorbell todo_id" in runner.log_text()
     assert poll(lambda: Todo.objects.get(pk=todo_id).state == "done")
 
@@ -435,14 +442,15 @@ def test_a_digest_wakes_the_idle_runner(setup, runners, tmp_path):
     """Clocking the endpoint back in sends a digest (§8); the runner drains with claim_next."""
     endpoint, credential, url = setup
     runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--wait-seconds", "0",
-                                      "--poll-seconds", "60")
+                                      "--poll-seconds", str(FALLBACK_POLL_SECONDS))
     endpoint_transitions.clock(endpoint, "out", reason="operator")
     # An operator's todo (push-eligible) handed over while out: no doorbell, it waits.
     ingest_transitions.hand_over_todo(endpoint=endpoint, operator=endpoint.owner, queue="ops",
                                       title="while you were out")
     clocked_in_at = time.time()
     endpoint_transitions.clock(endpoint, "in", reason="operator")
-    assert stamp.seconds_after(clocked_in_at, runner) < 1.0, runner.log_text()
+    assert stamp.seconds_after(clocked_in_at, runner) < FALLBACK_POLL_SECONDS / 2, \
+        runner.log_text()
     assert "digest pending=1" in runner.log_text()
     assert "doorbell todo_id" not in runner.log_text()  # the digest woke it, not a ring
 
@@ -464,7 +472,8 @@ def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, r
     endpoint, credential = endpoint_transitions.vend_endpoint(slug="runner-restart", owner=owner)
     token = ingest_transitions.mint_operator_token(user=owner, name="runner-test")[1]
     runner, stamp = start_idle_runner(runners, f"{server.url}/mcp/{endpoint.slug}", credential,
-                                      tmp_path, "--wait-seconds", "0", "--poll-seconds", "120")
+                                      tmp_path, "--wait-seconds", "0",
+                                      "--poll-seconds", str(FALLBACK_POLL_SECONDS))
 
     server.stop()
     runner.wait_log("stream_lost", deadline_seconds=30)  # the SDK has given up by now
@@ -474,7 +483,8 @@ def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, r
 
     handed_at = time.time()
     hand_over(server, endpoint, token)
-    assert stamp.seconds_after(handed_at, runner) < 1.0, runner.log_text()
+    assert stamp.seconds_after(handed_at, runner) < FALLBACK_POLL_SECONDS / 2, runner.log_text()
+    assert "doorbell todo_id" in runner.log_text()
 
 
 def test_idle_runner_claims_work_that_arrives_later(setup, runners, tmp_path):
@@ -576,12 +586,13 @@ def assert_long_polls(runner):
 def test_long_poll_starts_the_agent_without_a_doorbell_or_a_poll(setup, runners, tmp_path):
     endpoint, credential, url = setup
     runner, stamp = start_idle_runner(runners, url, credential, tmp_path, "--accept-unverified",
-                                      "--wait-seconds", "2", "--poll-seconds", "120")
+                                      "--wait-seconds", "2",
+                                      "--poll-seconds", str(FALLBACK_POLL_SECONDS))
     assert_long_polls(runner)
     created_at = time.time()
     # Unverified: never rung, so only the long poll can find it soon.
     make_todos(endpoint, 1, trust="unverified")
-    assert stamp.seconds_after(created_at, runner) < 2.0, runner.log_text()
+    assert stamp.seconds_after(created_at, runner) < FALLBACK_POLL_SECONDS / 2, runner.log_text()
 
 
 def test_sigterm_ends_a_waiting_long_poll_while_agents_finish(setup, runners, tmp_path):
@@ -604,6 +615,10 @@ def test_sigterm_ends_a_waiting_long_poll_while_agents_finish(setup, runners, tm
     assert_long_polls(runner)
     runner.process.send_signal(signal.SIGTERM)
     runner.wait_log("stopping signal=SIGTERM")
+    # The runner abandons the long poll by reopening its session: once it has connected again,
+    # the old session's requests are closed (before that, a todo could still be handed to the
+    # waiting call: the stop and the arrival at the same instant).
+    assert poll(lambda: runner.log_text().count("connected url=") >= 2, 30), runner.log_text()
     [late] = make_todos(endpoint, 1)
     # Had the abandoned long poll stayed open, the server would hand it this todo at once.
     assert not poll(lambda: Todo.objects.get(pk=late.pk).state != "pending", 2.0)
@@ -616,11 +631,19 @@ def test_sigterm_ends_a_waiting_long_poll_while_agents_finish(setup, runners, tm
 def test_concurrency_two_never_runs_three_agents(setup, runners, tmp_path):
     endpoint, credential, url = setup
     todos = make_todos(endpoint, 6)
-    spans = tmp_path / "spans"
+    spans, starts = tmp_path / "spans", tmp_path / "starts"
+    # Each agent runs until a second one has started (the first two therefore overlap, however
+    # slowly the machine starts them), then a little longer: a runner that let a third start
+    # while two run would show three spans covering one instant.
     command = agent(tmp_path, "span", f"""
         import os, time
         start = time.time()
-        time.sleep(0.6)
+        with open({str(starts)!r}, "a") as out:
+            out.write("x")
+        deadline = start + 60
+        while os.path.getsize({str(starts)!r}) < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
         with open({str(spans)!r}, "a") as out:
             out.write(f"{{start}} {{time.time()}}\\n")
     """)

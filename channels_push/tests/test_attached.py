@@ -268,12 +268,23 @@ def test_an_idle_stream_writes_nothing_and_its_process_renews_one_row(vend, sett
                 sorted(StreamAttachment.objects.values_list("session_id", "host_id")),
                 sorted(McpSession.objects.values_list("pk", "last_seen_at")))
 
+    read_state = database_sync_to_async(state, thread_sensitive=False)
+
+    async def state_when(predicate, deadline_seconds=30.0):
+        """The first state that satisfies ``predicate``, polled until a deadline."""
+        deadline = asyncio.get_running_loop().time() + deadline_seconds
+        while not predicate(found := await read_state()):
+            assert asyncio.get_running_loop().time() < deadline, found
+            await asyncio.sleep(0.05)  # poll interval, bounded by the deadline above
+        return found
+
     async def scenario():
         streams = [await open_stream(d, app) for d in drivers]
-        await asyncio.sleep(0.3)
-        before = await database_sync_to_async(state, thread_sensitive=False)()
-        await asyncio.sleep(1.0)
-        after = await database_sync_to_async(state, thread_sensitive=False)()
+        before = await state_when(lambda found: len(found[1]) == len(drivers))
+        (_, first_lease), = before[0]
+        # Two renewals later (a handful of keep-alives of every stream, each a re-check).
+        renewed = await state_when(lambda found: found[0][0][1] > first_lease)
+        after = await state_when(lambda found: found[0][0][1] > renewed[0][0][1])
         for stream in streams:
             await close(stream)
         return before, after

@@ -142,7 +142,7 @@ def test_unverified_and_unattributed_todos_never_ring_operator_todos_do(driver):
         await ring(d.endpoint, title="unsigned", trust="unverified")
         await ring(d.endpoint, title="nobody's", trust="signed", attributed=False)
         handed = await ring(d.endpoint, title="from my human", trust="operator")
-        params = await next_doorbell(stream)
+        params = await next_ring(stream)
         assert params["meta"]["todo_id"] == str(handed.pk)
         await close(stream)
 

@@ -115,6 +115,14 @@ def pytest_configure(config):
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+def pytest_sessionfinish(session):
+    # On an xdist worker the summary below is not shown: hand the records to the controller
+    # (the root conftest.py prints them there).
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and RECORDS:
+        workeroutput["system_records"] = list(RECORDS)
+
+
 def pytest_terminal_summary(terminalreporter):
     if RECORDS:
         terminalreporter.section("system suite: observed numbers")

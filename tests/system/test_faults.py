@@ -67,6 +67,15 @@ class Run:
         thread.start()
         return thread, box
 
+    def deliver_until_under_way(self, count=BATCH):
+        """``deliver_in_background``, returning once the batch's first todos are in the ledger
+        (a fault injected then lands mid-traffic, however slowly the machine gets going)."""
+        before = drive.ledger(self.top, SLUG)["total"]
+        thread, box = self.deliver_in_background(count)
+        assert poll(lambda: drive.ledger(self.top, SLUG)["total"] > before or not thread.is_alive(),
+                    PHASE_DEADLINE_SECONDS, 0.02)
+        return thread, box
+
     def wait_all_done(self) -> float:
         started = time.monotonic()
         assert drive.wait_all_done(self.top, SLUG, self.delivered, PHASE_DEADLINE_SECONDS), \
@@ -125,8 +134,7 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
     record(f"[chaos] agent SIGKILLed holding {len(held)} leases ({HOLD_LEASE_SECONDS}s): its "
            f"todos done again {recovered:.1f}s after the kill (lease + reaper cadence 5 s + "
            f"re-claim)")
-    thread, _ = run.deliver_in_background()
-    time.sleep(0.3)
+    thread, _ = run.deliver_until_under_way()
     victim = drainers.pop(3)
     victim.kill()  # a drainer, killed wherever it is in its claim/complete loop
     killed_at = time.monotonic()
@@ -141,8 +149,7 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
     marks = [len(agent.ids("completed")) for agent in drainers]
     probe = drive.RawSession(topology.web_urls[0], SLUG, run.credential)
     run.probes += 1
-    thread, box = run.deliver_in_background()
-    time.sleep(0.5)  # let the batch get going: the kill must land mid-traffic
+    thread, box = run.deliver_until_under_way()  # the kill must land mid-traffic
     killed_at = time.monotonic()
     topology.kill_web(0)
     topology.start_web(0)
@@ -175,8 +182,7 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
            f"done again in {recovered:.1f}s")
 
     # -- Redis restarted ------------------------------------------------------------------------
-    thread, box = run.deliver_in_background()
-    time.sleep(0.5)
+    thread, box = run.deliver_until_under_way()
     restarted_at = time.monotonic()
     topology.restart_redis()
     ready = poll(lambda: all_ready(topology), PHASE_DEADLINE_SECONDS)
@@ -196,8 +202,7 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
 
     # -- PostgreSQL restarted -------------------------------------------------------------------
     marks = [len(agent.ids("completed")) for agent in drainers]
-    thread, box = run.deliver_in_background()
-    time.sleep(0.5)
+    thread, box = run.deliver_until_under_way()
     restarted_at = time.monotonic()
     topology.restart_postgres()
     down = time.monotonic() - restarted_at
