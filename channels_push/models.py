@@ -69,7 +69,8 @@ class McpSession(models.Model):
                 fields=["credential", "last_seen_at"], name="mcp_session_live_by_cred",
                 condition=Q(terminated_at__isnull=True),
             ),
-            # ingest.sweeps.prune_history: ended sessions past their day of retention.
+            # sessions.transitions.delete_ended_sessions (the retention prune): ended sessions
+            # past their day of retention.
             models.Index(
                 fields=["terminated_at"], name="mcp_session_prune",
                 condition=Q(terminated_at__isnull=False),

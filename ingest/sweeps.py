@@ -1,9 +1,11 @@
 """Retention (docs/operating.md#retention): the hourly prune of history that has served its purpose.
 
 Everything switchboard writes would otherwise stay forever: done todos with their audit events,
-the delivery events behind them, operator secrets, ended MCP sessions. The prune lives here
-because ingest is the one app that sees all of them (todos and their secrets, delivery events,
-and — importing downwards — the push layer's sessions).
+the delivery events behind them, operator secrets, ended MCP sessions. The prune is run from
+here because ingest is the one app that sees all of them (importing downwards todos and the
+push layer's sessions), and because the kinds refer to each other: the secrets of ended todos
+go first, then the todos (``todos.sweeps.prune_settled_todos``), then the delivery events no
+todo points at any more. Each app deletes its own rows; this only orders the calls.
 
 Each kind is deleted in batches of ``PRUNE_BATCH`` rows, one short transaction per batch, with
 a pause between batches, so a prune never holds long locks, never bloats one transaction and
@@ -22,9 +24,10 @@ from django.db import connection, transaction
 from django.db.models import OuterRef
 from django.utils import timezone
 
-from channels_push.models import McpSession
+from channels_push.sessions import queries as session_queries
+from channels_push.sessions import transitions as session_transitions
 from todos import queries as todo_queries
-from todos.models import PrunedEventTally, State, Todo, TodoEvent
+from todos import sweeps as todo_sweeps
 
 from switchboard import ratelimit
 
@@ -76,18 +79,15 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
     if dry_run:
         return count_prunable(cutoffs)
     pruned = dict.fromkeys(KINDS, 0)
-    todo_kinds = [("done_todos", done_past_retention(cutoffs)),
-                  ("cancelled_todos", cancelled_past_retention(cutoffs))]
-    if cutoffs.dead_before is not None:
-        todo_kinds.append(("dead_letters", dead_past_retention(cutoffs)))
-    for kind, doomed in todo_kinds:
-        while True:
-            todos, events = _delete_todo_batch(doomed, batch)
-            pruned[kind] += todos
-            pruned["todo_events"] += events
-            if todos < batch:
-                break
-            time.sleep(pause_seconds)
+    # Every todo past retention has ended, so the ended todos' secrets, deleted here to the
+    # last batch, include all of theirs: nothing of ingest's refers to a doomed todo any more,
+    # and the todos' prune touches todos' tables only. (Their own sweep already deletes them
+    # within a minute of the end; this covers a deployment that runs only the prune.)
+    while delete_secrets_of_ended_todos() == ENDED_SECRETS_BATCH:
+        time.sleep(pause_seconds)
+    pruned.update(todo_sweeps.prune_settled_todos(
+        done_before=cutoffs.done_before, dead_before=cutoffs.dead_before, batch=batch,
+        pause_seconds=pause_seconds))
     for kind, delete_batch in (("delivery_events", _delete_delivery_event_batch),
                                ("delivery_log", _delete_delivery_log_batch),
                                ("mcp_sessions", _delete_session_batch)):
@@ -102,151 +102,32 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
 
 def count_prunable(cutoffs: Cutoffs) -> dict:
     """What ``prune_history`` would delete now, by kind."""
-    doomed_todos = Todo.objects.filter(**done_past_retention(cutoffs).lookups)
-    cancelled = Todo.objects.filter(**cancelled_past_retention(cutoffs).lookups)
-    dead = (Todo.objects.filter(**dead_past_retention(cutoffs).lookups)
-            if cutoffs.dead_before is not None else Todo.objects.none())
-    done_count = doomed_todos.count()
-    doomed_todos = doomed_todos | cancelled
-    doomed_ids = doomed_todos.values("id").union(dead.values("id"))
-    kept_todos = Todo.objects.exclude(id__in=doomed_todos.values("id")).exclude(
-        id__in=dead.values("id"))
+    settled = {"done_before": cutoffs.done_before, "dead_before": cutoffs.dead_before}
     return {
-        "done_todos": done_count,
-        "cancelled_todos": cancelled.count(),
-        "dead_letters": dead.count(),
-        "todo_events": TodoEvent.objects.filter(todo_id__in=doomed_ids).count(),
+        **todo_sweeps.count_settled_todos(**settled),
         "delivery_events": DeliveryEvent.objects.filter(received_at__lt=cutoffs.deliveries_before)
-        .exclude(id__in=kept_todos.filter(delivery_event__isnull=False)
-                 .values("delivery_event_id")).count(),
+        .exclude(id__in=todo_sweeps.delivery_events_kept_by_todos(**settled)).count(),
         "delivery_log": DeliveryRecord.objects.filter(at__lt=cutoffs.delivery_log_before).count()
         + DeliveryDrops.objects.filter(minute__lt=cutoffs.delivery_log_before).count(),
-        "mcp_sessions": McpSession.objects.filter(
-            terminated_at__lt=cutoffs.sessions_before, stream_attachments__isnull=True).count(),
+        "mcp_sessions": session_queries.count_deletable_sessions(cutoffs.sessions_before),
     }
 
 
-# -- todos, with their events and secrets --------------------------------------------------------
-
-@dataclass(frozen=True)
-class DoomedTodos:
-    """Which todos a batch takes: a SQL condition (with its parameters and the partial index
-    that serves it, see todos.models) and the same condition as ORM lookups."""
-
-    where: str
-    params: tuple
-    order_by: str
-    lookups: dict
-
-    def select_sql(self) -> str:
-        """The batch's choice of rows; its one remaining parameter is the batch size."""
-        return (f"SELECT id FROM todos_todo WHERE {self.where} "
-                f"ORDER BY {self.order_by} LIMIT %s")
-
-
-def done_past_retention(cutoffs: Cutoffs) -> DoomedTodos:
-    # Served by the partial index todo_prune_done (updated_at WHERE state = 'done').
-    return DoomedTodos("state = 'done' AND updated_at < %s", (cutoffs.done_before,), "updated_at",
-                   {"state": State.DONE, "updated_at__lt": cutoffs.done_before})
-
-
-def cancelled_past_retention(cutoffs: Cutoffs) -> DoomedTodos:
-    # Cancelled todos are kept exactly as long as done ones. Served by the partial index
-    # todo_prune_cancelled (cancelled_at WHERE state = 'cancelled').
-    return DoomedTodos("state = 'cancelled' AND cancelled_at < %s", (cutoffs.done_before,),
-                       "cancelled_at",
-                       {"state": State.CANCELLED, "cancelled_at__lt": cutoffs.done_before})
-
-
-def dead_past_retention(cutoffs: Cutoffs) -> DoomedTodos:
-    # Served by the partial index todo_prune_dead (dead_lettered_at WHERE dead letter).
-    return DoomedTodos(
-        "state = 'failed' AND dead_lettered_at IS NOT NULL AND dead_lettered_at < %s",
-        (cutoffs.dead_before,), "dead_lettered_at",
-        {"state": State.FAILED, "dead_lettered_at__isnull": False,
-         "dead_lettered_at__lt": cutoffs.dead_before},
-    )
-
-
-def _delete_todo_batch(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
-    """Delete up to ``batch`` todos matching ``doomed`` with their audit events and secrets,
-    folding the events into the pruned tally so /metrics counters never go down. Returns
-    ``(todos deleted, events deleted)``."""
-    if connection.vendor == "postgresql":
-        return _delete_todo_batch_postgres(doomed, batch)
-    return _delete_todo_batch_sqlite(doomed, batch)
-
-
-def _delete_todo_batch_postgres(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
-    # One statement: the doomed rows are locked (skipping any a requeue or another prune
-    # holds), their secrets and events deleted, the events folded into the tally, the todos
-    # deleted. Django's foreign keys are DEFERRABLE INITIALLY DEFERRED, so the order of the
-    # sibling deletes inside the statement does not matter.
-    sql = f"""
-        WITH doomed AS (
-            {doomed.select_sql()} FOR UPDATE SKIP LOCKED
-        ), gone_secrets AS (
-            DELETE FROM ingest_operatorsecret s USING doomed d WHERE s.todo_id = d.id
-        ), gone_events AS (
-            DELETE FROM todos_todoevent e USING doomed d WHERE e.todo_id = d.id
-            RETURNING e.action, e.to_state
-        ), folded AS (
-            INSERT INTO todos_prunedeventtally (action, to_state, count)
-            SELECT action, to_state, count(*) FROM gone_events GROUP BY action, to_state
-            ON CONFLICT (action, to_state)
-            DO UPDATE SET count = todos_prunedeventtally.count + EXCLUDED.count
-        ), gone_todos AS (
-            DELETE FROM todos_todo t USING doomed d WHERE t.id = d.id RETURNING t.id
-        )
-        SELECT (SELECT count(*) FROM gone_todos), (SELECT count(*) FROM gone_events)
-    """
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql, (*doomed.params, batch))
-        todos, events = cursor.fetchone()
-    return int(todos), int(events)
-
-
-def _delete_todo_batch_sqlite(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
-    # SQLite has one writer at a time, so the batch's IMMEDIATE transaction is its lock; the
-    # same steps as the PostgreSQL statement, one statement each.
-    from django.db.models import Count, F
-
-    with transaction.atomic():
-        ids = list(Todo.objects.filter(**doomed.lookups).order_by(doomed.order_by)
-                   .values_list("id", flat=True)[:batch])
-        if not ids:
-            return 0, 0
-        OperatorSecret.objects.filter(todo_id__in=ids).delete()
-        events = TodoEvent.objects.filter(todo_id__in=ids)
-        folded = 0
-        for action, to_state, n in events.values_list("action", "to_state").annotate(
-                n=Count("id")).order_by():
-            tally, created = PrunedEventTally.objects.get_or_create(
-                action=action, to_state=to_state, defaults={"count": n})
-            if not created:
-                PrunedEventTally.objects.filter(pk=tally.pk).update(count=F("count") + n)
-            folded += n
-        events._raw_delete(events.db)
-        deleted = Todo.objects.filter(id__in=ids)._raw_delete(events.db)
-    return deleted, folded
-
-
-# -- delivery events and sessions --------------------------------------------------------------
+# -- delivery events, the delivery log, sessions ---------------------------------------------
 
 def _delete_delivery_event_batch(cutoffs: Cutoffs, batch: int) -> int:
     """Delivery events past retention that no todo points at any more (their todos were pruned,
-    or they created none). Served by delivery_event_prune (received_at, id) and, for the
-    NOT EXISTS, the todo's own delivery_event_id index."""
+    or they created none: ``todos.queries.no_todo_points_at_sql``). Served by
+    delivery_event_prune (received_at, id). One statement, its own transaction."""
     lock = "FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
     sql = f"""
         DELETE FROM ingest_deliveryevent WHERE id IN (
             SELECT d.id FROM ingest_deliveryevent d
-            WHERE d.received_at < %s
-              AND NOT EXISTS (SELECT 1 FROM todos_todo t WHERE t.delivery_event_id = d.id)
+            WHERE d.received_at < %s AND {todo_queries.no_todo_points_at_sql("d")}
             ORDER BY d.received_at, d.id LIMIT %s {lock}
         )
     """
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, (cutoffs.deliveries_before, batch))
         return cursor.rowcount
 
@@ -269,24 +150,8 @@ def _delete_delivery_log_batch(cutoffs: Cutoffs, batch: int) -> int:
 
 
 def _delete_session_batch(cutoffs: Cutoffs, batch: int) -> int:
-    """Ended MCP sessions (terminated, or expired by the idle sweep) past their day.
-    Served by mcp_session_prune (terminated_at WHERE terminated_at IS NOT NULL). A session a
-    stream attachment still names is left for a later pass (the attachment's foreign key would
-    refuse the delete): its stream closes, or its dead process's rows are swept, first. No new
-    attachment can appear on an ended session (``attach_stream`` guards on a live one)."""
-    lock = "FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
-    sql = f"""
-        DELETE FROM channels_push_mcpsession WHERE id IN (
-            SELECT id FROM channels_push_mcpsession s
-            WHERE terminated_at IS NOT NULL AND terminated_at < %s
-            AND NOT EXISTS (SELECT 1 FROM channels_push_streamattachment a
-                            WHERE a.session_id = s.id)
-            ORDER BY terminated_at LIMIT %s {lock}
-        )
-    """
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql, (cutoffs.sessions_before, batch))
-        return cursor.rowcount
+    return session_transitions.delete_ended_sessions(ended_before=cutoffs.sessions_before,
+                                                     limit=batch)
 
 
 def prune_history_sweep() -> int:

@@ -165,8 +165,8 @@ class Todo(models.Model):
                 condition=Q(state="failed", retry_at__isnull=False),
                 name="todo_retry_promoter",
             ),
-            # ingest.sweeps.prune_history: done todos past retention, oldest first. Partial, so
-            # it costs one index insert at complete and nothing for live todos.
+            # sweeps.prune_settled_todos (the retention prune): done todos past retention, oldest
+            # first. Partial, so it costs one index insert at complete and nothing for live todos.
             models.Index(fields=["updated_at"], condition=Q(state="done"), name="todo_prune_done"),
             # The same sweep for cancelled todos (kept as long as done ones), by cancelled_at.
             models.Index(fields=["cancelled_at"], condition=Q(state="cancelled"),
@@ -174,7 +174,7 @@ class Todo(models.Model):
             # cancel_stale_approvals: todos awaiting approval, oldest first.
             models.Index(fields=["endpoint", "created_at"], condition=Q(state="awaiting_approval"),
                          name="todo_awaiting_approval"),
-            # The same sweep for dead letters, when SWITCHBOARD_RETAIN_DEAD_DAYS is set.
+            # sweeps.prune_settled_todos for dead letters, when SWITCHBOARD_RETAIN_DEAD_DAYS is set.
             models.Index(
                 fields=["dead_lettered_at"],
                 condition=Q(state="failed", dead_lettered_at__isnull=False),

@@ -643,6 +643,15 @@ def may_ring(todo_id) -> bool:
 # -- a todo's end, for what dies with it ----------------------------------------------------------
 
 
+def no_todo_points_at_sql(delivery_event: str) -> str:
+    """SQL over ingest's delivery event row ``delivery_event``: no todo points at it any more
+    (its todos were pruned, or it created none), for the delivery events' retention prune.
+    Served by the todo's own delivery_event_id index."""
+    return (f"NOT EXISTS (SELECT 1 FROM todos_todo t"
+            f" WHERE t.delivery_event_id = {delivery_event}.id)")
+
+
+
 def _ending_events():
     """The events that finish a todo: done, cancelled (cancel, reject), dead-lettered (a failure
     with no attempt left, or the last attempt's lease lapsing)."""

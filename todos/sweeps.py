@@ -2,12 +2,16 @@
 (``manage.py serve``) call these same functions; each does one batch and is safe when two runs
 overlap (the statements skip rows another run holds)."""
 
-from datetime import timedelta
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from . import queries, transitions
+from .models import PrunedEventTally, State, Todo, TodoEvent
 
 # One reaper pass returns at most this many leases. Large enough that a crashed pool of
 # agents (hundreds of leases) is cleared in a few 5 s passes, small enough that one pass holds
@@ -99,3 +103,163 @@ def cancel_stale_approvals(*, now=None) -> int:
     (reason ``approval_timeout``). Returns how many were cancelled."""
     return len(transitions.cancel_stale_approvals(now=now or timezone.now(),
                                                   limit=STALE_APPROVAL_BATCH))
+
+
+# -- retention: settled todos and their history (docs/operating.md#retention) -------------------
+# ingest.sweeps.prune_history runs this hourly among the other kinds of history, in the order
+# the rows refer to each other: the secrets of ended todos first, these todos, then the
+# delivery events no todo points at any more.
+
+
+@dataclass(frozen=True)
+class DoomedTodos:
+    """Which todos a prune batch takes: a SQL condition (with its parameters and the partial
+    index that serves it, see todos.models) and the same condition as ORM lookups."""
+
+    where: str
+    params: tuple
+    order_by: str
+    lookups: dict
+
+    def select_sql(self) -> str:
+        """The batch's choice of rows; its one remaining parameter is the batch size."""
+        return (f"SELECT id FROM todos_todo WHERE {self.where} "
+                f"ORDER BY {self.order_by} LIMIT %s")
+
+
+def done_past_retention(done_before: datetime) -> DoomedTodos:
+    # Served by the partial index todo_prune_done (updated_at WHERE state = 'done').
+    return DoomedTodos("state = 'done' AND updated_at < %s", (done_before,), "updated_at",
+                       {"state": State.DONE, "updated_at__lt": done_before})
+
+
+def cancelled_past_retention(done_before: datetime) -> DoomedTodos:
+    # Cancelled todos are kept exactly as long as done ones. Served by the partial index
+    # todo_prune_cancelled (cancelled_at WHERE state = 'cancelled').
+    return DoomedTodos("state = 'cancelled' AND cancelled_at < %s", (done_before,),
+                       "cancelled_at", {"state": State.CANCELLED, "cancelled_at__lt": done_before})
+
+
+def dead_past_retention(dead_before: datetime) -> DoomedTodos:
+    # Served by the partial index todo_prune_dead (dead_lettered_at WHERE dead letter).
+    return DoomedTodos(
+        "state = 'failed' AND dead_lettered_at IS NOT NULL AND dead_lettered_at < %s",
+        (dead_before,), "dead_lettered_at",
+        {"state": State.FAILED, "dead_lettered_at__isnull": False,
+         "dead_lettered_at__lt": dead_before},
+    )
+
+
+def _settled_past_retention(done_before, dead_before) -> list[tuple[str, DoomedTodos]]:
+    kinds = [("done_todos", done_past_retention(done_before)),
+             ("cancelled_todos", cancelled_past_retention(done_before))]
+    if dead_before is not None:
+        kinds.append(("dead_letters", dead_past_retention(dead_before)))
+    return kinds
+
+
+def prune_settled_todos(*, done_before: datetime, dead_before: datetime | None, batch: int,
+                        pause_seconds: float) -> dict:
+    """Delete done and cancelled todos settled before ``done_before`` and dead letters
+    dead-lettered before ``dead_before`` (None: keep every dead letter), with their audit
+    events, ``batch`` todos per statement with ``pause_seconds`` between batches, until none is
+    left. Returns ``{"done_todos", "cancelled_todos", "dead_letters", "todo_events": rows}``.
+
+    The pruned events are folded into ``PrunedEventTally`` first, so /metrics counters never go
+    down. Rows another transaction holds are skipped (``SKIP LOCKED``) and taken by the next
+    run; two overlapping runs take different rows. The caller deletes first whatever of
+    another app still refers to these todos (ingest's operator secrets: ``prune_history``):
+    the foreign keys would refuse the commit."""
+    pruned = dict.fromkeys(("done_todos", "cancelled_todos", "dead_letters", "todo_events"), 0)
+    for kind, doomed in _settled_past_retention(done_before, dead_before):
+        while True:
+            todos, events = _delete_todo_batch(doomed, batch)
+            pruned[kind] += todos
+            pruned["todo_events"] += events
+            if todos < batch:
+                break
+            time.sleep(pause_seconds)
+    return pruned
+
+
+def count_settled_todos(*, done_before: datetime, dead_before: datetime | None) -> dict:
+    """What ``prune_settled_todos`` would delete now, by kind (its dry run)."""
+    counts = dict.fromkeys(("done_todos", "cancelled_todos", "dead_letters"), 0)
+    for kind, doomed in _settled_past_retention(done_before, dead_before):
+        counts[kind] = Todo.objects.filter(**doomed.lookups).count()
+    counts["todo_events"] = TodoEvent.objects.filter(
+        todo_id__in=_doomed(done_before, dead_before).values("id")).count()
+    return counts
+
+
+def _doomed(done_before, dead_before):
+    doomed = Q()
+    for _, kind in _settled_past_retention(done_before, dead_before):
+        doomed |= Q(**kind.lookups)
+    return Todo.objects.filter(doomed)
+
+
+def delivery_events_kept_by_todos(*, done_before: datetime, dead_before: datetime | None):
+    """The delivery event ids that todos the prune keeps still point at (a values queryset),
+    for the dry run of the delivery events' prune."""
+    return (Todo.objects.filter(delivery_event__isnull=False)
+            .exclude(id__in=_doomed(done_before, dead_before).values("id"))
+            .values("delivery_event_id"))
+
+
+def _delete_todo_batch(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
+    """Delete up to ``batch`` todos matching ``doomed`` with their audit events, folding the
+    events into the pruned tally. Returns ``(todos deleted, events deleted)``."""
+    if connection.vendor == "postgresql":
+        return _delete_todo_batch_postgres(doomed, batch)
+    return _delete_todo_batch_sqlite(doomed, batch)
+
+
+def _delete_todo_batch_postgres(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
+    # One statement, so one transaction of its own without BEGIN and COMMIT round trips: the
+    # doomed rows are locked (skipping any a requeue or another prune holds), their events
+    # deleted and folded into the tally, the todos deleted. The events have no database
+    # foreign key (docs/decisions/todo-events-without-a-foreign-key.md): this statement is
+    # what deletes them with their todos.
+    sql = f"""
+        WITH doomed AS (
+            {doomed.select_sql()} FOR UPDATE SKIP LOCKED
+        ), gone_events AS (
+            DELETE FROM todos_todoevent e USING doomed d WHERE e.todo_id = d.id
+            RETURNING e.action, e.to_state
+        ), folded AS (
+            INSERT INTO todos_prunedeventtally (action, to_state, count)
+            SELECT action, to_state, count(*) FROM gone_events GROUP BY action, to_state
+            ON CONFLICT (action, to_state)
+            DO UPDATE SET count = todos_prunedeventtally.count + EXCLUDED.count
+        ), gone_todos AS (
+            DELETE FROM todos_todo t USING doomed d WHERE t.id = d.id RETURNING t.id
+        )
+        SELECT (SELECT count(*) FROM gone_todos), (SELECT count(*) FROM gone_events)
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, (*doomed.params, batch))
+        todos, events = cursor.fetchone()
+    return int(todos), int(events)
+
+
+def _delete_todo_batch_sqlite(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
+    # SQLite has one writer at a time, so the batch's IMMEDIATE transaction is its lock; the
+    # same steps as the PostgreSQL statement, one statement each.
+    with transaction.atomic():
+        ids = list(Todo.objects.filter(**doomed.lookups).order_by(doomed.order_by)
+                   .values_list("id", flat=True)[:batch])
+        if not ids:
+            return 0, 0
+        events = TodoEvent.objects.filter(todo_id__in=ids)
+        folded = 0
+        for action, to_state, n in events.values_list("action", "to_state").annotate(
+                n=Count("id")).order_by():
+            tally, created = PrunedEventTally.objects.get_or_create(
+                action=action, to_state=to_state, defaults={"count": n})
+            if not created:
+                PrunedEventTally.objects.filter(pk=tally.pk).update(count=F("count") + n)
+            folded += n
+        events._raw_delete(events.db)
+        deleted = Todo.objects.filter(id__in=ids)._raw_delete(events.db)
+    return deleted, folded

@@ -114,3 +114,12 @@ def live_sessions(endpoint_id: int, now, *, limit: int = 50) -> list[dict]:
     return [{"id": row[0], "client_name": row[1], "client_version": row[2],
              "last_seen_at": row[3], "created_at": row[4], "streaming": bool(row[5]),
              "attached": bool(row[6])} for row in rows]
+
+
+def count_deletable_sessions(ended_before) -> int:
+    """How many sessions ``transitions.delete_ended_sessions`` would delete now, all batches
+    together (the retention prune's dry run)."""
+    from channels_push.models import McpSession
+
+    return McpSession.objects.filter(terminated_at__lt=ended_before,
+                                     stream_attachments__isnull=True).count()

@@ -277,3 +277,24 @@ def reset_stale_stream_counts(*, now=None) -> int:
     return McpSession.objects.filter(open_streams__gt=0).filter(
         Q(stream_lease_until__isnull=True) | Q(stream_lease_until__lt=now)
     ).exclude(open_streams=Coalesce(remaining, 0)).update(open_streams=Coalesce(remaining, 0))
+
+
+def delete_ended_sessions(*, ended_before, limit: int) -> int:
+    """Delete at most ``limit`` ended sessions (terminated, or expired by the idle sweep) that
+    ended before ``ended_before``, for the retention prune (ingest.sweeps.prune_history). Served
+    by mcp_session_prune (terminated_at WHERE terminated_at IS NOT NULL). A session a stream
+    attachment still names is left for a later pass (the attachment's foreign key would refuse
+    the delete): its stream closes, or its dead process's rows are swept, first. No new
+    attachment can appear on an ended session (``attach_stream`` guards on a live one). Rows
+    another transaction holds are skipped, so overlapping runs take different rows. One
+    statement, its own transaction. Returns how many."""
+    lock = " FOR UPDATE SKIP LOCKED" if statements.is_postgres() else ""
+    sql = ("DELETE FROM channels_push_mcpsession WHERE id IN ("
+           " SELECT id FROM channels_push_mcpsession s"
+           " WHERE terminated_at IS NOT NULL AND terminated_at < %(ended_before)s"
+           " AND NOT EXISTS (SELECT 1 FROM channels_push_streamattachment a"
+           " WHERE a.session_id = s.id)"
+           f" ORDER BY terminated_at LIMIT %(limit)s{lock})")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"ended_before": queries.sql_time(ended_before), "limit": limit})
+        return cursor.rowcount

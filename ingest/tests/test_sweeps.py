@@ -14,6 +14,7 @@ from django.utils import timezone
 from channels_push.models import McpSession
 from ingest import sweeps
 from ingest.models import DeliveryEvent, OperatorSecret, TrustMode
+from todos import sweeps as todo_sweeps
 from todos import transitions
 from todos.models import PrunedEventTally, State, Todo, TodoEvent
 
@@ -270,11 +271,9 @@ def test_prune_batches_use_their_partial_indexes(endpoint):
             cursor.execute("EXPLAIN " + doomed.select_sql(), (*doomed.params, sweeps.PRUNE_BATCH))
             return "\n".join(row[0] for row in cursor.fetchall())
 
-    text = plan(sweeps.done_past_retention(cutoffs))
+    text = plan(todo_sweeps.done_past_retention(cutoffs.done_before))
     assert "todo_prune_done" in text and "Sort" not in text, text
-    text = plan(sweeps.dead_past_retention(sweeps.Cutoffs(
-        done_before=NOW, dead_before=NOW, deliveries_before=NOW, sessions_before=NOW,
-        delivery_log_before=NOW)))
+    text = plan(todo_sweeps.dead_past_retention(NOW))
     assert "todo_prune_dead" in text and "Sort" not in text, text
 
 
