@@ -64,6 +64,14 @@ def rotate_credential(endpoint: Endpoint, *, grace=DEFAULT_ROTATION_GRACE, now=N
     return _issue_credential(endpoint)
 
 
+def rekey_credential(credential_id: int, credential: str) -> None:
+    """Make credential row ``credential_id`` stand for ``credential`` (its digest and hint), for
+    a credential derived from its own row, which exists only once the row does: the demo
+    seed's, so that re-runs print the same one."""
+    Credential.objects.filter(pk=credential_id).update(digest=hash_credential(credential),
+                                                       hint=credential[:12])
+
+
 def set_presence(endpoint: Endpoint, presence: str, *, until=None, now=None) -> tuple[str, str]:
     """Clock ``endpoint`` in or out (docs/reference.md#presence). Returns its effective presence
     ``(before, after)``.

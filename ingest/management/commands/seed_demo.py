@@ -38,7 +38,7 @@ from django.utils.crypto import salted_hmac
 
 from endpoints import connect_snippets
 from endpoints import transitions as endpoint_transitions
-from endpoints.models import CREDENTIAL_PREFIX, Credential, Endpoint, hash_credential
+from endpoints.models import CREDENTIAL_PREFIX, Endpoint, hash_credential
 from ingest import transitions
 from ingest.models import Route, Source, Webhook
 from switchboard.commands import JsonCommand
@@ -99,8 +99,7 @@ def ensure_demo_credential(endpoint, *, rotate: bool) -> str:
     endpoint_transitions.rotate_credential(endpoint, grace=timedelta(0))
     row = endpoint.credentials.order_by("-pk").first()
     credential = demo_credential_for(row)
-    Credential.objects.filter(pk=row.pk).update(digest=hash_credential(credential),
-                                                hint=credential[:12])
+    endpoint_transitions.rekey_credential(row.pk, credential)
     return credential
 
 
