@@ -30,6 +30,23 @@ def credential_rights_sql(credential: str = "c", endpoint: str = "e", owner: str
                    f" OR {credential}.expires_at > %({now_param})s)")
 
 
+def endpoint_active_sql(endpoint_id: str) -> str:
+    """SQL that holds while the endpoint whose id is the SQL expression ``endpoint_id`` (another
+    table's column) is active, as one EXISTS the caller's statement carries (a primary-key
+    probe)."""
+    return f"EXISTS (SELECT 1 FROM endpoints_endpoint ae WHERE ae.id = {endpoint_id} AND ae.active)"
+
+
+def credential_gives_rights_sql(credential_id: str, *, now_param: str) -> str:
+    """SQL that holds while the credential whose id is the SQL expression ``credential_id``
+    (another table's column, say an MCP session's) still gives its rights
+    (``credential_rights_sql``), as one EXISTS the caller's statement carries. Expects the time
+    as the named parameter ``now_param``."""
+    joins, rights = credential_rights_sql("sc", "se", "su", now_param=now_param)
+    return (f"EXISTS (SELECT 1 FROM endpoints_credential sc{joins}"
+            f" WHERE sc.id = {credential_id} AND {rights})")
+
+
 def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_sql: str = "",
                                  join_columns=None, join_params=None) -> Endpoint | None:
     """The active endpoint ``slug`` of an active owner if ``credential`` is one of its live

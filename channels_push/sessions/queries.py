@@ -53,14 +53,12 @@ def stream_open_sql(alias: str, params: dict, now) -> str:
 def session_rights_sql(alias: str, params: dict, now) -> str:
     """SQL over the session row ``alias``: the credential that opened it still gives its rights
     (unexpired or in grace, endpoint active, owner active; the rule itself is
-    ``endpoints.queries.credential_rights_sql``)."""
+    ``endpoints.queries.credential_gives_rights_sql``)."""
     from endpoints import queries as endpoint_queries
 
-    joins, rights = endpoint_queries.credential_rights_sql("sc", "se", "su",
-                                                           now_param="rights_now")
     params["rights_now"] = sql_time(now)
-    return (f"EXISTS (SELECT 1 FROM endpoints_credential sc{joins}"
-            f" WHERE sc.id = {alias}.credential_id AND {rights})")
+    return endpoint_queries.credential_gives_rights_sql(f"{alias}.credential_id",
+                                                        now_param="rights_now")
 
 
 def attached_sql(alias: str, params: dict, now) -> str:
@@ -78,10 +76,12 @@ def attached_endpoints(now) -> dict:
     """Active endpoints with at least one attached session at ``now``, as ``{endpoint_id:
     when one of those sessions was last rung}`` (None: never; the time as the backend returns
     it, to be passed back to the database as it is)."""
+    from endpoints import queries as endpoint_queries
+
     params = {}
     sql = ("SELECT s.endpoint_id, MAX(s.last_doorbell_at) FROM channels_push_mcpsession s"
-           " JOIN endpoints_endpoint e ON e.id = s.endpoint_id"
-           f" WHERE e.active AND {attached_sql('s', params, now)} GROUP BY s.endpoint_id")
+           f" WHERE {endpoint_queries.endpoint_active_sql('s.endpoint_id')}"
+           f" AND {attached_sql('s', params, now)} GROUP BY s.endpoint_id")
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return dict(cursor.fetchall())
