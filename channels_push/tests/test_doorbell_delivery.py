@@ -471,7 +471,7 @@ def test_stream_rejoins_its_group_when_redis_returns(vend, settings, redis_down_
             # Joined again (a poll on the private Redis, not a sleep); then ring.
             assert await asyncio.to_thread(poll, subscribed)
             todo = await ring(endpoint, title="after redis came back")
-            params = await next_doorbell(stream)
+            params = await next_ring(stream)
             await close(stream)
             return todo, params
 
@@ -513,7 +513,7 @@ def test_a_todo_that_becomes_ready_again_rings(driver, becomes_ready):
         todo = await ring(d.endpoint, title="flaky")
         assert (await next_ring(stream))["meta"]["todo_id"] == str(todo.pk)
         await database_sync_to_async(ready_again, thread_sensitive=False)(todo)
-        params = await next_doorbell(stream)
+        params = await next_ring(stream)
         await close(stream)
         return todo, params
 

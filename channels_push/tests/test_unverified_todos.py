@@ -10,7 +10,7 @@ from django.core.management import call_command
 from channels_push.mcp import instructions as mcp_instructions
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from channels_push.tests.test_doorbell_delivery import (  # noqa: F401 (driver: a fixture)
-    close, driver, next_doorbell, open_stream, ring)
+    close, driver, next_doorbell, next_ring, open_stream, ring)
 from endpoints.models import Endpoint
 from todos import transitions
 from todos.models import Todo, TodoEvent, Trust
@@ -96,7 +96,7 @@ def test_promoting_an_unverified_todo_hands_it_out_and_rings(driver):
         caller = transitions.Caller.operator(d.endpoint, "owner-wary")
         promoted = await sync_to_async(transitions.promote_todo, thread_sensitive=False)(caller, todo.pk)
         assert promoted.trust == Trust.OPERATOR and promoted.state == "pending"
-        params = await next_doorbell(stream)
+        params = await next_ring(stream)
         assert params["meta"]["todo_id"] == str(todo.pk)  # the first doorbell is the promoted one
         await close(stream)
         return todo

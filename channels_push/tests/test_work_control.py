@@ -46,7 +46,7 @@ def test_a_scheduled_todo_rings_only_when_it_becomes_ready(driver, becomes_ready
         # The first doorbell is the control's: the scheduled todo rang nothing.
         assert (await next_ring(stream))["meta"]["todo_id"] == str(control.pk)
         await database_sync_to_async(make_ready, thread_sensitive=False)(scheduled)
-        params = await next_doorbell(stream)
+        params = await next_ring(stream)
         await close(stream)
         return scheduled, params
 
