@@ -38,9 +38,11 @@ def child_env(**extra) -> dict:
 PYTHON = sys.executable
 
 
-def poll(predicate, deadline_seconds=10.0, interval_seconds=0.05) -> bool:
+def poll(predicate, deadline_seconds=30.0, interval_seconds=0.05) -> bool:
     """Wait for ``predicate()`` to be true, checking every ``interval_seconds``; False when the
-    deadline passes first (tests poll with a deadline instead of sleeping a fixed time)."""
+    deadline passes first (tests poll with a deadline instead of sleeping a fixed time). The
+    default deadline is generous: it costs nothing when the predicate comes true, and a loaded
+    machine is slow."""
     end = time.monotonic() + deadline_seconds
     while not predicate():
         if time.monotonic() > end:
