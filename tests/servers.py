@@ -89,6 +89,11 @@ class DaphneServer:
                 lost_the_port = (self.process.poll() is not None and "Address already in use"
                                  in self.log_text()[logged_before:])
                 if not (lost_the_port and self._own_port and attempt < PORT_ATTEMPTS):
+                    # A server that never became ready is still ours to end: the fixture that
+                    # started it fails before it could stop it, and it would outlive the run.
+                    if self.process.poll() is None:
+                        self.process.kill()
+                        self.process.wait(timeout=10)
                     raise
                 self._use_port(free_port())
         raise AssertionError("unreachable")
