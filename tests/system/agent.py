@@ -6,8 +6,9 @@ endpoint, draining with claim_next + complete. One line per event on stdout (flu
                                                    already_done, a retried complete whose
                                                    first answer was lost, is "completed")
     doorbell <todo id or "digest">                             (notifications/claude/channel)
-    retry <exception type>                                     (a call failed; same session)
-    reconnect <exception type>                                 (the client died; new session)
+    retry <exception type> <message>                   (a call failed; same session)
+    reconnect <exception type> <message>               (the client died, or its session kept
+                                                        failing: a new session)
     done
 
     python -m tests.system.agent URL SLUG --credential-env VAR [--mode drain|hold]
@@ -19,7 +20,8 @@ lapsed leases come back within lease + reaper interval) or when ``--stop-file`` 
 claims ``--hold`` todos and hangs with the leases held, waiting to be SIGKILLed (it polls until it got them).
 
 A failed call (PostgreSQL restarting, a 5xx) is retried on the same client — the same MCP
-session — until it answers; when the client itself dies, the agent reconnects (see ``run``).
+session — until it answers; when the client itself dies, or its calls keep failing for
+SESSION_GIVE_UP_SECONDS, the agent reconnects (see ``run``).
 """
 
 import argparse
@@ -41,6 +43,11 @@ RETRY_PAUSE_SECONDS = 0.2
 # A fault (a killed web process, a PostgreSQL restart) must heal within this; beyond it the
 # agent gives up loudly and the test fails on the unfinished ledger.
 RETRY_WINDOW_SECONDS = 120.0
+# Calls failing on one session for this long (the SDK client turns a proxy's 502 into an
+# error answer and lives on, so it may never die by itself): the agent opens a new session, as
+# an MCP harness reconnecting would. Longer than any fault's own healing (a web restart, a
+# PostgreSQL restart: seconds), so a healthy session is not given up during one.
+SESSION_GIVE_UP_SECONDS = 30.0
 
 
 def say(*words):
@@ -53,9 +60,14 @@ async def print_doorbells(listener: ChannelListener):
         say("doorbell", params.meta.get("todo_id") or params.meta.get("kind") or "?")
 
 
+class SessionAbandoned(Exception):
+    """Calls on this session kept failing for SESSION_GIVE_UP_SECONDS: open a new one."""
+
+
 async def call(client, name, arguments):
-    """One tool call, retried on transport failure within RETRY_WINDOW_SECONDS."""
-    deadline = time.monotonic() + RETRY_WINDOW_SECONDS
+    """One tool call, retried on the same session while it fails; after
+    SESSION_GIVE_UP_SECONDS of failures the session is abandoned (``run`` opens a new one)."""
+    give_up = time.monotonic() + SESSION_GIVE_UP_SECONDS
     while True:
         try:
             with anyio.fail_after(CALL_TIMEOUT_SECONDS):
@@ -67,9 +79,10 @@ async def call(client, name, arguments):
                 raise RuntimeError(f"tool error {result.structured_content}")
             return result
         except Exception as exc:  # noqa: BLE001 - any failure of the call is retried
-            if time.monotonic() > deadline:
-                raise
-            say("retry", type(exc).__name__)
+            say("retry", type(exc).__name__, str(exc)[:200].replace("\n", " "))
+            if time.monotonic() > give_up:
+                raise SessionAbandoned(f"{name} failing for {SESSION_GIVE_UP_SECONDS:.0f} s") \
+                    from exc
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
 
 
@@ -133,7 +146,7 @@ async def run(args, credential):
         except Exception as exc:  # noqa: BLE001 - the client died; reconnect within the window
             if time.monotonic() > deadline:
                 raise
-            say("reconnect", type(exc).__name__)
+            say("reconnect", type(exc).__name__, str(exc)[:200].replace("\n", " "))
             await asyncio.sleep(RETRY_PAUSE_SECONDS)
             deadline = time.monotonic() + RETRY_WINDOW_SECONDS
     say("done")
