@@ -209,6 +209,8 @@ MIDDLEWARE = [
     # (docs/operating.md#when-postgresql-is-down).
     "switchboard.health.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # A query parameter the database cannot hold (a NUL) -> 400 naming it, never a 500.
+    "switchboard.http.query_text.UnstorableQueryMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
