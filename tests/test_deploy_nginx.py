@@ -47,6 +47,19 @@ def test_timeouts_connection_limit_forwarding_and_unbuffered_streams():
         assert re.match(r"^/todos/(.+/)?events$", path)
 
 
+def test_sign_in_attempts_are_limited_per_address_at_the_proxy():
+    """switchboard locks a (username, address) pair, never a username alone; the proxy bounds
+    how many usernames one address may try."""
+    text = SITE.read_text()
+    (zone,) = directive("limit_req_zone", text)
+    assert zone.startswith("$binary_remote_addr zone=switchboard_signin:")
+    block = location_block(r"~ \^/\(accounts\|admin\)/login/\$", text)
+    for path in ("/accounts/login/", "/admin/login/"):
+        assert re.match(r"^/(accounts|admin)/login/$", path)
+    assert "limit_req zone=switchboard_signin" in block and "limit_req_status 429" in block
+    assert "proxy_pass http://switchboard_web" in block
+
+
 @pytest.mark.skipif(NGINX is None, reason="nginx is not installed: apt-get install nginx "
                                           "(scripts/test does it when run as root)")
 def test_debian_nginx_accepts_the_site(tmp_path):

@@ -169,3 +169,16 @@ def test_requests_in_progress_per_client_address_are_limited_by_the_proxy(topolo
             sock.close()
     assert poll(lambda: httpx.get(topology.web_urls[1] + "/healthz", timeout=5).status_code == 200,
                 10)
+
+
+def test_sign_in_attempts_per_client_address_are_limited_by_the_proxy(topology):
+    """A burst of sign-in requests from one address: past the zone's burst, 429 from nginx
+    (switchboard itself locks only a (username, address) pair). From an address of its own
+    (127.0.0.7), so other tests' sign-ins keep their budget."""
+    transport = httpx.HTTPTransport(local_address="127.0.0.7")
+    with httpx.Client(transport=transport, timeout=10) as client:
+        statuses = [client.get(topology.web_urls[0] + "/accounts/login/").status_code
+                    for _ in range(40)]
+    assert 429 in statuses and statuses[0] == 200, statuses
+    # Another address is not affected.
+    assert httpx.get(topology.web_urls[0] + "/accounts/login/", timeout=10).status_code == 200

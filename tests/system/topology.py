@@ -118,14 +118,15 @@ def _replace_once(text: str, pattern: str, replacement: str, *, count: int = 1) 
 
 def render_nginx_site(site: str, *, index: int, listen_port: int, upstream_port: int) -> str:
     """deploy/nginx.conf for web process ``index``: its own upstream (the one daphne) and
-    listening port; the per-address zone is declared by the first copy only (the copies share
-    it, as one server would)."""
+    listening port; the per-address zones are declared by the first copy only (the copies share
+    them, as one server would)."""
     site = _replace_once(site, r"^upstream switchboard_web \{\n(?:\s+server [^\n]+;\n)+",
                          f"upstream switchboard_web {{\n    server 127.0.0.1:{upstream_port};\n")
-    site = _replace_once(site, r"\bswitchboard_web\b", f"switchboard_web{index}", count=4)
+    site = _replace_once(site, r"\bswitchboard_web\b", f"switchboard_web{index}", count=5)
     site = _replace_once(site, r"^    listen 80;$", f"    listen 127.0.0.1:{listen_port};")
     if index:
         site = _replace_once(site, r"^limit_conn_zone .*$", "")
+        site = _replace_once(site, r"^limit_req_zone .*$", "")
     return site
 
 
