@@ -44,8 +44,10 @@ EDGES = frozenset({
     ("retry", State.FAILED, State.PENDING),
     ("requeue", State.FAILED, State.PENDING),
     ("promote", State.PENDING, State.PENDING),  # unverified -> operator trust
-    # Work control (docs/work-control.md): an operator changes the order of a waiting todo,
-    # and a scheduled todo becomes ready (its time came, or an operator ran it now).
+    # Work control (docs/work-control.md): an operator changes the order of a waiting todo
+    # (awaiting approval too: its order is set before the yes), and a scheduled todo becomes
+    # ready (its time came, or an operator ran it now).
+    ("prioritize", State.AWAITING_APPROVAL, State.AWAITING_APPROVAL),
     ("prioritize", State.PENDING, State.PENDING),
     ("prioritize", State.FAILED, State.FAILED),
     ("due", State.PENDING, State.PENDING),

@@ -1079,16 +1079,18 @@ def resolve_not_before(*, not_before=None, delay_seconds=None, now):
 
 
 def set_priority_todo(caller: Caller, todo_id, priority, *, now=None) -> Todo:
-    """An operator changes the priority of a todo that waits: pending (scheduled or not) or
-    failed (waiting to retry, or dead, for when it is requeued). One ``prioritize`` event,
+    """An operator changes the priority of a todo that waits: awaiting approval, pending
+    (scheduled or not) or failed (waiting to retry, or dead, for when it is requeued). One
+    ``prioritize`` event,
     its detail the new priority. Refuses ``invalid_argument`` (``check_priority``), ``not_found``
     and ``not_claimable`` (claimed or done: nothing waits to be ordered)."""
     check_priority(priority)
     return _operator_transition(
-        caller, todo_id, guard="state IN ('pending', 'failed')",
+        caller, todo_id, guard="state IN ('awaiting_approval', 'pending', 'failed')",
         set_sql="priority = %(priority)s", params={"priority": priority}, action="prioritize",
         from_state_sql="t.state", detail={"priority": priority}, now=now,
-        not_claimable="is not pending or failed; only a waiting todo's priority can change")
+        not_claimable="is not awaiting approval, pending or failed; only a waiting todo's "
+                      "priority can change")
 
 
 # A todo that becomes ready after waiting for its time starts with a fresh ring budget and no

@@ -61,6 +61,7 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
     sweeps.release_due_scheduled_todos(now=now + timedelta(minutes=2))  # due
 
     approved = make_todo(requires_approval=True)                       # create, gated
+    transitions.set_priority_todo(operator, approved.pk, 9, now=now)   # prioritize (gated)
     transitions.approve_todo(operator, approved.pk, now=now)           # approve
     transitions.cancel_todo(operator, approved.pk, now=now)            # cancel from pending
     transitions.reject_todo(operator, make_todo(requires_approval=True).pk, now=now)  # reject
