@@ -162,6 +162,17 @@ def test_add_webhook_route_command_takes_actors_and_roles(capsys, make_webhook, 
     assert run.code != 0 and "--author-association:" in run.err  # names the flag
 
 
+@pytest.mark.parametrize("flag", ["--actors", "--author-association"])
+@pytest.mark.parametrize("value", ["", " , "])
+def test_an_empty_actor_rule_is_refused_not_taken_as_anyone(capsys, make_webhook, endpoint, flag,
+                                                              value):
+    webhook = make_webhook("github", routes=[])
+    run = run_manage(capsys, "add_webhook_route", webhook.slug, endpoint.slug, "--queue", "inbox",
+                     flag, value)
+    assert run.code != 0 and f"{flag} is empty" in run.err
+    assert not Route.objects.filter(webhook=webhook).exists()
+
+
 def test_the_webhook_page_shows_the_rule_and_the_filtered_outcome(trusted_hook, operator):
     webhook = trusted_hook(author_associations=["OWNER"])
     deliver(webhook, github_issue("stranger", "NONE"))

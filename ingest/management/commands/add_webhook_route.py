@@ -45,6 +45,11 @@ class Command(JsonCommand):
             target = Endpoint.objects.get(slug=endpoint)
         except Endpoint.DoesNotExist:
             raise CommandError(f"no endpoint {endpoint!r}") from None
+        for flag, value in (("--actors", actors), ("--author-association", author_association)):
+            # Given but empty ('' from an unset shell variable, say) must not mean "anyone".
+            if value is not None and not csv_list(value):
+                raise CommandError(f"{flag} is empty: name at least one, or leave the flag out "
+                                   "for a route that takes every sender")
         try:
             route = transitions.add_webhook_route(
                 webhook=hook, endpoint=target, queue=queue,
