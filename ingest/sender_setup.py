@@ -14,8 +14,9 @@ from .models import Source
 SENDER_MINTED = frozenset({Source.STRIPE, Source.LINEAR, Source.SLACK, Source.SENTRY})
 
 
-def public_url_warning(public_url: str) -> str:
-    """Why a sender on the internet cannot deliver to ``public_url`` ("" when it can)."""
+def public_url_warning(public_url: str, source: str = "") -> str:
+    """Why a sender on the internet cannot deliver to ``public_url`` ("" when it can). Only
+    Stripe has a local forwarder to suggest; for the others a tunnel is the way."""
     parts = urlsplit(public_url)
     host = (parts.hostname or "").lower()
     loopback = host in ("localhost", "") or host.endswith(".localhost")
@@ -25,18 +26,21 @@ def public_url_warning(public_url: str) -> str:
         except ValueError:
             pass
     if loopback:
+        forwarder = (", or use Stripe's local forwarder (stripe listen --forward-to)"
+                     if source == Source.STRIPE else "")
         return (f"The public URL {public_url} is a loopback address: senders on the internet "
                 "cannot reach it. Set SWITCHBOARD_PUBLIC_URL to the https address a tunnel or "
-                "proxy gives this server (see docs/console.md), or use the sender's local "
-                "forwarder (stripe listen --forward-to).")
+                f"proxy gives this server (see docs/console.md){forwarder}.")
     if parts.scheme != "https":
         return (f"The public URL {public_url} is plain http: most senders refuse it or send "
                 "payloads and signatures in the clear. Serve switchboard over https.")
     return ""
 
 
-def setup_steps(source: str, hook_url: str) -> list[str]:
-    """The steps, in order, that connect ``source``'s real sender to ``hook_url``."""
+def setup_steps(source: str, hook_url: str, slug: str = "<slug>") -> list[str]:
+    """The steps, in order, that connect ``source``'s real sender to ``hook_url`` (the webhook
+    ``slug``'s). A secret the sender mints was pasted with ``add_webhook --secret`` already;
+    the step says how to paste a new one when the sender's changes."""
     if source == Source.GITHUB:
         return [
             "Repository (or organisation) → Settings → Webhooks → Add webhook.",
@@ -70,9 +74,9 @@ def setup_steps(source: str, hook_url: str) -> list[str]:
         return [
             "Stripe mints the signing secret: Developers → Webhooks → Add endpoint, "
             f"endpoint URL {hook_url}, select the events.",
-            "Copy the endpoint's signing secret (whsec_…) and paste it: "
-            "manage.py rotate_webhook_secret <slug> --secret 'whsec_…' "
-            "(or add_webhook … --source stripe --secret 'whsec_…').",
+            "Its signing secret (whsec_…) is the one add_webhook … --secret took; when Stripe "
+            f"rolls it, paste the new one: manage.py rotate_webhook_secret {slug} "
+            "--secret 'whsec_…'.",
             f"Locally, without a public URL: stripe listen --forward-to {hook_url} "
             "prints a whsec_… secret of its own; paste that one the same way.",
             "Stripe's endpoint page lists every attempt and its answer.",
@@ -87,13 +91,15 @@ def setup_steps(source: str, hook_url: str) -> list[str]:
         return [
             "Linear mints the secret: Settings → API → Webhooks → New webhook, "
             f"URL {hook_url}, pick the resource types.",
-            "Copy the signing secret Linear shows and paste it: "
-            "manage.py rotate_webhook_secret <slug> --secret 'lin_wh_…'.",
+            "Its signing secret (lin_wh_…) is the one add_webhook … --secret took; when "
+            f"Linear's changes, paste the new one: manage.py rotate_webhook_secret {slug} "
+            "--secret 'lin_wh_…'.",
         ]
     if source == Source.SLACK:
         return [
             "api.slack.com/apps → your app → Basic Information → App Credentials → "
-            "Signing Secret: paste it with manage.py rotate_webhook_secret <slug> --secret ….",
+            "Signing Secret: the one add_webhook … --secret took; when Slack regenerates it, "
+            f"paste the new one: manage.py rotate_webhook_secret {slug} --secret ….",
             f"Event Subscriptions → Enable → Request URL: {hook_url} (switchboard answers "
             "Slack's url_verification, and Slack shows “Verified”).",
             "Subscribe to the bot events you route and reinstall the app.",
@@ -102,8 +108,8 @@ def setup_steps(source: str, hook_url: str) -> list[str]:
         return [
             "Settings → Developer Settings → Custom Integrations → New Internal Integration; "
             f"Webhook URL {hook_url}; subscribe to issue (and error, comment as needed).",
-            "Copy the integration's Client Secret and paste it with "
-            "manage.py rotate_webhook_secret <slug> --secret ….",
+            "Its Client Secret is the one add_webhook … --secret took; when Sentry's "
+            f"changes, paste the new one: manage.py rotate_webhook_secret {slug} --secret ….",
             "Sentry does not retry: check this page's deliveries after setup.",
         ]
     return [

@@ -100,9 +100,11 @@ def webhook_page(request, slug):
         "drops": webhook.drops.filter(dropped__gt=0).order_by("-minute")[:20],
         "unsigned_warning": (transitions.unsigned_warning() if webhook.source == Source.UNSIGNED
                              else ""),
-        "public_url_warning": sender_setup.public_url_warning(settings.SWITCHBOARD_PUBLIC_URL),
+        "public_url_warning": sender_setup.public_url_warning(settings.SWITCHBOARD_PUBLIC_URL,
+                                                              webhook.source),
         "setup_steps": sender_setup.setup_steps(
-            webhook.source, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}"),
+            webhook.source, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}",
+            webhook.slug),
         "sender_minted": webhook.source in sender_setup.SENDER_MINTED,
     })
     return render(request, "ingest/webhook.html", context)

@@ -163,6 +163,17 @@ def test_the_webhook_page_warns_when_senders_cannot_reach_the_public_url(
 
 
 @pytest.mark.parametrize("source", sorted(sender_setup.SENDER_MINTED))
+def test_a_sender_minted_secrets_setup_names_this_webhook_and_only_stripe_gets_its_forwarder(
+        make_webhook, owner_client, source):
+    webhook = make_webhook(source)
+    page = owner_client.get(f"/todos/webhooks/{webhook.slug}/").content.decode()
+    assert f"rotate_webhook_secret {webhook.slug} --secret" in page
+    assert "&lt;slug&gt;" not in page
+    warning = sender_setup.public_url_warning("http://127.0.0.1:8000", source)
+    assert ("stripe listen" in warning) == (source == Source.STRIPE)
+
+
+@pytest.mark.parametrize("source", sorted(sender_setup.SENDER_MINTED))
 def test_add_webhook_for_a_sender_minted_secret_needs_the_senders_secret(operator, source):
     with pytest.raises(CommandError) as refused:
         call_command("add_webhook", f"{source}-x", "--owner", operator.username,

@@ -42,7 +42,9 @@ class Command(JsonCommand):
         self.emit(
             options, {"slug": webhook.slug, "hook_url": hook_url, "secret": secret},
             f"webhook {webhook.slug} ({source})\n  URL:    {hook_url}\n"
-            + (f"  secret: {secret}\n  (configure it at the sender; it is not shown again)"
+            + (("  secret: the one you pasted from the sender (installed; never shown here)"
+                if source in sender_setup.SENDER_MINTED
+                else f"  secret: {secret}\n  (configure it at the sender; it is not shown again)")
                if secret else "  " + transitions.unsigned_warning()),
         )
         if not secret and options.get("json"):
