@@ -23,14 +23,15 @@ class JsonCommand(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
         return parser
 
-    def emit(self, options, data: dict, human: str):
+    def emit(self, options, data: dict, human: str | None):
+        """``data`` as one JSON object under --json, else the ``human`` line (None: nothing)."""
         if any(key.endswith("_url") for key in data):
             warning = public_url_drift_warning()
             if warning:
                 self.stderr.write(warning)  # stderr: stdout keeps exactly what --json promises
         if options.get("json"):
             self.stdout.write(json.dumps(data))
-        else:
+        elif human is not None:
             self.stdout.write(human)
 
 

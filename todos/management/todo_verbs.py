@@ -43,7 +43,8 @@ class TodoVerbCommand(JsonCommand):
                                 "message": refusal.message})
             else:
                 done.append(str(todo_id))
-        human = f"{self.done_key} {len(done)}: {' '.join(done)}".rstrip()
+        # Nothing taken: the error below says it all ("cancelled 0:" above it said nothing).
+        human = f"{self.done_key} {len(done)}: {' '.join(done)}" if done else None
         self.emit(options, {self.done_key: done,
                             "skipped": [{"id": s["id"], "code": s["code"]} for s in skipped]},
                   human)
