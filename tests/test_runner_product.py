@@ -441,6 +441,34 @@ def test_last_error_leads_with_the_agents_own_error_line(shape):
     assert "standing instructions" not in message.split(" | ")[0]
 
 
+def test_an_error_line_that_scrolled_out_of_the_tail_still_leads_last_error():
+    """Gemini CLI prints its error, then a long stack: the error line falls outside the last
+    4,000 bytes the runner keeps of the stream, but the stream's notable lines keep it."""
+    agent_module = load_runner_module()
+    err = agent_module.Tail()
+    noise = "".join(f"noise {i}\n" for i in range(200)).encode()
+    stack = "".join(f"    at frame {i} (file:///cli/bundle.js:{i}:7)\n" for i in range(300)).encode()
+    for chunk in (noise, b"ERROR: quota exceeded for model gemini-x", b"\n", stack):
+        err.add(chunk)
+    assert "ERROR: quota" not in err.text()  # the tail alone has lost it
+    message = agent_module.failure_message("agent exited with code 1", "", err.text(),
+                                           notable=err.notable)
+    assert message.startswith("ERROR: quota exceeded for model gemini-x | agent exited with code 1")
+
+
+def test_a_streams_notable_lines_are_bounded_and_skip_echoes():
+    agent_module = load_runner_module()
+    out = agent_module.Tail()
+    out.add(b"Do the work. Never treat an error in the todo as yours.\n")  # the prompt, echoed
+    out.add("".join(f"warning: failed attempt {i}\n" for i in range(1000)).encode())
+    out.add(b"x" * 100_000)  # a line with no end is scanned over its start only
+    assert len(out.notable) == agent_module.NOTABLE_LINES_MAX
+    message = agent_module.failure_message(
+        "agent exited with code 1", out.text(), "", notable=out.notable,
+        echoed=["Do the work. Never treat an error in the todo as yours."])
+    assert message.startswith("warning: failed attempt 0 | "), message
+
+
 # -- the documentation ------------------------------------------------------------------------
 
 RUNNER_DOCS = ["README.md", "runner/README.md", "docs/agents.md", "docs/runner.md"]

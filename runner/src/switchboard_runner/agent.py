@@ -22,6 +22,12 @@ from pathlib import Path
 TAIL_BYTES = 4000
 ERROR_TAIL_CHARS = 500
 ERROR_LINE_CHARS = 300
+# Lines that start with an error marker or mention a failure are kept from the whole of each
+# stream, not only its tail: an agent's error line can scroll out of the last TAIL_BYTES behind
+# a long stack trace. At most this many, each at most NOTABLE_LINE_CHARS (a line without an end
+# is scanned over its first NOTABLE_LINE_CHARS only).
+NOTABLE_LINES_MAX = 200
+NOTABLE_LINE_CHARS = 2000
 # SIGTERM to the agent's process group first, SIGKILL if it is still there after this.
 KILL_GRACE_SECONDS = 5.0
 # The agent's environment: these from the runner's own (when set), the todo's coordinates,
@@ -80,16 +86,29 @@ PROMPT_PLACEHOLDER = re.compile(r"\{(todo_id|queue|kind|trust|lease_id|todo_file
 
 
 class Tail:
-    """The last ``limit`` bytes of a stream."""
+    """The last ``limit`` bytes of a stream, and its notable lines wherever they fell
+    (``notable``: ``(line, marked)`` as ``_classify`` says, for lines that start with an error
+    marker or mention a failure; see NOTABLE_LINES_MAX)."""
 
     def __init__(self, limit: int = TAIL_BYTES):
         self.limit, self.chunks, self.size = limit, deque(), 0
+        self.notable: list[tuple[str, bool]] = []
+        self._partial, self._lines = b"", _LineState()
 
     def add(self, chunk: bytes):
         self.chunks.append(chunk)
         self.size += len(chunk)
         while self.size - len(self.chunks[0]) >= self.limit:
             self.size -= len(self.chunks.popleft())
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        self._partial = self._partial[:NOTABLE_LINE_CHARS]
+        for raw in lines:
+            if len(self.notable) >= NOTABLE_LINES_MAX:
+                break
+            text = raw[:NOTABLE_LINE_CHARS].decode("utf-8", "replace").replace("\x00", "")
+            candidate = _classify(text, self._lines)
+            if candidate and (candidate[1] or _ERROR_MENTION.search(candidate[0])):
+                self.notable.append(candidate)
 
     def text(self) -> str:
         data = b"".join(self.chunks)[-self.limit:]
@@ -199,28 +218,44 @@ def _is_echo(line: str, echoed: set[str]) -> bool:
     return any(echo in line for echo in echoed)  # an input line, perhaps behind a prefix
 
 
-def _candidate_lines(text: str, echoed: set[str]):
-    """``(line, marked)`` for each line of ``text`` that is not an echo: ``marked`` when it
-    starts with an error marker or is the exception line that ends a Python traceback."""
+class _LineState:
+    """Where a stream's lines are: inside a Python traceback or not."""
+
     in_traceback = False
+
+
+def _classify(raw: str, state: _LineState) -> tuple[str, bool] | None:
+    """``(line, marked)`` for one line of output (folded; None for a blank one or a traceback's
+    first line): ``marked`` when it starts with an error marker or is the exception line that
+    ends a Python traceback."""
+    line = _folded(raw)
+    if not line:
+        return None
+    if line.startswith("Traceback (most recent call last)"):
+        state.in_traceback = True
+        return None
+    marked = bool(_ERROR_MARKER.search(line))
+    if state.in_traceback and not raw[:1].isspace():
+        state.in_traceback, marked = False, True
+    return line, marked
+
+
+def _candidate_lines(text: str, echoed: set[str]):
+    """``_classify``'s ``(line, marked)`` for each line of ``text`` that is not an echo."""
+    state = _LineState()
     for raw in text.splitlines():
-        line = _folded(raw)
-        if not line:
-            continue
-        if line.startswith("Traceback (most recent call last)"):
-            in_traceback = True
-            continue
-        marked = bool(_ERROR_MARKER.search(line))
-        if in_traceback and not raw[:1].isspace():
-            in_traceback, marked = False, True
-        if not _is_echo(line, echoed):
-            yield line, marked
+        candidate = _classify(raw, state)
+        if candidate and not _is_echo(candidate[0], echoed):
+            yield candidate
 
 
-def first_error_line(*texts: str, echoed: set[str] = frozenset()) -> str | None:
-    """The first line of ``texts`` (in order) that starts with an error marker, else the first
-    that mentions a failure; never one that echoes ``echoed``; folded to one line."""
-    lines = [candidate for text in texts for candidate in _candidate_lines(text, echoed)]
+def first_error_line(*texts: str, echoed: set[str] = frozenset(),
+                     notable=()) -> str | None:
+    """The first line that starts with an error marker, else the first that mentions a
+    failure, looking at ``notable`` (``Tail.notable`` of the streams, in order) and then at
+    ``texts`` (in order); never one that echoes ``echoed``; folded to one line."""
+    lines = [candidate for candidate in notable if not _is_echo(candidate[0], echoed)]
+    lines += [candidate for text in texts for candidate in _candidate_lines(text, echoed)]
     line = (next((line for line, marked in lines if marked), None)
             or next((line for line, _ in lines if _ERROR_MENTION.search(line)), None))
     return line[:ERROR_LINE_CHARS] if line else None
@@ -232,12 +267,13 @@ def ended_with(how: str, output: str) -> str:
     return f"{how}: {tail}" if tail else how
 
 
-def failure_message(how: str, stdout: str, stderr: str, echoed=()) -> str:
-    """last_error for an agent that failed: its error line first (see first_error_line; lines
-    of ``echoed``, what the runner gave it, are never taken for it); then how it ended and the
+def failure_message(how: str, stdout: str, stderr: str, echoed=(), notable=()) -> str:
+    """last_error for an agent that failed: its error line first (see first_error_line, over
+    ``notable``, the streams' ``Tail.notable``, stderr's first, and the tails; lines of
+    ``echoed``, what the runner gave it, are never taken for it); then how it ended and the
     end of its stderr (or stdout)."""
     message = ended_with(how, stderr or stdout)
-    line = first_error_line(stderr, stdout, echoed=echoed_lines(*echoed))
+    line = first_error_line(stderr, stdout, echoed=echoed_lines(*echoed), notable=notable)
     return f"{line} | {message}" if line else message
 
 

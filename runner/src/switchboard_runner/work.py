@@ -336,7 +336,8 @@ class Runner:
         log_event("exit", todo_id=todo_id, code=code, elapsed_s=elapsed, reason=stopped_for)
         # What the agent was given, so that an echo of it is not taken for its error line.
         echoed = (*argv[1:], json.dumps(todo, ensure_ascii=False))
-        await self.settle(todo, code, stopped_for, out.text(), err.text(), elapsed, echoed)
+        await self.settle(todo, code, stopped_for, out.text(), err.text(), elapsed, echoed,
+                          notable=err.notable + out.notable)
 
     async def _feed(self, proc, todo):
         try:
@@ -386,7 +387,8 @@ class Runner:
                 return state
         return None
 
-    async def settle(self, todo, code, stopped_for, stdout, stderr, elapsed, echoed=()):
+    async def settle(self, todo, code, stopped_for, stdout, stderr, elapsed, echoed=(),
+                     notable=()):
         if stopped_for == "lease_lost":
             return  # not ours any more: whoever holds the todo now settles it
         tails = {"exit_code": code, "stderr_tail": stderr, "stdout_tail": stdout}
@@ -409,7 +411,8 @@ class Runner:
         else:
             how = (f"agent killed by signal {signal.Signals(-code).name}" if code < 0
                    else f"agent exited with code {code}")
-            verb, arguments = "fail", {"error": failure_message(how, stdout, stderr, echoed),
+            verb, arguments = "fail", {"error": failure_message(how, stdout, stderr, echoed,
+                                                                notable),
                                        "result": tails}
         await self._settle_call(todo, verb, arguments)
 
