@@ -8,9 +8,10 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from channels_push.sessions import transitions as session_transitions
 from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
-from tests.factories import UserFactory
+from tests.factories import UserFactory, credential_for
 from tests.test_board_browser import (  # noqa: F401 — live_daphne is a fixture
     WAIT_MS, deliver_github_issue, in_thread, launch_chromium, live_daphne, sync_playwright)
 from tests.test_console_browser import (DARK_BACKGROUND, DESKTOP, PHONE, scrolls_sideways, shoot,
@@ -33,7 +34,12 @@ def seed(alice):
     """A board with work in every state an operator meets on a normal day."""
     endpoint, _ = endpoint_transitions.vend_endpoint(slug="builds", owner=alice)
     endpoint_transitions.vend_endpoint(slug="reviews", owner=alice)
-    agent = transitions.Caller.agent(endpoint, "X" * 43)
+    # A named agent: the board shows holders by client and version, never a session id.
+    session = session_transitions.open_session(
+        endpoint=endpoint, credential_id=credential_for(endpoint),
+        protocol_version="2025-11-25", client_name="claude-code",
+        client_version="2.1.332")
+    agent = transitions.Caller.agent(endpoint, session.pk)
 
     start = timezone.now()
 
@@ -64,6 +70,12 @@ def seed(alice):
     dead = transitions.claim_todo(agent, make("Migrate the billing table", queue="deploys").pk)
     transitions.fail_todo(agent, dead.pk, error="psycopg.errors.LockNotAvailable: lock timeout")
     make("unverified hook from a fork", trust=Trust.UNVERIFIED)
+    # Work control: one waiting for its time, one for an operator's yes, one called off.
+    make("Nightly dependency audit", not_before=start + timedelta(hours=2))
+    make("Deploy 1.5.0 to production", queue="deploys", kind="deploy", requires_approval=True)
+    operator = transitions.Caller.operator(endpoint, "alice")
+    transitions.cancel_todo(operator, make("Re-run yesterday's import").pk,
+                            reason="superseded by today's run")
     return endpoint, agent
 
 
@@ -94,7 +106,7 @@ def test_the_board_header_follows_work_live_and_fits_a_phone_and_the_dark(live_d
             assert page.locator(card("done_24h")).inner_text() == "3"
             assert page.locator("#state-tabs [data-count=dead]").inner_text() == "1"
             chart = page.locator("#chart")
-            assert chart.get_attribute("data-total-created") == "11"
+            assert chart.get_attribute("data-total-created") == "14"
             assert chart.get_attribute("data-total-done") == "3"
             assert page.locator("#chart rect.bar-created").count() >= 1
             dead_row = page.locator("#glance-table tr[data-endpoint=builds][data-queue=deploys]")
@@ -106,7 +118,7 @@ def test_the_board_header_follows_work_live_and_fits_a_phone_and_the_dark(live_d
             wait_for_text(page, card("pending"), "5")
             wait_for_text(page, "#state-tabs [data-count=pending]", "5")
             page.wait_for_function(
-                "document.querySelector('#chart').dataset.totalCreated === '12'")
+                "document.querySelector('#chart').dataset.totalCreated === '15'")
             in_thread(transitions.complete_todo, agent, in_thread(
                 transitions.claim_todo, agent, todo_pk).pk)
             wait_for_text(page, card("done_24h"), "4")
@@ -135,7 +147,7 @@ def test_the_board_header_follows_work_live_and_fits_a_phone_and_the_dark(live_d
             sign_in_to(phone, live_daphne.url, "/todos/")
             phone.wait_for_selector("#board[data-synced]")  # the rows are re-synced once
             rows = phone.locator("#rows tr")
-            assert rows.count() == 12
+            assert rows.count() == 15
             for index in range(rows.count()):
                 state = rows.nth(index).locator(".badge.state")
                 state.scroll_into_view_if_needed()

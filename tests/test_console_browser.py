@@ -182,8 +182,11 @@ def test_the_delivery_page_hides_signatures_and_the_pages_fit_a_phone(live_daphn
             delivery_path = page.url.split(live_daphne.url, 1)[1]
             page.close()
 
+            todo_path = f"/todos/{answer.json()['todos'][0]['id']}/"
             for name, path, ready in (("webhook", "/todos/webhooks/widgets/", "#setup"),
-                                      ("delivery", delivery_path, "#headers")):
+                                      ("delivery", delivery_path, "#headers"),
+                                      ("webhooks", "/todos/webhooks/", "table"),
+                                      ("todo", todo_path, "#history")):
                 checks = shoot(browser, live_daphne.url, path, name, tmp_path, ready=ready)
                 assert checks == {"sideways": False, "background": DARK_BACKGROUND}, name
 
