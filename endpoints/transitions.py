@@ -4,7 +4,7 @@
 
 Presence and pause are the endpoint's own state: they change here, and a change that makes
 waiting work receivable again (presence turned ``in``, work resumed) is announced after commit
-through ``channels_push.publish``; the push layer reacts with a digest. Nothing here imports
+through ``channels_push.bus.publish``; the push layer reacts with a digest. Nothing here imports
 the doorbell.
 """
 
