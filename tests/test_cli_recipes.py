@@ -125,8 +125,8 @@ class Recipe:
     # Model turns the CLI adds before it can call a deferred tool.
     loader_calls: tuple = ()
     # How the line that leads last_error starts when the model API refuses (the CLI's own
-    # error line, never the echo of the prompt it was given).
-    failure_reason: str = ""
+    # error line, never the echo of the prompt it was given); a tuple: any of these.
+    failure_reason: str | tuple[str, ...] = ""
 
 
 class ClaudeCode(Recipe):
@@ -193,8 +193,11 @@ class Codex(Recipe):
 class GeminiCli(Recipe):
     def __init__(self):
         super().__init__("gemini", model_standins.GeminiStandin, "mcp_switchboard_")
-        # Its own report, between stack traces (after a routing failure that mentions it).
-        self.failure_reason = "Error when talking to Gemini API"
+        # Its first error line is the model-routing call's refusal, which quotes the API's
+        # message; its own report of the turn follows between stack traces. The runner keeps
+        # both (an error line is found anywhere in the output), the first leads.
+        self.failure_reason = ("Error generating content via API",
+                               "Error when talking to Gemini API")
 
     def configure(self, project, home, standin, mcp_url):
         """The project's .gemini/settings.json, and the user's trust in that folder (headless

@@ -273,6 +273,18 @@ def test_many_rows_render_in_a_fixed_number_of_queries(alice_client, make_todo,
         assert len(alice_client.get("/todos/").context["todos"]) == 30
 
 
+def test_the_board_page_of_a_hundred_endpoints_costs_what_one_endpoints_does(
+        alice_client, endpoint, django_assert_max_num_queries):
+    for n in range(100):
+        other = EndpointFactory(slug=f"e{n}", owner=endpoint.owner)
+        transitions.create_todo(endpoint=other, queue=f"q{n % 7}", title=f"todo {n}",
+                                actor="test")
+    # the same statements as for one endpoint: the glance groups, it does not loop
+    with django_assert_max_num_queries(8):
+        page = alice_client.get("/todos/")
+    assert len(page.context["todos"]) == 100
+
+
 def test_todo_page_offers_result_error_and_lease_forms_while_claimed(alice_client, make_todo):
     todo = make_todo()
     assert 'name="result"' not in alice_client.get(f"/todos/{todo.pk}/").content.decode()
