@@ -2,8 +2,8 @@
 
 Django admin's list filters and search (and any ``request.GET`` a view hands to the ORM) put
 query parameters straight into SQL, and PostgreSQL refuses a NUL character in text: what
-would be a 500 with a traceback is a 400 naming the parameter (docs/security.md, "Bad input is
-never a 500"). Views that read their own filters keep their own, more specific answers; this
+would be a 500 with a traceback is a 400 naming the parameter
+(docs/security.md#bad-input-is-a-400-never-a-500). Views that read their own filters keep their own, more specific answers; this
 is the floor under all of them. The hook and /mcp are not Django views and check their own
 input.
 """
