@@ -302,6 +302,10 @@ else:
             # after 5 s instead of at once — the price of pooling; Celery's prefork fixup
             # closes the inherited pool in each child).
             "min_size": min(2, _pool_max), "max_size": _pool_max, "timeout": 5,
+            # Every max_idle seconds in which some pooled connections sat unused throughout,
+            # one of them is closed (down to min_size): how fast a burst's connections go
+            # back to PostgreSQL (psycopg-pool's default: 10 minutes).
+            "max_idle": _typed("DATABASE_POOL_MAX_IDLE_SECONDS", env.int, 600, minimum=1),
             # No ``reset`` callback: with one, every return goes through the pool's worker
             # thread (switchboard/db/pool_check.py says why that matters).
         }

@@ -14,6 +14,11 @@ os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtdGVzdHMtb25seS
 # Tests run many threads against one process's pool (8 drain workers, Channels' thread pool,
 # live servers); a production-sized pool of 10 would make them queue for connections.
 os.environ.setdefault("DATABASE_POOL_MAX_SIZE", "40")
+# Four xdist workers, each with its own process and its daphne servers, share the machine's
+# PostgreSQL (max_connections 100): a pool closes one unused connection every 5 s instead of
+# every 10 minutes, so a burst's connections go back during the run; held, they added up to
+# "too many clients" on a loaded run.
+os.environ.setdefault("DATABASE_POOL_MAX_IDLE_SECONDS", "5")
 # Under pytest-xdist, each worker's own Redis database and channel prefix (its own test
 # database comes from pytest-django).
 from tests.workers import isolate_xdist_worker  # noqa: E402
