@@ -240,8 +240,13 @@ def test_approvals_banner_updates_live_and_bulk_approve_is_confirmed_first(live_
             page.wait_for_selector(f"#todo-{first} .badge.state.state-pending")
             page.wait_for_selector("#approvals:has-text('1 todo awaiting your approval')")
 
-            # Bulk: select, review, confirm.
+            # Bulk: select, review, confirm. A live change of the selected row (another
+            # operator raises its priority) re-renders it and keeps the tick.
             page.locator(f"#todo-{second} input[name=ids]").check()
+            in_thread(transitions.set_priority_todo, transitions.Caller.operator(endpoint, "bob"),
+                      second, 5)
+            page.wait_for_selector(f"#todo-{second} .badge.priority:has-text('+5')")
+            assert page.locator(f"#todo-{second} input[name=ids]").is_checked()
             page.locator("#bulk").get_by_role("button", name="reject…").click()
             page.wait_for_selector("#bulk-confirm")
             assert page.locator("h1").inner_text() == "Reject 1 todo?"

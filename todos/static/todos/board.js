@@ -21,6 +21,14 @@
   var buffered = null; // stream changes that arrive while a re-sync is in flight
 
   function idOf(row) { return parseInt(row.getAttribute("data-todo"), 10); }
+  // A row re-rendered live keeps the operator's tick in its bulk checkbox: a change or a
+  // re-sync arriving between the tick and the bulk button must not drop it from the selection.
+  function keepSelection(from, to) {
+    var was = from && from.querySelector("input[name=ids]");
+    var now = to.querySelector("input[name=ids]");
+    if (was && now) now.checked = was.checked;
+    return to;
+  }
   function versionOf(row) { return parseInt(row.getAttribute("data-version") || "0", 10); }
 
   // Rows rendered for the stream carry a blank CSRF token: the page's token fills it.
@@ -92,7 +100,7 @@
     var row = rowsFrom(change.html)[0];
     row.classList.add("flash");
     relativeTimes(row);
-    if (existing) existing.replaceWith(row); else insertNewestFirst(row);
+    if (existing) existing.replaceWith(keepSelection(existing, row)); else insertNewestFirst(row);
     var empty = document.getElementById("empty");
     if (empty) empty.remove();
   }
@@ -115,7 +123,7 @@
         Array.prototype.forEach.call(tbody.children, function (row) { current[idOf(row)] = row; });
         var merged = rowsFrom(html).map(function (row) {
           var mine = current[idOf(row)];
-          return mine && versionOf(mine) > versionOf(row) ? mine : row;
+          return mine && versionOf(mine) > versionOf(row) ? mine : keepSelection(mine, row);
         });
         tbody.replaceChildren.apply(tbody, merged);
         refreshApprovals();
