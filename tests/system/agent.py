@@ -7,6 +7,7 @@ endpoint, draining with claim_next + complete. One line per event on stdout (flu
                                                    first answer was lost, is "completed")
     doorbell <todo id or "digest">                             (notifications/claude/channel)
     retry <exception type> <message>                   (a call failed; same session)
+    recovered <tool>                                   (a call answered after failing)
     reconnect <exception type> <message>               (the client died, or its session kept
                                                         failing: a new session)
     done
@@ -68,6 +69,7 @@ async def call(client, name, arguments):
     """One tool call, retried on the same session while it fails; after
     SESSION_GIVE_UP_SECONDS of failures the session is abandoned (``run`` opens a new one)."""
     give_up = time.monotonic() + SESSION_GIVE_UP_SECONDS
+    failed = False
     while True:
         try:
             with anyio.fail_after(CALL_TIMEOUT_SECONDS):
@@ -77,8 +79,13 @@ async def call(client, name, arguments):
                 # A domain answer we do not expect here (e.g. a 5xx turned into an error
                 # result): treat like a transport failure and retry.
                 raise RuntimeError(f"tool error {result.structured_content}")
+            if failed:
+                # The only sign of a recovered agent on an empty queue (an empty claim_next
+                # prints nothing): the fault tests wait for it.
+                say("recovered", name)
             return result
         except Exception as exc:  # noqa: BLE001 - any failure of the call is retried
+            failed = True
             say("retry", type(exc).__name__, str(exc)[:200].replace("\n", " "))
             if time.monotonic() > give_up:
                 raise SessionAbandoned(f"{name} failing for {SESSION_GIVE_UP_SECONDS:.0f} s") \

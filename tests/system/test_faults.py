@@ -111,8 +111,13 @@ def all_ready(top) -> bool:
     return all(httpx.get(url + "/readyz", timeout=2).status_code == 200 for url in top.web_urls)
 
 
-def completed_since(agent, mark: int) -> int:
-    return len(agent.ids("completed")) - mark
+def answered_since(agent, mark: int) -> bool:
+    """Whether the agent's MCP calls answer again since its ``mark``-th line: a call that
+    failed during the fault succeeded (``recovered``), its client died and a new session opened
+    (``ready``), or it finished a todo. Whether it finds work is luck (the other agents may
+    drain the batch first), so finishing one is not required."""
+    return any(line.split()[0] in ("recovered", "ready", "completed")
+               for line in agent.lines[mark:])
 
 
 # A shared 2-core CI machine can take minutes here; pytest.ini's 300 s is per test.
@@ -146,7 +151,7 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
            f"all done {time.monotonic() - killed_at:.1f}s after the kill")
 
     # -- a web process SIGKILLed and restarted ------------------------------------------------
-    marks = [len(agent.ids("completed")) for agent in drainers]
+    marks = [len(agent.lines) for agent in drainers]
     probe = drive.RawSession(topology.web_urls[0], SLUG, run.credential)
     run.probes += 1
     thread, box = run.deliver_until_under_way()  # the kill must land mid-traffic
@@ -157,15 +162,15 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
     # The session web0 minted before it died answers on the restarted web0 and on web1.
     assert probe.works_on(topology.web_urls[0]) and probe.works_on(topology.web_urls[1])
     on_web0 = [0, 2]  # chaos0 and chaos2 talk to web0 (chaos4 replaced chaos3 on web1)
-    resumed = poll(lambda: all(completed_since(drainers[i], marks[i]) > 0 for i in on_web0),
+    resumed = poll(lambda: all(answered_since(drainers[i], marks[i]) for i in on_web0),
                    PHASE_DEADLINE_SECONDS)
     agents_resumed = time.monotonic() - killed_at
     thread.join()
-    assert resumed, [drainers[i].lines[-5:] for i in on_web0]
+    assert resumed, [drainers[i].lines[marks[i]:][-8:] for i in on_web0]
     run.wait_all_done()
     record(f"[chaos] web process SIGKILLed mid-traffic: back (readyz 200) after "
            f"{web_ready:.1f}s incl. restart, a session it minted before the kill answering on "
-           f"both processes; its agents completing again after {agents_resumed:.1f}s; "
+           f"both processes; its agents answering again after {agents_resumed:.1f}s; "
            f"senders retried {box['report'].retries} deliveries")
 
     # -- beat killed: nothing reaps; restarted: leases return -----------------------------------
@@ -201,7 +206,7 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
            f"{box['report'].retries}")
 
     # -- PostgreSQL restarted -------------------------------------------------------------------
-    marks = [len(agent.ids("completed")) for agent in drainers]
+    marks = [len(agent.lines) for agent in drainers]
     thread, box = run.deliver_until_under_way()
     restarted_at = time.monotonic()
     topology.restart_postgres()
@@ -212,17 +217,17 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
     assert poll(lambda: probe.works_on(topology.web_urls[0]) and
                 probe.works_on(topology.web_urls[1]), PHASE_DEADLINE_SECONDS)
     probe_back = time.monotonic() - restarted_at
-    resumed = poll(lambda: all(completed_since(agent, marks[i]) > 0
+    resumed = poll(lambda: all(answered_since(agent, marks[i])
                                for i, agent in enumerate(drainers)), PHASE_DEADLINE_SECONDS)
     agents_resumed = time.monotonic() - restarted_at
     thread.join()
-    assert resumed, [agent.lines[-5:] for agent in drainers]
+    assert resumed, [agent.lines[marks[i]:][-8:] for i, agent in enumerate(drainers)]
     held, killed_at = run.hold_and_kill(1, "holder4")
     assert run.wait_done(held, killed_at) is not None, run.states_of(held)
     run.wait_all_done()
     record(f"[chaos] PostgreSQL restarted (down {down:.1f}s): readyz 200 on both web "
            f"processes after {pg_ready:.1f}s; the old probe session answering on both after "
-           f"{probe_back:.1f}s; all 4 agents completing again after "
+           f"{probe_back:.1f}s; all 4 agents answering again after "
            f"{agents_resumed:.1f}s; senders retried {box['report'].retries}")
 
     # -- the ledger -----------------------------------------------------------------------------
@@ -254,8 +259,9 @@ def test_nothing_lost_or_done_twice_through_every_fault(topology, world, tmp_pat
     record(f"[chaos] {run.delivered} deliveries through 5 faults: each todo done exactly once; "
            f"{redelivered} deliveries re-sent after their todo was done made a second todo "
            f"(at-least-once delivery, §4); "
-           f"agents retried {retries} calls and made {reconnects} reconnect attempts (the SDK "
-           f"client dies with its web process; attempts repeat until it is back)")
+           f"agents retried {retries} calls and made {reconnects} reconnect attempts (behind "
+           f"nginx a dead web process is a 502 answer, retried on the same session; a "
+           f"reconnect opens a new one)")
 
 
 def test_a_postgresql_restart_costs_at_most_one_request_per_web_process(topology, world):
