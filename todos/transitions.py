@@ -1133,12 +1133,13 @@ def _operator_only(caller: Caller, verb: str) -> None:
 
 def _wrong_state(caller: Caller, todo_id: int, wanted: str) -> Refusal:
     """After a cancel/approve/reject guard missed: ``not_found`` for a todo the caller cannot
-    see, else ``invalid_argument`` naming the todo id and the state it is in."""
+    see, else ``not_claimable`` naming the todo id and the state it is in (a conflict with the
+    todo's state, as priority and run now answer one; the operator API's 409)."""
     todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).only(
         "state", "queue").first()
     if todo is None or not caller.covers(todo.queue):
         return Refusal("not_found", f"no todo {todo_id}")
-    return Refusal("invalid_argument", f"todo_id: todo {todo_id} is {todo.state}; {wanted}")
+    return Refusal("not_claimable", f"todo {todo_id} is {todo.state}; {wanted}")
 
 
 _CANCELLED_SET_SQL = (
@@ -1157,8 +1158,9 @@ def cancel_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
     then finds it done) or finds it cancelled; one of them wins. The todo's operator secrets
     are deleted in the statement, and its idempotency key is free (cancelled is not live).
 
-    Refuses ``not_found`` (missing or not the operator's), ``invalid_argument`` (already done
-    or cancelled; a reason that is not a short string), ``verb_not_allowed`` (not an operator).
+    Refuses ``not_found`` (missing or not the operator's), ``not_claimable`` (already done
+    or cancelled), ``invalid_argument`` (a reason that is not a short string),
+    ``verb_not_allowed`` (not an operator).
     """
     now = now or timezone.now()
     _operator_only(caller, "cancel")
@@ -1185,7 +1187,7 @@ def approve_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     ``unverified`` todo is promoted to trust ``operator`` in the same statement (the event's
     ``from_trust`` says so): the operator who approves it vouches for it.
 
-    Refuses ``not_found``, ``invalid_argument`` (not awaiting approval), ``verb_not_allowed``.
+    Refuses ``not_found``, ``not_claimable`` (not awaiting approval), ``verb_not_allowed``.
     """
     now = now or timezone.now()
     _operator_only(caller, "approve")

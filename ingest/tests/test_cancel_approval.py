@@ -101,12 +101,12 @@ def test_reject_over_the_api(client, endpoint, token, make_todo):
 
 
 @pytest.mark.parametrize("action, setup, status, code", [
-    ("approve", "pending", 400, "invalid_argument"),
-    ("reject", "pending", 400, "invalid_argument"),
-    ("cancel", "done", 400, "invalid_argument"),
-    ("cancel", "cancelled", 400, "invalid_argument"),
+    ("approve", "pending", 409, "not_claimable"),
+    ("reject", "pending", 409, "not_claimable"),
+    ("cancel", "done", 409, "not_claimable"),
+    ("cancel", "cancelled", 409, "not_claimable"),
 ])
-def test_the_wrong_state_is_a_400_naming_the_todo_and_writes_nothing(
+def test_the_wrong_state_is_a_409_naming_the_todo_and_writes_nothing(
         client, endpoint, agent, token, make_todo, action, setup, status, code):
     todo = make_todo()
     if setup == "done":
@@ -118,7 +118,7 @@ def test_the_wrong_state_is_a_400_naming_the_todo_and_writes_nothing(
     answer = act(client, todo.pk, action, **bearer(token))
     assert answer.status_code == status
     assert answer.json()["error"]["code"] == code
-    assert answer.json()["error"]["message"].startswith("todo_id: ")
+    assert answer.json()["error"]["message"].startswith(f"todo {todo.pk} is {setup}; ")
     assert TodoEvent.objects.count() == before
 
 
@@ -190,7 +190,7 @@ def test_the_commands_act_by_id_and_report_what_they_skipped(capsys, make_todo, 
     code, printed, _ = run(capsys, "approve", str(first.pk), str(pending.pk), "424242")
     assert code == 1
     assert printed == {"approved": [str(first.pk)], "skipped": [
-        {"id": str(pending.pk), "code": "invalid_argument"},
+        {"id": str(pending.pk), "code": "not_claimable"},
         {"id": "424242", "code": "not_found"}]}
     code, printed, _ = run(capsys, "reject", str(second.pk), "--reason", "not now")
     assert (code, printed) == (0, {"rejected": [str(second.pk)], "skipped": []})

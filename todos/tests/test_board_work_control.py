@@ -40,7 +40,7 @@ def test_one_click_approve_reject_and_cancel(alice_client, make_todo, agent):
     cancel = TodoEvent.objects.filter(todo_id=claimed.pk).latest("id")
     assert (cancel.action, cancel.actor, cancel.detail["override"]) == ("cancel", "alice", True)
     again = alice_client.post(f"/todos/{first.pk}/approve", {"next": "/todos/"}, follow=True)
-    assert "invalid_argument" in again.content.decode()  # pending now: nothing to approve
+    assert "not_claimable" in again.content.decode()  # pending now: nothing to approve
 
 
 def test_bulk_actions_are_confirmed_first_then_applied(alice_client, make_todo):

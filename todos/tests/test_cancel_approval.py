@@ -256,7 +256,7 @@ def test_cancel_racing_complete_on_a_claimed_todo_exactly_one_wins_with_one_even
         won = [name for name, outcome in outcomes.items() if outcome == "won"]
         assert len(won) == 1, outcomes
         loser = "cancel" if won == ["complete"] else "complete"
-        assert outcomes[loser] == ("invalid_argument" if loser == "cancel" else "lease_lost")
+        assert outcomes[loser] == ("not_claimable" if loser == "cancel" else "lease_lost")
         ending = TodoEvent.objects.filter(todo_id=held.pk, action__in=["complete", "cancel"])
         assert ending.count() == 1
         assert Todo.objects.get(pk=held.pk).state == (

@@ -174,11 +174,11 @@ def test_work_control_refusals_match_the_table_and_record_nothing(agent, make_to
 # What cancel, approve and reject answer from each state they do not take (-> code), and what
 # claim answers for a todo awaiting approval. Every other (verb, state) pair is an edge above.
 APPROVAL_REFUSALS = {
-    ("cancel", "done"): "invalid_argument",
-    ("cancel", "cancelled"): "invalid_argument",
-    **{("approve", state): "invalid_argument"
+    ("cancel", "done"): "not_claimable",
+    ("cancel", "cancelled"): "not_claimable",
+    **{("approve", state): "not_claimable"
        for state in ("pending", "claimed", "failed", "done", "cancelled")},
-    **{("reject", state): "invalid_argument"
+    **{("reject", state): "not_claimable"
        for state in ("pending", "claimed", "failed", "done", "cancelled")},
     ("claim", "awaiting_approval"): "awaiting_approval",
 }
@@ -209,8 +209,8 @@ def test_approval_refusals_match_the_table_and_write_nothing(agent, make_todo, v
     with pytest.raises(Refusal) as refused:
         getattr(transitions, f"{verb}_todo")(caller, todo_id)
     assert refused.value.code == APPROVAL_REFUSALS[(verb, state)]
-    if refused.value.code == "invalid_argument":
-        assert refused.value.message.startswith("todo_id: ")
+    if refused.value.code == "not_claimable":
+        assert refused.value.message.startswith(f"todo {todo_id} is {state}; ")
     assert (TodoEvent.objects.count(), Todo.objects.get(pk=todo_id).updated_at) == before
 
 
