@@ -70,5 +70,13 @@ def get_user(username: str):
         ) from None
 
 
+def validation_text(error) -> str:
+    """A model ValidationError as one line, "field: problem; field: problem". Per field only
+    the last message: a model's own ``clean()`` check comes after Django's field validators and
+    names the accepted range ("a whole number >= 0, or unset; got -1"), where the validator
+    before it says less ("Ensure this value is greater than or equal to 0.")."""
+    return "; ".join(f"{field}: {messages[-1]}" for field, messages in error.message_dict.items())
+
+
 def csv_list(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]

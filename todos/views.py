@@ -36,6 +36,7 @@ from endpoints import connect_snippets
 from endpoints import queries as endpoint_queries
 from endpoints import transitions as endpoint_transitions
 from switchboard import json_input
+from switchboard.commands import validation_text
 
 from . import queries, transitions
 from .models import CANCELLABLE_STATES, State, Todo
@@ -559,9 +560,7 @@ def limit_endpoint(request, slug):
             endpoint, max_claimed=caps["max_claimed"],
             queue_limits={**dropped, **caps["queue_limits"]}, actor=request.user.username)
     except ValidationError as error:
-        problems = "; ".join(f"{field}: {' '.join(texts)}"
-                             for field, texts in error.message_dict.items())
-        return _endpoint_page(request, endpoint, limit_error=problems, status=400)
+        return _endpoint_page(request, endpoint, limit_error=validation_text(error), status=400)
     messages.success(request, f"{endpoint.slug}: caps saved")
     return redirect(reverse("todos-endpoint", args=[endpoint.slug]))
 

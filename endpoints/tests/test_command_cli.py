@@ -95,6 +95,10 @@ def test_vend_endpoint_defaults_and_human_output(capsys, operator):
     (["x", "--owner", "alice", "--lease-seconds", "0"], "between 1 and 86400"),
     (["x", "--owner", "alice", "--lease-seconds", "soon"], "invalid int value"),
     (["x", "--owner", "alice", "--max-attempts", "0"], "at least 1"),
+    # One message per field, the model's own (Django's "Ensure this value…" said it twice).
+    (["x", "--owner", "alice", "--max-attempts", "-1"], "CommandError: max_attempts: at least 1\n"),
+    (["x", "--owner", "alice", "--max-claimed", "-1"],
+     "CommandError: max_claimed: a whole number >= 0, or unset; got -1\n"),
     (["taken", "--owner", "alice"], "already exists"),
 ])
 def test_vend_endpoint_bad_arguments(capsys, operator, argv, message):

@@ -6,7 +6,7 @@ from django.core.management.base import CommandError
 
 from endpoints import transitions
 from endpoints.management.commands.pause import COMMAND_ACTOR, get_endpoint
-from switchboard.commands import JsonCommand
+from switchboard.commands import JsonCommand, validation_text
 
 
 def _cap(text: str, field: str):
@@ -65,9 +65,7 @@ class Command(JsonCommand):
                 transitions.set_claim_caps(endpoint, queue_limits=queue_limits,
                                            actor=COMMAND_ACTOR, **changes)
             except ValidationError as error:
-                raise CommandError("; ".join(
-                    f"{field}: {' '.join(messages)}"
-                    for field, messages in error.message_dict.items())) from None
+                raise CommandError(validation_text(error)) from None
         limits = endpoint.queue_limits or {}
         self.emit(options, {"endpoint": endpoint.slug, "max_claimed": endpoint.max_claimed,
                             "queue_limits": limits},

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from endpoints import transitions
 from endpoints.models import Endpoint
-from switchboard.commands import JsonCommand
+from switchboard.commands import JsonCommand, validation_text
 
 
 class Command(JsonCommand):
@@ -42,8 +42,7 @@ class Command(JsonCommand):
             before, after = transitions.set_shift_schedule(endpoint, timezone_name=zone,
                                                            windows=parsed, now=now)
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{k}: {' '.join(v)}"
-                                         for k, v in exc.message_dict.items())) from None
+            raise CommandError(validation_text(exc)) from None
         self.emit(options, {"endpoint": endpoint.slug, "timezone": zone, "windows": parsed,
                             "presence": after},
                   f"{endpoint.slug}: {len(parsed)} shift window(s) in {zone or '-'}; now {after}")

@@ -5,7 +5,7 @@ from django.db import IntegrityError
 
 from endpoints import connect_snippets, transitions
 from endpoints.models import ALL_QUEUES
-from switchboard.commands import JsonCommand, csv_list, get_user
+from switchboard.commands import JsonCommand, csv_list, get_user, validation_text
 
 
 class Command(JsonCommand):
@@ -40,7 +40,7 @@ class Command(JsonCommand):
                 max_claimed=options["max_claimed"],
             )
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()))
+            raise CommandError(validation_text(exc)) from None
         except IntegrityError:
             raise CommandError(f"endpoint {options['slug']!r} already exists")
         mcp_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{endpoint.slug}"

@@ -5,7 +5,7 @@ from django.db import IntegrityError
 
 from ingest import sender_setup, transitions
 from ingest.models import Source
-from switchboard.commands import JsonCommand, get_user
+from switchboard.commands import JsonCommand, get_user, validation_text
 
 
 class Command(JsonCommand):
@@ -35,7 +35,7 @@ class Command(JsonCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         except ValidationError as exc:
-            raise CommandError("; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items()))
+            raise CommandError(validation_text(exc)) from None
         except IntegrityError:
             raise CommandError(f"webhook {slug!r} already exists") from None
         hook_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}"
