@@ -20,6 +20,10 @@ role (the route fails closed; a listed login still does).
 * GitLab: the actor is ``user.username`` (``user_username`` on push events). GitLab payloads
   carry no role at all, so a GitLab route can trust logins only (add_webhook_route refuses
   ``author_associations`` there).
+
+Apart from routes' rules, a Slack message written by a bot or app never hands work to an
+agent (``bot_author``): an agent that answers in the channel it listens to would otherwise make
+a todo of its own reply, and of the reply to that.
 """
 
 from dataclasses import dataclass
@@ -98,6 +102,19 @@ def event_actor(source: str, kind: str, payload) -> Actor:
     if reader is None or not isinstance(payload, dict):
         return Actor("")
     return reader(kind or "", payload)
+
+
+def bot_author(source: str, payload) -> str:
+    """The bot or app that wrote a Slack event's message ("" when a person did, or for other
+    sources): ``event.bot_id``, or the edited message's (``message_changed``), or
+    ``subtype: bot_message`` (a bot without an id)."""
+    if source != Source.SLACK or not isinstance(payload, dict):
+        return ""
+    event = _dict(payload.get("event"))
+    for message in (event, _dict(event.get("message"))):
+        if _text(message.get("bot_id")):
+            return _text(message.get("bot_id"))
+    return "a bot" if event.get("subtype") == "bot_message" else ""
 
 
 def filters_actors(route) -> bool:

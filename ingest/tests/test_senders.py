@@ -152,6 +152,36 @@ def test_an_event_type_no_route_takes_is_logged_no_route(make_webhook, endpoint,
     assert record.outcome == Outcome.NO_ROUTE
 
 
+SLACK_MESSAGE = {**SLACK_MENTION, "event_id": "Ev0MSG0001", "event": {
+    "type": "message", "channel": "C0LAN2Q65", "user": "U061F7AUR", "text": "deploy is red",
+    "ts": "1515449600.000100", "channel_type": "channel"}}
+
+
+@pytest.mark.parametrize("event", [
+    # The agent's own reply, posted with its app's bot token.
+    {"bot_id": "B0AGENT01", "app_id": "A123ABC", "user": "U0BOTUSER"},
+    # A legacy bot (an incoming webhook, an integration): no user, subtype bot_message.
+    {"subtype": "bot_message", "user": None, "username": "ci"},
+    # The agent editing its reply: the edited message is the bot's.
+    {"subtype": "message_changed", "user": None,
+     "message": {"type": "message", "bot_id": "B0AGENT01", "text": "deploy is green"}},
+], ids=["bot_id", "bot_message", "bot_edit"])
+def test_a_slack_bots_own_message_makes_no_todo(make_webhook, endpoint, event):
+    """An agent that answers in the channel its route listens to must not hand itself its own
+    reply as new work (and the reply to that, without end)."""
+    webhook = make_webhook("slack", routes=[(endpoint, "inbox", ["message"])])
+    payload = {**SLACK_MESSAGE, "event": {**SLACK_MESSAGE["event"], **event}}
+    answer = send(webhook, payload)
+    assert answer.status_code == 202 and answer.json()["todos"] == []
+    assert Todo.objects.count() == 0
+    [record] = records(webhook)
+    assert record.outcome == Outcome.FILTERED
+    assert record.reason.startswith("filtered a bot's message (")
+    # A person's message on the same route is work.
+    human = send(webhook, {**SLACK_MESSAGE, "event_id": "Ev0MSG0002"})
+    assert human.status_code == 202 and len(human.json()["todos"]) == 1
+
+
 # -- refusals ------------------------------------------------------------------------------------
 
 NEW_SOURCES = ["linear", "slack", "sentry"]
