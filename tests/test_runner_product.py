@@ -539,3 +539,26 @@ def test_a_refused_credential_is_named_not_hidden_in_a_task_group(setup, runners
     runner = runners(url, "sbk_not-the-credential", command=["true"])
     runner.wait_log("Unauthorized: a valid bearer credential for this endpoint is required")
     assert "TaskGroup" not in runner.log_text()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("wrong", ["credential", "endpoint"])
+def test_once_turned_away_exits_1_on_the_first_refusal_without_retrying(setup, runners, wrong):
+    """A wrong credential (401) or endpoint URL (404) is no fault a retry mends: ``--once``
+    exits 1 saying what to check after the first refusal, instead of reconnecting with backoff
+    until its connect timeout."""
+    _, credential, url = setup
+    if wrong == "credential":
+        runner = runners(url, "sbk_not-the-credential", "--once", command=["true"])
+        hint = 'status=401 check="the server refused the credential'
+    else:
+        # An unknown slug is a 401 as well (the server does not say which endpoints exist); a
+        # URL that is no MCP endpoint at all is a 404.
+        runner = runners(url.replace("/mcp/", "/no-mcp-here/"), credential, "--once",
+                         command=["true"])
+        hint = 'status=404 check="no such endpoint at this URL'
+    assert runner.wait() == 1
+    log = runner.log_text()
+    assert log.count("connection_error") == 1, log
+    giving_up = next(line for line in log.splitlines() if "giving_up" in line)
+    assert hint in giving_up, log

@@ -130,6 +130,12 @@ class Switchboard:
         self._closing = False
         self._owner = None
         self.first_error = None  # set when the first connection attempt fails
+        # Set when the server turned an attempt away (401, 403, 404) before the runner was
+        # ever connected: a wrong credential or URL that no retry will mend
+        # (wait_first_connection).
+        self.turned_away = None  # the HTTP status
+        self._turned_away = asyncio.Event()
+        self._connected_once = False
 
     def start(self):
         self._owner = asyncio.create_task(self._hold())
@@ -139,7 +145,7 @@ class Switchboard:
         while not self._closing:
             http = create_mcp_http_client(headers={"Authorization": f"Bearer {self._token}"})
             streams = StreamWatch()
-            http.event_hooks = {"response": [streams.on_response]}
+            http.event_hooks = {"response": [streams.on_response, self._note_turned_away]}
             try:
                 # mode="legacy": the initialize handshake and a session, which is what carries
                 # the notification stream (switchboard deliberately speaks only that era).
@@ -148,6 +154,7 @@ class Switchboard:
                                         read_timeout_seconds=CALL_TIMEOUT_SECONDS) as client:
                     self._client = client
                     self._ready.set()
+                    self._connected_once = True
                     delay = RECONNECT_FIRST_SECONDS
                     log_event("connected", url=self.url)
                     if self._on_connected is not None:
@@ -160,7 +167,10 @@ class Switchboard:
             except Exception as error:  # noqa: BLE001 — any failure: log, back off, reconnect
                 if self.first_error is None and not self._ready.is_set():
                     self.first_error = error
-                log_event("connection_error", error=_describe(error), retry_in_s=delay)
+                if self.turned_away and not self._connected_once:
+                    self._turned_away.set()
+                log_event("connection_error", error=_describe(error), **self._turned_away_fields(),
+                          retry_in_s=delay)
             finally:
                 self._client = None
                 self._ready.clear()
@@ -169,6 +179,40 @@ class Switchboard:
                 break
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+
+    async def _note_turned_away(self, response):
+        # The status of a refused initialize: the SDK raises the JSON-RPC error in its body,
+        # which does not carry it. Only before the first connection: a 404 later is a session
+        # the server ended, which a reconnect mends.
+        if response.status_code in AUTH_HINTS and not self._connected_once:
+            self.turned_away = response.status_code
+
+    def _turned_away_fields(self) -> dict:
+        if not self.turned_away or self._connected_once:
+            return {}
+        return {"status": self.turned_away, "check": AUTH_HINTS[self.turned_away]}
+
+    async def wait_first_connection(self, timeout: float) -> bool:
+        """For a run that must connect now (``--once``, ``--dry-run``, ``watch``): True once
+        connected; False after ``timeout``, or as soon as the server turned the first attempt
+        away (``turned_away`` says why), since retrying a wrong credential or URL only delays
+        the exit."""
+        await wait_first(self._ready.wait(), self._turned_away.wait(), timeout=timeout)
+        return self._ready.is_set()
+
+    def first_failure(self) -> dict:
+        """Why the first connection attempt failed, as log fields for a run giving up:
+        ``error``, and ``status`` with what to ``check`` when the server turned it away."""
+        if self.first_error is None:
+            return {}
+        return {"error": _describe(self.first_error), **self._turned_away_fields()}
+
+    def first_failure_text(self) -> str:
+        """``first_failure`` as a sentence for a command's stderr."""
+        fields = self.first_failure()
+        if "status" in fields:
+            return f"HTTP {fields['status']}: {fields['check']} ({fields['error']})"
+        return fields.get("error", "no answer")
 
     async def wait_connected(self, timeout: float) -> bool:
         try:

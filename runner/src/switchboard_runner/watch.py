@@ -78,8 +78,8 @@ async def watch(args, token: str, out=None) -> int:
     sb.start()
     shown: set[str] = set()
     try:
-        if not await sb.wait_connected(CALL_TIMEOUT_SECONDS):
-            print(f"could not connect to {args.url}", file=sys.stderr)
+        if not await sb.wait_first_connection(CALL_TIMEOUT_SECONDS):
+            print(f"could not connect to {args.url}: {sb.first_failure_text()}", file=sys.stderr)
             return 1
         while not stopping.is_set():
             wake.clear()

@@ -455,9 +455,8 @@ class Runner:
             log_event("removed_stale_todo_dir", path=path)
         self.sb.start()
         try:
-            if self.args.once and not await self.sb.wait_connected(CALL_TIMEOUT_SECONDS):
-                log_event("giving_up", reason="could not connect",
-                          error=_describe(self.sb.first_error) if self.sb.first_error else None)
+            if self.args.once and not await self.sb.wait_first_connection(CALL_TIMEOUT_SECONDS):
+                log_event("giving_up", reason="could not connect", **self.sb.first_failure())
                 return 1
             status = await self.serve()
             if self.tasks:
@@ -479,8 +478,8 @@ async def dry_run(args, token: str) -> int:
     sb = Switchboard(args.url, token, lambda meta: None)
     sb.start()
     try:
-        if not await sb.wait_connected(CALL_TIMEOUT_SECONDS):
-            print(f"could not connect to {args.url}", file=sys.stderr)
+        if not await sb.wait_first_connection(CALL_TIMEOUT_SECONDS):
+            print(f"could not connect to {args.url}: {sb.first_failure_text()}", file=sys.stderr)
             return 1
         todos = []
         for queue in args.queues or [None]:
