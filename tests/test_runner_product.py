@@ -562,3 +562,17 @@ def test_once_turned_away_exits_1_on_the_first_refusal_without_retrying(setup, r
     assert log.count("connection_error") == 1, log
     giving_up = next(line for line in log.splitlines() if "giving_up" in line)
     assert hint in giving_up, log
+
+
+@pytest.mark.parametrize("title, logged", [
+    ("fix\u202egnp.exe", 'title="fix\\u202egnp.exe"'),       # a right-to-left override
+    ("red \x1b[31malert", 'title="red \\u001b[31malert"'),      # a terminal escape
+    ("zero\u200bwidth", 'title="zero\\u200bwidth"'),            # a format character
+    ("plain-word", "title=plain-word"),
+    ("two words", 'title="two words"'),
+])
+def test_a_log_line_escapes_what_a_terminal_would_act_on(title, logged, caplog):
+    session = load_runner_module("session")
+    with caplog.at_level("INFO", logger="switchboard.runner"):
+        session.log_event("claim", todo_id=1, title=title)
+    assert caplog.messages == [f"claim todo_id=1 {logged}"]

@@ -43,10 +43,14 @@ class Unreachable(Exception):
 
 
 def _field(value) -> str:
+    """A log value: bare when it is one plain word, else JSON-quoted with every unprintable
+    character escaped. Titles and errors come from webhook senders: a right-to-left override
+    (U+202E) or a terminal escape left raw would reorder or restyle the operator's terminal."""
     text = str(value)
-    if text and not any(c.isspace() or c in '"=' for c in text):
+    if text and text.isprintable() and not any(c.isspace() or c in '"=' for c in text):
         return text
-    return json.dumps(text[:120], ensure_ascii=False)
+    quoted = json.dumps(text[:120], ensure_ascii=False)
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in quoted)
 
 
 def log_event(event: str, **fields) -> None:
