@@ -576,3 +576,17 @@ def test_a_log_line_escapes_what_a_terminal_would_act_on(title, logged, caplog):
     with caplog.at_level("INFO", logger="switchboard.runner"):
         session.log_event("claim", todo_id=1, title=title)
     assert caplog.messages == [f"claim todo_id=1 {logged}"]
+
+
+@pytest.mark.parametrize("placeholder", ["{title}", "{todo_json}", "{prompt}"])
+def test_a_prompt_file_using_a_command_only_placeholder_is_refused(tmp_path, placeholder):
+    """Left literal, the agent would be handed "{title}"; the runner says so before starting."""
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(f"Work on todo {{todo_id}}: {placeholder}\n")
+    refused = subprocess.run(
+        [sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x", "--token-env",
+         TOKEN_ENV, "--prompt-file", str(prompt), "--", "true"],
+        env={**os.environ, TOKEN_ENV: "sbk_x"}, capture_output=True, text=True, timeout=30,
+        cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert f"--prompt-file uses {placeholder}" in refused.stderr and "{todo_file}" in refused.stderr

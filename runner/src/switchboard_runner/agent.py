@@ -83,6 +83,9 @@ switchboard tools are not available to you, say so and exit with a non-zero stat
 # and no {todo_json}: a prompt is an instruction position.
 COMMAND_PLACEHOLDER = re.compile(r"\{(todo_json|todo_id|title|prompt)\}")
 PROMPT_PLACEHOLDER = re.compile(r"\{(todo_id|queue|kind|trust|lease_id|todo_file)\}")
+# The command's placeholders a prompt file may not use: left as literal text, the agent would
+# get "{title}" and its author would not know why.
+NOT_PROMPT_PLACEHOLDER = re.compile(r"\{(todo_json|title|prompt)\}")
 
 
 class Tail:
