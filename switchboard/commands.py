@@ -71,11 +71,19 @@ def get_user(username: str):
 
 
 def validation_text(error) -> str:
-    """A model ValidationError as one line, "field: problem; field: problem". Per field only
-    the last message: a model's own ``clean()`` check comes after Django's field validators and
-    names the accepted range ("a whole number >= 0, or unset; got -1"), where the validator
-    before it says less ("Ensure this value is greater than or equal to 0.")."""
-    return "; ".join(f"{field}: {messages[-1]}" for field, messages in error.message_dict.items())
+    """A model ValidationError as one line, "field: problem; field: problem". Where a field has
+    a message of the model's own (``clean()``; its errors carry no code), only those: it names
+    the accepted range ("a whole number >= 0, or unset; got -1") where Django's validator for
+    the same value says less ("Ensure this value is greater than or equal to 0."). Otherwise
+    every distinct message of Django's validators (a slug too long *and* not a slug)."""
+    if not hasattr(error, "error_dict"):
+        return " ".join(error.messages)
+    problems = []
+    for field, errors in error.error_dict.items():
+        chosen = [e for e in errors if e.code is None] or errors
+        messages = dict.fromkeys(message for e in chosen for message in e.messages)
+        problems.append(f"{field}: {' '.join(messages)}")
+    return "; ".join(problems)
 
 
 def csv_list(value: str) -> list[str]:

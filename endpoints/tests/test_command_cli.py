@@ -99,6 +99,9 @@ def test_vend_endpoint_defaults_and_human_output(capsys, operator):
     (["x", "--owner", "alice", "--max-attempts", "-1"], "CommandError: max_attempts: at least 1\n"),
     (["x", "--owner", "alice", "--max-claimed", "-1"],
      "CommandError: max_claimed: a whole number >= 0, or unset; got -1\n"),
+    # Two of Django's validators failing on one field: both said.
+    (["x" * 80 + "!", "--owner", "alice"], "slug: Enter a valid “slug” consisting of letters, "
+     "numbers, underscores or hyphens. Ensure this value has at most 64 characters (it has 81)."),
     (["taken", "--owner", "alice"], "already exists"),
 ])
 def test_vend_endpoint_bad_arguments(capsys, operator, argv, message):
