@@ -20,10 +20,12 @@ role (the route fails closed; a listed login still does).
 * GitLab: the actor is ``user.username`` (``user_username`` on push events). GitLab payloads
   carry no role at all, so a GitLab route can trust logins only (add_webhook_route refuses
   ``author_associations`` there).
-
-Apart from routes' rules, a Slack message written by a bot or app never hands work to an
-agent (``bot_author``): an agent that answers in the channel it listens to would otherwise make
-a todo of its own reply, and of the reply to that.
+* Slack: the actor is the user id of the event's message (``event.user``; for an edit or a
+  deletion, the edited or deleted message's). Slack has no roles. A message written by a bot
+  or an app (a ``bot_id``, or ``subtype: bot_message``) has the bot id as its login and is a
+  *bot's* actor: no route takes work from one unless its ``actors`` list that bot id, rules or
+  not. An agent that answers in the channel it listens to would otherwise make a todo of its
+  own reply, and of the reply to that; an alerting bot whose posts are work is listed by id.
 """
 
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from .models import Source
 AUTHOR_ASSOCIATIONS = ("OWNER", "MEMBER", "COLLABORATOR", "CONTRIBUTOR",
                        "FIRST_TIME_CONTRIBUTOR", "FIRST_TIMER", "MANNEQUIN", "NONE")
 # Sources whose payloads name an actor switchboard reads.
-ACTOR_SOURCES = (Source.GITHUB, Source.GITEA, Source.GITLAB)
+ACTOR_SOURCES = (Source.GITHUB, Source.GITEA, Source.GITLAB, Source.SLACK)
 # Sources whose payloads say something about the actor's role.
 ASSOCIATION_SOURCES = (Source.GITHUB, Source.GITEA)
 
@@ -48,8 +50,11 @@ _GITEA_SENDER_PERMISSION_KINDS = ("issue_comment", "issues.opened", "pull_reques
 class Actor:
     login: str  # "" when the payload names none
     associations: frozenset = frozenset()
+    bot: bool = False  # a bot's or app's own message (Slack): taken only where listed
 
     def describe(self) -> str:
+        if self.bot:
+            return f"{self.login or 'a bot'} (a bot's message)"
         role = "/".join(sorted(self.associations)) or "no role"
         return f"{self.login or 'no actor'} ({role})"
 
@@ -93,7 +98,25 @@ def _gitlab(kind: str, payload: dict) -> Actor:
     return Actor(login)
 
 
-_READERS = {Source.GITHUB: _github, Source.GITEA: _gitea, Source.GITLAB: _gitlab}
+# Slack event subtypes whose own message is nested: the edit's new text, the deleted message.
+_SLACK_NESTED_MESSAGE = {"message_changed": "message", "message_deleted": "previous_message"}
+
+
+def _slack(kind: str, payload: dict) -> Actor:
+    event = _dict(payload.get("event"))
+    nested = _SLACK_NESTED_MESSAGE.get(_text(event.get("subtype")))
+    message = _dict(event.get(nested)) if nested else event
+    bot_id = _text(message.get("bot_id")) or _text(event.get("bot_id"))
+    if bot_id or "bot_message" in (message.get("subtype"), event.get("subtype")):
+        return Actor(bot_id, bot=True)
+    return Actor(_text(message.get("user")) or _text(event.get("user")))
+
+
+_READERS = {Source.GITHUB: _github, Source.GITEA: _gitea, Source.GITLAB: _gitlab,
+            Source.SLACK: _slack}
+# Sources whose deliveries are read for their actor on every route, rules or not: a bot's
+# message is taken only where a route lists it.
+BOT_SOURCES = (Source.SLACK,)
 
 
 def event_actor(source: str, kind: str, payload) -> Actor:
@@ -104,30 +127,20 @@ def event_actor(source: str, kind: str, payload) -> Actor:
     return reader(kind or "", payload)
 
 
-def bot_author(source: str, payload) -> str:
-    """The bot or app that wrote a Slack event's message ("" when a person did, or for other
-    sources): ``event.bot_id``, or the edited message's (``message_changed``), or
-    ``subtype: bot_message`` (a bot without an id)."""
-    if source != Source.SLACK or not isinstance(payload, dict):
-        return ""
-    event = _dict(payload.get("event"))
-    for message in (event, _dict(event.get("message"))):
-        if _text(message.get("bot_id")):
-            return _text(message.get("bot_id"))
-    return "a bot" if event.get("subtype") == "bot_message" else ""
-
-
 def filters_actors(route) -> bool:
     return bool(route.actors or route.author_associations)
 
 
 def admits(route, actor: Actor) -> bool:
-    """Whether ``route`` takes work from ``actor``: always without actor rules, else when the
-    login is listed (case-insensitively, as GitHub, Gitea and GitLab compare logins) or one
-    of the actor's roles is."""
+    """Whether ``route`` takes work from ``actor``: a bot's message only when its id is
+    listed; anyone else always without actor rules, else when the login is listed
+    (case-insensitively, as GitHub, Gitea and GitLab compare logins) or one of the actor's
+    roles is."""
+    listed = bool(actor.login) and actor.login.lower() in {login.lower()
+                                                           for login in route.actors}
+    if actor.bot or listed:
+        return listed
     if not filters_actors(route):
-        return True
-    if actor.login and actor.login.lower() in {login.lower() for login in route.actors}:
         return True
     return bool(actor.associations & set(route.author_associations))
 

@@ -634,14 +634,9 @@ def _admitted_by_actor(webhook: Webhook, routes, kind: str, payload) -> tuple[li
     """``routes`` without those whose actor rules the delivery's actor does not meet, and the
     delivery log's note naming who was filtered where ("" when none was). A filtered route
     creates nothing; when every route is filtered the delivery is logged ``filtered``. A Slack
-    bot's message is filtered on every route (actors.bot_author)."""
-    bot = actors.bot_author(webhook.source, payload)
-    if bot and routes:
-        log.info("delivery filtered: a bot's message", extra={
-            "webhook": webhook.slug, "actor": bot[:100]})
-        return [], _printable(f"filtered a bot's message ({bot}) on every route",
-                              _RECORD_WIDTH["reason"])
-    if not any(actors.filters_actors(route) for route in routes):
+    bot's message is read on every route: only a route listing the bot takes it."""
+    if webhook.source not in actors.BOT_SOURCES and not any(
+            actors.filters_actors(route) for route in routes):
         return list(routes), ""
     actor = actors.event_actor(webhook.source, kind, payload)
     admitted = [route for route in routes if actors.admits(route, actor)]

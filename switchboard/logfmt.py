@@ -9,15 +9,27 @@ import logging
 import re
 
 _STANDARD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+# Characters a terminal or a log viewer acts on: C0 and C1 controls (a carriage return, an
+# escape sequence), bidirectional and zero-width format characters (U+202E reorders what
+# follows), line and paragraph separators. Logged values may come from senders (a delivery's
+# actor, a kind): these are written as \uXXXX (a newline as \n), never raw.
+_UNSAFE = "\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
 # A value with any of these is quoted. One regex search, not a generator per value: every
 # request logs a line or two, and the per-character loop showed in the hook's profile.
-_NEEDS_QUOTES = re.compile(r'[ "=\n]')
+_NEEDS_QUOTES = re.compile(f'[ "={_UNSAFE}]')
+_UNSAFE_CHARACTER = re.compile(f"[{_UNSAFE}]")
+
+
+def _escape(match) -> str:
+    character = match.group()
+    return "\\n" if character == "\n" else f"\\u{ord(character):04x}"
 
 
 def _quote(value):
     text = str(value)
     if not text or _NEEDS_QUOTES.search(text):
-        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+        text = text.replace("\\", "\\\\").replace('"', '\\"')
+        text = '"' + _UNSAFE_CHARACTER.sub(_escape, text) + '"'
     return text
 
 

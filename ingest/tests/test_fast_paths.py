@@ -34,7 +34,29 @@ def test_control_characters_are_still_dropped():
 def test_log_values_are_quoted_exactly_when_they_need_it(value):
     from switchboard import logfmt
 
-    needs = not value or any(ch in value for ch in ' "=\n')
-    expected = ('"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-                if needs else value)
+    needs = not value or any(ch in ' "=' or ch in TERMINAL_ACTS_ON for ch in value)
+    expected = '"' + "".join(map(escaped, value)) + '"' if needs else value
     assert logfmt._quote(value) == expected
+
+
+# What the log escapes, spelled out code point by code point (logfmt keeps it as a regex).
+TERMINAL_ACTS_ON = {chr(code) for code in [*range(0x20), *range(0x7f, 0xa0), 0x61c,
+                                           *range(0x200b, 0x2010), *range(0x2028, 0x202f),
+                                           *range(0x2060, 0x206a), 0xfeff]}
+
+
+def escaped(character: str) -> str:
+    if character in '\\"':
+        return "\\" + character
+    if character == "\n":
+        return "\\n"
+    return f"\\u{ord(character):04x}" if character in TERMINAL_ACTS_ON else character
+
+
+def test_a_logged_value_cannot_act_on_the_operators_terminal():
+    from switchboard import logfmt
+
+    assert logfmt._quote("B\u202eX\x07Y") == '"B\\u202eX\\u0007Y"'
+    assert logfmt._quote("a\rb\x1b[2Jc") == '"a\\u000db\\u001b[2Jc"'
+    assert logfmt._quote("line\nnext") == '"line\\nnext"'
+    assert logfmt._quote("plain") == "plain"

@@ -157,29 +157,68 @@ SLACK_MESSAGE = {**SLACK_MENTION, "event_id": "Ev0MSG0001", "event": {
     "ts": "1515449600.000100", "channel_type": "channel"}}
 
 
-@pytest.mark.parametrize("event", [
+BOT_MESSAGES = {
     # The agent's own reply, posted with its app's bot token.
-    {"bot_id": "B0AGENT01", "app_id": "A123ABC", "user": "U0BOTUSER"},
+    "bot_id": {"bot_id": "B0AGENT01", "app_id": "A123ABC", "user": "U0BOTUSER"},
     # A legacy bot (an incoming webhook, an integration): no user, subtype bot_message.
-    {"subtype": "bot_message", "user": None, "username": "ci"},
+    "bot_message": {"subtype": "bot_message", "user": None, "username": "ci"},
     # The agent editing its reply: the edited message is the bot's.
-    {"subtype": "message_changed", "user": None,
-     "message": {"type": "message", "bot_id": "B0AGENT01", "text": "deploy is green"}},
-], ids=["bot_id", "bot_message", "bot_edit"])
+    "bot_edit": {"subtype": "message_changed", "user": None,
+                 "message": {"type": "message", "bot_id": "B0AGENT01", "text": "green"}},
+    "legacy_bot_edit": {"subtype": "message_changed", "user": None,
+                        "message": {"type": "message", "subtype": "bot_message", "text": "x"}},
+    # The agent deleting its reply.
+    "bot_delete": {"subtype": "message_deleted", "user": None,
+                   "previous_message": {"type": "message", "bot_id": "B0AGENT01", "text": "x"}},
+}
+
+
+def slack_message(event_id: str, **event) -> dict:
+    return {**SLACK_MESSAGE, "event_id": event_id, "event": {**SLACK_MESSAGE["event"], **event}}
+
+
+@pytest.mark.parametrize("event", BOT_MESSAGES.values(), ids=BOT_MESSAGES.keys())
 def test_a_slack_bots_own_message_makes_no_todo(make_webhook, endpoint, event):
     """An agent that answers in the channel its route listens to must not hand itself its own
     reply as new work (and the reply to that, without end)."""
     webhook = make_webhook("slack", routes=[(endpoint, "inbox", ["message"])])
-    payload = {**SLACK_MESSAGE, "event": {**SLACK_MESSAGE["event"], **event}}
-    answer = send(webhook, payload)
+    answer = send(webhook, slack_message("Ev0MSG0001", **event))
     assert answer.status_code == 202 and answer.json()["todos"] == []
     assert Todo.objects.count() == 0
     [record] = records(webhook)
     assert record.outcome == Outcome.FILTERED
-    assert record.reason.startswith("filtered a bot's message (")
-    # A person's message on the same route is work.
-    human = send(webhook, {**SLACK_MESSAGE, "event_id": "Ev0MSG0002"})
-    assert human.status_code == 202 and len(human.json()["todos"]) == 1
+    assert record.reason.endswith(f"(a bot's message) on {endpoint.slug}/inbox")
+    # A person's message, and a person's edit, on the same route are work.
+    for event_id, human in (("Ev0MSG0002", {}),
+                            ("Ev0MSG0003", {"subtype": "message_changed", "user": None,
+                                            "message": {"type": "message", "user": "U061F7AUR",
+                                                        "text": "deploy is red again"}})):
+        answer = send(webhook, slack_message(event_id, **human))
+        assert answer.status_code == 202 and len(answer.json()["todos"]) == 1
+
+
+def test_a_slack_route_takes_a_bot_it_lists_and_only_the_users_it_lists(
+        make_webhook, endpoint, capsys):
+    """An alerting bot whose posts are work is listed by its id; --actors on a Slack route
+    also narrows people to the user ids listed (anyone in a shared channel could otherwise
+    hand the agent work)."""
+    webhook = make_webhook("slack", routes=[])
+    call_command("add_webhook_route", webhook.slug, endpoint.slug, "--queue", "inbox",
+                 "--kinds", "message", "--actors", "B0DATADOG,U061F7AUR")
+    alert = send(webhook, slack_message("Ev0ALERT01", bot_id="B0DATADOG", user=None))
+    assert alert.status_code == 202 and len(alert.json()["todos"]) == 1
+    listed = send(webhook, slack_message("Ev0MSG0010"))
+    assert listed.status_code == 202 and len(listed.json()["todos"]) == 1
+    stranger = send(webhook, slack_message("Ev0MSG0011", user="U0STRANGER"))
+    assert stranger.status_code == 202 and stranger.json()["todos"] == []
+    agent_reply = send(webhook, slack_message("Ev0MSG0012", bot_id="B0AGENT01"))
+    assert agent_reply.status_code == 202 and agent_reply.json()["todos"] == []
+    assert [(r.outcome, r.reason) for r in records(webhook)][2:] == [
+        ("filtered", f"filtered U0STRANGER (no role) on {endpoint.slug}/inbox"),
+        ("filtered", f"filtered B0AGENT01 (a bot's message) on {endpoint.slug}/inbox")]
+    with pytest.raises(CommandError, match="slack payloads carry no role"):
+        call_command("add_webhook_route", webhook.slug, endpoint.slug, "--queue", "inbox",
+                     "--author-association", "OWNER")
 
 
 # -- refusals ------------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ class Command(JsonCommand):
                             help="its todos become ready this many seconds after they arrive "
                                  "(0..2592000, 30 days); default 0: at once")
         parser.add_argument("--actors", help="comma-separated logins whose events may create todos "
-                                             "here (GitHub/Gitea sender.login, GitLab user.username)")
+                                             "here (GitHub/Gitea sender.login, GitLab "
+                                             "user.username, Slack user ids; a Slack bot's id "
+                                             "lets its messages in)")
         parser.add_argument("--author-association",
                             help="comma-separated roles whose events may create todos here, "
                                  "e.g. OWNER,MEMBER,COLLABORATOR (GitHub's author_association; "
