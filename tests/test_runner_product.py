@@ -568,6 +568,7 @@ def test_once_turned_away_exits_1_on_the_first_refusal_without_retrying(setup, r
     ("fix\u202egnp.exe", 'title="fix\\u202egnp.exe"'),       # a right-to-left override
     ("red \x1b[31malert", 'title="red \\u001b[31malert"'),      # a terminal escape
     ("zero\u200bwidth", 'title="zero\\u200bwidth"'),            # a format character
+    ("tag\U000e0041", 'title="tag\\U000e0041"'),                # beyond the basic plane
     ("plain-word", "title=plain-word"),
     ("two words", 'title="two words"'),
 ])
@@ -578,15 +579,28 @@ def test_a_log_line_escapes_what_a_terminal_would_act_on(title, logged, caplog):
     assert caplog.messages == [f"claim todo_id=1 {logged}"]
 
 
-@pytest.mark.parametrize("placeholder", ["{title}", "{todo_json}", "{prompt}"])
-def test_a_prompt_file_using_a_command_only_placeholder_is_refused(tmp_path, placeholder):
-    """Left literal, the agent would be handed "{title}"; the runner says so before starting."""
+@pytest.mark.parametrize("placeholder, reason", [
+    ("{title}", "{title} is the sender's text"),
+    ("{todo_json}", "{todo_json} is the sender's text"),
+    ("{prompt}", "{prompt} is the prompt itself"),
+    ("{payload}", "{payload} is no placeholder; a prompt may use {todo_id}"),
+])
+def test_a_prompt_file_naming_what_a_prompt_does_not_get_is_refused(tmp_path, placeholder,
+                                                                     reason):
+    """Left literal, the agent would be handed "{title}"; the runner says so before starting.
+    Braces that are no placeholder (JSON in the prompt) are fine."""
     prompt = tmp_path / "prompt.txt"
-    prompt.write_text(f"Work on todo {{todo_id}}: {placeholder}\n")
+    prompt.write_text(f'Work on todo {{todo_id}}, answer {{"ok": true}}: {placeholder}\n')
     refused = subprocess.run(
         [sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x", "--token-env",
-         TOKEN_ENV, "--prompt-file", str(prompt), "--", "true"],
+         TOKEN_ENV, "--prompt-file", str(prompt), "--dry-run", "--", "true"],
         env={**os.environ, TOKEN_ENV: "sbk_x"}, capture_output=True, text=True, timeout=30,
         cwd=tmp_path)
     assert refused.returncode == 2, refused.stderr
-    assert f"--prompt-file uses {placeholder}" in refused.stderr and "{todo_file}" in refused.stderr
+    assert f"--prompt-file: {reason}" in refused.stderr
+
+
+def test_a_prompt_file_with_only_prompt_placeholders_and_json_braces_is_taken():
+    agent = load_runner_module("agent")
+    template = 'Todo {todo_id} in {queue} ({kind}, {trust}); file {todo_file}; {"ok": true} {}'
+    assert agent.misplaced_placeholder(template) is None

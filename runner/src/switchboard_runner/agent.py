@@ -83,9 +83,27 @@ switchboard tools are not available to you, say so and exit with a non-zero stat
 # and no {todo_json}: a prompt is an instruction position.
 COMMAND_PLACEHOLDER = re.compile(r"\{(todo_json|todo_id|title|prompt)\}")
 PROMPT_PLACEHOLDER = re.compile(r"\{(todo_id|queue|kind|trust|lease_id|todo_file)\}")
-# The command's placeholders a prompt file may not use: left as literal text, the agent would
-# get "{title}" and its author would not know why.
-NOT_PROMPT_PLACEHOLDER = re.compile(r"\{(todo_json|title|prompt)\}")
+# Anything in a prompt file shaped like a placeholder (``{payload}``, ``{title}``) that is none
+# of PROMPT_PLACEHOLDER's: left as literal text, the agent would get "{title}" and its author
+# would not know why (misplaced_placeholder).
+PLACEHOLDER_SHAPE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def misplaced_placeholder(template: str) -> str | None:
+    """Why ``template`` (a prompt file) cannot be used as it is, or None: it names a
+    placeholder a prompt does not get."""
+    for match in PLACEHOLDER_SHAPE.finditer(template):
+        name = match.group(1)
+        if PROMPT_PLACEHOLDER.fullmatch(match.group(0)):
+            continue
+        if name in ("title", "todo_json"):
+            return (f"{{{name}}} is the sender's text, which stays out of instruction positions; "
+                    "name {todo_file} and let the agent read the todo there")
+        if name == "prompt":
+            return "{prompt} is the prompt itself (a placeholder of the agent command)"
+        return (f"{{{name}}} is no placeholder; a prompt may use {{todo_id}} {{queue}} {{kind}} "
+                "{trust} {lease_id} {todo_file}")
+    return None
 
 
 class Tail:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .agent import BASE_ENV, DEFAULT_PROMPT, NOT_PROMPT_PLACEHOLDER, TOKEN_VARIABLE
+from .agent import BASE_ENV, DEFAULT_PROMPT, TOKEN_VARIABLE, misplaced_placeholder
 from .work import MAX_WAIT, Runner, dry_run
 
 
@@ -144,11 +144,9 @@ def parse_args(argv):
                 args.prompt_template = args.prompt_file.read_text(encoding="utf-8")
             except OSError as error:
                 parser.error(f"--prompt-file: {error}")
-            misplaced = NOT_PROMPT_PLACEHOLDER.search(args.prompt_template)
+            misplaced = misplaced_placeholder(args.prompt_template)
             if misplaced:
-                parser.error(f"--prompt-file uses {misplaced.group(0)}, which a prompt does not "
-                             "get: the sender's text stays out of instruction positions. Name "
-                             "{todo_file} instead; the agent reads the title and payload there")
+                parser.error(f"--prompt-file: {misplaced}")
     if not args.url:
         parser.error("--url is required (or set SWITCHBOARD_URL)")
     return mode, args, parser

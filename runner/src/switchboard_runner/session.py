@@ -26,6 +26,8 @@ RECONNECT_MAX_SECONDS = 30.0
 # this with no stream open the session is reopened (checked every STREAM_CHECK_SECONDS).
 STREAM_LOST_SECONDS = 10.0
 STREAM_CHECK_SECONDS = 2.0
+# A log value is cut here (a title, an error): one event stays one readable line.
+LOG_VALUE_MAX_CHARS = 120
 
 class Refused(Exception):
     """A domain refusal from a tool (``isError`` with ``error.code``)."""
@@ -42,15 +44,21 @@ class Unreachable(Exception):
 # -- logging ---------------------------------------------------------------------------------
 
 
+def escape_unprintable(text: str) -> str:
+    """``text`` with every character a terminal would act on rather than show (controls, a
+    right-to-left override U+202E, zero-width and other format characters) written as
+    ``\\uXXXX`` (``\\UXXXXXXXX`` beyond the basic plane). Titles and errors come from webhook
+    senders: left raw they would reorder or restyle the operator's terminal."""
+    return "".join(c if c.isprintable() else
+                   f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
+
+
 def _field(value) -> str:
-    """A log value: bare when it is one plain word, else JSON-quoted with every unprintable
-    character escaped. Titles and errors come from webhook senders: a right-to-left override
-    (U+202E) or a terminal escape left raw would reorder or restyle the operator's terminal."""
+    """A log value: bare when it is one plain word, else JSON-quoted and escape_unprintable."""
     text = str(value)
     if text and text.isprintable() and not any(c.isspace() or c in '"=' for c in text):
         return text
-    quoted = json.dumps(text[:120], ensure_ascii=False)
-    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in quoted)
+    return escape_unprintable(json.dumps(text[:LOG_VALUE_MAX_CHARS], ensure_ascii=False))
 
 
 def log_event(event: str, **fields) -> None:
@@ -280,8 +288,8 @@ def _describe(error: BaseException) -> str:
 
 # What an operator should check when the server turns the runner away.
 AUTH_HINTS = {
-    401: "the server refused the credential (check the variable --token-env names; the "
-         "endpoint's credential may have been rotated)",
+    401: "the server refused the credential (check the variable --token-env names; it may "
+         "have been rotated)",
     403: "the credential may not use this endpoint (check --url)",
     404: "no such endpoint at this URL (check --url)",
 }

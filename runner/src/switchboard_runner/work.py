@@ -36,7 +36,7 @@ from .agent import (Tail, _drain, _parent_death_signal, agent_argv, agent_env, e
                     stop_group, write_todo_file)
 from .session import (CALL_TIMEOUT_SECONDS, INVALID_PARAMS, RECONNECT_FIRST_SECONDS,
                       RECONNECT_MAX_SECONDS, Refused, Switchboard, Unreachable, _describe,
-                      log_event, wait_first)
+                      escape_unprintable, log_event, wait_first)
 
 MAX_WAIT = 60  # claim_next's wait_seconds upper bound
 # Each todo's private directory names the runner's pid, so a later runner can tell the ones a
@@ -499,8 +499,9 @@ async def dry_run(args, token: str) -> int:
                               render_prompt(args.prompt_template, todo, todo_file))
             # A scheduled todo is pending but not claimable before its not_before.
             when = f" (scheduled: not before {todo['not_before']})" if todo.get("not_before") else ""
-            print(f"todo {todo['id']} [{todo.get('queue')}] {todo.get('title')!r}{when}: "
-                  f"SWITCHBOARD_TODO_ID={todo['id']} {shlex.join(argv)}")
+            print(escape_unprintable(
+                f"todo {todo['id']} [{todo.get('queue')}] {todo.get('title')!r}{when}: "
+                f"SWITCHBOARD_TODO_ID={todo['id']} {shlex.join(argv)}"))
         return 0
     except (Refused, Unreachable, MCPError) as error:
         print(f"dry run failed: {error}", file=sys.stderr)
