@@ -15,8 +15,10 @@ of tests/test_runner.py). What docs/runner.md promises:
 * ``last_error`` leads with the agent's own error line, not with an echo of the prompt.
 """
 
+import asyncio
 import json
 import os
+import signal
 import queue
 import shutil
 import subprocess
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -370,6 +373,57 @@ def test_watch_prints_one_line_per_ready_todo_soon_after_a_delivery(daphne_serve
     assert Todo.objects.get(pk=waiting.pk).state == "pending"
     # The unverified todo was never printed (it shares every listing with the others).
     assert watch.lines.empty()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_revoked_credential_is_said_and_a_signal_still_stops_watch(setup, watcher):
+    """Revoked under a running ``watch``, the credential's refusal is a warning on stderr, not
+    a silence; SIGTERM then ends it at once, not after the listing's connect timeout."""
+    from endpoints import transitions as endpoint_transitions
+
+    endpoint, credential, url = setup
+    watch = watcher(url, credential, "--poll-seconds", "600")
+    stderr = lambda: Path(watch._log.name).read_text()  # noqa: E731
+    assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams__gt=0)
+                .exists())
+    endpoint_transitions.rotate_credential(endpoint, grace=timedelta(0))
+    # The server ends the session's stream when its credential ends; the reconnect is refused.
+    assert poll(lambda: "connection_error" in stderr() and "Unauthorized" in stderr(), 30), \
+        stderr()
+    watch.process.send_signal(signal.SIGTERM)
+    try:
+        code = watch.process.wait(REFUSED_RUNNER_EXIT_DEADLINE_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"watch ignored SIGTERM while its credential was refused: "
+                             f"{stderr()}") from None
+    assert code == 0, stderr()
+
+
+# A hang detector, not a speed test: the exit is immediate; before, a listing in progress
+# first waited out its 30 s connect timeout.
+REFUSED_RUNNER_EXIT_DEADLINE_SECONDS = 20
+
+
+def test_close_does_not_wait_out_the_reconnect_backoff(monkeypatch):
+    """A runner told to stop while its session is down (server away, credential refused)
+    closes at once, however long the backoff it was sleeping."""
+    session = load_runner_module("session")
+    monkeypatch.setattr(session, "RECONNECT_FIRST_SECONDS", 3600.0)
+
+    async def start_then_close():
+        switchboard = session.Switchboard("http://127.0.0.1:9/mcp/nothing-listens", "sbk_x",
+                                          lambda meta: None)
+        switchboard.start()
+        assert await asyncio.wait_for(poll_async(lambda: switchboard.first_error), 30)
+        await asyncio.wait_for(switchboard.close(), 30)  # was: the hour's backoff
+
+    asyncio.run(start_then_close())
+
+
+async def poll_async(condition, interval=0.05):
+    while not condition():
+        await asyncio.sleep(interval)
+    return True
 
 
 # -- last_error leads with the agent's own error line --------------------------------------------

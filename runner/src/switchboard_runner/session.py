@@ -61,11 +61,11 @@ def _field(value) -> str:
     return escape_unprintable(json.dumps(text[:LOG_VALUE_MAX_CHARS], ensure_ascii=False))
 
 
-def log_event(event: str, **fields) -> None:
+def log_event(event: str, *, level: int = logging.INFO, **fields) -> None:
     """One line per event: ``claim todo_id=12 queue=issues title="…"`` (never a token or a
-    payload)."""
-    log.info(" ".join([event] + [f"{key}={_field(value)}" for key, value in fields.items()
-                                 if value is not None]))
+    payload). ``level`` WARNING for what ``watch`` (which logs only warnings) must show too."""
+    log.log(level, " ".join([event] + [f"{key}={_field(value)}" for key, value in fields.items()
+                                       if value is not None]))
 
 
 
@@ -140,6 +140,7 @@ class Switchboard:
         self._ready = asyncio.Event()
         self._broken = asyncio.Event()
         self._closing = False
+        self._closed = asyncio.Event()
         self._owner = None
         self.first_error = None  # set when the first connection attempt fails
         # Set when the server turned an attempt away (401, 403, 404) before the runner was
@@ -181,15 +182,17 @@ class Switchboard:
                     self.first_error = error
                 if self.turned_away and not self._connected_once:
                     self._turned_away.set()
-                log_event("connection_error", error=_describe(error), **self._turned_away_fields(),
-                          retry_in_s=delay)
+                # A warning: ``watch`` shows it too, so a revoked credential is not a silence.
+                log_event("connection_error", level=logging.WARNING, error=_describe(error),
+                          **self._turned_away_fields(), retry_in_s=delay)
             finally:
                 self._client = None
                 self._ready.clear()
                 self._broken.clear()
             if self._closing:
                 break
-            await asyncio.sleep(delay)
+            # The backoff ends early on close(): a runner told to stop does not wait it out.
+            await wait_first(self._closed.wait(), timeout=delay)
             delay = min(delay * 2, RECONNECT_MAX_SECONDS)
 
     async def _note_turned_away(self, response):
@@ -267,6 +270,7 @@ class Switchboard:
 
     async def close(self):
         self._closing = True
+        self._closed.set()
         self._broken.set()
         if self._owner is not None:
             await self._owner

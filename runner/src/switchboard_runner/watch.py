@@ -83,8 +83,15 @@ async def watch(args, token: str, out=None) -> int:
             return 1
         while not stopping.is_set():
             wake.clear()
+            # A signal ends a listing in progress too: while the session is down (a revoked
+            # credential, a server away) a call waits up to its timeout to connect.
+            listing = asyncio.ensure_future(_pending(sb, args.queues))
+            await wait_first(listing, stopping.wait())
+            if not listing.done():
+                listing.cancel()
+                break
             try:
-                todos = await _pending(sb, args.queues)
+                todos = listing.result()
             except Refused as refused:
                 print(f"switchboard refused the listing: {refused}", file=sys.stderr)
                 if refused.code in ("not_in_scope", "verb_not_allowed"):
