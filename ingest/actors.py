@@ -98,14 +98,23 @@ def _gitlab(kind: str, payload: dict) -> Actor:
     return Actor(login)
 
 
-# Slack event subtypes whose own message is nested: the edit's new text, the deleted message.
-_SLACK_NESTED_MESSAGE = {"message_changed": "message", "message_deleted": "previous_message"}
+def _slack_message(event: dict) -> dict:
+    """The message a Slack event is about: the deleted one (``message_deleted``:
+    ``previous_message``), the nested ``message`` of an event that has no author of its own
+    (an edit, ``message_changed``; a thread's notice of a new reply, ``message_replied``,
+    which carries the thread's first message and often arrives without its subtype), else the
+    event itself."""
+    if event.get("subtype") == "message_deleted":
+        return _dict(event.get("previous_message"))
+    nested = _dict(event.get("message"))
+    if nested and not (_text(event.get("user")) or _text(event.get("bot_id"))):
+        return nested
+    return event
 
 
 def _slack(kind: str, payload: dict) -> Actor:
     event = _dict(payload.get("event"))
-    nested = _SLACK_NESTED_MESSAGE.get(_text(event.get("subtype")))
-    message = _dict(event.get(nested)) if nested else event
+    message = _slack_message(event)
     bot_id = _text(message.get("bot_id")) or _text(event.get("bot_id"))
     if bot_id or "bot_message" in (message.get("subtype"), event.get("subtype")):
         return Actor(bot_id, bot=True)

@@ -62,8 +62,10 @@ def test_add_webhook_route(operator, endpoint):
     assert data == {"webhook": "gh", "endpoint": endpoint.slug, "queue": "reviews", "priority": 0,
                     "delay_seconds": 0, "requires_approval": False}
     assert Route.objects.get().kinds == ["pull_request", "issues.opened"]
-    with pytest.raises(CommandError):
+    # A route that exists already: said plainly (no flag is to blame, so none is named).
+    with pytest.raises(CommandError) as twice:
         call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "reviews", stdout=StringIO())
+    assert str(twice.value) == "Route with this Webhook, Endpoint and Queue already exists."
     with pytest.raises(CommandError, match="no webhook"):
         call_command("add_webhook_route", "nope", endpoint.slug, "--queue", "x", stdout=StringIO())
     with pytest.raises(CommandError, match="no endpoint"):

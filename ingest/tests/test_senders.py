@@ -170,6 +170,14 @@ BOT_MESSAGES = {
     # The agent deleting its reply.
     "bot_delete": {"subtype": "message_deleted", "user": None,
                    "previous_message": {"type": "message", "bot_id": "B0AGENT01", "text": "x"}},
+    # A reply in the thread of the agent's message: Slack's notice carries the thread's first
+    # message, and often arrives without its subtype.
+    "bot_thread_notice": {"subtype": "message_replied", "hidden": True, "user": None,
+                          "message": {"type": "message", "bot_id": "B0AGENT01",
+                                      "user": "U0BOTUSER", "text": "x", "reply_count": 1}},
+    "bot_thread_notice_without_subtype": {
+        "hidden": True, "user": None,
+        "message": {"type": "message", "bot_id": "B0AGENT01", "user": "U0BOTUSER", "text": "x"}},
 }
 
 
@@ -188,11 +196,14 @@ def test_a_slack_bots_own_message_makes_no_todo(make_webhook, endpoint, event):
     [record] = records(webhook)
     assert record.outcome == Outcome.FILTERED
     assert record.reason.endswith(f"(a bot's message) on {endpoint.slug}/inbox")
-    # A person's message, and a person's edit, on the same route are work.
+    # A person's message, a person's edit and a person's reply in a thread (its own event,
+    # with its own user, beside the thread notice) on the same route are work.
     for event_id, human in (("Ev0MSG0002", {}),
                             ("Ev0MSG0003", {"subtype": "message_changed", "user": None,
                                             "message": {"type": "message", "user": "U061F7AUR",
-                                                        "text": "deploy is red again"}})):
+                                                        "text": "deploy is red again"}}),
+                            ("Ev0MSG0004", {"thread_ts": "1515449000.000001",
+                                            "parent_user_id": "U0BOTUSER"})):
         answer = send(webhook, slack_message(event_id, **human))
         assert answer.status_code == 202 and len(answer.json()["todos"]) == 1
 

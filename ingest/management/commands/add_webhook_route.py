@@ -1,4 +1,4 @@
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.management.base import CommandError
 
 from endpoints.models import Endpoint
@@ -81,7 +81,8 @@ def _field_messages(exc: ValidationError) -> list:
     named, not only described."""
     if not hasattr(exc, "error_dict"):
         return exc.messages
-    return [f"--{FLAG_OF_FIELD.get(field, field.replace('_', '-'))}: {message}"
+    return [(f"--{FLAG_OF_FIELD.get(field, field.replace('_', '-'))}: " if field != NON_FIELD_ERRORS
+             else "") + message
             for field, errors in exc.error_dict.items()
             for error in errors for message in error.messages]
 
