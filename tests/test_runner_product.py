@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import queue
 import shutil
 import subprocess
@@ -420,6 +421,29 @@ def test_close_does_not_wait_out_the_reconnect_backoff(monkeypatch):
     asyncio.run(start_then_close())
 
 
+def test_close_cancels_a_connection_attempt_the_server_never_answers():
+    """A server that accepts and never answers: close() ends the attempt at once instead of
+    awaiting the SDK's connect timeout (30 s)."""
+    session = load_runner_module("session")
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True).start()
+
+    async def start_then_close():
+        switchboard = session.Switchboard(
+            f"http://127.0.0.1:{listener.getsockname()[1]}/mcp/silent", "sbk_x", lambda meta: None)
+        switchboard.start()
+        assert await asyncio.wait_for(poll_async(lambda: accepted), 10)  # the attempt is on
+        await asyncio.wait_for(switchboard.close(), 10)  # was: the SDK's 30 s timeout
+
+    try:
+        asyncio.run(start_then_close())
+    finally:
+        listener.close()
+        for connection, _ in accepted:
+            connection.close()
+
+
 async def poll_async(condition, interval=0.05):
     while not condition():
         await asyncio.sleep(interval)
@@ -656,5 +680,13 @@ def test_a_prompt_file_naming_what_a_prompt_does_not_get_is_refused(tmp_path, pl
 
 def test_a_prompt_file_with_only_prompt_placeholders_and_json_braces_is_taken():
     agent = load_runner_module("agent")
-    template = 'Todo {todo_id} in {queue} ({kind}, {trust}); file {todo_file}; {"ok": true} {}'
+    template = ('Todo {todo_id} in {queue} ({kind}, {trust}); file {todo_file}; {"ok": true} {}; '
+                'run: echo ${SWITCHBOARD_TODO_ID}')
     assert agent.misplaced_placeholder(template) is None
+
+
+def test_dry_run_escapes_a_title_but_keeps_the_prompts_newlines_pasteable():
+    session = load_runner_module("session")
+    line = "todo 1 'fix\u202egnp' SWITCHBOARD_TODO_ID=1 claude -p 'line one\nline two'"
+    assert session.escape_unprintable(line, keep="\n") == (
+        "todo 1 'fix\\u202egnp' SWITCHBOARD_TODO_ID=1 claude -p 'line one\nline two'")

@@ -34,7 +34,7 @@ def test_control_characters_are_still_dropped():
 def test_log_values_are_quoted_exactly_when_they_need_it(value):
     from switchboard import logfmt
 
-    needs = not value or any(ch in ' "=' or ch in TERMINAL_ACTS_ON for ch in value)
+    needs = not value or any(ch in ' "=\\' or ch in TERMINAL_ACTS_ON for ch in value)
     expected = '"' + "".join(map(escaped, value)) + '"' if needs else value
     assert logfmt._quote(value) == expected
 
@@ -60,3 +60,5 @@ def test_a_logged_value_cannot_act_on_the_operators_terminal():
     assert logfmt._quote("a\rb\x1b[2Jc") == '"a\\u000db\\u001b[2Jc"'
     assert logfmt._quote("line\nnext") == '"line\\nnext"'
     assert logfmt._quote("plain") == "plain"
+    # A sender's literal backslash sequence is quoted and doubled: never mistaken for an escape.
+    assert logfmt._quote("B\\u202eX") == '"B\\\\u202eX"'

@@ -86,7 +86,8 @@ PROMPT_PLACEHOLDER = re.compile(r"\{(todo_id|queue|kind|trust|lease_id|todo_file
 # Anything in a prompt file shaped like a placeholder (``{payload}``, ``{title}``) that is none
 # of PROMPT_PLACEHOLDER's: left as literal text, the agent would get "{title}" and its author
 # would not know why (misplaced_placeholder).
-PLACEHOLDER_SHAPE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# A shell's ``${VAR}`` is text the agent may run, not a placeholder.
+PLACEHOLDER_SHAPE = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def misplaced_placeholder(template: str) -> str | None:

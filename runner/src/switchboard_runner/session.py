@@ -44,12 +44,13 @@ class Unreachable(Exception):
 # -- logging ---------------------------------------------------------------------------------
 
 
-def escape_unprintable(text: str) -> str:
+def escape_unprintable(text: str, keep: str = "") -> str:
     """``text`` with every character a terminal would act on rather than show (controls, a
     right-to-left override U+202E, zero-width and other format characters) written as
     ``\\uXXXX`` (``\\UXXXXXXXX`` beyond the basic plane). Titles and errors come from webhook
-    senders: left raw they would reorder or restyle the operator's terminal."""
-    return "".join(c if c.isprintable() else
+    senders: left raw they would reorder or restyle the operator's terminal. ``keep``: characters
+    left as they are (``--dry-run`` keeps a prompt's newlines, so its command can be pasted)."""
+    return "".join(c if c.isprintable() or c in keep else
                    f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
 
 
@@ -269,11 +270,21 @@ class Switchboard:
         self._broken.set()
 
     async def close(self):
+        """End the session (its DELETE, when one is open) and the owner task. A connection
+        attempt still in progress is cancelled rather than awaited: a server that accepts and
+        never answers would hold a stopping runner for the whole connect timeout."""
         self._closing = True
         self._closed.set()
         self._broken.set()
-        if self._owner is not None:
+        if self._owner is None:
+            return
+        if not self._ready.is_set():
+            self._owner.cancel()
+        try:
             await self._owner
+        except asyncio.CancelledError:
+            if not self._owner.cancelled():
+                raise  # close() itself was cancelled
 
 
 def _describe(error: BaseException) -> str:

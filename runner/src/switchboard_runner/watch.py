@@ -78,7 +78,12 @@ async def watch(args, token: str, out=None) -> int:
     sb.start()
     shown: set[str] = set()
     try:
-        if not await sb.wait_first_connection(CALL_TIMEOUT_SECONDS):
+        connecting = asyncio.ensure_future(sb.wait_first_connection(CALL_TIMEOUT_SECONDS))
+        await wait_first(connecting, stopping.wait())
+        if not connecting.done():  # stopped while connecting: a stop, not a failure
+            connecting.cancel()
+            return 0
+        if not connecting.result():
             print(f"could not connect to {args.url}: {sb.first_failure_text()}", file=sys.stderr)
             return 1
         while not stopping.is_set():

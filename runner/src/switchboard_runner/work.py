@@ -501,7 +501,7 @@ async def dry_run(args, token: str) -> int:
             when = f" (scheduled: not before {todo['not_before']})" if todo.get("not_before") else ""
             print(escape_unprintable(
                 f"todo {todo['id']} [{todo.get('queue')}] {todo.get('title')!r}{when}: "
-                f"SWITCHBOARD_TODO_ID={todo['id']} {shlex.join(argv)}"))
+                f"SWITCHBOARD_TODO_ID={todo['id']} {shlex.join(argv)}", keep="\n"))
         return 0
     except (Refused, Unreachable, MCPError) as error:
         print(f"dry run failed: {error}", file=sys.stderr)
