@@ -1003,16 +1003,15 @@ def promote_todo(caller: Caller, todo_id, *, now=None) -> Todo:
         caller, todo_id, guard="state = 'pending' AND trust = 'unverified'",
         set_sql="trust = 'operator', ring_attempts = 0, last_ringed_at = NULL",
         action="promote", detail={"from_trust": Trust.UNVERIFIED}, now=now,
-        not_claimable="is not a pending unverified todo")
+        wanted="only a pending unverified todo can be promoted")
 
 
 def _operator_transition(caller: Caller, todo_id, *, guard: str, set_sql: str, action: str,
                          now, params=None, detail=None, from_state_sql: str = "'pending'",
-                         not_claimable: str) -> Todo:
+                         wanted: str) -> Todo:
     """An operator's guarded change of the one todo ``todo_id`` (promote, priority, run now):
     the statement, its ``action`` event, the announcement. When ``guard`` (SQL over the row)
-    does not hold: ``not_found`` for a missing or invisible todo, else ``not_claimable`` with
-    "todo N ``not_claimable``" as its message."""
+    does not hold: ``_wrong_state``'s refusal, ``wanted`` saying which todos it takes."""
     now = now or timezone.now()
     todo_id = _todo_id(todo_id)
     params = {**(params or {}), "todo_id": todo_id}
@@ -1022,9 +1021,7 @@ def _operator_transition(caller: Caller, todo_id, *, guard: str, set_sql: str, a
         actor=caller.actor, now=now, detail=detail, endpoint=caller.endpoint,
     ))
     if todo is None:
-        if _explain_refusal(caller, todo_id, claiming=True).code == "not_found":
-            raise Refusal("not_found", f"no todo {todo_id}")
-        raise Refusal("not_claimable", f"todo {todo_id} {not_claimable}")
+        raise _wrong_state(caller, todo_id, wanted)
     _announce([todo], action)
     return todo
 
@@ -1089,8 +1086,8 @@ def set_priority_todo(caller: Caller, todo_id, priority, *, now=None) -> Todo:
         caller, todo_id, guard="state IN ('awaiting_approval', 'pending', 'failed')",
         set_sql="priority = %(priority)s", params={"priority": priority}, action="prioritize",
         from_state_sql="t.state", detail={"priority": priority}, now=now,
-        not_claimable="is not awaiting approval, pending or failed; only a waiting todo's "
-                      "priority can change")
+        wanted="only a waiting todo's priority can change (awaiting approval, pending or "
+               "failed)")
 
 
 # A todo that becomes ready after waiting for its time starts with a fresh ring budget and no
@@ -1105,7 +1102,7 @@ def run_now_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     return _operator_transition(
         caller, todo_id, guard="state = 'pending' AND not_before IS NOT NULL",
         set_sql=_BECOMES_READY_SQL, action="run_now", now=now,
-        not_claimable="is not a scheduled pending todo")
+        wanted="only a scheduled pending todo can run now")
 
 
 # -- work control: cancel and the approval gate --------------------------------------------------
@@ -1132,9 +1129,9 @@ def _operator_only(caller: Caller, verb: str) -> None:
 
 
 def _wrong_state(caller: Caller, todo_id: int, wanted: str) -> Refusal:
-    """After a cancel/approve/reject guard missed: ``not_found`` for a todo the caller cannot
-    see, else ``not_claimable`` naming the todo id and the state it is in (a conflict with the
-    todo's state, as priority and run now answer one; the operator API's 409)."""
+    """After an operator verb's guard missed: ``not_found`` for a todo the caller cannot see,
+    else ``not_claimable`` naming the todo, the state it is in and which todos the verb takes
+    (``wanted``): a conflict with the todo's state, the operator API's 409."""
     todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).only(
         "state", "queue").first()
     if todo is None or not caller.covers(todo.queue):
