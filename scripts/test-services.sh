@@ -49,7 +49,12 @@ as_postgres() {  # initdb refuses to run as root: the cluster runs as the postgr
 stop_test_services() {
   [ -n "${SB_SERVICES_DIR:-}" ] || return 0
   if [ -f "$SB_SERVICES_DIR/redis.pid" ]; then
-    kill "$(cat "$SB_SERVICES_DIR/redis.pid")" 2>/dev/null || true
+    local redis_pid
+    redis_pid=$(cat "$SB_SERVICES_DIR/redis.pid")
+    kill "$redis_pid" 2>/dev/null || true
+    # Redis shuts down after the signal, not at it (a loaded machine: seconds), and is no
+    # child of this shell to wait for: poll until it is gone, so that nothing outlives the run.
+    for _ in $(seq 1 100); do kill -0 "$redis_pid" 2>/dev/null || break; sleep 0.1; done
   fi
   if [ -n "${SB_PG_BINDIR:-}" ] && [ -f "$SB_SERVICES_DIR/pg/data/postmaster.pid" ]; then
     as_postgres "$SB_PG_BINDIR/pg_ctl" -D "$SB_SERVICES_DIR/pg/data" -m immediate -w stop \
