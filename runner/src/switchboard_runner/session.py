@@ -141,7 +141,6 @@ class Switchboard:
         self._ready = asyncio.Event()
         self._broken = asyncio.Event()
         self._closing = False
-        self._closed = asyncio.Event()
         self._owner = None
         self.first_error = None  # set when the first connection attempt fails
         # Set when the server turned an attempt away (401, 403, 404) before the runner was
@@ -192,8 +191,7 @@ class Switchboard:
                 self._broken.clear()
             if self._closing:
                 break
-            # The backoff ends early on close(): a runner told to stop does not wait it out.
-            await wait_first(self._closed.wait(), timeout=delay)
+            await asyncio.sleep(delay)  # close() cancels it: a stopping runner does not wait
             delay = min(delay * 2, RECONNECT_MAX_SECONDS)
 
     async def _note_turned_away(self, response):
@@ -270,11 +268,10 @@ class Switchboard:
         self._broken.set()
 
     async def close(self):
-        """End the session (its DELETE, when one is open) and the owner task. A connection
-        attempt still in progress is cancelled rather than awaited: a server that accepts and
-        never answers would hold a stopping runner for the whole connect timeout."""
+        """End the session (its DELETE, when one is open) and the owner task. Without an open
+        session the owner is cancelled rather than awaited: in a reconnect backoff (up to 30 s)
+        or a connection attempt a server accepts and never answers (the connect timeout)."""
         self._closing = True
-        self._closed.set()
         self._broken.set()
         if self._owner is None:
             return
