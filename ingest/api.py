@@ -257,6 +257,7 @@ TODO_ACTIONS = {
     "cancel": (("reason",), lambda caller, todo_id, data: todo_transitions.cancel_todo(
         caller, todo_id, reason=data.get("reason"))),
     "approve": ((), lambda caller, todo_id, data: todo_transitions.approve_todo(caller, todo_id)),
+    "promote": ((), lambda caller, todo_id, data: todo_transitions.promote_todo(caller, todo_id)),
     "reject": (("reason",), lambda caller, todo_id, data: todo_transitions.reject_todo(
         caller, todo_id, reason=data.get("reason"))),
 }
@@ -292,7 +293,7 @@ def _action_body(request) -> dict:
 @csrf_exempt
 def todo_action(request, todo_id, action):
     """An operator acts on a todo of an endpoint they own (docs/work-control.md): priority,
-    run_now, cancel, approve, reject. 200 with the todo; 404 for a todo that is missing or not
+    run_now, cancel, approve, promote, reject. 200 with the todo; 404 for a todo that is missing or not
     theirs; 400 for bad input; 409 with the transition's refusal code (``not_claimable``) when
     the todo's state does not allow the action. A refusal writes nothing."""
     try:

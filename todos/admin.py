@@ -203,7 +203,8 @@ class TodoAdmin(admin.ModelAdmin):
         self._run(request, queryset, "re-queued",
                   lambda caller, todo: transitions.requeue_todo(caller, todo.pk))
 
-    @admin.action(description="Promote unverified todos (trust operator: handed to agents, rung)",
+    @admin.action(description="Promote to operator trust (unverified todos, pending or awaiting "
+                              "approval; approving never does)",
                   permissions=["transition"])
     def promote(self, request, queryset):
         self._run(request, queryset, "promoted",
@@ -225,7 +226,8 @@ class TodoAdmin(admin.ModelAdmin):
         self._run(request, queryset, "made ready now",
                   lambda caller, todo: transitions.run_now_todo(caller, todo.pk))
 
-    @admin.action(description="Approve (awaiting approval -> pending: handed to agents, rung)",
+    @admin.action(description="Approve (awaiting approval -> pending: handed to agents, rung; "
+                              "trust unchanged)",
                   permissions=["transition"])
     def approve(self, request, queryset):
         self._run(request, queryset, "approved",

@@ -43,7 +43,9 @@ EDGES = frozenset({
     ("lease_lapsed", State.CLAIMED, State.FAILED),  # the last attempt's lease lapsed
     ("retry", State.FAILED, State.PENDING),
     ("requeue", State.FAILED, State.PENDING),
-    ("promote", State.PENDING, State.PENDING),  # unverified -> operator trust
+    # unverified -> operator trust, also while awaiting approval (approving keeps trust).
+    ("promote", State.PENDING, State.PENDING),
+    ("promote", State.AWAITING_APPROVAL, State.AWAITING_APPROVAL),
     # Work control (docs/work-control.md): an operator changes the order of a waiting todo
     # (awaiting approval too: its order is set before the yes), and a scheduled todo becomes
     # ready (its time came, or an operator ran it now).

@@ -991,19 +991,22 @@ def requeue_todo(caller: Caller, todo_id, *, now=None) -> Todo:
 
 
 def promote_todo(caller: Caller, todo_id, *, now=None) -> Todo:
-    """The operator vouches for an unverified todo (docs/reference.md#trust): pending and
-    ``unverified`` -> trust ``operator``, with a fresh ring budget, recorded as a ``promote`` event
-    naming the operator (the actor). Announced as ready, so it rings like a new todo and an endpoint
-    that refuses unverified todos now hands it out.
+    """The operator vouches for an unverified todo (docs/reference.md#trust): pending or
+    awaiting approval and ``unverified`` -> trust ``operator``, in the same state, with a fresh
+    ring budget, recorded as a ``promote`` event naming the operator (the actor). Announced as
+    ready, so a pending one rings like a new todo and an endpoint that refuses unverified todos
+    now hands it out; one awaiting approval stays gated (the doorbell rings only pending todos)
+    until approved, which never changes trust itself.
 
-    Refuses ``not_found`` (missing or invisible) and ``not_claimable`` (not pending, or not
-    unverified). Only operator surfaces (board, admin) call it.
+    Refuses ``not_found`` (missing or invisible) and ``not_claimable`` (not pending or awaiting
+    approval, or not unverified). Only operator surfaces (board, admin, API, command) call it.
     """
     return _operator_transition(
-        caller, todo_id, guard="state = 'pending' AND trust = 'unverified'",
+        caller, todo_id,
+        guard="state IN ('awaiting_approval', 'pending') AND trust = 'unverified'",
         set_sql="trust = 'operator', ring_attempts = 0, last_ringed_at = NULL",
-        action="promote", detail={"from_trust": Trust.UNVERIFIED}, now=now,
-        wanted="only a pending unverified todo can be promoted")
+        action="promote", from_state_sql="t.state", detail={"from_trust": Trust.UNVERIFIED},
+        now=now, wanted="only a pending or awaiting-approval unverified todo can be promoted")
 
 
 def _operator_transition(caller: Caller, todo_id, *, guard: str, set_sql: str, action: str,
@@ -1180,9 +1183,9 @@ def cancel_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
 
 def approve_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     """awaiting_approval -> pending, ready exactly as a new todo (announced ``approve``: rung,
-    long polls woken), with a fresh ring budget; the ``approve`` event names the approver. An
-    ``unverified`` todo is promoted to trust ``operator`` in the same statement (the event's
-    ``from_trust`` says so): the operator who approves it vouches for it.
+    long polls woken), with a fresh ring budget; the ``approve`` event names the approver. The
+    todo keeps its trust: the yes lets agents take it, it does not vouch for its sender
+    (raising ``unverified`` is ``promote_todo``, a separate operator action).
 
     Refuses ``not_found``, ``not_claimable`` (not awaiting approval), ``verb_not_allowed``.
     """
@@ -1192,10 +1195,10 @@ def approve_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     params = {"todo_id": todo_id}
     where = _by_id(_visible_guard(caller, params) + " AND state = 'awaiting_approval'")
     todo = _one(_apply(
-        set_sql="state = 'pending', ring_attempts = 0, last_ringed_at = NULL, "
-                "trust = CASE WHEN trust = 'unverified' THEN 'operator' ELSE trust END",
-        where_sql=where, params=params, action_sql="'approve'", from_state_sql="",
-        actor=caller.actor, now=now, endpoint=caller.endpoint, from_prior=True,
+        set_sql="state = 'pending', ring_attempts = 0, last_ringed_at = NULL",
+        where_sql=where, params=params, action_sql="'approve'",
+        from_state_sql="'awaiting_approval'", actor=caller.actor, now=now,
+        endpoint=caller.endpoint,
     ))
     if todo is None:
         raise _wrong_state(caller, todo_id, "only a todo awaiting approval can be approved")

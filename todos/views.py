@@ -39,7 +39,7 @@ from switchboard import json_input
 from switchboard.commands import validation_text
 
 from . import queries, transitions
-from .models import CANCELLABLE_STATES, State, Todo
+from .models import CANCELLABLE_STATES, State, Todo, Trust
 
 LOGIN_URL = reverse_lazy("board-login")
 board_login_required = login_required(login_url=LOGIN_URL)
@@ -383,9 +383,15 @@ BULK_ACTIONS = {
         applies_to=lambda: Q(state=State.FAILED),
         act=lambda caller, todo, post: transitions.requeue_todo(caller, todo.pk)),
     "approve": BulkAction(
-        label="approve", done="approved",
+        label="approve (trust unchanged)", done="approved",
         applies_to=lambda: Q(state=State.AWAITING_APPROVAL),
         act=lambda caller, todo, post: ACTIONS["approve"](caller, todo, post, None)),
+    # Raising trust is its own decision, never a side effect of approving.
+    "promote": BulkAction(
+        label="promote to operator trust", done="promoted to operator trust",
+        applies_to=lambda: Q(state__in=(State.AWAITING_APPROVAL, State.PENDING),
+                             trust=Trust.UNVERIFIED),
+        act=lambda caller, todo, post: ACTIONS["promote"](caller, todo, post, None)),
     "reject": BulkAction(
         label="reject", done="rejected", danger=True, inputs=(("reason", "reason (optional)"),),
         applies_to=lambda: Q(state=State.AWAITING_APPROVAL),

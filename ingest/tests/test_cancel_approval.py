@@ -93,6 +93,19 @@ def test_approve_then_cancel_over_the_api(client, endpoint, token, make_todo):
     assert TodoEvent.objects.filter(todo=gated).latest("id").detail == {"reason": "superseded"}
 
 
+def test_promote_over_the_api_is_apart_from_approve(client, endpoint, token, make_todo):
+    gated = make_todo(requires_approval=True, trust="unverified")
+    approved = act(client, gated.pk, "approve", **bearer(token))
+    assert approved.status_code == 200
+    assert approved.json()["todo"]["trust"] == "unverified"
+    promoted = act(client, gated.pk, "promote", **bearer(token))
+    assert promoted.status_code == 200, promoted.content
+    assert (promoted.json()["todo"]["trust"], promoted.json()["todo"]["state"]) == (
+        "operator", "pending")
+    again = act(client, gated.pk, "promote", **bearer(token))
+    assert again.status_code == 409 and again.json()["error"]["code"] == "not_claimable"
+
+
 def test_reject_over_the_api(client, endpoint, token, make_todo):
     gated = make_todo(requires_approval=True)
     answer = act(client, gated.pk, "reject", {"reason": "no"}, **bearer(token))
@@ -182,6 +195,17 @@ def run(capsys, *args):
         code = 1
     captured = capsys.readouterr()
     return code, json.loads(captured.out) if captured.out else None, captured.err
+
+
+def test_the_promote_command_raises_trust_and_approve_keeps_it(capsys, make_todo):
+    gated = make_todo(requires_approval=True, trust="unverified")
+    signed = make_todo(trust="signed")
+    assert run(capsys, "approve", str(gated.pk))[0] == 0
+    assert Todo.objects.get(pk=gated.pk).trust == "unverified"
+    code, printed, _ = run(capsys, "promote", str(gated.pk), str(signed.pk))
+    assert (code, printed) == (1, {"promoted": [str(gated.pk)], "skipped": [
+        {"id": str(signed.pk), "code": "not_claimable"}]})
+    assert Todo.objects.get(pk=gated.pk).trust == "operator"
 
 
 def test_the_commands_act_by_id_and_report_what_they_skipped(capsys, make_todo, agent):

@@ -1,4 +1,4 @@
-"""The shape ``manage.py cancel``, ``approve`` and ``reject`` share: todo ids in, one
+"""The shape ``manage.py cancel``, ``approve``, ``promote`` and ``reject`` share: todo ids in, one
 transition per id as the todo's operator, ``{"<done>": [ids], "skipped": [{"id", "code"}]}``
 out (docs/commands.md). Ids that are not todo ids at all stop the command before anything is
 written; a todo that cannot take the verb (not found, wrong state) is skipped with its refusal
@@ -15,7 +15,7 @@ MAX_TODO_ID = 2**63 - 1
 
 class TodoVerbCommand(JsonCommand):
     verb = ""        # the transition: transitions.<verb>_todo
-    done_key = ""    # "cancelled", "approved", "rejected"
+    done_key = ""    # "cancelled", "approved", "promoted", "rejected"
     takes_reason = False
 
     def add_arguments(self, parser):

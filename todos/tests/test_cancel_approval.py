@@ -178,10 +178,14 @@ def test_an_approved_scheduled_todo_stays_scheduled_until_it_comes_due(agent, al
     assert transitions.claim_next_todo(agent, now=now).pk == gated.pk
 
 
-def test_approving_an_unverified_todo_promotes_it_to_operator_trust(alice, make_todo):
-    gated = make_todo(requires_approval=True, trust="unverified")
-    assert transitions.approve_todo(alice, gated.pk).trust == "operator"
-    assert events_of(gated.pk)[-1][-1] == {"from_trust": "unverified"}
+@pytest.mark.parametrize("trust", ["unverified", "signed", "operator"])
+def test_approving_keeps_the_trust_the_todo_had(alice, make_todo, trust):
+    gated = make_todo(requires_approval=True, trust=trust)
+    approved = transitions.approve_todo(alice, gated.pk)
+    assert (approved.state, approved.trust) == ("pending", trust)
+    assert Todo.objects.get(pk=gated.pk).trust == trust
+    assert events_of(gated.pk)[-1][0] == "approve"
+    assert "from_trust" not in events_of(gated.pk)[-1][-1]
 
 
 def test_reject_cancels_with_the_reason(alice, make_todo, published, commits):

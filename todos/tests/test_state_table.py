@@ -41,6 +41,8 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
 
     promoted = make_todo(trust="unverified")
     transitions.promote_todo(operator, promoted.pk, now=now)            # promote
+    gated_promoted = make_todo(trust="unverified", requires_approval=True)
+    transitions.promote_todo(operator, gated_promoted.pk, now=now)      # promote, still gated
 
     lapsed = make_todo()
     for _ in range(2):
