@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
 from django.db import connection
-from django.db.models import Count, Exists, Min, Q, Value
+from django.db.models import Count, Exists, Min, OuterRef, Q, Value
 from django.utils import timezone
 
-from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, Trust
+from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, TodoEvent, Trust
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -112,8 +112,17 @@ def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, curs
     listing. Raises ValueError for a cursor this listing did not return. A queue outside the
     caller's scope yields nothing here (the MCP verb refuses it first). ``scheduled``: True
     lists only scheduled todos (pending, ``not_before`` set), False leaves them out (what is
-    ready or under way), None both."""
-    todos = Todo.objects.filter(endpoint=caller.endpoint)
+    ready or under way), None both.
+
+    Never a gated todo (docs/work-control.md#approval): none awaiting approval, whatever the
+    filter (``state="awaiting_approval"`` lists nothing; the MCP verb refuses that state), and
+    no cancelled todo that never left the gate (rejected, timed out, or cancelled unapproved):
+    no agent reads the text of a todo no operator said yes to."""
+    todos = Todo.objects.filter(endpoint=caller.endpoint).exclude(state=State.AWAITING_APPROVAL)
+    if state == State.CANCELLED:
+        todos = todos.exclude(Exists(TodoEvent.objects.filter(
+            todo_id=OuterRef("pk"), from_state=State.AWAITING_APPROVAL,
+            to_state=State.CANCELLED)))
     if caller.hides_unverified:
         todos = todos.exclude(trust=Trust.UNVERIFIED)
     if caller.queues is not None:

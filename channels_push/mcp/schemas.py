@@ -53,12 +53,15 @@ def _schema(properties: dict, required=()) -> dict:
 TOOL_SCHEMAS = {
     "list_todos": (
         "List todos without claiming them, full payloads. Without state: the live ones - "
-        "pending, then claimed, then failed waiting to retry - oldest first (awaiting_approval, "
-        "done and cancelled ones only when asked for by state). Pages: pass "
+        "pending, then claimed, then failed waiting to retry - oldest first (done and cancelled "
+        "ones only when asked for by state). Todos awaiting an operator's approval are never "
+        "listed. Pages: pass "
         "next_cursor back as cursor while has_more. Use claim or claim_next to take work.",
         _schema({
             "queue": {"type": "string", "description": "Only this queue."},
-            "state": {"type": "string", "enum": [s.value for s in State],
+            # Not awaiting_approval: no agent reads a gated todo (docs/work-control.md#approval).
+            "state": {"type": "string", "enum": [s.value for s in State
+                                                 if s != State.AWAITING_APPROVAL],
                       "description": "Only todos in this state."},
             "limit": {"type": "integer", "minimum": 1, "maximum": todo_queries.LIST_LIMIT_MAX,
                       "description": f"At most this many (1-{todo_queries.LIST_LIMIT_MAX}, "

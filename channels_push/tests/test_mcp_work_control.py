@@ -1,9 +1,11 @@
 """What an agent sees of the approval gate and of cancelled todos over MCP."""
 
 import json
+from datetime import timedelta
 
 import jsonschema
 import pytest
+from django.utils import timezone
 
 from channels_push.mcp import instructions as mcp_instructions
 from channels_push.mcp import schemas as mcp_schemas
@@ -30,11 +32,39 @@ def test_a_todo_awaiting_approval_is_refused_unlisted_and_skipped_until_approved
         "approval; it cannot be claimed until it is approved"}})
     assert call(endpoint, "claim_next") == (False, {"empty": True})
     assert call(endpoint, "list_todos")[1]["todos"] == []
-    _, listed = call(endpoint, "list_todos", {"state": "awaiting_approval"})
-    assert [t["id"] for t in listed["todos"]] == [str(gated.pk)]
     transitions.approve_todo(transitions.Caller.operator(endpoint, "alice"), gated.pk)
     _, claimed = call(endpoint, "claim_next")
     assert claimed["todo"]["id"] == str(gated.pk)
+
+
+def test_list_todos_never_shows_a_gated_todo_whatever_the_filter(endpoint, make_todo):
+    gated = make_todo(requires_approval=True, title="gated text")
+    scheduled_gated = make_todo(requires_approval=True, not_before=timezone.now()
+                                + timedelta(hours=1), title="gated and scheduled")
+    rejected = make_todo(requires_approval=True, title="rejected text")
+    timed_out = make_todo(requires_approval=True, title="cancelled unapproved")
+    alice = transitions.Caller.operator(endpoint, "alice")
+    transitions.reject_todo(alice, rejected.pk)
+    transitions.cancel_todo(alice, timed_out.pk)
+    approved_then_cancelled = make_todo(requires_approval=True, title="said yes")
+    transitions.approve_todo(alice, approved_then_cancelled.pk)
+    transitions.cancel_todo(alice, approved_then_cancelled.pk)
+    hidden = {str(gated.pk), str(scheduled_gated.pk), str(rejected.pk), str(timed_out.pk)}
+    shown = set()
+    for arguments in ({}, {"queue": "inbox"}, {"scheduled": True}, {"scheduled": False},
+                      *({"state": state} for state in ("pending", "claimed", "done", "failed",
+                                                       "cancelled"))):
+        is_error, listed = call(endpoint, "list_todos", arguments)
+        assert not is_error, arguments
+        shown |= {todo["id"] for todo in listed["todos"]}
+        assert not hidden & shown, arguments
+    assert shown == {str(approved_then_cancelled.pk)}
+    # Asking for the gated state by name is a refusal that says why, not an empty page.
+    is_error, refused = call(endpoint, "list_todos", {"state": "awaiting_approval"})
+    assert is_error and refused["error"]["code"] == "invalid_argument"
+    assert "state" in refused["error"]["message"]
+    assert "awaiting_approval" not in {tool.name: tool for tool in mcp_schemas.tools_for(
+        endpoint)}["list_todos"].input_schema["properties"]["state"]["enum"]
 
 
 def test_a_cancelled_todo_shows_cancelled_at_and_its_holder_gets_lease_lost(endpoint, make_todo):
@@ -54,7 +84,7 @@ def test_a_cancelled_todo_shows_cancelled_at_and_its_holder_gets_lease_lost(endp
 def test_the_schemas_and_instructions_name_the_new_states_and_code(endpoint):
     tools = {tool.name: tool for tool in mcp_schemas.tools_for(endpoint)}
     state = tools["list_todos"].input_schema["properties"]["state"]["enum"]
-    assert {"awaiting_approval", "cancelled"} <= set(state)
+    assert "cancelled" in state and "awaiting_approval" not in state  # never listed
     todo = tools["claim"].output_schema["properties"]["todo"]
     assert {"awaiting_approval", "cancelled"} <= set(todo["properties"]["state"]["enum"])
     assert "cancelled_at" in todo["properties"]
