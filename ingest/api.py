@@ -82,6 +82,18 @@ def _authenticate_operator(request):
     return user
 
 
+# The model permission each API write needs, as on the console (docs/security.md#who-may-act).
+ADD_TODO = "todos.add_todo"
+CHANGE_TODO = "todos.change_todo"
+
+
+def _require_permission(operator, permission: str) -> None:
+    """403 ``forbidden`` naming ``permission`` unless ``operator`` holds it (view-only staff,
+    or an account never given the operator's permissions, can read but not write)."""
+    if not operator.has_perm(permission):
+        raise Problem(403, "forbidden", f"this needs the permission {permission}")
+
+
 def _optional_str(data: dict, name: str, limit: int) -> str:
     value = data.get(name)
     if value is None:
@@ -170,6 +182,7 @@ def hand_over(request, endpoint_slug):
             raise Problem(405, "method_not_allowed", "POST a todo here")
         check_declared_length(request.META.get("CONTENT_LENGTH"))
         operator = _authenticate_operator(request)
+        _require_permission(operator, ADD_TODO)
         reason = json_input.unstorable_reason(endpoint_slug)
         if reason is not None:  # PostgreSQL would refuse the lookup itself (a false 503)
             raise Problem(400, "invalid_argument", f"the endpoint slug in the path {reason}")
@@ -304,6 +317,7 @@ def todo_action(request, todo_id, action):
             raise Problem(404, "not_found", f"no todo action {action[:40]!r}")
         check_declared_length(request.META.get("CONTENT_LENGTH"))
         operator = _authenticate_operator(request)
+        _require_permission(operator, CHANGE_TODO)
         todo = _owned_todo(operator, todo_id)
         check_rate(f"operator:{operator.pk}")
         fields, act = TODO_ACTIONS[action]

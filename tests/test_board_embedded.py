@@ -25,9 +25,11 @@ def embedded_env(var_dir):
 
 SEED = """
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from endpoints import transitions as endpoint_transitions
 from todos import transitions
 owner = get_user_model().objects.create_user("root", password="pw-for-tests")
+owner.user_permissions.add(*Permission.objects.filter(content_type__app_label="todos"))
 endpoint, _ = endpoint_transitions.vend_endpoint(slug="demo", owner=owner)
 todo, _ = transitions.create_todo(endpoint=endpoint, queue="inbox", title="embedded", actor="t",
                                   trust="signed")

@@ -22,7 +22,8 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.db.models import Q
-from django.http import Http404, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import (Http404, HttpResponse, HttpResponseBadRequest, HttpResponseForbidden,
+                         JsonResponse)
 from django.shortcuts import redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils import timezone
@@ -43,6 +44,30 @@ from .models import CANCELLABLE_STATES, State, Todo, Trust
 
 LOGIN_URL = reverse_lazy("board-login")
 board_login_required = login_required(login_url=LOGIN_URL)
+
+# The model permission each kind of console write needs, as its admin twin does
+# (docs/security.md#who-may-act): view-only staff can look and nothing else.
+CHANGE_TODO = "todos.change_todo"
+ADD_TODO = "todos.add_todo"
+CHANGE_ENDPOINT = "endpoints.change_endpoint"
+
+
+def operator_may(permission: str):
+    """Decorate a console view (inside ``board_login_required``) that writes: a signed-in user
+    without ``permission`` is answered 403 naming it, before anything is looked up, so the
+    answer is the same for every todo, endpoint or webhook and nothing is written."""
+
+    def decorate(view):
+        @functools.wraps(view)
+        def checked(request, *args, **kwargs):
+            if not request.user.has_perm(permission):
+                return HttpResponseForbidden(f"this needs the permission {permission}\n",
+                                             content_type="text/plain; charset=utf-8")
+            return view(request, *args, **kwargs)
+
+        return checked
+
+    return decorate
 
 BOARD_SCRIPT = Path(__file__).resolve().parent / "static" / "todos" / "board.js"
 BOARD_STYLE = BOARD_SCRIPT.with_name("board.css")
@@ -328,6 +353,7 @@ def agent_lease_to_override(todo, username: str, action: str):
 
 
 @board_login_required
+@operator_may(CHANGE_TODO)
 @require_POST
 def todo_act(request, todo_id, action):
     if action not in ACTIONS:
@@ -436,6 +462,7 @@ def _bulk_selection(request, params, action: BulkAction):
 
 
 @board_login_required
+@operator_may(CHANGE_TODO)
 @never_cache
 @board_filter_refused
 def bulk_act(request, action):
@@ -480,6 +507,7 @@ def _safe_next(request, next_url: str) -> str:
 
 
 @board_login_required
+@operator_may(CHANGE_ENDPOINT)
 @require_POST
 def clock_endpoint(request, slug, state):
     """Board button: clock an endpoint in or out (docs/reference.md#presence) as its operator;
@@ -509,6 +537,7 @@ def _back_to_board(request):
 
 
 @board_login_required
+@operator_may(CHANGE_ENDPOINT)
 @require_POST
 def pause_endpoint(request, slug, action):
     """Board buttons: pause or resume an endpoint's work, or one queue of it
@@ -552,6 +581,7 @@ def _caps_from_form(post) -> dict:
 
 @never_cache
 @board_login_required
+@operator_may(CHANGE_ENDPOINT)
 @require_POST
 def limit_endpoint(request, slug):
     """The endpoint page's caps form (docs/work-control.md#caps). A bad cap is a 400 naming
@@ -714,6 +744,7 @@ def endpoint_sessions(request, slug):
 
 @never_cache
 @board_login_required
+@operator_may(CHANGE_ENDPOINT)
 @require_POST
 def rotate_endpoint_credential(request, slug):
     """Mint a new credential and show it in this one answer (never stored in plain text, never

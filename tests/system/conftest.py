@@ -54,8 +54,12 @@ class World:
             MINTED_SECRETS.append(password)
             env_manage(self.top, ["shell", "-c",
                                   "import os; from django.contrib.auth import get_user_model; "
-                                  "get_user_model().objects.create_user(os.environ['SB_USER'], "
-                                  "password=os.environ['SB_PASSWORD'])"],
+                                  "from django.contrib.auth.models import Permission; "
+                                  "user = get_user_model().objects.create_user("
+                                  "os.environ['SB_USER'], password=os.environ['SB_PASSWORD']); "
+                                  # An operator acts with the model permissions (as seed_demo's).
+                                  "user.user_permissions.add(*Permission.objects.filter("
+                                  "content_type__app_label__in=('todos', 'endpoints', 'ingest')))"],
                        SB_USER=username, SB_PASSWORD=password)
             self.operators[username] = password
         return username
