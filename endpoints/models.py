@@ -29,6 +29,16 @@ queue_name_validator = RegexValidator(QUEUE_NAME_RE, "queue names are 1-64 of A-
 
 CREDENTIAL_PREFIX = "sbk_"
 
+# The ranges of the numbers an operator sets on an endpoint (docs/reference.md#number-ranges),
+# each checked where it comes in so that no stored value can break a later request (a cap
+# past PostgreSQL's integer made every claim_next of the endpoint fail). A cap bounds claimed
+# todos, so no fleet comes near MAX_CLAIM_CAP; MAX_ATTEMPTS_LIMIT attempts of the capped
+# backoff already span a day.
+MAX_CLAIM_CAP = 10_000
+MAX_ATTEMPTS_LIMIT = 100
+MAX_LEASE_SECONDS = 86_400
+MAX_APPROVAL_TIMEOUT_SECONDS = 365 * 86_400
+
 
 class Presence(models.TextChoices):
     IN = "in"
@@ -140,22 +150,29 @@ def next_shift_boundary(schedule, timezone_name: str, now: datetime):
     return changes[0][0] if changes else None
 
 
+def _is_cap(value) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, int)
+            and 0 <= value <= MAX_CLAIM_CAP)
+
+
 def validate_claim_caps(max_claimed, queue_limits) -> None:
     """Raise ValidationError naming the field unless ``max_claimed`` is None or a whole number
-    >= 0 and ``queue_limits`` maps queue names to whole numbers >= 0. A cap of 0 holds every
-    claim back (the held leases go on), which is a pause that still lets work arrive."""
-    if max_claimed is not None and (isinstance(max_claimed, bool) or not isinstance(max_claimed, int)
-                                    or max_claimed < 0):
-        raise ValidationError({"max_claimed": f"a whole number >= 0, or unset; got {max_claimed!r}"})
+    from 0 to MAX_CLAIM_CAP and ``queue_limits`` maps queue names to such numbers. A cap of 0
+    holds every claim back (the held leases go on), which is a pause that still lets work
+    arrive."""
+    if max_claimed is not None and not _is_cap(max_claimed):
+        raise ValidationError({"max_claimed": f"a whole number from 0 to {MAX_CLAIM_CAP}, or "
+                                              f"unset; got {str(max_claimed)[:40]!r}"})
     if not isinstance(queue_limits, dict):
         raise ValidationError({"queue_limits": 'an object of queue name -> cap, e.g. {"deploys": 1}'})
     for queue, cap in queue_limits.items():
         if not re.match(QUEUE_NAME_RE, str(queue)):
             raise ValidationError({"queue_limits": f"bad queue name {queue!r}: "
                                                    f"{queue_name_validator.message}"})
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        if not _is_cap(cap):
             raise ValidationError({"queue_limits": f"cap of queue {queue!r} must be a whole "
-                                                   f"number >= 0; got {cap!r}"})
+                                                   f"number from 0 to {MAX_CLAIM_CAP}; got "
+                                                   f"{str(cap)[:40]!r}"})
 
 
 def default_scope():
@@ -259,12 +276,16 @@ class Endpoint(models.Model):
         unknown = set(self.verbs) - set(AGENT_VERBS)
         if unknown:
             raise ValidationError({"verbs": f"unknown verbs: {sorted(unknown)}"})
-        if self.max_attempts < 1:
-            raise ValidationError({"max_attempts": "at least 1"})
-        if self.default_lease_seconds is not None and not 1 <= self.default_lease_seconds <= 86400:
-            raise ValidationError({"default_lease_seconds": "between 1 and 86400"})
-        if self.approval_timeout_seconds is not None and self.approval_timeout_seconds < 1:
-            raise ValidationError({"approval_timeout_seconds": "at least 1 second, or empty"})
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise ValidationError({"max_attempts": f"from 1 to {MAX_ATTEMPTS_LIMIT}"})
+        if (self.default_lease_seconds is not None
+                and not 1 <= self.default_lease_seconds <= MAX_LEASE_SECONDS):
+            raise ValidationError({"default_lease_seconds": f"between 1 and {MAX_LEASE_SECONDS}"})
+        if (self.approval_timeout_seconds is not None
+                and not 1 <= self.approval_timeout_seconds <= MAX_APPROVAL_TIMEOUT_SECONDS):
+            raise ValidationError({"approval_timeout_seconds": (
+                f"at least 1 second and at most {MAX_APPROVAL_TIMEOUT_SECONDS} (365 days), "
+                "or empty")})
         validate_shift_schedule(self.shift_schedule, self.shift_timezone)
         validate_claim_caps(self.max_claimed, self.queue_limits)
         self._check_routes_in_scope()

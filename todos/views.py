@@ -36,6 +36,7 @@ from channels_push.sessions import queries as push_queries
 from endpoints import connect_snippets
 from endpoints import queries as endpoint_queries
 from endpoints import transitions as endpoint_transitions
+from endpoints.models import MAX_CLAIM_CAP
 from switchboard import json_input
 from switchboard.commands import validation_text
 
@@ -568,7 +569,8 @@ def _caps_from_form(post) -> dict:
         try:
             return int(text)
         except ValueError:
-            raise ValidationError({field: f"a whole number >= 0, or blank; got {text!r}"}) from None
+            raise ValidationError({field: f"a whole number from 0 to {MAX_CLAIM_CAP}, or "
+                                          f"blank; got {text[:40]!r}"}) from None
 
     caps = {"max_claimed": number(post.get("max_claimed", ""), "max_claimed"), "queue_limits": {}}
     for pair in filter(None, (part.strip() for part in post.get("queue_limits", "").split(","))):

@@ -94,11 +94,11 @@ def test_vend_endpoint_defaults_and_human_output(capsys, operator):
     (["x", "--owner", "alice", "--queues", "bad name"], "queue names"),
     (["x", "--owner", "alice", "--lease-seconds", "0"], "between 1 and 86400"),
     (["x", "--owner", "alice", "--lease-seconds", "soon"], "invalid int value"),
-    (["x", "--owner", "alice", "--max-attempts", "0"], "at least 1"),
+    (["x", "--owner", "alice", "--max-attempts", "0"], "from 1 to 100"),
     # One message per field, the model's own (Django's "Ensure this value…" said it twice).
-    (["x", "--owner", "alice", "--max-attempts", "-1"], "CommandError: max_attempts: at least 1\n"),
+    (["x", "--owner", "alice", "--max-attempts", "-1"], "CommandError: max_attempts: from 1 to 100\n"),
     (["x", "--owner", "alice", "--max-claimed", "-1"],
-     "CommandError: max_claimed: a whole number >= 0, or unset; got -1\n"),
+     "CommandError: max_claimed: a whole number from 0 to 10000, or unset; got '-1'\n"),
     # Two of Django's validators failing on one field: both said.
     (["x" * 80 + "!", "--owner", "alice"], "slug: Enter a valid “slug” consisting of letters, "
      "numbers, underscores or hyphens. Ensure this value has at most 64 characters (it has 81)."),
@@ -129,7 +129,7 @@ def test_rotate_credential_json_keeps_the_old_one_for_the_grace(capsys, operator
 @pytest.mark.parametrize("argv, message", [
     ([], "the following arguments are required: slug"),
     (["nope"], "no endpoint 'nope'"),
-    (["ep", "--grace-seconds", "-1"], "--grace-seconds must be >= 0"),
+    (["ep", "--grace-seconds", "-1"], "--grace-seconds must be between 0 and 2592000"),
     (["ep", "--grace-seconds", "x"], "invalid int value"),
 ])
 def test_rotate_credential_bad_arguments(capsys, operator, argv, message):

@@ -6,6 +6,7 @@ from django.core.management.base import CommandError
 
 from endpoints import transitions
 from endpoints.management.commands.pause import COMMAND_ACTOR, get_endpoint
+from endpoints.models import MAX_CLAIM_CAP
 from switchboard.commands import JsonCommand, validation_text
 
 
@@ -16,7 +17,8 @@ def _cap(text: str, field: str):
     try:
         return int(text)
     except ValueError:
-        raise CommandError(f"{field}: a whole number >= 0 or 'none', got {text!r}") from None
+        raise CommandError(f"{field}: a whole number from 0 to {MAX_CLAIM_CAP} or 'none', "
+                           f"got {text[:40]!r}") from None
 
 
 class Command(JsonCommand):

@@ -7,6 +7,11 @@ from endpoints.models import Endpoint
 from switchboard.commands import JsonCommand
 
 
+# A grace longer than a month is a rotation that never finishes (and a huge number overflowed
+# the date arithmetic into a traceback), as for a webhook's secret.
+MAX_GRACE_SECONDS = 30 * 86_400
+
+
 class Command(JsonCommand):
     help = "Mint a new credential for an endpoint; old ones keep working for the grace period."
 
@@ -16,8 +21,9 @@ class Command(JsonCommand):
                             default=int(transitions.DEFAULT_ROTATION_GRACE.total_seconds()))
 
     def handle(self, *args, slug, grace_seconds, **options):
-        if grace_seconds < 0:
-            raise CommandError("--grace-seconds must be >= 0")
+        if not 0 <= grace_seconds <= MAX_GRACE_SECONDS:
+            raise CommandError(f"--grace-seconds must be between 0 and {MAX_GRACE_SECONDS} "
+                               "(30 days)")
         try:
             endpoint = Endpoint.objects.get(slug=slug)
         except Endpoint.DoesNotExist:
