@@ -58,7 +58,11 @@ class Message:
 
 def _valid_id(value) -> bool:
     # JSON-RPC ids are strings or integers (MCP forbids null ids on requests); bool is not int.
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+    # A string the answer could not carry back (a lone surrogate, which UTF-8 cannot encode, or
+    # a NUL) is no id: echoing it failed while the answer was encoded, a 500.
+    if isinstance(value, str):
+        return json_input.unstorable_reason(value) is None
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_message(body: bytes) -> Message:
@@ -79,6 +83,10 @@ def parse_message(body: bytes) -> Message:
         method, params = data["method"], data.get("params")
         if not isinstance(method, str) or not method:
             raise JsonRpcError(INVALID_REQUEST, "Invalid Request: method must be a string", request_id)
+        # Refused before any answer repeats it ("Method not found: …" failed to encode).
+        reason = json_input.unstorable_reason(method)
+        if reason is not None:
+            raise JsonRpcError(INVALID_REQUEST, f"Invalid Request: method {reason}", request_id)
         if params is not None and not isinstance(params, dict):
             # A request whose params is not an object is well-formed JSON-RPC with bad params:
             # -32602 (docs/reference.md#refusal-codes: a non-object params is a JSON-RPC error).
@@ -86,7 +94,8 @@ def parse_message(body: bytes) -> Message:
         if "id" not in data:
             return Message(kind="notification", method=method, params=params)
         if not _valid_id(data["id"]):
-            raise JsonRpcError(INVALID_REQUEST, "Invalid Request: id must be a string or integer")
+            raise JsonRpcError(INVALID_REQUEST, "Invalid Request: id must be a string (of valid "
+                                                "Unicode, no NUL) or an integer")
         return Message(kind="request", method=method, id=data["id"], params=params)
     if ("result" in data) != ("error" in data) and "id" in data:
         return Message(kind="response", id=request_id)

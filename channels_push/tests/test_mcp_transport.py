@@ -433,6 +433,30 @@ def test_random_jsonrpc_bodies_never_500_and_change_nothing_without_a_session(mc
     assert set(Todo.objects.values_list("state", flat=True)) == {"pending"}
 
 
+@pytest.mark.parametrize("method", ["\ud800", "tools/\udfff", "a\x00b"])
+@pytest.mark.parametrize("with_session", [False, True], ids=["no session", "live session"])
+def test_a_method_with_a_lone_surrogate_or_nul_is_a_jsonrpc_error_not_a_500(mcp, method,
+                                                                           with_session):
+    if with_session:
+        mcp.initialize()
+    for message in ({"jsonrpc": "2.0", "id": 9, "method": method},
+                    {"jsonrpc": "2.0", "method": method}):  # a request, a notification
+        reply = mcp.post(json.dumps(message).encode())
+        assert reply.status == 400, (message, reply.status, reply.body)
+        if with_session:  # without one, the missing session is what the answer names
+            assert reply.json["error"]["code"] == -32600
+            assert "method" in reply.json["error"]["message"]
+            assert reply.json["id"] == message.get("id")
+
+
+def test_an_id_with_a_lone_surrogate_is_not_echoed_into_a_500(mcp):
+    mcp.initialize()
+    reply = mcp.post(json.dumps({"jsonrpc": "2.0", "id": "\ud800", "method": "ping"}).encode())
+    assert reply.status == 400, (reply.status, reply.body)
+    assert reply.json["error"]["code"] == -32600 and reply.json["id"] is None
+    assert "id" in reply.json["error"]["message"]
+
+
 # Values a client can really send: floats with NaN/Infinity/overflow (written as bare JSON
 # tokens), NUL characters and lone surrogates, huge integers.
 hostile_values = st.recursive(
