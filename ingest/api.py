@@ -306,8 +306,8 @@ def _action_body(request) -> dict:
 @csrf_exempt
 def todo_action(request, todo_id, action):
     """An operator acts on a todo of an endpoint they own (docs/work-control.md): priority,
-    run_now, cancel, approve, promote, reject. 200 with the todo; 404 for a todo that is missing or not
-    theirs; 400 for bad input; 409 with the transition's refusal code (``not_claimable``) when
+    run_now, cancel, approve, promote, reject. 200 with the todo; 404 for a todo that is
+    missing or not theirs; 403 without the permission to change todos; 400 for bad input; 409 with the transition's refusal code (``not_claimable``) when
     the todo's state does not allow the action. A refusal writes nothing."""
     try:
         if request.method != "POST":

@@ -73,8 +73,8 @@ def get_user(username: str):
 def validation_text(error) -> str:
     """A model ValidationError as one line, "field: problem; field: problem". Where a field has
     a message of the model's own (``clean()``; its errors carry no code), only those: it names
-    the accepted range ("a whole number from 0 to 10000, or unset; got '-1'") where Django's validator for
-    the same value says less ("Ensure this value is greater than or equal to 0."). Otherwise
+    the accepted range ("a whole number from 0 to 10000, or unset; got '-1'") where Django's
+    validator for the same value says less ("Ensure this value is greater than or equal to 0."). Otherwise
     every distinct message of Django's validators (a slug too long *and* not a slug)."""
     if not hasattr(error, "error_dict"):
         return " ".join(error.messages)

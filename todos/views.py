@@ -70,6 +70,7 @@ def operator_may(permission: str):
 
     return decorate
 
+
 BOARD_SCRIPT = Path(__file__).resolve().parent / "static" / "todos" / "board.js"
 BOARD_STYLE = BOARD_SCRIPT.with_name("board.css")
 GLANCE_SCRIPT = BOARD_SCRIPT.with_name("glance.js")

@@ -96,7 +96,8 @@ def test_vend_endpoint_defaults_and_human_output(capsys, operator):
     (["x", "--owner", "alice", "--lease-seconds", "soon"], "invalid int value"),
     (["x", "--owner", "alice", "--max-attempts", "0"], "from 1 to 100"),
     # One message per field, the model's own (Django's "Ensure this value…" said it twice).
-    (["x", "--owner", "alice", "--max-attempts", "-1"], "CommandError: max_attempts: from 1 to 100\n"),
+    (["x", "--owner", "alice", "--max-attempts", "-1"],
+     "CommandError: max_attempts: from 1 to 100\n"),
     (["x", "--owner", "alice", "--max-claimed", "-1"],
      "CommandError: max_claimed: a whole number from 0 to 10000, or unset; got '-1'\n"),
     # Two of Django's validators failing on one field: both said.
