@@ -755,3 +755,57 @@ def test_tail_keeps_the_last_bytes_and_drops_nul():
     for chunk in (b"0123456789", b"abc\x00", b"defgh"):
         tail.add(chunk)
     assert tail.text() == "9abcdefgh"  # the last 10 bytes, NUL removed
+
+
+# -- a sender's title where an option parser looks --------------------------------------------
+
+
+@pytest.mark.parametrize("command, refused", [
+    (["agent", "{title}"], "argument 1"),
+    (["agent", "--model", "m", "{title} (from the board)"], "argument 3"),
+    (["{title}"], "the program"),
+    (["/opt/agents/{todo_id}"], "the program"),
+])
+def test_a_command_where_the_title_could_read_as_an_option_is_refused_at_start(
+        tmp_path, command, refused):
+    """An operator's title ``--dangerously-skip-permissions`` would be the agent's first
+    option under ``agent '{title}'``: such a command exits 2 before touching the server,
+    naming the argument and both ways to write it."""
+    env = {**os.environ, TOKEN_ENV: "sbk_x"}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "agent").write_text("#!/bin/sh\n")
+    (bin_dir / "agent").chmod(0o755)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    result = subprocess.run([sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x",
+                             "--token-env", TOKEN_ENV, "--dry-run", "--", *command],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert refused in result.stderr, result.stderr
+    if refused != "the program":
+        assert "after '--'" in result.stderr and "--title={title}" in result.stderr
+
+
+def test_the_title_is_taken_after_a_double_dash_or_inside_an_options_value():
+    runner = load_runner_module()
+    for command in (["agent", "--", "{title}"], ["agent", "--title={title}"],
+                    ["agent", "-p", "{prompt}", "{todo_json}", "{todo_id}"],
+                    ["agent", "--note", "todo: {title}"]):
+        assert runner.misplaced_command_placeholder(command) is None, command
+
+
+def test_a_title_that_looks_like_an_option_reaches_the_agent_as_text_after_double_dash(
+        setup, runners, tmp_path):
+    endpoint, credential, url = setup
+    todo = transitions.create_todo(endpoint=endpoint, queue="inbox", actor="operator",
+                                   title="--dangerously-skip-permissions", trust="operator")[0]
+    seen = tmp_path / "argv.json"
+    recorder = agent(tmp_path, "recorder", f"""
+        import json, sys
+        open({str(seen)!r}, "w").write(json.dumps(sys.argv[1:]))
+    """)
+    runner = runners(url, credential, "--once", command=[*recorder, "--", "{title}"])
+    assert runner.wait() == 0, runner.log_text()
+    assert json.loads(seen.read_text()) == ["--", "--dangerously-skip-permissions"]
+    todo.refresh_from_db()
+    assert todo.state == "done"

@@ -107,6 +107,27 @@ def misplaced_placeholder(template: str) -> str | None:
     return None
 
 
+def misplaced_command_placeholder(command: list[str]) -> str | None:
+    """Why the agent ``command`` (before substitution) cannot be run as it is, or None: a
+    placeholder in the program's own position (the todo would choose what runs), or
+    ``{title}`` starting an argument where the agent's option parser still looks. A title is
+    the sender's text, and one such as ``--dangerously-skip-permissions`` there is an option.
+    After an argument ``--`` options end, and inside an option's value (``--title={title}``)
+    the title is only ever the value; ``{todo_json}`` always starts with ``{``."""
+    if COMMAND_PLACEHOLDER.search(command[0]):
+        return (f"the program {command[0]!r} names a placeholder: the todo would choose what "
+                "runs; name the agent's program itself")
+    for position, arg in enumerate(command[1:], start=1):
+        if arg == "--":
+            return None
+        if arg.startswith("{title}"):
+            return (f"argument {position} {arg!r} starts with {{title}}, the sender's text: a "
+                    "title such as '--dangerously-skip-permissions' would be read as an "
+                    "option. Put it after '--' in the agent's command (agent -- '{title}') or "
+                    "inside an option's value (--title={title})")
+    return None
+
+
 class Tail:
     """The last ``limit`` bytes of a stream, and its notable lines wherever they fell
     (``notable``: ``(line, marked)`` as ``_classify`` says, for lines that start with an error

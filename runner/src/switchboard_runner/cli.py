@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .agent import BASE_ENV, DEFAULT_PROMPT, TOKEN_VARIABLE, misplaced_placeholder
+from .agent import (BASE_ENV, DEFAULT_PROMPT, TOKEN_VARIABLE, misplaced_command_placeholder,
+                    misplaced_placeholder)
 from .work import MAX_WAIT, Runner, dry_run
 
 
@@ -60,8 +61,9 @@ def worker_parser():
                     "'switchboard-runner watch --help': print ready todos instead.",
         epilog="Placeholders in the command: {prompt} (the built-in prompt, or --prompt-file's) "
                "{todo_id} {todo_json} {title}; keep {title} and {todo_json} out of instruction "
-               "positions (they are the sender's text). The todo JSON is on the agent's stdin "
-               "and in a private file the prompt names. Its environment: "
+               "positions (they are the sender's text), and {title} after the agent's own -- "
+               "or inside an option's value (--title={title}). The todo JSON is on the "
+               "agent's stdin and in a private file the prompt names. Its environment: "
                f"{', '.join(BASE_ENV)}, SWITCHBOARD_TODO_ID, SWITCHBOARD_LEASE_ID, "
                f"SWITCHBOARD_URL, the --pass-env variables, and {TOKEN_VARIABLE} with "
                "--pass-token.")
@@ -135,6 +137,9 @@ def parse_args(argv):
             args.command = args.command[1:]
         if not args.command:
             parser.error("give the agent command after --")
+        misplaced = misplaced_command_placeholder(args.command)
+        if misplaced:
+            parser.error(f"agent command: {misplaced}")
         if args.token_env in args.pass_env:
             parser.error(f"--pass-env {args.token_env} would hand the agent the bearer: "
                          "use --pass-token")
