@@ -709,6 +709,14 @@ def test_bad_invocations_exit_2_before_touching_the_server(tmp_path):
     missing = run("--url", "http://127.0.0.1:9/mcp/x", "--token-env", TOKEN_ENV, "--",
                   "no-such-agent-binary")
     assert missing.returncode == 2 and "no-such-agent-binary" in missing.stderr
+    for shebang in ("#!/nonexistent/interpreter", "#!/usr/bin/env sb-no-such-interpreter -u"):
+        script = tmp_path / "agent-without-interpreter"
+        script.write_text(f"{shebang}\n")
+        script.chmod(0o755)
+        no_interpreter = run("--url", "http://127.0.0.1:9/mcp/x", "--token-env", TOKEN_ENV, "--",
+                             str(script))
+        assert no_interpreter.returncode == 2, no_interpreter.stderr
+        assert "interpreter" in no_interpreter.stderr, no_interpreter.stderr
     too_long = run("--url", "http://x/mcp/x", "--token-env", TOKEN_ENV, "--wait-seconds", "61",
                    "--", "true")
     assert too_long.returncode == 2

@@ -7,7 +7,9 @@ of tests/test_runner.py). What docs/runner.md promises:
   a todo; ``--version`` names the package's version.
 * Only verified todos are run unless ``--accept-unverified``.
 * A todo the command cannot start with (an argument over the system's limit, arguments over
-  the total limit, an exec failure) is failed once with the reason, never re-claimed in a loop.
+  the total limit) is failed once with the reason, never re-claimed in a loop; a command that
+  cannot start at all fails the first todo, then ``--once`` exits 1 naming why and a
+  long-running runner claims nothing until the command can start.
 * The agent's environment is exactly PATH, HOME, LANG, TERM, the SWITCHBOARD_* coordinates, the
   ``--pass-env`` variables, and the bearer only with ``--pass-token``.
 * ``--require-settled`` fails a todo whose agent exited 0 without calling complete/fail.
@@ -159,22 +161,14 @@ def test_unverified_todos_are_not_run_by_default_and_are_with_accept_unverified(
 # -- a todo the command cannot start with -------------------------------------------------------
 
 
-def exec_failure_command(tmp_path):
-    """An executable file (so the runner's start-up check passes) whose interpreter does not
-    exist: every exec of it fails."""
-    script = tmp_path / "broken-agent"
-    script.write_text("#!/nonexistent/interpreter\n")
-    script.chmod(0o755)
-    return [str(script)]
-
-
-@pytest.mark.parametrize("case", ["one argument over the limit", "all arguments over the limit",
-                                  "exec failure"])
+@pytest.mark.parametrize("case", ["one argument over the limit",
+                                  "all arguments over the limit"])
 def test_a_todo_the_command_cannot_start_with_fails_after_one_attempt_with_the_reason(
         daphne_server, setup, runners, tmp_path, case):
     """The poison pill: a todo whose ``{todo_json}`` does not fit in one argument (Linux caps
     one at 128 KiB) — here a hand-over with a 140 KB payload. Released, it would be claimed
-    again at once, forever; failed, it counts one attempt and backs off."""
+    again at once, forever; failed, it counts one attempt and backs off. The command itself
+    is fine, so the runner goes on (the next todo may fit)."""
     endpoint, credential, url = setup
     payload = {"log": "x" * 140_000} if case == "one argument over the limit" else {
         "log": "x" * 100_000}
@@ -183,8 +177,7 @@ def test_a_todo_the_command_cannot_start_with_fails_after_one_attempt_with_the_r
     ok = agent(tmp_path, "ok", "print('ran')")
     command = {"one argument over the limit": [*ok, "{todo_json}"],
                # 25 arguments of 100 KB: each fits, together they pass ARG_MAX (2 MiB): E2BIG.
-               "all arguments over the limit": [*ok, *["{todo_json}"] * 25],
-               "exec failure": exec_failure_command(tmp_path)}[case]
+               "all arguments over the limit": [*ok, *["{todo_json}"] * 25]}[case]
 
     runner = runners(url, credential, "--once", command=command)
     assert runner.wait() == 0, runner.log_text()  # drained: not claiming it again and again
@@ -196,16 +189,88 @@ def test_a_todo_the_command_cannot_start_with_fails_after_one_attempt_with_the_r
     reason = {"one argument over the limit":
               "agent not started: argument 2 is 140",
               "all arguments over the limit":
-              "agent not started: its arguments are over the system's limit (largest argument",
-              "exec failure":
-              f"agent not started: {command[0]} cannot be executed: the interpreter its #! line "
-              "names was not found"}[case]
+              "agent not started: its arguments are over the system's limit (largest argument"}[
+                  case]
     assert todo.last_error.startswith(reason), todo.last_error
     if case == "one argument over the limit":
         assert "over the system's limit of 131072 bytes per argument" in todo.last_error
     assert ("read the todo from stdin (or the file the prompt's {todo_file} names) instead of "
-            "{todo_json}" in todo.last_error or case == "exec failure")
+            "{todo_json}" in todo.last_error)
     print(f"\n{case}: last_error = {todo.last_error!r}")
+
+
+# -- a command that cannot start at all -------------------------------------------------------
+
+
+def not_a_program(tmp_path) -> list[str]:
+    """An executable file in no format the kernel runs (no #! line, not ELF): it passes the
+    start-up check, and every exec of it fails (ENOEXEC)."""
+    script = tmp_path / "not-a-program"
+    script.write_text("this is a note, not a program\n")
+    script.chmod(0o755)
+    return [str(script)]
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("not an executable format", "agent not started: OSError: [Errno 8] Exec format error"),
+    ("a shell that cannot find the agent", "agent exited with code 127"),
+])
+def test_once_a_command_that_cannot_start_fails_the_first_todo_and_exits_1_naming_why(
+        setup, runners, tmp_path, case, reason):
+    """Five todos, a command that can never start: the first is failed with the reason, the
+    other four are never claimed, and --once ends at once with exit 1, its last words naming
+    the cause (it failed all five in 20 s, dead-lettering the queue one todo after another)."""
+    endpoint, credential, url = setup
+    todos = make_todos(endpoint, 5)
+    command = {"not an executable format": not_a_program(tmp_path),
+               "a shell that cannot find the agent": ["sh", "-c", "sb-no-such-agent-binary"]}[case]
+
+    runner = runners(url, credential, "--once", command=command)
+    assert runner.wait(timeout=60) == 1, runner.log_text()
+
+    for todo in todos:
+        todo.refresh_from_db()
+    failed = [todo for todo in todos if todo.state == "failed"]
+    assert len(failed) == 1, [(todo.state, claims(todo)) for todo in todos]
+    assert failed[0].last_error.startswith(reason), failed[0].last_error
+    untouched = [todo for todo in todos if todo is not failed[0]]
+    assert [(todo.state, claims(todo)) for todo in untouched] == [("pending", 0)] * 4
+    last_line = runner.log_text().strip().splitlines()[-1]
+    assert "giving_up" in runner.log_text() and "the agent command cannot start" in (
+        runner.log_text()), runner.log_text()
+    print(f"\n{case}: {last_line}")
+
+
+def test_long_running_a_command_that_cannot_start_waits_claiming_nothing_until_it_can(
+        setup, runners, tmp_path):
+    """The agent's file stops being executable under a running runner (an upgrade half done):
+    the first todo fails, then the runner claims nothing, logs why with its next look, and
+    takes the rest once the file is executable again."""
+    endpoint, credential, url = setup
+    script = tmp_path / "handle-todo"
+    script.write_text("#!/bin/sh\necho handled\n")
+    script.chmod(0o755)
+    runner = runners(url, credential, "--wait-seconds", "1", command=[str(script)])
+    runner.wait_log("idle")
+
+    script.chmod(0o644)
+    todos = make_todos(endpoint, 3)
+    runner.wait_log("agent_cannot_start", deadline_seconds=60)
+    # Its next look (after the first backoff) finds the file still not executable.
+    assert poll(lambda: runner.log_text().count("agent_cannot_start") >= 2, 60), \
+        runner.log_text()
+    for todo in todos:
+        todo.refresh_from_db()
+    assert sorted(claims(todo) for todo in todos) == [0, 0, 1], runner.log_text()
+    [failed] = [todo for todo in todos if todo.state == "failed"]
+    assert failed.last_error.startswith("agent not started: PermissionError"), failed.last_error
+    assert "retry_in_s=" in runner.log_text()
+
+    script.chmod(0o755)
+    rest = [todo for todo in todos if todo is not failed]
+    assert poll(lambda: all(Todo.objects.get(pk=todo.pk).state == "done" for todo in rest),
+                120), runner.log_text()
+    assert runner.process.poll() is None  # it waited; it never gave up
 
 
 # -- the agent's environment ------------------------------------------------------------------

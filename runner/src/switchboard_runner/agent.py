@@ -236,6 +236,33 @@ def start_failure(error: OSError, argv: list[str]) -> str:
     return f"agent not started: {type(error).__name__}: {error}"[:ERROR_TAIL_CHARS]
 
 
+def command_problem(program: str) -> str | None:
+    """Why ``program`` (the agent command's first word) cannot start, as far as can be told
+    without running it, or None: not found or not executable on PATH, or its ``#!`` line names
+    an interpreter (or ``env``'s program) that is not there. A file in no format the kernel
+    runs passes; its first exec says so."""
+    path = shutil.which(program)
+    if path is None:
+        return f"agent command not found: {program}"
+    try:
+        with open(path, "rb") as script:
+            first_line = script.readline(256)
+    except OSError as error:
+        return f"agent command {program} cannot be read: {error.strerror}"
+    if not first_line.startswith(b"#!"):
+        return None
+    words = first_line[2:].decode("utf-8", "replace").split()
+    interpreter = words[0] if words else ""
+    if not (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
+        return (f"agent command {program}: the interpreter its #! line names "
+                f"({interpreter or 'none'}) was not found")
+    if os.path.basename(interpreter) == "env" and len(words) > 1 and not words[1].startswith(
+            "-") and "=" not in words[1] and shutil.which(words[1]) is None:
+        return (f"agent command {program}: the interpreter its #! line names ({words[1]}, "
+                f"through {interpreter}) was not found")
+    return None
+
+
 def write_todo_file(directory: str, todo: dict) -> str:
     """The todo JSON in a file only this user can read; the runner removes it afterwards."""
     path = Path(directory) / f"todo-{todo['id']}.json"

@@ -5,14 +5,13 @@ import argparse
 import asyncio
 import logging
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from . import __version__
-from .agent import (BASE_ENV, DEFAULT_PROMPT, TOKEN_VARIABLE, misplaced_command_placeholder,
-                    misplaced_placeholder)
+from .agent import (BASE_ENV, DEFAULT_PROMPT, TOKEN_VARIABLE, command_problem,
+                    misplaced_command_placeholder, misplaced_placeholder)
 from .work import MAX_WAIT, Runner, dry_run
 
 
@@ -173,8 +172,9 @@ def main(argv=None) -> int:
     if mode == "watch":
         from .watch import watch
         return asyncio.run(watch(args, token))
-    if shutil.which(args.command[0]) is None:
-        parser.error(f"agent command not found: {args.command[0]}")
+    problem = command_problem(args.command[0])
+    if problem:
+        parser.error(problem)
     if args.dry_run:
         return asyncio.run(dry_run(args, token))
     return asyncio.run(Runner(args, token).run())

@@ -13,13 +13,19 @@ the agent command for each, heartbeat its lease, settle the todo when the agent 
   --require-settled: ``fail``, as the agent was expected to settle it), non-zero → ``fail``
   with the exit code and the tails, over --max-runtime → the group is killed and the todo
   failed.
+* A command that cannot start for a reason of its own (its file, its interpreter, its
+  permissions: the next todo would fail the same way) fails the first todo only; then
+  ``--once`` stops claiming and exits 1 naming why, and a long-running runner claims nothing
+  while it waits with backoff, looking at the command again after each wait.
 * SIGTERM/SIGINT: no new claims; running agents get --grace-seconds to finish, then are
   killed and failed (a second signal skips the grace). A runner killed outright loses only
   its leases: they lapse and the todos come back (the queue's own guarantee).
 """
 
 import asyncio
+import errno
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -31,9 +37,9 @@ from datetime import datetime
 
 from mcp.shared.exceptions import MCPError
 
-from .agent import (Tail, _drain, _parent_death_signal, agent_argv, agent_env, ended_with,
-                    failure_message, oversized_argument, render_prompt, start_failure,
-                    stop_group, write_todo_file)
+from .agent import (Tail, _drain, _parent_death_signal, agent_argv, agent_env, command_problem,
+                    ended_with, failure_message, first_error_line, oversized_argument,
+                    render_prompt, start_failure, stop_group, write_todo_file)
 from .session import (CALL_TIMEOUT_SECONDS, INVALID_PARAMS, RECONNECT_FIRST_SECONDS,
                       RECONNECT_MAX_SECONDS, Refused, Switchboard, Unreachable, _describe,
                       escape_unprintable, log_event, wait_first)
@@ -92,6 +98,18 @@ LIST_LIMIT = 200
 # --once gives up (exit 1) after this many failed claims in a row with nothing running.
 ONCE_ERROR_LIMIT = 3
 NOT_SETTLED = "agent exited 0 without settling the todo"
+# An exec failure that is the command's own (no such file, no interpreter, not executable, not
+# a format the kernel runs), whatever the todo: every todo would fail the same way. E2BIG is
+# the todo's (its arguments), and a fork's EAGAIN or ENOMEM passes.
+SETUP_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM,
+                          errno.ENOEXEC})
+# What a shell or env(1) answers when the program it was to run is not found (127) or cannot
+# be executed (126): an agent behind `sh -c` or `#!/usr/bin/env`.
+SETUP_EXIT_CODES = {126: "found but not executable", 127: "not found"}
+# Long-running, after such a failure: wait this long before looking at the command again,
+# doubling up to the most. Looking costs nothing (no todo is claimed for it).
+SETUP_RETRY_FIRST_SECONDS = 5.0
+SETUP_RETRY_MAX_SECONDS = 300.0
 
 
 def lease_seconds(todo: dict) -> float:
@@ -122,6 +140,9 @@ class Runner:
         self.parent_death_signal = _parent_death_signal()
         self.shutdown_error = (f"runner stopped: agent killed after the "
                                f"{args.grace_seconds:g} s grace period")
+        # Why the agent command cannot start (set by the first todo that found out), or None.
+        self.cannot_start: str | None = None
+        self.setup_retry_seconds = SETUP_RETRY_FIRST_SECONDS
 
     # -- notifications
 
@@ -224,6 +245,13 @@ class Runner:
                 self.task_done.clear()
                 await wait_first(self.task_done.wait(), self.stopping.wait())
                 continue
+            if self.cannot_start:
+                if self.args.once:
+                    log_event("giving_up", level=logging.WARNING,
+                              reason=f"the agent command cannot start: {self.cannot_start}")
+                    return 1
+                await self._wait_for_command()
+                continue
             self.wake.clear()  # a ring from here on means: look again
             started = time.monotonic()
             wait = self.wait_seconds
@@ -267,6 +295,30 @@ class Runner:
             await wait_first(self.wake.wait(), self.stopping.wait(), timeout=self.args.poll_seconds)
         return 0
 
+    async def _wait_for_command(self):
+        """Long-running, while the command cannot start: wait (with backoff) and look at it
+        again, claiming nothing; clears ``cannot_start`` when nothing is seen wrong with it."""
+        delay = self.setup_retry_seconds
+        log_event("agent_cannot_start", level=logging.WARNING, reason=self.cannot_start,
+                  retry_in_s=f"{delay:g}")
+        await wait_first(self.stopping.wait(), timeout=delay)
+        self.setup_retry_seconds = min(delay * 2, SETUP_RETRY_MAX_SECONDS)
+        if self.stopping.is_set():
+            return
+        problem = command_problem(self.args.command[0])
+        if problem:
+            self.cannot_start = problem
+            return
+        # Nothing seen wrong: the next claim tries it. Should it fail again (a cause a look
+        # cannot see), one more todo fails and the wait doubles.
+        log_event("agent_command_retry", after_s=f"{delay:g}")
+        self.cannot_start = None
+
+    def _command_cannot_start(self, reason: str):
+        if self.cannot_start is None:
+            self.cannot_start = reason
+        self.wake.set()
+
     def _forget(self, task):
         self.tasks.discard(task)
         self.task_done.set()
@@ -284,7 +336,7 @@ class Runner:
         env = agent_env(todo, self.args.url, pass_env=self.args.pass_env,
                         token=self.token if self.args.pass_token else None)
         reason = oversized_argument(argv)
-        proc = None
+        proc, setup_failure = None, False
         if reason is None:
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -293,14 +345,22 @@ class Runner:
                     preexec_fn=self.parent_death_signal)
             except OSError as error:
                 reason = start_failure(error, argv)
+                setup_failure = error.errno in SETUP_ERRNOS
         else:
             reason = (f"agent not started: {reason}; read the todo from stdin (or the file the "
                       f"prompt's {{todo_file}} names) instead of {{todo_json}}")
         if proc is None:
+            log_event("start_failed", todo_id=todo_id, error=reason)
+            if setup_failure and self.cannot_start:
+                # Another todo (claimed beside this one) already found the command broken:
+                # this one is not at fault, and no more claims follow to loop on it.
+                await self.release(todo)
+                return
+            if setup_failure:
+                self._command_cannot_start(reason)
             # Failed, not released: a release would hand the same todo straight back to this
             # runner (or another), which fails the same way, in a loop that stalls the queue.
             # A failure counts an attempt, backs off, and ends in the dead letter.
-            log_event("start_failed", todo_id=todo_id, error=reason)
             await self._settle_call(todo, "fail", {"error": reason,
                                                    "result": {"started": False}})
             return
@@ -334,6 +394,13 @@ class Runner:
         code = proc.returncode
         elapsed = round(time.monotonic() - started, 1)
         log_event("exit", todo_id=todo_id, code=code, elapsed_s=elapsed, reason=stopped_for)
+        if stopped_for is None and code in SETUP_EXIT_CODES:
+            self._command_cannot_start(
+                f"agent exited with code {code} (what a shell or env answers when the program "
+                f"it runs is {SETUP_EXIT_CODES[code]}): "
+                f"{first_error_line(err.text(), out.text()) or 'no output'}")
+        elif stopped_for is None:
+            self.setup_retry_seconds = SETUP_RETRY_FIRST_SECONDS
         # What the agent was given, so that an echo of it is not taken for its error line.
         echoed = (*argv[1:], json.dumps(todo, ensure_ascii=False))
         await self.settle(todo, code, stopped_for, out.text(), err.text(), elapsed, echoed,
