@@ -395,11 +395,12 @@ AXES_COOLOFF_TIME = timedelta(
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 # The client address is REMOTE_ADDR — the ASGI client, never a header a client could forge
-# (ipware is not installed, so axes reads nothing else). Behind the reverse proxy it must be
-# the client's, not the proxy's, or one attacker locks every operator out: the ASGI entry point
-# is where a trusted proxy's X-Forwarded-For becomes the client (never daphne --proxy-headers,
-# which believes the entry a client writes).
-AXES_CLIENT_IP_CALLABLE = None
+# (named, so that axes never turns to django-ipware's reading of headers should that package
+# arrive). Behind the reverse proxy or a tunnel it must be the client's, not the proxy's, or
+# one attacker locks every operator out: the ASGI entry point is where a trusted proxy's
+# X-Forwarded-For becomes the client (never daphne --proxy-headers, which believes the entry a
+# client writes).
+AXES_CLIENT_IP_CALLABLE = "switchboard.http.client_address.request_client_address"
 AXES_DISABLE_ACCESS_LOG = True  # failures are what lock; no row per successful sign-in
 AXES_VERBOSE = False  # no "AXES: BEGIN …" banner on every manage.py call
 

@@ -45,3 +45,23 @@ def test_a_bad_trusted_proxy_entry_names_the_setting(settings):
     settings.SWITCHBOARD_TRUSTED_PROXIES = ["not-an-address"]
     with pytest.raises(ImproperlyConfigured, match="SWITCHBOARD_TRUSTED_PROXIES"):
         find_client_address("127.0.0.1", "")
+
+
+def test_a_loopback_peer_forwarding_while_no_proxy_is_trusted_is_logged_once(settings, caplog,
+                                                                             monkeypatch):
+    """A tunnel or proxy on the same machine that nobody named: every client is 127.0.0.1."""
+    from switchboard.http import client_address
+
+    monkeypatch.setattr(client_address, "_untrusted_forwarding_logged", False)
+    settings.SWITCHBOARD_TRUSTED_PROXIES = []
+    forwarded = [(b"x-forwarded-for", b"203.0.113.9")]
+    quiet = [{"client": ("127.0.0.1", 5), "headers": []},
+             {"client": ("198.51.100.7", 5), "headers": forwarded}]
+    for scope in quiet:
+        assert scope_with_client_address(scope) is scope
+    assert not caplog.records
+    for _ in range(3):
+        tunnelled = {"client": ("127.0.0.1", 5), "headers": forwarded}
+        assert scope_with_client_address(tunnelled) is tunnelled  # still the peer
+    [record] = caplog.records
+    assert "SWITCHBOARD_TRUSTED_PROXIES is unset" in record.getMessage()

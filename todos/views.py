@@ -608,10 +608,9 @@ def limit_endpoint(request, slug):
 
 
 # /metrics labels name every operator's endpoints and queues, which one operator must not read
-# about another's (every operator is staff): it answers a scraper's bearer token or a superuser.
-# With no token configured it is off in production; the embedded default answers loopback
-# scrapers (REMOTE_ADDR is the client's, not a trusted proxy's: switchboard/http/client_address.py).
-LOOPBACK_ADDRESSES = frozenset({"127.0.0.1", "::1"})
+# about another's (every operator is staff): it answers a scraper's bearer token or a superuser,
+# and nobody else, in every mode. No address is trusted for being loopback: a reverse proxy or
+# a tunnel on the same machine makes everyone 127.0.0.1 (docs/operating.md#metrics).
 
 
 def _refuse_metrics(request) -> HttpResponse | None:
@@ -634,9 +633,6 @@ def _refuse_metrics(request) -> HttpResponse | None:
                                 content_type="text/plain")
         response["WWW-Authenticate"] = "Bearer"
         return response
-    if not settings.SWITCHBOARD_PRODUCTION and (
-            request.META.get("REMOTE_ADDR") in LOOPBACK_ADDRESSES):
-        return None
     return HttpResponse("not found\n", status=404, content_type="text/plain")
 
 
@@ -644,7 +640,7 @@ def _refuse_metrics(request) -> HttpResponse | None:
 @never_cache
 def metrics(request):
     """Prometheus text exposition, for a superuser or the bearer SWITCHBOARD_METRICS_TOKEN
-    (without a token: nobody else in production, loopback on the embedded default)."""
+    (without a token: superusers only)."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     from . import metrics as queue_metrics

@@ -15,16 +15,25 @@ The one ASGI entry point (switchboard/asgi.py) puts the client's address into th
 sees the client, never the proxy, without asking again. Do not run daphne with
 ``--proxy-headers`` instead: it believes the left-most ``X-Forwarded-For`` entry, which is the
 one a client can write.
+
+No address is trusted for being loopback. A tunnel on the same machine (docs/senders.md's way
+to expose the embedded default) is a proxy like any other: unnamed, it makes every client
+127.0.0.1, so a loopback peer sending ``X-Forwarded-For`` while no proxy is trusted is logged,
+once per process.
 """
 
 import functools
 import ipaddress
+import logging
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+log = logging.getLogger(__name__)
+
 # The peer of a connection over a unix socket has no address (ASGI ``client`` is None).
 UNIX_SOCKET_PEER = "unix"
+_untrusted_forwarding_logged = False
 
 
 @functools.lru_cache(maxsize=8)
@@ -70,10 +79,34 @@ def find_client_address(peer: str | None, forwarded_for: str) -> str:
     return hops[0] if hops else peer
 
 
+def request_client_address(request) -> str | None:
+    """The sign-in lockout's address (django-axes' AXES_CLIENT_IP_CALLABLE): the one the ASGI
+    entry point settled on, never a header axes would read itself were django-ipware present."""
+    return request.META.get("REMOTE_ADDR")
+
+
+def _note_untrusted_forwarding(scope: dict) -> None:
+    global _untrusted_forwarding_logged
+    peer = scope.get("client")
+    try:
+        loopback = bool(peer) and ipaddress.ip_address(peer[0]).is_loopback
+    except ValueError:
+        return
+    if loopback and any(name.lower() == b"x-forwarded-for"
+                        for name, _ in scope.get("headers", ())):
+        _untrusted_forwarding_logged = True
+        log.warning(
+            "requests from %s carry X-Forwarded-For but SWITCHBOARD_TRUSTED_PROXIES is unset: "
+            "every client of the proxy or tunnel in front shares its address (per-address "
+            "limits, sign-in lockouts); name it (docs/configuration.md)", peer[0])
+
+
 def scope_with_client_address(scope: dict) -> dict:
     """``scope`` with ``client`` set to the client behind a trusted proxy (a new dict); the
     same scope when no proxy is trusted or the peer is not one."""
     if not settings.SWITCHBOARD_TRUSTED_PROXIES:
+        if not _untrusted_forwarding_logged:
+            _note_untrusted_forwarding(scope)
         return scope
     peer = scope.get("client")
     forwarded = ",".join(value.decode("latin-1") for name, value in scope.get("headers", ())
