@@ -1,14 +1,17 @@
-# PostgreSQL and Redis for a test run, without services running (sourced by scripts/test).
+# PostgreSQL and Redis for a test run (sourced by scripts/test).
 #
-# `start_test_services`:
+# `start_test_services`, for each of the two:
 #   * DATABASE_URL / REDIS_URL set: used as they are.
-#   * unset: this machine's service on 127.0.0.1:5432 / :6379 when it answers (CI: .ci/run
-#     starts those), else a private one started here on a free port — a PostgreSQL cluster
+#   * unset (the default): a private one started here on a free port — a PostgreSQL cluster
 #     (initdb in a temporary directory, trust auth, fsync off; the way tests/system/topology.py
 #     runs its own) and a redis-server that saves nothing — exported as DATABASE_URL /
-#     REDIS_URL and removed when the calling script exits (trap).
-#   * needed but not installed: says what to install and returns 1, having started nothing.
-# SB_TEST_PG_PORT / SB_TEST_REDIS_PORT replace the default ports (5432 / 6379) and
+#     REDIS_URL and removed when the calling script exits (trap). Whatever runs on this
+#     machine's own ports is never used or touched: it may hold someone's data.
+#   * unset with SB_TEST_SERVICES=machine (scripts/test --machine-services): this machine's
+#     service on 127.0.0.1:5432 / :6379, which must answer.
+#   * a private one needed but not installed: says what to install and returns 1, having
+#     started nothing.
+# SB_TEST_PG_PORT / SB_TEST_REDIS_PORT replace the machine's ports (5432 / 6379) and
 # SB_TEST_PG_BINDIR / SB_TEST_REDIS_SERVER the binaries' locations (tests/test_scripts_test_services.py
 # probes with them; nothing shared is ever stopped).
 
@@ -107,34 +110,48 @@ start_private_redis() {
 
 start_test_services() {
   local pg_port="${SB_TEST_PG_PORT:-5432}" redis_port="${SB_TEST_REDIS_PORT:-6379}"
-  local need_pg="" need_redis="" missing=()
+  local mode="${SB_TEST_SERVICES:-private}" need_pg="" need_redis="" missing=()
   SB_SERVICES_DIR=""
-  if [ -z "${DATABASE_URL:-}" ]; then
-    if port_answers "$pg_port"; then
-      export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/switchboard"
-    else
-      need_pg=1
-      SB_PG_BINDIR=$(find_pg_bindir || true)
-      [ -n "$SB_PG_BINDIR" ] || missing+=(
-        "PostgreSQL's server binaries (initdb, pg_ctl): Debian/Ubuntu: apt-get install postgresql (they land in /usr/lib/postgresql/<version>/bin); macOS: brew install postgresql")
+  case "$mode" in
+    private|machine) ;;
+    *) echo "scripts/test: SB_TEST_SERVICES must be private or machine, not '$mode'" >&2; return 1 ;;
+  esac
+  if [ "$mode" = machine ]; then
+    [ -n "${DATABASE_URL:-}" ] || port_answers "$pg_port" \
+      || missing+=("PostgreSQL: nothing answers on 127.0.0.1:$pg_port")
+    [ -n "${REDIS_URL:-}" ] || port_answers "$redis_port" \
+      || missing+=("Redis: nothing answers on 127.0.0.1:$redis_port")
+    if [ "${#missing[@]}" -gt 0 ]; then
+      {
+        echo "scripts/test --machine-services (SB_TEST_SERVICES=machine) uses this machine's own services, but:"
+        printf '  * %s\n' "${missing[@]}"
+        echo "Start them, point DATABASE_URL / REDIS_URL at running ones, or leave the flag off for private ones."
+      } >&2
+      return 1
     fi
+    [ -n "${DATABASE_URL:-}" ] || export DATABASE_URL="postgres://postgres@127.0.0.1:$pg_port/switchboard"
+    [ -n "${REDIS_URL:-}" ] || export REDIS_URL="redis://127.0.0.1:$redis_port/0"
+    return 0
+  fi
+  if [ -z "${DATABASE_URL:-}" ]; then
+    need_pg=1
+    SB_PG_BINDIR=$(find_pg_bindir || true)
+    [ -n "$SB_PG_BINDIR" ] || missing+=(
+      "PostgreSQL's server binaries (initdb, pg_ctl): Debian/Ubuntu: apt-get install postgresql (they land in /usr/lib/postgresql/<version>/bin); macOS: brew install postgresql")
   fi
   if [ -z "${REDIS_URL:-}" ]; then
-    if port_answers "$redis_port"; then
-      export REDIS_URL="redis://127.0.0.1:$redis_port/0"
-    else
-      need_redis=1
-      SB_REDIS_SERVER=$(find_redis_server || true)
-      [ -n "$SB_REDIS_SERVER" ] || missing+=(
-        "Redis's server (redis-server): Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis")
-    fi
+    need_redis=1
+    SB_REDIS_SERVER=$(find_redis_server || true)
+    [ -n "$SB_REDIS_SERVER" ] || missing+=(
+      "Redis's server (redis-server): Debian/Ubuntu: apt-get install redis-server; macOS: brew install redis")
   fi
   if [ "${#missing[@]}" -gt 0 ]; then
     {
-      echo "scripts/test: DATABASE_URL / REDIS_URL are unset and nothing answers on 127.0.0.1:$pg_port (PostgreSQL) / 127.0.0.1:$redis_port (Redis),"
-      echo "so the tests would start private ones, but these are not installed:"
+      echo "scripts/test: DATABASE_URL / REDIS_URL are unset, so the tests start private PostgreSQL / Redis,"
+      echo "but these are not installed:"
       printf '  * %s\n' "${missing[@]}"
-      echo "Install them, start the services, or point DATABASE_URL / REDIS_URL at running ones."
+      echo "Install them, point DATABASE_URL / REDIS_URL at running ones, or use this machine's own"
+      echo "with scripts/test --machine-services."
     } >&2
     return 1
   fi
@@ -142,6 +159,8 @@ start_test_services() {
   SB_SERVICES_DIR=$(mktemp -d "${TMPDIR:-/tmp}/sb-test-services-XXXXXX")
   trap stop_test_services EXIT
   trap 'exit 130' INT TERM  # so that the EXIT trap runs on ^C too
+  local started=$SECONDS
   if [ -n "$need_pg" ]; then start_private_postgres || return 1; fi
   if [ -n "$need_redis" ]; then start_private_redis || return 1; fi
+  echo "== private services ready in $(( SECONDS - started )) s" >&2
 }
