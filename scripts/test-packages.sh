@@ -24,7 +24,8 @@ install_missing_system_packages() {
   [ -n "$plan" ] || return 0
   if [ "${SB_TEST_SYSTEM_PACKAGES:-yes}" = no ] || [ "$(id -u)" != 0 ] \
       || ! command -v apt-get >/dev/null 2>&1; then
-    echo "scripts/test: not installing these system packages (needs root and apt-get; off with --no-system-packages), so the tests that need them fail:" >&2
+    echo "scripts/test: not installing these system packages (that needs root and apt-get," \
+      "and no --no-system-packages), so the tests that need them fail:" >&2
     while IFS=$'\t' read -r package purpose; do
       echo "  * $package, for $purpose" >&2
     done <<< "$plan"
