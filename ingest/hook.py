@@ -245,6 +245,8 @@ def _check_signed_payload(webhook, request, payload: dict, now) -> None:
     except verification.VerificationFailed as failure:
         ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
                                   per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+        if failure.malformed:
+            raise Problem(400, "bad_timestamp", failure.reason) from None
         raise _not_verified(webhook, request, failure) from None
 
 

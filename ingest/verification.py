@@ -23,6 +23,9 @@ TIMESTAMP_TOLERANCE = timedelta(seconds=300)
 # Linear signs its timestamp inside the body (webhookTimestamp, in milliseconds) and asks
 # receivers to refuse anything more than a minute off.
 LINEAR_TIMESTAMP_TOLERANCE = timedelta(seconds=60)
+# Milliseconds since the epoch, as a JavaScript sender can write them exactly (2**53 - 1): a
+# JSON integer has no size of its own, and a larger one overflows the float it is compared as.
+MAX_LINEAR_TIMESTAMP_MS = 2**53 - 1
 
 STANDARD_SECRET_PREFIX = "whsec_"
 
@@ -30,11 +33,14 @@ STANDARD_SECRET_PREFIX = "whsec_"
 class VerificationFailed(Exception):
     """The delivery is not from whoever holds the webhook's secret. ``reason`` is loggable."""
 
-    def __init__(self, reason: str, *, stale: bool = False):
+    def __init__(self, reason: str, *, stale: bool = False, malformed: bool = False):
         super().__init__(reason)
         self.reason = reason
         # The signature scheme's timestamp is outside the tolerance (outcome stale_timestamp).
         self.stale = stale
+        # A signed value outside its documented range: the sender's bad input (a 400), not a
+        # failed proof of origin.
+        self.malformed = malformed
 
 
 @dataclass(frozen=True)
@@ -256,6 +262,10 @@ def _check_linear_timestamp(payload: dict, now) -> None:
         raise VerificationFailed("missing webhookTimestamp in the body")
     if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
         raise VerificationFailed("webhookTimestamp is not a number of milliseconds")
+    if not 0 <= stamp <= MAX_LINEAR_TIMESTAMP_MS:
+        raise VerificationFailed(
+            f"webhookTimestamp must be 0 to {MAX_LINEAR_TIMESTAMP_MS} milliseconds",
+            malformed=True)
     _check_within(stamp / 1000, now, LINEAR_TIMESTAMP_TOLERANCE)
 
 

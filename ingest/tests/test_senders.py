@@ -288,6 +288,19 @@ def test_linear_stale_body_timestamp_is_401_stale_timestamp(make_webhook, skew_m
     assert "60 s" in answer.json()["error"]["message"]
 
 
+# JSON integers have no size limit: 10**400 parses, and dividing it by 1000 overflowed a float.
+@pytest.mark.parametrize("stamp", ["1" + "0" * 400, "-1", "9007199254740992", "1e300"])
+def test_a_linear_timestamp_out_of_range_is_400_naming_the_field(make_webhook, stamp):
+    webhook = make_webhook("linear")
+    body = json.dumps(LINEAR_ISSUE)[:-1].encode() + f', "webhookTimestamp": {stamp}}}'.encode()
+    answer = send(webhook, body=body)
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["error"]["code"] == "bad_timestamp"
+    assert "webhookTimestamp" in answer.json()["error"]["message"]
+    record = refused_once(webhook, answer, 400, "malformed")
+    assert "webhookTimestamp" in record.reason
+
+
 def test_linear_body_without_its_timestamp_is_401(make_webhook):
     webhook = make_webhook("linear")
     answer = send(webhook, body=signing.body_of(LINEAR_ISSUE))
