@@ -195,12 +195,18 @@ def _rate_limited(verdict, per_minute: int) -> Problem:
                    headers={"Retry-After": str(verdict.retry_after_seconds)})
 
 
+def _give_back_verified_token(webhook) -> None:
+    """The webhook's verified budget is for work: a request refused after ``_verify`` took
+    its token gives it back."""
+    ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
+                              per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+
+
 def _charge_repeat_to_the_sender(webhook, request) -> None:
     """A repeated or replayed signed delivery spends the budget of the address that sent it,
     not the webhook's: re-sending one captured body must not push the real sender into 429.
     The token ``_verify`` took for it goes back."""
-    ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
-                              per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
+    _give_back_verified_token(webhook)
     verdict = ratelimit.charge_client_failure(
         "hook-failures", f"{webhook.pk}:{request.client}",
         per_minute=settings.SWITCHBOARD_INGEST_FAILURES_PER_MINUTE)
@@ -239,12 +245,10 @@ def _not_verified(webhook, request, failure) -> Problem:
 
 def _check_signed_payload(webhook, request, payload: dict, now) -> None:
     """What the source signs inside the body (Linear's timestamp). A failure here is a failed
-    verification like any other: the webhook gets back the token ``_verify`` took for it."""
+    verification like any other (or a 400 for a value outside its range)."""
     try:
         verification.check_payload(webhook, payload, now=now)
     except verification.VerificationFailed as failure:
-        ratelimit.give_back_token("ingest", f"ingest:{webhook.pk}",
-                                  per_minute=settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE)
         if failure.malformed:
             raise Problem(400, "bad_timestamp", failure.reason) from None
         raise _not_verified(webhook, request, failure) from None
@@ -254,21 +258,30 @@ def _is_url_verification(webhook, payload: dict) -> bool:
     return webhook.source == Source.SLACK and payload.get("type") == "url_verification"
 
 
-def _answer_url_verification(webhook, request, body: bytes, payload: dict, now):
+def _answer_url_verification(webhook, request, body: bytes, payload: dict, envelope, now):
     """Slack's handshake when an Events API request URL is saved: a signed body whose
-    ``challenge`` is answered as is (200). No todo; the delivery log records it."""
+    ``challenge`` is answered as is (200). No todo; the delivery log records it, and the
+    replay ledger holds it, so the same request again is a duplicate charged to its sender."""
     challenge = payload.get("challenge")
     if (not isinstance(challenge, str) or not challenge or len(challenge) > MAX_CHALLENGE_CHARS
             or not challenge.isprintable()):
         raise Problem(400, "malformed_body",
                       f"url_verification needs a challenge of 1-{MAX_CHALLENGE_CHARS} printable "
                       "characters")
-    transitions.record_refused(
-        webhook, outcome=Outcome.ACCEPTED, status=200, now=now,
-        observe=lambda: dataclasses.replace(_observe(request, body), kind="url_verification"),
-        reason="url_verification: challenge answered, no todo")
+    answer = plain.json_answer(200, {"challenge": challenge})
+    observe = lambda: dataclasses.replace(_observe(request, body), kind="url_verification")  # noqa: E731
+    if not transitions.take_url_verification(webhook, fingerprint=envelope.signed_digest,
+                                             now=now):
+        _charge_repeat_to_the_sender(webhook, request)
+        transitions.record_refused(webhook, outcome=Outcome.DUPLICATE, status=200, now=now,
+                                   observe=observe,
+                                   reason="this signed url_verification was already answered")
+        return answer
+    transitions.record_refused(webhook, outcome=Outcome.ACCEPTED, status=200, now=now,
+                               observe=observe,
+                               reason="url_verification: challenge answered, no todo")
     log.info("slack url_verification answered", extra={"webhook": webhook.slug})
-    return plain.json_answer(200, {"challenge": challenge})
+    return answer
 
 
 def _retry_note(webhook, request) -> str:
@@ -307,6 +320,8 @@ def answer_hook(request: plain.Request) -> plain.Answer:
     statement, refused ones capped per minute (``transitions.record_refused``)."""
     webhook_slug = request.slug
     webhook = None
+    # Whether this request holds a token of the webhook's verified budget (``_verify``).
+    holds_verified_token = False
     now = timezone.now()
     try:
         if request.method != "POST":
@@ -322,12 +337,14 @@ def answer_hook(request: plain.Request) -> plain.Answer:
         _note_found(webhook_slug)
         _check_body_size(webhook, request)
         envelope = _verify(webhook, request, now)
+        holds_verified_token = True
         body = request.body
         payload, payload_storable = _parse_delivery_body(
             webhook, media_type_of(request.header("content-type")), body)
         _check_signed_payload(webhook, request, payload, now)
         if _is_url_verification(webhook, payload):
-            return _answer_url_verification(webhook, request, body, payload, now)
+            holds_verified_token = False  # a repeat gives it back, the first one keeps it
+            return _answer_url_verification(webhook, request, body, payload, envelope, now)
         kind = titles.derive_kind(webhook.source, envelope.event, payload)
         _check_kind(kind)
         delivery_id = _delivery_id(webhook, envelope, payload)
@@ -350,6 +367,7 @@ def answer_hook(request: plain.Request) -> plain.Answer:
                 now=now,
             )
         except transitions.Refused as refused:
+            holds_verified_token = False
             _charge_repeat_to_the_sender(webhook, request)
             if refused.outcome == Outcome.REPLAY:
                 log.warning("webhook replay refused", extra={"webhook": webhook.slug,
@@ -366,6 +384,8 @@ def answer_hook(request: plain.Request) -> plain.Answer:
             return plain.json_answer(202, answer)
     except Problem as problem:
         push_metrics.INGEST_REJECTED.labels(reason=problem.code).inc()
+        if holds_verified_token:
+            _give_back_verified_token(webhook)
         if webhook is not None:
             transitions.record_refused(
                 webhook, outcome=problem.outcome, status=problem.status,

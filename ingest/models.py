@@ -230,7 +230,8 @@ class ReplayLedgerEntry(models.Model):
     """A signed body accepted for a webhook: its fingerprint (sha256 of the body, or for
     Stripe/Standard of the exact signed message, timestamp included), the delivery id it came
     under and when. A later delivery of the same fingerprint under another id inside the
-    replay window is a replay; for timestamped sources any repeat is a duplicate. Bounded:
+    replay window is a replay; for timestamped sources, for sources that never redeliver and
+    for a delivery that made no todo, any repeat is a duplicate. Bounded:
     ``sweeps.prune_replay_ledger`` deletes entries past the window.
 
     ``kind`` is the kind the body was accepted as: GitHub, Gitea and GitLab sign the body only,
@@ -245,6 +246,11 @@ class ReplayLedgerEntry(models.Model):
     # The accepted delivery event (a duplicate answers with its todos); no constraint: the
     # ledger must not hold up pruning deliveries.
     delivery_event_id = models.BigIntegerField(null=True, blank=True)
+    # Whether the accepted delivery made todos. Only then is the same delivery id the sender's
+    # redelivery that idempotency answers; one that made none (a ping, a delivery matching no
+    # route or filtered by an actor rule, Slack's url_verification) has nothing to redeliver,
+    # so a repeat of it is a duplicate however it comes.
+    made_todos = models.BooleanField(default=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["webhook", "fingerprint"],

@@ -329,26 +329,34 @@ def record_delivery_event(**values) -> DeliveryEvent:
 # -- the arrival's own rows: delivery event, replay ledger entry, delivery log record ------------
 
 _LEDGER = ReplayLedgerEntry._meta.db_table
+# Senders that redeliver a delivery under its own id with the same signed body (GitHub's and
+# GitLab's "Redeliver"/"Resend", Gitea's retries), which idempotency must answer: a duplicate
+# while the todo is live, new work once it is done. Sentry never retries, and the timestamped
+# senders re-sign a retry, so there the same signed request again is only ever a replay.
+SAME_ID_REDELIVERY = (Source.GITHUB, Source.GITEA, Source.GITLAB)
 _RECORD = DeliveryRecord._meta.db_table
 _RECORD_FIELDS = ("webhook_id", "at", "outcome", "status", "delivery_id", "kind", "size",
                   "body_sha256", "source_address", "reason", "delivery_event_id", "todo_ids",
                   "redelivered_from_id", "attributed_to_id", "headers")
 # The ledger takes a fingerprint when nothing holds it, when its holder is past the replay
-# window, or (unless the source is timestamped) when the same delivery id comes again under the
-# same kind: a sender's redelivery, which idempotency then answers. The kind must match
-# because GitHub, Gitea and GitLab do not sign the event header it comes from. Otherwise it
-# returns no row. (Over the held entry ``l`` and the ledger params; the new delivery id is
-# %(delivery_id)s.)
+# window, or (where the sender redelivers under the same id: ``same_id_redelivers``) when the
+# same delivery id comes again under the same kind and the first made todos: a sender's
+# redelivery, which idempotency then answers. The kind must match because GitHub, Gitea and
+# GitLab do not sign the event header it comes from; a delivery that made no todo has nothing
+# to redeliver. Otherwise it returns no row. (Over the held entry ``l`` and the ledger params;
+# the new delivery id is %(delivery_id)s.)
 _LEDGER_TAKES_OVER = ("l.accepted_at < %(window_start)s"
-                      " OR (%(same_id_redelivers)s AND l.delivery_id = %(delivery_id)s"
-                      " AND l.kind = %(kind)s)")
+                      " OR (%(same_id_redelivers)s AND l.made_todos"
+                      " AND l.delivery_id = %(delivery_id)s AND l.kind = %(kind)s)")
 _LEDGER_UPSERT = (
     f"INSERT INTO {_LEDGER} AS l (webhook_id, fingerprint, delivery_id, kind, accepted_at,"
-    " delivery_event_id) {source} ON CONFLICT (webhook_id, fingerprint) DO UPDATE SET"
-    " delivery_id = EXCLUDED.delivery_id, kind = EXCLUDED.kind,"
-    " accepted_at = EXCLUDED.accepted_at,"
+    " made_todos, delivery_event_id) {source} ON CONFLICT (webhook_id, fingerprint) DO UPDATE"
+    " SET delivery_id = EXCLUDED.delivery_id, kind = EXCLUDED.kind,"
+    " accepted_at = EXCLUDED.accepted_at, made_todos = EXCLUDED.made_todos,"
     f" delivery_event_id = EXCLUDED.delivery_event_id WHERE {_LEDGER_TAKES_OVER} RETURNING 1"
 )
+_LEDGER_VALUES = ("VALUES (%(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(kind)s, %(now)s,"
+                  " %(made_todos)s, %(event_id)s)")
 # True when the ledger would refuse the fingerprint (``_LEDGER_UPSERT`` would return no row).
 _LEDGER_REFUSES_SQL = (
     f"EXISTS (SELECT 1 FROM {_LEDGER} l WHERE l.webhook_id = %(webhook_id)s"
@@ -394,7 +402,7 @@ def _arrival_ctes_postgres(with_ledger: bool, only_if_sql: str = "") -> str:
     if with_ledger:
         ledger = ", ledger AS (" + _LEDGER_UPSERT.format(
             source="SELECT %(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(kind)s, %(now)s,"
-                   " event.id"
+                   " %(made_todos)s, event.id"
                    " FROM event") + ")"
     return (
         f"WITH event AS (INSERT INTO {DeliveryEvent._meta.db_table} ({event_columns})"
@@ -467,8 +475,7 @@ def _record_arrival(*, event_values: dict, record_values: dict, ledger: dict | N
     with connection.cursor() as cursor:
         if ledger is not None:
             cursor.execute(_LEDGER_UPSERT.format(
-                source="VALUES (%(webhook_id)s, %(fingerprint)s, %(delivery_id)s, %(kind)s,"
-                       " %(now)s, %(event_id)s)"), params)
+                source=_LEDGER_VALUES), params)
             if cursor.fetchone() is None:
                 return event.pk, None
         cursor.execute(f"INSERT INTO {_RECORD} ({_RECORD_COLUMNS})"
@@ -554,6 +561,22 @@ def record_refused(webhook: Webhook, *, outcome: str, status: int, observe,
         log.warning("delivery log write failed",
                     extra={"webhook": webhook.slug, "outcome": outcome, "error": type(exc).__name__})
         return None
+
+
+def take_url_verification(webhook: Webhook, *, fingerprint: str, now) -> bool:
+    """Enter Slack's signed url_verification handshake in the replay ledger (it makes no
+    delivery event). Returns False when the ledger already holds this very request inside the
+    replay window: a repeat, which the caller answers as the first and charges to its sender."""
+    params = {"webhook_id": webhook.pk, "fingerprint": fingerprint, "delivery_id": "",
+              "kind": "url_verification", "made_todos": False, "event_id": None,
+              "same_id_redelivers": False,
+              "now": connection.ops.adapt_datetimefield_value(now),
+              "window_start": connection.ops.adapt_datetimefield_value(
+                  now - settings.SWITCHBOARD_REPLAY_WINDOW)}
+    with connection.cursor() as cursor:
+        cursor.execute(_LEDGER_UPSERT.format(
+            source=_LEDGER_VALUES), params)
+        return cursor.fetchone() is not None
 
 
 class Refused(Exception):
@@ -668,9 +691,11 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
 
     With a ``fingerprint`` the replay ledger is consulted in the statement that writes the
     delivery event and the log record: a fingerprint held under another delivery id inside
-    SWITCHBOARD_REPLAY_WINDOW raises ``Refused("replay")`` — and so does any repeat when the
-    source is ``timestamped`` (``Refused("duplicate")``) — with nothing written. The log
-    record of a duplicate is written after the rollback (``record_refused``).
+    SWITCHBOARD_REPLAY_WINDOW raises ``Refused("replay")`` — and any repeat of the same
+    delivery raises ``Refused("duplicate")`` unless its sender redelivers under the same id
+    (``SAME_ID_REDELIVERY``, not ``timestamped``) and the first made todos — with nothing
+    written. The log record of a duplicate is written after the rollback
+    (``record_refused``).
     """
     now = now or timezone.now()
     observed = observed or Observed(body_sha256=body_sha256, delivery_id=delivery_id, kind=kind)
@@ -697,7 +722,8 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     if fingerprint:
         ledger = {"webhook_id": webhook.pk, "fingerprint": fingerprint, "delivery_id": delivery_id,
                   "kind": kind, "now": now, "window_start": now - settings.SWITCHBOARD_REPLAY_WINDOW,
-                  "same_id_redelivers": not timestamped}
+                  "same_id_redelivers": not timestamped and webhook.source in SAME_ID_REDELIVERY,
+                  "made_todos": bool(matching)}
     if matching and not payload_storable:
         # Checked once for the whole delivery, never once per route: the body may be an
         # anonymous one, and its cost must not grow with the routes it reaches.

@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from ingest import sweeps
-from ingest.models import DeliveryRecord, ReplayLedgerEntry
+from ingest.models import DeliveryEvent, DeliveryRecord, ReplayLedgerEntry
 from todos import transitions as todo_transitions
 from todos.models import Todo
 
@@ -227,9 +227,68 @@ def test_the_same_delivery_under_another_event_header_is_a_replay_not_work_on_an
     # The sender's own redelivery (same id, same event) is still §4's duplicate...
     again = post_hook(webhook.slug, body, sign(body, "d-1", "issues"))
     assert again.status_code == 202 and again.json()["todos"][0]["duplicate"] is True
-    # ...and once the todo is done, still a fresh todo, while the relabel stays refused.
+    # ...and once the todo is done, still a fresh todo where the sender redelivers under the
+    # same id (Sentry never does: there it stays the duplicate), while the relabel stays refused.
     finish(first.json()["todos"][0]["id"], endpoint)
     assert post_hook(webhook.slug, body, sign(body, "d-1", "push")).status_code == 409
     later = post_hook(webhook.slug, body, sign(body, "d-1", "issues"))
-    assert later.status_code == 202 and later.json()["todos"][0]["duplicate"] is False
-    assert sorted(Todo.objects.values_list("queue", flat=True)) == ["inbox", "inbox"]
+    redelivers = source != "sentry"
+    assert later.status_code == 202 and later.json()["todos"][0]["duplicate"] is not redelivers
+    assert Todo.objects.filter(queue="inbox").count() == 1 + redelivers
+    assert Todo.objects.count() == 1 + redelivers
+
+
+GITHUB_PING = {"zen": "Design for failure.", "hook_id": 1, "hook": {"type": "Repository"}}
+SLACK_HANDSHAKE = {"token": "Jhj5dZrVaK7ZwHHjRyZWjbDl", "type": "url_verification",
+                   "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}
+
+
+def no_todo_delivery(case, make_webhook, endpoint):
+    """A webhook and one signed request to it that makes no todo, per ``case``; and a fresh
+    request to the same webhook that does."""
+    if case == "url_verification":
+        webhook = make_webhook("slack")
+        body = signing.body_of(SLACK_HANDSHAKE)
+        fresh = signing.body_of({"type": "event_callback", "event_id": "Ev-fresh", "event": {
+            "type": "app_mention", "user": "U1", "channel": "C1", "text": "hi", "ts": "1.2"}})
+        return (webhook, (body, signing.slack(SECRETS["slack"], body)),
+                (fresh, signing.slack(SECRETS["slack"], fresh)))
+    webhook = make_webhook("github", routes=[])
+    from ingest import transitions as ingest_transitions
+
+    ingest_transitions.add_webhook_route(
+        webhook=webhook, endpoint=endpoint, queue="inbox", kinds=["issues"],
+        actors_allowed=["alice"] if case == "filtered" else None)
+    payload, event = {"ping": (GITHUB_PING, "ping"), "no_route": (ISSUE, "push"),
+                      "filtered": ({**ISSUE, "sender": {"login": "mallory"}}, "issues")}[case]
+    body = signing.body_of(payload)
+    fresh = signing.body_of({**ISSUE, "sender": {"login": "alice"}, "n": 2})
+    return (webhook, (body, signing.github(SECRETS["github"], body, event=event)),
+            (fresh, signing.github(SECRETS["github"], fresh)))
+
+
+@pytest.mark.parametrize("case", ["ping", "no_route", "filtered", "url_verification"])
+def test_a_repeat_of_a_signed_delivery_that_made_no_todo_is_answered_as_the_first_was(
+        make_webhook, endpoint, settings, case):
+    """The ledger holds every signed delivery a webhook accepted, todo or not: a repeat is
+    answered as the first answer was, logged duplicate, writes no delivery event and spends
+    the sending address's budget, never the webhook's."""
+    from switchboard import ratelimit
+
+    ratelimit.reset_local_state()
+    settings.SWITCHBOARD_INGEST_RATE_PER_MINUTE = 2
+    webhook, (body, meta), (fresh, fresh_meta) = no_todo_delivery(case, make_webhook, endpoint)
+    first = post_hook(webhook.slug, body, meta)
+    assert first.status_code in (200, 202), first.content
+    events = DeliveryEvent.objects.count()
+    for _ in range(5):
+        repeat = post_hook(webhook.slug, body, meta)
+        assert (repeat.status_code, repeat.json()) == (first.status_code, first.json())
+    assert DeliveryEvent.objects.count() == events
+    outcomes = list(DeliveryRecord.objects.filter(webhook=webhook).order_by("id")
+                    .values_list("outcome", flat=True))
+    assert outcomes[1:] == ["duplicate"] * 5, outcomes
+    assert Todo.objects.count() == 0
+    # The webhook's budget (2 a minute) spent once, by the first: the sender's next is work.
+    work = post_hook(webhook.slug, fresh, fresh_meta)
+    assert work.status_code == 202 and len(work.json()["todos"]) == 1, work.content
