@@ -292,3 +292,45 @@ def test_a_repeat_of_a_signed_delivery_that_made_no_todo_is_answered_as_the_firs
     # The webhook's budget (2 a minute) spent once, by the first: the sender's next is work.
     work = post_hook(webhook.slug, fresh, fresh_meta)
     assert work.status_code == 202 and len(work.json()["todos"]) == 1, work.content
+
+
+def test_a_captured_sentry_delivery_repeated_after_its_todo_is_done_stays_a_duplicate(
+        make_webhook, endpoint):
+    """Sentry never redelivers and signs no timestamp: the same signed body again is a copy,
+    not the sender's redelivery, however often its todo is done in between."""
+    webhook = make_webhook("sentry")
+    body = signing.body_of({"action": "created", "data": {"issue": {"id": "1", "title": "x"}}})
+    meta = signing.sentry(SECRETS["sentry"], body, delivery="req-1")
+    first = post_hook(webhook.slug, body, meta)
+    (todo,) = first.json()["todos"]
+    finish(todo["id"], endpoint)
+    for _ in range(3):
+        again = post_hook(webhook.slug, body, meta)
+        assert again.status_code == 202 and again.json()["todos"] == [{**todo, "duplicate": True}]
+    assert Todo.objects.count() == 1
+
+
+TIMESTAMP_WINDOWS = {"stripe": 300, "standard": 300, "slack": 300, "linear": 60}
+
+
+@pytest.mark.parametrize("source", sorted(TIMESTAMP_WINDOWS))
+def test_a_timestamped_request_repeated_after_done_is_a_duplicate_then_stale_outside_its_window(
+        make_webhook, endpoint, monkeypatch, source):
+    webhook = make_webhook(source)
+    payload = {"stripe": {"id": "evt_1", "type": "invoice.paid", "data": {}},
+               "standard": {"type": "invoice.paid", "data": {}},
+               "slack": {"type": "event_callback", "event_id": "Ev1", "event": {
+                   "type": "app_mention", "user": "U1", "channel": "C1", "text": "hi"}},
+               "linear": {"type": "Issue", "action": "create", "data": {"id": "i"}}}[source]
+    body = (signing.linear_body(payload) if source == "linear" else signing.body_of(payload))
+    meta = signing.SIGNERS[source](SECRETS[source], body)
+    first = post_hook(webhook.slug, body, meta)
+    (todo,) = first.json()["todos"]
+    finish(todo["id"], endpoint)
+    repeat = post_hook(webhook.slug, body, meta)
+    assert repeat.status_code == 202 and repeat.json()["todos"] == [{**todo, "duplicate": True}]
+    later = timezone.now() + timedelta(seconds=TIMESTAMP_WINDOWS[source] + 5)
+    monkeypatch.setattr(timezone, "now", lambda: later)
+    stale = post_hook(webhook.slug, body, meta)
+    assert stale.status_code == 401 and stale.json()["error"]["code"] == "stale_timestamp"
+    assert Todo.objects.count() == 1
