@@ -21,7 +21,9 @@ role (the route fails closed; a listed login still does).
   carry no role at all, so a GitLab route can trust logins only (add_webhook_route refuses
   ``author_associations`` there).
 * Slack: the actor is the user id of the event's message (``event.user``; for an edit or a
-  deletion, the edited or deleted message's). Slack has no roles. A message written by a bot
+  deletion, the edited or deleted message's). A thread's notice of a reply (kind
+  ``message.thread_notice``) carries the thread's first message but is nobody's: no actor,
+  so it passes no actor rule. Slack has no roles. A message written by a bot
   or an app (a ``bot_id``, or ``subtype: bot_message``) has the bot id as its login and is a
   *bot's* actor: no route takes work from one unless its ``actors`` list that bot id, rules or
   not. An agent that answers in the channel it listens to would otherwise make a todo of its
@@ -30,6 +32,7 @@ role (the route fails closed; a listed login still does).
 
 from dataclasses import dataclass
 
+from . import titles
 from .models import Source
 
 # GitHub's author_association values, the vocabulary of a route's trusted roles.
@@ -101,9 +104,8 @@ def _gitlab(kind: str, payload: dict) -> Actor:
 def _slack_message(event: dict) -> dict:
     """The message a Slack event is about: the deleted one (``message_deleted``:
     ``previous_message``), the nested ``message`` of an event that has no author of its own
-    (an edit, ``message_changed``; a thread's notice of a new reply, ``message_replied``,
-    which carries the thread's first message and often arrives without its subtype), else the
-    event itself."""
+    (an edit, ``message_changed``), else the event itself. A thread's notices carry the
+    thread's first message too, but are nobody's (``titles.is_slack_thread_notice``)."""
     if event.get("subtype") == "message_deleted":
         return _dict(event.get("previous_message"))
     nested = _dict(event.get("message"))
@@ -114,6 +116,10 @@ def _slack_message(event: dict) -> dict:
 
 def _slack(kind: str, payload: dict) -> Actor:
     event = _dict(payload.get("event"))
+    if titles.is_slack_thread_notice(event):
+        # The message it carries is the thread's first, not a new one by that author: a
+        # notice is nobody's, and passes no route's actor rule.
+        return Actor("")
     message = _slack_message(event)
     bot_id = _text(message.get("bot_id")) or _text(event.get("bot_id"))
     if bot_id or "bot_message" in (message.get("subtype"), event.get("subtype")):

@@ -57,6 +57,40 @@ def _clean_kind(kind: str) -> str:
     return kind.strip()[:MAX_KIND_CHARS]
 
 
+# Slack's notice that a thread changed (a reply was posted): a message event with no author of
+# its own, carrying the thread's first message. It is nobody's new message, so it has a kind of
+# its own, which only a route naming it exactly takes (``OPT_IN_KINDS``).
+SLACK_THREAD_NOTICE_KIND = "message.thread_notice"
+OPT_IN_KINDS = frozenset({SLACK_THREAD_NOTICE_KIND})
+# What Slack updates on a thread's first message when somebody replies to it.
+_SLACK_REPLY_METADATA = frozenset({"reply_count", "reply_users", "reply_users_count",
+                                   "latest_reply", "replies", "subscribed", "last_read",
+                                   "thread_ts", "is_locked"})
+
+
+def _without_reply_metadata(message: dict) -> dict:
+    return {key: value for key, value in message.items() if key not in _SLACK_REPLY_METADATA}
+
+
+def is_slack_thread_notice(event) -> bool:
+    """A Slack ``message`` event without an author of its own that only reports on a thread:
+    ``message_replied``, a ``hidden`` notice without a subtype, or a ``message_changed`` whose
+    message differs from its previous version in reply metadata alone. An edit (its text or
+    files changed) and a deletion are not notices: they are about their author's message."""
+    if not isinstance(event, dict) or event.get("type") != "message":
+        return False
+    if _text(event.get("user")) or _text(event.get("bot_id")):
+        return False
+    subtype = event.get("subtype")
+    if subtype == "message_replied":
+        return True
+    if subtype == "message_changed":
+        after, before = event.get("message"), event.get("previous_message")
+        return (isinstance(after, dict) and isinstance(before, dict)
+                and _without_reply_metadata(after) == _without_reply_metadata(before))
+    return subtype is None and event.get("hidden") is True
+
+
 def derive_kind(source: str, event: str, payload: dict) -> str:
     """The todo's kind: the source's event name, ``.action`` appended when the payload has one
     (``issues.opened``), so routes can filter on either the event or the event and action."""
@@ -85,6 +119,8 @@ def derive_kind(source: str, event: str, payload: dict) -> str:
         if isinstance(payload, dict):
             kind = _text(_dig(payload, "event", "type")) if payload.get("type") == "event_callback" else ""
             kind = kind or _text(payload.get("type"))
+            if kind == "message" and is_slack_thread_notice(payload.get("event")):
+                kind = SLACK_THREAD_NOTICE_KIND
     elif source == Source.SENTRY:
         # Sentry-Hook-Resource (issue, event_alert, metric_alert, …) plus the payload's action.
         kind = _text(event)

@@ -213,7 +213,10 @@ def route_owned(route: Route) -> bool:
 
 
 def route_matches(route: Route, kind: str) -> bool:
-    """An empty filter takes every kind; ``issues`` takes ``issues`` and ``issues.*``."""
+    """An empty filter takes every kind; ``issues`` takes ``issues`` and ``issues.*``. A kind
+    in ``titles.OPT_IN_KINDS`` (a Slack thread's notice) only where the route names it."""
+    if kind in titles.OPT_IN_KINDS:
+        return kind in route.kinds
     if not route.kinds:
         return True
     event = kind.partition(".")[0]

@@ -170,14 +170,6 @@ BOT_MESSAGES = {
     # The agent deleting its reply.
     "bot_delete": {"subtype": "message_deleted", "user": None,
                    "previous_message": {"type": "message", "bot_id": "B0AGENT01", "text": "x"}},
-    # A reply in the thread of the agent's message: Slack's notice carries the thread's first
-    # message, and often arrives without its subtype.
-    "bot_thread_notice": {"subtype": "message_replied", "hidden": True, "user": None,
-                          "message": {"type": "message", "bot_id": "B0AGENT01",
-                                      "user": "U0BOTUSER", "text": "x", "reply_count": 1}},
-    "bot_thread_notice_without_subtype": {
-        "hidden": True, "user": None,
-        "message": {"type": "message", "bot_id": "B0AGENT01", "user": "U0BOTUSER", "text": "x"}},
 }
 
 
@@ -206,6 +198,59 @@ def test_a_slack_bots_own_message_makes_no_todo(make_webhook, endpoint, event):
                                             "parent_user_id": "U0BOTUSER"})):
         answer = send(webhook, slack_message(event_id, **human))
         assert answer.status_code == 202 and len(answer.json()["todos"]) == 1
+
+
+# Slack's notices about a thread: a message event with no author of its own, carrying the
+# thread's first message (U0ALICE's), sent when somebody else (U0MALLORY) replies in it.
+THREAD_NOTICES = {
+    "message_replied": {"subtype": "message_replied", "hidden": True, "user": None,
+                        "message": {"type": "message", "user": "U0ALICE", "text": "the ask",
+                                    "thread_ts": "1515449000.000001", "reply_count": 1,
+                                    "replies": [{"user": "U0MALLORY", "ts": "1515449600.1"}]}},
+    # A reply in the thread of the agent's own message (the notice carries the bot's).
+    "bot_thread_notice": {"subtype": "message_replied", "hidden": True, "user": None,
+                          "message": {"type": "message", "bot_id": "B0AGENT01",
+                                      "user": "U0BOTUSER", "text": "x", "reply_count": 1}},
+    "hidden_without_subtype": {"hidden": True, "user": None,
+                               "message": {"type": "message", "user": "U0ALICE",
+                                           "text": "the ask", "reply_count": 1}},
+    "reply_metadata_change": {
+        "subtype": "message_changed", "hidden": True, "user": None,
+        "message": {"type": "message", "user": "U0ALICE", "text": "the ask", "reply_count": 2,
+                    "reply_users": ["U0MALLORY"], "latest_reply": "1515449600.2"},
+        "previous_message": {"type": "message", "user": "U0ALICE", "text": "the ask",
+                             "reply_count": 1, "reply_users": ["U0MALLORY"],
+                             "latest_reply": "1515449600.1"}},
+}
+
+
+@pytest.mark.parametrize("notice", THREAD_NOTICES.values(), ids=THREAD_NOTICES.keys())
+def test_a_slack_thread_notice_is_nobodys_message_and_makes_no_work_unless_a_route_opts_in(
+        make_webhook, endpoint, notice):
+    """A reply's notice carries the thread's first message: it is not that author's new
+    message, so it makes no work on a route for every message, never passes an actor rule as
+    the thread's author, and reaches only a route that names its kind."""
+    webhook = make_webhook("slack", routes=[(endpoint, "inbox", ["message"])])
+    transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="alice",
+                                  kinds=["message", "message.thread_notice"],
+                                  actors_allowed=["U0ALICE"])
+    answer = send(webhook, slack_message("Ev0NOTE001", **notice))
+    assert answer.status_code == 202 and answer.json()["todos"] == [], answer.content
+    [record] = records(webhook)
+    assert (record.outcome, record.kind) == (Outcome.FILTERED, "message.thread_notice")
+    # A route that opts in takes it, as nobody's: it is only a notice.
+    transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="threads",
+                                  kinds=["message.thread_notice"])
+    answer = send(webhook, slack_message("Ev0NOTE002", **notice))
+    assert [todo["queue"] for todo in answer.json()["todos"]] == ["threads"]
+    assert Todo.objects.get().kind == "message.thread_notice"
+    # A person's edit (Slack marks it hidden too) is still the edited message's author's.
+    edit = send(webhook, slack_message("Ev0EDIT001", subtype="message_changed", hidden=True,
+                                       user=None, message={"type": "message", "user": "U0ALICE",
+                                                           "text": "the ask, edited"},
+                                       previous_message={"type": "message", "user": "U0ALICE",
+                                                         "text": "the ask"}))
+    assert sorted(todo["queue"] for todo in edit.json()["todos"]) == ["alice", "inbox"]
 
 
 def test_a_slack_route_takes_a_bot_it_lists_and_only_the_users_it_lists(
