@@ -43,6 +43,14 @@ own (``PGAPPNAME``), and the CPU of that server's backends (``pg_stat_activity``
 request is stale). Each line's p99 is that sender's hook answer time under this load; Slack
 allows 3 s, Sentry 1 s, Linear 5 s.
 
+``--anonymous`` adds three lines of anonymous posts to an ``unsigned`` webhook on the same
+daphne (queue ``anon``): ``sb-anon-tiny`` (a 30-byte body), ``sb-anon-64k-arrays`` (64 KiB of
+small nested arrays, the costliest shape to decode and check) and ``sb-anon-64k-text``
+(64 KiB of escaped strings, which must be walked for NUL and lone surrogates), and prints
+``anonymous body CPU``: each 64 KiB line's daphne + PostgreSQL CPU per request over the tiny
+one's. What an anonymous sender can make a server spend per request is bounded by these
+ratios; a refused body's answer status shows in its line.
+
 The client is a minimal HTTP/1.1 keep-alive client on asyncio streams rather than httpx: on a
 small machine the load generator shares CPUs with the servers, and a heavier client would lower
 both numbers and flatter the ratio. Bounded: at most ``--deliveries`` per round and
@@ -76,6 +84,9 @@ REPO = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789abcdef"
 WEBHOOK = "bench-github"
 SOURCES = ("github", "linear", "slack", "sentry")
+ANONYMOUS = ("anon-tiny", "anon-64k-arrays", "anon-64k-text")
+ANONYMOUS_WEBHOOK = "bench-unsigned"
+ANONYMOUS_BODY_BYTES = 64 * 1024
 ENDPOINT = "bench-agent"
 READY_TIMEOUT_SECONDS = 30.0
 RESPONSE_TIMEOUT_SECONDS = 30.0
@@ -104,6 +115,8 @@ def ensure_database(url: str) -> None:
 
 
 def webhook_slug(source: str) -> str:
+    if source in ANONYMOUS:
+        return ANONYMOUS_WEBHOOK
     return WEBHOOK if source == "github" else f"bench-{source}"
 
 
@@ -114,6 +127,9 @@ def target_name(source: str) -> str:
 def prepare_switchboard(env: dict, sources=("github",)) -> None:
     """Migrate the bench database and (re)create the webhook, endpoint and route; old bench
     todos are removed so every run starts from the same table size."""
+    webhooks = sorted({(webhook_slug(source), "unsigned", "", "anon") if source in ANONYMOUS
+                       else (webhook_slug(source), source, SECRET, "inbox")
+                       for source in sources})
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO,
                    env=env, check=True)
     script = f"""
@@ -127,12 +143,11 @@ owner, _ = get_user_model().objects.get_or_create(username="bench-operator")
 endpoint, _ = Endpoint.objects.get_or_create(slug={ENDPOINT!r}, defaults={{"owner": owner}})
 Todo.objects.filter(endpoint=endpoint).delete()
 DeliveryEvent.objects.filter(webhook__slug={WEBHOOK!r}).delete()
-for source in {list(sources)!r}:
-    slug = {WEBHOOK!r} if source == "github" else "bench-" + source
+for slug, source, secret, queue in {webhooks!r}:
     DeliveryEvent.objects.filter(webhook__slug=slug).delete()
     webhook, _ = Webhook.objects.update_or_create(
-        slug=slug, defaults={{"owner": owner, "source": source, "secret": {SECRET!r}}})
-    Route.objects.get_or_create(webhook=webhook, endpoint=endpoint, queue="inbox")
+        slug=slug, defaults={{"owner": owner, "source": source, "secret": secret}})
+    Route.objects.get_or_create(webhook=webhook, endpoint=endpoint, queue=queue)
 """
     subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, check=True)
 
@@ -197,11 +212,27 @@ def _hex_hmac(message: bytes) -> str:
     return hmac.new(SECRET.encode(), message, hashlib.sha256).hexdigest()
 
 
+def anonymous_body(source: str, number: int, run_id: str) -> bytes:
+    """An anonymous post of ``source``'s shape, distinct per number (an unsigned delivery's key
+    is its body's digest), the 64 KiB ones padded to exactly ANONYMOUS_BODY_BYTES."""
+    head = f'{{"run":"{run_id}","n":{number},"a":['.encode()
+    if source == "anon-tiny":
+        return head + b"]}"
+    item = b"[1]" if source == "anon-64k-arrays" else b'"\\n"'
+    count = (ANONYMOUS_BODY_BYTES - len(head) - 2 + 1) // (len(item) + 1)
+    body = head + b",".join([item] * count) + b"]}"
+    return body + b" " * (ANONYMOUS_BODY_BYTES - len(body))
+
+
 def sender_request(source: str, number: int, run_id: str) -> bytes:
-    """One Linear, Slack or Sentry delivery of the shape each sends, signed as each signs."""
+    """One Linear, Slack or Sentry delivery of the shape each sends, signed as each signs; or
+    an anonymous post (``ANONYMOUS``)."""
     delivery = f"{run_id}-{number}"
     text = "Steps to reproduce: run the benchmark. " * 8
-    if source == "linear":
+    if source in ANONYMOUS:
+        body = anonymous_body(source, number, run_id)
+        headers = ""
+    elif source == "linear":
         body = json.dumps({
             "action": "create", "type": "Issue", "organizationId": "bench", "run": run_id,
             "data": {"id": delivery, "identifier": f"BEN-{number}", "title": f"Benchmark {number}",
@@ -366,12 +397,18 @@ def main():
                         help="another checkout of this repository: served as line 'compare'")
     parser.add_argument("--no-reference", action="store_true",
                         help="leave out the floor and bare-sql lines")
+    parser.add_argument("--anonymous", action="store_true",
+                        help="add tiny and 64 KiB anonymous posts to an unsigned webhook and "
+                             "print their CPU ratio")
     args = parser.parse_args()
     if args.compare_tree is not None and not (args.compare_tree / "manage.py").is_file():
         sys.exit(f"--compare-tree: {args.compare_tree} is not a checkout of this repository")
     sources = [name.strip() for name in args.sources.split(",") if name.strip()]
     if not sources or set(sources) - set(SOURCES):
         sys.exit(f"--sources: pick from {','.join(SOURCES)}")
+    signed_sources = list(sources)
+    if args.anonymous:
+        sources += list(ANONYMOUS)
 
     database_url = bench_database_url(os.environ.get("DATABASE_URL", ""))
     ensure_database(database_url)
@@ -507,7 +544,17 @@ def main():
               f"{cpu_ms['bare-sql'] / cpu_ms['switchboard']:.2f}")
         print(f"  (information) switchboard/floor = {rates['switchboard'] / rates['floor']:.2f}, "
               f"bare-sql/floor = {rates['bare-sql'] / rates['floor']:.2f}")
-    ours = [target_name(source) for source in sources] + ["compare"] * ("compare" in targets)
+    if args.anonymous:
+        # daphne and PostgreSQL together: a body the server refuses early costs little in
+        # either, one it stores costs in both.
+        per_request = {name: cpu_ms[name] + db_ms[name] for name in targets}
+        tiny = per_request[target_name("anon-tiny")]
+        print("  anonymous body CPU (daphne + PostgreSQL per request, over the tiny post's "
+              f"{tiny:.2f} ms): " + ", ".join(
+                  f"{source.removeprefix('anon-')} {per_request[target_name(source)] / tiny:.1f}x"
+                  f" (statuses {dict(sorted(results[target_name(source)]['statuses'].items()))})"
+                  for source in ANONYMOUS[1:]))
+    ours = [target_name(source) for source in signed_sources] + ["compare"] * ("compare" in targets)
     sent = sum(len(warmed[name][1]) + len(results[name]["latencies"]) for name in ours)
     todos = count_bench_todos(env)
     print(f"  todos created {todos} for {sent} deliveries sent (one per delivery: {todos == sent})")

@@ -31,6 +31,8 @@ MAX_JSON_DEPTH = 100
 # took seconds of CPU).
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.|\\\Z)*(?:"|\Z)', re.DOTALL)
 _NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
+# The escapes that decode to NUL or to a surrogate (``is_plainly_storable``).
+_RISKY_ESCAPE_RE = re.compile(r"\\u(?:0000|[dD][89a-fA-F])")
 # An innermost pair once everything but brackets is gone: peeling them off once per level.
 _INNERMOST_PAIR_RE = re.compile(r"\[\]|\{\}")
 
@@ -57,6 +59,17 @@ def check_depth(text: str, limit: int = MAX_JSON_DEPTH) -> None:
         raise TooDeep(limit)
 
 
+def count_containers(text: str, limit: int) -> int:
+    """How many arrays and objects ``text`` opens, brackets inside strings not counted, exactly
+    when that is more than ``limit`` (else a number at most ``limit``). C-speed passes only:
+    it runs before the decoder, on text nobody vouches for."""
+    quick = text.count("[") + text.count("{")
+    if quick <= limit:
+        return quick
+    outside_strings = _STRING_RE.sub("", text)
+    return outside_strings.count("[") + outside_strings.count("{")
+
+
 def _refuse_constant(name):
     raise ValueError(f"{name} is not valid JSON")
 
@@ -73,14 +86,16 @@ def is_plainly_storable(text: str) -> bool:
     databases store it (``unstorable_reason`` is None for it), decided on the
     text at C speed. What that walk looks for, and why none of it can be there:
 
-    * NUL or a lone surrogate in a string or key: without a backslash every decoded string is a
-      slice of ``text`` (no escapes), the decoder refuses raw control characters in strings,
-      and ``text`` encoding as UTF-8 means it has no lone surrogate;
+    * NUL or a lone surrogate in a string or key: the decoder refuses raw control characters in
+      strings, ``text`` encoding as UTF-8 means it holds no raw lone surrogate, and the only
+      escapes that decode to either are ``\\u0000`` and ``\\uD800``-``\\uDFFF`` (``_RISKY_ESCAPE_RE``;
+      a surrogate pair is walked too, the price of a one-pass check);
     * a number that is not finite: ``loads_strict`` refuses NaN, Infinity and overflows;
     * nesting deeper than MAX_JSON_DEPTH: impossible with at most that many openers.
 
     False says only "walk it"; callers run the full check then."""
-    if "\\" in text or text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH or (
+            "\\" in text and _RISKY_ESCAPE_RE.search(text)):
         return False
     try:
         text.encode("utf-8")

@@ -10,11 +10,13 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from ingest import transitions
+from ingest import hook, transitions
 from ingest.models import DeliveryRecord
 from switchboard import json_input
 from todos.models import Todo
 
+from . import signing
+from .conftest import SECRETS
 from .test_views import post_hook
 
 pytestmark = pytest.mark.django_db
@@ -29,10 +31,14 @@ def nested(depth: int) -> bytes:
     return ('{"type": "deep", "payload": ' + inner + "}").encode() if depth > 1 else b'{"type": "deep"}'
 
 
-def check_answer(answer_status: int, body: dict, depth: int, ok: int):
+def check_answer(answer_status: int, body: dict, depth: int, ok: int, max_containers=None):
     assert answer_status != 500
     if depth <= MAX_DEPTH:
         assert answer_status == ok, (depth, body)
+    elif max_containers is not None and depth > max_containers:
+        # As many arrays as levels: past an anonymous body's cap on them, that refusal comes
+        # first (it is counted before the depth).
+        assert answer_status == 400 and body["error"]["code"] == "too_complex", (depth, body)
     else:
         assert answer_status == 400, (depth, body)
         assert body["error"]["code"] == "too_deep"
@@ -45,7 +51,8 @@ def test_hook_depth_sweep_1_to_2000_is_202_up_to_the_limit_then_400(make_webhook
     webhook = make_webhook("unsigned")
     for depth in range(1, 2001):
         answer = post_hook(webhook.slug, nested(depth), {})
-        check_answer(answer.status_code, answer.json(), depth, 202)
+        check_answer(answer.status_code, answer.json(), depth, 202,
+                     max_containers=hook.UNSIGNED_MAX_JSON_CONTAINERS)
     assert Todo.objects.count() == MAX_DEPTH
 
 
@@ -94,6 +101,37 @@ def test_an_unsigned_body_over_64_kib_is_413_and_at_the_cap_is_accepted(make_web
     assert DeliveryRecord.objects.filter(outcome="too_large", size=len(over)).exists()
 
 
+def test_an_unsigned_body_of_more_arrays_and_objects_than_its_cap_is_400_before_decoding(
+        make_webhook, monkeypatch):
+    """Decoding and checking a body costs per array or object in it: 64 KiB of ``[1],`` cost
+    an anonymous sender's server twenty tiny posts. An unsigned body holds at most
+    UNSIGNED_MAX_JSON_CONTAINERS of them, counted at C speed before anything decodes it."""
+    cap = hook.UNSIGNED_MAX_JSON_CONTAINERS
+    webhook = make_webhook("unsigned")
+    signed = make_webhook("github", slug="signed-hook")
+
+    def body_with(containers: int) -> bytes:
+        # The outer object and array are two of them.
+        return b'{"type":"t","a":[' + b",".join([b"[1]"] * (containers - 2)) + b"]}"
+
+    assert post_hook(webhook.slug, body_with(cap), {}).status_code == 202
+    # Brackets inside strings are text, not containers.
+    text = json.dumps({"type": "t", "s": "[{" * (4 * cap), "n": 2}).encode()
+    assert post_hook(webhook.slug, text, {}).status_code == 202
+    decoded = []
+    real = json_input.loads_strict
+    monkeypatch.setattr(json_input, "loads_strict", lambda text: decoded.append(1) or real(text))
+    answer = post_hook(webhook.slug, body_with(cap + 1), {})
+    assert answer.status_code == 400, answer.content
+    assert answer.json()["error"]["code"] == "too_complex"
+    assert f"at most {cap} JSON arrays and objects" in answer.json()["error"]["message"]
+    assert decoded == [] and Todo.objects.count() == 2
+    assert DeliveryRecord.objects.filter(webhook=webhook, outcome="malformed").count() == 1
+    # A signed sender's body is not anonymous: its shape is its own business.
+    body = body_with(4 * cap)
+    assert post_hook(signed.slug, body, signing.github(SECRETS["github"], body)).status_code == 202
+
+
 @pytest.mark.timeout(30)
 def test_the_depth_check_is_one_pass_over_unterminated_strings():
     """Review finding: the string-removal pattern restarted at every quote of an unterminated
@@ -135,12 +173,18 @@ def test_a_plainly_storable_text_holds_nothing_the_storable_checks_would_refuse(
 
 
 @pytest.mark.parametrize("text", [
-    '{"a": "\\u0000"}', '{"\\u0000": 1}', '{"a": "\\ud800"}', '{"a": "\\n"}',
+    '{"a": "\\u0000"}', '{"\\u0000": 1}', '{"a": "\\ud800"}', '{"a": "\\uDFFF"}',
     "{\"a\": \"\ud800\"}",  # a raw lone surrogate (a str no strict UTF-8 decode returns)
     '{"a": ' + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "}",
 ])
 def test_escapes_surrogates_and_many_brackets_are_walked(text):
     assert not json_input.is_plainly_storable(text)
+
+
+def test_escapes_that_decode_to_neither_nul_nor_a_surrogate_are_plain():
+    # A log line's newlines and an ASCII-escaped accent need no walk: only \u0000 and
+    # \uD800-\uDFFF decode to what the databases refuse.
+    assert json_input.is_plainly_storable('{"a": "one\\ntwo \\u00e9 \\\\ \\"quoted\\""}')
 
 
 def test_an_ordinary_delivery_body_is_plain():
@@ -164,8 +208,9 @@ def test_an_unsigned_body_is_validated_once_however_many_routes_it_matches(
         return real(value)
 
     monkeypatch.setattr(json_input, "unstorable_reason", counting)
-    # Escapes make the body one a walk must check (json_input.is_plainly_storable is False).
-    body = json.dumps({"type": "log", "lines": ["a\nb"] * 2000}).encode()
+    # Surrogate escapes make the body one a walk must check (json_input.is_plainly_storable is
+    # False for them: a lone one is unstorable).
+    body = json.dumps({"type": "log", "lines": ["a\U0001f600b"] * 2000}).encode()
     answer = post_hook(webhook.slug, body, {})
     assert answer.status_code == 202, answer.content
     assert Todo.objects.count() == 5
