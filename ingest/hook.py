@@ -63,10 +63,10 @@ UNSIGNED_MAX_JSON_CONTAINERS = 1000
 
 
 def _check_anonymous_shape(text: str) -> None:
-    if json_input.count_containers(text, UNSIGNED_MAX_JSON_CONTAINERS) > UNSIGNED_MAX_JSON_CONTAINERS:
+    cap = UNSIGNED_MAX_JSON_CONTAINERS
+    if json_input.count_containers(text, cap) > cap:
         raise Problem(400, "too_complex",
-                      f"unsigned webhooks take bodies of at most {UNSIGNED_MAX_JSON_CONTAINERS} "
-                      "JSON arrays and objects")
+                      f"unsigned webhooks take bodies of at most {cap} JSON arrays and objects")
 
 
 def _parse_delivery_body(webhook, media_type: str, body: bytes) -> tuple[dict, bool]:
@@ -286,7 +286,10 @@ def _answer_url_verification(webhook, request, body: bytes, payload: dict, envel
                       f"url_verification needs a challenge of 1-{MAX_CHALLENGE_CHARS} printable "
                       "characters")
     answer = plain.json_answer(200, {"challenge": challenge})
-    observe = lambda: dataclasses.replace(_observe(request, body), kind="url_verification")  # noqa: E731
+
+    def observe():
+        return dataclasses.replace(_observe(request, body), kind="url_verification")
+
     if not transitions.take_url_verification(webhook, fingerprint=envelope.signed_digest,
                                              now=now):
         _charge_repeat_to_the_sender(webhook, request)

@@ -88,8 +88,8 @@ def is_plainly_storable(text: str) -> bool:
 
     * NUL or a lone surrogate in a string or key: the decoder refuses raw control characters in
       strings, ``text`` encoding as UTF-8 means it holds no raw lone surrogate, and the only
-      escapes that decode to either are ``\\u0000`` and ``\\uD800``-``\\uDFFF`` (``_RISKY_ESCAPE_RE``;
-      a surrogate pair is walked too, the price of a one-pass check);
+      escapes that decode to either are ``\\u0000`` and ``\\uD800``-``\\uDFFF``
+      (``_RISKY_ESCAPE_RE``; a surrogate pair is walked too, the price of a one-pass check);
     * a number that is not finite: ``loads_strict`` refuses NaN, Infinity and overflows;
     * nesting deeper than MAX_JSON_DEPTH: impossible with at most that many openers.
 
