@@ -272,10 +272,11 @@ AUDITED_CLAIM = (
     "lease_owner = %(owner)s, lease_expires_at = %(expires)s, lease_ttl = %(ttl)s, "
     "attempts = attempts + 1, retry_at = NULL, not_before = NULL, updated_at = %(now)s "
     "WHERE id = (SELECT c.id FROM "
-    "unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (SELECT p.id, p.priority, "
-    "p.created_at FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = q.name AND "
-    "p.state = 'pending' AND p.not_before IS NULL ORDER BY p.priority DESC, p.created_at, p.id "
-    "LIMIT 1 FOR UPDATE SKIP LOCKED) c "
+    "unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL (SELECT h.id, h.priority, "
+    "h.created_at FROM (SELECT p.id, p.priority, p.created_at FROM todos_todo p "
+    "WHERE p.endpoint_id = %(endpoint_id)s AND p.queue = q.name AND "
+    "p.state = 'pending' AND p.not_before IS NULL ORDER BY p.priority DESC, p.created_at, p.id"
+    ") h WHERE todo_claim_hold(h.id) LIMIT 1) c "
     "ORDER BY c.priority DESC, c.created_at, c.id LIMIT 1) AND state = 'pending' "
     "AND not_before IS NULL "
     f"RETURNING {_TODO_COLUMNS})" + _EVENT.format(action="claim", before="pending")
@@ -306,10 +307,10 @@ AUDITED_VARIANTS = {
     "audited statements (d)": (AUDITED_CLAIM, AUDITED_COMPLETE),
     "claim by one scan of todo_claim_any_queue (as a '*' scope), not 4 per-queue probes": (
         _without(AUDITED_CLAIM, _LATERAL_PICK,
-                 "(SELECT p.id FROM todos_todo p WHERE p.endpoint_id = %(endpoint_id)s AND "
-                 "p.queue = ANY(%(queues)s::text[]) AND p.state = 'pending' "
-                 "AND p.not_before IS NULL ORDER BY p.priority DESC, p.created_at, p.id "
-                 "LIMIT 1 FOR UPDATE SKIP LOCKED)"),
+                 "(SELECT h.id FROM (SELECT p.id FROM todos_todo p WHERE p.endpoint_id = "
+                 "%(endpoint_id)s AND p.queue = ANY(%(queues)s::text[]) AND p.state = 'pending' "
+                 "AND p.not_before IS NULL ORDER BY p.priority DESC, p.created_at, p.id) h "
+                 "WHERE todo_claim_hold(h.id) LIMIT 1)"),
         AUDITED_COMPLETE),
     "no audit events (the two todo-event inserts)": (
         _without(AUDITED_CLAIM, _EVENT_CTE),

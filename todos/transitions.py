@@ -653,18 +653,20 @@ def _claim_cap_guard(endpoint, params: dict, *, lock_row_first: bool = False) ->
     endpoint's transaction lock, held until the claim commits. SQLite: a sub-select (its single
     writer serializes claims).
 
-    Whoever holds the endpoint's lock must never wait for a row lock, or a claim holding a row
-    and waiting for the lock deadlocks with it (measured: a claim by id waiting on the row a
-    claim_next had picked). claim_next's pick locks its row before the guard runs; a claim by
-    id passes ``lock_row_first`` to lock its row (by ``%(todo_id)s``) in the guard, before the
+    Whoever holds the endpoint's lock must never wait for a row lock another claim holds, or a
+    claim holding a row and waiting for the lock deadlocks with it (measured: a claim by id
+    waiting on the row a claim_next had picked). claim_next's pick holds its todo's claim lock
+    (``todo_claim_hold``) before the guard runs, and may then wait only for bookkeeping (a
+    digest, a ring), which never takes this lock; a claim by id passes ``lock_row_first`` to
+    take that claim lock and then its row lock (by ``%(todo_id)s``) in the guard, before the
     function."""
     if not endpoint.has_claim_caps:
         return ""
     params["max_claimed"] = endpoint.max_claimed
     params["queue_limits"] = json.dumps(endpoint.queue_limits or {})
     if _is_postgres():
-        first = (" AND id = (SELECT id FROM todos_todo WHERE id = %(todo_id)s FOR UPDATE)"
-                 if lock_row_first else "")
+        first = (" AND id = (SELECT id FROM todos_todo WHERE id = %(todo_id)s"
+                 " AND todo_claim_hold(id, TRUE) FOR UPDATE)" if lock_row_first else "")
         return (f"{first} AND endpoint_claim_fits(todos_todo.endpoint_id, todos_todo.queue,"
                 " %(max_claimed)s::integer, (%(queue_limits)s::jsonb ->> todos_todo.queue)::integer)")
     claimed = ("SELECT count(*) FROM todos_todo c WHERE c.endpoint_id = todos_todo.endpoint_id"
@@ -735,12 +737,14 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
         params["queues"] = _queue_list_param(queues)
         return (
             "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
-            " SELECT p.id, p.priority, p.created_at FROM todos_todo p"
-            " WHERE p.endpoint_id = %(endpoint_id)s"
-            f" AND p.queue = q.name AND {_READY_SQL.format(t='p.')}"
-            f"{_trust_filter(hide_unverified, 'p.trust')}{room}"
-            f" ORDER BY {_CLAIM_ORDER.format(t='p.')}"
-            f" LIMIT 1 FOR UPDATE SKIP LOCKED) c ORDER BY {_CLAIM_ORDER.format(t='c.')} LIMIT 1"
+            + _first_unheld(
+                "SELECT p.id, p.priority, p.created_at FROM todos_todo p"
+                " WHERE p.endpoint_id = %(endpoint_id)s"
+                f" AND p.queue = q.name AND {_READY_SQL.format(t='p.')}"
+                f"{_trust_filter(hide_unverified, 'p.trust')}{room}"
+                f" ORDER BY {_CLAIM_ORDER.format(t='p.')}", "h.id, h.priority, h.created_at",
+                endpoint)
+            + f") c ORDER BY {_CLAIM_ORDER.format(t='c.')} LIMIT 1"
         )
     queue_filter = ""
     if queues is not None:
@@ -748,11 +752,27 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
         queue_filter = " AND " + _queue_filter("queue", "queues")
     elif endpoint is not None:
         queue_filter = _unpaused_where(endpoint, params)
-    return (
+    ordered = (
         f"SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND {_READY_SQL.format(t='')}"
         f"{queue_filter}{_trust_filter(hide_unverified)}{room}"
-        f" ORDER BY {_CLAIM_ORDER.format(t='')} LIMIT 1{_skip_locked()}"
+        f" ORDER BY {_CLAIM_ORDER.format(t='')}"
     )
+    return _first_unheld(ordered, "h.id", endpoint) if _is_postgres() else ordered + " LIMIT 1"
+
+
+def _first_unheld(ordered_sql: str, columns: str, endpoint) -> str:
+    """PostgreSQL: the first row of ``ordered_sql`` (the claim order) that no other claim
+    holds, now held by this one (``todo_claim_hold``: a claim's own advisory lock, and the row
+    re-read fresh). Not a row lock with SKIP LOCKED: a digest or a ring stamping
+    last_ringed_at locks rows too, and a todo held only by that bookkeeping is still the one
+    to hand out (the claim's UPDATE waits the moment it takes). The function is applied
+    outside the ordered sub-select, which PostgreSQL neither flattens (it has an ORDER BY) nor
+    pushes a volatile condition into, so it runs on rows in claim order and stops at the
+    first it holds, whatever plan reads them. An endpoint with caps has its cap lock taken
+    first, so its claims pick in turn (a claim that passed over a held todo must not take the
+    last slot before the claim holding it is checked)."""
+    capped = ", FALSE, %(endpoint_id)s::bigint" if endpoint is not None and endpoint.has_claim_caps else ""
+    return f"SELECT {columns} FROM ({ordered_sql}) h WHERE todo_claim_hold(h.id{capped}) LIMIT 1"
 
 
 def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, verified_only=False,
@@ -762,8 +782,9 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     ``verified_only``: skip ``unverified`` todos (as an endpoint that refuses them always does),
     so a worker that runs commands claims only what an authenticated sender handed over.
 
-    PostgreSQL: the candidate is locked with FOR UPDATE SKIP LOCKED inside the same statement, so a
-    competing worker skips it instead of waiting. With a list of queues, each queue is probed on its
+    PostgreSQL: the candidate is held by the claim's own lock inside the same statement
+    (``_first_unheld``), so a competing worker skips it instead of waiting, while a todo that
+    only a digest or a ring holds for a moment is still handed out in its turn. With a list of queues, each queue is probed on its
     own (LATERAL … LIMIT 1 on ``todo_claim_by_queue``) and the oldest head wins: ``queue = ANY(…)
     ORDER BY created_at`` cannot use the index order, so it sorts the matching rows instead. SQLite:
     the same statement without the lock clause; its single writer serializes claims. Refuses
@@ -816,13 +837,13 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     return None
 
 
-# SKIP LOCKED skips every locked row, not only rows other claims hold: a digest or a ring
-# stamping last_ringed_at, or an operator's action, holds its row for a moment too, and a claim
-# landing in that moment found "nothing" while the todo waited (an agent reconnecting is rung
-# a digest exactly as it starts claiming). So an empty claim looks once more, without locks:
-# while a claimable row exists it tries again after a short pause. A row another claim holds
-# stops existing as pending when that claim commits, so contention costs a retry or two, and
-# an empty queue one extra index probe.
+# The pick passes over rows other claims hold, and one of those may stay pending (its claim's
+# guard refused it: a cap, a pause); a claim by id or an operator's action may also take the
+# picked row between the pick and the UPDATE. Either way the claim found "nothing" while a todo
+# waited. So an empty claim looks once more, without locks: while a claimable row exists it
+# tries again after a short pause. A row another claim holds stops existing as pending when
+# that claim commits, so contention costs a retry or two, and an empty queue one extra index
+# probe.
 CLAIM_PAUSES_WHILE_LOCKED_SECONDS = (0.002, 0.005, 0.01, 0.02, 0.04)
 
 

@@ -231,3 +231,110 @@ def test_a_todo_a_stamp_holds_for_a_moment_is_claimed_not_reported_empty(endpoin
         release.set()
         holder.join()
     assert claimed is not None and claimed.pk == todo.pk
+
+
+# -- priority order while bookkeeping marks rows (docs/reference.md#doorbells) -------------------
+
+
+def _postgres_only():
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("row locks and SKIP LOCKED are PostgreSQL's; SQLite's single writer "
+                    "serialises claims and digests")
+
+
+def bulk_create_ranked(endpoint, *, high: int, low: int):
+    """``high`` priority-100 todos, then ``low`` priority-0 ones: the better todos have the
+    lower ids, the order in which a digest marks (and once locked) them."""
+    now = timezone.now()
+    Todo.objects.bulk_create(
+        Todo(endpoint=endpoint, queue="inbox", title=f"t{i}", trust="signed",
+             priority=100 if i < high else 0, max_attempts=endpoint.max_attempts,
+             created_at=now, updated_at=now)
+        for i in range(high + low))
+
+
+class DigestsInALoop:
+    """Threads that keep sending ``endpoint``'s digest (``record_digest`` marks every claimable
+    todo) until stopped, each on its own connection."""
+
+    def __init__(self, endpoint, threads: int = 2):
+        self.endpoint, self.stop, self.rounds, self.errors = endpoint, threading.Event(), [], []
+        self.threads = [threading.Thread(target=self._run) for _ in range(threads)]
+
+    def _run(self):
+        try:
+            while not self.stop.is_set():
+                self.rounds.append(len(transitions.record_digest(endpoint=self.endpoint)))
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while not self.rounds and time.monotonic() < deadline:  # digests are under way
+            time.sleep(0.001)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+        assert not self.errors, self.errors
+
+
+def test_sixteen_cold_claimers_take_the_best_todos_while_digests_mark_them():
+    """A digest marks every claimable todo of the endpoint; a claimer must not take it for a
+    claim and skip the better todos (a cold pool of 16 claimed priority 0 with priority 100
+    waiting). Only rows other claims hold may be passed over."""
+    _postgres_only()
+    endpoint = EndpointFactory(owner=UserFactory())
+    bulk_create_ranked(endpoint, high=64, low=1500)
+    workers, claims_each = 16, 4
+    start = threading.Barrier(workers)
+    claimed = [[] for _ in range(workers)]
+
+    def claim(i):
+        caller = transitions.Caller.agent(endpoint, f"worker-{i}")
+        start.wait(30)
+        for _ in range(claims_each):
+            claimed[i].append(transitions.claim_next_todo(caller).priority)
+
+    with DigestsInALoop(endpoint) as digests:
+        run_threads(workers, claim)
+    assert digests.rounds
+    priorities = Counter(p for worker in claimed for p in worker)
+    assert priorities == {100: workers * claims_each}, priorities
+
+
+def test_max_claimed_one_goes_to_the_highest_priority_while_digests_mark_rows():
+    """Four workers start together on an endpoint that lets one todo be claimed at a time: the
+    slot goes to the priority-100 todo, round after round, whatever a digest holds."""
+    _postgres_only()
+    endpoint = EndpointFactory(owner=UserFactory(), max_claimed=1)
+    wrong = []
+    for round_number in range(10):
+        Todo.objects.filter(endpoint=endpoint).delete()
+        bulk_create_ranked(endpoint, high=1, low=400)
+        start = threading.Barrier(4)
+        got = []
+
+        def claim(i):
+            caller = transitions.Caller.agent(endpoint, f"worker-{i}")
+            start.wait(30)
+            try:
+                todo = transitions.claim_next_todo(caller)
+            except transitions.Refusal as refusal:
+                assert refusal.code == "at_capacity", refusal.code
+                return
+            if todo is not None:
+                got.append(todo.priority)
+
+        with DigestsInALoop(endpoint, threads=1):
+            run_threads(4, claim)
+        assert len(got) == 1, got
+        if got != [100]:
+            wrong.append(round_number)
+    assert not wrong, f"the slot went to a priority-0 todo in rounds {wrong}"
