@@ -356,13 +356,16 @@ if SWITCHBOARD_PRODUCTION:
 
 # -- redis: channel layer and Celery ---------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
+# The key prefix of everything this installation keeps in Redis (the channel layer, the rate
+# limits, the doorbell counts).
+CHANNEL_PREFIX = env.str("CHANNEL_PREFIX", default="sb")
 if REDIS_URL:
     if not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
         raise ImproperlyConfigured("REDIS_URL must start with redis://, rediss:// or unix://")
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env.str("CHANNEL_PREFIX", default="sb")},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": CHANNEL_PREFIX},
         }
     }
 else:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from channels_push.doorbells.doorbells import CHANNEL_METHOD
 from channels_push.sessions import notify as session_notify
@@ -34,11 +35,16 @@ def rss_bytes(pid: int) -> int:
 
 
 def doorbell_counts(url: str) -> tuple[float, float]:
-    """The server's (sent, dropped) doorbell counters."""
+    """The server's (sent, dropped) doorbell counters, dropped summed over its reasons."""
     text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
                      timeout=10).text
-    return tuple(float(re.search(rf"^switchboard_doorbells_{name}_total (\S+)$", text,
-                                 re.MULTILINE).group(1)) for name in ("sent", "dropped"))
+    totals = {"sent": 0.0, "dropped": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for name in totals:
+                if sample.name == f"switchboard_doorbells_{name}_total":
+                    totals[name] += sample.value
+    return totals["sent"], totals["dropped"]
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
@@ -93,3 +99,70 @@ def test_a_client_that_never_reads_is_dropped_and_server_memory_stays_flat(start
         assert credential not in log
     finally:
         sock.close()
+
+
+def test_a_doorbell_dropped_at_the_backlog_is_one_line_saying_so(start_daphne, caplog):
+    """Rung through the doorbell's own send, to a stream whose client never reads: a doorbell
+    the stream drops at its backlog bound was also logged "doorbell rung" by the sender once
+    the channel layer took it. Every doorbell is one line, its true outcome."""
+    import logging
+
+    from channels_push.doorbells import doorbells
+
+    server = start_daphne(SWITCHBOARD_STREAM_BUFFER_BYTES=str(BOUND_BYTES),
+                          SWITCHBOARD_METRICS_TOKEN=METRICS_TOKEN)
+    owner = UserFactory(username="backlog-owner")
+    endpoint, credential = endpoint_transitions.vend_endpoint(slug="backlog-reader", owner=owner)
+    answer = httpx.post(f"{server.url}/mcp/{endpoint.slug}", timeout=10, json={
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "slow", "version": "1"}}},
+        headers={"Authorization": f"Bearer {credential}",
+                 "Accept": "application/json, text/event-stream"})
+    session_id = answer.headers["mcp-session-id"]
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.connect(("127.0.0.1", server.port))
+    sock.sendall((f"GET /mcp/{endpoint.slug} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  f"Authorization: Bearer {credential}\r\nAccept: text/event-stream\r\n"
+                  f"Mcp-Session-Id: {session_id}\r\n\r\n").encode())
+    caplog.set_level(logging.INFO, logger="switchboard.doorbell")
+    frames = 600  # ~2.4 MB: more than the kernel's socket buffers take before the bound
+    try:
+        assert poll(lambda: McpSession.objects.get(pk=session_id).open_streams == 1)
+        before = doorbell_counts(server.url)
+        content = "x" * FRAME_CONTENT_CHARS
+        for start in range(0, frames, BATCH):
+            for number in range(start, start + BATCH):
+                doorbells.send_doorbell(session_id, {"content": content, "meta": {}},
+                                        {"endpoint": endpoint.slug, "todo_id": str(number)})
+            assert publish.wait_for_sends(30)
+            assert poll(lambda: sum(doorbell_counts(server.url)) - sum(before) >= start + BATCH,
+                        deadline_seconds=30)
+    finally:
+        sock.close()
+    server_lines = _outcome_lines(server.log_text())
+    dropped = {todo for todo, outcome in server_lines if outcome.startswith("doorbell dropped")}
+    assert dropped, "the stream dropped nothing: the bound was never reached"
+    here = [(r.todo_id, r.getMessage()) for r in caplog.records
+            if r.getMessage().startswith(("doorbell rung", "doorbell dropped"))]
+    per_todo = {}
+    for todo, outcome in server_lines + here:
+        per_todo.setdefault(todo, []).append(outcome)
+    assert sorted(per_todo) == sorted(str(n) for n in range(frames))
+    twice = {todo: outcomes for todo, outcomes in per_todo.items() if len(outcomes) != 1}
+    assert not twice, dict(list(twice.items())[:3])
+    for todo in dropped:
+        assert per_todo[todo] == ["doorbell dropped: stream backlog over its bound"]
+
+
+def _outcome_lines(log: str) -> list[tuple[str, str]]:
+    """``(todo_id, "doorbell rung" | "doorbell dropped: …")`` of each outcome line in a
+    server's log."""
+    lines = []
+    for line in log.splitlines():
+        outcome = re.search(r'msg="(doorbell (?:rung|dropped[^"]*))"|msg=(doorbell rung)\b', line)
+        todo = re.search(r"\btodo_id=(\d+)", line)
+        if outcome and todo:
+            lines.append((todo.group(1), outcome.group(1) or outcome.group(2)))
+    return lines

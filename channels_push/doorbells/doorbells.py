@@ -144,22 +144,32 @@ def _context(todo, endpoint_slug: str) -> dict:
 
 def send_doorbell(session_id: str, params: dict, context: dict) -> bool:
     """Hand one frame to the session's stream(s), wherever they are, without waiting. Its one
-    log line comes once the channel layer has taken it ("doorbell rung") or failed to
-    ("doorbell dropped", counted): a Redis that is down loses the doorbell, and it must not
-    also be reported as rung."""
+    INFO line tells the outcome where it is known: the stream logs "doorbell rung" when it
+    writes the frame, or "doorbell dropped" when its buffer or backlog refuses it; here only a
+    send the channel layer refused is logged ("doorbell dropped", counted). A line saying
+    "rung" once the layer took it would be followed by the stream's drop for the same
+    doorbell."""
 
     def dropped(reason, error):
         drop_doorbell(reason, {**context, "error": error} if error else context)
 
     return session_notify.notify_session(
         session_id, CHANNEL_METHOD, params, context=context,
-        on_sent=lambda: log.info("doorbell rung", extra=context), on_dropped=dropped)
+        on_sent=lambda: log.debug("doorbell handed to the channel layer", extra=context),
+        on_dropped=dropped)
 
 
 def drop_doorbell(reason: str, context: dict) -> None:
     """A doorbell that reaches nobody: one INFO line (ids only) and the drop counter."""
     log.info(f"doorbell dropped: {reason}", extra=context)
-    metrics.DOORBELLS_DROPPED.inc()
+    metrics.count_doorbell("dropped", reason)
+
+
+def skip_doorbell(reason: str, context: dict) -> None:
+    """A doorbell with nothing left to ring for (an agent claimed the todo first): one INFO
+    line and a counter of its own, never counted as a drop."""
+    log.info(f"doorbell skipped: {reason}", extra=context)
+    metrics.count_doorbell("skipped", reason)
 
 
 def _ring_session(session_id: str, has_stream: bool, params: dict, context: dict) -> None:
@@ -242,6 +252,11 @@ def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
     ) if endpoint.has_attached_session else None
     if chosen is None:
         drop_doorbell("no attached session", context)
+        return None
+    if chosen is rings.NOT_RINGABLE:
+        # Sessions are attached, and one of them (or a pull) took the todo between its commit
+        # and this ring: nothing was lost.
+        skip_doorbell("already claimed", context)
         return None
     session_id, has_stream = chosen
     _ring_session(session_id, has_stream, todo_doorbell(todo), context)

@@ -72,10 +72,16 @@ def choose_sessions(*, endpoint_id: int, limit: int, now=None) -> list[tuple[str
     return []
 
 
+# What choose_doorbell_session answers when sessions are attached but the todo may no longer
+# ring (claimed, or otherwise no longer pending, since its commit).
+NOT_RINGABLE = object()
+
+
 def choose_doorbell_session(*, endpoint_id: int, todo_id: int, charge: bool = False,
-                            now=None) -> tuple[str, bool] | None:
+                            now=None):
     """ONE attached session to ring for ``todo_id`` (``choose_sessions``), as ``(session_id,
-    has_open_stream)``; None when nobody is attached or the todo may no longer ring.
+    has_open_stream)``; None when nobody is attached; ``NOT_RINGABLE`` when somebody is but the
+    todo may no longer ring.
 
     The session is picked first and the todo checked after, by the todo's own statement
     (``charge``: ``todos.transitions.charge_ring`` counts the ring toward its budget in the
@@ -89,4 +95,4 @@ def choose_doorbell_session(*, endpoint_id: int, todo_id: int, charge: bool = Fa
         may_ring = todo_transitions.charge_ring(todo_id=todo_id)
     else:
         may_ring = todo_queries.may_ring(todo_id)
-    return chosen[0] if may_ring else None
+    return chosen[0] if may_ring else NOT_RINGABLE

@@ -33,7 +33,7 @@ from django.db import DatabaseError
 from channels_push.bus import group_reader
 from channels_push.bus.groups import NOTIFY_MESSAGE_TYPE, TERMINATE_MESSAGE_TYPE, session_group
 from channels_push.doorbells.doorbells import CHANNEL_METHOD
-from switchboard import health, metrics
+from switchboard import health
 from switchboard.db import pool_check
 from switchboard.http import daphne_tuning, plain, sse, stream_pump
 
@@ -347,8 +347,7 @@ class McpEndpoint:
                                   {**context, "unsent_bytes": backlog})
                 return True
             await send({"type": "http.response.body", "more_body": True, "body": body})
-            if message.get("method") == CHANNEL_METHOD:
-                metrics.DOORBELLS_SENT.inc()
+            stream.frame_written(message, context)
             return True
 
         def keepalive_frame() -> bytes:

@@ -30,6 +30,7 @@ from django.conf import settings
 
 from channels_push import models
 from channels_push.doorbells import doorbells
+from channels_push.doorbells.doorbells import CHANNEL_METHOD
 from channels_push.sessions import queries
 from channels_push.sessions import transitions as session_transitions
 from switchboard import health, metrics
@@ -223,7 +224,14 @@ def drop_frame(reason: str, context: dict) -> None:
     """A notification this stream will not write: one INFO line (ids only: endpoint slug,
     todo id, short session) and the doorbell drop counter."""
     log.info(f"doorbell dropped: {reason}", extra=context)
-    metrics.DOORBELLS_DROPPED.inc()
+    metrics.count_doorbell("dropped", reason)
+
+
+def frame_written(message: dict, context: dict) -> None:
+    """A doorbell this stream wrote to its client: its one INFO line and the sent counter."""
+    if message.get("method") == CHANNEL_METHOD:
+        log.info("doorbell rung", extra=context)
+        metrics.count_doorbell("sent")
 
 
 def sse_headers(session_id: str) -> list[tuple[bytes, bytes]]:

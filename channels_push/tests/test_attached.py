@@ -189,13 +189,14 @@ def test_a_sweep_ring_to_a_streamless_session_is_logged_and_counted(
     open_session(endpoint, now)  # attached by a request, no stream
     todo = make_ready_todo(endpoint, now=now - timedelta(minutes=6))
     caplog.set_level(logging.INFO, logger="switchboard.doorbell")
-    dropped_before = metrics.DOORBELLS_DROPPED._value.get()
+    dropped_before = metrics.read_doorbell_counts()["dropped|session_has_no_open_stream"]
     with django_capture_on_commit_callbacks(execute=True):
         assert sweeps.ring_due_todos(now=now) == 1
     [line] = [r for r in caplog.records if r.getMessage().startswith("doorbell dropped")]
     assert line.levelno == logging.INFO
     assert (line.endpoint, line.todo_id) == (endpoint.slug, str(todo.pk))
-    assert metrics.DOORBELLS_DROPPED._value.get() == dropped_before + 1
+    assert (metrics.read_doorbell_counts()["dropped|session_has_no_open_stream"]
+            == dropped_before + 1)
 
 
 @pytest.mark.django_db
@@ -206,6 +207,59 @@ def test_a_ring_with_nobody_attached_is_logged_at_info(
         todo = make_ready_todo(endpoint)
     [line] = [r for r in caplog.records if r.getMessage().startswith("doorbell dropped")]
     assert line.levelno == logging.INFO and line.todo_id == str(todo.pk)
+
+
+def _doorbell_samples(values, outcome: str) -> float:
+    """Every sample of switchboard_doorbells_<outcome>_total in a scrape, whatever its labels."""
+    return sum(count for (name, _), count in values.items()
+               if name == f"switchboard_doorbells_{outcome}_total")
+
+
+@pytest.mark.django_db
+def test_a_todo_claimed_before_its_ring_is_skipped_not_dropped(endpoint, agent, caplog, client):
+    """Sessions are attached, and an agent claims the todo before its doorbell goes out: that
+    is no drop and no missing session, and is counted apart."""
+    from todos import transitions
+    from todos.tests.test_metrics import scrape, value
+
+    now = timezone.now()
+    open_session(endpoint, now, stream=True)
+    todo = make_ready_todo(endpoint)  # its ring waits for a commit this test never runs
+    transitions.claim_todo(agent, todo.pk)
+    before = scrape(client)
+    caplog.set_level(logging.INFO, logger="switchboard.doorbell")
+    assert doorbells.ring_todo(todo, now=now) is None
+    lines = [r for r in caplog.records if r.getMessage().startswith("doorbell")]
+    assert [r.getMessage() for r in lines] == ["doorbell skipped: already claimed"]
+    assert (lines[0].levelno, lines[0].todo_id) == (logging.INFO, str(todo.pk))
+    after = scrape(client)
+    assert _doorbell_samples(after, "dropped") == _doorbell_samples(before, "dropped")
+    assert (value(after, "switchboard_doorbells_skipped_total", reason="already_claimed")
+            - value(before, "switchboard_doorbells_skipped_total", reason="already_claimed")) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_drop_decided_in_another_process_reaches_this_processs_metrics(endpoint, client):
+    """The heartbeat sweep runs in a Celery worker (here the same sweep, by manage.py in a
+    process of its own): its drops must show on a web process's /metrics."""
+    import subprocess
+
+    from tests.processes import PYTHON, ROOT, child_env
+    from todos.tests.test_metrics import scrape, value
+
+    now = timezone.now()
+    open_session(endpoint, now)  # attached by a request, no stream: the ring is dropped
+    make_ready_todo(endpoint, now=now - timedelta(minutes=6))
+    before = scrape(client)
+    done = subprocess.run([PYTHON, "manage.py", "sweep_doorbells", "--json"], cwd=ROOT,
+                          env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"rung": 1' in done.stdout, done.stdout + done.stderr
+    after = scrape(client)
+    assert _doorbell_samples(after, "dropped") - _doorbell_samples(before, "dropped") == 1
+    reason = "session_has_no_open_stream"
+    assert (value(after, "switchboard_doorbells_dropped_total", reason=reason)
+            - value(before, "switchboard_doorbells_dropped_total", reason=reason)) == 1
 
 
 # -- the shared piece has its own module (STYLE "Lessons": no import circles) --------------------

@@ -257,11 +257,15 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
     caplog.set_level(logging.INFO)
     from switchboard import metrics
 
-    sent_before = metrics.DOORBELLS_SENT._value.get()
-    dropped_before = metrics.DOORBELLS_DROPPED._value.get()
+    def counted():
+        counts = metrics.read_doorbell_counts()
+        return counts["sent|"], counts["dropped|stream_buffer_full"]
+
+    sent_before, dropped_before = counted()
     frames, dropped = async_to_sync(scenario)()
-    assert metrics.DOORBELLS_DROPPED._value.get() - dropped_before >= len(dropped)
-    assert metrics.DOORBELLS_SENT._value.get() - sent_before == len(frames)
+    sent_after, dropped_after = counted()
+    assert dropped_after - dropped_before == len(dropped)
+    assert sent_after - sent_before == len(frames)
     # The digest plus at most what the stream may hold; the rest was dropped and logged.
     assert len(frames) - 1 <= held_at_most
     assert len(dropped) >= published - held_at_most
@@ -389,10 +393,11 @@ def test_a_doorbell_lost_to_an_unreachable_redis_is_counted_and_logged_once_as_d
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}}  # nothing listens on port 1
 
-    def series(name):
-        return metrics.REGISTRY.get_sample_value(name) or 0.0
+    def series(name, **labels):
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
 
-    dropped_before = series("switchboard_doorbells_dropped_total")
+    reason = {"reason": "channel_layer_send_failed"}
+    dropped_before = series("switchboard_doorbells_dropped_total", **reason)
     sent_before = series("switchboard_doorbells_sent_total")
     caplog.clear()
     caplog.set_level(logging.INFO)
@@ -405,7 +410,7 @@ def test_a_doorbell_lost_to_an_unreachable_redis_is_counted_and_logged_once_as_d
     assert dropped.error  # the exception's type, never its text
     assert dropped.session == session.pk[:8]  # the session id is an identifier, logged short
     assert credential not in caplog.text
-    assert series("switchboard_doorbells_dropped_total") - dropped_before == 1
+    assert series("switchboard_doorbells_dropped_total", **reason) - dropped_before == 1
     assert series("switchboard_doorbells_sent_total") == sent_before
     assert Todo.objects.get(pk=todo.pk).state == "pending"
 

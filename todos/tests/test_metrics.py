@@ -74,16 +74,19 @@ def test_metrics_need_no_login_and_move_with_create_claim_and_dead_letter(client
     assert value(after, "switchboard_todos", endpoint="ep", queue="inbox", state="done") == 0  # not a backlog
 
 
-def test_in_process_counters_are_exposed(client):
+def test_counters_are_exposed(client):
     before = scrape(client)
-    push_metrics.DOORBELLS_SENT.inc()
-    push_metrics.DOORBELLS_DROPPED.inc(2)
+    push_metrics.count_doorbell("sent")
+    push_metrics.count_doorbell("dropped", "no attached session")
+    push_metrics.count_doorbell("dropped", "no attached session")
+    push_metrics.count_doorbell("skipped", "already claimed")
     push_metrics.INGEST_ACCEPTED.labels(source="github").inc()
     push_metrics.INGEST_REJECTED.labels(reason="bad_signature").inc()
     after = scrape(client)
     for name, labels, step in [
         ("switchboard_doorbells_sent_total", {}, 1),
-        ("switchboard_doorbells_dropped_total", {}, 2),
+        ("switchboard_doorbells_dropped_total", {"reason": "no_attached_session"}, 2),
+        ("switchboard_doorbells_skipped_total", {"reason": "already_claimed"}, 1),
         ("switchboard_ingest_accepted_total", {"source": "github"}, 1),
         ("switchboard_ingest_rejected_total", {"reason": "bad_signature"}, 1),
     ]:
