@@ -771,7 +771,8 @@ def _first_unheld(ordered_sql: str, columns: str, endpoint) -> str:
     first it holds, whatever plan reads them. An endpoint with caps has its cap lock taken
     first, so its claims pick in turn (a claim that passed over a held todo must not take the
     last slot before the claim holding it is checked)."""
-    capped = ", FALSE, %(endpoint_id)s::bigint" if endpoint is not None and endpoint.has_claim_caps else ""
+    capped = (", FALSE, %(endpoint_id)s::bigint"
+              if endpoint is not None and endpoint.has_claim_caps else "")
     return f"SELECT {columns} FROM ({ordered_sql}) h WHERE todo_claim_hold(h.id{capped}) LIMIT 1"
 
 
@@ -784,10 +785,11 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
 
     PostgreSQL: the candidate is held by the claim's own lock inside the same statement
     (``_first_unheld``), so a competing worker skips it instead of waiting, while a todo that
-    only a digest or a ring holds for a moment is still handed out in its turn. With a list of queues, each queue is probed on its
-    own (LATERAL … LIMIT 1 on ``todo_claim_by_queue``) and the oldest head wins: ``queue = ANY(…)
-    ORDER BY created_at`` cannot use the index order, so it sorts the matching rows instead. SQLite:
-    the same statement without the lock clause; its single writer serializes claims. Refuses
+    only a digest or a ring holds for a moment is still handed out in its turn. With a list of
+    queues, each queue is probed on its own (LATERAL … LIMIT 1 on ``todo_claim_by_queue``) and
+    the best head wins: ``queue = ANY(…) ORDER BY created_at`` cannot use the index order, so it
+    sorts the matching rows instead. SQLite: the same statement without the lock clause; its
+    single writer serializes claims. Refuses
     ``not_in_scope`` when ``queues`` names a queue outside the caller's grant, and ``at_capacity``
     when only a cap keeps it from claiming (``held_back_by_cap``; the MCP tool answers that as an
     empty result, not an error).
