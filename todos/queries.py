@@ -652,6 +652,11 @@ def may_ring(todo_id) -> bool:
 # -- a todo's end, for what dies with it ----------------------------------------------------------
 
 
+def find_todo_state(todo_id) -> str | None:
+    """Todo ``todo_id``'s state now; None when it is gone."""
+    return Todo.objects.filter(pk=todo_id).values_list("state", flat=True).first()
+
+
 def no_todo_points_at_sql(delivery_event: str) -> str:
     """SQL over ingest's delivery event row ``delivery_event``: no todo points at it any more
     (its todos were pruned, or it created none), for the delivery events' retention prune.

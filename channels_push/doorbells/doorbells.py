@@ -30,6 +30,7 @@ from django.utils import timezone
 from endpoints.models import Presence
 from switchboard import harness_text, metrics
 from switchboard.db import statements
+from todos import queries as todo_queries
 from todos import transitions as todo_transitions
 
 from channels_push.bus import publish
@@ -254,9 +255,10 @@ def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
         drop_doorbell("no attached session", context)
         return None
     if chosen is rings.NOT_RINGABLE:
-        # Sessions are attached, and one of them (or a pull) took the todo between its commit
-        # and this ring: nothing was lost.
-        skip_doorbell("already claimed", context)
+        # Sessions are attached, and an agent took the todo (or an operator cancelled it)
+        # between its commit and this ring: nothing was lost. Rare, so it may cost a read.
+        cancelled = todo_queries.find_todo_state(todo.pk) == "cancelled"
+        skip_doorbell("cancelled" if cancelled else "already claimed", context)
         return None
     session_id, has_stream = chosen
     _ring_session(session_id, has_stream, todo_doorbell(todo), context)

@@ -30,7 +30,6 @@ from django.conf import settings
 
 from channels_push import models
 from channels_push.doorbells import doorbells
-from channels_push.doorbells.doorbells import CHANNEL_METHOD
 from channels_push.sessions import queries
 from channels_push.sessions import transitions as session_transitions
 from switchboard import health, metrics
@@ -229,7 +228,7 @@ def drop_frame(reason: str, context: dict) -> None:
 
 def frame_written(message: dict, context: dict) -> None:
     """A doorbell this stream wrote to its client: its one INFO line and the sent counter."""
-    if message.get("method") == CHANNEL_METHOD:
+    if message.get("method") == doorbells.CHANNEL_METHOD:
         log.info("doorbell rung", extra=context)
         metrics.count_doorbell("sent")
 

@@ -238,6 +238,19 @@ def test_a_todo_claimed_before_its_ring_is_skipped_not_dropped(endpoint, agent, 
             - value(before, "switchboard_doorbells_skipped_total", reason="already_claimed")) == 1
 
 
+@pytest.mark.django_db
+def test_a_todo_cancelled_before_its_ring_is_skipped_as_cancelled(endpoint, caplog):
+    from todos import transitions
+
+    open_session(endpoint, timezone.now(), stream=True)
+    todo = make_ready_todo(endpoint)
+    transitions.cancel_todo(transitions.Caller.operator(endpoint, "alice"), todo.pk)
+    caplog.set_level(logging.INFO, logger="switchboard.doorbell")
+    assert doorbells.ring_todo(todo) is None
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("doorbell")] \
+        == ["doorbell skipped: cancelled"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_drop_decided_in_another_process_reaches_this_processs_metrics(endpoint, client):
     """The heartbeat sweep runs in a Celery worker (here the same sweep, by manage.py in a
