@@ -1,5 +1,6 @@
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from ingest import transitions
 from tests.factories import EndpointFactory
@@ -27,6 +28,17 @@ def forget_found_slugs():
     hook._found_slugs.clear()
     yield
     hook._found_slugs.clear()
+
+
+@pytest.fixture
+def frozen_now(monkeypatch):
+    """The server's clock held at a whole second for the test: a signed timestamp ``skew``
+    seconds away is exactly that far from the hook's "now", however long a loaded machine takes
+    to deliver the request (a stamp taken from the running clock drifts toward the tolerance
+    while it travels). ``int(frozen_now.timestamp())`` is the stamp to sign from."""
+    now = timezone.now().replace(microsecond=0)
+    monkeypatch.setattr(timezone, "now", lambda: now)
+    return now
 
 
 @pytest.fixture

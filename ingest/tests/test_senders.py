@@ -325,9 +325,9 @@ def test_signed_malformed_json_is_400_malformed(make_webhook, source):
 
 
 @pytest.mark.parametrize("skew_ms", [-120_000, 120_000])
-def test_linear_stale_body_timestamp_is_401_stale_timestamp(make_webhook, skew_ms):
+def test_linear_stale_body_timestamp_is_401_stale_timestamp(make_webhook, frozen_now, skew_ms):
     webhook = make_webhook("linear")
-    body = signing.linear_body(LINEAR_ISSUE, at_ms=int(time.time() * 1000) + skew_ms)
+    body = signing.linear_body(LINEAR_ISSUE, at_ms=int(frozen_now.timestamp()) * 1000 + skew_ms)
     answer = send(webhook, body=body)
     refused_once(webhook, answer, 401, "stale_timestamp")
     assert "60 s" in answer.json()["error"]["message"]
@@ -354,9 +354,9 @@ def test_linear_body_without_its_timestamp_is_401(make_webhook):
 
 
 @pytest.mark.parametrize("skew", [-301, 301])
-def test_slack_stale_request_timestamp_is_401_stale_timestamp(make_webhook, skew):
+def test_slack_stale_request_timestamp_is_401_stale_timestamp(make_webhook, frozen_now, skew):
     webhook = make_webhook("slack")
-    answer = send(webhook, SLACK_MENTION, timestamp=int(time.time()) + skew)
+    answer = send(webhook, SLACK_MENTION, timestamp=int(frozen_now.timestamp()) + skew)
     refused_once(webhook, answer, 401, "stale_timestamp")
 
 

@@ -175,17 +175,19 @@ def test_spoiled_delivery_is_401_and_writes_nothing(make_webhook, source, spoil)
 
 
 @pytest.mark.parametrize("source", ["stripe", "standard"])
-def test_future_timestamp_is_401_and_writes_nothing(make_webhook, source):
+def test_future_timestamp_is_401_and_writes_nothing(make_webhook, frozen_now, source):
     webhook = make_webhook(source)
-    answer = deliver(webhook, {"id": "evt_1", "type": "x"}, timestamp=int(time.time()) + 400)
+    answer = deliver(webhook, {"id": "evt_1", "type": "x"},
+                     timestamp=int(frozen_now.timestamp()) + 400)
     assert answer.status_code == 401
     assert nothing_written()
 
 
 @pytest.mark.parametrize("source", ["stripe", "standard"])
-def test_stale_timestamp_is_401_and_writes_nothing(make_webhook, source):
+def test_stale_timestamp_is_401_and_writes_nothing(make_webhook, frozen_now, source):
     webhook = make_webhook(source)
-    answer = deliver(webhook, {"id": "evt_1", "type": "x"}, timestamp=int(time.time()) - 301)
+    answer = deliver(webhook, {"id": "evt_1", "type": "x"},
+                     timestamp=int(frozen_now.timestamp()) - 301)
     assert answer.status_code == 401 and "300 s" in answer.json()["error"]["message"]
     assert answer.json()["error"]["code"] == "stale_timestamp"
     assert nothing_written()
