@@ -13,6 +13,7 @@ from django.utils import timezone
 from channels_push.sessions import transitions as session_transitions
 from endpoints import transitions as endpoint_transitions
 from ingest import transitions
+from tests import plans
 from tests.factories import UserFactory, credential_for
 from todos import transitions as todo_transitions
 from todos.models import State, Todo, Trust
@@ -147,7 +148,7 @@ def test_stats_statements_read_indexes_not_the_table(endpoint):
             " '', '{}', 'signed', 1, 5, now() - make_interval(hours => g %% 2000),"
             " now() - make_interval(hours => g %% 2000), 0, 0 FROM generate_series(1, 30000) g",
             [endpoint.pk])
-        cursor.execute("ANALYZE todos_todo")
+        plans.analyze_every_table(cursor)
     from todos import queries
     from django.test.utils import CaptureQueriesContext
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from channels_push.models import McpSession
 from ingest import sweeps
 from ingest.models import DeliveryEvent, OperatorSecret, TrustMode
+from tests import plans
 from todos import sweeps as todo_sweeps
 from todos import transitions
 from todos.models import PrunedEventTally, State, Todo, TodoEvent
@@ -263,7 +264,7 @@ def test_prune_batches_use_their_partial_indexes(endpoint):
         for i in range(5000)
     )
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE todos_todo")
+        plans.analyze_every_table(cursor)
     cutoffs = sweeps.Cutoffs.at(NOW)
 
     def plan(doomed):

@@ -10,6 +10,7 @@ from datetime import timedelta
 from django.db import connection
 from django.utils import timezone
 
+from tests import plans
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
 from todos.models import Todo
@@ -38,7 +39,7 @@ def backlog():
         for i in range(5000)
     )
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE todos_todo")
+        plans.analyze_every_table(cursor)
     return endpoint
 
 
@@ -94,7 +95,7 @@ def nothing_claimed_when_analyzed():
         for i in range(5000)
     )
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE todos_todo")
+        plans.analyze_every_table(cursor)
     return endpoint
 
 
