@@ -8,6 +8,12 @@ from pathlib import Path
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+# How long a test waits for something that should happen soon (a process started and
+# answering, a line printed, a row changed): a deadline, not a wait, since every wait polls
+# and returns as soon as its condition holds. It only bounds a failure, so it is generous: on a
+# shared 2-core machine at load 15, starting a Python process and its first request took most
+# of 30 s (docs/testing.md, "Deterministic under load").
+DEADLINE_SECONDS = 120.0
 
 
 def children_database_url() -> str:
@@ -38,7 +44,7 @@ def child_env(**extra) -> dict:
 PYTHON = sys.executable
 
 
-def poll(predicate, deadline_seconds=30.0, interval_seconds=0.05) -> bool:
+def poll(predicate, deadline_seconds=DEADLINE_SECONDS, interval_seconds=0.05) -> bool:
     """Wait for ``predicate()`` to be true, checking every ``interval_seconds``; False when the
     deadline passes first (tests poll with a deadline instead of sleeping a fixed time). The
     default deadline is generous: it costs nothing when the predicate comes true, and a loaded

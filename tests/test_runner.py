@@ -24,7 +24,7 @@ from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
 from tests.factories import UserFactory
-from tests.processes import poll
+from tests.processes import DEADLINE_SECONDS, poll
 from todos import sweeps
 from todos import transitions
 from todos.models import Todo, TodoEvent
@@ -66,10 +66,10 @@ class RunnerProcess:
     def log_text(self) -> str:
         return Path(self._log.name).read_text(errors="replace")
 
-    def wait_log(self, text, deadline_seconds=20.0):
+    def wait_log(self, text, deadline_seconds=DEADLINE_SECONDS):
         assert poll(lambda: text in self.log_text(), deadline_seconds), self.log_text()
 
-    def wait(self, timeout=30.0) -> int:
+    def wait(self, timeout=DEADLINE_SECONDS) -> int:
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -129,7 +129,7 @@ class StartStamp:
         self.command = ["sh", "-c", f"date +%s.%N > {self.path}"]
 
     def seconds_after(self, at: float, runner) -> float:
-        assert poll(lambda: self.path.exists() and self.path.read_text().strip(), 10), \
+        assert poll(lambda: self.path.exists() and self.path.read_text().strip()), \
             runner.log_text()
         return float(self.path.read_text()) - at
 
@@ -235,7 +235,7 @@ def test_agent_past_max_runtime_is_killed_with_its_group_and_the_todo_failed(set
     assert todo.last_error == "max runtime exceeded (1 s): agent killed"
     assert todo.result["exit_code"] == -signal.SIGTERM
     for pid in map(int, pids.read_text().split()):
-        assert poll(lambda: not pid_alive(pid), 5), f"{pid} survived"
+        assert poll(lambda: not pid_alive(pid)), f"{pid} survived"
     assert "reason=max_runtime" in runner.log_text()
 
 
@@ -307,7 +307,7 @@ def test_a_lost_lease_stops_the_agent_and_settles_nothing(setup, runners, tmp_pa
         time.sleep(300)
     """)
     runner = runners(url, credential, "--once", "--lease-seconds", "3", command=command)
-    assert poll(started.exists, 20), runner.log_text()
+    assert poll(started.exists), runner.log_text()
     first_agent = int(started.read_text().split()[0])
     # Someone else ends the lease (here: a release fenced by its lease_id, as an operator
     # override would): the runner's next heartbeat is refused and the agent is stopped.
@@ -315,7 +315,7 @@ def test_a_lost_lease_stops_the_agent_and_settles_nothing(setup, runners, tmp_pa
     transitions.release_todo(transitions.Caller.operator(endpoint, "alice"), todo.pk,
                              lease_id=claimed.lease_id)
     runner.wait_log(f"stopping_agent todo_id={todo.pk} reason=lease_lost")
-    assert poll(lambda: not pid_alive(first_agent), 10)
+    assert poll(lambda: not pid_alive(first_agent))
     log = runner.log_text()
     assert f"lease_lost todo_id={todo.pk} code=lease_lost todo_state=" in log
     assert "failed todo_id" not in log and "completed todo_id" not in log
@@ -336,19 +336,19 @@ def test_sigkilled_runner_loses_only_its_lease_and_a_second_runner_finishes_the_
     """)
     first = runners(url, credential, "--lease-seconds", "2", "--wait-seconds", "0",
                     command=hanging)
-    assert poll(started.exists, 20), first.log_text()
+    assert poll(started.exists), first.log_text()
     first.process.send_signal(signal.SIGKILL)
     first.process.wait()
     # The orphaned agent is told to stop (PR_SET_PDEATHSIG) rather than work on unfenced.
     orphan = int(started.read_text())
-    assert poll(lambda: not pid_alive(orphan), 10)
+    assert poll(lambda: not pid_alive(orphan))
 
     # The lease lapses (2 s); the reaper (Celery beat in production) returns the todo.
     def reaped():
         sweeps.expire_lapsed_leases()
         return Todo.objects.get(pk=todo.pk).state == "pending"
 
-    assert poll(reaped, 20, interval_seconds=0.2)
+    assert poll(reaped, interval_seconds=0.2)
 
     second = runners(url, credential, "--once",
                      command=agent(tmp_path, "ok", "print('second runner did it')"))
@@ -374,7 +374,7 @@ def test_sigterm_stops_claiming_and_lets_the_running_agent_finish(setup, runners
     """)
     runner = runners(url, credential, "--wait-seconds", "0", "--grace-seconds", "30",
                      command=command)
-    assert poll(started.exists, 20), runner.log_text()
+    assert poll(started.exists), runner.log_text()
     runner.process.send_signal(signal.SIGTERM)
     runner.wait_log("stopping signal=SIGTERM")
     go.write_text("x")
@@ -393,7 +393,7 @@ def test_sigterm_kills_and_fails_an_agent_that_outlives_the_grace_period(setup, 
     command = ["sh", "-c", f"touch {started}; sleep 300"]
     runner = runners(url, credential, "--wait-seconds", "0", "--grace-seconds", "1",
                      command=command)
-    assert poll(started.exists, 20), runner.log_text()
+    assert poll(started.exists), runner.log_text()
     runner.process.send_signal(signal.SIGTERM)
     assert runner.wait() == 0, runner.log_text()
 
@@ -408,7 +408,7 @@ def test_a_second_signal_skips_the_grace_period(setup, runners, tmp_path):
     started = tmp_path / "started"
     runner = runners(url, credential, "--wait-seconds", "0", "--grace-seconds", "600",
                      command=["sh", "-c", f"touch {started}; sleep 300"])
-    assert poll(started.exists, 20), runner.log_text()
+    assert poll(started.exists), runner.log_text()
     runner.process.send_signal(signal.SIGTERM)
     runner.wait_log("stopping signal=SIGTERM")
     runner.process.send_signal(signal.SIGINT)
@@ -458,7 +458,7 @@ def test_a_digest_wakes_the_idle_runner(setup, runners, tmp_path):
 def hand_over(server, endpoint, token, title="rotate the keys"):
     answer = httpx.post(f"{server.url}/api/v1/endpoints/{endpoint.slug}/todos",
                         json={"queue": "ops", "title": title},
-                        headers={"Authorization": f"Bearer {token}"}, timeout=10)
+                        headers={"Authorization": f"Bearer {token}"}, timeout=DEADLINE_SECONDS)
     assert answer.status_code == 201, answer.text
     return answer.json()["todo"]["id"]
 
@@ -476,9 +476,9 @@ def test_doorbells_reach_the_runner_again_after_a_server_restart(start_daphne, r
                                       "--poll-seconds", str(FALLBACK_POLL_SECONDS))
 
     server.stop()
-    runner.wait_log("stream_lost", deadline_seconds=30)  # the SDK has given up by now
+    runner.wait_log("stream_lost")  # the SDK has given up by now
     server.start()
-    assert poll(lambda: runner.log_text().count("connected url=") >= 2, 60), runner.log_text()
+    assert poll(lambda: runner.log_text().count("connected url=") >= 2), runner.log_text()
     assert poll(lambda: McpSession.objects.filter(endpoint=endpoint, open_streams__gt=0).exists())
 
     handed_at = time.time()
@@ -494,7 +494,7 @@ def test_idle_runner_claims_work_that_arrives_later(setup, runners, tmp_path):
                      "--poll-seconds", "0.5", command=agent(tmp_path, "ok", "print('ok')"))
     runner.wait_log("idle")
     [todo] = make_todos(endpoint, 1, trust="unverified")
-    assert poll(lambda: Todo.objects.get(pk=todo.pk).state == "done", 20), runner.log_text()
+    assert poll(lambda: Todo.objects.get(pk=todo.pk).state == "done"), runner.log_text()
 
 
 class NoLongPollProxy:
@@ -541,7 +541,7 @@ class NoLongPollProxy:
                            if k.lower() not in ("host", "content-length", "accept")}
                 headers["Accept"] = "application/json, text/event-stream"
                 got = httpx.request(method, upstream + self.path, content=body, headers=headers,
-                                    timeout=30)
+                                    timeout=DEADLINE_SECONDS)
                 self.answer(got.status_code, {k: v for k, v in got.headers.items() if k.lower()
                                               in ("content-type", "mcp-session-id")}, got.content)
 
@@ -573,7 +573,7 @@ def test_against_a_server_without_long_poll_the_runner_falls_back_to_short_polls
         runner.wait_log("long_poll_unavailable")
         runner.wait_log("idle")
         [todo] = make_todos(endpoint, 1)
-        assert poll(lambda: Todo.objects.get(pk=todo.pk).state == "done", 20), runner.log_text()
+        assert poll(lambda: Todo.objects.get(pk=todo.pk).state == "done"), runner.log_text()
         assert proxy.refused == 1  # asked once, then never again
     finally:
         proxy.close()
@@ -611,14 +611,14 @@ def test_sigterm_ends_a_waiting_long_poll_while_agents_finish(setup, runners, tm
                      command=command)
     # The second claim (a long poll: one slot is free) went out right after the first claim,
     # before the agent started.
-    assert poll(started.exists, 20), runner.log_text()
+    assert poll(started.exists), runner.log_text()
     assert_long_polls(runner)
     runner.process.send_signal(signal.SIGTERM)
     runner.wait_log("stopping signal=SIGTERM")
     # The runner abandons the long poll by reopening its session: once it has connected again,
     # the old session's requests are closed (before that, a todo could still be handed to the
     # waiting call: the stop and the arrival at the same instant).
-    assert poll(lambda: runner.log_text().count("connected url=") >= 2, 30), runner.log_text()
+    assert poll(lambda: runner.log_text().count("connected url=") >= 2), runner.log_text()
     [late] = make_todos(endpoint, 1)
     # Had the abandoned long poll stayed open, the server would hand it this todo at once.
     assert not poll(lambda: Todo.objects.get(pk=late.pk).state != "pending", 2.0)
@@ -640,7 +640,7 @@ def test_concurrency_two_never_runs_three_agents(setup, runners, tmp_path):
         start = time.time()
         with open({str(starts)!r}, "a") as out:
             out.write("x")
-        deadline = start + 60
+        deadline = start + {DEADLINE_SECONDS}
         while os.path.getsize({str(starts)!r}) < 2 and time.time() < deadline:
             time.sleep(0.02)
         time.sleep(0.3)
@@ -648,7 +648,7 @@ def test_concurrency_two_never_runs_three_agents(setup, runners, tmp_path):
             out.write(f"{{start}} {{time.time()}}\\n")
     """)
     runner = runners(url, credential, "--once", "--concurrency", "2", command=command)
-    assert runner.wait(60) == 0, runner.log_text()
+    assert runner.wait() == 0, runner.log_text()
 
     assert all(Todo.objects.get(pk=t.pk).state == "done" for t in todos)
     intervals = [tuple(map(float, line.split())) for line in spans.read_text().splitlines()]
@@ -699,7 +699,7 @@ def test_bad_invocations_exit_2_before_touching_the_server(tmp_path):
 
     def run(*argv):
         return subprocess.run([sys.executable, str(RUNNER), *argv], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=DEADLINE_SECONDS)
 
     no_token = run("--url", "http://127.0.0.1:9/mcp/x", "--token-env", TOKEN_ENV, "--", "true")
     assert no_token.returncode == 2 and TOKEN_ENV in no_token.stderr
