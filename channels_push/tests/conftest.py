@@ -20,6 +20,7 @@ application = URLRouter([
     re_path(mcp_shell.ROUTE_PATTERN, mcp_shell.McpEndpoint(thread_sensitive=True)),
 ])
 from tests.factories import UserFactory
+from tests.processes import DEADLINE_SECONDS
 from todos import transitions
 
 INIT_PARAMS = {"protocolVersion": "2025-11-25", "capabilities": {},
@@ -65,7 +66,7 @@ class McpDriver:
         async def go():
             communicator = HttpCommunicator(application, method, path or f"/mcp/{self.slug}",
                                             body=body, headers=headers)
-            return await communicator.get_response(timeout=10)
+            return await communicator.get_response(timeout=DEADLINE_SECONDS)
 
         response = async_to_sync(go)()
         return Reply(response["status"],

@@ -25,6 +25,7 @@ from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
 from channels_push.tests.test_doorbell_delivery import close, next_doorbell, next_ring, open_stream, ring
 from endpoints import transitions as endpoint_transitions
+from tests.processes import DEADLINE_SECONDS
 from todos import sweeps as todo_sweeps
 from todos.models import Todo
 
@@ -337,7 +338,7 @@ def test_an_idle_stream_writes_nothing_and_its_process_renews_one_row(vend, sett
 
     read_state = database_sync_to_async(state, thread_sensitive=False)
 
-    async def state_when(predicate, deadline_seconds=30.0):
+    async def state_when(predicate, deadline_seconds=DEADLINE_SECONDS):
         """The first state that satisfies ``predicate``, polled until a deadline."""
         deadline = asyncio.get_running_loop().time() + deadline_seconds
         while not predicate(found := await read_state()):

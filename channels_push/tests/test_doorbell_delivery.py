@@ -29,13 +29,14 @@ from channels_push.mcp import shell as mcp_shell
 from channels_push.sessions import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
+from tests.processes import DEADLINE_SECONDS
 from todos.models import Todo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 app = URLRouter([re_path(mcp_shell.ROUTE_PATTERN, mcp_shell.McpEndpoint(
     keepalive_seconds=30, thread_sensitive=True))])
-FRAME_DEADLINE_SECONDS = 10
+FRAME_DEADLINE_SECONDS = DEADLINE_SECONDS
 
 
 def stream_scope(driver):
@@ -48,9 +49,9 @@ def stream_scope(driver):
 async def open_stream(driver, application=app):
     communicator = ApplicationCommunicator(application, stream_scope(driver))
     await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
-    start = await communicator.receive_output(timeout=5)
+    start = await communicator.receive_output(timeout=DEADLINE_SECONDS)
     assert start["status"] == 200
-    await communicator.receive_output(timeout=5)  # the opening comment
+    await communicator.receive_output(timeout=DEADLINE_SECONDS)  # the opening comment
     return communicator
 
 
@@ -78,7 +79,7 @@ async def next_ring(communicator, timeout=FRAME_DEADLINE_SECONDS) -> dict:
 
 async def close(communicator):
     await communicator.send_input({"type": "http.disconnect"})
-    await communicator.wait(timeout=5)
+    await communicator.wait(timeout=DEADLINE_SECONDS)
 
 
 def ring(endpoint, queue="inbox", **kwargs):
@@ -202,7 +203,7 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
     todos = [make_ready_todo(d.endpoint, title=f"t{i}") for i in range(published)]
     # Their creation rang the (streamless) session; let those sends finish before the stream
     # opens, so none of them lands in it late.
-    assert publish.wait_for_sends(5)
+    assert publish.wait_for_sends(DEADLINE_SECONDS)
     session_id = d.session_id
     # While the client is stalled on its first frame (the reconnect digest), one more frame
     # may sit in the pump's pending read besides the buffer; everything else must be dropped.
@@ -235,7 +236,7 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
             sent = [doorbells.send_doorbell(session_id, doorbells.todo_doorbell(t),
                                             {"endpoint": d.slug, "todo_id": str(t.pk)})
                     for t in todos]
-            return sent, publish.wait_for_sends(5)
+            return sent, publish.wait_for_sends(DEADLINE_SECONDS)
 
         sent, idle = await asyncio.to_thread(publish_all)
         assert all(sent) and idle  # the publisher finished while the client still reads nothing
@@ -251,7 +252,7 @@ def test_slow_subscriber_is_dropped_not_blocked(driver, caplog):
         # Every published doorbell was either delivered or dropped.
         await until(lambda: len(frames) - 1 + len(drops()) == published)
         await inputs.put({"type": "http.disconnect"})
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, DEADLINE_SECONDS)
         return frames, drops()
 
     caplog.set_level(logging.INFO)
@@ -388,7 +389,8 @@ def test_a_doorbell_lost_to_an_unreachable_redis_is_counted_and_logged_once_as_d
     session = session_transitions.open_session(endpoint=endpoint, credential_id=credential_for(endpoint), protocol_version="2025-11-25")
     session_transitions.attach_stream(endpoint=endpoint, session_id=session.pk)
     todo = make_ready_todo(endpoint, title="still pullable")
-    assert publish.wait_for_sends(10)  # its creation ring, while Redis was still there
+    # Its creation ring, while Redis was still there.
+    assert publish.wait_for_sends(DEADLINE_SECONDS)
     settings.CHANNEL_LAYERS = {"default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
         "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}}  # nothing listens on port 1
@@ -402,7 +404,7 @@ def test_a_doorbell_lost_to_an_unreachable_redis_is_counted_and_logged_once_as_d
     caplog.clear()
     caplog.set_level(logging.INFO)
     assert doorbells.ring_todo(todo) == session.pk
-    assert publish.wait_for_sends(10)
+    assert publish.wait_for_sends(DEADLINE_SECONDS)
     lines = [r for r in caplog.records if getattr(r, "todo_id", None) == str(todo.pk)]
     assert [r.getMessage() for r in lines] == ["doorbell dropped: channel layer send failed"]
     [dropped] = lines
@@ -468,7 +470,7 @@ def test_stream_rejoins_its_group_when_redis_returns(vend, settings, redis_down_
             redis.stop()
 
         async def scenario():
-            stream = await asyncio.wait_for(open_stream(d, quick), 30)
+            stream = await asyncio.wait_for(open_stream(d, quick), DEADLINE_SECONDS)
             if not redis_down_at_open:
                 assert await asyncio.to_thread(poll, subscribed)
                 await asyncio.to_thread(redis.stop)

@@ -17,6 +17,7 @@ from todos import transitions as todo_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import make_ready_todo
 from tests import plans
+from tests.processes import DEADLINE_SECONDS
 from tests.factories import credential_for, EndpointFactory, UserFactory
 from todos.models import Todo
 
@@ -111,7 +112,7 @@ def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_include
         todo = make_ready_todo(endpoint, title="nobody claims me", now=T0)
         rung = sum(sweep(at) for at in times)
         control = make_ready_todo(endpoint, title="control")
-        assert publish.wait_for_sends(10)
+        assert publish.wait_for_sends(DEADLINE_SECONDS)
         connection.close()
         return todo, rung, control
 
@@ -122,7 +123,7 @@ def test_an_unclaimed_todo_gets_exactly_five_doorbells_the_creation_ring_include
         todo, rung, control = await asyncio.to_thread(create_and_sweep)
         heard = []
         while True:
-            message = await asyncio.wait_for(layer.receive(channel), 10)
+            message = await asyncio.wait_for(layer.receive(channel), DEADLINE_SECONDS)
             todo_id = message["params"]["meta"]["todo_id"]
             if todo_id == str(control.pk):
                 return todo, rung, heard
@@ -299,7 +300,8 @@ def test_a_command_waits_for_its_in_flight_sends_before_exiting(tmp_path):
         f"    open({str(marker)!r}, 'w').write('sent')\n"
         "publish._sender.submit(slow_send, {})\n"
     )
-    subprocess.run([PYTHON, "-c", script], cwd=ROOT, env=child_env(), check=True, timeout=60)
+    subprocess.run([PYTHON, "-c", script], cwd=ROOT, env=child_env(), check=True,
+                   timeout=DEADLINE_SECONDS)
     assert marker.read_text() == "sent"
 
 

@@ -17,6 +17,7 @@ from channels_push.mcp import shell as mcp_shell
 from channels_push.mcp import stream as mcp_stream
 from channels_push.sessions import notify as session_notify
 from channels_push.models import McpSession
+from tests.processes import DEADLINE_SECONDS
 
 # Streams run the consumer's DB calls between awaits, where channels closes "obsolete"
 # connections; inside a rolled-back test transaction that would close the test's own
@@ -38,12 +39,12 @@ def stream_scope(driver, **overrides):
 async def open_stream(driver):
     communicator = ApplicationCommunicator(app, stream_scope(driver))
     await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
-    start = await communicator.receive_output(timeout=5)
-    first = await communicator.receive_output(timeout=5)
+    start = await communicator.receive_output(timeout=DEADLINE_SECONDS)
+    first = await communicator.receive_output(timeout=DEADLINE_SECONDS)
     return communicator, start, first
 
 
-async def next_body(communicator, timeout=5):
+async def next_body(communicator, timeout=DEADLINE_SECONDS):
     message = await communicator.receive_output(timeout=timeout)
     assert message["type"] == "http.response.body"
     return message
@@ -53,7 +54,8 @@ def open_streams(session_id):
     return McpSession.objects.get(pk=session_id).open_streams
 
 
-async def wait_for_open_streams(session_id, expected, deadline_seconds=5.0):
+async def wait_for_open_streams(session_id, expected,
+                                deadline_seconds=DEADLINE_SECONDS):
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_seconds
     while True:
@@ -77,7 +79,7 @@ def test_stream_flushes_headers_with_a_comment_and_retry_then_counts_itself(mcp)
         assert b"\nretry: 3000\n" in b"\n" + first["body"]
         assert await database_sync_to_async(open_streams)(mcp.session_id) == 1
         await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
 
     async_to_sync(scenario)()
     assert open_streams(mcp.session_id) == 0
@@ -91,7 +93,7 @@ def test_stream_sends_keep_alive_comments(mcp):
         keepalive = await next_body(communicator, timeout=KEEPALIVE_SECONDS * 20)
         assert keepalive["body"] == b": keep-alive\n\n"
         await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
 
     async_to_sync(scenario)()
 
@@ -117,7 +119,7 @@ def test_group_message_becomes_an_sse_data_frame(mcp):
         assert message == {"jsonrpc": "2.0", "method": "notifications/claude/channel",
                            "params": params}
         await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
 
     async_to_sync(scenario)()
 
@@ -130,12 +132,12 @@ def test_delete_closes_the_open_stream(mcp):
         delete = ApplicationCommunicator(app, {
             **stream_scope(mcp), "method": "DELETE"})
         await delete.send_input({"type": "http.request", "body": b""})
-        assert (await delete.receive_output(timeout=5))["status"] == 204
+        assert (await delete.receive_output(timeout=DEADLINE_SECONDS))["status"] == 204
         while True:
             message = await next_body(communicator)
             if not message.get("more_body"):
                 break
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
         assert await wait_for_open_streams(mcp.session_id, 0) == 0
 
     async_to_sync(scenario)()
@@ -148,7 +150,7 @@ def test_stream_needs_event_stream_accept_and_a_session(mcp):
     async def status_of(**overrides):
         communicator = ApplicationCommunicator(app, stream_scope(mcp, **overrides))
         await communicator.send_input({"type": "http.request", "body": b""})
-        return (await communicator.receive_output(timeout=5))["status"]
+        return (await communicator.receive_output(timeout=DEADLINE_SECONDS))["status"]
 
     async def scenario():
         assert await status_of(accept="application/json") == 406
@@ -173,7 +175,7 @@ def test_notify_session_helper_reaches_the_stream(mcp):
             frame = (await next_body(communicator))["body"]
         assert b'"method":"notifications/claude/channel"' in frame
         await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
 
     async_to_sync(scenario)()
 
@@ -195,12 +197,12 @@ def test_a_stream_whose_detach_failed_gives_up_its_process_host(mcp, monkeypatch
     async def scenario():
         communicator = ApplicationCommunicator(own_app, stream_scope(mcp))
         await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
-        assert (await communicator.receive_output(timeout=5))["status"] == 200
-        await communicator.receive_output(timeout=5)
+        assert (await communicator.receive_output(timeout=DEADLINE_SECONDS))["status"] == 200
+        await communicator.receive_output(timeout=DEADLINE_SECONDS)
         host_before = endpoint.heartbeat.host_id
         monkeypatch.setattr(mcp_stream, "close_stream", unreachable)
         await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
         return host_before
 
     host_before = async_to_sync(scenario)()
@@ -242,19 +244,20 @@ def test_a_stream_attached_under_a_host_id_that_lapsed_before_it_was_held_closes
     async def scenario():
         communicator = ApplicationCommunicator(own_app, stream_scope(mcp))
         await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
-        assert (await communicator.receive_output(timeout=5))["status"] == 200
+        assert (await communicator.receive_output(timeout=DEADLINE_SECONDS))["status"] == 200
         loop = asyncio.get_running_loop()
         deadline = loop.time() + KEEPALIVE_SECONDS * 10
         while (body := await next_body(communicator)).get("more_body"):  # the opening comment
             assert b"data: " not in body["body"], "a doorbell on the stream that is closing"
             assert loop.time() < deadline, "the stream stayed open"
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
         assert await wait_for_open_streams(mcp.session_id, 0) == 0
         assert not await database_sync_to_async(
             StreamAttachment.objects.filter(session_id=mcp.session_id).exists)()
         # The client reconnects under the new host id: the reconnect digest is its.
         stream = await open_doorbell_stream(mcp, application=own_app)
-        digest = await asyncio.wait_for(next_doorbell(stream), timeout=5)  # keep-alives between
+        # Keep-alives between.
+        digest = await asyncio.wait_for(next_doorbell(stream), timeout=DEADLINE_SECONDS)
         assert (digest["meta"]["kind"], digest["meta"]["reason"]) == ("digest", "reconnect")
         await close(stream)
 

@@ -21,6 +21,7 @@ from channels_push.tests.conftest import McpDriver
 from channels_push.tests.test_mcp_stream import KEEPALIVE_SECONDS, next_body, open_stream
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Credential
+from tests.processes import DEADLINE_SECONDS
 
 # The stream tests commit (see test_mcp_stream); so do these, for one fixture setup.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,10 +71,10 @@ def _run_stream_until_closed(mcp, revoke):
             message = await next_body(communicator)
             bodies.append(message["body"])
             if not message.get("more_body"):
-                await communicator.wait(timeout=5)
+                await communicator.wait(timeout=DEADLINE_SECONDS)
                 return bodies
         await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
         return None
 
     return async_to_sync(scenario)()
@@ -138,7 +139,7 @@ def test_idle_stream_keep_alives_write_nothing_to_the_database(mcp):
             assert (await next_body(communicator))["body"] == b": keep-alive\n\n"
         after = await database_sync_to_async(_row_version)(mcp.session_id)
         await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
         return before, after
 
     before, after = async_to_sync(scenario)()
@@ -186,10 +187,10 @@ def test_the_stream_over_the_per_session_cap_is_refused_with_409(mcp):
         first, start1, _ = await open_stream(mcp)
         second, start2, _ = await open_stream(mcp)
         third, start3, body3 = await open_stream(mcp)
-        await third.wait(timeout=5)
+        await third.wait(timeout=DEADLINE_SECONDS)
         for communicator in (first, second):
             await communicator.send_input({"type": "http.disconnect"})
-            await communicator.wait(timeout=5)
+            await communicator.wait(timeout=DEADLINE_SECONDS)
         return start1["status"], start2["status"], start3["status"], body3["body"]
 
     first, second, third, body = async_to_sync(scenario)()

@@ -17,6 +17,7 @@ from django.utils import timezone
 from channels_push.doorbells import rings
 from channels_push.mcp import stream as mcp_stream
 from channels_push.sessions import transitions as session_transitions
+from tests.processes import DEADLINE_SECONDS
 from todos.models import Todo
 
 from tests.factories import credential_for
@@ -165,7 +166,7 @@ def test_a_stream_sends_its_headers_and_retry_hint_before_its_digest_is_computed
         communicator = ApplicationCommunicator(app, stream_scope(mcp))
         await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
         with RowHeld(held_todo.pk) as held:
-            start = await communicator.receive_output(timeout=5)
+            start = await communicator.receive_output(timeout=DEADLINE_SECONDS)
             assert start["type"] == "http.response.start" and start["status"] == 200
             first = await next_body(communicator)
             assert first["body"].startswith(b": ")
@@ -179,6 +180,6 @@ def test_a_stream_sends_its_headers_and_retry_hint_before_its_digest_is_computed
         assert doorbells.is_digest(message["params"])
         assert message["params"]["meta"]["pending"] == "200"
         await communicator.send_input({"type": "http.disconnect"})
-        await communicator.wait(timeout=5)
+        await communicator.wait(timeout=DEADLINE_SECONDS)
 
     async_to_sync(scenario)()

@@ -12,6 +12,7 @@ from channels_push.sessions import queries
 from channels_push.sessions import transitions as session_transitions
 from switchboard import scheduler
 from channels_push.models import McpSession, StreamAttachment, StreamHost
+from tests.processes import DEADLINE_SECONDS
 
 
 def test_idle_sessions_expire_and_active_ones_stay(endpoint, settings):
@@ -66,7 +67,7 @@ def test_stream_counts_left_by_a_crashed_process_are_zeroed(endpoint):
 
 # -- the dead-host sweep racing a stalled process's renewal (real row locks, PostgreSQL) -------
 
-WAIT_SECONDS = 10
+WAIT_SECONDS = DEADLINE_SECONDS
 
 
 class OnItsOwnConnection:
