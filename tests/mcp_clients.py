@@ -10,6 +10,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import BaseModel
 
+from tests.processes import DEADLINE_SECONDS
+
 CHANNEL_METHOD = "notifications/claude/channel"
 
 
@@ -35,7 +37,7 @@ class ChannelListener(ClientExtension):
     async def _on_channel(self, params: ChannelParams):
         self.received.put_nowait((asyncio.get_running_loop().time(), params))
 
-    async def next(self, timeout: float = 10.0) -> ChannelParams:
+    async def next(self, timeout: float = DEADLINE_SECONDS) -> ChannelParams:
         return (await asyncio.wait_for(self.received.get(), timeout))[1]
 
 

@@ -20,6 +20,7 @@ from django.db import connection
 
 from tests.factories import EndpointFactory, UserFactory
 from ingest import transitions as ingest_transitions
+from tests.processes import DEADLINE_SECONDS
 from tests.servers import DaphneServer
 from todos import transitions
 from todos.models import Todo, Trust
@@ -27,7 +28,7 @@ from todos.models import Todo, Trust
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-WAIT_MS = 15_000
+WAIT_MS = int(DEADLINE_SECONDS * 1000)
 
 if not CHROMIUM.exists():
     if os.environ.get("CI"):
@@ -125,7 +126,8 @@ def test_board_shows_a_todo_live_and_the_operator_claims_and_completes_it(live_d
             page, blocked = new_watched_page(browser)
             sign_in(page, live_daphne.url)
             page.evaluate("window.__sameDocument = true")
-            assert "frame-ancestors 'none'" in httpx.get(f"{live_daphne.url}/accounts/login/") \
+            assert "frame-ancestors 'none'" in httpx.get(f"{live_daphne.url}/accounts/login/",
+                                                       timeout=DEADLINE_SECONDS) \
                 .headers["content-security-policy"]
             assert page.evaluate("getComputedStyle(document.body).marginTop") == "0px"  # board.css
 

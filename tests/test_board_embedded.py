@@ -10,10 +10,10 @@ import time
 
 import httpx
 
-from tests.processes import PYTHON, ROOT
+from tests.processes import DEADLINE_SECONDS, PYTHON, ROOT
 from tests.servers import free_port
 
-WAIT_SECONDS = 30
+WAIT_SECONDS = DEADLINE_SECONDS
 
 
 def embedded_env(var_dir):
@@ -87,11 +87,12 @@ def test_embedded_board_stream_carries_a_button_press(tmp_path):
         listener.start()
         assert synced.wait(WAIT_SECONDS)
         response = httpx.post(f"{base}/todos/{todo_id}/claim", cookies=client.cookies,
+                              timeout=WAIT_SECONDS,
                               data={"csrfmiddlewaretoken": csrf_token(board.text), "next": "/todos/"})
         assert response.status_code == 302
         assert done.wait(WAIT_SECONDS), lines
         assert any(line.startswith("id: ") for line in lines)
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        server.wait(timeout=WAIT_SECONDS)
         log.close()

@@ -5,6 +5,7 @@ import pytest
 
 from ingest import transitions as ingest_transitions
 from tests.factories import UserFactory
+from tests.processes import DEADLINE_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,6 +18,7 @@ def test_a_malformed_multipart_post_reaches_the_application(daphne_server):
                                                    source="github", secret="s3cret-value-0123456789")
     # No boundary: twisted's multipart parser refuses it ("Not a multipart.").
     answer = httpx.post(f"{daphne_server.url}/hooks/{webhook.slug}", content=b"garbage",
-                        headers={"Content-Type": "multipart/form-data"}, timeout=10)
+                        headers={"Content-Type": "multipart/form-data"},
+                        timeout=DEADLINE_SECONDS)
     assert answer.headers["content-type"].startswith("application/json"), answer.text
     assert answer.status_code in (401, 415) and "error" in answer.json()

@@ -10,6 +10,7 @@ from django.db import connection
 from psycopg_pool import ConnectionPool
 
 from switchboard.db import pool_check
+from tests.processes import DEADLINE_SECONDS
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_a_terminated_backend_is_refused_even_just_after_a_hand_out(raw_connecti
     pool_check.check_pooled_connection(raw_connection)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [raw_connection.info.backend_pid])
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + DEADLINE_SECONDS
     while pool_check._socket_quiet(raw_connection):  # the goodbye arrives
         assert time.monotonic() < deadline
         time.sleep(0.01)  # poll interval, bounded by the deadline above

@@ -20,7 +20,7 @@ from endpoints import transitions as endpoint_transitions
 from ingest import transitions as ingest_transitions
 from tests.factories import UserFactory
 from tests.mcp_clients import ChannelListener, sdk_client
-from tests.processes import poll
+from tests.processes import DEADLINE_SECONDS, poll
 from todos.models import Todo
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,7 +44,8 @@ def deliver(base_url, webhook, number):
                        # A nonce: the same body under a new delivery id is a replay (§12).
                        "repository": {"full_name": "acme/app"}, "nonce": uuid.uuid4().hex}).encode()
     signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-    answer = httpx.post(f"{base_url}/hooks/{webhook.slug}", content=body, timeout=10, headers={
+    answer = httpx.post(f"{base_url}/hooks/{webhook.slug}", content=body,
+                        timeout=DEADLINE_SECONDS, headers={
         "Content-Type": "application/json", "X-Hub-Signature-256": f"sha256={signature}",
         "X-GitHub-Event": "issues", "X-GitHub-Delivery": str(uuid.uuid4())})
     assert answer.status_code == 202, answer.text
@@ -166,7 +167,7 @@ def test_redis_down_keeps_ingest_and_claims_working_and_pushes_resume(start_daph
                 await asyncio.to_thread(redis.start)
                 # The layer reconnects on its own; the first deliveries after the restart may
                 # race its re-subscription, so deliver until one rings (deadline-bounded).
-                deadline = time.monotonic() + 20
+                deadline = time.monotonic() + DEADLINE_SECONDS
                 rung = None
                 while rung is None and time.monotonic() < deadline:
                     after = await asyncio.to_thread(deliver, server.url, webhook, 3)
@@ -203,7 +204,8 @@ def test_logs_of_a_whole_flow_carry_no_bearer_secret_or_body(start_daphne):
             handed = await asyncio.to_thread(httpx.post, f"{server.url}/api/v1/endpoints/{endpoint.slug}/todos",
                                              json={"queue": "ops", "title": "rotate keys",
                                                    "secrets": {"api": "sk-live-supersecret"}},
-                                             headers={"Authorization": f"Bearer {token}"}, timeout=10)
+                                             headers={"Authorization": f"Bearer {token}"},
+                                             timeout=DEADLINE_SECONDS)
             assert handed.status_code == 201, handed.text
             doorbell = await listener.next()
             claimed = await client.call_tool("claim", {"todo_id": doorbell.meta["todo_id"]})
@@ -213,7 +215,8 @@ def test_logs_of_a_whole_flow_carry_no_bearer_secret_or_body(start_daphne):
             bad = await asyncio.to_thread(httpx.post, f"{server.url}/hooks/{webhook.slug}",
                                           content=b'{"body": "' + BODY_MARKER.encode() + b'"}',
                                           headers={"X-Hub-Signature-256": "sha256=00",
-                                                   "X-GitHub-Event": "issues"}, timeout=10)
+                                                   "X-GitHub-Event": "issues"},
+                                          timeout=DEADLINE_SECONDS)
             assert bad.status_code == 401
 
     asyncio.run(scenario())

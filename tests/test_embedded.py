@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.request
 
-from tests.processes import PYTHON, ROOT
+from tests.processes import DEADLINE_SECONDS, PYTHON, ROOT
 
 
 def free_port() -> int:
@@ -18,7 +18,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_json(url, deadline_seconds=60):
+def wait_for_json(url, deadline_seconds=DEADLINE_SECONDS):
     deadline = time.monotonic() + deadline_seconds
     while time.monotonic() < deadline:
         try:
@@ -79,7 +79,8 @@ def test_serve_starts_from_an_empty_directory_and_runs_the_sweeps(tmp_path):
             "import django; django.setup()\n"
             f"from todos.models import Todo; print(Todo.objects.get(pk={todo_id}).state)\n"
         )
-        deadline = time.monotonic() + 30
+        # Each look is a Python process of its own: slow to start on a loaded machine.
+        deadline = time.monotonic() + DEADLINE_SECONDS
         state = "claimed"
         while state != "pending" and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -89,7 +90,7 @@ def test_serve_starts_from_an_empty_directory_and_runs_the_sweeps(tmp_path):
     finally:
         server.send_signal(signal.SIGINT)
         try:
-            output, _ = server.communicate(timeout=15)
+            output, _ = server.communicate(timeout=DEADLINE_SECONDS)
         except subprocess.TimeoutExpired:
             server.kill()
             output, _ = server.communicate()

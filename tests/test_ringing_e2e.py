@@ -15,7 +15,7 @@ from channels_push.tests.conftest import make_ready_todo, make_ready_todos_at_on
 from endpoints import transitions as endpoint_transitions
 from tests.factories import UserFactory
 from tests.mcp_clients import ChannelListener, sdk_client
-from tests.processes import poll
+from tests.processes import DEADLINE_SECONDS, poll
 from todos import sweeps as todo_sweeps
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -116,7 +116,7 @@ def test_a_burst_of_hand_overs_rings_the_streaming_session_every_time(daphne_ser
 
     def hand_over_burst():
         made = make_ready_todos_at_once(endpoint, BURST, trust="operator")
-        assert publish.wait_for_sends(10)
+        assert publish.wait_for_sends(DEADLINE_SECONDS)
         return [todo.pk for todo in made]
 
     async def scenario():
@@ -127,7 +127,7 @@ def test_a_burst_of_hand_overs_rings_the_streaming_session_every_time(daphne_ser
             heard = set()
             try:
                 while len(heard & set(map(str, made))) < len(made):
-                    heard.add((await listener.next(timeout=5)).meta.get("todo_id"))
+                    heard.add((await listener.next(timeout=DEADLINE_SECONDS)).meta.get("todo_id"))
             except asyncio.TimeoutError:
                 pass  # fewer than all: the assertion below says how many
             return made, heard

@@ -13,6 +13,7 @@ import pytest
 from ingest import transitions
 from ingest.models import DeliveryRecord
 from tests.factories import EndpointFactory, UserFactory
+from tests.processes import DEADLINE_SECONDS
 from todos.models import Todo
 
 pytestmark = [
@@ -23,7 +24,7 @@ pytestmark = [
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "senders.md"
 BLOCK_RE = re.compile(r"```sh\n(.*?)```", re.S)
-BASH_TIMEOUT_SECONDS = 30
+BASH_TIMEOUT_SECONDS = DEADLINE_SECONDS
 
 
 def curl_examples() -> list[str]:

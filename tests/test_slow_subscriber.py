@@ -18,7 +18,7 @@ from channels_push.bus import publish
 from channels_push.models import McpSession
 from endpoints import transitions as endpoint_transitions
 from tests.factories import UserFactory
-from tests.processes import poll
+from tests.processes import DEADLINE_SECONDS, poll
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,7 +37,7 @@ def rss_bytes(pid: int) -> int:
 def doorbell_counts(url: str) -> tuple[float, float]:
     """The server's (sent, dropped) doorbell counters, dropped summed over its reasons."""
     text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"},
-                     timeout=10).text
+                     timeout=DEADLINE_SECONDS).text
     totals = {"sent": 0.0, "dropped": 0.0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -55,7 +55,8 @@ def test_a_client_that_never_reads_is_dropped_and_server_memory_stays_flat(start
     endpoint, credential = endpoint_transitions.vend_endpoint(slug="slow-reader", owner=owner)
     headers = {"Authorization": f"Bearer {credential}",
                "Accept": "application/json, text/event-stream"}
-    answer = httpx.post(f"{server.url}/mcp/{endpoint.slug}", headers=headers, timeout=10, json={
+    answer = httpx.post(f"{server.url}/mcp/{endpoint.slug}", headers=headers,
+                        timeout=DEADLINE_SECONDS, json={
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                    "clientInfo": {"name": "slow", "version": "1"}}})
@@ -82,9 +83,9 @@ def test_a_client_that_never_reads_is_dropped_and_server_memory_stays_flat(start
                     session_id, CHANNEL_METHOD,
                     {"content": content, "meta": {"todo_id": str(number)}},
                     context={"endpoint": endpoint.slug, "todo_id": str(number)})
-            assert publish.wait_for_sends(30)
+            assert publish.wait_for_sends(DEADLINE_SECONDS)
             assert poll(lambda: sum(doorbell_counts(server.url)) - sent_before - dropped_before
-                        >= start + BATCH, deadline_seconds=30)
+                        >= start + BATCH)
         sent, dropped = doorbell_counts(server.url)
         assert dropped - dropped_before >= FRAMES * 9 // 10, (sent - sent_before, dropped)
         grown = rss_bytes(server.process.pid) - rss_before

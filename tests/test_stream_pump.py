@@ -7,10 +7,10 @@ from datetime import timedelta
 
 from switchboard.http import sse, stream_pump
 from switchboard.http.stream_pump import Ending
+from tests.processes import DEADLINE_SECONDS
 
 SHORT = timedelta(milliseconds=20)
 LONG = timedelta(hours=1)  # a keep-alive that never comes during a test
-DEADLINE_SECONDS = 10
 
 
 class Client:

@@ -108,7 +108,7 @@ class Run:
 
 
 def all_ready(top) -> bool:
-    return all(httpx.get(url + "/readyz", timeout=2).status_code == 200 for url in top.web_urls)
+    return all(httpx.get(url + "/readyz", timeout=10).status_code == 200 for url in top.web_urls)
 
 
 def answered_since(agent, mark: int) -> bool:

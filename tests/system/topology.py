@@ -55,7 +55,9 @@ def find_pg_bindir() -> Path:
 
 PG_BIN = find_pg_bindir()
 NGINX_SITE = ROOT / "deploy" / "nginx.conf"
-READY_DEADLINE_SECONDS = 60.0
+# A deadline, not a wait (docs/testing.md, "Deterministic under load"): a loaded 2-core machine
+# has taken most of a minute to start one Python process.
+READY_DEADLINE_SECONDS = 120.0
 # Production-like limits, except the rate limits: the scenarios deliberately push thousands of
 # deliveries through one webhook and one credential within a minute.
 RATE_PER_MINUTE = 10_000_000
@@ -284,7 +286,7 @@ class Topology:
         def ready():
             if not process.alive:
                 raise AssertionError(f"web{index} exited:\n{process.log_text()[-3000:]}")
-            return httpx.get(url + "/readyz", timeout=2.0).status_code == 200
+            return httpx.get(url + "/readyz", timeout=10.0).status_code == 200
 
         try:
             ok = poll(ready, READY_DEADLINE_SECONDS)
@@ -348,7 +350,7 @@ http {{
                                        str(prefix / "nginx.conf"), "-g", "daemon off;"],
                              self.env, self.log_dir).start()
         for index, url in enumerate(self.web_urls):
-            assert poll(lambda: httpx.get(url + "/readyz", timeout=2.0).status_code == 200,
+            assert poll(lambda: httpx.get(url + "/readyz", timeout=10.0).status_code == 200,
                         READY_DEADLINE_SECONDS), (
                 f"nginx -> web{index} not ready:\n{self.nginx.log_text()[-3000:]}"
                 f"{(self.log_dir / 'nginx-error.log').read_text(errors='replace')[-3000:]}")
