@@ -17,6 +17,7 @@ from django.urls import re_path
 
 from switchboard.http import plain
 from ingest import hook
+from tests.processes import DEADLINE_SECONDS
 
 application = URLRouter([
     re_path(hook.HOOK_ROUTE_PATTERN,
@@ -25,7 +26,7 @@ application = URLRouter([
 ])
 # Host header of every request unless one is given (an ALLOWED_HOSTS entry).
 DEFAULT_HOST = "localhost"
-RESPONSE_TIMEOUT_SECONDS = 30
+RESPONSE_TIMEOUT_SECONDS = DEADLINE_SECONDS
 
 
 @dataclass

@@ -21,6 +21,7 @@ from django.utils import timezone
 from channels_push.bus import publish
 from ingest import transitions
 from ingest.models import DeliveryEvent, DeliveryRecord, ReplayLedgerEntry
+from tests.processes import DEADLINE_SECONDS
 from todos import transitions as todo_transitions
 from todos.models import Todo, TodoEvent
 
@@ -54,7 +55,7 @@ def run_threads(count, target):
 
     def run(i):
         try:
-            barrier.wait(timeout=30)
+            barrier.wait(timeout=DEADLINE_SECONDS)
             results[i] = target(i)
         except BaseException as exc:  # surface a thread's failure in the test
             errors.append(exc)
@@ -246,7 +247,7 @@ def test_a_key_taken_while_the_statement_runs_fails_it_and_nothing_of_it_is_kept
             delivery = threading.Thread(
                 target=lambda: answers.append(github_post(webhook, body, "d-1")))
             delivery.start()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + DEADLINE_SECONDS
             with connection.cursor() as cursor:
                 while True:  # until the delivery's statement waits on the held row
                     cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname ="
@@ -257,7 +258,7 @@ def test_a_key_taken_while_the_statement_runs_fails_it_and_nothing_of_it_is_kept
                         "the delivery never waited on the held key"
                     time.sleep(0.01)
             other.commit()
-            delivery.join(30)
+            delivery.join(DEADLINE_SECONDS)
             assert not delivery.is_alive(), "the delivery hung"
     finally:
         other.close()

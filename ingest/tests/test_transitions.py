@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import children_database_url
+from tests.processes import DEADLINE_SECONDS, children_database_url
 from django.db import IntegrityError, connection
 
 from ingest import transitions
@@ -94,7 +94,7 @@ def test_thirty_concurrent_identical_deliveries_make_one_todo_per_route(
 
     def send():
         try:
-            barrier.wait(timeout=30)
+            barrier.wait(timeout=DEADLINE_SECONDS)
             answer = hook_client.post(webhook.slug, body, **meta)
             answers.append((answer.status_code, answer.json()))
         except Exception as exc:  # surfaced below; a thread's exception is otherwise lost
@@ -106,7 +106,7 @@ def test_thirty_concurrent_identical_deliveries_make_one_todo_per_route(
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=60)
+        thread.join(timeout=DEADLINE_SECONDS)
     assert errors == []
     assert [status for status, _ in answers] == [202] * 30
     assert Todo.objects.count() == 3

@@ -12,7 +12,7 @@ from django.db import connections
 from django.utils import timezone
 
 from tests.factories import EndpointFactory, UserFactory
-from tests.processes import PYTHON, ROOT, child_env
+from tests.processes import DEADLINE_SECONDS, PYTHON, ROOT, child_env
 from todos import sweeps, transitions
 from todos.models import State, Todo, TodoEvent
 
@@ -128,7 +128,7 @@ def spawn_worker(endpoint, *args):
     )
 
 
-def read_until(process, marker, deadline_seconds=60):
+def read_until(process, marker, deadline_seconds=DEADLINE_SECONDS):
     lines = []
     deadline = time.monotonic() + deadline_seconds
     while time.monotonic() < deadline:
@@ -150,7 +150,7 @@ def test_sigkilled_worker_leases_lapse_and_survivors_finish_everything():
     held = read_until(victim, "holding")
     assert len(held) == 7
     victim.kill()  # SIGKILL: no clean-up, the leases stay held
-    victim.wait(timeout=10)
+    victim.wait(timeout=DEADLINE_SECONDS)
     assert Todo.objects.filter(pk__in=held, state=State.CLAIMED).count() == 7
 
     # The surviving workers keep working until nothing is left, while the reaper runs beside
@@ -170,11 +170,11 @@ def test_sigkilled_worker_leases_lapse_and_survivors_finish_everything():
     try:
         finished = []
         for survivor in survivors:
-            finished += read_until(survivor, "done", deadline_seconds=120)
-            assert survivor.wait(timeout=30) == 0
+            finished += read_until(survivor, "done")
+            assert survivor.wait(timeout=DEADLINE_SECONDS) == 0
     finally:
         stop_reaper.set()
-        reaper_thread.join(timeout=30)
+        reaper_thread.join(timeout=DEADLINE_SECONDS)
     assert sum(returned) == 7
     assert sorted(TodoEvent.objects.filter(action="lease_lapsed").values_list("todo_id", flat=True)) == sorted(held)
     assert sorted(finished) == sorted(Todo.objects.values_list("pk", flat=True))  # each once
@@ -191,8 +191,8 @@ def test_fifth_lapse_dead_letters_and_the_requeue_command_revives_it(capsys):
         victim = spawn_worker(endpoint, "--mode", "hold", "--hold", "1", "--lease-seconds", "1")
         assert read_until(victim, "holding") == [todo.pk]
         victim.kill()
-        victim.wait(timeout=10)
-        deadline = time.monotonic() + 20
+        victim.wait(timeout=DEADLINE_SECONDS)
+        deadline = time.monotonic() + DEADLINE_SECONDS
         while not sweeps.expire_lapsed_leases() and time.monotonic() < deadline:
             time.sleep(0.2)
     todo.refresh_from_db()
