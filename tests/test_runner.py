@@ -787,7 +787,8 @@ def test_a_command_where_the_title_could_read_as_an_option_is_refused_at_start(
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
     result = subprocess.run([sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x",
                              "--token-env", TOKEN_ENV, "--dry-run", "--", *command],
-                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+                            env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=DEADLINE_SECONDS)
     assert result.returncode == 2, result.stderr
     assert refused in result.stderr, result.stderr
     if refused != "the program":

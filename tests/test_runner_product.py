@@ -226,7 +226,7 @@ def test_once_a_command_that_cannot_start_fails_the_first_todo_and_exits_1_namin
                "a shell that cannot find the agent": ["sh", "-c", "sb-no-such-agent-binary"]}[case]
 
     runner = runners(url, credential, "--once", command=command)
-    assert runner.wait(timeout=60) == 1, runner.log_text()
+    assert runner.wait() == 1, runner.log_text()
 
     for todo in todos:
         todo.refresh_from_db()
@@ -255,7 +255,7 @@ def test_long_running_a_command_that_cannot_start_waits_claiming_nothing_until_i
 
     script.chmod(0o644)
     todos = make_todos(endpoint, 3)
-    runner.wait_log("agent_cannot_start", deadline_seconds=60)
+    runner.wait_log("agent_cannot_start")
     # Its next look (after the first backoff) finds the file still not executable.
     assert poll(lambda: runner.log_text().count("agent_cannot_start") >= 2, 60), \
         runner.log_text()

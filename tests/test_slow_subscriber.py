@@ -114,7 +114,7 @@ def test_a_doorbell_dropped_at_the_backlog_is_one_line_saying_so(start_daphne, c
                           SWITCHBOARD_METRICS_TOKEN=METRICS_TOKEN)
     owner = UserFactory(username="backlog-owner")
     endpoint, credential = endpoint_transitions.vend_endpoint(slug="backlog-reader", owner=owner)
-    answer = httpx.post(f"{server.url}/mcp/{endpoint.slug}", timeout=10, json={
+    answer = httpx.post(f"{server.url}/mcp/{endpoint.slug}", timeout=DEADLINE_SECONDS, json={
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                    "clientInfo": {"name": "slow", "version": "1"}}},
