@@ -41,7 +41,7 @@ def main():
 
     from django.db.models import Count
 
-    from todos import metrics
+    from console import metrics
     from todos import queries
     from todos.models import Todo
 

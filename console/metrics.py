@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from endpoints.models import Endpoint
 from switchboard.metrics import REGISTRY
 
-from . import queries
-from .models import State
+from todos import queries
+from todos.models import State
 
 # Audit-trail actions -> counter name. The reaper writes "lease_lapsed" for both its outcomes;
 # the one that lands in "failed" is also a dead letter.

@@ -12,7 +12,6 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qsl, urlencode
 
@@ -40,8 +39,8 @@ from endpoints.models import MAX_CLAIM_CAP
 from switchboard import json_input
 from switchboard.commands import validation_text
 
-from . import queries, transitions
-from .models import CANCELLABLE_STATES, State, Todo, Trust
+from todos import queries, transitions
+from todos.models import CANCELLABLE_STATES, State, Todo, Trust
 
 LOGIN_URL = reverse_lazy("board-login")
 board_login_required = login_required(login_url=LOGIN_URL)
@@ -69,11 +68,6 @@ def operator_may(permission: str):
         return checked
 
     return decorate
-
-
-BOARD_SCRIPT = Path(__file__).resolve().parent / "static" / "todos" / "board.js"
-BOARD_STYLE = BOARD_SCRIPT.with_name("board.css")
-GLANCE_SCRIPT = BOARD_SCRIPT.with_name("glance.js")
 
 
 def oidc_login_url():
@@ -194,7 +188,7 @@ def board(request):
                    awaiting_approval=sum(counts.get(State.AWAITING_APPROVAL, 0)
                                          for entry in glance["endpoints"]
                                          for counts in entry["queues"].values()))
-    return render(request, "todos/board.html", context)
+    return render(request, "console/board.html", context)
 
 
 @board_login_required
@@ -204,7 +198,7 @@ def board_approvals(request):
     """The board's banner of todos awaiting approval alone, re-fetched by board.js whenever
     a row enters or leaves that state, so the count the operator sees stays true."""
     endpoints = endpoint_queries.visible_endpoints(request.user)
-    return render(request, "todos/_approvals.html",
+    return render(request, "console/_approvals.html",
                   {"awaiting_approval": queries.count_awaiting_approval(endpoints)})
 
 
@@ -227,35 +221,7 @@ def board_glance(request):
 @board_filter_refused
 def board_rows(request):
     """The rows alone: the board's re-sync after its event stream (re)connects."""
-    return render(request, "todos/_rows.html", _board_context(request))
-
-
-@board_login_required
-@require_GET
-def board_script(request):
-    return script_response(BOARD_SCRIPT)
-
-
-@board_login_required
-@require_GET
-def glance_script(request):
-    return script_response(GLANCE_SCRIPT)
-
-
-def script_response(path: Path) -> HttpResponse:
-    """A page script: served by Django because daphne serves no static files; small and
-    cacheable."""
-    response = HttpResponse(path.read_bytes(), content_type="text/javascript")
-    response["Cache-Control"] = "private, max-age=300"
-    return response
-
-
-@require_GET
-def board_style(request):
-    # A file like the script, not an inline <style>: the CSP allows no inline style.
-    response = HttpResponse(BOARD_STYLE.read_bytes(), content_type="text/css")
-    response["Cache-Control"] = "private, max-age=300"
-    return response
+    return render(request, "console/_rows.html", _board_context(request))
 
 
 @board_login_required
@@ -270,7 +236,7 @@ def todo_detail(request, todo_id):
         details = {key: value for key, value in (event.detail or {}).items() if value is not None}
         event.detail_json = json.dumps(details, sort_keys=True) if details else ""
         event.actor_label = labels.get(event.actor, event.actor)
-    return render(request, "todos/detail.html", {
+    return render(request, "console/detail.html", {
         "todo": todo,
         "holder": labels.get(todo.lease_owner) if todo.lease_owner else None,
         "events": events,
@@ -338,22 +304,6 @@ ACTIONS = {
     "cancel": lambda caller, todo, post, overriding: transitions.cancel_todo(
         caller, todo.pk, reason=post.get("reason") or None),
 }
-ACTION_DONE = {
-    "claim": "claimed", "complete": "completed", "fail": "failed", "extend": "extended the lease of",
-    "release": "released", "retry": "re-queued", "promote": "promoted (now trust operator)",
-    "priority": "set the priority of", "run_now": "made ready now",
-    "approve": "approved", "reject": "rejected", "cancel": "cancelled",
-}
-OVERRIDABLE = frozenset({"complete", "fail", "extend", "release"})
-
-
-def agent_lease_to_override(todo, username: str, action: str):
-    """The lease an operator's button overrides: an agent's (anyone's but theirs) claim."""
-    if action in OVERRIDABLE and todo.state == State.CLAIMED and todo.lease_owner != username:
-        return transitions.HeldLease.of(todo)
-    return None
-
-
 @board_login_required
 @operator_may(CHANGE_TODO)
 @require_POST
@@ -362,7 +312,7 @@ def todo_act(request, todo_id, action):
         raise Http404("no such action")
     todo = get_visible_todo(request.user, todo_id)
     caller = transitions.Caller.operator(todo.endpoint, request.user.username)
-    overriding = agent_lease_to_override(todo, request.user.username, action)
+    overriding = transitions.agent_lease_to_override(todo, request.user.username, action)
     shown_lease = request.POST.get("lease", "")
     try:
         if overriding is not None and shown_lease and not overriding.lease_id.startswith(shown_lease):
@@ -374,7 +324,7 @@ def todo_act(request, todo_id, action):
     except transitions.Refusal as refusal:
         messages.error(request, f"#{todo.pk}: {refusal.message} ({refusal.code})")
     else:
-        done = f"{ACTION_DONE[action]} #{todo.pk}"
+        done = f"{transitions.ACTION_DONE[action]} #{todo.pk}"
         if overriding is not None:
             done += " (override: the agent's lease " + (
                 "was extended; the agent keeps it)" if action == "extend" else "ended)")
@@ -477,7 +427,7 @@ def bulk_act(request, action):
     todos, selection = _bulk_selection(request, params, bulk)
     if request.method == "GET":
         chosen = list(todos[:BULK_LIMIT + 1])
-        return render(request, "todos/bulk_confirm.html", {
+        return render(request, "console/bulk_confirm.html", {
             "action": action, "bulk": bulk, "todos": chosen[:BULK_LIMIT],
             "more": len(chosen) > BULK_LIMIT, "selection": selection,
             "params": parse_qsl(selection),
@@ -648,7 +598,7 @@ def metrics(request):
     refusal = _refuse_metrics(request)
     if refusal is not None:
         return refusal
-    # switchboard.metrics' registry, with the queue series todos.metrics registers in it.
+    # switchboard.metrics' registry, with the queue series console.metrics registers in it.
     return HttpResponse(generate_latest(queue_metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
 
 
@@ -661,7 +611,7 @@ def metrics(request):
 def endpoint_list(request):
     """Every endpoint the operator may see, each linking to its page."""
     endpoints = endpoint_queries.visible_endpoints(request.user).order_by("slug")
-    return render(request, "todos/endpoints.html", {"endpoints": endpoints})
+    return render(request, "console/endpoints.html", {"endpoints": endpoints})
 
 
 def _live_sessions(endpoint, now) -> list[dict]:
@@ -694,7 +644,7 @@ def _endpoint_page(request, endpoint, *, new_credential=None, limit_error=None, 
     glance = glance_payload([endpoint], now=now)
     columns = glance["columns"]
     queues = glance["endpoints"][0]["queues"]
-    return render(request, "todos/endpoint.html", {
+    return render(request, "console/endpoint.html", {
         "endpoint": endpoint,
         "glance": glance,
         "caps": endpoint_caps(endpoint),
@@ -737,7 +687,7 @@ def endpoint_page(request, slug):
 def endpoint_sessions(request, slug):
     """The live-sessions rows alone: the endpoint page refreshes them while it is open."""
     endpoint = _visible_endpoint_or_404(request.user, slug)
-    return render(request, "todos/_sessions.html",
+    return render(request, "console/_sessions.html",
                   {"sessions": _live_sessions(endpoint, timezone.now())})
 
 

@@ -1,8 +1,6 @@
-"""The pages of ingest on the operator console: the webhook pages with their delivery log, and
+"""The console's pages of ingest: the webhook pages with their delivery log, and
 the board's "new todo" form (the API's hand-over from a signed-in operator's form).
 """
-
-from pathlib import Path
 
 from django.conf import settings
 from django.contrib import messages
@@ -13,16 +11,16 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from django.utils import timezone
 
+from ingest import queries, sender_setup, transitions
+from ingest.api import HAND_OVER_FIELDS, hand_over_arguments
+from ingest.models import DeliveryRecord, Outcome, Source, Webhook
+from ingest.problems import Problem
 from switchboard import json_input
 from switchboard import metrics as push_metrics
 from todos import transitions as todo_transitions
-from todos import views as todo_views
 from todos.models import Todo
 
-from . import queries, sender_setup, transitions
-from .api import HAND_OVER_FIELDS, hand_over_arguments
-from .models import DeliveryRecord, Outcome, Source, Webhook
-from .problems import Problem
+from . import views as board_views
 
 
 # -- the webhook pages of the board (docs/console.md) --------------------------------------------
@@ -35,14 +33,7 @@ from .problems import Problem
 WEBHOOK_PAGE_DELIVERIES = 200
 
 
-WEBHOOK_SCRIPT = Path(__file__).resolve().parent / "static" / "ingest" / "webhook.js"
-_board_login_required = todo_views.board_login_required
-
-
-@_board_login_required
-@require_GET
-def webhook_script(request):
-    return todo_views.script_response(WEBHOOK_SCRIPT)
+_board_login_required = board_views.board_login_required
 
 
 def get_visible_webhook(user, slug) -> Webhook:
@@ -86,7 +77,7 @@ def webhook_list(request):
     webhooks = Webhook.objects.order_by("slug")
     if not request.user.is_superuser:
         webhooks = webhooks.filter(owner=request.user)
-    return render(request, "ingest/webhooks.html", {"webhooks": webhooks})
+    return render(request, "console/webhooks.html", {"webhooks": webhooks})
 
 
 @_board_login_required
@@ -107,7 +98,7 @@ def webhook_page(request, slug):
             webhook.slug),
         "sender_minted": webhook.source in sender_setup.SENDER_MINTED,
     })
-    return render(request, "ingest/webhook.html", context)
+    return render(request, "console/webhook.html", context)
 
 
 @_board_login_required
@@ -115,7 +106,7 @@ def webhook_page(request, slug):
 def webhook_rows(request, slug):
     """The deliveries table body alone: what the page re-fetches on every live event."""
     webhook = get_visible_webhook(request.user, slug)
-    return render(request, "ingest/_deliveries.html", _webhook_context(request, webhook))
+    return render(request, "console/_deliveries.html", _webhook_context(request, webhook))
 
 
 @_board_login_required
@@ -158,7 +149,7 @@ def delivery_detail(request, slug, record_id):
         todos = list(Todo.objects.filter(pk__in=[int(t) for t in record.todo_ids or []
                                                  if str(t).isdigit()])
                      .select_related("endpoint").order_by("id"))
-    return render(request, "ingest/delivery.html", {
+    return render(request, "console/delivery.html", {
         "webhook": webhook, "record": record, "todos": todos,
         "headers": sorted((record.headers or {}).items()),
         "trust": record.delivery_event.trust if record.delivery_event else "",
@@ -237,7 +228,7 @@ def board_new_todo(request):
                    for name, label, kind, hint in new_todo_fields()],
     }
     if request.method == "GET":
-        return render(request, "todos/new_todo.html", context)
+        return render(request, "console/new_todo.html", context)
     if request.method != "POST":
         return JsonResponse({"error": "GET or POST"}, status=405)
     endpoint = next((e for e in endpoints if e.slug == request.POST.get("endpoint")), None)
@@ -250,10 +241,10 @@ def board_new_todo(request):
                                                    **arguments)
     except Problem as problem:
         context["error"] = f"{problem.message} ({problem.code})"
-        return render(request, "todos/new_todo.html", context, status=problem.status)
+        return render(request, "console/new_todo.html", context, status=problem.status)
     except todo_transitions.Refusal as refusal:
         context["error"] = f"{refusal.message} ({refusal.code})"
-        return render(request, "todos/new_todo.html", context, status=400)
+        return render(request, "console/new_todo.html", context, status=400)
     push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
     if created:
         messages.success(request, f"handed over #{todo.pk} to {endpoint.slug}/{todo.queue}")

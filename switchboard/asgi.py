@@ -24,8 +24,8 @@ from django.urls import re_path  # noqa: E402
 from channels_push.board import stream as board_stream  # noqa: E402
 from channels_push.bus import publish  # noqa: E402
 from channels_push.mcp import shell as mcp_shell  # noqa: E402
+from console import webhooks as console_webhooks  # noqa: E402
 from ingest import hook as ingest_hook  # noqa: E402
-from ingest import views as ingest_views  # noqa: E402
 from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 
 daphne_tuning.skip_form_parsing()
@@ -40,7 +40,7 @@ http_routes = [
     # A webhook page's live delivery log (docs/senders.md#the-delivery-log): a board stream of one
     # group per webhook, with the board's caps and re-checks.
     re_path(r"^todos/webhooks/(?P<slug>[-a-zA-Z0-9_]+)/events$", plain.AllowedHostsOnly(
-        board_stream.group_stream_application(ingest_views.delivery_stream_group))),
+        board_stream.group_stream_application(console_webhooks.delivery_stream_group))),
     # Webhook deliveries (docs/reference.md#the-hooks-answers), /hooks/<webhook_slug>: any slug text
     # is captured so that an unknown one gets ingest's JSON 404.
     re_path(ingest_hook.HOOK_ROUTE_PATTERN,

@@ -3,7 +3,7 @@ counters, and the doorbell outcomes every process adds to.
 
 Three kinds of series, on purpose:
 
-* Queue series derived from the database at scrape time (``todos.metrics``, which registers
+* Queue series derived from the database at scrape time (``console.metrics``, which registers
   them here): the backlog, and the transition counters counted from the todo event audit
   trail. Several web processes share one database, so every process answers the same totals
   and a restart loses nothing; in-process counters could not promise either.

@@ -202,6 +202,7 @@ INSTALLED_APPS = [
     "ingest",
     "channels_push",
     "accounts",
+    "console",
 ]
 
 MIDDLEWARE = [

@@ -13,6 +13,7 @@ from django.test import Client, override_settings
 
 from switchboard import commands
 from tests.cli import run_manage
+from console.tests.test_views import asgi_get
 from tests.factories import UserFactory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,10 +29,12 @@ def test_manage_py_prints_no_axes_banner():
 
 def test_the_favicon_is_served_and_linked(db):
     icon = Client().get("/favicon.ico")
-    assert icon.status_code == 200 and icon["Content-Type"] == "image/svg+xml"
-    assert icon.content.startswith(b"<svg")
+    assert icon.status_code == 302 and icon["Location"] == "/static/console/favicon.svg"
+    served = asgi_get("/static/console/favicon.svg")
+    assert served["status"] == 200 and served["body"].startswith(b"<svg")
+    assert (b"content-type", b"image/svg+xml") in [(k.lower(), v) for k, v in served["headers"]]
     login = Client().get("/accounts/login/").content.decode()
-    assert '<link rel="icon" href="/favicon.svg"' in login
+    assert '<link rel="icon" href="/static/console/favicon.svg"' in login
 
 
 def test_the_admin_is_titled_switchboard_admin(db):
@@ -44,12 +47,12 @@ def test_the_admin_is_titled_switchboard_admin(db):
 
 def test_the_sign_in_page_is_styled_and_says_how_to_get_a_first_operator(db):
     page = Client().get("/accounts/login/").content.decode()
-    assert '<body class="console">' in page and 'href="/console.css"' in page
+    assert '<body class="console">' in page and 'href="/static/console/console.css"' in page
     assert 'class="login-box"' in page
     hint = page.split('id="first-run"', 1)[1]
     assert "manage.py createsuperuser" in hint and "manage.py seed_demo" in hint
-    style = Client().get("/console.css")
-    assert style.status_code == 200 and b"prefers-color-scheme: dark" in style.content
+    style = asgi_get("/static/console/console.css")
+    assert style["status"] == 200 and b"prefers-color-scheme: dark" in style["body"]
 
 
 def free_port() -> int:

@@ -248,14 +248,12 @@ class TodoAdmin(admin.ModelAdmin):
 
     def _override(self, request, queryset, action, call):
         """Act on whoever holds each todo's lease, as an override when it is not this admin
-        user's own (the board's rule, ``views.agent_lease_to_override``). Fenced by the lease
+        user's own (the board's rule, ``transitions.agent_lease_to_override``). Fenced by the lease
         just read: a claim that changes between that read and the action is refused rather
         than taken over."""
-        from .views import ACTION_DONE, agent_lease_to_override
-
         username = request.user.get_username()
-        self._run(request, queryset, ACTION_DONE[action], lambda caller, todo: call(
-            caller, todo, agent_lease_to_override(todo, username, action)))
+        self._run(request, queryset, transitions.ACTION_DONE[action], lambda caller, todo: call(
+            caller, todo, transitions.agent_lease_to_override(todo, username, action)))
 
     release_lease = lease_override_action(
         "release", "Release the agent's lease (claimed -> pending)",

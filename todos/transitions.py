@@ -107,6 +107,24 @@ class HeldLease:
         return {"lease_id": self.lease_id[:8], "lease_owner": self.owner[:8]}
 
 
+# The operator's verbs as the console and admin name them once done.
+ACTION_DONE = {
+    "claim": "claimed", "complete": "completed", "fail": "failed", "extend": "extended the lease of",
+    "release": "released", "retry": "re-queued", "promote": "promoted (now trust operator)",
+    "priority": "set the priority of", "run_now": "made ready now",
+    "approve": "approved", "reject": "rejected", "cancel": "cancelled",
+}
+OVERRIDABLE = frozenset({"complete", "fail", "extend", "release"})
+
+
+def agent_lease_to_override(todo, username: str, action: str) -> HeldLease | None:
+    """The lease an operator's action overrides: an agent's (anyone's but theirs) claim, or
+    None when the operator acts on their own lease or on no lease."""
+    if action in OVERRIDABLE and todo.state == State.CLAIMED and todo.lease_owner != username:
+        return HeldLease.of(todo)
+    return None
+
+
 # -- SQL plumbing --------------------------------------------------------------------------------
 
 

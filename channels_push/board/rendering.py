@@ -34,7 +34,7 @@ def render_rows(todos, filters: dict, next_url: str) -> list[dict]:
         if queries.matches_board_filters(todo, **filters):
             # No request here, so no CSRF token: board.js fills the page's token in.
             html = render_to_string(
-                "todos/_row.html", {"todo": todo, "next_url": next_url, "csrf_token": ""}
+                "console/_row.html", {"todo": todo, "next_url": next_url, "csrf_token": ""}
             )
         rows.append({
             "todo_id": str(todo.pk),

@@ -130,7 +130,7 @@ def test_the_hub_rechecks_page_and_board_streams_together(alice, webhook,
     webhook given away ends its page streams and leaves the board's stream alone."""
     from channels_push.board import hub
     from channels_push.board import stream as board_stream
-    from ingest import views as ingest_views
+    from console import webhooks as ingest_views
 
     def opened(consumer):  # as __call__ leaves it once the stream is admitted
         consumer.scope = {"url_route": {"kwargs": {"slug": webhook.slug}}}

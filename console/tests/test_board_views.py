@@ -10,7 +10,7 @@ from django.test import Client
 from tests.factories import EndpointFactory, UserFactory
 from todos import queries, transitions
 from todos.models import State, TodoEvent, Trust
-from todos.tests.test_views import alice_client  # noqa: F401 — a fixture
+from console.tests.test_views import alice_client  # noqa: F401 — a fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -143,7 +143,7 @@ def test_bulk_retry_of_ticked_rows_reports_the_ones_it_could_not(alice_client, e
 
 
 def test_a_new_bulk_action_plugs_in(alice_client, make_todo, monkeypatch):
-    from todos import views
+    from console import views
 
     todo = make_todo(trust=Trust.UNVERIFIED)
     monkeypatch.setitem(views.BULK_ACTIONS, "promote", views.BulkAction(

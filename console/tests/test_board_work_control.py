@@ -6,7 +6,7 @@ import pytest
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
 from todos.models import State, Todo, TodoEvent
-from todos.tests.test_views import alice_client  # noqa: F401 — a fixture
+from console.tests.test_views import alice_client  # noqa: F401 — a fixture
 
 pytestmark = pytest.mark.django_db
 

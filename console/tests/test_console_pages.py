@@ -12,9 +12,9 @@ from ingest import sender_setup, transitions
 from ingest.models import DeliveryRecord, Source
 from tests.factories import UserFactory
 
-from . import signing
-from .conftest import SECRETS
-from .test_views import ISSUE, post_hook
+from ingest.tests import signing
+from ingest.tests.conftest import SECRETS
+from ingest.tests.test_views import ISSUE, post_hook
 
 pytestmark = pytest.mark.django_db
 

@@ -195,7 +195,7 @@ def test_the_page_shows_the_endpoints_caps_when_it_has_any(vended, owner_client)
     endpoint, _ = vended
     page = owner_client.get("/todos/endpoints/builds/").content.decode()
     assert "no cap on claimed work" in page
-    from todos import views
+    from console import views
 
     endpoint.max_claimed, endpoint.queue_limits = 3, {"deploys": 1}
     assert views.endpoint_caps(endpoint) == ["at most 3 claimed at once",

@@ -8,7 +8,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from switchboard import metrics as push_metrics
-from todos import metrics as queue_metrics
+from console import metrics as queue_metrics
 from tests.factories import EndpointFactory, UserFactory
 from todos import sweeps, transitions
 

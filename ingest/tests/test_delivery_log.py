@@ -346,7 +346,7 @@ def test_the_admin_shows_the_delivery_log_read_only(make_webhook, admin_client):
 
 
 def test_only_the_owner_or_a_superuser_may_watch_a_webhooks_live_log(make_webhook, operator):
-    from ingest import views
+    from console import webhooks as views
 
     webhook = make_webhook("github")
     assert views.delivery_stream_group(operator, {"slug": webhook.slug}) == (

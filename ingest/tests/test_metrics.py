@@ -6,7 +6,7 @@ import pytest
 
 from ingest import transitions
 from ingest.tests import hook_client, signing
-from todos.tests.test_metrics import scrape, value
+from console.tests.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
 

@@ -1,0 +1,3 @@
+"""The console's pages of ingest drive webhooks made by ingest's own test fixtures."""
+
+from ingest.tests.conftest import client, forget_found_slugs, make_webhook  # noqa: F401
