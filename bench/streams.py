@@ -24,7 +24,7 @@ SSE frames. Printed, side by side in one run:
   minute (their keep-alive re-checks). Counts come from ``pg_stat_database`` read after
   PostgreSQL's late stats reports have landed (an idle backend reports up to 10 s late). That
   per-batch figure is a difference of two totals: it shows there is no per-board query, not
-  an exact count (channels_push/tests/test_board_stream.py pins one query per batch for every
+  an exact count (channels_push/board/tests/test_stream.py pins one query per batch for every
   view, after the two of the batch's re-check of every viewer).
 
 Isolation from other runs on the same machine: the database is DATABASE_URL's, the channel

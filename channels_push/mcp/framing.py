@@ -2,7 +2,7 @@
 gets (its SSE lines are ``switchboard.http.sse``'s, as every stream's).
 
 The envelopes are pure sync functions, no I/O, so they are unit-tested on their own
-(``channels_push/tests/test_mcp_framing.py``). Envelope shapes come from the ``mcp`` package's
+(``channels_push/mcp/tests/test_framing.py``). Envelope shapes come from the ``mcp`` package's
 wire types (``mcp.types``), so a field name can never drift from the SDK's.
 """
 
@@ -129,9 +129,9 @@ def result_envelope(request_id, result) -> dict:
     """A JSON-RPC success; ``result`` is an mcp.types model or a plain dict of JSON values.
 
     Built as the dict ``types.JSONRPCResponse(...).model_dump(by_alias=True, mode="json")``
-    gives (``jsonrpc``, ``id``, ``result``; test_mcp_framing pins the equality): validating
-    the result into the model and dumping it again walked every tool answer twice more on
-    every call."""
+    gives (``jsonrpc``, ``id``, ``result``; mcp/tests/test_framing.py pins the equality):
+    validating the result into the model and dumping it again walked every tool answer twice
+    more on every call."""
     if isinstance(result, BaseModel):
         result = dump_result(result)
     return {"jsonrpc": "2.0", "id": request_id, "result": result}

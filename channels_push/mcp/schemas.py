@@ -2,7 +2,7 @@
 annotations, and the ``tools/list`` result built from them for one endpoint's verbs.
 
 Every tool carries MCP annotations and an ``outputSchema`` that each of its results, success or
-refusal, validates against (``channels_push/tests/test_mcp_tool_schemas.py``). The schemas keep
+refusal, validates against (``channels_push/mcp/tests/test_schemas.py``). The schemas keep
 to the portable subset (single-type ``type``, no bare ``true`` schemas) that the MCP Inspector's
 ``--strict`` check asks for.
 """

@@ -31,7 +31,7 @@ from todos.models import Todo, TodoEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RUNNER = REPO_ROOT / "runner" / "switchboard_runner.py"
 RUNNER_PACKAGE = REPO_ROOT / "runner" / "src" / "switchboard_runner"
 TOKEN_ENV = "SB_TEST_RUNNER_TOKEN"

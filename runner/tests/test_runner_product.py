@@ -1,7 +1,7 @@
 """The runner as a product: the package installed on its own, its safe defaults, and ``watch``.
 
 Against a real daphne on PostgreSQL + Redis, with the runner as its own process (the fixtures
-of tests/test_runner.py). What docs/runner.md promises:
+of runner/tests/test_runner.py). What docs/runner.md promises:
 
 * ``pip install ./runner`` into a fresh venv gives a ``switchboard-runner`` command that drains
   a todo; ``--version`` names the package's version.
@@ -38,7 +38,7 @@ import pytest
 from channels_push.models import McpSession
 from ingest import transitions as ingest_transitions
 from tests.processes import DEADLINE_SECONDS, poll
-from tests.test_runner import (AGENT_COMPLETES_ITSELF, REPO_ROOT, RUNNER, TOKEN_ENV, agent,
+from test_runner import (AGENT_COMPLETES_ITSELF, REPO_ROOT, RUNNER, TOKEN_ENV, agent,
                                load_runner_module, make_todos, runners, setup)  # noqa: F401
 from todos.models import Todo, TodoEvent
 

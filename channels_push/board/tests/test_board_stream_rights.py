@@ -12,7 +12,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from channels_push.bus import publish
-from channels_push.tests.test_board_stream import WAIT_SECONDS, Stream, create, run
+from channels_push.board.tests.test_stream import WAIT_SECONDS, Stream, create, run
 from endpoints.models import Endpoint
 from tests.factories import EndpointFactory, UserFactory
 from tests.servers import free_port

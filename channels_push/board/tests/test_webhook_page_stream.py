@@ -10,8 +10,8 @@ from asgiref.sync import sync_to_async
 from django.test import override_settings
 
 from channels_push.bus import publish
-from channels_push.tests.test_board_stream import WAIT_SECONDS, Stream, run
-from channels_push.tests.test_board_stream_rights import (
+from channels_push.board.tests.test_stream import WAIT_SECONDS, Stream, run
+from channels_push.board.tests.test_board_stream_rights import (
     cookie_for, over_the_cap_the_oldest_closes, read_until_end,
     with_redis_down_it_opens_and_keeps_its_keep_alives)
 from ingest import transitions as ingest_transitions

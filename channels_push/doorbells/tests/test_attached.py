@@ -23,7 +23,7 @@ from channels_push.sessions import transitions as session_transitions
 from channels_push.doorbells import rings
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
-from channels_push.tests.test_doorbell_delivery import close, next_doorbell, next_ring, open_stream, ring
+from channels_push.doorbells.tests.test_doorbells import close, next_doorbell, next_ring, open_stream, ring
 from endpoints import transitions as endpoint_transitions
 from tests.processes import DEADLINE_SECONDS
 from todos import sweeps as todo_sweeps
@@ -280,7 +280,7 @@ def test_a_drop_decided_in_another_process_reaches_this_processs_metrics(endpoin
 
 
 def _imports(module: str) -> set:
-    tree = ast.parse((Path(__file__).resolve().parents[1] / f"{module}.py").read_text())
+    tree = ast.parse((Path(__file__).resolve().parents[2] / f"{module}.py").read_text())
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):

@@ -16,7 +16,7 @@ from channels_push.doorbells import doorbells
 from channels_push.sessions import transitions as session_transitions
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver, make_ready_todo
-from channels_push.tests.test_doorbell_delivery import close, next_doorbell, next_ring, open_stream, ring
+from channels_push.doorbells.tests.test_doorbells import close, next_doorbell, next_ring, open_stream, ring
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint
 from todos.models import Todo

@@ -10,7 +10,7 @@ from channels.db import database_sync_to_async
 
 from channels_push.mcp import schemas as mcp_schemas
 from channels_push.tests.conftest import make_ready_todo
-from channels_push.tests.test_mcp_long_poll import Call, claimed_id, run, waiting
+from channels_push.mcp.tests.test_mcp_long_poll import Call, claimed_id, run, waiting
 from todos import transitions
 from todos.models import State, Todo
 

@@ -219,8 +219,8 @@ def test_a_stream_attached_under_a_host_id_that_lapsed_before_it_was_held_closes
     from channels_push.sessions import transitions as session_transitions
     from channels_push.models import StreamAttachment
     from channels_push.tests.conftest import make_ready_todo
-    from channels_push.tests.test_doorbell_delivery import close, next_doorbell
-    from channels_push.tests.test_doorbell_delivery import open_stream as open_doorbell_stream
+    from channels_push.doorbells.tests.test_doorbells import close, next_doorbell
+    from channels_push.doorbells.tests.test_doorbells import open_stream as open_doorbell_stream
 
     mcp.initialize()
     make_ready_todo(mcp.endpoint)

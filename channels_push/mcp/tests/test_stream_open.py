@@ -156,7 +156,7 @@ def test_a_stream_sends_its_headers_and_retry_hint_before_its_digest_is_computed
     from channels.testing import ApplicationCommunicator
 
     from channels_push.doorbells import doorbells
-    from channels_push.tests.test_mcp_stream import app, next_body, stream_scope
+    from channels_push.mcp.tests.test_stream import app, next_body, stream_scope
 
     mcp.initialize()
     pending_todos(mcp.endpoint, 200, now=timezone.now())

@@ -9,7 +9,7 @@ from django.core.management import call_command
 
 from channels_push.mcp import instructions as mcp_instructions
 from channels_push.tests.conftest import McpDriver, make_ready_todo
-from channels_push.tests.test_doorbell_delivery import (  # noqa: F401 (driver: a fixture)
+from channels_push.doorbells.tests.test_doorbells import (  # noqa: F401 (driver: a fixture)
     close, driver, next_doorbell, next_ring, open_stream, ring)
 from endpoints.models import Endpoint
 from todos import transitions

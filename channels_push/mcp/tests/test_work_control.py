@@ -15,8 +15,8 @@ from channels_push.mcp import longpoll
 from channels_push.mcp import schemas as mcp_schemas
 from channels_push.mcp import tools as mcp_tools
 from channels_push.tests.conftest import make_ready_todo
-from channels_push.tests.test_doorbell_delivery import close, next_doorbell, next_ring, open_stream, ring
-from channels_push.tests.test_doorbell_delivery import driver  # noqa: F401 (fixture)
+from channels_push.doorbells.tests.test_doorbells import close, next_doorbell, next_ring, open_stream, ring
+from channels_push.doorbells.tests.test_doorbells import driver  # noqa: F401 (fixture)
 from todos import sweeps as todo_sweeps
 from todos import transitions as todo_transitions
 from todos.models import Todo

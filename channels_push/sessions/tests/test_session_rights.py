@@ -18,12 +18,12 @@ from channels_push.sessions import transitions as session_transitions
 from channels_push.doorbells import rings
 from channels_push.models import McpSession
 from channels_push.tests.conftest import McpDriver
-from channels_push.tests.test_mcp_stream import KEEPALIVE_SECONDS, next_body, open_stream
+from channels_push.mcp.tests.test_stream import KEEPALIVE_SECONDS, next_body, open_stream
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Credential
 from tests.processes import DEADLINE_SECONDS
 
-# The stream tests commit (see test_mcp_stream); so do these, for one fixture setup.
+# The stream tests commit (see channels_push/mcp/tests/test_stream.py); so do these, for one fixture setup.
 pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_session_answers_only_to_the_credential_that_opened_it(mcp):
