@@ -78,19 +78,10 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
     # and planning it on every request cost more than running it, on the client and in
     # PostgreSQL alike. On PostgreSQL the row is read with psycopg's own loaders
     # (statements.fetch_rows): Django's conversion of the row cost about as much as the lookup.
-    if statements.is_postgres():
-        rows = statements.fetch_rows(sql, params)
-        row = rows[0] if rows else None
-    else:
-        with statements.statement_cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
+    row = next(iter(statements.fetch_all(sql, params)), None)
     if row is None or not hmac.compare_digest(row[len(names)], params["digest"]):
         return None
-    if statements.is_postgres():
-        endpoint = statements.instance_from_loaded_row(Endpoint, "e", row[:len(names)])
-    else:
-        endpoint = statements.instance_from_row(Endpoint, "e", row[:len(names)])
+    endpoint = statements.instance_from_fetched(Endpoint, "e", row[:len(names)])
     endpoint.credential_id = row[len(names) + 1]
     for attribute, value in zip(extra, row[len(names) + 2:]):
         setattr(endpoint, attribute, value)

@@ -52,15 +52,10 @@ def _json_value(value):
 def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
     """The active webhook ``slug`` of an active owner and its routes (endpoints loaded), in route order, in one
     query; ``(None, [])`` when there is no such active webhook."""
-    if statements.is_postgres():
-        # The transitions' own path (prepared on first use, jsonb and timestamptz read by
-        # psycopg's C loaders): Django's cursor wrapper and its Python loaders cost more CPU
-        # than this statement on the hook's hot path.
-        rows = statements.fetch_rows(_WEBHOOK_WITH_ROUTES_SQL, [slug])
-    else:
-        with statements.statement_cursor() as cursor:
-            cursor.execute(_WEBHOOK_WITH_ROUTES_SQL, [slug])
-            rows = cursor.fetchall()
+    # The transitions' own path (on PostgreSQL prepared on first use, jsonb and timestamptz
+    # read by psycopg's C loaders): Django's cursor wrapper and its Python loaders cost more
+    # CPU than this statement on the hook's hot path.
+    rows = statements.fetch_all(_WEBHOOK_WITH_ROUTES_SQL, [slug])
     if not rows:
         return None, []
     db = connection.alias

@@ -30,6 +30,7 @@ from todos import queries as todo_queries
 from todos import sweeps as todo_sweeps
 
 from switchboard import ratelimit
+from switchboard.db import sql as dialect
 
 from . import transitions
 from .models import (DeliveryDrops, DeliveryEvent, DeliveryRecord, OperatorSecret,
@@ -119,7 +120,7 @@ def _delete_delivery_event_batch(cutoffs: Cutoffs, batch: int) -> int:
     """Delivery events past retention that no todo points at any more (their todos were pruned,
     or they created none: ``todos.queries.no_todo_points_at_sql``). Served by
     delivery_event_prune (received_at, id). One statement, its own transaction."""
-    lock = "FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    lock = dialect.skip_locked()
     sql = f"""
         DELETE FROM ingest_deliveryevent WHERE id IN (
             SELECT d.id FROM ingest_deliveryevent d
@@ -135,7 +136,7 @@ def _delete_delivery_event_batch(cutoffs: Cutoffs, batch: int) -> int:
 def _delete_delivery_log_batch(cutoffs: Cutoffs, batch: int) -> int:
     """The delivery log's records past their window (served by deliveryrecord_at), then its
     per-minute dropped counts of the same age (a handful of rows per webhook and minute)."""
-    lock = "FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    lock = dialect.skip_locked()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(f"""
             DELETE FROM ingest_deliveryrecord WHERE id IN (

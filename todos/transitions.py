@@ -30,8 +30,9 @@ from django.utils import timezone
 
 from channels_push.bus import publish
 from switchboard import json_input
+from switchboard.db import sql as dialect
 from switchboard.db import statements
-from switchboard.db.statements import is_postgres as _is_postgres
+from switchboard.db.sql import is_postgres as _is_postgres
 
 from . import queries
 from .models import (MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT,
@@ -144,69 +145,14 @@ def _returning() -> str:
     return ", ".join(_todo_columns())
 
 
-def _db_time(value):
-    """Datetime parameter as the backend stores it (SQLite keeps naive UTC text)."""
-    if value is None or _is_postgres():
-        return value
-    return connection.ops.adapt_datetimefield_value(value)
-
-
-def _db_duration(value: timedelta):
-    """Duration parameter as the backend stores it (SQLite: microseconds as an integer)."""
-    if _is_postgres():
-        return value
-    return int(value / timedelta(microseconds=1))
-
-
-def _plus_duration(at_param: str, duration_sql: str) -> str:
-    """SQL for the datetime parameter ``at_param`` plus a duration column or expression.
-
-    The one place the transitions do date arithmetic in SQL: a heartbeat without a ttl extends
-    by the lease's own stored length, which Python does not know without reading the row first.
-    SQLite has no datetime type; Django registers ``django_format_dtdelta`` on every SQLite
-    connection for exactly this sum, and it writes the text format Django stores."""
-    if _is_postgres():
-        return f"%({at_param})s + {duration_sql}"
-    return f"django_format_dtdelta('+', %({at_param})s, {duration_sql})"
-
-
-def _json(param: str) -> str:
-    """A JSON text parameter, typed for the column on PostgreSQL."""
-    return f"%({param})s::jsonb" if _is_postgres() else f"%({param})s"
-
-
-def _queue_filter(column: str, param: str) -> str:
-    if _is_postgres():
-        return f"{column} = ANY(%({param})s::text[])"
-    return f"{column} IN (SELECT value FROM json_each(%({param})s))"
-
-
 def _fetch_todos(sql: str, params: dict) -> list[Todo]:
     """Execute a statement that RETURNs ``_returning()`` columns; the rows as Todo instances."""
-    if _is_postgres():
-        return [_todo_from_row(row) for row in statements.fetch_rows(sql, params)]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return [statements.instance_from_row(Todo, "todos_todo", row) for row in rows]
+    return [statements.instance_from_fetched(Todo, "todos_todo", row)
+            for row in statements.fetch_all(sql, params)]
 
 
 def _todo_from_row(row) -> Todo:
     return statements.instance_from_loaded_row(Todo, "todos_todo", row)
-
-
-def _queue_list_param(queues):
-    queues = tuple(queues)
-    return _text_array_literal(queues) if _is_postgres() else json.dumps(list(queues))
-
-
-@functools.lru_cache(maxsize=4096)
-def _text_array_literal(queues: tuple) -> str:
-    """``'{"a","b"}'`` for a ``::text[]`` parameter: a string psycopg sends as is, where a list
-    is introspected and dumped element by element on every statement, which showed in
-    profiles of the claim cycle. Few distinct scopes exist, so each literal is built once."""
-    quoted = ('"' + queue.replace("\\", "\\\\").replace('"', '\\"') + '"' for queue in queues)
-    return "{" + ",".join(quoted) + "}"
 
 
 # The event detail a transition from any of several states adds about the row it changed
@@ -248,11 +194,11 @@ def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_
     """
     params = {
         **params,
-        "now": _db_time(now),
+        "now": dialect.db_time(now),
         "actor": actor,
         "detail": json.dumps(detail or {}),
     }
-    detail_sql = _json("detail")
+    detail_sql = dialect.jsonb("detail")
     event_from = "t"
     prelude = ""
     if from_prior and _is_postgres():
@@ -334,8 +280,8 @@ def _visible_guard(caller: Caller, params: dict) -> str:
     params["endpoint_id"] = caller.endpoint.pk
     guard = "endpoint_id = %(endpoint_id)s"
     if caller.queues is not None:
-        params["queues"] = _queue_list_param(caller.queues)
-        guard += " AND " + _queue_filter("queue", "queues")
+        params["queues"] = dialect.text_list(caller.queues)
+        guard += " AND " + dialect.text_in("queue", "queues")
     return guard
 
 
@@ -439,8 +385,8 @@ def _lease_set(params: dict, caller: Caller, ttl: timedelta, now) -> str:
     params.update(
         lease_id=secrets.token_urlsafe(16),
         owner=caller.actor,
-        expires=_db_time(now + ttl),
-        ttl=_db_duration(ttl),
+        expires=dialect.db_time(now + ttl),
+        ttl=dialect.db_duration(ttl),
     )
     return (
         "state = 'claimed', lease_id = %(lease_id)s, lease_owner = %(owner)s, "
@@ -485,7 +431,7 @@ _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detai
 
 def _create_values(delivery_event_sql: str) -> str:
     return (f"%(endpoint_id)s, %(queue)s, %(state)s, %(title)s, %(kind)s, %(source)s, "
-            f"{_json('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
+            f"{dialect.jsonb('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
             "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s")
 
 
@@ -518,8 +464,8 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
         "trust": trust,
         "max_attempts": endpoint.max_attempts,
         "priority": priority,
-        "not_before": _db_time(not_before),
-        "now": _db_time(now),
+        "not_before": dialect.db_time(not_before),
+        "now": dialect.db_time(now),
         "actor": actor,
         "detail": json.dumps({"delivery_event": delivery_event_id}),
     }
@@ -593,7 +539,7 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
                         cursor.execute(
                             f"INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS}) VALUES"
                             " (%(todo_id)s, 'create', NULL, %(state)s, %(actor)s, %(now)s,"
-                            f" {_json('detail')})", params)
+                            f" {dialect.jsonb('detail')})", params)
         if created is not None:
             announce_created(created, endpoint)
             return created, True
@@ -650,8 +596,8 @@ def _unpaused_where(endpoint, params: dict) -> str:
         return " AND FALSE"
     if not endpoint.paused_queues:
         return ""
-    params["paused"] = _queue_list_param(endpoint.paused_queues)
-    return " AND NOT " + _queue_filter("queue", "paused")
+    params["paused"] = dialect.text_list(endpoint.paused_queues)
+    return " AND NOT " + dialect.text_in("queue", "paused")
 
 
 # -- concurrency caps (docs/work-control.md#caps) -------------------------------------------------
@@ -752,7 +698,7 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
     room = "" if endpoint is None else _cap_room_filter(
         endpoint, params, "p.queue" if _is_postgres() and queues is not None else "queue")
     if _is_postgres() and queues is not None:
-        params["queues"] = _queue_list_param(queues)
+        params["queues"] = dialect.text_list(queues)
         return (
             "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
             + _first_unheld(
@@ -766,8 +712,8 @@ def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
         )
     queue_filter = ""
     if queues is not None:
-        params["queues"] = _queue_list_param(queues)
-        queue_filter = " AND " + _queue_filter("queue", "queues")
+        params["queues"] = dialect.text_list(queues)
+        queue_filter = " AND " + dialect.text_in("queue", "queues")
     elif endpoint is not None:
         queue_filter = _unpaused_where(endpoint, params)
     ordered = (
@@ -919,13 +865,13 @@ def heartbeat_todo(caller: Caller, todo_id, *, lease_id=None, lease_ttl_seconds=
     """
     now = now or timezone.now()
     if lease_ttl_seconds is None:
-        params = {"default_ttl": _db_duration(caller.endpoint.effective_lease)}
+        params = {"default_ttl": dialect.db_duration(caller.endpoint.effective_lease)}
         # COALESCE: leases granted before the length was stored extend by the default.
-        set_sql = "lease_expires_at = " + _plus_duration(
+        set_sql = "lease_expires_at = " + dialect.plus_duration(
             "now", "COALESCE(lease_ttl, %(default_ttl)s)")
     else:
         ttl = _lease_ttl(caller, lease_ttl_seconds)
-        params = {"expires": _db_time(now + ttl), "ttl": _db_duration(ttl)}
+        params = {"expires": dialect.db_time(now + ttl), "ttl": dialect.db_duration(ttl)}
         set_sql = "lease_expires_at = %(expires)s, lease_ttl = %(ttl)s"
     return _fenced(caller, todo_id, lease_id, set_sql=set_sql, params=params,
                    action_sql="'heartbeat'", action="heartbeat", now=now, overriding=overriding)
@@ -940,7 +886,7 @@ def complete_todo(caller: Caller, todo_id, *, lease_id=None, result=None, now=No
     now = now or timezone.now()
     _check_storable(result=result)
     params = {"result": json.dumps(result) if result is not None else None}
-    set_sql = f"state = 'done', result = {_json('result')}, lease_expires_at = NULL"
+    set_sql = f"state = 'done', result = {dialect.jsonb('result')}, lease_expires_at = NULL"
     if overriding is not None:
         set_sql += _TAKE_OVER_SQL
     return _fenced(caller, todo_id, lease_id, params=params, action_sql="'complete'",
@@ -952,9 +898,9 @@ def _retry_at_by_attempts(now) -> tuple[str, dict]:
     params, branches = {}, []
     for attempt in range(1, _BACKOFF_STEPS):
         backoff = min(FIRST_RETRY_BACKOFF * 2 ** (attempt - 1), MAX_RETRY_BACKOFF)
-        params[f"retry_{attempt}"] = _db_time(now + backoff)
+        params[f"retry_{attempt}"] = dialect.db_time(now + backoff)
         branches.append(f"WHEN attempts <= {attempt} THEN %(retry_{attempt})s")
-    params["retry_cap"] = _db_time(now + MAX_RETRY_BACKOFF)
+    params["retry_cap"] = dialect.db_time(now + MAX_RETRY_BACKOFF)
     return "CASE " + " ".join(branches) + " ELSE %(retry_cap)s END", params
 
 
@@ -971,7 +917,7 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
     params.update(error=error, result=json.dumps(result) if result is not None else None)
     spent = "attempts >= max_attempts"
     set_sql = (
-        f"state = 'failed', last_error = %(error)s, result = COALESCE({_json('result')}, result), "
+        f"state = 'failed', last_error = %(error)s, result = COALESCE({dialect.jsonb('result')}, result), "
         f"lease_expires_at = NULL, "
         f"dead_lettered_at = CASE WHEN {spent} THEN %(now)s ELSE NULL END, "
         f"retry_at = CASE WHEN {spent} THEN NULL ELSE {retry_case} END"
@@ -1270,27 +1216,23 @@ def reject_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
 # -- sweeps' statements (called by todos/sweeps.py) ---------------------------------------------
 
 
-def _skip_locked() -> str:
-    return " FOR UPDATE SKIP LOCKED" if _is_postgres() else ""
-
-
 def lapsed_leases_sql() -> str:
     """The reaper's batch: claimed todos whose lease lapsed by %(now)s (index todo_reaper)."""
     return ("SELECT id FROM todos_todo WHERE state = 'claimed' AND lease_expires_at <= %(now)s"
-            f" ORDER BY lease_expires_at LIMIT %(limit)s{_skip_locked()}")
+            f" ORDER BY lease_expires_at LIMIT %(limit)s{dialect.skip_locked()}")
 
 
 def due_retries_sql() -> str:
     """The promoter's batch: failed todos due to retry by %(now)s (index todo_retry_promoter)."""
     return ("SELECT id FROM todos_todo WHERE state = 'failed' AND retry_at <= %(now)s"
-            f" ORDER BY retry_at LIMIT %(limit)s{_skip_locked()}")
+            f" ORDER BY retry_at LIMIT %(limit)s{dialect.skip_locked()}")
 
 
 def due_scheduled_sql() -> str:
     """The due sweep's batch: scheduled todos whose time came by %(now)s (index
     todo_scheduled_due)."""
     return ("SELECT id FROM todos_todo WHERE state = 'pending' AND not_before <= %(now)s"
-            f" ORDER BY not_before LIMIT %(limit)s{_skip_locked()}")
+            f" ORDER BY not_before LIMIT %(limit)s{dialect.skip_locked()}")
 
 
 def release_due_scheduled(*, now, limit: int) -> list[Todo]:
@@ -1334,17 +1276,13 @@ def stale_approvals_sql() -> str:
     """The approval-timeout sweep's batch: todos awaiting approval longer than their endpoint's
     ``approval_timeout_seconds`` at %(now)s (index todo_awaiting_approval, per endpoint that
     has a timeout; endpoints without one are never read past their own row)."""
-    if _is_postgres():
-        overdue = "a.created_at <= %(now)s - make_interval(secs => e.approval_timeout_seconds)"
-    else:
-        overdue = ("a.created_at <= datetime(%(now)s, '-' || e.approval_timeout_seconds"
-                   " || ' seconds')")
+    overdue = "a.created_at <= " + dialect.minus_seconds("now", "e.approval_timeout_seconds")
     return ("SELECT a.id FROM endpoints_endpoint e JOIN todos_todo a ON a.endpoint_id = e.id"
             " AND a.state = 'awaiting_approval'"
             f" WHERE e.approval_timeout_seconds IS NOT NULL AND {overdue}"
             " ORDER BY a.created_at LIMIT %(limit)s"
             # Lock the todos only: the endpoint row is read, never changed here.
-            + (" FOR UPDATE OF a SKIP LOCKED" if _is_postgres() else ""))
+            + dialect.skip_locked(of="a"))
 
 
 def cancel_stale_approvals(*, now, limit: int) -> list[Todo]:
@@ -1402,10 +1340,6 @@ def charge_ring(*, todo_id) -> bool:
         return cursor.fetchone() is not None
 
 
-def _ids_param(values) -> object:
-    return list(values) if _is_postgres() else json.dumps(list(values))
-
-
 def _pairs_sql(alias: str, pairs, params: dict, name: str) -> str:
     """``(alias.endpoint_id, alias.queue)`` is one of ``pairs``, as SQL."""
     if _is_postgres():
@@ -1417,13 +1351,6 @@ def _pairs_sql(alias: str, pairs, params: dict, name: str) -> str:
     return (f"EXISTS (SELECT 1 FROM json_each(%({name}_pairs)s) j"
             f" WHERE json_extract(j.value, '$[0]') = {alias}.endpoint_id"
             f" AND json_extract(j.value, '$[1]') = {alias}.queue)")
-
-
-def _id_in(column: str, param: str, params: dict, values) -> str:
-    params[param] = _ids_param(values)
-    if _is_postgres():
-        return f"{column} = ANY(%({param})s)"
-    return f"{column} IN (SELECT value FROM json_each(%({param})s))"
 
 
 def _ring_scope_sql(alias: str, endpoint_ids, params: dict) -> str:
@@ -1444,7 +1371,7 @@ def _ring_scope_sql(alias: str, endpoint_ids, params: dict) -> str:
             pairs.extend((endpoint_id, str(queue)) for queue in scope)
     clauses = []
     if everything:
-        clauses.append(_id_in(f"{alias}.endpoint_id", "scope_all", params, everything))
+        clauses.append(dialect.id_in(f"{alias}.endpoint_id", "scope_all", params, everything))
     if pairs:
         clauses.append(_pairs_sql(alias, pairs, params, "scope"))
     if not clauses:
@@ -1505,11 +1432,11 @@ def sweep_rings_sql(*, receivers: dict, schedule, limit: int, now=None, select_o
     # attached, or it was held) waits the first re-ring step too, from creation or from the
     # digest that summarised it, never zero.
     waits = [schedule[max(attempts, 1)] for attempts in range(len(schedule))]
-    params = {"now": _db_time(now), "limit": limit, "max_rings": MAX_RING_ATTEMPTS,
-              "due_first": _db_time(now - min(waits)), "receivers": _receivers_param(receivers)}
+    params = {"now": dialect.db_time(now), "limit": limit, "max_rings": MAX_RING_ATTEMPTS,
+              "due_first": dialect.db_time(now - min(waits)), "receivers": _receivers_param(receivers)}
     branches = []
     for attempts, interval in enumerate(waits):
-        params[f"due_{attempts}"] = _db_time(now - interval)
+        params[f"due_{attempts}"] = dialect.db_time(now - interval)
         if attempts < len(waits) - 1:
             branches.append(f"WHEN {{t}}.ring_attempts = {attempts} THEN %(due_{attempts})s")
     due_case = "CASE " + " ".join(branches) + f" ELSE %(due_{len(waits) - 1})s END"
@@ -1565,10 +1492,10 @@ def _claimable_sql(alias: str, endpoint, params: dict) -> str:
     sql = (f"{alias}.endpoint_id = %(claimable_endpoint_id)s AND {alias}.state = 'pending'"
            f" AND {alias}.not_before IS NULL")
     if not endpoint.all_queues:
-        sql += " AND " + _id_in(f"{alias}.queue", f"{alias}_scope", params, endpoint.scope)
+        sql += " AND " + dialect.id_in(f"{alias}.queue", f"{alias}_scope", params, endpoint.scope)
     paused = list(endpoint.paused_queues or [])
     if paused:
-        sql += " AND NOT " + _id_in(f"{alias}.queue", f"{alias}_paused", params, paused)
+        sql += " AND NOT " + dialect.id_in(f"{alias}.queue", f"{alias}_paused", params, paused)
     if refuses_unverified(endpoint):
         sql += f" AND {alias}.trust <> 'unverified'"
     return sql
@@ -1584,10 +1511,10 @@ def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, objec
     of those todos was not rung or digested within it, so a flapping stream is not handed the
     same summary again and again (nor does it keep pushing the heartbeat's backoff out)."""
     now = now or timezone.now()
-    params = {"now": _db_time(now)}
+    params = {"now": dialect.db_time(now)}
     fresh = ""
     if cooldown is not None:
-        params["cooled"] = _db_time(now - cooldown)
+        params["cooled"] = dialect.db_time(now - cooldown)
         fresh = (" AND EXISTS (SELECT 1 FROM todos_todo c"
                  f" WHERE {_claimable_sql('c', endpoint, params)}"
                  " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")

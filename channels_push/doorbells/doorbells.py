@@ -201,20 +201,13 @@ def _find_endpoint_for_ring(endpoint_id: int, now):
     sql = (f"SELECT {_endpoint_for_ring_select()}, EXISTS (SELECT 1 FROM channels_push_mcpsession s"
            f" WHERE s.endpoint_id = e.id AND {queries.attached_sql('s', params, now)})"
            " FROM endpoints_endpoint e WHERE e.id = %(endpoint_id)s")
-    if statements.is_postgres():
-        # The hot path of every accepted delivery (after commit): prepared, C loaders, no
-        # Model.__init__ (statements.fetch_rows; through Django's cursor it was a large share
-        # of a delivery's CPU: bench/PROFILES.md).
-        row = next(iter(statements.fetch_rows(sql, params)), None)
-        build = statements.instance_from_loaded_row
-    else:
-        with statements.statement_cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-        build = statements.instance_from_row
+    # The hot path of every accepted delivery (after commit): prepared, C loaders, no
+    # Model.__init__ on PostgreSQL (through Django's cursor it was a large share of a
+    # delivery's CPU: bench/PROFILES.md).
+    row = next(iter(statements.fetch_all(sql, params)), None)
     if row is None:
         return None
-    endpoint = build(Endpoint, "e", row[:-1])
+    endpoint = statements.instance_from_fetched(Endpoint, "e", row[:-1])
     endpoint.has_attached_session = bool(row[-1])
     return endpoint
 

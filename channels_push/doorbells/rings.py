@@ -12,7 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from channels_push.sessions import queries
-from switchboard.db import statements
+from switchboard.db import sql as dialect
 from todos import queries as todo_queries
 from todos import transitions as todo_transitions
 
@@ -48,7 +48,7 @@ def choose_sessions(*, endpoint_id: int, limit: int, now=None) -> list[tuple[str
         "(SELECT count(*) FROM (SELECT 1 FROM channels_push_mcpsession o"
         f" WHERE o.endpoint_id = %(endpoint_id)s AND {queries.stream_open_sql('o', params, now)}"
         f" AND {queries.attached_sql('o', params, now)} LIMIT %(limit)s) streaming)")
-    for lock in ((" FOR UPDATE SKIP LOCKED", "") if statements.is_postgres() else ("",)):
+    for lock in ((dialect.skip_locked(), "") if dialect.is_postgres() else ("",)):
         # MATERIALIZED: an ``IN (… LIMIT n FOR UPDATE SKIP LOCKED)`` sub-select may be re-run
         # during the semi-join and stamp more than n rows; the CTE is evaluated once.
         sql = (

@@ -7,7 +7,6 @@ into HTTP 404 without reading the row again (missing, another endpoint's, and te
 look the same).
 """
 
-import json
 from datetime import timedelta
 
 from django.conf import settings
@@ -17,19 +16,11 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from endpoints import queries as endpoint_queries
-from switchboard.db import statements
+from switchboard.db import sql as dialect
 
 from channels_push.models import McpSession, StreamAttachment, StreamHost
 
 from . import holders, queries
-
-
-def _id_list(column: str, param: str, params: dict, values) -> str:
-    if statements.is_postgres():
-        params[param] = list(values)
-        return f"{column} = ANY(%({param})s)"
-    params[param] = json.dumps(list(values))
-    return f"{column} IN (SELECT value FROM json_each(%({param})s))"
 
 
 def open_session(*, endpoint, protocol_version: str, client_name: str = "",
@@ -198,7 +189,7 @@ def check_stream_sessions(*, session_ids, now=None) -> set[str]:
     if not session_ids:
         return set()
     params = {}
-    held = _id_list("s.id", "held", params, session_ids)
+    held = dialect.id_in("s.id", "held", params, session_ids)
     rights = _session_rights_sql(params, now)
     with connection.cursor() as cursor:
         cursor.execute("SELECT s.id FROM channels_push_mcpsession s"
@@ -288,7 +279,7 @@ def delete_ended_sessions(*, ended_before, limit: int) -> int:
     attachment can appear on an ended session (``attach_stream`` guards on a live one). Rows
     another transaction holds are skipped, so overlapping runs take different rows. One
     statement, its own transaction. Returns how many."""
-    lock = " FOR UPDATE SKIP LOCKED" if statements.is_postgres() else ""
+    lock = dialect.skip_locked()
     sql = ("DELETE FROM channels_push_mcpsession WHERE id IN ("
            " SELECT id FROM channels_push_mcpsession s"
            " WHERE terminated_at IS NOT NULL AND terminated_at < %(ended_before)s"

@@ -24,12 +24,7 @@ from django.db.models.base import ModelState
 from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import JsonbLoader
 
-
-@functools.cache
-def is_postgres() -> bool:
-    # One process talks to one database for its life (settings are read once), and the hot
-    # paths ask this per statement: asking the connection proxy each time showed in profiles.
-    return connection.vendor == "postgresql"
+from .sql import is_postgres
 
 
 def statement_cursor():
@@ -140,3 +135,22 @@ def instance_from_loaded_row(model, table_alias: str, values):
     instance._state.adding = False
     instance._state.db = DEFAULT_DB_ALIAS
     return instance
+
+
+def fetch_all(sql: str, params) -> list[tuple]:
+    """The rows of a fixed statement: by ``fetch_rows`` on PostgreSQL, through a statement
+    cursor elsewhere. Turn a row's whole-model part into an instance with
+    ``instance_from_fetched``."""
+    if is_postgres():
+        return fetch_rows(sql, params)
+    with statement_cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def instance_from_fetched(model, table_alias: str, values):
+    """A ``model`` instance from a ``fetch_all`` row's values of ``model_columns``' select
+    list, whichever backend read it."""
+    if is_postgres():
+        return instance_from_loaded_row(model, table_alias, values)
+    return instance_from_row(model, table_alias, values)

@@ -597,15 +597,3 @@ def test_heartbeat_and_overrides_stay_one_statement(agent, make_todo, django_ass
         transitions.heartbeat_todo(agent, todo.pk, lease_id=todo.lease_id, lease_ttl_seconds=60)
     with django_assert_max_num_queries(1 if postgres else 4):
         override("release", todo)
-
-
-def test_queue_lists_reach_the_database_as_the_exact_names(db):
-    from django.db import connection
-
-    if connection.vendor != "postgresql":
-        pytest.skip("the text[] literal is PostgreSQL's; SQLite gets a JSON list")
-    names = ("inbox", 'we"ird', "back\\slash", "a,b", "{braces}", "spa ce")
-    literal = transitions._text_array_literal(names)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT %s::text[]", [literal])
-        assert tuple(cursor.fetchone()[0]) == names

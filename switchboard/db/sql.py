@@ -1,0 +1,95 @@
+"""The one copy of each fragment of hand-written SQL that differs between PostgreSQL and SQLite
+(the embedded default): row locks, time and duration parameters, JSON parameters and lists of
+ids or names. Every app's statements take these; none spells a backend's dialect itself."""
+
+import functools
+import json
+from datetime import timedelta
+
+from django.db import connection
+
+
+@functools.cache
+def is_postgres() -> bool:
+    # One process talks to one database for its life (settings are read once), and the hot
+    # paths ask this per statement: asking the connection proxy each time showed in profiles.
+    return connection.vendor == "postgresql"
+
+
+def skip_locked(of: str = "") -> str:
+    """`` FOR UPDATE [OF of] SKIP LOCKED`` on PostgreSQL, so overlapping batches take different
+    rows; nothing on SQLite, whose single writer never meets a row lock."""
+    if not is_postgres():
+        return ""
+    return f" FOR UPDATE OF {of} SKIP LOCKED" if of else " FOR UPDATE SKIP LOCKED"
+
+
+def db_time(value):
+    """A datetime parameter as the backend stores it (SQLite keeps naive UTC text)."""
+    if value is None or is_postgres():
+        return value
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def db_duration(value: timedelta):
+    """A duration parameter as the backend stores it (SQLite: microseconds as an integer)."""
+    if is_postgres():
+        return value
+    return int(value / timedelta(microseconds=1))
+
+
+def plus_duration(at_param: str, duration_sql: str) -> str:
+    """The datetime parameter ``at_param`` plus a duration column or expression.
+
+    SQLite has no datetime type; Django registers ``django_format_dtdelta`` on every SQLite
+    connection for exactly this sum, and it writes the text format Django stores."""
+    if is_postgres():
+        return f"%({at_param})s + {duration_sql}"
+    return f"django_format_dtdelta('+', %({at_param})s, {duration_sql})"
+
+
+def minus_seconds(at_param: str, seconds_sql: str) -> str:
+    """The datetime parameter ``at_param`` less an integer column or expression of seconds."""
+    if is_postgres():
+        return f"%({at_param})s - make_interval(secs => {seconds_sql})"
+    return f"datetime(%({at_param})s, '-' || {seconds_sql} || ' seconds')"
+
+
+def jsonb(param: str) -> str:
+    """A JSON text parameter, typed for a jsonb column on PostgreSQL."""
+    return f"%({param})s::jsonb" if is_postgres() else f"%({param})s"
+
+
+def text_list(values):
+    """A parameter holding a list of names, for ``text_in``."""
+    values = tuple(values)
+    return _text_array_literal(values) if is_postgres() else json.dumps(list(values))
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_array_literal(values: tuple) -> str:
+    """``'{"a","b"}'`` for a ``::text[]`` parameter: a string psycopg sends as is, where a list
+    is introspected and dumped element by element on every statement. Few distinct lists
+    (queue scopes) exist, so each literal is built once."""
+    quoted = ('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values)
+    return "{" + ",".join(quoted) + "}"
+
+
+def text_in(column: str, param: str) -> str:
+    """``column`` is one of the names in the ``text_list`` parameter ``param``."""
+    if is_postgres():
+        return f"{column} = ANY(%({param})s::text[])"
+    return f"{column} IN (SELECT value FROM json_each(%({param})s))"
+
+
+def id_list(values):
+    """A parameter holding a list of ids (or other scalars), for ``id_in``."""
+    return list(values) if is_postgres() else json.dumps(list(values))
+
+
+def id_in(column: str, param: str, params: dict, values) -> str:
+    """``column`` is one of ``values``, bound as ``params[param]``."""
+    params[param] = id_list(values)
+    if is_postgres():
+        return f"{column} = ANY(%({param})s)"
+    return f"{column} IN (SELECT value FROM json_each(%({param})s))"
