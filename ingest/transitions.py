@@ -29,6 +29,7 @@ from channels_push.bus import publish
 from endpoints.models import queue_name_validator
 from switchboard import json_input, ratelimit
 from switchboard.db import statements
+from todos import statements as todo_statements
 from todos import transitions as todo_transitions
 
 from . import actors, titles
@@ -438,10 +439,10 @@ def _single_route_sql_postgres(with_ledger: bool) -> str:
     the same moment), no todo is inserted and the last column divides by zero, so the
     statement fails and PostgreSQL undoes every row it wrote. ``(t.id IS NOT NULL)::int`` is a
     column, not a constant, so the planner cannot fold the division away."""
-    todo = todo_transitions.create_todo_ctes(
+    todo = todo_statements.create_todo_ctes(
         delivery_event_sql="event.id", source_sql="FROM event", where_sql=_ledger_gate(with_ledger))
-    columns = ", ".join(f"t.{column}" for column in todo_transitions.todo_columns())
-    creates_nothing = todo_transitions.LIVE_KEY_HELD_SQL + (
+    columns = ", ".join(f"t.{column}" for column in todo_statements.todo_columns())
+    creates_nothing = todo_statements.LIVE_KEY_HELD_SQL + (
         f" OR {_LEDGER_REFUSES_SQL}" if with_ledger else "")
     arrival = _arrival_ctes_postgres(with_ledger, only_if_sql=f"NOT ({creates_nothing})")
     return (f"{arrival}, {todo}"
@@ -644,7 +645,7 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
     if not rows:
         return None  # a live todo holds the key or the ledger refuses: nothing written
     (row,) = rows
-    todo = todo_transitions.todo_from_row(row[:-2])
+    todo = todo_statements.todo_from_row(row[:-2])
     record_id = row[-2]
     event = DeliveryEvent.from_db(connection.alias, ("id", *_DELIVERY_EVENT_FIELDS),
                                   [todo.delivery_event_id, *event_values.values()])

@@ -18,9 +18,7 @@ Times are computed in Python from one clock read per operation and passed as par
 date arithmetic), so both backends share the SQL and tests drive the clock with ``now=``.
 """
 
-import functools
 import json
-import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,10 +29,9 @@ from django.utils import timezone
 from channels_push.bus import publish
 from switchboard import json_input
 from switchboard.db import sql as dialect
-from switchboard.db import statements
 from switchboard.db.sql import is_postgres as _is_postgres
 
-from . import queries
+from . import queries, statements
 from .models import (MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT,
                      PRIORITY_MAX, PRIORITY_MIN, State, Todo, Trust)
 
@@ -46,7 +43,6 @@ FIRST_RETRY_BACKOFF = timedelta(seconds=30)
 MAX_RETRY_BACKOFF = timedelta(minutes=15)
 # attempts >= this many all share the capped backoff (30 s * 2**5 = 960 s > 900 s).
 _BACKOFF_STEPS = 6
-
 
 
 class Refusal(Exception):
@@ -103,9 +99,7 @@ class HeldLease:
         return cls(lease_id=todo.lease_id or "", owner=todo.lease_owner or "")
 
     def as_detail(self) -> dict:
-        # Hints, like the wire shape's lease_owner: enough to tell leases apart in the history,
-        # nothing an agent could present as its lease.
-        return {"lease_id": self.lease_id[:8], "lease_owner": self.owner[:8]}
+        return statements.lease_hint(self.lease_id, self.owner)
 
 
 # The operator's verbs as the console and admin name them once done.
@@ -126,129 +120,7 @@ def agent_lease_to_override(todo, username: str, action: str) -> HeldLease | Non
     return None
 
 
-# -- SQL plumbing --------------------------------------------------------------------------------
-
-
-@functools.cache
-def _todo_columns() -> tuple:
-    """The todo columns every statement RETURNs, in model field order, so rows become Todo
-    instances without looking at cursor.description (which psycopg builds per execute)."""
-    return tuple(field.column for field in Todo._meta.concrete_fields)
-
-
-def todo_columns() -> tuple:
-    """The columns a create statement RETURNs, in the order ``todo_from_row`` reads them."""
-    return _todo_columns()
-
-
-def _returning() -> str:
-    return ", ".join(_todo_columns())
-
-
-def _fetch_todos(sql: str, params: dict) -> list[Todo]:
-    """Execute a statement that RETURNs ``_returning()`` columns; the rows as Todo instances."""
-    return [statements.instance_from_fetched(Todo, "todos_todo", row)
-            for row in statements.fetch_all(sql, params)]
-
-
-def _todo_from_row(row) -> Todo:
-    return statements.instance_from_loaded_row(Todo, "todos_todo", row)
-
-
-# The event detail a transition from any of several states adds about the row it changed
-# (``from_prior``): the lease it overrode when the todo was claimed, the trust it raised.
-# PostgreSQL builds it from the locked prior row ``o`` and the updated row ``t``;
-# ``_prior_detail`` is the same for SQLite, from the prior row read in the transaction.
-_PRIOR_DETAIL_SQL = (
-    "jsonb_strip_nulls(jsonb_build_object("
-    "'override', CASE WHEN o.state = 'claimed' THEN true END, "
-    "'overridden_lease', CASE WHEN o.state = 'claimed' THEN jsonb_build_object("
-    "'lease_id', left(o.lease_id, 8), 'lease_owner', left(o.lease_owner, 8)) END, "
-    "'from_trust', CASE WHEN t.trust <> o.trust THEN o.trust END))"
-)
-
-
-def _prior_detail(prior: dict, trust_after: str) -> dict:
-    detail = {}
-    if prior["state"] == State.CLAIMED:
-        detail["override"] = True
-        detail["overridden_lease"] = HeldLease(
-            lease_id=prior["lease_id"] or "", owner=prior["lease_owner"] or "").as_detail()
-    if trust_after != prior["trust"]:
-        detail["from_trust"] = prior["trust"]
-    return detail
-
-
-def _apply(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
-           actor: str, now, detail=None, endpoint=None, from_prior=False) -> list[Todo]:
-    """Run one guarded UPDATE and write one todo event per changed row.
-
-    ``action_sql`` and ``from_state_sql`` are SQL expressions over the updated row ``t``; they
-    let one statement record, e.g., ``fail`` or ``dead_letter`` depending on the attempts left.
-    ``from_prior``: a transition of the one todo ``%(todo_id)s`` from any of several states
-    (``from_state_sql`` is then unused). The event's from state is the row's state before the
-    statement, which RETURNING cannot give: PostgreSQL locks and reads the row first in the
-    same statement (``o``, which the UPDATE's WHERE depends on, so it runs first; a change
-    committed while ``o`` waited for the lock is what both then see), SQLite reads it inside
-    the write transaction (one writer). ``_PRIOR_DETAIL_SQL`` adds what the prior row says.
-    """
-    params = {
-        **params,
-        "now": dialect.db_time(now),
-        "actor": actor,
-        "detail": json.dumps(detail or {}),
-    }
-    detail_sql = dialect.jsonb("detail")
-    event_from = "t"
-    prelude = ""
-    if from_prior and _is_postgres():
-        prelude = ("o AS (SELECT id, state, trust, lease_id, lease_owner FROM todos_todo"
-                   " WHERE id = %(todo_id)s FOR UPDATE), ")
-        where_sql += " AND id = (SELECT id FROM o)"
-        from_state_sql, event_from = "o.state", "t JOIN o ON o.id = t.id"
-        detail_sql = f"{detail_sql} || {_PRIOR_DETAIL_SQL}"
-    elif from_prior:
-        from_state_sql = "%(from_state)s"
-    event_select = (
-        f"SELECT t.id, {action_sql}, {from_state_sql}, t.state, %(actor)s, %(now)s, "
-        f"{detail_sql}"
-    )
-    event_columns = "todo_id, action, from_state, to_state, actor, at, detail"
-    update = (
-        f"UPDATE todos_todo SET {set_sql}, updated_at = %(now)s WHERE {where_sql} "
-        f"RETURNING {_returning()}"
-    )
-    if _is_postgres():
-        sql = (
-            f"WITH {prelude}t AS ({update}), "
-            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from}) "
-            f"SELECT * FROM t"
-        )
-        rows = _fetch_todos(sql, params)
-    else:
-        with transaction.atomic():
-            if from_prior:
-                prior = Todo.objects.filter(pk=params["todo_id"]).values(
-                    "state", "trust", "lease_id", "lease_owner").first()
-            rows = _fetch_todos(update, params)
-            if rows and from_prior:
-                params["from_state"] = prior["state"]
-                params["detail"] = json.dumps(
-                    {**(detail or {}), **_prior_detail(prior, rows[0].trust)})
-            if rows:
-                params["ids"] = json.dumps([row.pk for row in rows])
-                with connection.cursor() as cursor:
-                    cursor.execute(
-                        f"INSERT INTO todos_todoevent ({event_columns}) {event_select} "
-                        f"FROM todos_todo t WHERE t.id IN (SELECT value FROM json_each(%(ids)s))",
-                        params,
-                    )
-    for row in rows:
-        if endpoint is not None and row.endpoint_id == endpoint.pk:
-            # Spare the serializer a query per row; set as select_related does (the field's
-            # descriptor would check the instance's type and state first).
-            row._state.fields_cache["endpoint"] = endpoint
-    return rows
+# -- what every verb checks and says ------------------------------------------------------------
 
 
 def _one(rows):
@@ -273,32 +145,6 @@ def _check_storable(**values) -> None:
     problem = json_input.find_unstorable(values)
     if problem is not None:
         raise Refusal("invalid_argument", problem)
-
-
-def _visible_guard(caller: Caller, params: dict) -> str:
-    """The guard that makes a todo outside the caller's endpoint or scope invisible."""
-    params["endpoint_id"] = caller.endpoint.pk
-    guard = "endpoint_id = %(endpoint_id)s"
-    if caller.queues is not None:
-        params["queues"] = dialect.text_list(caller.queues)
-        guard += " AND " + dialect.text_in("queue", "queues")
-    return guard
-
-
-def _by_id(guard: str) -> str:
-    """The WHERE of a transition on the one todo ``%(todo_id)s``: found by its primary key, then
-    held to ``guard``.
-
-    Written as ``(guard) IS TRUE`` so that no clause of the guard is an index condition: a fenced
-    verb's ``state = 'claimed'`` matches todo_by_state and the partial todo_reaper, whose
-    "claimed" range also keeps an entry for every lease ended since the last vacuum. Statistics
-    rarely sample a claimed row (few are claimed at any moment), so the planner costed that
-    range at under one row and chose it over the primary key: every complete then walked it
-    (its buffers growing with every complete, against a handful by primary key). In a WHERE,
-    ``IS TRUE`` keeps the guard's meaning (false and NULL both leave the row alone);
-    todos/tests/test_plans.py pins the plan.
-    """
-    return f"id = %(todo_id)s AND ({guard}) IS TRUE"
 
 
 def _todo_id(todo_id) -> int:
@@ -363,38 +209,6 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
     return Refusal("lease_lost", f"todo {todo_id} is {todo.state} and not held by {holder}")
 
 
-def _fence(params: dict, caller: Caller, lease_id, overriding=None) -> str:
-    """Fenced writes: only the current, unexpired lease may act — by lease_id when given, else
-    by owner. ``lease_expires_at > now`` makes a lapsed lease lost at once, before the reaper
-    gets to the row (the reaper still is what moves it back). An operator override is fenced
-    by the lease it saw instead, expired or not: acting on a stuck lease is its purpose."""
-    if overriding is not None:
-        params.update(held_lease_id=overriding.lease_id, held_owner=overriding.owner)
-        return ("state = 'claimed' AND lease_id = %(held_lease_id)s "
-                "AND lease_owner = %(held_owner)s")
-    if lease_id is not None:
-        params["lease_id"] = str(lease_id)
-        fence = "state = 'claimed' AND lease_id = %(lease_id)s"
-    else:
-        params["owner"] = caller.actor
-        fence = "state = 'claimed' AND lease_owner = %(owner)s"
-    return fence + " AND lease_expires_at > %(now)s"
-
-
-def _lease_set(params: dict, caller: Caller, ttl: timedelta, now) -> str:
-    params.update(
-        lease_id=secrets.token_urlsafe(16),
-        owner=caller.actor,
-        expires=dialect.db_time(now + ttl),
-        ttl=dialect.db_duration(ttl),
-    )
-    return (
-        "state = 'claimed', lease_id = %(lease_id)s, lease_owner = %(owner)s, "
-        "lease_expires_at = %(expires)s, lease_ttl = %(ttl)s, attempts = attempts + 1, "
-        "retry_at = NULL, not_before = NULL"
-    )
-
-
 def _announce(todos, action: str):
     for todo in todos:
         publish.publish_on_commit(todo, action)
@@ -403,44 +217,12 @@ def _announce(todos, action: str):
 # -- create --------------------------------------------------------------------------------------
 
 
-# The create statement's pieces, shared with ingest's one-statement delivery
-# (ingest.transitions), which inserts the todo in the statement that records its delivery.
-_CREATE_COLUMNS = (
-    "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
-    " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before"
-)
-# Which todos hold their idempotency key (the partial unique index todo_live_idempotency_key).
-# The conflict target names that index by its columns and predicate, spelled exactly as the
-# migration wrote it: SQLite matches the predicate textually.
-_LIVE_KEY_PREDICATE = (
-    "\"idempotency_key\" IS NOT NULL AND (\"state\" IN ('pending', 'claimed', 'awaiting_approval')"
-    " OR "
-    "(\"dead_lettered_at\" IS NULL AND \"state\" = 'failed'))"
-)
-_LIVE_KEY_CONFLICT = (
-    f"ON CONFLICT (endpoint_id, idempotency_key) WHERE ({_LIVE_KEY_PREDICATE}) DO NOTHING")
-# SQL over ``create_todo_params``: true when a live todo of the endpoint already holds the key,
-# so the create would insert nothing. For a statement that would rather not start writing
-# (ingest's one-statement delivery); the conflict clause stays what decides under a race.
-LIVE_KEY_HELD_SQL = (
-    "EXISTS (SELECT 1 FROM todos_todo WHERE endpoint_id = %(endpoint_id)s"
-    f" AND idempotency_key = %(key)s AND {_LIVE_KEY_PREDICATE})"
-)
-_CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detail"
-
-
-def _create_values(delivery_event_sql: str) -> str:
-    return (f"%(endpoint_id)s, %(queue)s, %(state)s, %(title)s, %(kind)s, %(source)s, "
-            f"{dialect.jsonb('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
-            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s")
-
-
 def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=None,
                        kind: str = "", source: str = "", idempotency_key: str | None = None,
                        delivery_event_id=None, trust: str = Trust.UNVERIFIED, now,
                        payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
                        not_before=None, requires_approval: bool = False) -> dict:
-    """The parameters of a create statement (``create_todo``, ``create_todo_ctes``): the title
+    """The parameters of a create statement (``create_todo``, ``statements.create_todo_ctes``): the title
     folded to one line of at most ``MAX_TITLE_CHARS``. Refuses ``invalid_argument`` for a value no
     database can store; ``payload_storable`` says the caller already knows the payload is
     (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from).
@@ -471,34 +253,12 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
     }
 
 
-@functools.cache
-def create_todo_ctes(*, delivery_event_sql: str = "%(delivery_event_id)s", source_sql: str = "",
-                     where_sql: str = "") -> str:
-    """PostgreSQL: the todo INSERT (``t``, RETURNing the whole row, nothing when a live todo
-    holds the key) and its ``create`` event (``e``) as data-modifying CTEs, over the params of
-    ``create_todo_params``. ``source_sql``/``where_sql`` make it an INSERT … SELECT (``FROM x
-    WHERE …``), so another statement can feed it the delivery event id it just inserted."""
-    values = _create_values(delivery_event_sql)
-    rows = f"SELECT {values} {source_sql}{where_sql}" if source_sql else f"VALUES ({values})"
-    return (
-        f"t AS (INSERT INTO todos_todo ({_CREATE_COLUMNS}) {rows} {_LIVE_KEY_CONFLICT}"
-        f" RETURNING {_returning()}), e AS (INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS})"
-        f" SELECT t.id, 'create', NULL, t.state, %(actor)s, %(now)s,"
-        " jsonb_build_object('delivery_event', t.delivery_event_id) FROM t)"
-    )
-
-
 def announce_created(todo: Todo, endpoint) -> None:
     """A created todo, announced once its transaction commits (doorbell, board). One awaiting
     approval reaches the board; the doorbell and long polls act only on pending todos, so it
     rings nobody until ``approve_todo`` announces it ready."""
     todo.endpoint = endpoint
     publish.publish_on_commit(todo, "create")
-
-
-def todo_from_row(row) -> Todo:
-    """A Todo from a PostgreSQL row of the whole-row RETURNING columns (``create_todo_ctes``)."""
-    return _todo_from_row(row)
 
 
 def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, kind: str = "",
@@ -526,20 +286,15 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
     # next INSERT then succeeds. Three rounds is more than that race can need.
     for _ in range(3):
         if _is_postgres():
-            created = _one(_fetch_todos(f"WITH {create_todo_ctes()} SELECT * FROM t", params))
+            created = _one(statements.fetch_todos(
+                f"WITH {statements.create_todo_ctes()} SELECT * FROM t", params))
         else:
             with transaction.atomic():
-                created = _one(_fetch_todos(
-                    f"INSERT INTO todos_todo ({_CREATE_COLUMNS})"
-                    f" VALUES ({_create_values('%(delivery_event_id)s')}) {_LIVE_KEY_CONFLICT}"
-                    f" RETURNING {_returning()}", params))
+                created = _one(statements.fetch_todos(statements.insert_todo_sql(), params))
                 if created is not None:
                     params["todo_id"] = created.pk
                     with connection.cursor() as cursor:
-                        cursor.execute(
-                            f"INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS}) VALUES"
-                            " (%(todo_id)s, 'create', NULL, %(state)s, %(actor)s, %(now)s,"
-                            f" {dialect.jsonb('detail')})", params)
+                        cursor.execute(statements.insert_create_event_sql(), params)
         if created is not None:
             announce_created(created, endpoint)
             return created, True
@@ -566,13 +321,13 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     ttl = _lease_ttl(caller, lease_ttl_seconds)
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
-    where = _by_id(_visible_guard(caller, params) + " AND state = 'pending'"
+    where = statements.by_id(statements.visible_guard(caller, params) + " AND state = 'pending'"
                    + " AND (not_before IS NULL OR not_before <= %(now)s)"
-                   + _trust_filter(caller.hides_unverified)
-                   + _unpaused_where(caller.endpoint, params)
-                   + _claim_cap_guard(caller.endpoint, params, lock_row_first=True))
-    todo = _one(_apply(
-        set_sql=_lease_set(params, caller, ttl, now), where_sql=where, params=params,
+                   + statements.trust_filter(caller.hides_unverified)
+                   + statements.unpaused_where(caller.endpoint, params)
+                   + statements.claim_cap_guard(caller.endpoint, params, lock_row_first=True))
+    todo = _one(statements.apply_transition(
+        set_sql=statements.lease_set(params, caller, ttl, now), where_sql=where, params=params,
         action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
         endpoint=caller.endpoint,
     ))
@@ -582,85 +337,7 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     return todo
 
 
-def _trust_filter(hide_unverified: bool, column: str = "trust") -> str:
-    """The clause that hides unverified todos from a caller that refuses them; a
-    constant, no parameter. Checked on the rows the claim indexes yield in order, so a queue
-    whose head is unverified costs a step past it, not a different plan."""
-    return f" AND {column} <> 'unverified'" if hide_unverified else ""
-
-
-def _unpaused_where(endpoint, params: dict) -> str:
-    """Pause (docs/reference.md#pausing): the guard clause that keeps paused queues out of a
-    claim."""
-    if endpoint.paused_all:
-        return " AND FALSE"
-    if not endpoint.paused_queues:
-        return ""
-    params["paused"] = dialect.text_list(endpoint.paused_queues)
-    return " AND NOT " + dialect.text_in("queue", "paused")
-
-
-# -- concurrency caps (docs/work-control.md#caps) -------------------------------------------------
-#
-# A cap must hold against concurrent claims, so it is checked inside the claim's one statement,
-# never read first in Python. Of the two ways to do that under READ COMMITTED, a guarded counter
-# row would have to be decremented by every transition that ends a claim (complete, fail,
-# release, the reaper, overrides, cancel), in their statements, and drift the day one forgot;
-# counting the claimed todos needs no upkeep but must count after a per-endpoint lock, with a
-# snapshot taken after it, hence a function (docs/decisions/claim-caps-in-the-statement.md).
-# Only endpoints with a cap pay for it: for the rest the statement is unchanged.
-
-
-def _claim_cap_guard(endpoint, params: dict, *, lock_row_first: bool = False) -> str:
-    """The clause that refuses a claim which would exceed ``endpoint``'s caps, checked on the
-    row being claimed (``todos_todo``); empty when the endpoint has none. PostgreSQL: under the
-    endpoint's transaction lock, held until the claim commits. SQLite: a sub-select (its single
-    writer serializes claims).
-
-    Whoever holds the endpoint's lock must never wait for a row lock another claim holds, or a
-    claim holding a row and waiting for the lock deadlocks with it (measured: a claim by id
-    waiting on the row a claim_next had picked). claim_next's pick holds its todo's claim lock
-    (``todo_claim_hold``) before the guard runs, and may then wait only for bookkeeping (a
-    digest, a ring), which never takes this lock; a claim by id passes ``lock_row_first`` to
-    take that claim lock and then its row lock (by ``%(todo_id)s``) in the guard, before the
-    function."""
-    if not endpoint.has_claim_caps:
-        return ""
-    params["max_claimed"] = endpoint.max_claimed
-    params["queue_limits"] = json.dumps(endpoint.queue_limits or {})
-    if _is_postgres():
-        first = (" AND id = (SELECT id FROM todos_todo WHERE id = %(todo_id)s"
-                 " AND todo_claim_hold(id, TRUE) FOR UPDATE)" if lock_row_first else "")
-        return (f"{first} AND endpoint_claim_fits(todos_todo.endpoint_id, todos_todo.queue,"
-                " %(max_claimed)s::integer, (%(queue_limits)s::jsonb ->> todos_todo.queue)::integer)")
-    claimed = ("SELECT count(*) FROM todos_todo c WHERE c.endpoint_id = todos_todo.endpoint_id"
-               " AND c.state = 'claimed'")
-    # A queue without a cap compares with NULL, which COALESCE turns into "fits".
-    return (f" AND (%(max_claimed)s IS NULL OR ({claimed}) < %(max_claimed)s)"
-            f" AND COALESCE(({claimed} AND c.queue = todos_todo.queue) < (SELECT value FROM"
-            " json_each(%(queue_limits)s) WHERE key = todos_todo.queue), 1)")
-
-
-def _cap_room_filter(endpoint, params: dict, column: str) -> str:
-    """For claim_next's candidate pick: leave out queues (``column``) already at their cap, and
-    everything when the endpoint is, so the pick finds a todo it may claim instead of locking
-    one the guard will refuse. Read from the statement's snapshot, so only a hint: the guard
-    decides. Each sub-select is uncorrelated (evaluated once per statement)."""
-    if not endpoint.has_claim_caps:
-        return ""
-    params["max_claimed"] = endpoint.max_claimed
-    params["queue_limits"] = json.dumps(endpoint.queue_limits or {})
-    claimed = ("SELECT count(*) FROM todos_todo c WHERE c.endpoint_id = %(endpoint_id)s"
-               " AND c.state = 'claimed'")
-    if _is_postgres():
-        full = (f"ARRAY(SELECT l.key FROM jsonb_each_text(%(queue_limits)s::jsonb) l"
-                f" WHERE ({claimed} AND c.queue = l.key) >= l.value::integer)")
-        return (f" AND (%(max_claimed)s::integer IS NULL OR ({claimed}) < %(max_claimed)s::integer)"
-                f" AND {column} <> ALL({full})")
-    full = (f"SELECT l.key FROM json_each(%(queue_limits)s) l"
-            f" WHERE ({claimed} AND c.queue = l.key) >= l.value")
-    return (f" AND (%(max_claimed)s IS NULL OR ({claimed}) < %(max_claimed)s)"
-            f" AND {column} NOT IN ({full})")
+# -- concurrency caps (docs/work-control.md#caps; the guard: statements.claim_cap_guard) ---------
 
 
 def held_back_by_cap(caller: Caller, wanted, hide_unverified: bool) -> bool:
@@ -677,67 +354,6 @@ def held_back_by_cap(caller: Caller, wanted, hide_unverified: bool) -> bool:
             if claimed.get(queue, 0) >= cap and (wanted is None or queue in wanted)
             and not endpoint.is_paused(queue)]
     return bool(full) and _claimable_exists(caller, full, hide_unverified)
-# Ready to claim, over a todo row (``{t}``: its alias and a dot, or nothing): the predicate of
-# the claim indexes, spelled so the planner sees that it implies it.
-_READY_SQL = "{t}state = 'pending' AND {t}not_before IS NULL"
-# The claim order, the claim indexes' key order after endpoint (and queue).
-_CLAIM_ORDER = "{t}priority DESC, {t}created_at, {t}id"
-
-
-def claim_candidate_sql(params: dict, queues, *, hide_unverified: bool = False,
-                        endpoint=None) -> str:
-    """The sub-select that picks (and on PostgreSQL locks) claim_next's candidate: the ready
-    todo of ``params["endpoint_id"]`` with the highest priority, then the oldest, in ``queues``
-    (None = every queue not paused on ``endpoint``), unverified ones left out when
-    ``hide_unverified``. Kept apart so the plan test can EXPLAIN exactly what claim_next runs.
-
-    Ready is ``state = 'pending' AND not_before IS NULL`` (``_READY_SQL``): the predicate of
-    both claim indexes, whose key order is ``_CLAIM_ORDER``; a scheduled todo becomes ready
-    when the due sweep clears its ``not_before``."""
-    # Caps: queues at their cap (and everything, at the endpoint's) are left out of the pick.
-    room = "" if endpoint is None else _cap_room_filter(
-        endpoint, params, "p.queue" if _is_postgres() and queues is not None else "queue")
-    if _is_postgres() and queues is not None:
-        params["queues"] = dialect.text_list(queues)
-        return (
-            "SELECT c.id FROM unnest(%(queues)s::text[]) AS q(name) CROSS JOIN LATERAL ("
-            + _first_unheld(
-                "SELECT p.id, p.priority, p.created_at FROM todos_todo p"
-                " WHERE p.endpoint_id = %(endpoint_id)s"
-                f" AND p.queue = q.name AND {_READY_SQL.format(t='p.')}"
-                f"{_trust_filter(hide_unverified, 'p.trust')}{room}"
-                f" ORDER BY {_CLAIM_ORDER.format(t='p.')}", "h.id, h.priority, h.created_at",
-                endpoint)
-            + f") c ORDER BY {_CLAIM_ORDER.format(t='c.')} LIMIT 1"
-        )
-    queue_filter = ""
-    if queues is not None:
-        params["queues"] = dialect.text_list(queues)
-        queue_filter = " AND " + dialect.text_in("queue", "queues")
-    elif endpoint is not None:
-        queue_filter = _unpaused_where(endpoint, params)
-    ordered = (
-        f"SELECT id FROM todos_todo WHERE endpoint_id = %(endpoint_id)s AND {_READY_SQL.format(t='')}"
-        f"{queue_filter}{_trust_filter(hide_unverified)}{room}"
-        f" ORDER BY {_CLAIM_ORDER.format(t='')}"
-    )
-    return _first_unheld(ordered, "h.id", endpoint) if _is_postgres() else ordered + " LIMIT 1"
-
-
-def _first_unheld(ordered_sql: str, columns: str, endpoint) -> str:
-    """PostgreSQL: the first row of ``ordered_sql`` (the claim order) that no other claim
-    holds, now held by this one (``todo_claim_hold``: a claim's own advisory lock, and the row
-    re-read fresh). Not a row lock with SKIP LOCKED: a digest or a ring stamping
-    last_ringed_at locks rows too, and a todo held only by that bookkeeping is still the one
-    to hand out (the claim's UPDATE waits the moment it takes). The function is applied
-    outside the ordered sub-select, which PostgreSQL neither flattens (it has an ORDER BY) nor
-    pushes a volatile condition into, so it runs on rows in claim order and stops at the
-    first it holds, whatever plan reads them. An endpoint with caps has its cap lock taken
-    first, so its claims pick in turn (a claim that passed over a held todo must not take the
-    last slot before the claim holding it is checked)."""
-    capped = (", FALSE, %(endpoint_id)s::bigint"
-              if endpoint is not None and endpoint.has_claim_caps else "")
-    return f"SELECT {columns} FROM ({ordered_sql}) h WHERE todo_claim_hold(h.id{capped}) LIMIT 1"
 
 
 def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, verified_only=False,
@@ -748,12 +364,12 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     so a worker that runs commands claims only what an authenticated sender handed over.
 
     PostgreSQL: the candidate is held by the claim's own lock inside the same statement
-    (``_first_unheld``), so a competing worker skips it instead of waiting, while a todo that
-    only a digest or a ring holds for a moment is still handed out in its turn. With a list of
-    queues, each queue is probed on its own (LATERAL … LIMIT 1 on ``todo_claim_by_queue``) and
-    the best head wins: ``queue = ANY(…) ORDER BY created_at`` cannot use the index order, so it
-    sorts the matching rows instead. SQLite: the same statement without the lock clause; its
-    single writer serializes claims. Refuses
+    (``statements.claim_candidate_sql``), so a competing worker skips it instead of waiting,
+    while a todo that only a digest or a ring holds for a moment is still handed out in its
+    turn. With a list of queues, each queue is probed on its own (LATERAL … LIMIT 1 on
+    ``todo_claim_by_queue``) and the best head wins: ``queue = ANY(…) ORDER BY created_at``
+    cannot use the index order, so it sorts the matching rows instead. SQLite: the same
+    statement without the lock clause; its single writer serializes claims. Refuses
     ``not_in_scope`` when ``queues`` names a queue outside the caller's grant, and ``at_capacity``
     when only a cap keeps it from claiming (``held_back_by_cap``; the MCP tool answers that as an
     empty result, not an error).
@@ -775,13 +391,13 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
         return None
     params = {"endpoint_id": caller.endpoint.pk}
     hide_unverified = caller.hides_unverified or bool(verified_only)
-    pick = claim_candidate_sql(params, wanted, hide_unverified=hide_unverified,
+    pick = statements.claim_candidate_sql(params, wanted, hide_unverified=hide_unverified,
                                endpoint=caller.endpoint)
     for pause_seconds in (*CLAIM_PAUSES_WHILE_LOCKED_SECONDS, None):
-        todo = _one(_apply(
-            set_sql=_lease_set(params, caller, ttl, now),
-            where_sql=f"id = ({pick}) AND {_READY_SQL.format(t='')}"
-                      + _claim_cap_guard(caller.endpoint, params), params=params,
+        todo = _one(statements.apply_transition(
+            set_sql=statements.lease_set(params, caller, ttl, now),
+            where_sql=f"id = ({pick}) AND {statements.READY_SQL.format(t='')}"
+                      + statements.claim_cap_guard(caller.endpoint, params), params=params,
             action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
             endpoint=caller.endpoint,
         ))
@@ -829,13 +445,13 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
             detail=None, overriding=None) -> Todo:
     todo_id = _todo_id(todo_id)
     params["todo_id"] = todo_id
-    where = _by_id(_visible_guard(caller, params) + " AND "
-                   + _fence(params, caller, lease_id, overriding))
+    where = statements.by_id(statements.visible_guard(caller, params) + " AND "
+                   + statements.lease_fence(params, caller, lease_id, overriding))
     if overriding is not None:
         if not caller.is_operator:
             raise ValueError("only an operator overrides another holder's lease")
         detail = {**(detail or {}), "override": True, "overridden_lease": overriding.as_detail()}
-    todo = _one(_apply(
+    todo = _one(statements.apply_transition(
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
         endpoint=caller.endpoint,
@@ -956,10 +572,10 @@ def requeue_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     now = now or timezone.now()
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
-    where = _by_id(_visible_guard(caller, params) + " AND state = 'failed'")
+    where = statements.by_id(statements.visible_guard(caller, params) + " AND state = 'failed'")
     try:
         with transaction.atomic():
-            todo = _one(_apply(
+            todo = _one(statements.apply_transition(
                 set_sql="state = 'pending', attempts = 0, retry_at = NULL, dead_lettered_at = NULL, "
                         "lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL, "
                         "lease_ttl = NULL, ring_attempts = 0, last_ringed_at = NULL",
@@ -1005,8 +621,8 @@ def _operator_transition(caller: Caller, todo_id, *, guard: str, set_sql: str, a
     now = now or timezone.now()
     todo_id = _todo_id(todo_id)
     params = {**(params or {}), "todo_id": todo_id}
-    todo = _one(_apply(
-        set_sql=set_sql, where_sql=_by_id(_visible_guard(caller, params) + f" AND {guard}"),
+    todo = _one(statements.apply_transition(
+        set_sql=set_sql, where_sql=statements.by_id(statements.visible_guard(caller, params) + f" AND {guard}"),
         params=params, action_sql=f"'{action}'", from_state_sql=from_state_sql,
         actor=caller.actor, now=now, detail=detail, endpoint=caller.endpoint,
     ))
@@ -1154,9 +770,9 @@ def cancel_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
     detail = _reason_detail(reason)
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
-    where = _by_id(_visible_guard(caller, params)
+    where = statements.by_id(statements.visible_guard(caller, params)
                    + " AND state IN ('awaiting_approval', 'pending', 'failed', 'claimed')")
-    todo = _one(_apply(
+    todo = _one(statements.apply_transition(
         set_sql=_CANCELLED_SET_SQL, where_sql=where, params=params, action_sql="'cancel'",
         from_state_sql="", actor=caller.actor, now=now, detail=detail, endpoint=caller.endpoint,
         from_prior=True,
@@ -1180,8 +796,9 @@ def approve_todo(caller: Caller, todo_id, *, now=None) -> Todo:
     _operator_only(caller, "approve")
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
-    where = _by_id(_visible_guard(caller, params) + " AND state = 'awaiting_approval'")
-    todo = _one(_apply(
+    where = statements.by_id(statements.visible_guard(caller, params)
+                             + " AND state = 'awaiting_approval'")
+    todo = _one(statements.apply_transition(
         set_sql="state = 'pending', ring_attempts = 0, last_ringed_at = NULL",
         where_sql=where, params=params, action_sql="'approve'",
         from_state_sql="'awaiting_approval'", actor=caller.actor, now=now,
@@ -1201,8 +818,8 @@ def reject_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
     detail = _reason_detail(reason)
     todo_id = _todo_id(todo_id)
     params = {"todo_id": todo_id}
-    where = _by_id(_visible_guard(caller, params) + " AND state = 'awaiting_approval'")
-    todo = _one(_apply(
+    where = statements.by_id(statements.visible_guard(caller, params) + " AND state = 'awaiting_approval'")
+    todo = _one(statements.apply_transition(
         set_sql=_CANCELLED_SET_SQL, where_sql=where, params=params, action_sql="'reject'",
         from_state_sql="'awaiting_approval'", actor=caller.actor, now=now, detail=detail,
         endpoint=caller.endpoint,
@@ -1213,26 +830,7 @@ def reject_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
     return todo
 
 
-# -- sweeps' statements (called by todos/sweeps.py) ---------------------------------------------
-
-
-def lapsed_leases_sql() -> str:
-    """The reaper's batch: claimed todos whose lease lapsed by %(now)s (index todo_reaper)."""
-    return ("SELECT id FROM todos_todo WHERE state = 'claimed' AND lease_expires_at <= %(now)s"
-            f" ORDER BY lease_expires_at LIMIT %(limit)s{dialect.skip_locked()}")
-
-
-def due_retries_sql() -> str:
-    """The promoter's batch: failed todos due to retry by %(now)s (index todo_retry_promoter)."""
-    return ("SELECT id FROM todos_todo WHERE state = 'failed' AND retry_at <= %(now)s"
-            f" ORDER BY retry_at LIMIT %(limit)s{dialect.skip_locked()}")
-
-
-def due_scheduled_sql() -> str:
-    """The due sweep's batch: scheduled todos whose time came by %(now)s (index
-    todo_scheduled_due)."""
-    return ("SELECT id FROM todos_todo WHERE state = 'pending' AND not_before <= %(now)s"
-            f" ORDER BY not_before LIMIT %(limit)s{dialect.skip_locked()}")
+# -- sweeps' transitions (called by todos/sweeps.py; their batches: todos.statements) ----------
 
 
 def release_due_scheduled(*, now, limit: int) -> list[Todo]:
@@ -1240,9 +838,9 @@ def release_due_scheduled(*, now, limit: int) -> list[Todo]:
     ``due`` event each, announced as ready exactly like a new todo (doorbell, long-poll
     wake-up). At most ``limit`` rows, skipping rows another sweep (or an operator's run now)
     holds; the UPDATE re-checks the guard, so a row is released once."""
-    todos = _apply(
+    todos = statements.apply_transition(
         set_sql=_BECOMES_READY_SQL,
-        where_sql=(f"id IN ({due_scheduled_sql()}) AND state = 'pending'"
+        where_sql=(f"id IN ({statements.due_scheduled_sql()}) AND state = 'pending'"
                    " AND not_before <= %(now)s"),
         params={"limit": limit}, action_sql="'due'", from_state_sql="'pending'",
         actor="scheduler", now=now,
@@ -1256,7 +854,7 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
     attempts are spent. At most ``limit`` rows; rows another sweep holds are skipped, so two
     overlapping reapers split the work instead of waiting on each other."""
     spent = "attempts >= max_attempts"
-    todos = _apply(
+    todos = statements.apply_transition(
         set_sql=(
             f"state = CASE WHEN {spent} THEN 'failed' ELSE 'pending' END, "
             f"dead_lettered_at = CASE WHEN {spent} THEN %(now)s ELSE NULL END, "
@@ -1264,7 +862,7 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
             "ELSE last_error END, lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL, "
             "lease_ttl = NULL"
         ),
-        where_sql=f"id IN ({lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
+        where_sql=f"id IN ({statements.lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
         params={"limit": limit}, action_sql="'lease_lapsed'", from_state_sql="'claimed'",
         actor="reaper", now=now,
     )
@@ -1272,27 +870,14 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
     return todos
 
 
-def stale_approvals_sql() -> str:
-    """The approval-timeout sweep's batch: todos awaiting approval longer than their endpoint's
-    ``approval_timeout_seconds`` at %(now)s (index todo_awaiting_approval, per endpoint that
-    has a timeout; endpoints without one are never read past their own row)."""
-    overdue = "a.created_at <= " + dialect.minus_seconds("now", "e.approval_timeout_seconds")
-    return ("SELECT a.id FROM endpoints_endpoint e JOIN todos_todo a ON a.endpoint_id = e.id"
-            " AND a.state = 'awaiting_approval'"
-            f" WHERE e.approval_timeout_seconds IS NOT NULL AND {overdue}"
-            " ORDER BY a.created_at LIMIT %(limit)s"
-            # Lock the todos only: the endpoint row is read, never changed here.
-            + dialect.skip_locked(of="a"))
-
-
 def cancel_stale_approvals(*, now, limit: int) -> list[Todo]:
     """awaiting_approval for longer than the endpoint's ``approval_timeout_seconds`` ->
     cancelled, as ``cancel_todo`` does, each with a ``cancel`` event of actor
     ``approval-timeout`` and reason ``approval_timeout``. At most ``limit`` rows, skipping rows
     another sweep (or an operator's approve) holds; the outer guard re-checks the state."""
-    todos = _apply(
+    todos = statements.apply_transition(
         set_sql=_CANCELLED_SET_SQL,
-        where_sql=f"id IN ({stale_approvals_sql()}) AND state = 'awaiting_approval'",
+        where_sql=f"id IN ({statements.stale_approvals_sql()}) AND state = 'awaiting_approval'",
         params={"limit": limit}, action_sql="'cancel'", from_state_sql="'awaiting_approval'",
         actor="approval-timeout", now=now, detail={"reason": "approval_timeout"},
     )
@@ -1303,177 +888,14 @@ def cancel_stale_approvals(*, now, limit: int) -> list[Todo]:
 def promote_due_retries(*, now, limit: int) -> list[Todo]:
     """failed with ``retry_at <= now`` -> pending (dead letters have no retry_at). At most
     ``limit`` rows, skipping rows another sweep holds."""
-    todos = _apply(
+    todos = statements.apply_transition(
         set_sql="state = 'pending', retry_at = NULL, lease_id = NULL, lease_owner = NULL",
-        where_sql=f"id IN ({due_retries_sql()}) AND state = 'failed' AND retry_at <= %(now)s",
+        where_sql=f"id IN ({statements.due_retries_sql()}) AND state = 'failed' AND retry_at <= %(now)s",
         params={"limit": limit}, action_sql="'retry'", from_state_sql="'failed'",
         actor="retry-promoter", now=now,
     )
     _announce(todos, "retry")
     return todos
-
-
-# -- ring bookkeeping: what a doorbell spends -------------------------------------------------
-#
-# A todo's ring_attempts and last_ringed_at are not lifecycle states, but they are this table's
-# columns: the doorbell (channels_push.doorbells) decides who is rung and calls these to spend
-# or mark its rings. Each is one guarded statement, so overlapping publishers and sweeps agree
-# without locks held across round trips; none writes a todo event.
-
-# A todo is rung at most this many times in all, its creation ring included
-# (channels_push.doorbells.sweeps.RING_SCHEDULE names each of them); the partial index
-# todo_doorbell_due spells the same number.
-MAX_RING_ATTEMPTS = 5
-
-
-def charge_ring(*, todo_id) -> bool:
-    """Count one ring toward todo ``todo_id``'s budget (``ring_attempts``, never past
-    MAX_RING_ATTEMPTS) if it may still ring (``queries.ring_eligible_sql``), in one guarded
-    UPDATE. ``last_ringed_at`` is left alone, so the heartbeat's next step still counts from
-    creation (or the last sweep ring or digest), as its schedule is written. False: the todo
-    may not ring (claimed, scheduled, gone meanwhile) and nothing changed."""
-    sql = ("UPDATE todos_todo SET ring_attempts = CASE WHEN ring_attempts < %(max_rings)s"
-           " THEN ring_attempts + 1 ELSE ring_attempts END"
-           f" WHERE id = %(todo_id)s AND {queries.ring_eligible_sql('todos_todo')} RETURNING id")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"todo_id": todo_id, "max_rings": MAX_RING_ATTEMPTS})
-        return cursor.fetchone() is not None
-
-
-def _pairs_sql(alias: str, pairs, params: dict, name: str) -> str:
-    """``(alias.endpoint_id, alias.queue)`` is one of ``pairs``, as SQL."""
-    if _is_postgres():
-        params[f"{name}_ids"] = [endpoint_id for endpoint_id, _ in pairs]
-        params[f"{name}_queues"] = [queue for _, queue in pairs]
-        return (f"({alias}.endpoint_id, {alias}.queue) IN (SELECT * FROM"
-                f" unnest(%({name}_ids)s::bigint[], %({name}_queues)s::text[]))")
-    params[f"{name}_pairs"] = json.dumps(list(pairs))
-    return (f"EXISTS (SELECT 1 FROM json_each(%({name}_pairs)s) j"
-            f" WHERE json_extract(j.value, '$[0]') = {alias}.endpoint_id"
-            f" AND json_extract(j.value, '$[1]') = {alias}.queue)")
-
-
-def _ring_scope_sql(alias: str, endpoint_ids, params: dict) -> str:
-    """``alias``'s queue is covered by its endpoint's scope ('*' covers all) and not paused
-    (a paused queue's todos keep their ring budget), for the endpoints ``endpoint_ids``, as
-    SQL; the scopes are read here and passed as parameters."""
-    from endpoints.models import ALL_QUEUES, Endpoint
-
-    everything, pairs, paused = [], [], []
-    rows = Endpoint.objects.filter(pk__in=endpoint_ids).values_list("pk", "scope", "paused_queues")
-    for endpoint_id, scope, paused_queues in rows:
-        if ALL_QUEUES in (paused_queues or []):
-            continue
-        paused.extend((endpoint_id, str(queue)) for queue in paused_queues or [])
-        if ALL_QUEUES in scope:
-            everything.append(endpoint_id)
-        else:
-            pairs.extend((endpoint_id, str(queue)) for queue in scope)
-    clauses = []
-    if everything:
-        clauses.append(dialect.id_in(f"{alias}.endpoint_id", "scope_all", params, everything))
-    if pairs:
-        clauses.append(_pairs_sql(alias, pairs, params, "scope"))
-    if not clauses:
-        return "FALSE"
-    covered = "(" + " OR ".join(clauses) + ")"
-    if paused:
-        covered += f" AND NOT {_pairs_sql(alias, paused, params, 'paused')}"
-    return covered
-
-
-def record_sweep_rings(*, receivers: dict, schedule, limit: int, now=None) -> list[Todo]:
-    """The heartbeat sweep's statement: select up to ``limit`` due todos, round-robin across
-    ``receivers`` (``{endpoint_id: when its sessions were last rung, or None}``: the endpoints
-    that can receive a ring right now), and charge each a ring, in ONE statement. Returns the
-    rung todos, oldest first.
-
-    Due: pending, may ring (``queries.ring_eligible_sql``), in the endpoint's scope (a todo
-    its agent may not claim is never rung and never spends budget), fewer than
-    MAX_RING_ATTEMPTS rings, and ``COALESCE(last_ringed_at, created_at) <= now -
-    schedule[min(ring_attempts, last)]`` — the interval counts from the last ring (or digest)
-    else creation, and the attempt count only picks which interval. Round-robin: every
-    endpoint's most overdue todo comes before any endpoint's second, and among endpoints the
-    one whose sessions were rung least recently goes first, so a flooded endpoint cannot
-    starve the others across sweeps.
-
-    Two overlapping sweeps may pick the same row; the UPDATE re-checks the due guard on the
-    row it locks, and the loser's guard then fails (last_ringed_at is now), so a todo is not
-    rung twice — the loser just rings fewer this round.
-    """
-    statement = sweep_rings_sql(receivers=receivers, schedule=schedule, limit=limit, now=now)
-    if statement is None:
-        return []
-    return sorted(_fetch_todos(*statement), key=lambda todo: (todo.created_at, todo.pk))
-
-
-def _receivers_param(receivers: dict) -> str:
-    """``{endpoint_id: rung_at}`` as the JSON list of pairs the sweep's statement reads, each
-    time as the backend compares it (SQLite: its stored text)."""
-    def as_sql_time(value):
-        if value is None or isinstance(value, str):
-            return value
-        return value.isoformat() if _is_postgres() else connection.ops.adapt_datetimefield_value(value)
-
-    return json.dumps([[endpoint_id, as_sql_time(rung_at)]
-                       for endpoint_id, rung_at in receivers.items()])
-
-
-def sweep_rings_sql(*, receivers: dict, schedule, limit: int, now=None, select_only=False):
-    """The statement ``record_sweep_rings`` runs, as ``(sql, params)`` (None: no receivers).
-    ``select_only``: just the selecting query (what picks the todos), so a test can EXPLAIN the
-    very SQL the sweep runs."""
-    endpoint_ids = list(receivers)
-    if not endpoint_ids:
-        return None
-    now = now or timezone.now()
-    # schedule[n] is the wait before ring n + 1; ring 1 is the publisher's, on creation. The
-    # sweep only re-rings: a todo whose first ring reached nobody (ring_attempts 0: nobody was
-    # attached, or it was held) waits the first re-ring step too, from creation or from the
-    # digest that summarised it, never zero.
-    waits = [schedule[max(attempts, 1)] for attempts in range(len(schedule))]
-    params = {"now": dialect.db_time(now), "limit": limit, "max_rings": MAX_RING_ATTEMPTS,
-              "due_first": dialect.db_time(now - min(waits)), "receivers": _receivers_param(receivers)}
-    branches = []
-    for attempts, interval in enumerate(waits):
-        params[f"due_{attempts}"] = dialect.db_time(now - interval)
-        if attempts < len(waits) - 1:
-            branches.append(f"WHEN {{t}}.ring_attempts = {attempts} THEN %(due_{attempts})s")
-    due_case = "CASE " + " ".join(branches) + f" ELSE %(due_{len(waits) - 1})s END"
-
-    def due(alias):
-        return (f"COALESCE({alias}.last_ringed_at, {alias}.created_at) <= "
-                + due_case.replace("{t}", alias))
-
-    receiver_rows = (
-        "SELECT (r.value->>0)::bigint AS endpoint_id, (r.value->>1)::timestamptz AS rung_at"
-        " FROM jsonb_array_elements(%(receivers)s::jsonb) r" if _is_postgres() else
-        "SELECT json_extract(r.value, '$[0]') AS endpoint_id,"
-        " json_extract(r.value, '$[1]') AS rung_at FROM json_each(%(receivers)s) r")
-    in_scope = _ring_scope_sql("p", endpoint_ids, params)
-    select = (
-        f"WITH receivers AS ({receiver_rows}),"
-        " candidates AS ("
-        " SELECT p.id, r.rung_at, COALESCE(p.last_ringed_at, p.created_at) AS base,"
-        " row_number() OVER (PARTITION BY p.endpoint_id"
-        "  ORDER BY COALESCE(p.last_ringed_at, p.created_at), p.id) AS n"
-        " FROM todos_todo p JOIN receivers r ON r.endpoint_id = p.endpoint_id"
-        # The first three conditions are todo_doorbell_due's predicate and range.
-        f" WHERE p.state = 'pending' AND p.ring_attempts < {MAX_RING_ATTEMPTS}"
-        f" AND p.trust IN {queries.RING_TRUST_SQL}"
-        " AND COALESCE(p.last_ringed_at, p.created_at) <= %(due_first)s"
-        f" AND {due('p')} AND {in_scope} AND {queries.ring_eligible_sql('p')}),"
-        " picked AS MATERIALIZED (SELECT id FROM candidates"
-        "  ORDER BY n, rung_at ASC NULLS FIRST, base, id LIMIT %(limit)s)"
-    )
-    if select_only:
-        return select + " SELECT id FROM picked", params
-    sql = select + (
-        " UPDATE todos_todo SET ring_attempts = ring_attempts + 1, last_ringed_at = %(now)s"
-        " WHERE id IN (SELECT id FROM picked) AND state = 'pending'"
-        f" AND ring_attempts < %(max_rings)s AND {due('todos_todo')} RETURNING {_returning()}"
-    )
-    return sql, params
 
 
 def refuses_unverified(endpoint) -> bool:
@@ -1482,66 +904,3 @@ def refuses_unverified(endpoint) -> bool:
     return not endpoint.accept_unverified
 
 
-def _claimable_sql(alias: str, endpoint, params: dict) -> str:
-    """SQL over the todo row ``alias``: what claim_next would hand ``endpoint``'s agents now —
-    pending and not scheduled, in its scope, not in a paused queue, and (when the endpoint
-    refuses them) not unverified. The digest counts exactly this."""
-    if endpoint.paused_all:
-        return "FALSE"
-    params["claimable_endpoint_id"] = endpoint.pk
-    sql = (f"{alias}.endpoint_id = %(claimable_endpoint_id)s AND {alias}.state = 'pending'"
-           f" AND {alias}.not_before IS NULL")
-    if not endpoint.all_queues:
-        sql += " AND " + dialect.id_in(f"{alias}.queue", f"{alias}_scope", params, endpoint.scope)
-    paused = list(endpoint.paused_queues or [])
-    if paused:
-        sql += " AND NOT " + dialect.id_in(f"{alias}.queue", f"{alias}_paused", params, paused)
-    if refuses_unverified(endpoint):
-        sql += f" AND {alias}.trust <> 'unverified'"
-    return sql
-
-
-def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, object, str]]:
-    """Mark every todo claim_next would hand ``endpoint`` (``_claimable_sql``) as just rung
-    (last_ringed_at = now) WITHOUT spending a ring attempt, and return what was counted as
-    ``[(queue, created_at, trust)]``: the digest's content and the mark are one statement, so
-    the heartbeat's next ring counts its backoff from exactly the digest that was sent.
-
-    With ``cooldown`` (the reconnect digest): nothing is marked or counted unless at least one
-    of those todos was not rung or digested within it, so a flapping stream is not handed the
-    same summary again and again (nor does it keep pushing the heartbeat's backoff out)."""
-    now = now or timezone.now()
-    params = {"now": dialect.db_time(now)}
-    fresh = ""
-    if cooldown is not None:
-        params["cooled"] = dialect.db_time(now - cooldown)
-        fresh = (" AND EXISTS (SELECT 1 FROM todos_todo c"
-                 f" WHERE {_claimable_sql('c', endpoint, params)}"
-                 " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")
-    if _is_postgres():
-        # Every digest of the endpoint marks the same rows: locked in one order (by id) before
-        # the update, or two streams opening together (whose plans visit the rows' versions in
-        # table order, which differs between two snapshots once rows have moved) each wait
-        # for a row the other holds, and PostgreSQL aborts one: its stream gets no digest.
-        sql = (
-            "WITH marked AS (SELECT t.id FROM todos_todo t"
-            f" WHERE {_claimable_sql('t', endpoint, params)}{fresh}"
-            " ORDER BY t.id FOR UPDATE OF t)"
-            " UPDATE todos_todo SET last_ringed_at = %(now)s FROM marked"
-            " WHERE todos_todo.id = marked.id AND todos_todo.state = 'pending'"
-            " RETURNING todos_todo.queue, todos_todo.created_at, todos_todo.trust"
-        )
-    else:  # SQLite runs one writer at a time, and has no row locks to order
-        sql = (
-            "UPDATE todos_todo SET last_ringed_at = %(now)s WHERE id IN ("
-            f" SELECT t.id FROM todos_todo t WHERE {_claimable_sql('t', endpoint, params)})"
-            f" AND state = 'pending'{fresh} RETURNING queue, created_at, trust"
-        )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    if not _is_postgres():
-        field = Todo._meta.get_field("created_at")
-        rows = [(queue, connection.ops.convert_datetimefield_value(created, field, connection),
-                 trust) for queue, created, trust in rows]
-    return rows

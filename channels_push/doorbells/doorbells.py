@@ -31,7 +31,7 @@ from endpoints.models import Presence
 from switchboard import harness_text, metrics
 from switchboard.db import statements
 from todos import queries as todo_queries
-from todos import transitions as todo_transitions
+from todos import ring_budget
 
 from channels_push.bus import publish
 from channels_push.sessions import notify as session_notify
@@ -283,7 +283,7 @@ def build_digest(endpoint, reason: str, now, *, cooldown=None) -> dict | None:
     """Mark what claim_next would hand ``endpoint`` as rung (no attempt spent) and build the
     digest that summarizes it; None when nothing is pending, or (with ``cooldown``) when every
     one of them was rung or digested within it (no digest is sent)."""
-    counted = todo_transitions.record_digest(endpoint=endpoint, now=now, cooldown=cooldown)
+    counted = ring_budget.record_digest(endpoint=endpoint, now=now, cooldown=cooldown)
     if not counted:
         return None
     counts = Counter(queue for queue, _, _ in counted)

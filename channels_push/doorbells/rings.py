@@ -14,7 +14,7 @@ from django.utils import timezone
 from channels_push.sessions import queries
 from switchboard.db import sql as dialect
 from todos import queries as todo_queries
-from todos import transitions as todo_transitions
+from todos import ring_budget
 
 # A re-attach does not ring the same todo again within this long: an agent whose stream flaps
 # must not be woken again and again.
@@ -84,7 +84,7 @@ def choose_doorbell_session(*, endpoint_id: int, todo_id: int, charge: bool = Fa
     todo may no longer ring.
 
     The session is picked first and the todo checked after, by the todo's own statement
-    (``charge``: ``todos.transitions.charge_ring`` counts the ring toward its budget in the
+    (``charge``: ``todos.ring_budget.charge_ring`` counts the ring toward its budget in the
     same guarded UPDATE; else ``todos.queries.may_ring`` only reads): a ring nobody could
     receive spends nothing, and a todo claimed meanwhile rings nobody. Such a todo costs the
     picked session its turn in the pool's rotation, nothing more."""
@@ -92,7 +92,7 @@ def choose_doorbell_session(*, endpoint_id: int, todo_id: int, charge: bool = Fa
     if not chosen:
         return None
     if charge:
-        may_ring = todo_transitions.charge_ring(todo_id=todo_id)
+        may_ring = ring_budget.charge_ring(todo_id=todo_id)
     else:
         may_ring = todo_queries.may_ring(todo_id)
     return chosen[0] if may_ring else NOT_RINGABLE

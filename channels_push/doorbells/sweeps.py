@@ -12,7 +12,7 @@ from channels_push.bus import publish
 from channels_push.sessions import queries
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint, Presence
-from todos import transitions as todo_transitions
+from todos import ring_budget
 
 from . import doorbells
 
@@ -56,7 +56,7 @@ def ring_due_todos(*, now=None) -> int:
     if not publish.can_reach_streams():
         # In-memory layer outside the server: a ring would be charged and reach nobody.
         return 0
-    rung = todo_transitions.record_sweep_rings(
+    rung = ring_budget.record_sweep_rings(
         receivers=find_ring_receivers(now=now), schedule=RING_SCHEDULE,
         limit=RINGS_PER_SWEEP, now=now)
     doorbells.ring_on_commit(rung)

@@ -22,6 +22,7 @@ from channels_push.bus import publish
 from ingest import transitions
 from ingest.models import DeliveryEvent, DeliveryRecord, ReplayLedgerEntry
 from tests.processes import DEADLINE_SECONDS
+from todos import statements as todo_statements
 from todos import transitions as todo_transitions
 from todos.models import Todo, TodoEvent
 
@@ -241,7 +242,7 @@ def test_a_key_taken_while_the_statement_runs_fails_it_and_nothing_of_it_is_kept
                             port=settings_dict["PORT"] or None)
     try:
         (held_id,) = other.execute(
-            f"WITH {todo_transitions.create_todo_ctes()} SELECT id FROM t", params).fetchone()
+            f"WITH {todo_statements.create_todo_ctes()} SELECT id FROM t", params).fetchone()
         with errors_answered_by_postgresql() as errors:
             answers = []
             delivery = threading.Thread(

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from tests import plans
 from tests.factories import EndpointFactory, UserFactory
-from todos import transitions
+from todos import statements, transitions
 from todos.models import Todo
 
 pytestmark = [
@@ -53,7 +53,7 @@ def plan(sql, params):
 @pytest.mark.parametrize("hide_unverified", [False, True])
 def test_claim_next_over_several_queues_probes_each_queue_by_index(backlog, hide_unverified):
     params = {"endpoint_id": backlog.pk}
-    text = plan(transitions.claim_candidate_sql(params, ["q0", "q1", "q2"],
+    text = plan(statements.claim_candidate_sql(params, ["q0", "q1", "q2"],
                                                 hide_unverified=hide_unverified), params)
     assert "todo_claim_by_queue" in text, text
     assert "Seq Scan on todos_todo" not in text, text
@@ -65,16 +65,16 @@ def test_claim_next_over_several_queues_probes_each_queue_by_index(backlog, hide
 @pytest.mark.parametrize("hide_unverified", [False, True])
 def test_claim_next_over_all_queues_scans_in_index_order(backlog, hide_unverified):
     params = {"endpoint_id": backlog.pk}
-    text = plan(transitions.claim_candidate_sql(params, None, hide_unverified=hide_unverified),
+    text = plan(statements.claim_candidate_sql(params, None, hide_unverified=hide_unverified),
                 params)
     assert "todo_claim_any_queue" in text, text
     assert "Sort" not in text, text
 
 
 @pytest.mark.parametrize("sql, index", [
-    (transitions.lapsed_leases_sql, "todo_reaper"),
-    (transitions.due_retries_sql, "todo_retry_promoter"),
-    (transitions.due_scheduled_sql, "todo_scheduled_due"),
+    (statements.lapsed_leases_sql, "todo_reaper"),
+    (statements.due_retries_sql, "todo_retry_promoter"),
+    (statements.due_scheduled_sql, "todo_scheduled_due"),
 ])
 def test_sweeps_use_their_partial_index(backlog, sql, index):
     text = plan(sql(), {"now": timezone.now(), "limit": 500})

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from channels_push.doorbells import sweeps
 from channels_push.sessions import transitions as session_transitions
-from todos import transitions as todo_transitions
+from todos import ring_budget
 from channels_push.models import McpSession
 from channels_push.tests.conftest import make_ready_todo
 from tests import plans
@@ -50,7 +50,7 @@ def rings_of(todo):
 
 
 def test_the_ring_schedule_names_all_five_rings():
-    assert len(sweeps.RING_SCHEDULE) == todo_transitions.MAX_RING_ATTEMPTS == 5
+    assert len(sweeps.RING_SCHEDULE) == ring_budget.MAX_RING_ATTEMPTS == 5
     assert sweeps.RING_SCHEDULE[0] == timedelta(0)  # the creation ring, not the sweep's
 
 
@@ -272,7 +272,7 @@ def test_sweep_reads_its_partial_index(endpoint):
         assert "ring_due_todos" in cursor.fetchone()[0]
         cursor.execute("SET enable_seqscan = off")  # tiny tables: ask which index it would use
         # The very statement the sweep runs (its selecting part: EXPLAIN must not write).
-        sql, params = todo_transitions.sweep_rings_sql(
+        sql, params = ring_budget.sweep_rings_sql(
             receivers={endpoint.pk: None}, schedule=sweeps.RING_SCHEDULE,
             limit=sweeps.RINGS_PER_SWEEP, now=now, select_only=True)
         cursor.execute("EXPLAIN " + sql, params)

@@ -17,6 +17,7 @@ from channels_push.mcp import tools as mcp_tools
 from channels_push.tests.conftest import make_ready_todo
 from channels_push.doorbells.tests.test_doorbells import close, next_doorbell, next_ring, open_stream, ring
 from channels_push.doorbells.tests.test_doorbells import driver  # noqa: F401 (fixture)
+from todos import ring_budget
 from todos import sweeps as todo_sweeps
 from todos import transitions as todo_transitions
 from todos.models import Todo
@@ -64,7 +65,7 @@ def test_digests_and_the_ring_sweep_leave_scheduled_todos_out(
     scheduled = make_ready_todo(d.endpoint, title="later", not_before=now + timedelta(hours=1),
                                 now=now - timedelta(hours=1))
     ready = make_ready_todo(d.endpoint, title="ready", now=now - timedelta(hours=1))
-    statement = todo_transitions.sweep_rings_sql(
+    statement = ring_budget.sweep_rings_sql(
         receivers={d.endpoint.pk: None}, schedule=(timedelta(minutes=5), timedelta(minutes=20)),
         limit=10, now=now, select_only=True)
     from django.db import connection
@@ -73,7 +74,7 @@ def test_digests_and_the_ring_sweep_leave_scheduled_todos_out(
         cursor.execute(*statement)
         picked = {row[0] for row in cursor.fetchall()}
     assert picked == {ready.pk}
-    counted = todo_transitions.record_digest(endpoint=d.endpoint, now=now)
+    counted = ring_budget.record_digest(endpoint=d.endpoint, now=now)
     assert len(counted) == 1
     assert Todo.objects.get(pk=scheduled.pk).ring_attempts == 0
 
