@@ -5,8 +5,8 @@ table, so the two cannot run a sweep at different cadences or leave one out.
 Each entry runs one bounded sweep; overlapping runs are safe (every sweep claims its rows with a
 guarded statement), so a slow run never needs a lock. ``sweep`` is the plain function the
 embedded scheduler calls; ``task`` is the Celery task beat enqueues, a thin wrapper in the
-app's ``tasks.py`` that calls that same function (switchboard/tests/test_celery_tasks.py checks each pair).
-Both are dotted paths, so this module imports no app: celery.py reads it before Django is set
+app's ``tasks.py`` that calls that same function (switchboard/tests/test_celery_tasks.py
+checks each pair). Both are dotted paths, so this module imports no app: celery.py reads it before Django is set
 up. The operator's view of the table is docs/operating.md#the-sweeps.
 """
 
