@@ -26,7 +26,7 @@ from django.utils.html import format_html
 from endpoints.models import Endpoint
 from switchboard import admin_pages, json_input
 
-from . import actors, transitions
+from . import senders, transitions
 from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Source, Webhook
 
 
@@ -57,7 +57,7 @@ class RouteFormSet(BaseInlineFormSet):
             except ValidationError as exc:
                 form.add_error(None, exc)
             try:
-                logins, roles = actors.normalized_actor_rules(
+                logins, roles = senders.normalized_actor_rules(
                     self.instance.source, data.get("actors"), data.get("author_associations"))
             except (ValueError, TypeError) as bad:
                 form.add_error(None, str(bad))

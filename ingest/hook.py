@@ -26,8 +26,8 @@ from switchboard import json_input, ratelimit
 from switchboard import metrics as push_metrics
 from switchboard.http import plain
 
-from . import queries, titles, transitions, verification
-from .models import Outcome, Source, TrustMode, Webhook
+from . import queries, senders, transitions, verification
+from .models import Outcome, TrustMode, Webhook
 from .problems import (MAX_ECHOED_SLUG_CHARS, Problem, check_declared_length, check_rate,
                        decode_utf8, is_json_type, media_type_of, one_line, parse_json_document,
                        storage_unavailable, too_large)
@@ -40,9 +40,6 @@ MAX_SLUG_CHARS = Webhook._meta.get_field("slug").max_length
 # /hooks/<webhook_slug> (routed in switchboard/asgi.py), with an optional trailing slash served
 # as is: senders do not follow redirects on POST.
 HOOK_ROUTE_PATTERN = r"^hooks/(?P<webhook_slug>[^/]+)/?$"
-# Forms are accepted where the source can send them (GitHub's and Gitea's "form" content
-# type: the JSON is in the ``payload`` field, the signature covers the raw form body).
-FORM_SOURCES = (Source.GITHUB, Source.GITEA)
 
 
 # The whole 202 an anonymous sender of an unsigned webhook gets.
@@ -73,10 +70,13 @@ def _parse_delivery_body(webhook, media_type: str, body: bytes) -> tuple[dict, b
     """The payload, and whether it is known storable (``parse_json_document``)."""
     if is_json_type(media_type):
         text = decode_utf8(body)
-        if webhook.source == Source.UNSIGNED:
+        if not senders.get_sender(webhook.source).signed:
             _check_anonymous_shape(text)
         return parse_json_document(text)
-    if media_type == "application/x-www-form-urlencoded" and webhook.source in FORM_SOURCES:
+    # A sender that posts forms (GitHub's and Gitea's "form" content type) puts the JSON in the
+    # ``payload`` field; the signature covers the raw form body.
+    takes_forms = senders.get_sender(webhook.source).takes_forms
+    if media_type == "application/x-www-form-urlencoded" and takes_forms:
         try:
             fields = parse_qs(decode_utf8(body), strict_parsing=True, errors="strict")
         except (ValueError, UnicodeDecodeError):
@@ -85,23 +85,14 @@ def _parse_delivery_body(webhook, media_type: str, body: bytes) -> tuple[dict, b
             raise Problem(400, "malformed_body", "form body needs exactly one payload field")
         return parse_json_document(fields["payload"][0], what="payload field")
     accepted = "application/json" + (
-        " or application/x-www-form-urlencoded" if webhook.source in FORM_SOURCES else ""
+        " or application/x-www-form-urlencoded" if takes_forms else ""
     )
     raise Problem(415, "unsupported_media_type",
                   f"Content-Type must be {accepted}, got {media_type or 'none'}")
 
 
 def _delivery_id(webhook, envelope, payload: dict) -> str:
-    delivery_id = envelope.delivery_id
-    if webhook.source == Source.STRIPE:
-        delivery_id = payload.get("id") if isinstance(payload.get("id"), str) else ""
-    elif webhook.source == Source.STANDARD and isinstance(payload.get("event_id"), str):
-        # Cairn signs its event_id inside the body; it is the stable id across redeliveries.
-        delivery_id = payload["event_id"]
-    elif webhook.source == Source.SLACK:
-        # Slack's retries (X-Slack-Retry-Num) keep the event_id: they fold into the live todo.
-        delivery_id = payload.get("event_id") if isinstance(payload.get("event_id"), str) else ""
-    delivery_id = delivery_id.strip()
+    delivery_id = senders.get_sender(webhook.source).delivery_id(envelope, payload).strip()
     if len(delivery_id) > MAX_DELIVERY_ID_CHARS or not delivery_id.isprintable():
         raise Problem(400, "bad_delivery_id",
                       f"delivery id must be at most {MAX_DELIVERY_ID_CHARS} printable characters")
@@ -129,13 +120,7 @@ def _could_be_slug(value: str) -> bool:
 # Event and kind names an agent, a route and a doorbell will see: anything else (quotes,
 # spaces, markup) is refused rather than cleaned, so what is stored is what was sent.
 KIND_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-# The event header each source names its event in (the claimed kind in the delivery log).
-EVENT_HEADERS = ("x-github-event", "x-forgejo-event", "x-gitea-event", "x-gitlab-event",
-                 "linear-event", "sentry-hook-resource")
-DELIVERY_HEADERS = ("x-github-delivery", "x-forgejo-delivery", "x-gitea-delivery",
-                    "idempotency-key", "x-gitlab-event-uuid", "webhook-id", "linear-delivery",
-                    "request-id")
-# Slack's url_verification challenge is echoed back; Slack's own are 48 characters.
+# A handshake's challenge is echoed back; Slack's own are 48 characters.
 MAX_CHALLENGE_CHARS = 200
 
 
@@ -157,7 +142,8 @@ def _observe(request, body: bytes) -> transitions.Observed:
     return transitions.Observed(
         address=request.client, size=min(size, 2**31 - 1),
         body_sha256=transitions.body_digest(body) if body else "",
-        delivery_id=_claimed(request, DELIVERY_HEADERS), kind=_claimed(request, EVENT_HEADERS),
+        delivery_id=_claimed(request, senders.DELIVERY_HEADERS),
+        kind=_claimed(request, senders.EVENT_HEADERS),
         headers=transitions.safe_headers(request.headers),
     )
 
@@ -236,7 +222,7 @@ def _verify(webhook, request, now):
     for this webhook (and is a 429 once that is gone), a success the webhook's own — so no
     number of failures can push a verified sender into 429."""
     try:
-        envelope = verification.verify_delivery(
+        envelope = senders.verify_delivery(
             webhook, CaseInsensitiveMapping(request.headers), request.body, now=now)
     except verification.VerificationFailed as failure:
         raise _not_verified(webhook, request, failure) from None
@@ -264,60 +250,60 @@ def _check_signed_payload(webhook, request, payload: dict, now) -> None:
     """What the source signs inside the body (Linear's timestamp). A failure here is a failed
     verification like any other (or a 400 for a value outside its range)."""
     try:
-        verification.check_payload(webhook, payload, now=now)
+        senders.check_payload(webhook, payload, now=now)
     except verification.VerificationFailed as failure:
         if failure.malformed:
             raise Problem(400, "bad_timestamp", failure.reason) from None
         raise _not_verified(webhook, request, failure) from None
 
 
-def _is_url_verification(webhook, payload: dict) -> bool:
-    return webhook.source == Source.SLACK and payload.get("type") == "url_verification"
+def _is_handshake(webhook, payload: dict) -> bool:
+    """Whether the delivery is its sender's handshake (Slack's url_verification)."""
+    is_handshake = senders.get_sender(webhook.source).is_handshake
+    return is_handshake is not None and is_handshake(payload)
 
 
-def _answer_url_verification(webhook, request, body: bytes, payload: dict, envelope, now):
-    """Slack's handshake when an Events API request URL is saved: a signed body whose
-    ``challenge`` is answered as is (200). No todo; the delivery log records it, and the
-    replay ledger holds it, so the same request again is a duplicate charged to its sender."""
+def _answer_handshake(webhook, request, body: bytes, payload: dict, envelope, now):
+    """A sender's handshake when its request URL is saved (Slack's url_verification): a signed
+    body whose ``challenge`` is answered as is (200). No todo; the delivery log records it, and
+    the replay ledger holds it, so the same request again is a duplicate charged to its sender."""
+    kind = senders.get_sender(webhook.source).handshake_kind
     challenge = payload.get("challenge")
     if (not isinstance(challenge, str) or not challenge or len(challenge) > MAX_CHALLENGE_CHARS
             or not challenge.isprintable()):
         raise Problem(400, "malformed_body",
-                      f"url_verification needs a challenge of 1-{MAX_CHALLENGE_CHARS} printable "
+                      f"{kind} needs a challenge of 1-{MAX_CHALLENGE_CHARS} printable "
                       "characters")
     answer = plain.json_answer(200, {"challenge": challenge})
 
     def observe():
-        return dataclasses.replace(_observe(request, body), kind="url_verification")
+        return dataclasses.replace(_observe(request, body), kind=kind)
 
     if not transitions.take_url_verification(webhook, fingerprint=envelope.signed_digest,
                                              now=now):
         _charge_repeat_to_the_sender(webhook, request)
         transitions.record_refused(webhook, outcome=Outcome.DUPLICATE, status=200, now=now,
                                    observe=observe,
-                                   reason="this signed url_verification was already answered")
+                                   reason=f"this signed {kind} was already answered")
         return answer
     transitions.record_refused(webhook, outcome=Outcome.ACCEPTED, status=200, now=now,
-                               observe=observe,
-                               reason="url_verification: challenge answered, no todo")
-    log.info("slack url_verification answered", extra={"webhook": webhook.slug})
+                               observe=observe, reason=f"{kind}: challenge answered, no todo")
+    log.info(f"{webhook.source} {kind} answered", extra={"webhook": webhook.slug})
     return answer
 
 
 def _retry_note(webhook, request) -> str:
-    """Slack says when a request is its retry of an unanswered one: kept in the delivery log."""
-    if webhook.source != Source.SLACK or not request.header("x-slack-retry-num"):
-        return ""
-    reason = one_line(request.header("x-slack-retry-reason") or "", 40)
-    return (f"slack retry {one_line(request.header('x-slack-retry-num'), 8)}"
-            + (f" ({reason})" if reason else ""))
+    """The delivery log's note when the sender says this request is its retry."""
+    note = senders.get_sender(webhook.source).retry_note
+    return "" if note is None else note(request.header)
 
 
 def _check_body_size(webhook, request) -> None:
     if request.too_large:
         raise too_large()
     check_declared_length(request.header("content-length"))
-    if webhook.source == Source.UNSIGNED and len(request.body) > settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES:
+    if (not senders.get_sender(webhook.source).signed
+            and len(request.body) > settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES):
         raise Problem(413, "too_large",
                       f"unsigned webhooks take bodies of at most "
                       f"{settings.SWITCHBOARD_UNSIGNED_MAX_BODY_BYTES} bytes")
@@ -362,10 +348,10 @@ def answer_hook(request: plain.Request) -> plain.Answer:
         payload, payload_storable = _parse_delivery_body(
             webhook, media_type_of(request.header("content-type")), body)
         _check_signed_payload(webhook, request, payload, now)
-        if _is_url_verification(webhook, payload):
+        if _is_handshake(webhook, payload):
             holds_verified_token = False  # a repeat gives it back, the first one keeps it
-            return _answer_url_verification(webhook, request, body, payload, envelope, now)
-        kind = titles.derive_kind(webhook.source, envelope.event, payload)
+            return _answer_handshake(webhook, request, body, payload, envelope, now)
+        kind = senders.derive_kind(webhook.source, envelope.event, payload)
         _check_kind(kind)
         delivery_id = _delivery_id(webhook, envelope, payload)
         observed = _observe(request, body)
@@ -376,8 +362,8 @@ def answer_hook(request: plain.Request) -> plain.Answer:
         try:
             arrival = transitions.ingest_delivery(
                 webhook=webhook, routes=routes, trust=envelope.trust, delivery_id=delivery_id,
-                kind=kind, title=titles.derive_title(webhook.source, kind, payload,
-                                                     webhook_slug=webhook.slug),
+                kind=kind, title=senders.derive_title(webhook.source, kind, payload,
+                                                      webhook_slug=webhook.slug),
                 payload=payload, payload_storable=payload_storable, body_sha256=body_sha256,
                 observed=observed,
                 # Unsigned bodies prove nothing, so they have no replay to refuse.
@@ -428,7 +414,7 @@ def answer_hook(request: plain.Request) -> plain.Answer:
         "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),
         "todos_created": sum(1 for _, created in arrival.todos if created),
     })
-    if webhook.source == Source.UNSIGNED:
+    if not senders.get_sender(webhook.source).signed:
         # Anyone who knows the URL may post here: they learn that it was taken, not which
         # endpoints and queues it reached or the ids of the rows it made.
         return plain.json_answer(202, UNSIGNED_ACCEPTED)

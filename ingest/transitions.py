@@ -7,14 +7,12 @@ An arrival is ONE transaction: its delivery event and every routed todo (each th
 back, and a Redis outage cannot fail the write (the publish helper logs and drops).
 """
 
-import base64
 import contextlib
 import functools
 import hashlib
 import json
 import logging
 import re
-import secrets
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,10 +30,9 @@ from switchboard.db import statements
 from todos import statements as todo_statements
 from todos import transitions as todo_transitions
 
-from . import actors, titles
+from . import actors, senders
 from .models import (DeliveryEvent, DeliveryRecord, OperatorSecret, OperatorToken, Outcome,
                      ReplayLedgerEntry, Route, Source, TrustMode, Webhook)
-from .verification import STANDARD_SECRET_PREFIX, decode_standard_secret
 
 log = logging.getLogger("switchboard.ingest")
 
@@ -66,30 +63,17 @@ OPERATOR_KEY_PREFIX = "@operator:"
 def mint_webhook_secret(source: str) -> str:
     """A fresh secret in the shape the source expects (Standard Webhooks: whsec_ + base64 of
     32 random bytes; Stripe: whsec_…; others: an opaque token). Unsigned webhooks have none."""
-    if source == Source.UNSIGNED:
-        return ""
-    if source == Source.STANDARD:
-        return STANDARD_SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
-    if source == Source.STRIPE:
-        return STANDARD_SECRET_PREFIX + secrets.token_hex(24)
-    return secrets.token_urlsafe(32)
+    return senders.get_sender(source).mint_secret()
 
 
 def check_webhook_secret(source: str, secret: str) -> None:
     """Raise ValueError when ``secret`` cannot work for ``source``."""
-    if source == Source.UNSIGNED:
-        if secret:
-            raise ValueError("unsigned webhooks take no secret")
-        return
-    if len(secret) < 16:
+    sender = senders.get_sender(source)
+    if sender.signed and len(secret) < 16:
         raise ValueError("a webhook secret must be at least 16 characters")
-    if len(secret) > 200:
+    if sender.signed and len(secret) > 200:
         raise ValueError("a webhook secret must be at most 200 characters")
-    if source == Source.STANDARD:
-        try:
-            decode_standard_secret(secret)
-        except ValueError:
-            raise ValueError("a Standard Webhooks secret is whsec_ followed by base64") from None
+    sender.check_secret(secret)
 
 
 @transaction.atomic
@@ -156,8 +140,8 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
     webhook's source, before anything is written."""
     queue_name_validator(queue)
     try:
-        logins, roles = actors.normalized_actor_rules(webhook.source, actors_allowed,
-                                                      author_associations)
+        logins, roles = senders.normalized_actor_rules(webhook.source, actors_allowed,
+                                                       author_associations)
     except ValueError as bad:
         field, _, message = str(bad).partition(": ")
         raise ValidationError({field: message}) from None
@@ -215,8 +199,8 @@ def route_owned(route: Route) -> bool:
 
 def route_matches(route: Route, kind: str) -> bool:
     """An empty filter takes every kind; ``issues`` takes ``issues`` and ``issues.*``. A kind
-    in ``titles.OPT_IN_KINDS`` (a Slack thread's notice) only where the route names it."""
-    if kind in titles.OPT_IN_KINDS:
+    in ``senders.OPT_IN_KINDS`` (a Slack thread's notice) only where the route names it."""
+    if kind in senders.OPT_IN_KINDS:
         return kind in route.kinds
     if not route.kinds:
         return True
@@ -662,10 +646,10 @@ def _admitted_by_actor(webhook: Webhook, routes, kind: str, payload) -> tuple[li
     delivery log's note naming who was filtered where ("" when none was). A filtered route
     creates nothing; when every route is filtered the delivery is logged ``filtered``. A Slack
     bot's message is read on every route: only a route listing the bot takes it."""
-    if webhook.source not in actors.BOT_SOURCES and not any(
+    if not senders.get_sender(webhook.source).reads_every_actor and not any(
             actors.filters_actors(route) for route in routes):
         return list(routes), ""
-    actor = actors.event_actor(webhook.source, kind, payload)
+    actor = senders.event_actor(webhook.source, kind, payload)
     admitted = [route for route in routes if actors.admits(route, actor)]
     refused = [route for route in routes if route not in admitted]
     if not refused:
@@ -806,7 +790,7 @@ def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
     payload = todo.payload
     return ingest_delivery(
         webhook=webhook, routes=routes, trust=original.trust, delivery_id="", kind=kind,
-        title=titles.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),
+        title=senders.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),
         payload=payload, payload_storable=True,  # read back from a stored todo
         body_sha256=record.body_sha256,
         observed=Observed(size=record.size, body_sha256=record.body_sha256,

@@ -20,13 +20,13 @@ def walk(value: str) -> str:
 def test_the_printable_cleaners_equal_their_character_walk(value, limit):
     assert problems.one_line(value, limit) == walk(value).strip()[:limit]
     assert transitions._printable(value, limit) == walk(value[:limit * 2])[:limit]
-    assert titles._clean_kind(value) == walk(value).strip()[:titles.MAX_KIND_CHARS]
+    assert titles.clean_kind(value) == walk(value).strip()[:titles.MAX_KIND_CHARS]
 
 
 def test_control_characters_are_still_dropped():
     assert problems.one_line(" a\x00b\nc ", 10) == "abc"
     assert transitions._printable("d-\x1b[31m1", 10) == "d-[31m1"
-    assert titles._clean_kind("issues\t.opened") == "issues.opened"
+    assert titles.clean_kind("issues\t.opened") == "issues.opened"
 
 
 @given(value=any_text)

@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.test import Client
 
-from ingest import actors, transitions
+from ingest import actors, senders, transitions
 from ingest.models import DeliveryRecord, Outcome, Route
 from tests.cli import run_manage
 from tests.factories import EndpointFactory
@@ -184,10 +184,10 @@ def test_the_webhook_page_shows_the_rule_and_the_filtered_outcome(trusted_hook, 
 
 
 def test_event_actor_reads_each_source():
-    assert actors.event_actor("github", "pull_request_review.submitted", {
+    assert senders.event_actor("github", "pull_request_review.submitted", {
         "sender": {"login": "a"}, "review": {"author_association": "collaborator",
                                              "user": {"login": "A"}},
         "pull_request": {"author_association": "NONE", "user": {"login": "b"}},
     }) == actors.Actor("a", frozenset({"COLLABORATOR"}))
-    assert actors.event_actor("gitlab", "push", {"user_username": "pusher"}).login == "pusher"
-    assert actors.event_actor("github", "push", "not a dict") == actors.Actor("")
+    assert senders.event_actor("gitlab", "push", {"user_username": "pusher"}).login == "pusher"
+    assert senders.event_actor("github", "push", "not a dict") == actors.Actor("")

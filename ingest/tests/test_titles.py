@@ -2,7 +2,7 @@
 
 import pytest
 
-from ingest import titles
+from ingest import senders
 
 REPO = {"repository": {"full_name": "octo/repo"}}
 
@@ -39,8 +39,8 @@ REPO = {"repository": {"full_name": "octo/repo"}}
     ("standard", "", {"no": "type"}, "", "hook: delivery"),
 ])
 def test_kind_and_title(source, event, payload, kind, title):
-    assert titles.derive_kind(source, event, payload) == kind
-    assert titles.derive_title(source, kind, payload, webhook_slug="hook") == title
+    assert senders.derive_kind(source, event, payload) == kind
+    assert senders.derive_title(source, kind, payload, webhook_slug="hook") == title
 
 
 @pytest.mark.parametrize("payload", [{}, {"issue": "not a dict"}, {"repository": [1]},
@@ -48,6 +48,6 @@ def test_kind_and_title(source, event, payload, kind, title):
 def test_odd_payloads_still_get_a_title(payload):
     for source, event in [("github", "issues"), ("github", "push"), ("gitlab", "Merge Request Hook"),
                           ("stripe", "")]:
-        kind = titles.derive_kind(source, event, payload)
-        title = titles.derive_title(source, kind, payload, webhook_slug="h")
+        kind = senders.derive_kind(source, event, payload)
+        title = senders.derive_title(source, kind, payload, webhook_slug="h")
         assert title and "\n" not in title

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from django.http.request import HttpHeaders
 
-from ingest import verification
+from ingest import senders, verification
 from ingest.models import Webhook
 
 from . import signing
@@ -45,10 +45,10 @@ def test_github_documented_example_vector_verifies():
     meta = {"HTTP_X_HUB_SIGNATURE_256":
             "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17",
             "HTTP_X_GITHUB_EVENT": "ping", "HTTP_X_GITHUB_DELIVERY": "d-1"}
-    envelope = verification.verify_delivery(webhook, headers_of(meta), b"Hello, World!", now=NOW)
+    envelope = senders.verify_delivery(webhook, headers_of(meta), b"Hello, World!", now=NOW)
     assert (envelope.trust, envelope.delivery_id, envelope.event) == ("signed", "d-1", "ping")
     with pytest.raises(verification.VerificationFailed):
-        verification.verify_delivery(webhook, headers_of(meta), b"Hello, World?", now=NOW)
+        senders.verify_delivery(webhook, headers_of(meta), b"Hello, World?", now=NOW)
 
 
 def test_standard_webhooks_reference_vector_verifies():
@@ -60,11 +60,11 @@ def test_standard_webhooks_reference_vector_verifies():
             "HTTP_WEBHOOK_SIGNATURE": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}
     body = b'{"test": 2432232314}'
     at_signing = datetime.fromtimestamp(1614265330, timezone.utc)
-    envelope = verification.verify_delivery(webhook, headers_of(meta), body, now=at_signing)
+    envelope = senders.verify_delivery(webhook, headers_of(meta), body, now=at_signing)
     assert envelope.delivery_id == "msg_p5jXN8AQM9LWM0D4loKWxJek"
     # The same vector a day later is a replay.
     with pytest.raises(verification.VerificationFailed, match="tolerance"):
-        verification.verify_delivery(webhook, headers_of(meta), body,
+        senders.verify_delivery(webhook, headers_of(meta), body,
                                      now=at_signing + timedelta(days=1))
 
 
@@ -86,15 +86,15 @@ def test_slack_documented_example_vector_verifies():
     meta = {"HTTP_X_SLACK_SIGNATURE": SLACK_EXAMPLE_SIGNATURE,
             "HTTP_X_SLACK_REQUEST_TIMESTAMP": SLACK_EXAMPLE_TIMESTAMP}
     at_signing = datetime.fromtimestamp(int(SLACK_EXAMPLE_TIMESTAMP), timezone.utc)
-    envelope = verification.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY,
+    envelope = senders.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY,
                                             now=at_signing + timedelta(seconds=10))
     assert envelope.trust == "signed"
     # One byte of the body changed, or the same request six minutes later: refused.
     with pytest.raises(verification.VerificationFailed, match="mismatch"):
-        verification.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY + b"x",
+        senders.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY + b"x",
                                      now=at_signing)
     with pytest.raises(verification.VerificationFailed, match="tolerance") as stale:
-        verification.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY,
+        senders.verify_delivery(webhook, headers_of(meta), SLACK_EXAMPLE_BODY,
                                      now=at_signing + timedelta(minutes=6))
     assert stale.value.stale
 
@@ -104,7 +104,7 @@ def test_slack_signature_must_be_v0():
     meta = signing.slack(SECRETS["slack"], body)
     meta["HTTP_X_SLACK_SIGNATURE"] = meta["HTTP_X_SLACK_SIGNATURE"].replace("v0=", "v1=")
     with pytest.raises(verification.VerificationFailed, match="v0="):
-        verification.verify_delivery(hook("slack"), headers_of(meta), body, now=NOW)
+        senders.verify_delivery(hook("slack"), headers_of(meta), body, now=NOW)
 
 
 def test_slack_without_a_timestamp_header_is_refused():
@@ -112,18 +112,18 @@ def test_slack_without_a_timestamp_header_is_refused():
     meta = signing.slack(SECRETS["slack"], body)
     del meta["HTTP_X_SLACK_REQUEST_TIMESTAMP"]
     with pytest.raises(verification.VerificationFailed, match="missing X-Slack-Request-Timestamp"):
-        verification.verify_delivery(hook("slack"), headers_of(meta), body, now=NOW)
+        senders.verify_delivery(hook("slack"), headers_of(meta), body, now=NOW)
 
 
 def test_linear_and_sentry_take_their_delivery_id_and_event_from_their_headers():
     body = b'{"type": "Issue", "action": "create"}'
-    envelope = verification.verify_delivery(
+    envelope = senders.verify_delivery(
         hook("linear"), headers_of(signing.linear(SECRETS["linear"], body, delivery="lin-1",
                                                   event="Issue")), body, now=NOW)
     assert (envelope.delivery_id, envelope.event) == ("lin-1", "Issue")
     # Linear's timestamp is inside the body: the body is the signed request.
     assert envelope.signed_digest == hashlib.sha256(body).hexdigest()
-    envelope = verification.verify_delivery(
+    envelope = senders.verify_delivery(
         hook("sentry"), headers_of(signing.sentry(SECRETS["sentry"], body, resource="event_alert",
                                                   delivery="req-1")), body, now=NOW)
     assert (envelope.delivery_id, envelope.event, envelope.signed_digest) == (
@@ -134,14 +134,14 @@ def test_linear_and_sentry_take_their_delivery_id_and_event_from_their_headers()
 def test_linear_body_timestamp_beyond_60_seconds_is_stale(skew_ms):
     payload = {"webhookTimestamp": int(NOW.timestamp() * 1000) + skew_ms}
     with pytest.raises(verification.VerificationFailed, match="60 s tolerance") as refused:
-        verification.check_payload(hook("linear"), payload, now=NOW)
+        senders.check_payload(hook("linear"), payload, now=NOW)
     assert refused.value.stale
 
 
 @pytest.mark.parametrize("skew_ms", [-59_000, 0, 59_000])
 def test_linear_body_timestamp_within_60_seconds_is_accepted(skew_ms):
     payload = {"webhookTimestamp": int(NOW.timestamp() * 1000) + skew_ms}
-    verification.check_payload(hook("linear"), payload, now=NOW)
+    senders.check_payload(hook("linear"), payload, now=NOW)
 
 
 @pytest.mark.parametrize("payload, reason", [
@@ -151,13 +151,13 @@ def test_linear_body_timestamp_within_60_seconds_is_accepted(skew_ms):
 ])
 def test_linear_body_without_a_numeric_timestamp_is_refused(payload, reason):
     with pytest.raises(verification.VerificationFailed, match=reason) as refused:
-        verification.check_payload(hook("linear"), payload, now=NOW)
+        senders.check_payload(hook("linear"), payload, now=NOW)
     assert not refused.value.stale
 
 
 def test_other_sources_sign_nothing_inside_the_body():
     for source in ("github", "slack", "sentry", "stripe"):
-        verification.check_payload(hook(source), {}, now=NOW)
+        senders.check_payload(hook(source), {}, now=NOW)
 
 
 def test_standard_accepts_any_of_several_listed_signatures():
@@ -165,7 +165,7 @@ def test_standard_accepts_any_of_several_listed_signatures():
     body = b'{"type": "x"}'
     meta = signing.standard(SECRETS["standard"], body)
     meta["HTTP_WEBHOOK_SIGNATURE"] = "v1,bm90LWl0 " + meta["HTTP_WEBHOOK_SIGNATURE"]
-    verification.verify_delivery(webhook, headers_of(meta), body, now=NOW)
+    senders.verify_delivery(webhook, headers_of(meta), body, now=NOW)
 
 
 # -- every signed source: accepted, and each way of being wrong -------------------------------
@@ -181,7 +181,7 @@ BODY = json.dumps({"id": "evt_1", "type": "invoice.paid", "action": "opened"}).e
 @pytest.mark.parametrize("source", SIGNED)
 def test_valid_delivery_verifies(source):
     meta = signing.SIGNERS[source](SECRETS[source], BODY)
-    envelope = verification.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
+    envelope = senders.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
     assert envelope.trust == "signed"
 
 
@@ -191,7 +191,7 @@ def test_valid_delivery_verifies(source):
 def test_tampered_body_is_refused(source):
     meta = signing.SIGNERS[source](SECRETS[source], BODY)
     with pytest.raises(verification.VerificationFailed):
-        verification.verify_delivery(hook(source), headers_of(meta), BODY + b" ", now=NOW)
+        senders.verify_delivery(hook(source), headers_of(meta), BODY + b" ", now=NOW)
 
 
 @pytest.mark.parametrize("source", SIGNED)
@@ -199,7 +199,7 @@ def test_wrong_secret_is_refused(source):
     wrong = "whsec_" + "d3JvbmcgYnV0IHZhbGlkIGJhc2U2NA==" if source == "standard" else "wrong-secret-0123456789"
     meta = signing.SIGNERS[source](wrong, BODY)
     with pytest.raises(verification.VerificationFailed, match="mismatch"):
-        verification.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
+        senders.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
 
 
 @pytest.mark.parametrize("source", SIGNED)
@@ -207,7 +207,7 @@ def test_missing_signature_header_is_refused(source):
     meta = signing.SIGNERS[source](SECRETS[source], BODY)
     del meta[REQUIRED_HEADER[source]]
     with pytest.raises(verification.VerificationFailed, match="missing"):
-        verification.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
+        senders.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
 
 
 @pytest.mark.parametrize("source", ["stripe", "standard", "slack"])
@@ -215,7 +215,7 @@ def test_missing_signature_header_is_refused(source):
 def test_timestamp_beyond_300_seconds_is_refused(source, skew):
     meta = signing.SIGNERS[source](SECRETS[source], BODY, timestamp=int(NOW.timestamp()) + skew)
     with pytest.raises(verification.VerificationFailed, match="tolerance"):
-        verification.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
+        senders.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
 
 
 @pytest.mark.parametrize("source", ["stripe", "standard", "slack"])
@@ -223,7 +223,7 @@ def test_timestamp_beyond_300_seconds_is_refused(source, skew):
 def test_timestamp_within_300_seconds_is_accepted(source, skew):
     stamp = int(NOW.timestamp()) + skew
     meta = signing.SIGNERS[source](SECRETS[source], BODY, timestamp=stamp)
-    verification.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
+    senders.verify_delivery(hook(source), headers_of(meta), BODY, now=NOW)
 
 
 @pytest.mark.parametrize("source", SIGNED)
@@ -232,22 +232,22 @@ def test_previous_secret_works_during_rotation_and_not_after(source):
     new = "whsec_bmV3LXNlY3JldC1mb3Itcm90YXRpb24=" if source == "standard" else "new-secret-0123456789abc"
     webhook = hook(source, secret=new, previous=old, previous_expires=NOW + timedelta(hours=1))
     meta = signing.SIGNERS[source](old, BODY)
-    verification.verify_delivery(webhook, headers_of(meta), BODY, now=NOW)
-    verification.verify_delivery(webhook, headers_of(signing.SIGNERS[source](new, BODY)), BODY, now=NOW)
+    senders.verify_delivery(webhook, headers_of(meta), BODY, now=NOW)
+    senders.verify_delivery(webhook, headers_of(signing.SIGNERS[source](new, BODY)), BODY, now=NOW)
     with pytest.raises(verification.VerificationFailed):
-        verification.verify_delivery(webhook, headers_of(meta), BODY, now=NOW + timedelta(hours=2))
+        senders.verify_delivery(webhook, headers_of(meta), BODY, now=NOW + timedelta(hours=2))
 
 
 def test_forgejo_headers_verify_a_gitea_webhook():
     meta = signing.gitea(SECRETS["gitea"], BODY, event="pull_request", delivery="f-1", forgejo=True)
-    envelope = verification.verify_delivery(hook("gitea"), headers_of(meta), BODY, now=NOW)
+    envelope = senders.verify_delivery(hook("gitea"), headers_of(meta), BODY, now=NOW)
     assert (envelope.delivery_id, envelope.event) == ("f-1", "pull_request")
 
 
 def test_gitlab_prefers_idempotency_key_as_delivery_id():
     meta = signing.gitlab(SECRETS["gitlab"], BODY, delivery="uuid-1")
     meta["HTTP_IDEMPOTENCY_KEY"] = "idem-1"
-    envelope = verification.verify_delivery(hook("gitlab"), headers_of(meta), BODY, now=NOW)
+    envelope = senders.verify_delivery(hook("gitlab"), headers_of(meta), BODY, now=NOW)
     assert envelope.delivery_id == "idem-1"
 
 
@@ -256,21 +256,21 @@ def test_stripe_accepts_any_v1_and_signs_with_the_whole_whsec_string():
     stamp = int(NOW.timestamp())
     good = hmac.new(secret.encode(), f"{stamp}.".encode() + BODY, hashlib.sha256).hexdigest()
     meta = {"HTTP_STRIPE_SIGNATURE": f"t={stamp},v1={'0' * 64},v1={good},v0=ignored"}
-    verification.verify_delivery(hook("stripe"), headers_of(meta), BODY, now=NOW)
+    senders.verify_delivery(hook("stripe"), headers_of(meta), BODY, now=NOW)
 
 
 def test_signed_webhook_without_a_secret_verifies_nothing():
     meta = signing.github("", BODY)
     with pytest.raises(verification.VerificationFailed, match="no secret"):
-        verification.verify_delivery(hook("github", secret=""), headers_of(meta), BODY, now=NOW)
+        senders.verify_delivery(hook("github", secret=""), headers_of(meta), BODY, now=NOW)
 
 
 def test_unsigned_is_accepted_as_unverified():
-    envelope = verification.verify_delivery(hook("unsigned"), headers_of({}), BODY, now=NOW)
+    envelope = senders.verify_delivery(hook("unsigned"), headers_of({}), BODY, now=NOW)
     assert envelope.trust == "unverified"
 
 
 def test_non_ascii_signature_header_is_a_mismatch_not_a_crash():
     meta = {"HTTP_X_HUB_SIGNATURE_256": "sha256=ünïcødé\udcff"}
     with pytest.raises(verification.VerificationFailed):
-        verification.verify_delivery(hook("github"), headers_of(meta), BODY, now=NOW)
+        senders.verify_delivery(hook("github"), headers_of(meta), BODY, now=NOW)

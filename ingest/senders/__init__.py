@@ -1,0 +1,137 @@
+"""Every sender switchboard verifies, one module each, in one registry (docs/senders.md#adding-a-sender).
+
+A sender is one ``Sender``: how its deliveries are verified, what kind and title they get,
+who they say triggered them, what its secrets look like, which of its requests are
+handshakes or retries, and the steps that point it here. The hook, the transitions, the
+console and the commands ask the registry (``get_sender``) and name no source themselves.
+"""
+
+import secrets
+from dataclasses import dataclass
+from typing import Callable
+
+from ..actors import AUTHOR_ASSOCIATIONS, Actor
+from ..titles import clean_kind
+from ..verification import Envelope, VerificationFailed, accepted_secrets
+
+
+def _opaque_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def _secret_fits(secret: str) -> None:
+    pass
+
+
+def _headers_delivery_id(envelope: Envelope, payload: dict) -> str:
+    return envelope.delivery_id
+
+
+@dataclass(frozen=True)
+class Sender:
+    source: str  # the Source value webhooks store
+    verify: Callable  # (webhook, headers, body, now) -> Envelope, or VerificationFailed
+    derive_kind: Callable  # (event header, payload) -> kind, before clean_kind
+    derive_title: Callable  # (kind, payload dict, webhook slug) -> one line
+    setup_steps: Callable  # (hook URL, webhook slug) -> the steps, in order
+    read_actor: Callable | None = None  # (kind, payload dict) -> Actor; None: names nobody
+    reads_roles: bool = False  # its payloads say the actor's role (author_associations)
+    reads_every_actor: bool = False  # read on every route: a bot's message goes where listed
+    takes_forms: bool = False  # also posts x-www-form-urlencoded with a payload field
+    signed: bool = True  # False: anyone with the URL may post (trust unverified)
+    mints_own_secret: bool = False  # the sender mints the secret; switchboard is told it
+    secret_example: str = "…"  # how its secret starts, for the commands' hints
+    local_forwarder: str = ""  # a CLI that forwards to a loopback URL, when it has one
+    mint_secret: Callable = _opaque_secret  # () -> a fresh secret switchboard shows once
+    check_secret: Callable = _secret_fits  # (secret) -> None, or ValueError
+    check_payload: Callable | None = None  # (payload, now): what it signs inside the body
+    delivery_id: Callable = _headers_delivery_id  # (envelope, payload) -> its delivery id
+    is_handshake: Callable | None = None  # (payload) -> True: echo its "challenge", no todo
+    handshake_kind: str = ""  # the delivery log's kind for an answered handshake
+    retry_note: Callable | None = None  # (header getter) -> "" or the log's note of a retry
+    opt_in_kinds: frozenset = frozenset()  # kinds only a route naming them exactly takes
+    event_headers: tuple = ()  # where its event name is, for refused deliveries' log
+    delivery_headers: tuple = ()  # where its delivery id is, likewise
+
+
+from . import github, gitea, gitlab, stripe, standard, linear, slack, sentry, unsigned  # noqa: E402
+
+SENDERS = {sender.source: sender for sender in (
+    github.SENDER, gitea.SENDER, gitlab.SENDER, stripe.SENDER, standard.SENDER, linear.SENDER,
+    slack.SENDER, sentry.SENDER, unsigned.SENDER)}
+# Every header any sender names its event or delivery in (a refused delivery's log entry reads
+# them before the webhook's sender is trusted with anything).
+EVENT_HEADERS = tuple(dict.fromkeys(h for s in SENDERS.values() for h in s.event_headers))
+DELIVERY_HEADERS = tuple(dict.fromkeys(h for s in SENDERS.values() for h in s.delivery_headers))
+# Kinds a route takes only when it names them exactly (a Slack thread's notice).
+OPT_IN_KINDS = frozenset(kind for s in SENDERS.values() for kind in s.opt_in_kinds)
+
+
+def get_sender(source: str) -> Sender:
+    """The sender of ``source``; KeyError for a source switchboard does not know."""
+    return SENDERS[source]
+
+
+def verify_delivery(webhook, headers, body: bytes, *, now) -> Envelope:
+    """Check ``body`` against the webhook's scheme and accepted secrets. Returns the envelope,
+    or raises ``VerificationFailed``. A signed webhook without any secret verifies nothing."""
+    sender = get_sender(webhook.source)
+    if sender.signed and not accepted_secrets(webhook, now):
+        raise VerificationFailed("webhook has no secret configured")
+    return sender.verify(webhook, headers, body, now)
+
+
+def check_payload(webhook, payload: dict, *, now) -> None:
+    """The parsed body of a verified delivery against what its sender signs inside it (Linear's
+    webhookTimestamp within 60 s). Raises ``VerificationFailed`` (``stale`` when it is old)."""
+    check = get_sender(webhook.source).check_payload
+    if check is not None:
+        check(payload, now)
+
+
+def derive_kind(source: str, event: str, payload) -> str:
+    """The todo's kind: the sender's event name, ``.action`` appended where the payload has one
+    (``issues.opened``), so routes can filter on either the event or the event and action."""
+    return clean_kind(get_sender(source).derive_kind(event, payload))
+
+
+def derive_title(source: str, kind: str, payload, *, webhook_slug: str) -> str:
+    """One legible line for a todo created from this delivery."""
+    payload = payload if isinstance(payload, dict) else {}
+    return " ".join(get_sender(source).derive_title(kind, payload, webhook_slug).split())
+
+
+def event_actor(source: str, kind: str, payload) -> Actor:
+    """The actor of a delivery from ``source`` as its payload names them."""
+    read = get_sender(source).read_actor
+    if read is None or not isinstance(payload, dict):
+        return Actor("")
+    return read(kind or "", payload)
+
+
+def normalized_actor_rules(source: str, actors, associations) -> tuple[list, list]:
+    """``(actors, author_associations)`` as a route stores them (logins stripped, roles upper
+    case, each once), or ValueError naming the field: a role outside AUTHOR_ASSOCIATIONS, a
+    login with spaces, a sender whose payloads name no actor (or, for roles, no role)."""
+    for field, values in (("actors", actors), ("author_associations", associations)):
+        if values is not None and (not isinstance(values, (list, tuple))
+                                   or not all(isinstance(value, str) for value in values)):
+            raise ValueError(f"{field}: a list of names")
+    logins = sorted({login.strip() for login in actors or [] if login.strip()}, key=str.lower)
+    roles = sorted({role.strip().upper() for role in associations or [] if role.strip()})
+    sender = get_sender(source)
+    if (logins or roles) and sender.read_actor is None:
+        naming = [s.source for s in SENDERS.values() if s.read_actor is not None]
+        raise ValueError(f"actors: {source} payloads name no actor switchboard reads; only "
+                         f"{', '.join(naming)} routes can trust actors")
+    bad = [login for login in logins if any(c.isspace() for c in login) or len(login) > 100]
+    if bad:
+        raise ValueError(f"actors: not logins: {bad}")
+    unknown = [role for role in roles if role not in AUTHOR_ASSOCIATIONS]
+    if unknown:
+        raise ValueError(f"author_associations: unknown {unknown}; one of "
+                         f"{', '.join(AUTHOR_ASSOCIATIONS)}")
+    if roles and not sender.reads_roles:
+        raise ValueError(f"author_associations: {source} payloads carry no role; trust logins "
+                         "with actors instead")
+    return logins, roles
