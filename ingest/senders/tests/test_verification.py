@@ -11,8 +11,8 @@ from django.http.request import HttpHeaders
 from ingest import senders, verification
 from ingest.models import Webhook
 
-from . import signing
-from .conftest import SECRETS
+from ingest.tests import signing
+from ingest.tests.conftest import SECRETS
 
 NOW = datetime.now(timezone.utc)
 
