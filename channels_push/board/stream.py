@@ -1,7 +1,7 @@
 """``/todos/events``: the Todos board's Server-Sent Events stream (docs/console.md#the-board-todos).
 
-Fed by the channel-layer group ``todos.board`` that ``publish.deliver`` sends every committed
-todo change to, in per-process batches (``todos.changed``). Changes an operator may see are
+Fed by the channel-layer group ``"todos.board"`` that ``publish.deliver`` sends every committed
+todo change to, in per-process batches (``"todos.changed"``). Changes an operator may see are
 gathered for ``FLUSH_DELAY`` and then become one ``todo`` event per changed todo, carrying its
 row as the board renders it (one query per batch); the stream never carries a payload or a
 secret.
@@ -342,7 +342,7 @@ class GroupStreamConsumer(BoardStreamConsumer):
     down. ``authorize(user, url_kwargs)`` — a sync function the routing file passes in — names
     the group the user may watch, or None (403). As for the Todos board: join the group FIRST,
     then send ``sync`` (the page re-fetches; again after every rejoin), and forward each
-    ``stream.event`` message as an SSE event of its ``event`` name. Every keep-alive interval
+    ``"stream.event"`` message as an SSE event of its ``event`` name. Every keep-alive interval
     the hub re-checks the viewer with their current rights (signed out, deactivated, demoted,
     the webhook given to another owner: the stream ends). The messages carry ids and outcomes,
     never a body."""

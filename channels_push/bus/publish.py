@@ -128,7 +128,7 @@ def deliver(todo, change: dict) -> None:
 
 
 class _BoardBatch:
-    """Board changes leave in batches: one ``todos.changed`` group message per
+    """Board changes leave in batches: one ``"todos.changed"`` group message per
     ``BOARD_BATCH_WINDOW`` per process instead of one channel-layer send per transition.
 
     The board coalesces for 100 ms on its side anyway, so the window costs a viewer nothing

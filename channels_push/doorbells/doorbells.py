@@ -12,7 +12,7 @@ Three parts, kept apart so each is tested on its own:
 * Eligibility (pure): only ``signed`` or ``operator`` todos attributed to a human are pushed.
 * Ringing: ``ring_ready_todo`` is a publish listener (after commit only); it picks ONE
   attached session of the owning endpoint with a guarded UPDATE
-  (``transitions.choose_doorbell_session``) and hands the frame to the channel layer
+  (``rings.choose_doorbell_session``) and hands the frame to the channel layer
   fire-and-forget (``session_notify``), so neither a slow Redis nor a dead one can block or
   fail the request that committed the todo. Every doorbell rung or dropped is one INFO line.
 * Digests (docs/reference.md#digests): ``digest_on_endpoint_change`` reacts to an endpoint's

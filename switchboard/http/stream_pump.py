@@ -5,7 +5,7 @@ response has started.
 It waits, all at once, on the client leaving, the stream being told to stop, the next frame of
 the stream's source and the keep-alive clock, and does what each asks:
 
-* the client left (``http.disconnect``): return at once, nothing more is written. Other
+* the client left (``"http.disconnect"``): return at once, nothing more is written. Other
   messages on ``receive`` (a request body's stray last chunk) are read past;
 * ``stop`` set: end the body (an empty last chunk) and return;
 * a frame: hand it to ``on_frame``, which writes it (or drops it); False from it ends the pump
@@ -43,8 +43,8 @@ async def pump_stream(receive, send, *, keepalive_interval: timedelta,
                       keepalive_frame=None, deadline: float | None = None) -> Ending:
     """Drive one started SSE response until it ends; returns why (``Ending``).
 
-    ``next_frame``: a callable returning an awaitable of the next frame (``queue.get``), called
-    again after each frame; ``on_frame(frame)``: async, writes it; returns False to end.
+    ``next_frame``: a callable returning an awaitable of the next frame (a queue's ``get``),
+    called again after each frame; ``on_frame(frame)``: async, writes it; returns False to end.
     ``keepalive_frame()``: the bytes of one keep-alive (default ``KEEPALIVE_COMMENT``)."""
     loop = asyncio.get_running_loop()
     interval = keepalive_interval.total_seconds()
