@@ -1,25 +1,10 @@
-"""``/todos/events``: the Todos board's Server-Sent Events stream (docs/console.md#the-board-todos).
+"""``/todos/events``: the Todos board's Server-Sent Events stream (docs/console.md#the-board-todos),
+and a webhook page's live log (``GroupStreamConsumer``), as plain ASGI applications.
 
-Fed by the channel-layer group ``"todos.board"`` that ``publish.deliver`` sends every committed
-todo change to, in per-process batches (``"todos.changed"``). Changes an operator may see are
-gathered for ``FLUSH_DELAY`` and then become one ``todo`` event per changed todo, carrying its
-row as the board renders it (one query per batch); the stream never carries a payload or a
-secret.
-
-Resume without loss, by re-sync rather than replay: on every (re)connect the consumer joins the
-group FIRST and only then sends ``sync``, on which the page re-fetches its rows. Any change
-committed before that fetch is in the snapshot, any change after it arrives on the stream, so a
-dropped connection loses nothing. A replay from ``Last-Event-ID`` could not promise that: event
-ids are allocated before commit, so a change with a smaller id can commit after a larger one
-was already sent. The SSE ``id`` is still set (the row's version, its latest todo event id) so
-that the client can discard an older copy of a row that arrives after a newer one.
-
-Who may see what, and the re-checks that end a stream, are ``rights``; the process's one
-reader of the board group, which reads and renders each batch once for all its streams, is
-``hub``; the rows are ``rendering``'s, their SSE framing ``switchboard.http.sse``'s.
-
-A webhook page's live log (``GroupStreamConsumer``) is the same stream with other content:
-the same cap per viewer, re-checks and dependency-down behaviour.
+Each stream joins its group first and then sends ``sync``, on which the page re-fetches its
+rows: resume by re-sync, never replay (docs/decisions/streams-as-plain-asgi.md). Who may see
+what is ``rights``; the process's one reader of the board group is ``hub``; the rows are
+``rendering``'s, their SSE framing ``switchboard.http.sse``'s.
 """
 
 import asyncio

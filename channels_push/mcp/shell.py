@@ -1,23 +1,8 @@
 """The vended MCP endpoint, ``/mcp/<endpoint_slug>``: MCP Streamable HTTP
-(docs/reference.md#sessions-and-streams).
-
-Why the transport and session layer are ours: the ``mcp`` SDK's Streamable HTTP server keeps
-each session (its streams, its negotiated state) in one process's memory, so a restart forgets
-every session and a second web process answers 404 to sessions the first one minted. switchboard
-runs any number of daphne processes without sticky routing, and an agent's session must
-survive a deploy. So sessions are database rows (``McpSession``), every request re-checks its
-session there, and server-to-client notifications travel over the channel layer (Redis) to
-whichever process holds the session's stream. What we take from the SDK is what does not care
-where state lives: the wire types (``mcp.types``) for every envelope, result and tool schema.
-
-Layout, as the SDK splits its own server: this module is the ASGI shell (``McpEndpoint``); each
-HTTP method is answered by a plain sync function (``handlers.answer_post``,
-``handlers.answer_delete``, ``stream.open_stream``) that runs in one thread hop
-(``McpEndpoint._sync``) after the checks of ``security``; ``framing`` holds the JSON-RPC
-envelopes, ``tools``, ``schemas`` and ``instructions`` what the agent is offered and told. The
-shell reads the capped body, writes the answer, and runs the long-lived notification stream
-(GET) and the long poll (a claim_next with ``wait_seconds`` that found nothing waits in
-``longpoll``'s wait room, answering over SSE).
+(docs/reference.md#sessions-and-streams), as an ASGI shell (``McpEndpoint``) over the plain
+sync answers of ``handlers`` and ``stream``, after the checks of ``security``. The transport and
+its sessions are switchboard's own, database rows any web process serves, with the SDK's wire
+types: docs/decisions/mcp-transport-of-our-own.md says why and how the package is laid out.
 """
 
 import asyncio

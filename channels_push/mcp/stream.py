@@ -1,24 +1,8 @@
 """The MCP notification stream (GET): the checks that open it (``open_stream``), its bounded
 frame buffer (``offer_frame``, ``drop_frame``), its detach (``close_stream``), and one
-heartbeat per web process for all the streams it holds. The stream's async loop
-itself is the shell's (``shell.McpEndpoint._stream``).
-
-A thousand idle agents must cost the database next to nothing. So instead of every stream
-re-checking its session on every keep-alive and renewing a lease of its own, the process does
-both once for all of them:
-
-* every keep-alive interval, ONE read re-checks every session it holds a stream of (still live,
-  its credential still gives its rights: docs/reference.md#sessions-and-streams); the sessions
-  that lost them end in one guarded UPDATE and their streams close here, so a revoked stream
-  still closes within one keep-alive;
-* every ``queries.stream_lease_renew()``, ONE row write renews the process's ``StreamHost``
-  lease, which keeps all its streams counting as open. A process killed without a goodbye
-  stops renewing: its streams stop counting within ``queries.stream_lease()`` and the
-  idle-session sweep deletes its row and attachments. A process that was merely stalled past
-  its lease (the sweep may have taken it for dead) closes its streams when it wakes, so their
-  clients reconnect and attach afresh, and takes a new host id.
-
-The per-stream keep-alive comments stay on each stream's own clock (they cost no query).
+heartbeat per web process for all the streams it holds: one rights check and one lease
+renewal per interval, not per stream (docs/decisions/one-stream-lease-per-process.md). The
+stream's async loop itself is the shell's (``shell.McpEndpoint._stream``).
 """
 
 import asyncio
