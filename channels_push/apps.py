@@ -8,11 +8,8 @@ class ChannelsPushConfig(AppConfig):
         from channels_push.bus import publish
         from channels_push.doorbells import doorbells
 
-        # The registrations the layering wants, not ones it papers over: the bus is the bottom
-        # layer, and todos and endpoints announce their committed changes to it without
-        # importing what reacts to them; the doorbell, above them, subscribes here. The bus
-        # calls up only through this registry, and only after commit: a ready todo rings once
-        # its transaction has committed, never before.
+        # The bus, below todos and endpoints, calls the doorbell above them only through these
+        # registrations, and only after commit (docs/architecture.md#the-layers).
         publish.add_listener(doorbells.ring_ready_todo)
         # Presence turned in / paused work resumed (endpoints.transitions): one digest.
         publish.add_endpoint_listener(doorbells.digest_on_endpoint_change)

@@ -23,10 +23,8 @@ class McpSession(models.Model):
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", on_delete=models.CASCADE, related_name="mcp_sessions"
     )
-    # The credential that opened the session: every request and every stream
-    # keep-alive must present it, and while it still gives its rights. Deleting the credential
-    # deletes its sessions. Null only for sessions minted before binding existed, which no
-    # credential matches (their clients initialize again).
+    # Every request and keep-alive must present it while it gives its rights; null only for
+    # sessions minted before binding existed, which no credential matches.
     credential = models.ForeignKey(
         "endpoints.Credential", on_delete=models.CASCADE, null=True, blank=True,
         related_name="mcp_sessions",
@@ -39,16 +37,11 @@ class McpSession(models.Model):
     created_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     terminated_at = models.DateTimeField(null=True, blank=True)
-    # Notification streams (GET) currently open on this session, across all web processes.
-    # Incremented/decremented by the stream consumer (with its StreamAttachment); a crashed
-    # process leaves it high, which the idle-session sweep corrects (see
-    # channels_push/sessions/sweeps.py).
+    # Open notification streams across all processes; a crashed process leaves it high until
+    # the idle-session sweep corrects it.
     open_streams = models.PositiveIntegerField(default=0)
-    # The lease a stream's attach grants (queries.stream_lease() from the attach; never renewed
-    # by the stream). ``open_streams`` counts while this or the lease of a process holding one
-    # of its streams (StreamAttachment -> StreamHost, one row renewed per process) is in the
-    # future, so streams that died with their process stop counting as open within the lease
-    # even before the sweep zeroes them (queries.stream_open_sql).
+    # Granted at attach, never renewed: ``open_streams`` counts while this or its process's
+    # StreamHost lease runs, so streams that died with their process stop counting in time.
     stream_lease_until = models.DateTimeField(null=True, blank=True)
     # When this session was last chosen for a doorbell. The doorbell picks the least recently
     # rung session of the pool and stamps it in the same UPDATE (transitions.choose_doorbell_

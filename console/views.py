@@ -337,12 +337,8 @@ def todo_act(request, todo_id, action):
 
 # -- bulk actions -----------------------------------------------------------------------------
 #
-# One mechanism for every action on many todos at once: a selection (the ticked rows, or every
-# todo a board filter matches, such as a queue's dead letters), a confirmation page that says
-# what will happen to how many, then one transition per todo (each guarded and with its own
-# event, so a todo that changed meanwhile is refused alone and reported, never half-done).
-# An action is a BulkAction registered in BULK_ACTIONS; the board offers each one on rows and
-# the confirmation page asks for its ``inputs`` (a reason, say).
+# A selection, a confirmation page, then one guarded transition per todo, so a todo that changed
+# meanwhile is refused alone and reported (docs/console.md).
 
 
 @dataclass(frozen=True)
@@ -557,10 +553,9 @@ def limit_endpoint(request, slug):
 # -- /metrics ------------------------------------------------------------------------------------
 
 
-# /metrics labels name every operator's endpoints and queues, which one operator must not read
-# about another's (every operator is staff): it answers a scraper's bearer token or a superuser,
-# and nobody else, in every mode. No address is trusted for being loopback: a reverse proxy or
-# a tunnel on the same machine makes everyone 127.0.0.1 (docs/operating.md#metrics).
+# /metrics names every operator's endpoints and queues: only a scraper's token or a superuser
+# reads it, never an address for being loopback (a proxy or tunnel makes everyone 127.0.0.1;
+# docs/operating.md#metrics).
 
 
 def _refuse_metrics(request) -> HttpResponse | None:

@@ -25,10 +25,7 @@ from . import views as board_views
 
 # -- the webhook pages of the board (docs/console.md) --------------------------------------------
 #
-# Per webhook the operator owns (superusers: all): URL, source, routes and the last 200
-# deliveries with their outcome, live over the board's SSE mechanism (/todos/webhooks/<slug>/events,
-# channels_push.board.stream.GroupStreamConsumer: a board stream with its caps and re-checks),
-# filterable by outcome, with a redeliver button on accepted deliveries.
+# Live over a board stream of the webhook's group (channels_push.board.stream).
 
 WEBHOOK_PAGE_DELIVERIES = 200
 
@@ -158,10 +155,7 @@ def delivery_detail(request, slug, record_id):
 
 # -- the board's "new todo" form ----------------------------------------------------------------
 #
-# The same hand-over as POST /api/v1/endpoints/<slug>/todos, from a signed-in operator's form
-# (CSRF-protected like every board form): the fields are read into the API's JSON shape and
-# checked by the API's own ``hand_over_arguments``, so a rule added there holds here too.
-# Only the fields the API knows are shown (HAND_OVER_FIELDS): (name, label, kind, hint).
+# The operator API's hand-over from a form, checked by the API's own ``hand_over_arguments``.
 NEW_TODO_FIELDS = (
     ("queue", "queue", "text", ""),
     ("title", "title", "text", ""),

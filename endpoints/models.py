@@ -47,11 +47,8 @@ class Presence(models.TextChoices):
 
 # -- shift schedules (docs/reference.md#presence): weekly windows in an IANA time zone ----------
 #
-# A schedule is a list of windows ``{"day": "mon", "start": "09:00", "end": "17:00"}`` in the
-# endpoint's ``shift_timezone``. An end at or before the start runs past midnight into the next
-# day ("22:00"-"06:00"); "24:00" is midnight at the end of the day. Wall-clock times are turned
-# into instants per date with zoneinfo, so a shift keeps its local hours across a DST change
-# (a start inside the spring-forward gap lands at the first instant after the gap).
+# Wall-clock windows become instants per date with zoneinfo, so a shift keeps its local hours
+# across a DST change; an end at or before the start runs past midnight.
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _HHMM_RE = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$|^24:00$")
@@ -234,10 +231,8 @@ class Endpoint(models.Model):
     # whole endpoint. claim_next skips them, claim refuses ``paused``, doorbells and sweeps hold;
     # ingest and held leases go on. Written only by transitions.pause_work / resume_work.
     paused_queues = models.JSONField(default=list, blank=True)
-    # Concurrency caps (docs/work-control.md#caps): at most this many of the endpoint's todos
-    # claimed at once, across all its sessions and operators (unset: unlimited), and per queue
-    # ``{"deploys": 1}``. Enforced inside the claim statement (todos.transitions, the
-    # endpoint_claim_fits function of migration 0006_claim_caps); written by set_claim_caps.
+    # Concurrency caps (docs/work-control.md#caps), enforced inside the claim statement
+    # (todos.statements.claim_cap_guard); written by set_claim_caps.
     max_claimed = models.PositiveIntegerField(
         null=True, blank=True,
         help_text="At most this many todos claimed at once (empty: unlimited).")

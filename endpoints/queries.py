@@ -74,10 +74,8 @@ def find_endpoint_for_credential(slug: str, credential: str, *, now=None, join_s
     params = {**(join_params or {}), "slug": slug, "digest": hash_credential(credential),
               "now": connection.ops.adapt_datetimefield_value(now)}
     sql = _credential_lookup_sql(join_sql, tuple(extra.values()))
-    # Server-side binding, prepared (switchboard/db/statements.py): the text is fixed per caller,
-    # and planning it on every request cost more than running it, on the client and in
-    # PostgreSQL alike. On PostgreSQL the row is read with psycopg's own loaders
-    # (statements.fetch_rows): Django's conversion of the row cost about as much as the lookup.
+    # Prepared and read by psycopg's loaders: planning it, and Django's conversion of the row,
+    # each cost about as much as the lookup.
     row = next(iter(statements.fetch_all(sql, params)), None)
     if row is None or not hmac.compare_digest(row[len(names)], params["digest"]):
         return None

@@ -155,10 +155,8 @@ def _check_kind(kind: str) -> None:
                       "the payload's action or type)")
 
 
-# Webhook slugs this process found recently, and until when they pass an address's
-# unknown-slug block: a shared egress address (a CI fleet, a source's own senders) spent by
-# somebody's typos must not cut off the webhooks it really delivers to. Only a hint: every
-# delivery still looks its webhook up. Bounded like the rate limiter's local state.
+# Slugs found recently pass an address's unknown-slug block, so others' typos from a shared
+# egress address cut off no real webhook; a hint only (every delivery still looks it up).
 FOUND_SLUG_MEMORY_SECONDS = 600.0
 _found_slugs: dict[str, float] = {}
 

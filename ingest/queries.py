@@ -18,11 +18,8 @@ from .models import (SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, We
                      unseal_text)
 
 
-# The ingest hot path's one read. Written as SQL because the ORM's select_related over three models
-# cost several times the CPU of this statement, a large share of a delivery's whole cost
-# (docs/decisions/hook-outside-django.md says why the hook's CPU matters). Endpoints are loaded with
-# the fields ingest uses; any other field is deferred and loads on first access, so new Endpoint
-# fields need no change here.
+# The hook's one read, as SQL: the ORM's select_related over three models cost several times
+# this statement's CPU. Endpoint fields not listed are deferred, so new ones need no change here.
 _WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secret",
                    "previous_secret_expires_at", "active", "created_at"]
 # In the model's field order: Model.from_db reads a partial row's values in that order.

@@ -80,10 +80,8 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
     if dry_run:
         return count_prunable(cutoffs)
     pruned = dict.fromkeys(KINDS, 0)
-    # Every todo past retention has ended, so the ended todos' secrets, deleted here to the
-    # last batch, include all of theirs: nothing of ingest's refers to a doomed todo any more,
-    # and the todos' prune touches todos' tables only. (Their own sweep already deletes them
-    # within a minute of the end; this covers a deployment that runs only the prune.)
+    # The ended todos' secrets first, to the last batch, so nothing of ingest's refers to a
+    # doomed todo and the todos' prune touches todos' tables only.
     while delete_secrets_of_ended_todos() == ENDED_SECRETS_BATCH:
         time.sleep(pause_seconds)
     pruned.update(todo_sweeps.prune_settled_todos(

@@ -326,13 +326,9 @@ _RECORD = DeliveryRecord._meta.db_table
 _RECORD_FIELDS = ("webhook_id", "at", "outcome", "status", "delivery_id", "kind", "size",
                   "body_sha256", "source_address", "reason", "delivery_event_id", "todo_ids",
                   "redelivered_from_id", "attributed_to_id", "headers")
-# The ledger takes a fingerprint when nothing holds it, when its holder is past the replay
-# window, or (where the sender redelivers under the same id: ``same_id_redelivers``) when the
-# same delivery id comes again under the same kind and the first made todos: a sender's
-# redelivery, which idempotency then answers. The kind must match because GitHub, Gitea and
-# GitLab do not sign the event header it comes from; a delivery that made no todo has nothing
-# to redeliver. Otherwise it returns no row. (Over the held entry ``l`` and the ledger params;
-# the new delivery id is %(delivery_id)s.)
+# The ledger takes a fingerprint that nothing holds, whose holder is past the replay window, or
+# (``same_id_redelivers``) that comes again with the same delivery id and kind after making
+# todos: a redelivery. The kind must match because those senders do not sign its header.
 _LEDGER_TAKES_OVER = ("l.accepted_at < %(window_start)s"
                       " OR (%(same_id_redelivers)s AND l.made_todos"
                       " AND l.delivery_id = %(delivery_id)s AND l.kind = %(kind)s)")

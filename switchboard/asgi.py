@@ -45,11 +45,8 @@ http_routes = [
     # is captured so that an unknown one gets ingest's JSON 404.
     re_path(ingest_hook.HOOK_ROUTE_PATTERN,
             plain.SyncHandlerApp(ingest_hook.answer_hook, ingest_hook.refusal_answer)),
-    # Everything else is Django. Static files (the admin's CSS and JS) are served from the
-    # installed apps by Django's own handler: switchboard's static files are a few admin
-    # assets, not worth a separate server or collectstatic step; put a CDN or proxy cache in
-    # front in production if you like.
-    # Django checks the Host of its views itself; the static files handler does not.
+    # Everything else is Django. Static files (the console's and the admin's) come from the
+    # installed apps through Django's own handler, which does not check Host as views do.
     re_path(r"", plain.AllowedHostsOnly(ASGIStaticFilesHandler(django_asgi_app))),
 ]
 

@@ -22,13 +22,9 @@ from django.forms.fields import InvalidJSONInput
 # payload comes close.
 MAX_JSON_DEPTH = 100
 
-# A JSON string literal (escapes included); removed before counting so brackets in text do not
-# count. Both passes are C-speed regex substitutions: counting char by char in Python cost a
-# webhook's whole CPU budget on large bodies. The pattern matches from every quote it starts
-# at — up to the closing quote, or to the end of an unterminated string (a lone trailing
-# backslash included) — so the scan is one pass: a pattern that could fail restarted at each
-# later quote and rescanned to the end, quadratic in the body (64 KB of `\"` after `[`×101
-# took seconds of CPU).
+# A JSON string literal, removed before counting brackets. It cannot fail to match (an
+# unterminated string runs to the end), so the scan stays one pass: a failing pattern restarted
+# at every later quote, quadratic in the body (bench/PROFILES.md).
 _STRING_RE = re.compile(r'"(?:[^"\\]|\\.|\\\Z)*(?:"|\Z)', re.DOTALL)
 _NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
 # The escapes that decode to NUL or to a surrogate (``is_plainly_storable``).

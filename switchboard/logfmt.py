@@ -14,10 +14,8 @@ _STANDARD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"m
 # follows), line and paragraph separators. Logged values may come from senders (a delivery's
 # actor, a kind): these are written as \uXXXX (a newline as \n), never raw.
 _UNSAFE = "\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
-# A value with any of these is quoted. One regex search, not a generator per value: every
-# request logs a line or two, and the per-character loop showed in the hook's profile.
-# A backslash too: quoted, it is doubled, so a sender's literal "\u202e" never reads as one
-# this formatter escaped.
+# A value with any of these (or a backslash, doubled when quoted, so a literal "\u202e" never
+# reads as an escape) is quoted; one regex search, as every request logs a line or two.
 _NEEDS_QUOTES = re.compile(f'[ "=\\\\{_UNSAFE}]')
 _UNSAFE_CHARACTER = re.compile(f"[{_UNSAFE}]")
 

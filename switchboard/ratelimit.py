@@ -88,12 +88,9 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(60000 * (capacity - tokens) / capacity)
 return {allowed, wait, taken}
 """
 
-# A busy key's tokens are taken from Redis a few at a time and spent here, so a process does one
-# round trip per batch instead of one per request (each showed in profiles of /mcp). The shared
-# bucket is still the only source of tokens, so all processes together never pass the limit;
-# a process holds at most a batch for at most RESERVATION_SECONDS (then the rest is dropped,
-# never returned: a little under-admission, never over). Only a limit of 600/min or more
-# batches (at most 10: a tenth of a second of its rate per round trip).
+# A busy key's tokens leave Redis a batch at a time (limits of 600/min or more), one round trip
+# per batch; a batch unspent after RESERVATION_SECONDS is dropped, never returned, so all
+# processes together may under-admit a little, never over.
 RESERVATION_SECONDS = 1.0
 MAX_RESERVATION = 10
 
@@ -231,14 +228,9 @@ def give_back_token(scope: str, key: str, *, per_minute: int) -> None:
 
 # -- anonymous failures per client address (docs/security.md#anonymous-senders) -----------------
 #
-# Unknown hook slugs, failed verifications and bad MCP bearers spend a budget of their own, keyed
-# by the client address, never the budget of the webhook or credential they name: an unsigned
-# flood cannot push a signed sender into 429. The bucket is charged only after a failure (the
-# shared Redis bucket above); once it is empty this process also remembers the address until
-# the bucket refills, so later requests from it are refused before any database query, at the
-# cost of a dict lookup on every request. Behind a reverse proxy the address must be the
-# client's (SWITCHBOARD_TRUSTED_PROXIES, switchboard/http/client_address.py), or every client
-# shares the proxy's budget.
+# Charged only after a failure, keyed by the client address so an unsigned flood never spends a
+# signed sender's budget; an emptied address is remembered here until it refills, so its next
+# requests are refused before any query.
 
 _failing_lock = threading.Lock()
 _failing_until: dict[str, float] = {}

@@ -127,20 +127,15 @@ class Todo(models.Model):
     # db_default too: rows written by SQL that names no priority (bulk loads, other tools)
     # get the default rather than a NOT NULL error.
     priority = models.SmallIntegerField(default=PRIORITY_DEFAULT, db_default=PRIORITY_DEFAULT)
-    # Set: a scheduled todo, pending but not ready until then. The due sweep
-    # (todos.sweeps.release_due_scheduled_todos) clears it when the time comes, so "ready" is
-    # exactly ``state = 'pending' AND not_before IS NULL`` everywhere (claims, rings, digests)
-    # and the claim indexes below leave scheduled todos out altogether.
+    # Set while scheduled; the due sweep clears it, so "ready" is ``state = 'pending' AND
+    # not_before IS NULL`` everywhere and the claim indexes leave scheduled todos out.
     not_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
-            # claim_next over an explicit list of queues: one ordered probe per granted queue
-            # (LATERAL … LIMIT 1), merged by priority then age. Partial on ready todos, so done
-            # rows (millions, kept as audit) and scheduled ones never enter it and the claim
-            # cost does not grow with history. priority DESC: the claim order is "highest
-            # priority, then oldest", which an ascending column could serve only backwards
-            # (and then newest first).
+            # claim_next over a list of queues: one ordered probe per queue. Partial on ready
+            # todos, so the claim cost does not grow with history; priority DESC to serve
+            # "highest priority, then oldest" forwards.
             models.Index(
                 fields=["endpoint", "queue", "-priority", "created_at", "id"],
                 condition=Q(state="pending", not_before__isnull=True),
@@ -220,13 +215,8 @@ class Todo(models.Model):
 class TodoEvent(models.Model):
     """One row per transition: the audit trail the board and admin show."""
 
-    # No index of its own: "todoevent_history" leads with todo_id and serves the FK too.
-    # No database constraint either: every event is written by the statement that just changed
-    # its todo (its id comes from that UPDATE's RETURNING, the row locked until commit), and
-    # todos are deleted only with their events (prune_history's one statement, Django's
-    # cascade), so the check had nothing to catch; yet it ran a trigger per event at commit (a
-    # query, an index probe and a row lock on the todo). The measured cost is in
-    # docs/decisions/todo-events-without-a-foreign-key.md.
+    # No index of its own ("todoevent_history" leads with todo_id) and no database constraint
+    # (docs/decisions/todo-events-without-a-foreign-key.md).
     todo = models.ForeignKey(Todo, on_delete=models.CASCADE, related_name="events", db_index=False,
                              db_constraint=False)
     action = models.CharField(max_length=32)

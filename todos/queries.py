@@ -425,10 +425,8 @@ def endpoint_queue_counts(endpoint, *, now=None) -> list[dict]:
 
 # -- the board's glance: counts per endpoint and queue, and throughput ---------------------------
 #
-# Generic over the lifecycle: the states come from ``State`` and the edges table, so a state
-# added there shows up here (and on the board) without a change. States no edge leaves (done,
-# cancelled …) are history, counted over the last day from the throughput tallies; the others
-# are the live backlog, counted from the todos themselves.
+# Generic over the lifecycle (``State`` and the edges): states no edge leaves are counted over
+# the last day from the throughput tallies, the others from the todos themselves.
 
 MEASURE_CREATED = "created"
 CHART_MINUTE = timedelta(minutes=1)
@@ -622,10 +620,8 @@ def endpoint_queue_stats(endpoint, *, now) -> list[dict]:
 
 # -- who may be rung (the doorbell's sender gate) -------------------------------------------------
 
-# The trust modes that may ring: verified by source signature, or handed over by the endpoint's
-# authenticated owner; unverified deliveries never ring. Spelled as a literal because the
-# partial index todo_doorbell_due spells it: with a parameter in its place the planner could
-# not match the index's predicate.
+# The trust modes that may ring, as a literal: the partial index todo_doorbell_due spells it,
+# and with a parameter the planner could not match the index's predicate.
 RING_TRUST_SQL = "('signed', 'operator')"
 
 

@@ -124,10 +124,8 @@ def sweep_rings_sql(*, receivers: dict, schedule, limit: int, now=None, select_o
     if not endpoint_ids:
         return None
     now = now or timezone.now()
-    # schedule[n] is the wait before ring n + 1; ring 1 is the publisher's, on creation. The
-    # sweep only re-rings: a todo whose first ring reached nobody (ring_attempts 0: nobody was
-    # attached, or it was held) waits the first re-ring step too, from creation or from the
-    # digest that summarised it, never zero.
+    # schedule[n] is the wait before ring n + 1 (ring 1 is the publisher's); a todo whose first
+    # ring reached nobody waits the first re-ring step too, never zero.
     waits = [schedule[max(attempts, 1)] for attempts in range(len(schedule))]
     params = {"now": dialect.db_time(now), "limit": limit, "max_rings": MAX_RING_ATTEMPTS,
               "due_first": dialect.db_time(now - min(waits)), "receivers": _receivers_param(receivers)}
@@ -210,10 +208,8 @@ def record_digest(*, endpoint, now=None, cooldown=None) -> list[tuple[str, objec
                  f" WHERE {_claimable_sql('c', endpoint, params)}"
                  " AND (c.last_ringed_at IS NULL OR c.last_ringed_at <= %(cooled)s))")
     if _is_postgres():
-        # Every digest of the endpoint marks the same rows: locked in one order (by id) before
-        # the update, or two streams opening together (whose plans visit the rows' versions in
-        # table order, which differs between two snapshots once rows have moved) each wait
-        # for a row the other holds, and PostgreSQL aborts one: its stream gets no digest.
+        # Locked by id before the update: two digests of one endpoint visiting the rows in table
+        # order deadlocked once rows had moved, and the aborted one sent no digest.
         sql = (
             "WITH marked AS (SELECT t.id FROM todos_todo t"
             f" WHERE {_claimable_sql('t', endpoint, params)}{fresh}"

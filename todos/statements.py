@@ -46,10 +46,8 @@ def fetch_todos(sql: str, params: dict) -> list[Todo]:
             for row in db_statements.fetch_all(sql, params)]
 
 
-# The event detail a transition from any of several states adds about the row it changed
-# (``from_prior``): the lease it overrode when the todo was claimed, the trust it raised.
-# PostgreSQL builds it from the locked prior row ``o`` and the updated row ``t``;
-# ``_prior_detail`` is the same for SQLite, from the prior row read in the transaction.
+# What a ``from_prior`` event adds (the lease it overrode, the trust it raised), from the locked
+# prior row ``o`` and the updated ``t``; ``_prior_detail`` is SQLite's copy.
 _PRIOR_DETAIL_SQL = (
     "jsonb_strip_nulls(jsonb_build_object("
     "'override', CASE WHEN o.state = 'claimed' THEN true END, "
@@ -301,13 +299,8 @@ def unpaused_where(endpoint, params: dict) -> str:
 
 # -- concurrency caps (docs/work-control.md#caps) -------------------------------------------------
 #
-# A cap must hold against concurrent claims, so it is checked inside the claim's one statement,
-# never read first in Python. Of the two ways to do that under READ COMMITTED, a guarded counter
-# row would have to be decremented by every transition that ends a claim (complete, fail,
-# release, the reaper, overrides, cancel), in their statements, and drift the day one forgot;
-# counting the claimed todos needs no upkeep but must count after a per-endpoint lock, with a
-# snapshot taken after it, hence a function (docs/decisions/claim-caps-in-the-statement.md).
-# Only endpoints with a cap pay for it: for the rest the statement is unchanged.
+# Checked inside the claim's one statement, by a function that counts after a per-endpoint lock
+# (docs/decisions/claim-caps-in-the-statement.md); endpoints without a cap pay nothing.
 
 
 def claim_cap_guard(endpoint, params: dict, *, lock_row_first: bool = False) -> str:

@@ -106,9 +106,8 @@ def cancel_stale_approvals(*, now=None) -> int:
 
 
 # -- retention: settled todos and their history (docs/operating.md#retention) -------------------
-# ingest.sweeps.prune_history runs this hourly among the other kinds of history, in the order
-# the rows refer to each other: the secrets of ended todos first, these todos, then the
-# delivery events no todo points at any more.
+# Run hourly by ingest.sweeps.prune_history in reference order: secrets, these todos, then the
+# delivery events no todo points at.
 
 
 @dataclass(frozen=True)
@@ -216,11 +215,8 @@ def _delete_todo_batch(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
 
 
 def _delete_todo_batch_postgres(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
-    # One statement, so one transaction of its own without BEGIN and COMMIT round trips: the
-    # doomed rows are locked (skipping any a requeue or another prune holds), their events
-    # deleted and folded into the tally, the todos deleted. The events have no database
-    # foreign key (docs/decisions/todo-events-without-a-foreign-key.md): this statement is
-    # what deletes them with their todos.
+    # One statement (no BEGIN/COMMIT round trips); it is what deletes the events with their
+    # todos (docs/decisions/todo-events-without-a-foreign-key.md).
     sql = f"""
         WITH doomed AS (
             {doomed.select_sql()} FOR UPDATE SKIP LOCKED

@@ -419,13 +419,9 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     return None
 
 
-# The pick passes over rows other claims hold, and one of those may stay pending (its claim's
-# guard refused it: a cap, a pause); a claim by id or an operator's action may also take the
-# picked row between the pick and the UPDATE. Either way the claim found "nothing" while a todo
-# waited. So an empty claim looks once more, without locks: while a claimable row exists it
-# tries again after a short pause. A row another claim holds stops existing as pending when
-# that claim commits, so contention costs a retry or two, and an empty queue one extra index
-# probe.
+# The pick passes over rows other claims hold (one may stay pending, its guard refused), and a
+# claim by id or an operator may take the picked row first: so an empty claim looks once more
+# without locks and, while a claimable row exists, retries after a short pause.
 CLAIM_PAUSES_WHILE_LOCKED_SECONDS = (0.002, 0.005, 0.01, 0.02, 0.04)
 
 

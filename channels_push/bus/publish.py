@@ -25,14 +25,8 @@ from . import groups
 
 log = logging.getLogger("switchboard.publish")
 
-# Changes after which a todo is ready for an agent to pick up: the doorbell's triggers
-# (docs/reference.md#doorbells). A lease that lapsed and a release put the todo back to
-# pending: ready again exactly as a new one (docs/reference.md#leases), when the change left it
-# pending (a lapse on the last attempt dead-letters it).
-# A scheduled todo comes due ("due", by the sweep) or is run now by an operator ("run_now"):
-# ready exactly as a new one. A change that leaves the todo scheduled carries
-# ``"scheduled": true`` and readies nothing (docs/work-control.md). An approved todo is ready
-# from its approval on (it was awaiting approval, never rung).
+# Changes after which a todo is ready for an agent, exactly as a new one: the doorbell's triggers
+# (docs/reference.md#doorbells), when the change left it pending and not scheduled.
 READY_ACTIONS = frozenset({"create", "retry", "requeue", "promote", "lease_lapsed", "release",
                            "due", "run_now", "approve"})
 # Sends in flight per process before we start dropping. A healthy Redis drains thousands per
@@ -42,10 +36,8 @@ MAX_PENDING_SENDS = 10_000
 # (_BoardBatch), and at most this many go in one channel-layer message.
 BOARD_BATCH_WINDOW = 0.05
 BOARD_BATCH_MAX = 500
-# How long a process that is exiting waits for its in-flight sends. Commands (clock, requeue,
-# reap, sweep_doorbells) publish from the background loop's daemon thread and would otherwise
-# exit before the send leaves, while the ring is already recorded as sent. Bounded: a hung
-# Redis must not hang a command.
+# How long an exiting process (a command) waits for its in-flight sends, which would otherwise
+# die with the loop's daemon thread; bounded, so a hung Redis hangs no command.
 EXIT_WAIT_SECONDS = 5.0
 
 # In-process listeners (called after commit with each change). The doorbell and tests hook in
@@ -303,11 +295,8 @@ wait_for_sends = _sender.wait_idle
 
 
 def _forget_parent_sends():
-    # A forked child (Celery's prefork pool) inherits the parent's state but not its threads:
-    # the background loop is gone, and a batch the parent had scheduled would never be sent,
-    # leaving ``_scheduled`` set and every later board change of the child stuck behind it.
-    # Re-initialised in place (fresh locks too: another thread may have held one at the
-    # fork), so the module-level aliases of their methods stay valid.
+    # A forked child (Celery's prefork) has the parent's state but not its loop thread, so a batch
+    # scheduled there would block every later one: re-initialised in place, locks included.
     _sender.__init__()
     _board_batch.__init__()
     _nudges.__init__()

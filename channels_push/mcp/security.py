@@ -73,11 +73,8 @@ def authorize(request: plain.Request, *, rate_limited: bool = True):
         return None, fault(403, "Forbidden: Origin not allowed")
     credential = bearer_of(request.header("authorization"))
     digest = hash_credential(credential) if credential else ""
-    # Unknown slugs and bad bearers spend their client address's budget, not a query
-    # (docs/security.md#who-may-read-who-may-act). A bearer this process accepted recently is
-    # let through to its (uncached) check even then: a flood of bad bearers from an address (a
-    # NAT, a CI runner, a stale runner after a rotation) must not lock out the good agents
-    # behind it.
+    # Unknown slugs and bad bearers spend their address's budget, not a query; a bearer accepted
+    # recently still reaches its check, so bad ones from a shared address lock out nobody good.
     refused = ratelimit.refuse_failing_client("mcp-auth", request.client)
     if not refused.allowed and not _recently_accepted(digest):
         return None, fault(429, "Too Many Requests",

@@ -43,19 +43,14 @@ class McpEndpoint:
                  buffer_bytes: int | None = None,
                  layer_retry_seconds: tuple = (group_reader.RETRY_FIRST_SECONDS,
                                                group_reader.RETRY_MAX_SECONDS)):
-        # Keep-alive comments on a stream (default 15 s: below the 30-60 s idle cut of common
-        # proxies). The process's stream heartbeat re-checks every held session's credential at
-        # the same interval (one query for all), so this is also how soon a revoked stream
-        # closes (docs/security.md#who-may-read-who-may-act).
+        # Also the heartbeat's interval, so how soon a revoked stream closes.
         self.keepalive_seconds = keepalive_seconds or settings.SWITCHBOARD_STREAM_KEEPALIVE_SECONDS
         self.layer_retry_seconds = layer_retry_seconds
         self.buffer_frames = buffer_frames
         # Unsent bytes (transport_backlog_bytes) beyond which a frame is dropped, not written.
         self.buffer_bytes = buffer_bytes
-        # Requests run their sync handler in the thread pool, not Django's one shared sync
-        # thread: they share no state but the database, and one thread would queue every
-        # agent's tool call behind the others' database round trips. In-process tests pass
-        # True so the handler sees the test's uncommitted transaction on the main thread.
+        # The thread pool, not Django's one sync thread, which would queue every tool call behind
+        # the others' round trips; in-process tests pass True to see their own transaction.
         self.thread_sensitive = thread_sensitive
         self._wrapped = {}
         # This app's (in production: this process's) streams, re-checked and kept counting as
@@ -64,10 +59,8 @@ class McpEndpoint:
                                          thread_sensitive=thread_sensitive)
 
     def _sync(self, function):
-        # One wrapper per function for the life of the app: building one checks the function
-        # and copies its attributes, a cost worth paying once, not on every request. In the
-        # thread pool the handlers take the lean hop (plain.in_thread_pool: the same
-        # connection hygiene, without asgiref's context plumbing they do not use).
+        # One wrapper per function for the app's life (building one costs); in the thread pool
+        # the lean hop, plain.in_thread_pool.
         wrapped = self._wrapped.get(function)
         if wrapped is None:
             wrapped = self._wrapped[function] = plain.sync_hop(
@@ -148,10 +141,8 @@ class McpEndpoint:
         membership = {"channel": None}
         held = self.heartbeat.hold(session_id)
         if answer.stream_host != self.heartbeat.host_id:
-            # The host lease lapsed between the attach (recorded on the old host id, which
-            # nothing renews any more) and this hold, so ``lapsed`` could not close it: close
-            # it now, as it would have. Its client reconnects under the new host id; the
-            # finally below detaches the old attachment.
+            # The host lease lapsed between the attach and this hold: close it as ``lapsed``
+            # would have; its client reconnects under the new host id.
             held.ended.set()
         try:
             # Redis down: serve keep-alives and let the reader keep trying to join.
@@ -166,11 +157,9 @@ class McpEndpoint:
             await send({"type": "http.response.body", "more_body": True,
                         "body": sse.comment("switchboard stream open")
                         + sse.retry(stream.RETRY_HINT)})
-            # Ring THIS stream (not the session's other streams) for work that waited while
-            # nobody listened. After group_add, so a todo created meanwhile is not missed by
-            # both paths (it may be counted by both: doorbells are at-least-once); queued
-            # before the pump starts reading the group, so the digest is the first event the
-            # client gets and every live doorbell comes after it.
+            # Ring THIS stream for work that waited. After group_add, so nothing falls between
+            # (a todo may be counted twice: at-least-once), and before the pump reads the group,
+            # so the digest comes first.
             if held.ended.is_set():
                 # Ending already (a lapsed host, above): the rings belong to the stream its
                 # client opens next. Ringing here would spend them (the digest cooldown) on
@@ -194,11 +183,8 @@ class McpEndpoint:
             try:
                 await self._sync(stream.close_stream)(session_id, answer.stream_host)
             except Exception:
-                # The detach did not happen (the database unreachable at that moment), and this
-                # process's host lease would count the stream as open for as long as the
-                # process lives: doorbells would pick a session nobody listens on. Give the
-                # host up instead (its other streams close and their clients reconnect); its
-                # lease then runs out and the sweep deletes its attachments and recounts.
+                # Undetached, the stream would count as open while the process lives: give the
+                # host up (its streams reconnect) and let the sweep recount.
                 log.exception("mcp stream detach failed; giving up this process's stream host",
                               extra={"session": session_id[:8]})
                 if answer.stream_host == self.heartbeat.host_id:

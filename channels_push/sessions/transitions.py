@@ -252,11 +252,8 @@ def reset_stale_stream_counts(*, now=None) -> int:
     ``queries.attached_sql`` already ignores such counts; this keeps the column honest for the
     cap, the board and the admin. Returns how many sessions were corrected."""
     now = now or timezone.now()
-    # One transaction, the dead hosts locked first: a stalled process renewing its lease
-    # meanwhile either renewed before the lock (then it is not dead and keeps its attachments)
-    # or waits and finds its row gone (renew says so, and it closes its streams). Deleting the
-    # attachments and the hosts in two separate statements let a renewal land in between: a
-    # live host with no attachments, whose streams stopped counting.
+    # The dead hosts locked first, in one transaction: a stalled process's renewal lands before
+    # (not dead) or finds its row gone (it closes its streams), never in between.
     with transaction.atomic():
         dead_hosts = list(StreamHost.objects.select_for_update()
                           .filter(lease_until__lt=now).values_list("pk", flat=True))

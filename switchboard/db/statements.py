@@ -63,14 +63,9 @@ def instance_from_row(model, table_alias: str, values):
 
 # -- the hot statements' own path to PostgreSQL ---------------------------------------------------
 #
-# The todo transitions, the MCP bearer check, the webhook lookup and the one-statement delivery
-# run on every operation. Through Django's cursor wrapper, with Django's Python-level loaders
-# (its time-zone loader; jsonb as text parsed again by JSONField) and ``Model.__init__`` field by
-# field, reading a row cost about as much CPU as the statement. One cursor per psycopg
-# connection with the C loaders registered once: registering them on a fresh cursor per
-# statement copied the adapters map every time. A cursor is reusable across executes; a connection
-# belongs to one thread at a time (Django's connections are per thread), and the cursor dies
-# with its connection.
+# Through Django's cursor wrapper and Python-level loaders, reading a row of these per-operation
+# statements cost about as much CPU as running them. The C loaders are registered once per
+# psycopg connection on one reusable cursor (a connection belongs to one thread at a time).
 
 
 _CURSORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -242,10 +242,8 @@ class SyncHandlerApp:
     def __init__(self, handler, refusal, *, thread_sensitive: bool = False):
         self.handler = handler
         self.refusal = refusal
-        # Requests run in the thread pool, not Django's one shared sync thread: deliveries
-        # share no state but the database, and one thread would queue every request behind
-        # the others' database round trips. In-process tests pass True so the handler sees
-        # the test's uncommitted transaction on the main thread.
+        # The thread pool, not Django's one sync thread, which would queue every request behind
+        # the others' round trips; in-process tests pass True to see their own transaction.
         self.run_handler = sync_hop(handler, thread_sensitive=thread_sensitive)
 
     async def __call__(self, scope, receive, send):
