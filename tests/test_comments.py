@@ -3,6 +3,7 @@ numbers or spec/ADR numbers of documents that are not here (docs/ says the reaso
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,3 +55,10 @@ def test_no_code_cites_documents_that_do_not_ship():
             continue
         found += [f"{name}:{number}: {line}" for number, line in find_provenance(text)]
     assert not found, "provenance tags in code:\n" + "\n".join(found)
+
+
+def test_comments_stay_at_the_houses_density():
+    # scripts/comment-density, the number docs/testing.md#comment-density talks about.
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "comment-density"), "--max", "7"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
