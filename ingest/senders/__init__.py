@@ -1,4 +1,5 @@
-"""Every sender switchboard verifies, one module each, in one registry (docs/senders.md#adding-a-sender).
+"""Every sender switchboard verifies, one module each, in one registry
+(docs/senders.md#adding-a-sender).
 
 A sender is one ``Sender``: how its deliveries are verified, what kind and title they get,
 who they say triggered them, what its secrets look like, which of its requests are

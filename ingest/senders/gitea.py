@@ -1,6 +1,6 @@
 """Gitea and Forgejo: HMAC-SHA256 of the body (Forgejo sends its own X-Forgejo-* headers and,
 for compatibility, the X-Gitea-* ones), GitHub's payload shapes, the sender's permission as
-its role where it is the sender's own (docs/senders.md#gitea-and-forgejo)."""
+its role where it is the sender's own (docs/senders.md#the-other-sources-briefly)."""
 
 from . import Sender, github
 from ..actors import Actor, dict_of, text_of

@@ -1,5 +1,5 @@
 """GitHub: HMAC-SHA256 of the body in X-Hub-Signature-256, JSON or form posts, the actor's
-role from the object the event is about (docs/senders.md#github)."""
+role from the object the event is about (docs/senders.md#the-other-sources-briefly)."""
 
 from . import Sender
 from ..actors import Actor, dict_of, text_of

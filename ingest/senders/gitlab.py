@@ -1,5 +1,5 @@
 """GitLab: the secret token itself in X-Gitlab-Token, kinds from the event header and the
-object's action, the actor's username and no roles (docs/senders.md#gitlab)."""
+object's action, the actor's username and no roles (docs/senders.md#the-other-sources-briefly)."""
 
 from . import Sender
 from ..actors import Actor, dict_of, text_of

@@ -1,7 +1,7 @@
 """Slack's Events API: a v0 HMAC-SHA256 of "v0:<timestamp>:<body>" in X-Slack-Signature within
 the timestamp window, keyed by the app's Signing Secret; the url_verification handshake; the
 event_id in the body, kept across Slack's retries; the message's author as the actor, a bot's
-own message taken only where a route lists the bot (docs/senders.md#slack)."""
+own message taken only where a route lists the bot (docs/senders.md#slack-events-api)."""
 
 import hashlib
 import re

@@ -1,6 +1,6 @@
 """Standard Webhooks: webhook-id, webhook-timestamp and a v1 base64 HMAC-SHA256 signature
 over "<id>.<timestamp>.<body>", keyed by the base64 after an optional whsec_
-(docs/senders.md#standard-webhooks)."""
+(docs/senders.md#the-other-sources-briefly)."""
 
 import base64
 import binascii

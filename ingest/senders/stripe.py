@@ -1,5 +1,5 @@
 """Stripe: HMAC-SHA256 of "<t>.<body>" in Stripe-Signature within the timestamp window, a
-whsec_ secret Stripe mints, the event id in the body (docs/senders.md#stripe)."""
+whsec_ secret Stripe mints, the event id in the body (docs/senders.md#the-other-sources-briefly)."""
 
 import hashlib
 import secrets

@@ -345,12 +345,12 @@ def test_bad_request_headers_are_400_json(make_webhook, header, value):
 
 
 def test_an_unexpected_error_is_500_json_without_the_body(make_webhook, monkeypatch, caplog):
-    from ingest import titles
+    from ingest import senders
 
     def explode(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(titles, "derive_kind", explode)
+    monkeypatch.setattr(senders, "derive_kind", explode)
     webhook = make_webhook("github")
     body = signing.body_of(ISSUE)
     answer = post_hook(webhook.slug, body, signing.github(SECRETS["github"], body))
