@@ -107,7 +107,7 @@ def webhook_rows(request, slug):
 
 
 @_board_login_required
-@todo_views.operator_may(todo_views.ADD_TODO)  # a redelivery makes new todos
+@board_views.operator_may(board_views.ADD_TODO)  # a redelivery makes new todos
 @require_POST
 def redeliver_delivery(request, slug, record_id):
     webhook = get_visible_webhook(request.user, slug)
@@ -203,7 +203,7 @@ def _new_todo_data(post) -> dict:
 
 @never_cache
 @_board_login_required
-@todo_views.operator_may(todo_views.ADD_TODO)
+@board_views.operator_may(board_views.ADD_TODO)
 def board_new_todo(request):
     """GET: the form. POST: hand the chosen endpoint a todo as this operator (trust
     ``operator``), then back to the board; a refusal re-renders the form with what was typed

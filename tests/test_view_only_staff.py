@@ -19,6 +19,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
+from console.views import ACTIONS, BULK_ACTIONS
 from endpoints.models import Credential, Endpoint, EndpointEvent
 from ingest import transitions as ingest_transitions
 from ingest.api import TODO_ACTION_ALIASES, TODO_ACTIONS
@@ -27,7 +28,6 @@ from ingest.tests.test_views import deliver
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
 from todos.models import Todo, TodoEvent
-from todos.views import ACTIONS, BULK_ACTIONS
 
 pytestmark = pytest.mark.django_db
 
