@@ -317,11 +317,6 @@ def record_delivery_event(**values) -> DeliveryEvent:
 # -- the arrival's own rows: delivery event, replay ledger entry, delivery log record ------------
 
 _LEDGER = ReplayLedgerEntry._meta.db_table
-# Senders that redeliver a delivery under its own id with the same signed body (GitHub's and
-# GitLab's "Redeliver"/"Resend", Gitea's retries), which idempotency must answer: a duplicate
-# while the todo is live, new work once it is done. Sentry never retries, and the timestamped
-# senders re-sign a retry, so there the same signed request again is only ever a replay.
-SAME_ID_REDELIVERY = (Source.GITHUB, Source.GITEA, Source.GITLAB)
 _RECORD = DeliveryRecord._meta.db_table
 _RECORD_FIELDS = ("webhook_id", "at", "outcome", "status", "delivery_id", "kind", "size",
                   "body_sha256", "source_address", "reason", "delivery_event_id", "todo_ids",
@@ -677,8 +672,8 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     delivery event and the log record: a fingerprint held under another delivery id inside
     SWITCHBOARD_REPLAY_WINDOW raises ``Refused("replay")`` — and any repeat of the same
     delivery raises ``Refused("duplicate")`` unless its sender redelivers under the same id
-    (``SAME_ID_REDELIVERY``, not ``timestamped``) and the first made todos — with nothing
-    written. The log record of a duplicate is written after the rollback
+    (``senders.Sender.redelivers_under_its_id``, not ``timestamped``) and the first made
+    todos — with nothing written. The log record of a duplicate is written after the rollback
     (``record_refused``).
     """
     now = now or timezone.now()
@@ -706,7 +701,8 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     if fingerprint:
         ledger = {"webhook_id": webhook.pk, "fingerprint": fingerprint, "delivery_id": delivery_id,
                   "kind": kind, "now": now, "window_start": now - settings.SWITCHBOARD_REPLAY_WINDOW,
-                  "same_id_redelivers": not timestamped and webhook.source in SAME_ID_REDELIVERY,
+                  "same_id_redelivers": not timestamped and senders.get_sender(
+                      webhook.source).redelivers_under_its_id,
                   "made_todos": bool(matching)}
     if matching and not payload_storable:
         # Checked once for the whole delivery, never once per route: the body may be an

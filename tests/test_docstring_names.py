@@ -8,8 +8,6 @@ import re
 import types
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 APPS = ("switchboard", "todos", "ingest", "endpoints", "channels_push", "console", "accounts")
 # ``a.b`` or ``a.b.c()`` in single or double backticks: a dotted Python name.

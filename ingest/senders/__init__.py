@@ -39,6 +39,10 @@ class Sender:
     reads_roles: bool = False  # its payloads say the actor's role (author_associations)
     reads_every_actor: bool = False  # read on every route: a bot's message goes where listed
     takes_forms: bool = False  # also posts x-www-form-urlencoded with a payload field
+    # Redelivers under the delivery's own id with the same signed body (GitHub's and GitLab's
+    # "Redeliver", Gitea's retries): a duplicate while its todo is live, new work once done.
+    # The timestamped senders re-sign a retry, so there a repeat is only ever a replay.
+    redelivers_under_its_id: bool = False
     signed: bool = True  # False: anyone with the URL may post (trust unverified)
     mints_own_secret: bool = False  # the sender mints the secret; switchboard is told it
     secret_example: str = "…"  # how its secret starts, for the commands' hints

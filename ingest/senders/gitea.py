@@ -59,6 +59,6 @@ def setup_steps(hook_url: str, slug: str) -> list[str]:
 SENDER = Sender(
     source=Source.GITEA, verify=verify, derive_kind=kind_with_action,
     derive_title=github.derive_title, setup_steps=setup_steps, read_actor=read_actor,
-    reads_roles=True, takes_forms=True,
+    reads_roles=True, takes_forms=True, redelivers_under_its_id=True,
     event_headers=("x-forgejo-event", "x-gitea-event"),
     delivery_headers=("x-forgejo-delivery", "x-gitea-delivery"))

@@ -86,4 +86,5 @@ def setup_steps(hook_url: str, slug: str) -> list[str]:
 SENDER = Sender(
     source=Source.GITHUB, verify=verify, derive_kind=kind_with_action, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, reads_roles=True, takes_forms=True,
+    redelivers_under_its_id=True,
     event_headers=("x-github-event",), delivery_headers=("x-github-delivery",))

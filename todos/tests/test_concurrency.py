@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from tests.factories import EndpointFactory, UserFactory
 from tests.processes import DEADLINE_SECONDS, PYTHON, ROOT, child_env
-from todos import sweeps, transitions
+from todos import ring_budget, sweeps, transitions
 from todos.models import State, Todo, TodoEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -264,7 +264,7 @@ class DigestsInALoop:
     def _run(self):
         try:
             while not self.stop.is_set():
-                self.rounds.append(len(transitions.record_digest(endpoint=self.endpoint)))
+                self.rounds.append(len(ring_budget.record_digest(endpoint=self.endpoint)))
         except BaseException as exc:
             self.errors.append(exc)
         finally:
