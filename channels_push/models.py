@@ -43,9 +43,8 @@ class McpSession(models.Model):
     # Granted at attach, never renewed: ``open_streams`` counts while this or its process's
     # StreamHost lease runs, so streams that died with their process stop counting in time.
     stream_lease_until = models.DateTimeField(null=True, blank=True)
-    # When this session was last chosen for a doorbell. The doorbell picks the least recently
-    # rung session of the pool and stamps it in the same UPDATE (transitions.choose_doorbell_
-    # session), so concurrent publishers rotate over the pool instead of piling on one.
+    # Stamped in the UPDATE that picks the least recently rung session (rings.py), so
+    # concurrent publishers rotate over the pool.
     last_doorbell_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -29,11 +29,8 @@ queue_name_validator = RegexValidator(QUEUE_NAME_RE, "queue names are 1-64 of A-
 
 CREDENTIAL_PREFIX = "sbk_"
 
-# The ranges of the numbers an operator sets on an endpoint (docs/reference.md#number-ranges),
-# each checked where it comes in so that no stored value can break a later request (a cap
-# past PostgreSQL's integer made every claim_next of the endpoint fail). A cap bounds claimed
-# todos, so no fleet comes near MAX_CLAIM_CAP; MAX_ATTEMPTS_LIMIT attempts of the capped
-# backoff already span a day.
+# The ranges of the numbers an operator sets (docs/reference.md#number-ranges), checked where
+# they come in so that no stored value can break a later request.
 MAX_CLAIM_CAP = 10_000
 MAX_ATTEMPTS_LIMIT = 100
 MAX_LEASE_SECONDS = 86_400

@@ -52,10 +52,8 @@ def refusal_answer(status: int, code: str, message: str) -> plain.Answer:
     return Problem(status, code, message).answer()
 
 
-# Arrays and objects an unsigned body may hold. Decoding, checking and storing a body costs per
-# container far more than per byte: 64 KiB of small arrays cost about twenty tiny posts (the
-# anonymous lines of bench/ingest.py), so an anonymous sender gets a bound on them, counted
-# before the decoder runs. Generous for anything a real unsigned sender posts.
+# Arrays and objects an unsigned body may hold, counted before decoding: a body costs per
+# container far more than per byte (bench/ingest.py --anonymous).
 UNSIGNED_MAX_JSON_CONTAINERS = 1000
 
 
@@ -399,10 +397,8 @@ def answer_hook(request: plain.Request) -> plain.Answer:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
         return storage_unavailable(exc, webhook=webhook_slug)
     if arrival.todos and not any(created for _, created in arrival.todos):
-        # A redelivery of a live delivery (the same delivery id, docs/reference.md#idempotency):
-        # answered as a duplicate, charged as a repeat. The answer stays a 202 even past the
-        # sender's repeat budget: its work is already recorded, and a genuine sender retrying
-        # must not be told otherwise.
+        # A redelivery of a live delivery: a duplicate, charged as a repeat, yet still a 202
+        # past the repeat budget, as its work is recorded (docs/reference.md#idempotency).
         try:
             _charge_repeat_to_the_sender(webhook, request)
         except Problem:

@@ -246,10 +246,8 @@ class ReplayLedgerEntry(models.Model):
     # The accepted delivery event (a duplicate answers with its todos); no constraint: the
     # ledger must not hold up pruning deliveries.
     delivery_event_id = models.BigIntegerField(null=True, blank=True)
-    # Whether the accepted delivery made todos. Only then is the same delivery id the sender's
-    # redelivery that idempotency answers; one that made none (a ping, a delivery matching no
-    # route or filtered by an actor rule, Slack's url_verification) has nothing to redeliver,
-    # so a repeat of it is a duplicate however it comes.
+    # Only a delivery that made todos has a redelivery for idempotency to answer; a repeat of
+    # one that made none (a ping, a handshake) is a duplicate however it comes.
     made_todos = models.BooleanField(default=True)
 
     class Meta:

@@ -364,10 +364,8 @@ def _arrival_ctes_postgres(with_ledger: bool, only_if_sql: str = "") -> str:
     is inserted only when that condition holds."""
     event_columns = ", ".join(_DELIVERY_EVENT_FIELDS)
     if only_if_sql:
-        # INSERT … SELECT resolves a parameter's type in the select list, not from the
-        # column (None would be text): each one is cast to its column's type. Strings to
-        # plain text: an explicit ::varchar(n) would cut a long value silently, where the
-        # insert's own assignment to the column refuses it as VALUES does.
+        # INSERT … SELECT types a parameter in the select list, not from its column: each is
+        # cast, strings to text (a ::varchar(n) would cut a long value silently).
         fields = [DeliveryEvent._meta.get_field(name) for name in _DELIVERY_EVENT_FIELDS]
         typed = ", ".join(
             f"%(e_{name})s::"

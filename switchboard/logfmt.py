@@ -9,10 +9,8 @@ import logging
 import re
 
 _STANDARD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
-# Characters a terminal or a log viewer acts on: C0 and C1 controls (a carriage return, an
-# escape sequence), bidirectional and zero-width format characters (U+202E reorders what
-# follows), line and paragraph separators. Logged values may come from senders (a delivery's
-# actor, a kind): these are written as \uXXXX (a newline as \n), never raw.
+# What a terminal or log viewer acts on (controls, bidi and zero-width characters, line
+# separators): a sender's text in a log value is written as \uXXXX, never raw.
 _UNSAFE = "\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
 # A value with any of these (or a backslash, doubled when quoted, so a literal "\u202e" never
 # reads as an escape) is quoted; one regex search, as every request logs a line or two.

@@ -237,10 +237,8 @@ def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
         # resume) summarizes it.
         log.info("doorbell held: endpoint is out or the queue is paused", extra=context)
         return None
-    # One guarded statement picks the session AND re-checks the todo (still pending, trusted,
-    # attributed to a human), so an ineligible or already-claimed todo rings nobody. With no
-    # attached session (known from the read above; the commonest case, agents that pull) it
-    # is skipped: a ready todo then costs one statement here, not three.
+    # One guarded statement picks the session and re-checks the todo; with no attached session
+    # (the commonest case) it is skipped.
     chosen = rings.choose_doorbell_session(
         endpoint_id=endpoint.pk, todo_id=todo.pk, charge=not charged, now=now,
     ) if endpoint.has_attached_session else None

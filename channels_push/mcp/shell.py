@@ -161,9 +161,8 @@ class McpEndpoint:
             # (a todo may be counted twice: at-least-once), and before the pump reads the group,
             # so the digest comes first.
             if held.ended.is_set():
-                # Ending already (a lapsed host, above): the rings belong to the stream its
-                # client opens next. Ringing here would spend them (the digest cooldown) on
-                # frames this stream never sends.
+                # Ending already: the rings (and the digest cooldown) belong to the stream its
+                # client opens next.
                 frames = []
             else:
                 try:
@@ -298,9 +297,7 @@ class McpEndpoint:
                                    message.get("context") or {"session": session_id[:8]})
             return False
 
-        # Moves this stream's channel-layer messages into its buffer as they arrive; while
-        # the layer is unreachable (at open, or lost later) it keeps rejoining, so doorbells
-        # resume when Redis returns.
+        # Rejoins while the channel layer is unreachable, so doorbells resume when Redis does.
         reader = asyncio.ensure_future(group_reader.follow_groups(
             layer, [group], membership, on_message, {"session": session_id[:8]},
             retry_seconds=self.layer_retry_seconds))
@@ -309,9 +306,8 @@ class McpEndpoint:
         async def write_frame(frame) -> bool:
             message, context = frame
             body = sse.event("message", message)
-            # A client that stopped reading: its unsent bytes sit in the server's memory
-            # (daphne's send never waits), so past the bound the frame is dropped here instead
-            # of piling up there.
+            # daphne's send never waits, so a client that stopped reading has its frames
+            # dropped here past the bound rather than piled up in the server's memory.
             backlog = daphne_tuning.transport_backlog_bytes(send)
             if backlog is not None and backlog + len(body) > bound:
                 stream.drop_frame("stream backlog over its bound",

@@ -27,9 +27,8 @@ log = logging.getLogger("switchboard.mcp")
 
 # Reconnect hint sent on every stream: long enough not to hammer a restarting server.
 RETRY_HINT = timedelta(seconds=3)
-# Frames a stream holds for a client that reads slower than doorbells arrive. Beyond this the
-# stream drops the new frame (and logs it) instead of growing without bound or slowing the
-# channel layer: the queue is the ledger, a missed doorbell costs nothing but latency.
+# Frames held for a slow reader; beyond this a new frame is dropped and logged (the queue is
+# the ledger: a missed doorbell costs only latency).
 STREAM_BUFFER_FRAMES = 100
 
 

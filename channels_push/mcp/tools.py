@@ -34,9 +34,8 @@ from .schemas import ANY_JSON_TYPES, TOOL_SCHEMAS
 
 log = logging.getLogger("switchboard.mcp")
 
-# Arguments a known client adds to every tool call on its own: Gemini CLI sends
-# ``wait_for_previous`` (its own scheduling hint). Refusing them as unknown would make every
-# call from that client fail, so they are dropped before validation and never advertised.
+# Arguments a known client adds to every call on its own (Gemini CLI's ``wait_for_previous``):
+# dropped before validation, never advertised, or every call from it would fail.
 IGNORED_ARGUMENTS = frozenset({"wait_for_previous"})
 
 _VALIDATORS = {
@@ -47,9 +46,8 @@ _VALIDATORS = {
 # -- dispatch ------------------------------------------------------------------------------------
 
 
-# Above this many characters the text content summarises the result instead of repeating it:
-# structuredContent carries the whole result, and sending a large one twice doubled the answer.
-# Small results keep the full JSON in text too, for clients that read only text.
+# Above this many characters the text content summarises the result (structuredContent carries
+# it whole); small results keep the full JSON in text too, for clients that read only text.
 TEXT_RENDERING_MAX_CHARS = 16 * 1024
 
 
@@ -147,9 +145,8 @@ def _argument_problem(name: str, error) -> str:
     return f"{argument}: expected {_expected(schema)}, got {shown}"
 
 
-# Tools that require no argument: an empty ``arguments`` object is valid for them as it stands
-# (every schema is an object of optional properties, no minimum count), so the validator is not
-# run for it (claim_next's usual call; jsonschema's setup is most of a validation's cost).
+# Tools whose empty ``arguments`` is valid as it stands: the validator (its setup most of the
+# cost) is skipped for claim_next's usual call.
 _TAKE_EMPTY_ARGUMENTS = frozenset(
     name for name, (_, schema) in TOOL_SCHEMAS.items() if not schema["required"])
 

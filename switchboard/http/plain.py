@@ -74,10 +74,8 @@ def django_response(answer: Answer) -> HttpResponse:
     return HttpResponse(answer.body, status=answer.status, headers=answer.headers)
 
 
-# What a request the database could not serve is told, on every surface (the hooks, /mcp, the
-# operator API, the board and its streams, every Django view through
-# switchboard.health.DatabaseUnavailableMiddleware): nothing was done, retry after this long
-# (docs/operating.md#when-postgresql-is-down).
+# Every surface's answer when the database could not serve: nothing was done, retry after
+# this long (docs/operating.md#when-postgresql-is-down).
 DATABASE_UNAVAILABLE_RETRY_AFTER = timedelta(seconds=5)
 DATABASE_UNAVAILABLE_MESSAGE = "the database is unreachable; retry"
 
