@@ -221,7 +221,7 @@ def test_a_todo_claimed_before_its_ring_is_skipped_not_dropped(endpoint, agent, 
     """Sessions are attached, and an agent claims the todo before its doorbell goes out: that
     is no drop and no missing session, and is counted apart."""
     from todos import transitions
-    from todos.tests.test_metrics import scrape, value
+    from console.tests.test_metrics import scrape, value
 
     now = timezone.now()
     open_session(endpoint, now, stream=True)
@@ -259,7 +259,7 @@ def test_a_drop_decided_in_another_process_reaches_this_processs_metrics(endpoin
     import subprocess
 
     from tests.processes import PYTHON, ROOT, child_env
-    from todos.tests.test_metrics import scrape, value
+    from console.tests.test_metrics import scrape, value
 
     now = timezone.now()
     open_session(endpoint, now)  # attached by a request, no stream: the ring is dropped
