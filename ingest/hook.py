@@ -375,9 +375,10 @@ def answer_hook(request: plain.Request) -> plain.Answer:
                 log.warning("webhook replay refused", extra={"webhook": webhook.slug,
                                                              "delivery_id": delivery_id[:64]})
                 raise Problem(409, "replay",
-                              "this signed body was already accepted under another delivery id; "
-                              "a sender's redelivery keeps its delivery id",
-                              reason="body already accepted under another delivery id") from None
+                              "this signed body was already accepted as another delivery (another "
+                              "delivery id, or another event); a sender's redelivery repeats "
+                              "the first one's delivery id and event",
+                              reason="body already accepted as another delivery") from None
             answer = _duplicate_answer(refused.duplicate_event_id)
             transitions.record_refused(webhook, outcome=Outcome.DUPLICATE, status=202,
                                        observe=lambda: observed, now=now,

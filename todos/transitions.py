@@ -732,13 +732,14 @@ def _operator_only(caller: Caller, verb: str) -> None:
 
 def _wrong_state(caller: Caller, todo_id: int, wanted: str) -> Refusal:
     """After an operator verb's guard missed: ``not_found`` for a todo the caller cannot see,
-    else ``not_claimable`` naming the todo, the state it is in and which todos the verb takes
-    (``wanted``): a conflict with the todo's state, the operator API's 409."""
+    else ``not_claimable`` naming the todo, its state and trust (promote turns on trust, not
+    state) and which todos the verb takes (``wanted``): the operator API's 409."""
     todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).only(
-        "state", "queue").first()
+        "state", "queue", "trust").first()
     if todo is None or not caller.covers(todo.queue):
         return Refusal("not_found", f"no todo {todo_id}")
-    return Refusal("not_claimable", f"todo {todo_id} is {todo.state}; {wanted}")
+    return Refusal("not_claimable",
+                   f"todo {todo_id} is {todo.state}; {wanted} (its trust: {todo.trust})")
 
 
 _CANCELLED_SET_SQL = (

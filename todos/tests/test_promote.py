@@ -93,7 +93,7 @@ def test_the_board_offers_promote_beside_approve_labelled_as_a_trust_change(
     gated = make_todo(trust=Trust.UNVERIFIED, requires_approval=True)
     page = client.get(f"/todos/{gated.pk}/").content.decode()
     assert f"/todos/{gated.pk}/approve" in page and f"/todos/{gated.pk}/promote" in page
-    assert "promote to operator trust" in page
+    assert ">promote trust</button>" in page and "trust unverified becomes operator" in page
     signed = make_todo(trust=Trust.SIGNED, requires_approval=True)
     assert f"/todos/{signed.pk}/promote" not in client.get(f"/todos/{signed.pk}/").content.decode()
     client.post(f"/todos/{gated.pk}/approve", {"next": "/todos/"})
