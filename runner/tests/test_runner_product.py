@@ -241,6 +241,93 @@ def test_once_a_command_that_cannot_start_fails_the_first_todo_and_exits_1_namin
     print(f"\n{case}: {last_line}")
 
 
+def logfmt_value(line: str, key: str) -> str:
+    """The value of ``key`` in one runner log line: bare, or JSON-quoted as a whole."""
+    start = line.index(f" {key}=") + len(key) + 2
+    if line[start] != '"':
+        return line[start:].split(" ", 1)[0]
+    return json.JSONDecoder().raw_decode(line[start:])[0]
+
+
+def test_once_with_concurrency_two_a_command_that_cannot_start_fails_only_the_first_todo(
+        setup, runners):
+    """With --concurrency 2, the second claim lands while (or after) the first agent exits
+    127: that todo is released, never run (each run failed 2 of 5 todos), and the last line
+    names the whole cause, the shell's own words included (it was cut mid-sentence)."""
+    endpoint, credential, url = setup
+    todos = make_todos(endpoint, 5)
+    runner = runners(url, credential, "--once", "--concurrency", "2",
+                     command=["sh", "-c", "sb-no-such-prog-abc"])
+    assert runner.wait() == 1, runner.log_text()
+
+    for todo in todos:
+        todo.refresh_from_db()
+    assert [todo.state for todo in todos].count("failed") == 1, runner.log_text()
+    # Claimed beside it (at most one, with two slots): handed back with its attempt refunded.
+    assert all((todo.state, todo.attempts) == ("pending", 0) for todo in todos
+               if todo.state != "failed"), runner.log_text()
+    assert sum(claims(todo) for todo in todos) <= 2
+    giving_up = next(line for line in runner.log_text().splitlines() if "giving_up" in line)
+    reason = logfmt_value(giving_up, "reason")
+    assert reason.startswith("the agent command cannot start: agent exited with code 127"), reason
+    assert reason.endswith("sb-no-such-prog-abc: not found"), giving_up
+
+
+def test_long_running_with_concurrency_two_each_look_at_the_command_fails_one_todo(
+        setup, runners):
+    """Long-running, --concurrency 2, a program missing behind ``sh -c`` (which no look can
+    see): the first todo fails, a todo claimed beside it is released, and nothing is claimed
+    until the back-off's look; that look's claim fails one todo, and the runner waits again
+    (4 of 5 failed in 23 s, a second todo claimed and run after each look's failure)."""
+    endpoint, credential, url = setup
+    todos = make_todos(endpoint, 5)
+    runner = runners(url, credential, "--concurrency", "2", "--wait-seconds", "1",
+                     command=["sh", "-c", "sb-no-such-prog-abc"])
+    runner.wait_log("retry_in_s=10")
+    runner.process.send_signal(signal.SIGTERM)
+    assert runner.wait() == 0, runner.log_text()
+
+    log = runner.log_text().splitlines()
+    for todo in todos:
+        todo.refresh_from_db()
+    looks = 1 + sum(" agent_command_retry " in f"{line} " for line in log)
+    assert looks == 2, runner.log_text()
+    assert [todo.state for todo in todos].count("failed") == looks, runner.log_text()
+    assert all((todo.state, todo.attempts) == ("pending", 0) for todo in todos
+               if todo.state != "failed"), runner.log_text()
+    # From each wait's first line to its look, no claim.
+    waiting = False
+    for line in log:
+        if " agent_cannot_start " in line:
+            waiting = True
+        elif " agent_command_retry " in f"{line} ":
+            waiting = False
+        assert not (waiting and " claim " in line), runner.log_text()
+
+
+def test_a_file_without_the_execute_bit_is_refused_as_not_executable(tmp_path):
+    """A file that is there but mode 644 is "not executable", not "not found" (a reader would
+    look for a missing file)."""
+    script = tmp_path / "x"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "agent-644").write_text("#!/bin/sh\n")
+    (bin_dir / "agent-644").chmod(0o644)
+    env = {**os.environ, TOKEN_ENV: "sbk_x", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for program in ("./x", "agent-644"):
+        refused = subprocess.run(
+            [sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x", "--token-env",
+             TOKEN_ENV, "--", program], env=env, cwd=tmp_path, capture_output=True, text=True,
+            timeout=DEADLINE_SECONDS)
+        assert refused.returncode == 2, refused.stderr
+        assert f"agent command not executable: {program}" in refused.stderr, refused.stderr
+    agent = load_runner_module()
+    assert agent.command_problem(str(tmp_path / "no-such-file")).startswith(
+        "agent command not found")
+
+
 def test_long_running_a_command_that_cannot_start_waits_claiming_nothing_until_it_can(
         setup, runners, tmp_path):
     """The agent's file stops being executable under a running runner (an upgrade half done):

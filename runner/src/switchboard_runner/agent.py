@@ -243,6 +243,12 @@ def command_problem(program: str) -> str | None:
     runs passes; its first exec says so."""
     path = shutil.which(program)
     if path is None:
+        # which() passes over a file without the execute bit: say that it is there.
+        places = ([program] if os.sep in program else
+                  [os.path.join(folder, program)
+                   for folder in os.environ.get("PATH", os.defpath).split(os.pathsep)])
+        if any(os.path.isfile(place) for place in places):
+            return f"agent command not executable: {program} (no execute permission)"
         return f"agent command not found: {program}"
     try:
         with open(path, "rb") as script:
@@ -329,6 +335,16 @@ def first_error_line(*texts: str, echoed: set[str] = frozenset(),
     line = (next((line for line, marked in lines if marked), None)
             or next((line for line, _ in lines if _ERROR_MENTION.search(line)), None))
     return line[:ERROR_LINE_CHARS] if line else None
+
+
+def last_line(*texts: str) -> str:
+    """The last non-blank line of the first of ``texts`` that has one (folded, clipped like an
+    error line), or ``no output``: a shell's "sh: 1: agent: not found" names no error marker."""
+    for text in texts:
+        lines = [folded for line in text.splitlines() if (folded := _folded(line))]
+        if lines:
+            return lines[-1][:ERROR_LINE_CHARS]
+    return "no output"
 
 
 def ended_with(how: str, output: str) -> str:

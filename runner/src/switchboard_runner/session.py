@@ -28,6 +28,9 @@ STREAM_LOST_SECONDS = 10.0
 STREAM_CHECK_SECONDS = 2.0
 # A log value is cut here (a title, an error): one event stays one readable line.
 LOG_VALUE_MAX_CHARS = 120
+# Except a ``reason``: the runner's own sentence saying why it stops or waits (bounded where it
+# is made: an agent's error line in it is clipped), which cut short would hide the cause.
+WHOLE_LOG_FIELDS = frozenset({"reason"})
 
 class Refused(Exception):
     """A domain refusal from a tool (``isError`` with ``error.code``)."""
@@ -54,19 +57,22 @@ def escape_unprintable(text: str, keep: str = "") -> str:
                    f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}" for c in text)
 
 
-def _field(value) -> str:
-    """A log value: bare when it is one plain word, else JSON-quoted and escape_unprintable."""
+def _field(value, whole: bool = False) -> str:
+    """A log value: bare when it is one plain word, else JSON-quoted (cut at
+    LOG_VALUE_MAX_CHARS unless ``whole``) and escape_unprintable."""
     text = str(value)
     if text and text.isprintable() and not any(c.isspace() or c in '"=' for c in text):
         return text
-    return escape_unprintable(json.dumps(text[:LOG_VALUE_MAX_CHARS], ensure_ascii=False))
+    if not whole:
+        text = text[:LOG_VALUE_MAX_CHARS]
+    return escape_unprintable(json.dumps(text, ensure_ascii=False))
 
 
 def log_event(event: str, *, level: int = logging.INFO, **fields) -> None:
     """One line per event: ``claim todo_id=12 queue=issues title="…"`` (never a token or a
     payload). ``level`` WARNING for what ``watch`` (which logs only warnings) must show too."""
-    log.log(level, " ".join([event] + [f"{key}={_field(value)}" for key, value in fields.items()
-                                       if value is not None]))
+    log.log(level, " ".join([event] + [f"{key}={_field(value, key in WHOLE_LOG_FIELDS)}"
+                                       for key, value in fields.items() if value is not None]))
 
 
 

@@ -38,8 +38,8 @@ from datetime import datetime
 from mcp.shared.exceptions import MCPError
 
 from .agent import (Tail, _drain, _parent_death_signal, agent_argv, agent_env, command_problem,
-                    ended_with, failure_message, first_error_line, oversized_argument,
-                    render_prompt, start_failure, stop_group, write_todo_file)
+                    ended_with, failure_message, first_error_line, last_line,
+                    oversized_argument, render_prompt, start_failure, stop_group, write_todo_file)
 from .session import (CALL_TIMEOUT_SECONDS, INVALID_PARAMS, RECONNECT_FIRST_SECONDS,
                       RECONNECT_MAX_SECONDS, Refused, Switchboard, Unreachable, _describe,
                       escape_unprintable, log_event, wait_first)
@@ -229,10 +229,10 @@ class Runner:
         self.wait_seconds = 0
         return "retry", None
 
-    async def release(self, todo: dict):
+    async def release(self, todo: dict, reason: str | None = None):
         try:
             await self.sb.call("release", {"todo_id": todo["id"], "lease_id": todo["lease_id"]})
-            log_event("released", todo_id=todo["id"])
+            log_event("released", todo_id=todo["id"], reason=reason)
         except (Refused, Unreachable, MCPError) as error:
             log_event("release_failed", todo_id=todo["id"], error=str(error))
 
@@ -335,6 +335,11 @@ class Runner:
         argv = agent_argv(self.args.command, todo, prompt)
         env = agent_env(todo, self.args.url, pass_env=self.args.pass_env,
                         token=self.token if self.args.pass_token else None)
+        if self.cannot_start:
+            # Claimed beside the todo that found the command broken (or by a claim already in
+            # flight): every start would fail the same way, and this todo is not at fault.
+            await self.release(todo, reason="the agent command cannot start")
+            return
         reason = oversized_argument(argv)
         proc, setup_failure = None, False
         if reason is None:
@@ -354,7 +359,7 @@ class Runner:
             if setup_failure and self.cannot_start:
                 # Another todo (claimed beside this one) already found the command broken:
                 # this one is not at fault, and no more claims follow to loop on it.
-                await self.release(todo)
+                await self.release(todo, reason="the agent command cannot start")
                 return
             if setup_failure:
                 self._command_cannot_start(reason)
@@ -395,10 +400,15 @@ class Runner:
         elapsed = round(time.monotonic() - started, 1)
         log_event("exit", todo_id=todo_id, code=code, elapsed_s=elapsed, reason=stopped_for)
         if stopped_for is None and code in SETUP_EXIT_CODES:
+            if self.cannot_start:
+                # Started beside the todo that found the command broken, before that was known:
+                # only the first such todo is failed (one per look at the command).
+                await self.release(todo, reason="the agent command cannot start")
+                return
             self._command_cannot_start(
                 f"agent exited with code {code} (what a shell or env answers when the program "
                 f"it runs is {SETUP_EXIT_CODES[code]}): "
-                f"{first_error_line(err.text(), out.text()) or 'no output'}")
+                f"{first_error_line(err.text(), out.text()) or last_line(err.text(), out.text())}")
         elif stopped_for is None:
             self.setup_retry_seconds = SETUP_RETRY_FIRST_SECONDS
         # What the agent was given, so that an echo of it is not taken for its error line.
