@@ -145,13 +145,20 @@ def hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = F
             raise Problem(400, "invalid_argument",
                           'payload.secrets is reserved for secret refs when secrets are given')
     key = _optional_str(data, "idempotency_key", MAX_IDEMPOTENCY_KEY_CHARS)
+    kind = one_line(_optional_str(data, "kind", MAX_KIND_CHARS), MAX_KIND_CHARS)
+    if kind and not (kind[0].isascii() and kind[0].isalnum()):
+        # An event name, as a webhook's must be: one starting with "-" would read as an option
+        # where an agent's command or prompt starts with the kind (docs/runner.md#placeholders).
+        raise Problem(400, "invalid_argument",
+                      "kind must start with a letter or digit (an event name such as "
+                      "deploy.request)")
     requires_approval = data.get("requires_approval", False)
     if not isinstance(requires_approval, bool):
         raise Problem(400, "invalid_argument", "requires_approval must be true or false")
     return {
         "requires_approval": requires_approval,
         "queue": queue, "title": title, "payload": payload,
-        "kind": one_line(_optional_str(data, "kind", MAX_KIND_CHARS), MAX_KIND_CHARS),
+        "kind": kind,
         "idempotency_key": key or None, "secret_values": secret_values or None,
         **_work_control_arguments(data, now),
     }

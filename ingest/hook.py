@@ -116,8 +116,10 @@ def _could_be_slug(value: str) -> bool:
 
 
 # Event and kind names an agent, a route and a doorbell will see: anything else (quotes,
-# spaces, markup) is refused rather than cleaned, so what is stored is what was sent.
-KIND_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# spaces, markup) is refused rather than cleaned, so what is stored is what was sent. Shaped
+# like a queue name: a "-" first would read as an option where an agent's command or prompt
+# starts with the kind (docs/runner.md#placeholders).
+KIND_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # A handshake's challenge is echoed back; Slack's own are 48 characters.
 MAX_CHALLENGE_CHARS = 200
 
@@ -146,11 +148,11 @@ def _observe(request, body: bytes) -> transitions.Observed:
     )
 
 
-def _check_kind(kind: str) -> None:
+def _check_kind(kind: str, source: str) -> None:
     if kind and not KIND_RE.match(kind):
         raise Problem(400, "bad_kind",
-                      "event/kind must be 1-64 of A-Z a-z 0-9 _ . - (from the event header and "
-                      "the payload's action or type)")
+                      f"event/kind must start with a letter or digit and be 1-64 of A-Z a-z "
+                      f"0-9 _ . - (from {senders.get_sender(source).kind_origin})")
 
 
 # Slugs found recently pass an address's unknown-slug block, so others' typos from a shared
@@ -348,7 +350,7 @@ def answer_hook(request: plain.Request) -> plain.Answer:
             holds_verified_token = False  # a repeat gives it back, the first one keeps it
             return _answer_handshake(webhook, request, body, payload, envelope, now)
         kind = senders.derive_kind(webhook.source, envelope.event, payload)
-        _check_kind(kind)
+        _check_kind(kind, webhook.source)
         delivery_id = _delivery_id(webhook, envelope, payload)
         observed = _observe(request, body)
         if kind or delivery_id:

@@ -56,6 +56,7 @@ class Sender:
     retry_note: Callable | None = None  # (header getter) -> "" or the log's note of a retry
     opt_in_kinds: frozenset = frozenset()  # kinds only a route naming them exactly takes
     event_headers: tuple = ()  # where its event name is, for refused deliveries' log
+    kind_origin: str = "the payload's type"  # where its kind comes from, named in a bad_kind
     delivery_headers: tuple = ()  # where its delivery id is, likewise
 
 

@@ -61,4 +61,5 @@ SENDER = Sender(
     derive_title=github.derive_title, setup_steps=setup_steps, read_actor=read_actor,
     reads_roles=True, takes_forms=True, redelivers_under_its_id=True,
     event_headers=("x-forgejo-event", "x-gitea-event"),
+    kind_origin="the X-Forgejo-Event or X-Gitea-Event header, then the payload's action",
     delivery_headers=("x-forgejo-delivery", "x-gitea-delivery"))

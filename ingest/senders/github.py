@@ -87,4 +87,5 @@ SENDER = Sender(
     source=Source.GITHUB, verify=verify, derive_kind=kind_with_action, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, reads_roles=True, takes_forms=True,
     redelivers_under_its_id=True,
+    kind_origin="the X-GitHub-Event header, then the payload's action",
     event_headers=("x-github-event",), delivery_headers=("x-github-delivery",))

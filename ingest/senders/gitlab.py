@@ -68,4 +68,5 @@ def setup_steps(hook_url: str, slug: str) -> list[str]:
 SENDER = Sender(
     source=Source.GITLAB, verify=verify, derive_kind=derive_kind, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, redelivers_under_its_id=True,
+    kind_origin="the X-Gitlab-Event header, then object_attributes.action",
     event_headers=("x-gitlab-event",), delivery_headers=("idempotency-key", "x-gitlab-event-uuid"))

@@ -80,4 +80,4 @@ def setup_steps(hook_url: str, slug: str) -> list[str]:
 SENDER = Sender(
     source=Source.LINEAR, verify=verify, derive_kind=derive_kind, derive_title=derive_title,
     setup_steps=setup_steps, mints_own_secret=True, check_payload=check_payload,
-    event_headers=("linear-event",), delivery_headers=("linear-delivery",))
+    kind_origin="the payload's type, then its action", event_headers=("linear-event",), delivery_headers=("linear-delivery",))

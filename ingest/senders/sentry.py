@@ -42,4 +42,5 @@ def setup_steps(hook_url: str, slug: str) -> list[str]:
 SENDER = Sender(
     source=Source.SENTRY, verify=verify, derive_kind=kind_with_action, derive_title=derive_title,
     setup_steps=setup_steps, mints_own_secret=True,
+    kind_origin="the Sentry-Hook-Resource header, then the payload's action",
     event_headers=("sentry-hook-resource",), delivery_headers=("request-id",))

@@ -179,4 +179,5 @@ SENDER = Sender(
     setup_steps=setup_steps, read_actor=read_actor, reads_every_actor=True,
     mints_own_secret=True, delivery_id=delivery_id, is_handshake=is_handshake,
     handshake_kind="url_verification", retry_note=retry_note,
-    opt_in_kinds=frozenset({THREAD_NOTICE_KIND}))
+    opt_in_kinds=frozenset({THREAD_NOTICE_KIND}),
+    kind_origin="the event's type (or the payload's type)")

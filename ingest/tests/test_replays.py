@@ -113,6 +113,39 @@ def test_event_headers_outside_the_pattern_are_400(make_webhook, event):
     assert Todo.objects.count() == 0
 
 
+@pytest.mark.parametrize("event", ["--dangerously-skip-permissions", "-", "_issues", ".issues"])
+def test_an_event_header_that_does_not_start_with_a_letter_or_digit_is_400_naming_it(
+        make_webhook, event):
+    """A kind is an event name: one starting with ``-`` would read as an option wherever an
+    agent command or prompt starts with it (``--dangerously-skip-permissions`` was accepted)."""
+    webhook = make_webhook("github")
+    answer = github_post(webhook, signing.body_of(ISSUE), event=event)
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "bad_kind" and "X-GitHub-Event" in error["message"], error
+    assert "start with a letter or digit" in error["message"], error
+    assert Todo.objects.count() == 0 and DeliveryEvent.objects.count() == 0
+
+
+@pytest.mark.parametrize("source, named", [("unsigned", "the payload's type"),
+                                           ("stripe", "the payload's type"),
+                                           ("sentry", "Sentry-Hook-Resource")])
+def test_a_kind_from_the_payload_or_another_header_that_reads_as_an_option_is_400(
+        make_webhook, source, named):
+    webhook = make_webhook(source)
+    if source == "sentry":
+        body = signing.body_of({"action": "created", "data": {}})
+        meta = signing.sentry(SECRETS["sentry"], body, resource="--help")
+    else:
+        body = signing.body_of({"id": "evt_1", "type": "--dangerously-skip-permissions"})
+        meta = signing.stripe(SECRETS["stripe"], body) if source == "stripe" else {}
+    answer = post_hook(webhook.slug, body, meta)
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "bad_kind" and named in error["message"], error
+    assert Todo.objects.count() == 0
+
+
 def test_a_payload_action_outside_the_pattern_is_400(make_webhook):
     webhook = make_webhook("github")
     answer = github_post(webhook, signing.body_of({**ISSUE, "action": "<channel>"}))

@@ -606,6 +606,22 @@ def test_operator_api_unstorable_json_is_400(client, endpoint, token, data, prob
     assert nothing_written() and OperatorSecret.objects.count() == 0
 
 
+@pytest.mark.parametrize("kind", ["--dangerously-skip-permissions", "-x", "_deploy", "‹deploy›"])
+def test_operator_api_refuses_a_kind_that_does_not_start_with_a_letter_or_digit(
+        client, endpoint, token, kind):
+    """A kind is an event name wherever it comes from: one starting with "-" would read as an
+    option where an agent's prompt starts with it (docs/runner.md)."""
+    answer = hand(client, endpoint.slug, {"queue": "inbox", "title": "x", "kind": kind},
+                  **bearer(token))
+    assert answer.status_code == 400, answer.content
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_argument" and error["message"].startswith("kind"), error
+    assert nothing_written()
+    taken = hand(client, endpoint.slug, {"queue": "inbox", "title": "x", "kind": "deploy request"},
+                 **bearer(token))
+    assert taken.status_code == 201, taken.content
+
+
 OPERATOR_FIELDS_WITH_TEXT = {
     "queue": '"queue": "in{bad}box", "title": "x"',
     "title": '"queue": "inbox", "title": "x{bad}y"',
