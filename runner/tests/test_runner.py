@@ -795,6 +795,34 @@ def test_a_command_where_the_title_could_read_as_an_option_is_refused_at_start(
         assert "after '--'" in result.stderr and "--title={title}" in result.stderr
 
 
+@pytest.mark.parametrize("lead", ["{kind}", "{lease_id}"])
+def test_a_prompt_file_starting_with_a_kind_is_refused_where_the_prompt_starts_an_argument(
+        tmp_path, lead):
+    """A kind (the sender's event name) or a lease id may start with "-": a prompt file that
+    starts with one makes ``{prompt}`` an option under ``agent '{prompt}'``. Refused at start
+    (exit 2) naming the argument and the placeholder; taken where no option parser reads it."""
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(f"{lead} arrived: handle todo {{todo_id}}\n")
+    env = {**os.environ, TOKEN_ENV: "sbk_x"}
+
+    def start(*command):
+        return subprocess.run(
+            [sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x", "--token-env",
+             TOKEN_ENV, "--prompt-file", str(prompt_file), "--dry-run", "--", *command],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=DEADLINE_SECONDS)
+
+    for command in (["sh", "{prompt}"], ["sh", "-c", "cat", "{prompt} (more)"]):
+        refused = start(*command)
+        assert refused.returncode == 2, refused.stderr
+        assert "starts with {prompt}" in refused.stderr and lead in refused.stderr, refused.stderr
+    runner = load_runner_module()
+    template = prompt_file.read_text()
+    for command in (["agent", "--", "{prompt}"], ["agent", "--prompt={prompt}"]):
+        assert runner.misplaced_command_placeholder(command, template) is None, command
+    for safe in ("{todo_id} arrived", "{queue}: todo {todo_id}", "Todo {kind}"):
+        assert runner.misplaced_command_placeholder(["agent", "{prompt}"], safe) is None, safe
+
+
 def test_the_title_is_taken_after_a_double_dash_or_inside_an_options_value():
     runner = load_runner_module()
     for command in (["agent", "--", "{title}"], ["agent", "--title={title}"],

@@ -107,16 +107,35 @@ def misplaced_placeholder(template: str) -> str | None:
     return None
 
 
-def misplaced_command_placeholder(command: list[str]) -> str | None:
+# What a prompt may start with and still never read as an option: the server's digits, its
+# trust word, a queue name (the server's rule: a letter or digit first), the todo file's
+# absolute path. A kind is the sender's (the server refuses one not starting with a letter or
+# digit, but a todo stored before that rule may hold one), and a lease id may start with "-".
+PROMPT_SAFE_LEADS = ("{todo_id}", "{trust}", "{queue}", "{todo_file}")
+
+
+def leading_placeholder(template: str) -> str | None:
+    """The placeholder ``template`` (a prompt) starts with, when its value could start with
+    ``-``; else None."""
+    match = PROMPT_PLACEHOLDER.match(template)
+    if match and match.group(0) not in PROMPT_SAFE_LEADS:
+        return match.group(0)
+    return None
+
+
+def misplaced_command_placeholder(command: list[str], prompt: str = DEFAULT_PROMPT) -> str | None:
     """Why the agent ``command`` (before substitution) cannot be run as it is, or None: a
-    placeholder in the program's own position (the todo would choose what runs), or
-    ``{title}`` starting an argument where the agent's option parser still looks. A title is
-    the sender's text, and one such as ``--dangerously-skip-permissions`` there is an option.
-    After an argument ``--`` options end, and inside an option's value (``--title={title}``)
-    the title is only ever the value; ``{todo_json}`` always starts with ``{``."""
+    placeholder in the program's own position (the todo would choose what runs), or an
+    argument where the agent's option parser still looks starting with ``{title}``, or with
+    ``{prompt}`` when the ``prompt`` template itself starts with a value such as ``{kind}``. A
+    title or kind is the sender's text, and one such as ``--dangerously-skip-permissions``
+    there is an option. After an argument ``--`` options end, and inside an option's value
+    (``--title={title}``) the text is only ever the value; ``{todo_json}`` always starts with
+    ``{``."""
     if COMMAND_PLACEHOLDER.search(command[0]):
         return (f"the program {command[0]!r} names a placeholder: the todo would choose what "
                 "runs; name the agent's program itself")
+    lead = leading_placeholder(prompt)
     for position, arg in enumerate(command[1:], start=1):
         if arg == "--":
             return None
@@ -125,6 +144,12 @@ def misplaced_command_placeholder(command: list[str]) -> str | None:
                     "title such as '--dangerously-skip-permissions' would be read as an "
                     "option. Put it after '--' in the agent's command (agent -- '{title}') or "
                     "inside an option's value (--title={title})")
+        if lead and arg.startswith("{prompt}"):
+            return (f"argument {position} {arg!r} starts with {{prompt}}, and the prompt file "
+                    f"starts with {lead}, which need not start with a letter (a kind such as "
+                    "'--dangerously-skip-permissions' would be read as an option). Start the "
+                    "prompt file with words of your own, or put {prompt} after '--' in the "
+                    "agent's command or inside an option's value (--prompt={prompt})")
     return None
 
 

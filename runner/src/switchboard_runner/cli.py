@@ -136,9 +136,6 @@ def parse_args(argv):
             args.command = args.command[1:]
         if not args.command:
             parser.error("give the agent command after --")
-        misplaced = misplaced_command_placeholder(args.command)
-        if misplaced:
-            parser.error(f"agent command: {misplaced}")
         if args.token_env in args.pass_env:
             parser.error(f"--pass-env {args.token_env} would hand the agent the bearer: "
                          "use --pass-token")
@@ -151,6 +148,9 @@ def parse_args(argv):
             misplaced = misplaced_placeholder(args.prompt_template)
             if misplaced:
                 parser.error(f"--prompt-file: {misplaced}")
+        misplaced = misplaced_command_placeholder(args.command, args.prompt_template)
+        if misplaced:
+            parser.error(f"agent command: {misplaced}")
     if not args.url:
         parser.error("--url is required (or set SWITCHBOARD_URL)")
     return mode, args, parser
