@@ -5,6 +5,7 @@ Probed with fake default ports (free ports nothing listens on) so that the machi
 PostgreSQL and Redis, which other test runs use, are never stopped or even touched."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,30 @@ def test_without_consent_no_system_package_is_installed_and_the_missing_are_name
     assert done.returncode == 0, done.stderr
     assert "APT-GET" not in done.stderr
     assert "not installing" in done.stderr and "* chromium, for the browser tests" in done.stderr
+
+
+# -- scripts/test --help ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_the_test_command_prints_its_usage_and_installs_nothing(tmp_path, flag):
+    """``bash scripts/test --help`` says what the command takes and exits 0 before any step:
+    run from a copy of scripts/ with no .venv, where every installer on PATH is a stub that
+    leaves a mark (it made a virtualenv, that is, tried to, before)."""
+    shutil.copytree(ROOT / "scripts", tmp_path / "scripts")
+    stubs, marks = tmp_path / "bin", tmp_path / "installed"
+    stubs.mkdir()
+    for name in ("python3", "pip", "apt-get", "npm", "initdb", "redis-server"):
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {marks}\nexit 1\n')
+        (stubs / name).chmod(0o755)
+    done = subprocess.run(["bash", str(tmp_path / "scripts" / "test"), flag],
+                          env={"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not marks.exists(), marks.read_text()
+    assert not (tmp_path / ".venv").exists()
+    usage = done.stdout
+    for said in ("--machine-services", "--no-system-packages", "--help",
+                 "PostgreSQL part's pytest", "DATABASE_URL", "REDIS_URL", "SB_TEST_SERVICES",
+                 "SB_TEST_SYSTEM_PACKAGES", "SB_TEST_WORKERS"):
+        assert said in usage, usage
