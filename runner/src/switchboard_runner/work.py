@@ -14,9 +14,10 @@ the agent command for each, heartbeat its lease, settle the todo when the agent 
   with the exit code and the tails, over --max-runtime → the group is killed and the todo
   failed.
 * A command that cannot start for a reason of its own (its file, its interpreter, its
-  permissions: the next todo would fail the same way) fails the first todo only; then
-  ``--once`` stops claiming and exits 1 naming why, and a long-running runner claims nothing
-  while it waits with backoff, looking at the command again after each wait.
+  permissions: the next todo would fail the same way) fails the first todo only: no claimed
+  todo is started after it, and one claimed or started beside it is released. Then ``--once``
+  stops claiming and exits 1 naming why, and a long-running runner claims nothing while it
+  waits with backoff, looking at the command again after each wait.
 * SIGTERM/SIGINT: no new claims; running agents get --grace-seconds to finish, then are
   killed and failed (a second signal skips the grace). A runner killed outright loses only
   its leases: they lapse and the todos come back (the queue's own guarantee).
