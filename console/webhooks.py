@@ -11,9 +11,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django.utils import timezone
 
-from ingest import queries, sender_setup, transitions
+from ingest import queries, sender_setup, senders, transitions
 from ingest.api import HAND_OVER_FIELDS, hand_over_arguments
-from ingest.models import DeliveryRecord, Outcome, Source, Webhook
+from ingest.models import DeliveryRecord, Outcome, Webhook
 from ingest.problems import Problem
 from switchboard import json_input
 from switchboard import metrics as push_metrics
@@ -86,8 +86,8 @@ def webhook_page(request, slug):
         "hook_url": f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}",
         "routes": webhook.routes.select_related("endpoint").order_by("id"),
         "drops": webhook.drops.filter(dropped__gt=0).order_by("-minute")[:20],
-        "unsigned_warning": (transitions.unsigned_warning() if webhook.source == Source.UNSIGNED
-                             else ""),
+        "unsigned_warning": ("" if senders.get_sender(webhook.source).signed
+                             else transitions.unsigned_warning()),
         "public_url_warning": sender_setup.public_url_warning(settings.SWITCHBOARD_PUBLIC_URL,
                                                               webhook.source),
         "setup_steps": sender_setup.setup_steps(

@@ -27,7 +27,7 @@ from endpoints.models import Endpoint
 from switchboard import admin_pages, json_input
 
 from . import senders, transitions
-from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Source, Webhook
+from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Webhook
 
 
 def show_webhook_secrets_once(request, minted, *, title):
@@ -156,7 +156,7 @@ class WebhookAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if secret:
             request._new_webhook_secret = (obj, secret)  # for response_add's page
-        if obj.source == Source.UNSIGNED:
+        if not senders.get_sender(obj.source).signed:
             self.message_user(request, f"Webhook {obj.slug} is unsigned: anyone who knows its URL "
                                        "can create work (todos of trust unverified).",
                               messages.WARNING)
@@ -172,7 +172,7 @@ class WebhookAdmin(admin.ModelAdmin):
     def rotate_secret(self, request, queryset):
         minted = []
         for webhook in queryset:
-            if webhook.source == Source.UNSIGNED:
+            if not senders.get_sender(webhook.source).signed:
                 self.message_user(request, f"{webhook.slug} is unsigned; nothing to rotate",
                                   messages.WARNING)
                 continue

@@ -1,5 +1,6 @@
 """add_webhook, add_webhook_route and mint_operator_token: §11 signatures and --json output."""
 
+import dataclasses
 import json
 from io import StringIO
 
@@ -7,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from ingest import queries
+from ingest import queries, senders
 from ingest.models import Route, Webhook
 
 pytestmark = pytest.mark.django_db
@@ -148,3 +149,25 @@ def test_add_webhook_says_plainly_that_anyone_with_an_unsigned_url_can_create_wo
                  "--json", stdout=out, stderr=err)
     assert json.loads(out.getvalue())["secret"] == ""
     assert "ANYONE WHO KNOWS THIS URL CAN CREATE WORK" in err.getvalue()
+
+
+def test_add_webhook_hint_for_a_minted_secret_comes_from_the_sender(operator, monkeypatch):
+    with pytest.raises(CommandError) as stripe:
+        call_command("add_webhook", "s", "--owner", operator.username, "--source", "stripe")
+    assert str(stripe.value).endswith(
+        "--secret 'whsec_…' (locally, `stripe listen --forward-to URL` prints one)")
+    sender = dataclasses.replace(senders.get_sender("stripe"), secret_example="sk_demo_…",
+                                 local_forwarder="demo forward")
+    monkeypatch.setitem(senders.SENDERS, "stripe", sender)
+    with pytest.raises(CommandError) as replaced:
+        call_command("add_webhook", "s", "--owner", operator.username, "--source", "stripe")
+    assert str(replaced.value).endswith(
+        "--secret 'sk_demo_…' (locally, `demo forward URL` prints one)")
+
+
+def test_rotate_webhook_secret_asks_the_sender_whether_it_signs(operator, monkeypatch):
+    run("add_webhook", "gh", "--owner", operator.username, "--source", "github")
+    monkeypatch.setitem(senders.SENDERS, "github",
+                        dataclasses.replace(senders.get_sender("github"), signed=False))
+    with pytest.raises(CommandError, match="is unsigned; it has no secret to rotate"):
+        call_command("rotate_webhook_secret", "gh")

@@ -3,7 +3,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
 from django.db import IntegrityError
 
-from ingest import sender_setup, transitions
+from ingest import sender_setup, senders, transitions
 from ingest.models import Source
 from switchboard.commands import JsonCommand, get_user, validation_text
 
@@ -21,13 +21,14 @@ class Command(JsonCommand):
     def handle(self, *args, slug, owner, source, secret, **options):
         if source in sender_setup.SENDER_MINTED and not secret:
             # These senders mint the signing secret and accept none of ours.
-            example = "whsec_…" if source == Source.STRIPE else "…"
+            sender = senders.get_sender(source)
             raise CommandError(
                 f"--source {source} needs --secret: {source} mints the signing secret itself "
                 f"and will not take one from switchboard. Copy it from {source} and pass it: "
-                f"add_webhook {slug} --owner {owner} --source {source} --secret '{example}'"
-                + (" (locally, `stripe listen --forward-to URL` prints one)"
-                   if source == Source.STRIPE else ""))
+                f"add_webhook {slug} --owner {owner} --source {source} "
+                f"--secret '{sender.secret_example}'"
+                + (f" (locally, `{sender.local_forwarder} URL` prints one)"
+                   if sender.local_forwarder else ""))
         user = get_user(owner)
         try:
             webhook, secret = transitions.create_webhook(slug=slug, owner=user, source=source,

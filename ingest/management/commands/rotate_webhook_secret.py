@@ -2,8 +2,8 @@ from datetime import timedelta
 
 from django.core.management.base import CommandError
 
-from ingest import sender_setup, transitions
-from ingest.models import Source, Webhook
+from ingest import sender_setup, senders, transitions
+from ingest.models import Webhook
 from switchboard.commands import JsonCommand
 
 
@@ -31,7 +31,7 @@ class Command(JsonCommand):
         webhook = Webhook.objects.filter(slug=slug).first()
         if webhook is None:
             raise CommandError(f"no webhook {slug!r}")
-        if webhook.source == Source.UNSIGNED:
+        if not senders.get_sender(webhook.source).signed:
             raise CommandError(f"webhook {slug!r} is unsigned; it has no secret to rotate")
         if webhook.source in sender_setup.SENDER_MINTED and not secret:
             # A minted secret would be one the sender can never sign with.
