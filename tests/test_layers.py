@@ -62,6 +62,22 @@ def misplaced_modules(root: Path, config: configparser.ConfigParser,
     return found
 
 
+def unlayered_apps(root: Path, config: configparser.ConfigParser, installed_apps) -> list[str]:
+    """Every installed app of this repository (a top-level folder of ``root``) that is not one
+    of the root packages or has no module in any layer: the module scan above never reads it."""
+    layers = layer_modules(config)
+    packages = config["importlinter"]["root_packages"].split()
+    found = []
+    for app in installed_apps:
+        package = app.split(".")[0]
+        if not (root / package).is_dir():
+            continue
+        layered = any(layer == package or layer.startswith(package + ".") for layer in layers)
+        if package not in packages or not layered:
+            found.append(package)
+    return found
+
+
 def test_no_module_imports_a_layer_above_its_own_and_the_plumbing_imports_no_app():
     run = lint_imports(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -70,6 +86,27 @@ def test_no_module_imports_a_layer_above_its_own_and_the_plumbing_imports_no_app
 
 def test_every_shipped_module_is_in_exactly_one_layer():
     assert misplaced_modules(ROOT, read_contracts(ROOT / ".importlinter")) == {}
+
+
+def test_every_installed_app_of_the_repository_is_layered(settings):
+    config = read_contracts(ROOT / ".importlinter")
+    assert unlayered_apps(ROOT, config, settings.INSTALLED_APPS) == []
+
+
+def test_an_installed_app_outside_the_layers_is_found(tmp_path):
+    for name in ("house/__init__.py", "house/top.py", "annex/__init__.py", "annex/views.py",
+                 "loft/__init__.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    (tmp_path / ".importlinter").write_text(
+        "[importlinter]\nroot_packages =\n    house\n    loft\n\n"
+        "[importlinter:contract:layers]\nname = layers\ntype = layers\n"
+        "layers =\n    house.top\n")
+    config = read_contracts(tmp_path / ".importlinter")
+    # The module scan reads only the root packages, so it misses both.
+    assert misplaced_modules(tmp_path, config, split_packages={"house", "loft"}) == {}
+    installed = ["django.contrib.admin", "house", "annex.apps.AnnexConfig", "loft"]
+    assert unlayered_apps(tmp_path, config, installed) == ["annex", "loft"]
 
 
 def test_a_module_in_no_layer_or_in_two_is_found(tmp_path):
