@@ -10,6 +10,8 @@ from django.db import connection
 from django.db.models import Count, Exists, Min, OuterRef, Q, Value
 from django.utils import timezone
 
+from switchboard.db import sql as dialect
+
 from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, TodoEvent, Trust
 
 LIST_LIMIT_DEFAULT = 50
@@ -315,7 +317,7 @@ def count_backlog_by_queue():
     from django.db import connection
     from django.db.models import Count
 
-    if connection.vendor != "postgresql":
+    if not dialect.is_postgres():
         return list(
             Todo.objects.filter(state__in=BACKLOG_STATES)
             .values_list("endpoint__slug", "queue", "state").annotate(n=Count("id")).order_by()
@@ -371,7 +373,7 @@ def metrics_snapshot():
 
     from django.db import connection, transaction
 
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
+    if not dialect.is_postgres() or connection.in_atomic_block:
         return contextlib.nullcontext()  # inside a transaction already: its snapshot rules
 
     @contextlib.contextmanager

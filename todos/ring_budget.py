@@ -39,15 +39,7 @@ def charge_ring(*, todo_id) -> bool:
 
 def _pairs_sql(alias: str, pairs, params: dict, name: str) -> str:
     """``(alias.endpoint_id, alias.queue)`` is one of ``pairs``, as SQL."""
-    if _is_postgres():
-        params[f"{name}_ids"] = [endpoint_id for endpoint_id, _ in pairs]
-        params[f"{name}_queues"] = [queue for _, queue in pairs]
-        return (f"({alias}.endpoint_id, {alias}.queue) IN (SELECT * FROM"
-                f" unnest(%({name}_ids)s::bigint[], %({name}_queues)s::text[]))")
-    params[f"{name}_pairs"] = json.dumps(list(pairs))
-    return (f"EXISTS (SELECT 1 FROM json_each(%({name}_pairs)s) j"
-            f" WHERE json_extract(j.value, '$[0]') = {alias}.endpoint_id"
-            f" AND json_extract(j.value, '$[1]') = {alias}.queue)")
+    return dialect.id_text_pair_in(f"{alias}.endpoint_id", f"{alias}.queue", name, params, pairs)
 
 
 def _ring_scope_sql(alias: str, endpoint_ids, params: dict) -> str:
@@ -140,11 +132,8 @@ def sweep_rings_sql(*, receivers: dict, schedule, limit: int, now=None, select_o
         return (f"COALESCE({alias}.last_ringed_at, {alias}.created_at) <= "
                 + due_case.replace("{t}", alias))
 
-    receiver_rows = (
-        "SELECT (r.value->>0)::bigint AS endpoint_id, (r.value->>1)::timestamptz AS rung_at"
-        " FROM jsonb_array_elements(%(receivers)s::jsonb) r" if _is_postgres() else
-        "SELECT json_extract(r.value, '$[0]') AS endpoint_id,"
-        " json_extract(r.value, '$[1]') AS rung_at FROM json_each(%(receivers)s) r")
+    receiver_rows = dialect.json_rows(
+        "receivers", (("endpoint_id", "bigint"), ("rung_at", "timestamptz")))
     in_scope = _ring_scope_sql("p", endpoint_ids, params)
     select = (
         f"WITH receivers AS ({receiver_rows}),"

@@ -124,11 +124,11 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
                 params["detail"] = json.dumps(
                     {**(detail or {}), **_prior_detail(prior, rows[0].trust)})
             if rows:
-                params["ids"] = json.dumps([row.pk for row in rows])
+                changed = dialect.id_in("t.id", "ids", params, [row.pk for row in rows])
                 with connection.cursor() as cursor:
                     cursor.execute(
                         f"INSERT INTO todos_todoevent ({event_columns}) {event_select} "
-                        f"FROM todos_todo t WHERE t.id IN (SELECT value FROM json_each(%(ids)s))",
+                        f"FROM todos_todo t WHERE {changed}",
                         params,
                     )
     for row in rows:
@@ -324,13 +324,14 @@ def claim_cap_guard(endpoint, params: dict, *, lock_row_first: bool = False) -> 
         first = (" AND id = (SELECT id FROM todos_todo WHERE id = %(todo_id)s"
                  " AND todo_claim_hold(id, TRUE) FOR UPDATE)" if lock_row_first else "")
         return (f"{first} AND endpoint_claim_fits(todos_todo.endpoint_id, todos_todo.queue,"
-                " %(max_claimed)s::integer, (%(queue_limits)s::jsonb ->> todos_todo.queue)::integer)")
+                f" %(max_claimed)s::integer,"
+                f" {dialect.json_member('queue_limits', 'todos_todo.queue')}::integer)")
     claimed = ("SELECT count(*) FROM todos_todo c WHERE c.endpoint_id = todos_todo.endpoint_id"
                " AND c.state = 'claimed'")
     # A queue without a cap compares with NULL, which COALESCE turns into "fits".
     return (f" AND (%(max_claimed)s IS NULL OR ({claimed}) < %(max_claimed)s)"
-            f" AND COALESCE(({claimed} AND c.queue = todos_todo.queue) < (SELECT value FROM"
-            " json_each(%(queue_limits)s) WHERE key = todos_todo.queue), 1)")
+            f" AND COALESCE(({claimed} AND c.queue = todos_todo.queue)"
+            f" < {dialect.json_member('queue_limits', 'todos_todo.queue')}, 1)")
 
 
 def _cap_room_filter(endpoint, params: dict, column: str) -> str:
@@ -345,11 +346,11 @@ def _cap_room_filter(endpoint, params: dict, column: str) -> str:
     claimed = ("SELECT count(*) FROM todos_todo c WHERE c.endpoint_id = %(endpoint_id)s"
                " AND c.state = 'claimed'")
     if _is_postgres():
-        full = (f"ARRAY(SELECT l.key FROM jsonb_each_text(%(queue_limits)s::jsonb) l"
+        full = (f"ARRAY(SELECT l.key FROM {dialect.json_entries('queue_limits')} l"
                 f" WHERE ({claimed} AND c.queue = l.key) >= l.value::integer)")
         return (f" AND (%(max_claimed)s::integer IS NULL OR ({claimed}) < %(max_claimed)s::integer)"
                 f" AND {column} <> ALL({full})")
-    full = (f"SELECT l.key FROM json_each(%(queue_limits)s) l"
+    full = (f"SELECT l.key FROM {dialect.json_entries('queue_limits')} l"
             f" WHERE ({claimed} AND c.queue = l.key) >= l.value")
     return (f" AND (%(max_claimed)s IS NULL OR ({claimed}) < %(max_claimed)s)"
             f" AND {column} NOT IN ({full})")

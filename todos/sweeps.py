@@ -10,6 +10,8 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from switchboard.db import sql as dialect
+
 from . import queries, transitions
 from .models import PrunedEventTally, State, Todo, TodoEvent
 
@@ -209,7 +211,7 @@ def delivery_events_kept_by_todos(*, done_before: datetime, dead_before: datetim
 def _delete_todo_batch(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
     """Delete up to ``batch`` todos matching ``doomed`` with their audit events, folding the
     events into the pruned tally. Returns ``(todos deleted, events deleted)``."""
-    if connection.vendor == "postgresql":
+    if dialect.is_postgres():
         return _delete_todo_batch_postgres(doomed, batch)
     return _delete_todo_batch_sqlite(doomed, batch)
 
@@ -219,7 +221,7 @@ def _delete_todo_batch_postgres(doomed: DoomedTodos, batch: int) -> tuple[int, i
     # todos (docs/decisions/todo-events-without-a-foreign-key.md).
     sql = f"""
         WITH doomed AS (
-            {doomed.select_sql()} FOR UPDATE SKIP LOCKED
+            {doomed.select_sql()}{dialect.skip_locked()}
         ), gone_events AS (
             DELETE FROM todos_todoevent e USING doomed d WHERE e.todo_id = d.id
             RETURNING e.action, e.to_state

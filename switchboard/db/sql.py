@@ -93,3 +93,45 @@ def id_in(column: str, param: str, params: dict, values) -> str:
     if is_postgres():
         return f"{column} = ANY(%({param})s)"
     return f"{column} IN (SELECT value FROM json_each(%({param})s))"
+
+
+def id_text_pair_in(id_column: str, text_column: str, param: str, params: dict, pairs) -> str:
+    """``(id_column, text_column)`` is one of ``pairs`` (``(id, name)`` each), bound under
+    names starting with ``param``."""
+    if is_postgres():
+        params[f"{param}_ids"] = [first for first, _ in pairs]
+        params[f"{param}_queues"] = [second for _, second in pairs]
+        return (f"({id_column}, {text_column}) IN (SELECT * FROM"
+                f" unnest(%({param}_ids)s::bigint[], %({param}_queues)s::text[]))")
+    params[f"{param}_pairs"] = json.dumps(list(pairs))
+    return (f"EXISTS (SELECT 1 FROM json_each(%({param}_pairs)s) j"
+            f" WHERE json_extract(j.value, '$[0]') = {id_column}"
+            f" AND json_extract(j.value, '$[1]') = {text_column})")
+
+
+def json_rows(param: str, columns) -> str:
+    """A ``SELECT`` of one row per element of the JSON array parameter ``param``, each element
+    an array whose items become ``columns`` (``(name, PostgreSQL type)`` pairs, in order)."""
+    if is_postgres():
+        items = ", ".join(f"(r.value->>{i})::{kind} AS {name}"
+                          for i, (name, kind) in enumerate(columns))
+        return f"SELECT {items} FROM jsonb_array_elements({jsonb(param)}) r"
+    items = ", ".join(f"json_extract(r.value, '$[{i}]') AS {name}"
+                      for i, (name, _) in enumerate(columns))
+    return f"SELECT {items} FROM json_each(%({param})s) r"
+
+
+def json_entries(param: str) -> str:
+    """The rows ``(key, value)`` of the JSON object parameter ``param``; a value is text on
+    PostgreSQL and the JSON scalar on SQLite, so compare it through a cast."""
+    if is_postgres():
+        return f"jsonb_each_text({jsonb(param)})"
+    return f"json_each(%({param})s)"
+
+
+def json_member(param: str, key_sql: str) -> str:
+    """The member named by ``key_sql`` of the JSON object parameter ``param`` (NULL when it has
+    none), as text on PostgreSQL and the JSON scalar on SQLite."""
+    if is_postgres():
+        return f"({jsonb(param)} ->> {key_sql})"
+    return f"(SELECT value FROM json_each(%({param})s) WHERE key = {key_sql})"
