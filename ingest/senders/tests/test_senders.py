@@ -12,12 +12,11 @@ from django.test import override_settings
 
 from ingest import queries, transitions
 from ingest.models import DeliveryEvent, DeliveryRecord, Outcome, Webhook
+from ingest.tests import signing
+from ingest.tests.conftest import SECRETS
+from ingest.tests.test_views import post_hook
 from todos import transitions as todo_transitions
 from todos.models import Todo
-
-from . import signing
-from .conftest import SECRETS
-from .test_views import post_hook
 
 pytestmark = pytest.mark.django_db
 
