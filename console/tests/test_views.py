@@ -289,3 +289,87 @@ def asgi_get(path: str) -> dict:
         return {"status": start["status"], "headers": start["headers"], "body": body}
 
     return async_to_sync(go)()
+
+
+def test_many_rows_render_in_a_fixed_number_of_queries(alice_client, make_todo,
+                                                       django_assert_max_num_queries):
+    for n in range(30):
+        make_todo(title=f"todo {n}")
+    # session, user, endpoints (filter), todos (+version subquery), the header's glance (open
+    # counts, the fold row, the tallies, the unfolded events); not one per row
+    with django_assert_max_num_queries(8):
+        assert len(alice_client.get("/todos/").context["todos"]) == 30
+
+
+def test_the_board_page_of_a_hundred_endpoints_costs_what_one_endpoints_does(
+        alice_client, endpoint, django_assert_max_num_queries):
+    for n in range(100):
+        other = EndpointFactory(slug=f"e{n}", owner=endpoint.owner)
+        transitions.create_todo(endpoint=other, queue=f"q{n % 7}", title=f"todo {n}",
+                                actor="test")
+    # the same statements as for one endpoint: the glance groups, it does not loop
+    with django_assert_max_num_queries(8):
+        page = alice_client.get("/todos/")
+    assert len(page.context["todos"]) == 100
+
+
+def test_todo_page_offers_result_error_and_lease_forms_while_claimed(alice_client, make_todo):
+    todo = make_todo()
+    assert 'name="result"' not in alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    post_action(alice_client, todo, "claim")
+    page = alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    assert 'name="result"' in page and 'name="error"' in page and 'name="lease_seconds"' in page
+    response = alice_client.post(f"/todos/{todo.pk}/extend", {"lease_seconds": "soon"})
+    assert response.status_code == 302  # a refusal message, not a 500
+    assert "invalid_argument" in alice_client.get(f"/todos/{todo.pk}/").content.decode()
+    alice_client.post(f"/todos/{todo.pk}/complete", {"result": "plain words"})
+    todo.refresh_from_db()
+    assert todo.state == State.DONE and todo.result == "plain words"
+
+
+def test_filtered_board_buttons_return_to_the_filtered_board(alice_client, make_todo):
+    make_todo(queue="inbox")
+    for url in ("/todos/?queue=inbox", "/todos/rows?queue=inbox"):
+        html = alice_client.get(url).content.decode()
+        assert 'name="next" value="/todos/?queue=inbox"' in html
+
+
+def test_board_clock_buttons_clock_own_endpoints_only(alice_client, operator, bob_todo):
+    from endpoints.models import Endpoint
+
+    mine = EndpointFactory(slug="mine", owner=operator)
+    board = alice_client.get(reverse("todos-board")).content.decode()
+    assert reverse("todos-clock", args=["mine", "out"]) in board
+    assert "bobs" not in board
+    response = alice_client.post(reverse("todos-clock", args=["mine", "out"]),
+                                 {"next": reverse("todos-board")})
+    assert response.status_code == 302
+    assert Endpoint.objects.get(pk=mine.pk).presence_state == "out"
+    assert reverse("todos-clock", args=["mine", "in"]) in alice_client.get(reverse("todos-board")).content.decode()
+    assert alice_client.post(reverse("todos-clock", args=["bobs", "out"])).status_code == 404
+    assert Endpoint.objects.get(slug="bobs").presence_state == "in"
+    assert alice_client.get(reverse("todos-clock", args=["mine", "in"])).status_code == 405
+
+
+@pytest.mark.parametrize("bad", ["a%00b", "%ED%A0%80"])
+@pytest.mark.parametrize("field", ["endpoint", "queue"])
+def test_a_board_filter_with_a_nul_or_broken_text_is_a_400_naming_it_never_a_500(
+        alice_client, endpoint, field, bad):
+    for path in ("/todos/", "/todos/rows"):
+        answer = alice_client.get(f"{path}?{field}={bad}")
+        if "%00" in bad:
+            assert answer.status_code == 400, (path, answer.status_code)
+            assert field in answer.content.decode()
+        else:  # undecodable bytes arrive as U+FFFD: a filter that matches nothing
+            assert answer.status_code == 200, (path, answer.status_code)
+
+
+def test_pausing_a_queue_named_with_a_nul_on_the_board_is_refused_with_a_message(
+        alice_client, endpoint):
+    answer = alice_client.post(f"/todos/endpoints/{endpoint.slug}/work/pause",
+                               {"queue": "in\x00box"}, follow=True)
+    assert answer.status_code == 200
+    notes = [str(m) for m in answer.context["messages"]]
+    assert any("queue" in note for note in notes), notes
+    endpoint.refresh_from_db()
+    assert endpoint.paused_queues == []
