@@ -411,14 +411,17 @@ def _first_unheld(ordered_sql: str, columns: str, endpoint) -> str:
     re-read fresh). Not a row lock with SKIP LOCKED: a digest or a ring stamping
     last_ringed_at locks rows too, and a todo held only by that bookkeeping is still the one
     to hand out (the claim's UPDATE waits the moment it takes). The function is applied
-    outside the ordered sub-select, which PostgreSQL neither flattens (it has an ORDER BY) nor
-    pushes a volatile condition into, so it runs on rows in claim order and stops at the
-    first it holds, whatever plan reads them. An endpoint with caps has its cap lock taken
+    outside the ordered sub-select, fenced by OFFSET 0 (PostgreSQL pushes no condition into a
+    sub-select with a LIMIT or OFFSET), so it runs on rows in claim order and stops at the
+    first it holds, whatever plan reads them. Without the fence PostgreSQL pushed it, volatile
+    as it is, into a sequential scan's filter below the sort: the claim then held every
+    pending todo (todos/tests/test_plans.py pins this). An endpoint with caps has its cap lock taken
     first, so its claims pick in turn (a claim that passed over a held todo must not take the
     last slot before the claim holding it is checked)."""
     capped = (", FALSE, %(endpoint_id)s::bigint"
               if endpoint is not None and endpoint.has_claim_caps else "")
-    return f"SELECT {columns} FROM ({ordered_sql}) h WHERE todo_claim_hold(h.id{capped}) LIMIT 1"
+    return (f"SELECT {columns} FROM ({ordered_sql} OFFSET 0) h"
+            f" WHERE todo_claim_hold(h.id{capped}) LIMIT 1")
 
 
 # -- the sweeps' batches (todos.transitions' sweep verbs) ----------------------------------------

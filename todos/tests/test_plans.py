@@ -117,3 +117,42 @@ def test_fenced_verbs_find_their_todo_by_primary_key(nothing_claimed_when_analyz
     after = index_scans(*names)
     used = {name: after[name] - before[name] for name in names}
     assert used == {"todos_todo_pkey": 2, "todo_by_state": 0, "todo_reaper": 0}, used
+
+
+# A claim holds its todo by an advisory lock taken in todo_claim_hold, which must run only on
+# rows in claim order, after the sort, stopping at the first it holds. Pushed below the sort
+# into a sequential scan's filter (the plan PostgreSQL chose for one capped endpoint's
+# thousands of pending todos once they were analyzed), it ran on every pending row: the claim
+# held all of them until it committed, so every other claimer found nothing to claim, and each
+# claim cost a lock per row (measured: a 16-thread cap test ran >15x slower and timed out).
+@pytest.mark.parametrize("caps", [{}, {"max_claimed": 3}, {"queue_limits": {"q0": 2}}],
+                         ids=["uncapped", "max_claimed", "queue_limits"])
+@pytest.mark.parametrize("queues", [None, ["q0", "q1"]], ids=["all_queues", "listed_queues"])
+def test_a_claim_holds_only_the_todo_it_claims_whatever_plan_reads_the_candidates(caps, queues):
+    from django.db import transaction
+
+    # No scope: a scoped caller's claim_next reads its granted queues as listed ones.
+    endpoint = EndpointFactory(owner=UserFactory(), **caps)
+    now = timezone.now()
+    Todo.objects.bulk_create(
+        Todo(endpoint=endpoint, queue=f"q{i % 2}", title="t", created_at=now, updated_at=now)
+        for i in range(2000)
+    )
+    with connection.cursor() as cursor:
+        plans.analyze_every_table(cursor)
+    caller = transitions.Caller.agent(endpoint, "session-1")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # The plan that pushed the lock into the scan: no index to read in claim order.
+            cursor.execute("SET LOCAL enable_indexscan = off")
+            cursor.execute("SET LOCAL enable_bitmapscan = off")
+        todo = transitions.claim_next_todo(caller, queues=queues)
+        with connection.cursor() as cursor:
+            # Claim holds use the two-integer key space (objsubid 2); the cap lock is a bigint.
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()"
+                           " AND locktype = 'advisory' AND objsubid = 2")
+            held = cursor.fetchone()[0]
+    assert todo is not None
+    # Over listed queues each queue's head is held, and the best of them claimed.
+    most = 1 if queues is None else len(queues)
+    assert held <= most, f"the claim held {held} todos' claim locks"
