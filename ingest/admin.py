@@ -1,5 +1,5 @@
-"""Admin for webhooks (routes inline, secret rotation), deliveries, the delivery log and
-operator API tokens.
+"""Admin for webhooks (routes inline, secret rotation), connections (tested on save and on
+demand), deliveries, the delivery log and operator API tokens.
 
 Secrets are never rendered again: a minted webhook secret or API token is shown once, on a
 page of its own (switchboard.admin_pages), never in a message.
@@ -26,8 +26,8 @@ from django.utils.html import format_html
 from endpoints.models import Endpoint
 from switchboard import admin_pages, json_input
 
-from . import senders, transitions
-from .models import DeliveryEvent, DeliveryRecord, OperatorToken, Route, Webhook
+from . import connections, senders, transitions
+from .models import Connection, DeliveryEvent, DeliveryRecord, OperatorToken, Route, Webhook
 
 
 def show_webhook_secrets_once(request, minted, *, title):
@@ -98,7 +98,7 @@ class WebhookForm(forms.ModelForm):
 
     class Meta:
         model = Webhook
-        fields = ("slug", "owner", "source", "active")
+        fields = ("slug", "owner", "source", "active", "connection")
 
     def clean(self):
         data = super().clean()
@@ -108,6 +108,14 @@ class WebhookForm(forms.ModelForm):
                 transitions.check_webhook_secret(data["source"], secret)
             except ValueError as exc:
                 self.add_error("new_secret", str(exc))
+        source = data.get("source") or self.instance.source
+        if data.get("connection") is not None and source and data.get("owner") is not None:
+            probe = Webhook(slug=data.get("slug") or self.instance.slug, source=source,
+                            owner=data["owner"])
+            try:
+                connections.check_webhook_connection(probe, data["connection"])
+            except ValidationError as exc:
+                self.add_error("connection", exc.message_dict["connection"])
         return data
 
 
@@ -128,10 +136,12 @@ class WebhookAdmin(admin.ModelAdmin):
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "owner":
             only_own_users(db_field, request, kwargs)
+        if db_field.name == "connection" and not request.user.is_superuser:
+            kwargs["queryset"] = Connection.objects.filter(owner=request.user)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_fields(self, request, obj=None):
-        fields = ["slug", "owner", "source", "active"]
+        fields = ["slug", "owner", "source", "active", "connection"]
         return fields if obj else fields + ["new_secret"]
 
     def get_readonly_fields(self, request, obj=None):
@@ -192,6 +202,90 @@ class WebhookAdmin(admin.ModelAdmin):
     def delivery_log_link(self, obj):
         return format_html('<a href="{}">delivery log</a>',
                            reverse("webhook-page", args=[obj.slug]))
+
+
+class ConnectionForm(forms.ModelForm):
+    new_secret = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 4, "autocomplete": "off"}),
+        strip=True,
+        help_text="github_app: the App's private key (the .pem file's text); github_token: the "
+                  "token. Stored encrypted, never shown again. On an existing connection, leave "
+                  "empty to keep the current one.")
+
+    api_url = forms.URLField(
+        required=False, max_length=300, assume_scheme="https",
+        help_text="Empty: the source's public API (GitHub: https://api.github.com). GitHub "
+                  "Enterprise Server: https://HOST/api/v3.")
+
+    class Meta:
+        model = Connection
+        fields = ("name", "owner", "kind", "api_url", "app_id")
+
+    def clean(self):
+        data = super().clean()
+        existing = self.instance.pk is not None
+        secret = data.get("new_secret") or (self.instance.secret if existing else "")
+        kind = data.get("kind") or self.instance.kind
+        if not kind:
+            return data
+        try:
+            checked = connections.check_connection_fields(
+                kind=kind, secret=secret, app_id=data.get("app_id", ""),
+                api_url=data.get("api_url") or None)
+        except ValidationError as exc:
+            for name, problems in exc.message_dict.items():
+                self.add_error("new_secret" if name == "secret" else name, problems)
+            return data
+        data.update(api_url=checked["api_url"], app_id=checked["app_id"])
+        self.instance.secret = checked["secret"]
+        return data
+
+
+@admin.register(Connection)
+class ConnectionAdmin(admin.ModelAdmin):
+    """Connections (docs/write-back.md#connections): saving one tests it, and the "Test"
+    action tests again; the secret is write-only."""
+
+    form = ConnectionForm
+    list_display = ("name", "kind", "owner", "api_url", "identity", "last_success_at",
+                    "last_error_at", "last_error")
+    list_filter = ("kind",)
+    search_fields = ("name", "identity")
+    readonly_fields = ("identity", "identity_id", "last_success_at", "last_error_at",
+                       "last_error")
+    actions = ["test_selected"]
+
+    def get_queryset(self, request):
+        rows = super().get_queryset(request)
+        return rows if request.user.is_superuser else rows.filter(owner=request.user)
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "owner":
+            only_own_users(db_field, request, kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        fields = ["name", "owner", "kind", "api_url", "app_id", "new_secret"]
+        return fields + list(self.readonly_fields) if obj else fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("kind", *self.readonly_fields) if obj else ()
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        self._report(request, obj, connections.test_connection(obj))
+
+    def _report(self, request, connection, test):
+        if test.ok:
+            self.message_user(request, f"{connection.name}: writes back as {test.identity}")
+        else:
+            self.message_user(request, f"{connection.name}: saved, but the test failed: "
+                                       f"{test.error}", messages.WARNING)
+
+    @admin.action(description="Test selected connections", permissions=["change"])
+    def test_selected(self, request, queryset):
+        for connection in queryset:
+            self._report(request, connection, connections.test_connection(connection))
 
 
 class StrandedFilter(admin.SimpleListFilter):

@@ -61,8 +61,53 @@ def _unseal(value: str, secrets_key: str, secret_key: str) -> str:
     try:
         return _fernet_for(secrets_key, secret_key).decrypt(value.encode("ascii")).decode()
     except (InvalidToken, UnicodeEncodeError):
-        log.warning("a stored webhook secret could not be decrypted with SWITCHBOARD_SECRETS_KEY")
+        log.warning("a stored secret (a webhook's or a connection's) could not be decrypted "
+                    "with SWITCHBOARD_SECRETS_KEY")
         return ""
+
+
+class ConnectionKind(models.TextChoices):
+    GITHUB_APP = "github_app"
+    GITHUB_TOKEN = "github_token"
+    GITLAB = "gitlab"
+    GITEA = "gitea"
+    LINEAR = "linear"
+    SLACK = "slack"
+
+
+class Connection(models.Model):
+    """switchboard's outbound identity at one source system (docs/write-back.md): what it
+    writes back under. ``secret`` is the App's private key (PEM) or the token, sealed like a
+    webhook secret and never shown again; ``app_id`` only for ``github_app``. ``identity`` is
+    who the source says we are (``<slug>[bot]`` for an App, the token's user otherwise), with
+    ``identity_id`` (the App's or user's id), both recorded by the last successful test."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="connections"
+    )
+    kind = models.CharField(max_length=16, choices=ConnectionKind.choices)
+    api_url = models.URLField(max_length=300)
+    app_id = models.CharField(max_length=32, blank=True, default="")
+    secret = SealedSecretField(blank=True, default="")
+    identity = models.CharField(max_length=200, blank=True, default="")
+    identity_id = models.CharField(max_length=64, blank=True, default="")
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    last_error_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    @property
+    def is_ok(self) -> bool:
+        """The last test (or request) succeeded after the last error, if any."""
+        return self.last_success_at is not None and (
+            self.last_error_at is None or self.last_success_at >= self.last_error_at)
 
 
 class Webhook(models.Model):
@@ -77,6 +122,11 @@ class Webhook(models.Model):
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Who switchboard writes back to the source as (docs/write-back.md); none: it writes
+    # nothing. A connection of the webhook's own source family and owner
+    # (``connections.check_webhook_connection``).
+    connection = models.ForeignKey(Connection, null=True, blank=True, on_delete=models.PROTECT,
+                                   related_name="webhooks")
 
     class Meta:
         ordering = ["slug"]

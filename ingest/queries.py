@@ -14,8 +14,8 @@ from todos import queries as todo_queries
 from todos.models import State, Todo
 from todos.transitions import Refusal
 
-from .models import (SECRET_REF_PREFIX, OperatorSecret, OperatorToken, Route, Webhook,
-                     unseal_text)
+from .models import (SECRET_REF_PREFIX, Connection, OperatorSecret, OperatorToken, Route,
+                     Webhook, unseal_text)
 
 
 # The hook's one read, as SQL: the ORM's select_related over three models cost several times
@@ -188,3 +188,7 @@ def delivery_as_dict(record) -> dict:
         "kind": record.kind, "size": record.size, "todos": record.todo_id_list,
         "redelivered_from": str(record.redelivered_from_id) if record.redelivered_from_id else None,
     }
+
+
+def find_connection(name: str) -> Connection | None:
+    return Connection.objects.filter(name=name).first()

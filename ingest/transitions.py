@@ -30,7 +30,7 @@ from switchboard.db import statements
 from todos import statements as todo_statements
 from todos import transitions as todo_transitions
 
-from . import actors, senders
+from . import actors, connections, senders
 from .models import (DeliveryEvent, DeliveryRecord, OperatorSecret, OperatorToken, Outcome,
                      ReplayLedgerEntry, Route, Source, TrustMode, Webhook)
 
@@ -77,14 +77,17 @@ def check_webhook_secret(source: str, secret: str) -> None:
 
 
 @transaction.atomic
-def create_webhook(*, slug: str, owner, source: str, secret: str | None = None) -> tuple[Webhook, str]:
-    """Create a webhook. Returns ``(webhook, secret)``: ``secret`` is the one given, or a
-    fresh one (the only moment a minted secret is shown)."""
+def create_webhook(*, slug: str, owner, source: str, secret: str | None = None,
+                   connection=None) -> tuple[Webhook, str]:
+    """Create a webhook, writing back under ``connection`` when given
+    (``connections.check_webhook_connection``). Returns ``(webhook, secret)``: ``secret`` is
+    the one given, or a fresh one (the only moment a minted secret is shown)."""
     if source not in Source.values:
         raise ValueError(f"unknown source {source!r}; one of {', '.join(Source.values)}")
     secret = mint_webhook_secret(source) if secret is None else secret
     check_webhook_secret(source, secret)
-    webhook = Webhook(slug=slug, owner=owner, source=source, secret=secret)
+    webhook = Webhook(slug=slug, owner=owner, source=source, secret=secret, connection=connection)
+    connections.check_webhook_connection(webhook, connection)
     webhook.full_clean()
     webhook.save()
     return webhook, secret

@@ -15,6 +15,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 # How long the drift check waits for something to answer at the default public URL.
 PUBLIC_URL_PROBE_SECONDS = 0.5
+# URLs a command prints that are not this server's (a connection's source API).
+OTHER_SERVERS_URL_KEYS = frozenset({"api_url"})
 
 
 class JsonCommand(BaseCommand):
@@ -25,7 +27,7 @@ class JsonCommand(BaseCommand):
 
     def emit(self, options, data: dict, human: str | None):
         """``data`` as one JSON object under --json, else the ``human`` line (None: nothing)."""
-        if any(key.endswith("_url") for key in data):
+        if any(key.endswith("_url") and key not in OTHER_SERVERS_URL_KEYS for key in data):
             warning = public_url_drift_warning()
             if warning:
                 self.stderr.write(warning)  # stderr: stdout keeps exactly what --json promises

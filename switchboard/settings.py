@@ -143,6 +143,9 @@ SWITCHBOARD_RETAIN_DELIVERY_LOG = timedelta(
 )
 SWITCHBOARD_SECRETS_KEY = env.str("SWITCHBOARD_SECRETS_KEY", default="")
 SWITCHBOARD_METRICS_TOKEN = env.str("SWITCHBOARD_METRICS_TOKEN", default="")
+# Write-back (docs/write-back.md) goes to https only; plain http to a loopback address is for a
+# local stand-in of a source, which only the test settings allow.
+SWITCHBOARD_WRITE_BACK_LOOPBACK_HTTP = False
 
 # -- apps ------------------------------------------------------------------------------------
 INSTALLED_APPS = [

@@ -28,3 +28,5 @@ isolate_xdist_worker()
 from .settings import *  # noqa: E402,F401,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test logins
+# Tests write back to a stand-in of GitHub on a loopback port, which serves plain http.
+SWITCHBOARD_WRITE_BACK_LOOPBACK_HTTP = True

@@ -29,6 +29,29 @@ def _headers_delivery_id(envelope: Envelope, payload: dict) -> str:
 
 
 @dataclass(frozen=True)
+class Identity:
+    """Who a source says a connection is: its login (``<slug>[bot]`` for a GitHub App) and
+    id (the App's or the user's), as text."""
+
+    login: str
+    id: str
+
+
+@dataclass(frozen=True)
+class ConnectionSpec:
+    """One kind of connection (docs/write-back.md#connections): switchboard's outbound
+    identity at a sender's system, with its client in the sender's module."""
+
+    kind: str  # the ConnectionKind value connections store
+    default_api_url: str  # "" when every connection must name its own (Gitea, Forgejo)
+    # (connection, now) -> Identity, or outbound.SourceError. None: no client yet, so such a
+    # connection cannot be made.
+    identify: Callable | None = None
+    check_secret: Callable = _secret_fits  # (secret) -> None, or ValueError
+    needs_app_id: bool = False  # a GitHub App: the App's id beside its private key
+
+
+@dataclass(frozen=True)
 class Sender:
     source: str  # the Source value webhooks store
     verify: Callable  # (webhook, headers, body, now) -> Envelope, or VerificationFailed
@@ -58,6 +81,7 @@ class Sender:
     event_headers: tuple = ()  # where its event name is, for refused deliveries' log
     kind_origin: str = "the payload's type"  # where its kind comes from, named in a bad_kind
     delivery_headers: tuple = ()  # where its delivery id is, likewise
+    connections: tuple = ()  # the ConnectionSpecs a webhook of this source may write back with
 
 
 from . import github, gitea, gitlab, stripe, standard, linear, slack, sentry, unsigned  # noqa: E402
@@ -71,6 +95,14 @@ EVENT_HEADERS = tuple(dict.fromkeys(h for s in SENDERS.values() for h in s.event
 DELIVERY_HEADERS = tuple(dict.fromkeys(h for s in SENDERS.values() for h in s.delivery_headers))
 # Kinds a route takes only when it names them exactly (a Slack thread's notice).
 OPT_IN_KINDS = frozenset(kind for s in SENDERS.values() for kind in s.opt_in_kinds)
+# Every kind of connection, and the source whose webhooks it serves.
+CONNECTION_SPECS = {spec.kind: spec for s in SENDERS.values() for spec in s.connections}
+CONNECTION_SOURCE = {spec.kind: s.source for s in SENDERS.values() for spec in s.connections}
+
+
+def get_connection_spec(kind: str) -> ConnectionSpec:
+    """The spec of connection ``kind``; KeyError for a kind switchboard does not know."""
+    return CONNECTION_SPECS[kind]
 
 
 def get_sender(source: str) -> Sender:

@@ -2,7 +2,7 @@
 for compatibility, the X-Gitea-* ones), GitHub's payload shapes, the sender's permission as
 its role where it is the sender's own (docs/senders.md#the-other-sources-briefly)."""
 
-from . import Sender, github
+from . import ConnectionSpec, Sender, github
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
 from ..titles import kind_with_action
@@ -62,4 +62,6 @@ SENDER = Sender(
     reads_roles=True, takes_forms=True, redelivers_under_its_id=True,
     event_headers=("x-forgejo-event", "x-gitea-event"),
     kind_origin="the X-Forgejo-Event or X-Gitea-Event header, then the payload's action",
-    delivery_headers=("x-forgejo-delivery", "x-gitea-delivery"))
+    delivery_headers=("x-forgejo-delivery", "x-gitea-delivery"),
+    # Gitea or Forgejo: a token and the instance's own api_url; no write-back client yet.
+    connections=(ConnectionSpec(kind="gitea", default_api_url=""),))

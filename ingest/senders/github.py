@@ -1,7 +1,17 @@
 """GitHub: HMAC-SHA256 of the body in X-Hub-Signature-256, JSON or form posts, the actor's
-role from the object the event is about (docs/senders.md#the-other-sources-briefly)."""
+role from the object the event is about (docs/senders.md#the-other-sources-briefly); and the
+client of its connections, an App or a token (docs/write-back.md#connections)."""
 
-from . import Sender
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from . import ConnectionSpec, Identity, Sender
+from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
 from ..titles import branch, commits, dig, first, kind_with_action, text
@@ -83,9 +93,130 @@ def setup_steps(hook_url: str, slug: str) -> list[str]:
     ]
 
 
+# -- the connection's client (docs/write-back.md#connections) ----------------------------------
+
+DEFAULT_API_URL = "https://api.github.com"
+API_VERSION = "2022-11-28"
+# GitHub refuses an App JWT whose exp is more than 10 minutes ahead; iat is set a minute back
+# for clock drift, as GitHub advises, and exp 9 minutes ahead: 10 minutes in all.
+APP_JWT_BACKDATE = timedelta(seconds=60)
+APP_JWT_LIFETIME = timedelta(minutes=10)
+# An installation token lives an hour; one is reused until this long before it expires, so a
+# write-back never starts with a token about to lapse.
+INSTALLATION_TOKEN_MARGIN = timedelta(minutes=5)
+
+
+def _headers() -> dict:
+    return {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION}
+
+
+def check_private_key(pem: str) -> None:
+    """ValueError unless ``pem`` is an RSA private key in PEM (what GitHub gives an App)."""
+    try:
+        key = serialization.load_pem_private_key(pem.encode(), password=None)
+    except (ValueError, TypeError):
+        raise ValueError("not a PEM private key without a passphrase (the .pem file GitHub "
+                         "gave the App)") from None
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise ValueError("a GitHub App's private key is an RSA key")
+
+
+def check_token(token: str) -> None:
+    if not token or len(token) > 1000 or any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise ValueError("not a token: one word of printable characters")
+
+
+def app_jwt(app_id: str, private_key: str, now: datetime) -> str:
+    """The App's JWT (RS256; ``iss`` the App id, ``iat`` a minute back, ``exp`` nine minutes
+    ahead): what ``GET /app`` and minting installation tokens take."""
+    issued = now - APP_JWT_BACKDATE
+    claims = {"iat": int(issued.timestamp()), "exp": int((issued + APP_JWT_LIFETIME).timestamp()),
+              "iss": str(app_id)}
+    return jwt.encode(claims, private_key, algorithm="RS256")
+
+
+def identify(connection, now: datetime) -> Identity:
+    """Who the connection is at GitHub: an App's bot login (``<slug>[bot]``, from ``GET /app``)
+    and the App's id; a token's user (``GET /user``)."""
+    if connection.kind == "github_app":
+        answer = outbound.send(connection.api_url, "GET", "/app", headers=_headers(),
+                               token=app_jwt(connection.app_id, connection.secret, now), now=now)
+        app = answer.body if isinstance(answer.body, dict) else {}
+        if not app.get("slug") or str(app.get("id")) != str(connection.app_id):
+            raise outbound.SourceError("GET /app did not answer with this App's slug and id")
+        return Identity(login=f"{app['slug']}[bot]", id=str(app["id"]))
+    answer = outbound.send(connection.api_url, "GET", "/user", headers=_headers(),
+                           token=connection.secret, now=now)
+    user = answer.body if isinstance(answer.body, dict) else {}
+    if not user.get("login"):
+        raise outbound.SourceError("GET /user did not answer with a login")
+    return Identity(login=str(user["login"]), id=str(user.get("id", "")))
+
+
+@dataclass(frozen=True)
+class _CachedToken:
+    token: str
+    expires_at: datetime
+
+
+# Installation tokens per (connection, its App and key, installation): a process mints one and
+# reuses it until INSTALLATION_TOKEN_MARGIN before it expires. Kept in memory only (never in
+# the database or a log); a new key or App id on the connection misses the cache.
+_installation_tokens: dict = {}
+_installation_tokens_lock = threading.Lock()
+
+
+def installation_token(connection, installation_id, now: datetime) -> str:
+    """A token of the App's installation ``installation_id`` (the delivery's
+    ``installation.id``), minted with the App's JWT or reused from the cache."""
+    installation = outbound.number_segment(installation_id)
+    key = (connection.pk, connection.app_id, hash(connection.secret), connection.api_url,
+           installation)
+    with _installation_tokens_lock:
+        cached = _installation_tokens.get(key)
+    if cached is not None and cached.expires_at - INSTALLATION_TOKEN_MARGIN > now:
+        return cached.token
+    answer = outbound.send(
+        connection.api_url, "POST", f"/app/installations/{installation}/access_tokens",
+        headers=_headers(), token=app_jwt(connection.app_id, connection.secret, now), now=now)
+    body = answer.body if isinstance(answer.body, dict) else {}
+    try:
+        minted = _CachedToken(token=str(body["token"]),
+                              expires_at=datetime.fromisoformat(body["expires_at"]))
+    except (KeyError, TypeError, ValueError):
+        raise outbound.SourceError("the installation token answer had no token or expires_at")
+    with _installation_tokens_lock:
+        _installation_tokens[key] = minted
+    return minted.token
+
+
+def forget_installation_tokens() -> None:
+    """Drop every cached installation token (tests; a connection's key was replaced)."""
+    with _installation_tokens_lock:
+        _installation_tokens.clear()
+
+
+def connection_token(connection, payload: dict, now: datetime) -> str:
+    """The bearer for writing back about a delivery's ``payload``: the installation's token for
+    an App (its ``installation.id``), the connection's own token otherwise."""
+    if connection.kind != "github_app":
+        return connection.secret
+    installation = payload.get("installation") if isinstance(payload, dict) else None
+    if not isinstance(installation, dict) or "id" not in installation:
+        raise outbound.SourceError("the delivery names no App installation (installation.id): "
+                                   "is the webhook the App's own?")
+    return installation_token(connection, installation["id"], now)
+
+
 SENDER = Sender(
     source=Source.GITHUB, verify=verify, derive_kind=kind_with_action, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, reads_roles=True, takes_forms=True,
     redelivers_under_its_id=True,
     kind_origin="the X-GitHub-Event header, then the payload's action",
-    event_headers=("x-github-event",), delivery_headers=("x-github-delivery",))
+    event_headers=("x-github-event",), delivery_headers=("x-github-delivery",),
+    connections=(
+        ConnectionSpec(kind="github_app", default_api_url=DEFAULT_API_URL, identify=identify,
+                       check_secret=check_private_key, needs_app_id=True),
+        ConnectionSpec(kind="github_token", default_api_url=DEFAULT_API_URL, identify=identify,
+                       check_secret=check_token),
+    ))

@@ -1,7 +1,7 @@
 """GitLab: the secret token itself in X-Gitlab-Token, kinds from the event header and the
 object's action, the actor's username and no roles (docs/senders.md#the-other-sources-briefly)."""
 
-from . import Sender
+from . import ConnectionSpec, Sender
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
 from ..titles import branch, commits, dig, first, text
@@ -69,4 +69,6 @@ SENDER = Sender(
     source=Source.GITLAB, verify=verify, derive_kind=derive_kind, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, redelivers_under_its_id=True,
     kind_origin="the X-Gitlab-Event header, then object_attributes.action",
-    event_headers=("x-gitlab-event",), delivery_headers=("idempotency-key", "x-gitlab-event-uuid"))
+    event_headers=("x-gitlab-event",), delivery_headers=("idempotency-key", "x-gitlab-event-uuid"),
+    # A project or group access token; no write-back client yet (docs/write-back.md).
+    connections=(ConnectionSpec(kind="gitlab", default_api_url="https://gitlab.com/api/v4"),))

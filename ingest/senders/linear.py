@@ -4,7 +4,7 @@ signed body within a minute; a secret Linear mints (docs/senders.md#linear)."""
 import hashlib
 from datetime import timedelta
 
-from . import Sender
+from . import ConnectionSpec, Sender
 from ..models import Source, TrustMode
 from ..titles import dig, first, kind_with_action, text
 from ..verification import (Envelope, VerificationFailed, accepted_secrets, as_bytes,
@@ -80,4 +80,7 @@ def setup_steps(hook_url: str, slug: str) -> list[str]:
 SENDER = Sender(
     source=Source.LINEAR, verify=verify, derive_kind=derive_kind, derive_title=derive_title,
     setup_steps=setup_steps, mints_own_secret=True, check_payload=check_payload,
-    kind_origin="the payload's type, then its action", event_headers=("linear-event",), delivery_headers=("linear-delivery",))
+    kind_origin="the payload's type, then its action", event_headers=("linear-event",),
+    delivery_headers=("linear-delivery",),
+    # An app's OAuth token (actor=app) or an API key; no write-back client yet.
+    connections=(ConnectionSpec(kind="linear", default_api_url="https://api.linear.app/graphql"),))

@@ -8,7 +8,7 @@ import re
 
 from switchboard import harness_text
 
-from . import Sender
+from . import ConnectionSpec, Sender
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
 from ..problems import one_line
@@ -180,4 +180,6 @@ SENDER = Sender(
     mints_own_secret=True, delivery_id=delivery_id, is_handshake=is_handshake,
     handshake_kind="url_verification", retry_note=retry_note,
     opt_in_kinds=frozenset({THREAD_NOTICE_KIND}),
-    kind_origin="the event's type (or the payload's type)")
+    kind_origin="the event's type (or the payload's type)",
+    # A bot token (xoxb-…); no write-back client yet.
+    connections=(ConnectionSpec(kind="slack", default_api_url="https://slack.com/api"),))

@@ -66,3 +66,30 @@ def make_webhook(operator, endpoint):
 @pytest.fixture
 def other_endpoints(operator):
     return [EndpointFactory(slug=f"agent-{n}", owner=operator) for n in range(2)]
+
+
+@pytest.fixture
+def github():
+    """A stand-in of GitHub's API held to its published description
+    (ingest/tests/github_standin.py); the test fails if any request broke a rule."""
+    from ingest.senders import github as github_sender
+    from ingest.tests.github_standin import GitHubStandIn
+
+    github_sender.forget_installation_tokens()
+    standin = GitHubStandIn().start()
+    yield standin
+    standin.stop()
+    github_sender.forget_installation_tokens()
+    assert standin.problems == [], "requests GitHub's description refuses"
+
+
+@pytest.fixture
+def app_connection(operator, github):
+    """A github_app connection of ``operator`` to the stand-in, tested."""
+    from ingest import connections
+
+    connection, test = connections.create_connection(
+        name="gh-app", owner=operator, kind="github_app", secret=github.app_pem,
+        app_id=str(github.app_id), api_url=github.api_url)
+    assert test.ok, test.error
+    return connection

@@ -23,7 +23,8 @@ def run(*args) -> dict:
 def test_add_webhook_mints_and_prints_the_secret_once(operator, settings):
     settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
     data = run("add_webhook", "gh", "--owner", operator.username, "--source", "github")
-    assert set(data) == {"slug", "hook_url", "secret"}
+    assert set(data) == {"slug", "hook_url", "secret", "connection"}
+    assert data["connection"] is None
     assert data["hook_url"] == "https://sb.example/hooks/gh"
     assert Webhook.objects.get(slug="gh").secret == data["secret"] and len(data["secret"]) >= 32
 

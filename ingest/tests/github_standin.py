@@ -1,0 +1,429 @@
+"""A stand-in of GitHub's REST API for write-back tests, held to GitHub's own description.
+
+Every request it receives is checked against ``api.github.com.json`` of the npm package
+``@octokit/openapi`` (method, path template, path parameters, request body schema), never
+against what switchboard means to send; an App's JWT is checked as GitHub does (RS256 by the
+App's key, ``iss`` the App id, ``exp`` at most 10 minutes after ``iat`` and ahead of now). A
+request that breaks a rule is answered as GitHub would (404, 401, 422) and kept in
+``problems``; the ``github`` fixture fails the test when any was seen. Answers start from the
+description's own examples.
+
+The package is found under ``var/npm`` (``npm install --prefix var/npm``; installed on first
+use when npm is on the machine, at the pinned versions below). Without npm the tests that need
+it are skipped, saying why.
+"""
+
+import copy
+import fcntl
+import itertools
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone as dt_timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import jsonschema
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT4
+
+REPO = Path(__file__).resolve().parents[2]
+NPM_PREFIX = REPO / "var" / "npm"
+# The versions the tests were written against: a newer description may add or rename.
+OPENAPI_PACKAGE = "@octokit/openapi@23.0.2"
+WEBHOOK_EXAMPLES_PACKAGE = "@octokit/webhooks-examples@7.6.1"
+OPENAPI_FILE = NPM_PREFIX / "node_modules/@octokit/openapi/generated/api.github.com.json"
+WEBHOOK_EXAMPLES_FILE = NPM_PREFIX / "node_modules/@octokit/webhooks-examples/api.github.com/index.json"
+_DOC_URI = "urn:github:api.github.com.json"
+# GitHub's own allowance for clocks: an iat up to a minute ahead of its clock.
+JWT_CLOCK_SKEW = timedelta(seconds=60)
+JWT_MAX_LIFETIME = timedelta(minutes=10)
+
+
+def npm_file(path: Path) -> Path:
+    """``path`` inside var/npm, installing the pinned packages once when it is missing (a file
+    lock keeps parallel test workers from installing at the same time). Skips when npm is not
+    on the machine; fails when npm is there and the install fails."""
+    if path.exists():
+        return path
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip(f"npm is not installed, so GitHub's published description ({OPENAPI_PACKAGE}) "
+                    "cannot be fetched to check requests against")
+    NPM_PREFIX.mkdir(parents=True, exist_ok=True)
+    with open(NPM_PREFIX / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(NPM_PREFIX),
+                            OPENAPI_PACKAGE, WEBHOOK_EXAMPLES_PACKAGE],
+                           check=True, capture_output=True, timeout=300)
+    return path
+
+
+_loaded = {}
+
+
+def openapi() -> dict:
+    if "openapi" not in _loaded:
+        _loaded["openapi"] = json.loads(npm_file(OPENAPI_FILE).read_text())
+    return _loaded["openapi"]
+
+
+def webhook_example(event: str, *, action: str | None = None, having=None) -> dict:
+    """A copy of the first example payload of ``event`` (``action``; ``having``: a predicate it
+    must satisfy) from ``@octokit/webhooks-examples``."""
+    if "examples" not in _loaded:
+        _loaded["examples"] = {entry["name"]: entry["examples"] for entry in
+                               json.loads(npm_file(WEBHOOK_EXAMPLES_FILE).read_text())}
+    for example in _loaded["examples"][event]:
+        if (action is None or example.get("action") == action) and (having is None
+                                                                    or having(example)):
+            return copy.deepcopy(example)
+    raise LookupError(f"no {event} example with action {action!r}")
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    template: str
+    pattern: re.Pattern
+    operation: dict
+    path_item: dict
+
+    @property
+    def id(self) -> str:
+        return self.operation["operationId"]
+
+
+_operations = []
+
+
+def _template_pattern(template: str) -> re.Pattern:
+    parts = []
+    for segment in template.strip("/").split("/"):
+        name = re.fullmatch(r"\{(\w+)\}", segment)
+        parts.append(f"(?P<{name.group(1)}>[^/]+)" if name else re.escape(segment))
+    return re.compile("^/" + "/".join(parts) + "$")
+
+
+def operations() -> list[Operation]:
+    """Every operation of the description, its path template as a pattern (``{param}`` is one
+    segment); fixed templates first, so ``/user`` never matches a ``/{param}`` of another."""
+    if not _operations:
+        found = []
+        for template, item in openapi()["paths"].items():
+            for method, operation in item.items():
+                if method in ("get", "post", "patch", "put", "delete"):
+                    found.append(Operation(method.upper(), template, _template_pattern(template),
+                                           operation, item))
+        found.sort(key=lambda op: op.template.count("{"))
+        _operations.extend(found)
+    return _operations
+
+
+def resolve(node):
+    """A ``#/components/...`` reference of the description, followed."""
+    while isinstance(node, dict) and "$ref" in node:
+        target = openapi()
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part.replace("~1", "/").replace("~0", "~")]
+        node = target
+    return node
+
+
+_registry = {}
+
+
+def body_problems(operation: Operation, body) -> list[str]:
+    """What is wrong with ``body`` for ``operation`` by its requestBody's JSON schema."""
+    request_body = resolve(operation.operation.get("requestBody"))
+    if request_body is None:
+        return [] if body is None else [f"{operation.id} takes no body"]
+    if body is None:
+        return [f"{operation.id} needs a body"] if request_body.get("required") else []
+    if "registry" not in _registry:
+        _registry["registry"] = Registry().with_resource(
+            _DOC_URI, Resource.from_contents(openapi(), default_specification=DRAFT4))
+    # Validated through a reference into the document, so the schema's own references resolve.
+    declared = operation.operation["requestBody"]
+    if "$ref" in declared:
+        where = declared["$ref"].removeprefix("#/")
+    else:
+        where = "/".join(part.replace("~", "~0").replace("/", "~1") for part in (
+            "paths", operation.template, operation.method.lower(), "requestBody"))
+    ref = {"$ref": f"{_DOC_URI}#/{where}/content/application~1json/schema"}
+    validator = jsonschema.Draft4Validator(ref, registry=_registry["registry"])
+    return [f"{operation.id} body: {error.message}" for error in validator.iter_errors(body)]
+
+
+def path_problems(operation: Operation, values: dict) -> list[str]:
+    """Path parameters against their schemas (an integer must be digits)."""
+    problems = []
+    declared = [resolve(p) for p in operation.path_item.get("parameters", [])
+                + operation.operation.get("parameters", [])]
+    for parameter in declared:
+        if parameter.get("in") != "path":
+            continue
+        value = values.get(parameter["name"])
+        if value is None:
+            problems.append(f"{operation.id}: path parameter {parameter['name']} missing")
+        elif parameter.get("schema", {}).get("type") == "integer" and not value.isdigit():
+            problems.append(f"{operation.id}: {parameter['name']} {value!r} is not an integer")
+    return problems
+
+
+def response_example(operation: Operation, status: str) -> dict:
+    """The description's own example answer of ``operation`` for ``status``."""
+    response = resolve(operation.operation["responses"][status])
+    content = response.get("content", {}).get("application/json", {})
+    examples = content.get("examples") or {}
+    for example in examples.values():
+        value = resolve(example).get("value")
+        if isinstance(value, dict):
+            return copy.deepcopy(value)
+    return {}
+
+
+# -- the stand-in --------------------------------------------------------------------------------
+
+
+def make_app_key() -> tuple[str, object]:
+    """A fresh RSA key: its PEM (what GitHub gives an App) and its public key."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    return pem, key.public_key()
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    operation: str
+    headers: dict
+    body: object
+    status: int = 0
+
+
+@dataclass
+class Fault:
+    """Answer ``status`` (with ``headers``) to the next ``times`` requests, or to every one
+    while ``times`` is None (the source is down)."""
+
+    status: int
+    headers: dict = field(default_factory=dict)
+    times: int | None = 1
+    message: str = "Service Unavailable"
+
+
+class GitHubStandIn:
+    """GitHub's REST API on a loopback port: ``api_url`` (optionally under a prefix, as GitHub
+    Enterprise Server's ``/api/v3``). One App (``app_id``, ``app_slug``, ``app_pem``) and one
+    token user (``token``, ``user_login``); comments and reactions it was asked for, each
+    request in ``seen``, each broken rule in ``problems``."""
+
+    def __init__(self, *, prefix: str = ""):
+        self.prefix = prefix
+        self.app_id = 424242
+        self.app_slug = "switchboard-test"
+        self.app_pem, self._app_public_key = make_app_key()
+        self.token = "ghp_standin0123456789abcdefghijklmnopqrs"
+        self.user_login = "octo-operator"
+        self.installation_tokens = {}  # token -> (installation id, expires_at)
+        self.comments = {}  # id -> {"issue": (owner, repo, number), "body": …}
+        self.reactions = []  # (target, content)
+        self.seen: list[Seen] = []
+        self.problems: list[str] = []
+        self.faults: list[Fault] = []
+        self.token_lifetime = timedelta(hours=1)
+        self._ids = itertools.count(1001)
+        self._lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"standin": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}{self.prefix}"
+
+    def start(self):
+        operations()  # load the description before the first request
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def fail(self, status: int, *, headers=None, times: int | None = 1,
+             message: str = "Service Unavailable") -> None:
+        with self._lock:
+            self.faults.append(Fault(status, dict(headers or {}), times, message))
+
+    def recover(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def requests_to(self, operation_id: str) -> list[Seen]:
+        return [seen for seen in self.seen if seen.operation == operation_id]
+
+    # -- what each operation does --------------------------------------------------------
+
+    def answer(self, operation: Operation, values: dict, headers: dict, body) -> tuple[int, object]:
+        now = datetime.now(dt_timezone.utc)
+        if operation.template.startswith("/app"):
+            problem = self._check_app_jwt(headers.get("authorization", ""), now)
+            if problem:
+                self.problems.append(f"{operation.id}: {problem}")
+                return 401, {"message": "A JSON web token could not be decoded",
+                             "documentation_url": "https://docs.github.com/rest"}
+        elif not self._bearer_known(headers.get("authorization", ""), now):
+            return 401, {"message": "Bad credentials",
+                         "documentation_url": "https://docs.github.com/rest"}
+        if operation.id == "apps/get-authenticated":
+            app = response_example(operation, "200")
+            app.update(id=self.app_id, slug=self.app_slug, name="switchboard test")
+            return 200, app
+        if operation.id == "users/get-authenticated":
+            user = response_example(operation, "200")
+            user.update(login=self.user_login, id=5150, type="User")
+            return 200, user
+        if operation.id == "apps/create-installation-access-token":
+            token = f"ghs_{next(self._ids)}standininstallationtoken"
+            expires = (now + self.token_lifetime).replace(microsecond=0)
+            self.installation_tokens[token] = (int(values["installation_id"]), expires)
+            answer = response_example(operation, "201")
+            answer.update(token=token, expires_at=expires.isoformat().replace("+00:00", "Z"))
+            return 201, answer
+        return 501, {"message": f"the stand-in does not serve {operation.id}"}
+
+    def _bearer_known(self, authorization: str, now) -> bool:
+        token = authorization.removeprefix("Bearer ").removeprefix("token ")
+        if token == self.token:
+            return True
+        minted = self.installation_tokens.get(token)
+        return minted is not None and minted[1] > now
+
+    def _check_app_jwt(self, authorization: str, now) -> str:
+        """What GitHub would refuse in an App's JWT ("" when it is good)."""
+        if not authorization.startswith("Bearer "):
+            return "no bearer JWT"
+        token = authorization.removeprefix("Bearer ")
+        try:
+            header = jwt.get_unverified_header(token)
+            claims = jwt.decode(token, self._app_public_key, algorithms=["RS256"],
+                                options={"require": ["iat", "exp", "iss"], "verify_iat": False},
+                                leeway=0)
+        except jwt.PyJWTError as exc:
+            return f"JWT refused: {exc}"
+        if header.get("alg") != "RS256":
+            return f"JWT alg {header.get('alg')}"
+        if str(claims["iss"]) != str(self.app_id):
+            return f"JWT iss {claims['iss']!r} is not the App id"
+        iat = datetime.fromtimestamp(claims["iat"], dt_timezone.utc)
+        exp = datetime.fromtimestamp(claims["exp"], dt_timezone.utc)
+        if iat > now + JWT_CLOCK_SKEW:
+            return "JWT iat is in the future"
+        if exp - iat > JWT_MAX_LIFETIME:
+            return f"JWT lives {exp - iat}, more than 10 minutes"
+        if exp > now + JWT_MAX_LIFETIME + JWT_CLOCK_SKEW:
+            return "JWT exp is too far in the future"
+        return ""
+
+    def take_fault(self) -> Fault | None:
+        with self._lock:
+            if not self.faults:
+                return None
+            fault = self.faults[0]
+            if fault.times is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self.faults.pop(0)
+            return fault
+
+
+class _Handler(BaseHTTPRequestHandler):
+    standin: GitHubStandIn
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # quiet: the test reads ``seen``
+        pass
+
+    def _serve(self):
+        standin = self.standin
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        path = self.path.split("?", 1)[0]
+        body = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                standin.problems.append(f"{self.command} {path}: body is not JSON")
+                return self._reply(400, {"message": "Problems parsing JSON"})
+        seen = Seen(self.command, path, "", headers, body)
+        standin.seen.append(seen)
+        if not path.startswith(standin.prefix + "/"):
+            standin.problems.append(f"{self.command} {path}: outside the API prefix")
+            return self._reply(404, {"message": "Not Found"}, seen)
+        api_path = path[len(standin.prefix):]
+        match = None
+        for operation in operations():
+            if operation.method == self.command:
+                found = operation.pattern.match(api_path)
+                if found:
+                    match = (operation, found.groupdict())
+                    break
+        if match is None:
+            standin.problems.append(f"{self.command} {api_path}: no such operation in "
+                                    "GitHub's description")
+            return self._reply(404, {"message": "Not Found"}, seen)
+        operation, values = match
+        seen.operation = operation.id
+        if headers.get("accept") != "application/vnd.github+json":
+            standin.problems.append(f"{operation.id}: Accept {headers.get('accept')!r}")
+        problems = path_problems(operation, values) + body_problems(operation, body)
+        if problems:
+            standin.problems.extend(problems)
+            return self._reply(422, {"message": "Validation Failed", "errors": problems}, seen)
+        fault = standin.take_fault()
+        if fault is not None:
+            return self._reply(fault.status, {"message": fault.message}, seen, fault.headers)
+        with standin._lock:
+            status, answer = standin.answer(operation, values, headers, body)
+        return self._reply(status, answer, seen)
+
+    def _reply(self, status, answer, seen=None, headers=None):
+        if seen is not None:
+            seen.status = status
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+
+
+def wait_for(condition, *, timeout: float = 10.0, interval: float = 0.02):
+    """Poll ``condition`` until it returns something true, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
