@@ -81,6 +81,21 @@ LIVE_FOR_IDEMPOTENCY = Q(state__in=[State.PENDING, State.CLAIMED, State.AWAITING
 )
 
 
+class WriteBack(models.TextChoices):
+    """What a todo's source hears of it (docs/write-back.md#what-is-written-back), fixed when it
+    is created from its route: nothing, only that it was taken in (``ack``), or also one living
+    status kept up to date at every later transition (``status``)."""
+
+    OFF = "off"
+    ACK = "ack"
+    STATUS = "status"
+
+
+# Transitions that change nothing a source shows (a heartbeat only extends the lease): they
+# write no outbox entry and wake no write-back.
+SILENT_TO_SOURCE = frozenset({"heartbeat"})
+
+
 # How much of a lease owner (an MCP session id, or an operator's username) anyone but its holder
 # sees: agents in the wire shape, operators on the board (docs/security.md).
 LEASE_OWNER_HINT_CHARS = 8
@@ -130,6 +145,9 @@ class Todo(models.Model):
     # Set while scheduled; the due sweep clears it, so "ready" is ``state = 'pending' AND
     # not_before IS NULL`` everywhere and the claim indexes leave scheduled todos out.
     not_before = models.DateTimeField(null=True, blank=True)
+    # What its transitions write to the outbox (``OutboxEntry``); db_default as for priority.
+    write_back = models.CharField(max_length=8, choices=WriteBack.choices, default=WriteBack.OFF,
+                                  db_default=WriteBack.OFF)
 
     class Meta:
         indexes = [
@@ -233,6 +251,24 @@ class TodoEvent(models.Model):
         # No actor: admin prints this above each history row, and an agent's actor is its
         # whole session id (a handle of the session; the inline shows its label instead).
         return f"{self.action} {self.from_state}->{self.to_state}"
+
+
+class OutboxEntry(models.Model):
+    """A transition the todo's source is to hear of (docs/write-back.md#the-outbox): written
+    by the transition's own statement when the todo's ``write_back`` asks for it (its
+    ``create`` when ``ack`` or ``status``, every later transition but a heartbeat when
+    ``status``), so it exists exactly when the transition committed. Ingest's write-back
+    worker takes entries (``transitions.take_outbox_entries``, which deletes them) into its
+    own record of what to send; the table holds only entries not yet taken."""
+
+    # No constraint, as for events: the entry outlives nothing (it is taken within seconds).
+    todo = models.ForeignKey(Todo, on_delete=models.DO_NOTHING, related_name="+",
+                             db_index=False, db_constraint=False)
+    action = models.CharField(max_length=32)
+    at = models.DateTimeField()
+
+    def __str__(self):
+        return f"#{self.todo_id} {self.action}"
 
 
 class PrunedEventTally(models.Model):

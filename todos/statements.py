@@ -67,9 +67,18 @@ def _prior_detail(prior: dict, trust_after: str) -> dict:
     return detail
 
 
+# The outbox entry of a transition (docs/write-back.md#the-outbox), from the updated row ``t``:
+# only for a todo whose source hears every change. ``create`` writes its own (``_CREATE_OUTBOX``).
+_OUTBOX_COLUMNS = "todo_id, action, at"
+_OUTBOX_WHERE = "t.write_back = 'status'"
+
+
 def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
-           actor: str, now, detail=None, endpoint=None, from_prior=False) -> list[Todo]:
-    """Run one guarded UPDATE and write one todo event per changed row.
+           actor: str, now, detail=None, endpoint=None, from_prior=False,
+           tells_source=True) -> list[Todo]:
+    """Run one guarded UPDATE and write one todo event per changed row, and one outbox entry
+    per changed row whose source hears every change (``write_back = 'status'``), unless the
+    transition does not ``tells_source`` (a heartbeat changes nothing the source shows).
 
     ``action_sql`` and ``from_state_sql`` are SQL expressions over the updated row ``t``; they
     let one statement record, e.g., ``fail`` or ``dead_letter`` depending on the attempts left.
@@ -106,11 +115,14 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
         f"UPDATE todos_todo SET {set_sql}, updated_at = %(now)s WHERE {where_sql} "
         f"RETURNING {returning()}"
     )
+    outbox_select = f"SELECT t.id, {action_sql}, %(now)s"
     if _is_postgres():
+        outbox = (f", n AS (INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS}) {outbox_select}"
+                  f" FROM t WHERE {_OUTBOX_WHERE})" if tells_source else "")
         sql = (
             f"WITH {prelude}t AS ({update}), "
-            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from}) "
-            f"SELECT * FROM t"
+            f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from})"
+            f"{outbox} SELECT * FROM t"
         )
         rows = fetch_todos(sql, params)
     else:
@@ -131,6 +143,10 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
                         f"FROM todos_todo t WHERE {changed}",
                         params,
                     )
+                    if tells_source and any(row.write_back == "status" for row in rows):
+                        cursor.execute(
+                            f"INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS}) {outbox_select}"
+                            f" FROM todos_todo t WHERE {changed} AND {_OUTBOX_WHERE}", params)
     for row in rows:
         if endpoint is not None and row.endpoint_id == endpoint.pk:
             # Spare the serializer a query per row; set as select_related does (the field's
@@ -204,8 +220,12 @@ def lease_set(params: dict, caller, ttl: timedelta, now) -> str:
 # (ingest.transitions), which inserts the todo in the statement that records its delivery.
 _CREATE_COLUMNS = (
     "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
-    " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before"
+    " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before,"
+    " write_back"
 )
+# A created todo's outbox entry, for any source that hears of it (its ack).
+_CREATE_OUTBOX = (f"INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS})"
+                  " SELECT t.id, 'create', %(now)s FROM {source} WHERE {only}t.write_back <> 'off'")
 
 
 # Which todos hold their idempotency key (the partial unique index todo_live_idempotency_key).
@@ -237,7 +257,7 @@ _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detai
 def _create_values(delivery_event_sql: str) -> str:
     return (f"%(endpoint_id)s, %(queue)s, %(state)s, %(title)s, %(kind)s, %(source)s, "
             f"{dialect.jsonb('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
-            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s")
+            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s, %(write_back)s")
 
 
 def insert_todo_sql() -> str:
@@ -255,11 +275,18 @@ def insert_create_event_sql() -> str:
             f" {dialect.jsonb('detail')})")
 
 
+def insert_create_outbox_sql() -> str:
+    """SQLite: the outbox entry of the todo ``%(todo_id)s`` that ``insert_todo_sql`` made,
+    when its source hears of it (nothing otherwise)."""
+    return _CREATE_OUTBOX.format(source="todos_todo t", only="t.id = %(todo_id)s AND ")
+
+
 @functools.cache
 def create_todo_ctes(*, delivery_event_sql: str = "%(delivery_event_id)s", source_sql: str = "",
                      where_sql: str = "") -> str:
     """PostgreSQL: the todo INSERT (``t``, RETURNing the whole row, nothing when a live todo
-    holds the key) and its ``create`` event (``e``) as data-modifying CTEs, over the params of
+    holds the key), its ``create`` event (``e``) and its outbox entry when its source hears of
+    it (``n``) as data-modifying CTEs, over the params of
     ``create_todo_params``. ``source_sql``/``where_sql`` make it an INSERT … SELECT (``FROM x
     WHERE …``), so another statement can feed it the delivery event id it just inserted."""
     values = _create_values(delivery_event_sql)
@@ -268,8 +295,21 @@ def create_todo_ctes(*, delivery_event_sql: str = "%(delivery_event_id)s", sourc
         f"t AS (INSERT INTO todos_todo ({_CREATE_COLUMNS}) {rows} {_LIVE_KEY_CONFLICT}"
         f" RETURNING {returning()}), e AS (INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS})"
         f" SELECT t.id, 'create', NULL, t.state, %(actor)s, %(now)s,"
-        " jsonb_build_object('delivery_event', t.delivery_event_id) FROM t)"
+        " jsonb_build_object('delivery_event', t.delivery_event_id) FROM t),"
+        f" n AS ({_CREATE_OUTBOX.format(source='t', only='')})"
     )
+
+
+def take_outbox_entries(*, limit: int) -> list[tuple]:
+    """``transitions.take_outbox_entries``' statement: the oldest entries deleted, returned
+    oldest first."""
+    params = {"limit": limit}
+    pick = f"SELECT id FROM todos_outboxentry ORDER BY id LIMIT %(limit)s{dialect.skip_locked()}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM todos_outboxentry WHERE id IN ({pick})"
+                       " RETURNING id, todo_id, action", params)
+        rows = sorted(cursor.fetchall())
+    return [(todo_id, action) for _, todo_id, action in rows]
 
 
 def todo_from_row(row) -> Todo:

@@ -33,7 +33,8 @@ from switchboard.db.sql import is_postgres as _is_postgres
 
 from . import queries, statements
 from .models import (MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT,
-                     PRIORITY_MAX, PRIORITY_MIN, State, Todo, Trust)
+                     PRIORITY_MAX, PRIORITY_MIN, SILENT_TO_SOURCE, State, Todo, Trust,
+                     WriteBack)
 
 # A todo's title is folded to one line and cut to its column's width.
 MAX_TITLE_CHARS = Todo._meta.get_field("title").max_length
@@ -221,14 +222,17 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
                        kind: str = "", source: str = "", idempotency_key: str | None = None,
                        delivery_event_id=None, trust: str = Trust.UNVERIFIED, now,
                        payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
-                       not_before=None, requires_approval: bool = False) -> dict:
+                       not_before=None, requires_approval: bool = False,
+                       write_back: str = WriteBack.OFF) -> dict:
     """The parameters of a create statement (``create_todo``, ``statements.create_todo_ctes``): the title
     folded to one line of at most ``MAX_TITLE_CHARS``. Refuses ``invalid_argument`` for a value no
     database can store; ``payload_storable`` says the caller already knows the payload is
     (ingest: ``json_input.is_plainly_storable`` of the text it was parsed from).
     ``priority`` (``check_priority``) and ``not_before`` (``resolve_not_before``: a future
     time, or None for ready at once) are the work-control settings it starts with;
-    ``requires_approval``: the todo is created ``awaiting_approval`` instead of ``pending``."""
+    ``requires_approval``: the todo is created ``awaiting_approval`` instead of ``pending``;
+    ``write_back``: what its source hears of it (``WriteBack``; ingest decides, from the
+    route)."""
     title = " ".join(str(title).split())[:MAX_TITLE_CHARS] or "(untitled)"
     check_priority(priority)
     _check_storable(title=title, kind=kind or "", queue=queue,
@@ -250,6 +254,7 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
         "now": dialect.db_time(now),
         "actor": actor,
         "detail": json.dumps({"delivery_event": delivery_event_id}),
+        "write_back": WriteBack(write_back),
     }
 
 
@@ -265,7 +270,8 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
                 source: str = "", idempotency_key: str | None = None, delivery_event=None,
                 trust: str = Trust.UNVERIFIED, now=None,
                 payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
-                not_before=None, requires_approval: bool = False) -> tuple[Todo, bool]:
+                not_before=None, requires_approval: bool = False,
+                write_back: str = WriteBack.OFF) -> tuple[Todo, bool]:
     """Create a pending todo (``awaiting_approval`` with ``requires_approval``: not claimable,
     never rung until approved), or return the live todo that already holds ``idempotency_key``.
     ``payload_storable``: the caller has checked the payload (``create_todo_params``).
@@ -281,7 +287,7 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
         source=source, idempotency_key=idempotency_key, trust=trust, now=now,
         delivery_event_id=getattr(delivery_event, "pk", delivery_event),
         payload_storable=payload_storable, priority=priority, not_before=not_before,
-        requires_approval=requires_approval)
+        requires_approval=requires_approval, write_back=write_back)
     # A duplicate whose holder finishes between our conflict and our read frees the key; the
     # next INSERT then succeeds. Three rounds is more than that race can need.
     for _ in range(3):
@@ -295,6 +301,8 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
                     params["todo_id"] = created.pk
                     with connection.cursor() as cursor:
                         cursor.execute(statements.insert_create_event_sql(), params)
+                        if created.write_back != WriteBack.OFF:
+                            cursor.execute(statements.insert_create_outbox_sql(), params)
         if created is not None:
             announce_created(created, endpoint)
             return created, True
@@ -450,7 +458,7 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
     todo = _one(statements.apply_transition(
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
-        endpoint=caller.endpoint,
+        endpoint=caller.endpoint, tells_source=action not in SILENT_TO_SOURCE,
     ))
     if todo is None:
         raise _explain_refusal(caller, todo_id, lease_id, now=now, completing=action == "complete",
@@ -893,6 +901,17 @@ def promote_due_retries(*, now, limit: int) -> list[Todo]:
     )
     _announce(todos, "retry")
     return todos
+
+
+# -- the outbox (docs/write-back.md#the-outbox) -------------------------------------------------
+
+
+def take_outbox_entries(*, limit: int) -> list[tuple]:
+    """Delete and return up to ``limit`` outbox entries, oldest first, as ``(todo_id,
+    action)``: the caller (ingest's write-back worker) records them in the same transaction, so an
+    entry is taken exactly when what it caused is kept. Entries another taker holds are
+    skipped (PostgreSQL), so overlapping workers split them."""
+    return statements.take_outbox_entries(limit=limit)
 
 
 def refuses_unverified(endpoint) -> bool:
