@@ -13,7 +13,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from todos.models import MAX_SCHEDULE_AHEAD, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN
+from todos.models import (MAX_SCHEDULE_AHEAD, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN,
+                          WriteBack as WriteBackLevel)
 
 log = logging.getLogger("switchboard.ingest")
 
@@ -157,6 +158,10 @@ class Route(models.Model):
     # The approval gate (docs/work-control.md#approval): this route's todos are created
     # awaiting an operator's approval.
     requires_approval = models.BooleanField(default=False)
+    # What the source hears of this route's todos (docs/write-back.md#what-is-written-back),
+    # when the webhook has a connection; without one, nothing.
+    write_back = models.CharField(max_length=8, choices=WriteBackLevel.choices,
+                                  default=WriteBackLevel.STATUS)
 
     class Meta:
         constraints = [
@@ -165,6 +170,70 @@ class Route(models.Model):
 
     def __str__(self):
         return f"{self.webhook.slug} -> {self.endpoint.slug}/{self.queue}"
+
+
+class WriteBackState(models.TextChoices):
+    PENDING = "pending"  # to send, from next_attempt_at
+    SENDING = "sending"  # a worker holds it until sending_until
+    SENT = "sent"
+    FAILED = "failed"  # the source refused it (a 4xx): not retried
+    ABANDONED = "abandoned"  # retried for SWITCHBOARD's 24 h, then given up
+
+
+class WriteBackAction(models.TextChoices):
+    ACK = "ack"  # the reaction on what made the todo
+    STATUS = "status"  # the living status, edited in place
+
+
+class WriteBack(models.Model):
+    """One thing switchboard writes back about a todo (docs/write-back.md#the-outbox): its
+    ``ack`` or its living ``status``, at most one of each per todo. Made from the todo's
+    outbox entries (``write_back.absorb_outbox_entries``); ``wanted`` counts the changes asked
+    for and ``sent`` the count the last successful send covered, so changes that arrive while
+    one is sent collapse into the next send, which shows the todo as it is then.
+    ``external_id`` is what the source answered with (a comment's or reaction's id): the
+    status is edited there, never posted twice."""
+
+    # No constraint, as for todo events: the retention prune deletes todos with plain SQL.
+    todo = models.ForeignKey("todos.Todo", on_delete=models.DO_NOTHING, db_constraint=False,
+                             related_name="write_backs", db_index=False)
+    connection = models.ForeignKey(Connection, on_delete=models.CASCADE,
+                                   related_name="write_backs")
+    action = models.CharField(max_length=8, choices=WriteBackAction.choices)
+    # Where, as the sender's client reads it from the payload (owner, repository, number,
+    # comment, installation) and as people read it ("octo/hello#12").
+    target = models.JSONField(default=dict)
+    target_label = models.CharField(max_length=300, blank=True, default="")
+    state = models.CharField(max_length=12, choices=WriteBackState.choices,
+                             default=WriteBackState.PENDING)
+    wanted = models.PositiveIntegerField(default=1)
+    sent = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    sending_until = models.DateTimeField(null=True, blank=True)
+    # When the current run of failures began: retried until 24 h after it, then abandoned.
+    failing_since = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    external_id = models.CharField(max_length=64, blank=True, default="")
+    created_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["todo", "action"], name="writeback_todo_action"),
+        ]
+        indexes = [
+            # write_back.claim_due_write_back (the sender and its sweep): pending rows by when
+            # they are due.
+            models.Index(fields=["next_attempt_at", "id"], condition=models.Q(state="pending"),
+                         name="writeback_due"),
+            # write_back.return_stalled_sends: rows a worker took and never finished.
+            models.Index(fields=["sending_until"], condition=models.Q(state="sending"),
+                         name="writeback_sending"),
+        ]
+
+    def __str__(self):
+        return f"{self.action} of #{self.todo_id} ({self.state})"
 
 
 class TrustMode(models.TextChoices):

@@ -21,10 +21,11 @@ from .models import (SECRET_REF_PREFIX, Connection, OperatorSecret, OperatorToke
 # The hook's one read, as SQL: the ORM's select_related over three models cost several times
 # this statement's CPU. Endpoint fields not listed are deferred, so new ones need no change here.
 _WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secret",
-                   "previous_secret_expires_at", "active", "created_at"]
+                   "previous_secret_expires_at", "active", "created_at", "connection_id"]
 # In the model's field order: Model.from_db reads a partial row's values in that order.
 _ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds", "actors",
-                 "author_associations", "priority", "delay_seconds", "requires_approval"]
+                 "author_associations", "priority", "delay_seconds", "requires_approval",
+                 "write_back"]
 _ROUTE_JSON_COLUMNS = [_ROUTE_FIELDS.index(name) for name in ("kinds", "actors",
                                                                "author_associations")]
 _ROUTE_BOOL_COLUMN = _ROUTE_FIELDS.index("requires_approval")

@@ -2,7 +2,7 @@
 
 from celery import shared_task
 
-from . import sweeps
+from . import sweeps, write_back
 
 
 @shared_task(name="ingest.tasks.prune_history")
@@ -23,3 +23,8 @@ def fold_dropped_delivery_counts():
 @shared_task(name="ingest.tasks.delete_secrets_of_ended_todos")
 def delete_secrets_of_ended_todos():
     return sweeps.delete_secrets_of_ended_todos()
+
+
+@shared_task(name="ingest.tasks.send_write_backs")
+def send_write_backs():
+    return write_back.send_due_write_backs()

@@ -29,6 +29,7 @@ from switchboard import json_input, ratelimit
 from switchboard.db import statements
 from todos import statements as todo_statements
 from todos import transitions as todo_transitions
+from todos.models import WriteBack as WriteBackLevel
 
 from . import actors, connections, senders
 from .models import (DeliveryEvent, DeliveryRecord, OperatorSecret, OperatorToken, Outcome,
@@ -133,12 +134,14 @@ def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
 
 def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
                       priority: int = 0, delay_seconds: int = 0, actors_allowed=None,
-                      author_associations=None, requires_approval: bool = False) -> Route:
+                      author_associations=None, requires_approval: bool = False,
+                      write_back: str = WriteBackLevel.STATUS) -> Route:
     """Route ``webhook``'s deliveries to ``endpoint``/``queue``, for every kind or ``kinds``,
     from anyone or only from the ``actors_allowed`` logins and ``author_associations`` roles
     (ingest/actors.py); its todos start with ``priority`` and become ready ``delay_seconds``
     after they arrive (docs/work-control.md); with ``requires_approval`` they are created
-    awaiting approval. Raises ValidationError naming the field when the target is not allowed
+    awaiting approval; ``write_back`` is what their source hears of them when the webhook has a
+    connection (docs/write-back.md). Raises ValidationError naming the field when the target is not allowed
     (``check_route_target``), a value is out of range or the actor rules cannot apply to the
     webhook's source, before anything is written."""
     queue_name_validator(queue)
@@ -156,17 +159,19 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
         route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []),
                       priority=priority, delay_seconds=delay_seconds,
                       actors=logins, author_associations=roles,
-                      requires_approval=requires_approval)
+                      requires_approval=requires_approval, write_back=write_back)
         route.full_clean()
         route.save()
     return route
 
 
 def route_work_control(route: Route, now) -> dict:
-    """What a todo created by ``route`` at ``now`` starts with: its priority, and when it is
-    ready (None: at once)."""
+    """What a todo created by ``route`` at ``now`` starts with: its priority, when it is
+    ready (None: at once), and what its source hears of it (the route's ``write_back`` when
+    the webhook has a connection to write under, else nothing)."""
     delay = timedelta(seconds=route.delay_seconds) if route.delay_seconds else None
-    return {"priority": route.priority, "not_before": now + delay if delay else None}
+    return {"priority": route.priority, "not_before": now + delay if delay else None,
+            "write_back": route.write_back if route.webhook.connection_id else WriteBackLevel.OFF}
 
 
 def route_in_scope(route: Route) -> bool:

@@ -10,6 +10,7 @@ checks each pair). Both are dotted paths, so this module imports no app: celery.
 up. The operator's view of the table is docs/operating.md#the-sweeps.
 """
 
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,6 +21,12 @@ class PeriodicSweep:
     sweep: str  # dotted path of the sweep function
     task: str  # the registered name of the Celery task that calls it
     every: timedelta
+    # The embedded scheduler runs it at once when ``wake(name)`` is called (work just
+    # committed), besides every ``every``; with Celery, the caller enqueues ``task`` instead.
+    wakes: bool = False
+    # It waits on other servers (write-back's requests): the embedded scheduler runs it on a
+    # thread of its own, never on Django's one sync thread that requests share.
+    waits_on_network: bool = False
 
 
 SWEEPS = (
@@ -76,7 +83,38 @@ SWEEPS = (
     # minute's lag keeps a handed-over value at rest no longer than that after its todo ends.
     PeriodicSweep("delete-secrets-of-ended-todos", "ingest.sweeps.delete_secrets_of_ended_todos",
                   "ingest.tasks.delete_secrets_of_ended_todos", timedelta(seconds=60)),
+    # Write-backs to the sources (docs/write-back.md#the-outbox): each commit that has one
+    # wakes this at once (the embedded scheduler) or enqueues its task (Celery); every 5 s
+    # sends what a lost wake-up, a crash or a retry's wait left due.
+    PeriodicSweep("send-write-backs", "ingest.write_back.send_due_write_backs",
+                  "ingest.tasks.send_write_backs", timedelta(seconds=5), wakes=True,
+                  waits_on_network=True),
 )
+
+
+# Wake-ups of the embedded scheduler's ``wakes`` sweeps, by entry name: set by any thread (an
+# after-commit callback), waited on by the scheduler's loop for that sweep.
+_wake_events: dict[str, threading.Event] = {}
+_wake_events_lock = threading.Lock()
+
+
+def _wake_event(name: str) -> threading.Event:
+    with _wake_events_lock:
+        return _wake_events.setdefault(name, threading.Event())
+
+
+def wake(name: str) -> None:
+    """Have the embedded scheduler run sweep ``name`` now rather than at its next tick (a
+    no-op when nothing runs it)."""
+    _wake_event(name).set()
+
+
+def wait_for_wake(name: str, timeout_seconds: float) -> bool:
+    """Block until ``wake(name)`` or ``timeout_seconds``; True when woken. For the scheduler."""
+    event = _wake_event(name)
+    woken = event.wait(timeout_seconds)
+    event.clear()
+    return woken
 
 
 def beat_schedule() -> dict:

@@ -27,20 +27,26 @@ def _run_sweep(sweep):
         close_old_connections()
 
 
-async def run_every(sweep, interval_seconds: float):
+async def run_every(sweep, interval_seconds: float, entry: schedule.PeriodicSweep | None = None):
     """Call ``sweep`` every ``interval_seconds`` until cancelled; a failing run is logged and
-    the next one still happens."""
+    the next one still happens. An ``entry`` that ``wakes`` runs again as soon as it is woken;
+    one that ``waits_on_network`` runs on a thread of its own."""
     name = getattr(sweep, "__qualname__", repr(sweep))
+    own_thread = entry is not None and entry.waits_on_network
     while True:
         try:
-            moved = await sync_to_async(_run_sweep, thread_sensitive=True)(sweep)
+            moved = await sync_to_async(_run_sweep, thread_sensitive=not own_thread)(sweep)
             if moved:
                 log.info("sweep moved todos", extra={"sweep": name, "moved": moved})
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("sweep failed", extra={"sweep": name})
-        await asyncio.sleep(interval_seconds)
+        if entry is not None and entry.wakes:
+            await sync_to_async(schedule.wait_for_wake, thread_sensitive=False)(
+                entry.name, interval_seconds)
+        else:
+            await asyncio.sleep(interval_seconds)
 
 
 def embedded_sweeps():
@@ -57,4 +63,5 @@ def start(loop=None) -> list:
     # The sweeps ring from this (the server's) process: with the in-memory layer the streams
     # live on this loop, so bind it before the first sweep rather than at the first request.
     publish.bind_server_loop(loop)
-    return [loop.create_task(run_every(sweep, interval)) for sweep, interval in embedded_sweeps()]
+    return [loop.create_task(run_every(sweep, interval, entry))
+            for entry, (sweep, interval) in zip(schedule.SWEEPS, embedded_sweeps())]

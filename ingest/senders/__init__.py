@@ -52,6 +52,21 @@ class ConnectionSpec:
 
 
 @dataclass(frozen=True)
+class WriteBackClient:
+    """How switchboard writes back to a sender's system (docs/write-back.md#what-is-written-back).
+    Every call takes the connection and the target ``find_target`` read from the delivery's
+    payload, and raises ``outbound.SourceError`` when the source says no."""
+
+    # (kind, payload) -> (target dict, label for people), or None: nothing to write back on.
+    find_target: Callable
+    ack: Callable  # (connection, target, now) -> the reaction's id, as text
+    # (connection, target, body, external_id, now, look_first) -> the status's id: edited in
+    # place when ``external_id`` is given; ``look_first``: an earlier send may have posted it
+    # before its worker died, so find it by its marker before posting.
+    status: Callable
+
+
+@dataclass(frozen=True)
 class Sender:
     source: str  # the Source value webhooks store
     verify: Callable  # (webhook, headers, body, now) -> Envelope, or VerificationFailed
@@ -82,6 +97,7 @@ class Sender:
     kind_origin: str = "the payload's type"  # where its kind comes from, named in a bad_kind
     delivery_headers: tuple = ()  # where its delivery id is, likewise
     connections: tuple = ()  # the ConnectionSpecs a webhook of this source may write back with
+    write_back: WriteBackClient | None = None  # None: nothing is written back (yet)
 
 
 from . import github, gitea, gitlab, stripe, standard, linear, slack, sentry, unsigned  # noqa: E402

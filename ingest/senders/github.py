@@ -10,7 +10,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from . import ConnectionSpec, Identity, Sender
+from . import ConnectionSpec, Identity, Sender, WriteBackClient
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
@@ -208,6 +208,103 @@ def connection_token(connection, payload: dict, now: datetime) -> str:
     return installation_token(connection, installation["id"], now)
 
 
+# -- writing back: the reaction and the living status (docs/write-back.md#what-is-written-back) --
+
+# Where a comment an event is about lives, by event: its reactions' path differs.
+_COMMENT_PATHS = {"issue_comment": "issues/comments", "pull_request_review_comment": "pulls/comments"}
+# The status comment carries this marker, so a send whose worker died after GitHub took it is
+# found again instead of posted twice. An HTML comment: GitHub shows nothing of it.
+STATUS_MARKER = "<!-- switchboard:todo:{todo_id} -->"
+# How many of an issue's newest comments a look for the marker reads (one page).
+MARKER_LOOK_PAGE = 100
+
+
+def find_target(kind: str, payload: dict):
+    """The issue or pull request a delivery is about, and the comment when it is about one:
+    ``({"owner", "repo", "number", "comment", "comment_path", "installation"}, "owner/repo#N")``,
+    or None for an event with nothing to react to (a push, a check run) or whose names do not
+    pass ``outbound``'s checks."""
+    event = kind.partition(".")[0]
+    repository = dict_of(payload.get("repository"))
+    subject = {"issues": "issue", "issue_comment": "issue"}.get(event, "pull_request")
+    if event not in ("issues", "issue_comment", "pull_request", "pull_request_review",
+                     "pull_request_review_comment"):
+        return None
+    try:
+        target = {
+            "owner": outbound.name_segment(dict_of(repository.get("owner")).get("login")),
+            "repo": outbound.name_segment(repository.get("name")),
+            "number": outbound.number_segment(first(dig(payload, subject, "number"),
+                                                    payload.get("number"))),
+            "comment": None, "comment_path": None,
+            "installation": dig(payload, "installation", "id"),
+        }
+        if event in _COMMENT_PATHS:
+            target["comment"] = outbound.number_segment(dig(payload, "comment", "id"))
+            target["comment_path"] = _COMMENT_PATHS[event]
+        if target["installation"] is not None:
+            target["installation"] = outbound.number_segment(target["installation"])
+    except outbound.SourceError:
+        return None
+    label = f"{target['owner']}/{target['repo']}#{target['number']}"
+    return target, label + (f" comment {target['comment']}" if target["comment"] else "")
+
+
+def _send(connection, target, method, path, now, body=None):
+    token = connection_token(connection, {"installation": {"id": target["installation"]}}
+                             if target.get("installation") else {}, now)
+    base = (f"/repos/{outbound.name_segment(target['owner'])}/"
+            f"{outbound.name_segment(target['repo'])}")
+    return outbound.send(connection.api_url, method, base + path, token=token, json=body,
+                         headers=_headers(), now=now)
+
+
+def send_ack(connection, target, now) -> str:
+    """The ``eyes`` reaction on the comment the delivery is about, else on the issue or pull
+    request (a pull request's reactions are its issue's). GitHub answers 200 for one that
+    is already there, so a repeat adds nothing."""
+    if target.get("comment"):
+        path = f"/{target['comment_path']}/{outbound.number_segment(target['comment'])}/reactions"
+    else:
+        path = f"/issues/{outbound.number_segment(target['number'])}/reactions"
+    answer = _send(connection, target, "POST", path, now, {"content": "eyes"})
+    return str(dict_of(answer.body).get("id", ""))
+
+
+def send_status(connection, target, body: str, external_id: str, now, look_first: bool,
+                todo_id) -> str:
+    """The living status: the comment ``external_id`` edited, or one posted on the issue or
+    pull request, ``body`` after the todo's marker. A status comment someone deleted is posted
+    again."""
+    number = outbound.number_segment(target["number"])
+    body = f"{STATUS_MARKER.format(todo_id=todo_id)}\n{body}"
+    if not external_id and look_first:
+        external_id = _find_marked_comment(connection, target, number, todo_id, now)
+    if external_id:
+        try:
+            _send(connection, target, "PATCH",
+                  f"/issues/comments/{outbound.number_segment(external_id)}", now, {"body": body})
+            return external_id
+        except outbound.SourceError as failed:
+            if failed.status != 404:
+                raise
+    answer = _send(connection, target, "POST", f"/issues/{number}/comments", now, {"body": body})
+    return str(dict_of(answer.body).get("id", ""))
+
+
+def _find_marked_comment(connection, target, number, todo_id, now) -> str:
+    marker = STATUS_MARKER.format(todo_id=todo_id)
+    answer = _send(connection, target, "GET",
+                   f"/issues/{number}/comments?per_page={MARKER_LOOK_PAGE}", now)
+    for comment in answer.body if isinstance(answer.body, list) else []:
+        comment = dict_of(comment)
+        author = text_of(dict_of(comment.get("user")).get("login"))
+        if marker in text_of(comment.get("body")) and (
+                not connection.identity or author == connection.identity):
+            return str(comment.get("id", ""))
+    return ""
+
+
 SENDER = Sender(
     source=Source.GITHUB, verify=verify, derive_kind=kind_with_action, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, reads_roles=True, takes_forms=True,
@@ -219,4 +316,5 @@ SENDER = Sender(
                        check_secret=check_private_key, needs_app_id=True),
         ConnectionSpec(kind="github_token", default_api_url=DEFAULT_API_URL, identify=identify,
                        check_secret=check_token),
-    ))
+    ),
+    write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status))

@@ -303,6 +303,37 @@ class GitHubStandIn:
             answer = response_example(operation, "201")
             answer.update(token=token, expires_at=expires.isoformat().replace("+00:00", "Z"))
             return 201, answer
+        author = self._author(headers.get("authorization", ""))
+        repo = (values.get("owner"), values.get("repo"))
+        if operation.id.startswith("reactions/create-for-"):
+            subject = (operation.id, *repo, values.get("issue_number") or values.get("comment_id"))
+            for reaction in self.reactions:
+                if reaction["subject"] == subject and reaction["content"] == body["content"] \
+                        and reaction["user"] == author:
+                    return 200, reaction["answer"]
+            answer = response_example(operation, "201")
+            answer.update(id=next(self._ids), content=body["content"],
+                          user={**answer.get("user", {}), "login": author})
+            self.reactions.append({"subject": subject, "content": body["content"],
+                                   "user": author, "answer": answer})
+            return 201, answer
+        if operation.id == "issues/create-comment":
+            answer = response_example(operation, "201")
+            comment_id = next(self._ids)
+            answer.update(id=comment_id, body=body["body"],
+                          user={**answer.get("user", {}), "login": author})
+            self.comments[comment_id] = {"issue": (*repo, int(values["issue_number"])),
+                                         "answer": answer}
+            return 201, answer
+        if operation.id == "issues/update-comment":
+            comment = self.comments.get(int(values["comment_id"]))
+            if comment is None or comment["issue"][:2] != repo:
+                return 404, {"message": "Not Found"}
+            comment["answer"]["body"] = body["body"]
+            return 200, comment["answer"]
+        if operation.id == "issues/list-comments":
+            issue = (*repo, int(values["issue_number"]))
+            return 200, [c["answer"] for c in self.comments.values() if c["issue"] == issue]
         return 501, {"message": f"the stand-in does not serve {operation.id}"}
 
     def _bearer_known(self, authorization: str, now) -> bool:
@@ -311,6 +342,14 @@ class GitHubStandIn:
             return True
         minted = self.installation_tokens.get(token)
         return minted is not None and minted[1] > now
+
+    def _author(self, authorization: str) -> str:
+        token = authorization.removeprefix("Bearer ")
+        return f"{self.app_slug}[bot]" if token in self.installation_tokens else self.user_login
+
+    def status_comments(self) -> list[dict]:
+        """Every comment posted, as GitHub holds it now."""
+        return [comment["answer"] for comment in self.comments.values()]
 
     def _check_app_jwt(self, authorization: str, now) -> str:
         """What GitHub would refuse in an App's JWT ("" when it is good)."""

@@ -58,7 +58,8 @@ def test_the_route_command_sets_requires_approval_and_says_so(make_webhook, endp
                  "--requires-approval", "--json")
     printed = json.loads(capsys.readouterr().out)
     assert printed == {"webhook": webhook.slug, "endpoint": endpoint.slug, "queue": "gated",
-                       "priority": 0, "delay_seconds": 0, "requires_approval": True}
+                       "priority": 0, "delay_seconds": 0, "requires_approval": True,
+                       "write_back": "status"}
     assert Route.objects.get(queue="gated").requires_approval is True
 
 

@@ -181,3 +181,13 @@ def test_the_webhook_admin_refuses_a_connection_of_another_source(admin_client, 
         "routes-TOTAL_FORMS": "0", "routes-INITIAL_FORMS": "0"})
     assert answer.status_code == 200 and "takes gitlab" in answer.content.decode()
     assert not Webhook.objects.filter(slug="gl").exists()
+
+
+def test_add_webhook_route_takes_what_the_source_hears(operator, endpoint, app_connection):
+    run("add_webhook", "gh", "--owner", operator.username, "--source", "github",
+        "--connection", "gh-app")
+    data = run("add_webhook_route", "gh", endpoint.slug, "--queue", "inbox", "--write-back", "ack")
+    assert data["write_back"] == "ack"
+    with pytest.raises(CommandError):
+        call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "other",
+                     "--write-back", "loud", stdout=StringIO(), stderr=StringIO())

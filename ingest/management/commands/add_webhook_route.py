@@ -4,6 +4,7 @@ from django.core.management.base import CommandError
 from endpoints.models import Endpoint
 from ingest import transitions
 from ingest.models import Webhook
+from todos.models import WriteBack as WriteBackLevel
 from switchboard.commands import JsonCommand, csv_list
 
 
@@ -36,9 +37,14 @@ class Command(JsonCommand):
         parser.add_argument("--requires-approval", action="store_true",
                             help="create this route's todos awaiting an operator's approval "
                                  "(manage.py approve|reject, the board, the API)")
+        parser.add_argument("--write-back", choices=WriteBackLevel.values,
+                            default=WriteBackLevel.STATUS,
+                            help="what the source hears of this route's todos when the webhook "
+                                 "has a connection: off, ack (a reaction) or status (the "
+                                 "reaction and one living status comment; the default)")
 
     def handle(self, *args, webhook, endpoint, queue, kinds, priority, delay_seconds, actors,
-               author_association, requires_approval, **options):
+               author_association, requires_approval, write_back, **options):
         try:
             hook = Webhook.objects.get(slug=webhook)
         except Webhook.DoesNotExist:
@@ -59,20 +65,23 @@ class Command(JsonCommand):
                 priority=priority, delay_seconds=delay_seconds,
                 actors_allowed=csv_list(actors) if actors else None,
                 author_associations=csv_list(author_association) if author_association else None,
-                requires_approval=requires_approval)
+                requires_approval=requires_approval, write_back=write_back)
         except ValidationError as exc:
             raise CommandError("; ".join(_field_messages(exc))) from None
         self.emit(
             options, {"webhook": hook.slug, "endpoint": target.slug, "queue": route.queue,
                       "priority": route.priority, "delay_seconds": route.delay_seconds,
-                      "requires_approval": route.requires_approval},
+                      "requires_approval": route.requires_approval,
+                      "write_back": route.write_back},
             f"route {hook.slug} -> {target.slug}/{route.queue}"
             + (f" (kinds: {', '.join(route.kinds)})" if route.kinds else " (all kinds)")
             + (f", priority {route.priority}" if route.priority else "")
             + (f", ready {route.delay_seconds} s after arrival" if route.delay_seconds else "")
             + (f", only from {', '.join(route.actors + route.author_associations)}"
                if route.actors or route.author_associations else "")
-            + (" (each todo awaits approval)" if route.requires_approval else ""),
+            + (" (each todo awaits approval)" if route.requires_approval else "")
+            + ("" if route.write_back == WriteBackLevel.STATUS
+               else f", write-back {route.write_back}"),
         )
 
 

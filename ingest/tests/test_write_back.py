@@ -1,0 +1,384 @@
+"""The outbox and GitHub write-back (docs/write-back.md): deliveries made from GitHub's own
+example payloads (@octokit/webhooks-examples), sent to a stand-in held to GitHub's published
+description. The worker is driven by hand (``send_due_write_backs``), as a Celery task or the
+embedded scheduler would call it, so every test sees exactly when requests leave."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from ingest import connections, transitions, write_back
+from ingest.models import WriteBack
+from ingest.senders import github as github_sender
+from ingest.tests import hook_client, signing
+from ingest.tests.conftest import SECRETS
+from ingest.tests.github_standin import webhook_example
+from switchboard import schedule
+from todos import transitions as todo_transitions
+from todos.models import OutboxEntry, Todo
+
+pytestmark = pytest.mark.django_db
+INSTALLATION = 4242
+
+
+@pytest.fixture(autouse=True)
+def public_url(settings):
+    settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
+
+
+@pytest.fixture
+def hooked(operator, endpoint, app_connection, make_webhook):
+    """A GitHub webhook writing back under the App connection, one route to ``endpoint``."""
+    webhook = make_webhook("github", slug="gh")
+    connections.set_webhook_connection(webhook, app_connection)
+    return webhook
+
+
+@pytest.fixture
+def hooked_by_token(operator, endpoint, github, make_webhook):
+    """The same webhook writing back under a token connection: for tests that move the clock,
+    which an App's JWT (checked against the stand-in's real clock) would not survive."""
+    connection, test = connections.create_connection(
+        name="gh-token", owner=operator, kind="github_token", secret=github.token,
+        api_url=github.api_url)
+    assert test.ok
+    webhook = make_webhook("github", slug="gh")
+    connections.set_webhook_connection(webhook, connection)
+    return webhook
+
+
+def deliver(event: str, payload: dict, *, slug="gh") -> Todo | None:
+    payload.setdefault("installation", {"id": INSTALLATION, "node_id": "MDIzOkludGVncmF0aW9u"})
+    body = signing.body_of(payload)
+    answer = hook_client.post(slug, body, **signing.github(SECRETS["github"], body, event=event))
+    assert answer.status_code == 202, answer.content
+    todos = answer.json()["todos"]
+    return Todo.objects.get(pk=todos[0]["id"]) if todos else None
+
+
+def issue_opened() -> dict:
+    return webhook_example("issues", action="opened")
+
+
+def send(now=None) -> int:
+    return write_back.send_due_write_backs(now=now)
+
+
+def rows(todo) -> dict:
+    return {row.action: row for row in WriteBack.objects.filter(todo_id=todo.pk)}
+
+
+def test_a_delivery_gets_eyes_on_its_issue(hooked, github):
+    payload = issue_opened()
+    todo = deliver("issues", payload)
+    assert todo.write_back == "status"
+    assert not github.requests_to("reactions/create-for-issue")  # nothing inside the delivery
+    assert send() == 1
+    (seen,) = github.requests_to("reactions/create-for-issue")
+    repo = payload["repository"]
+    assert seen.path == (f"/repos/{repo['owner']['login']}/{repo['name']}/issues/"
+                         f"{payload['issue']['number']}/reactions")
+    assert seen.body == {"content": "eyes"}
+    ack = rows(todo)["ack"]
+    assert ack.state == "sent" and ack.external_id and ack.attempts == 1
+    assert ack.target_label == f"{repo['full_name']}#{payload['issue']['number']}"
+    # Written as the App's installation, with a token minted for the delivery's installation.
+    (minted,) = github.requests_to("apps/create-installation-access-token")
+    assert minted.path == f"/app/installations/{INSTALLATION}/access_tokens"
+    assert github.reactions[0]["user"] == "switchboard-test[bot]"
+    assert "status" not in rows(todo)  # no status before the todo's first change
+
+
+def test_a_comment_gets_eyes_on_the_comment(hooked, github):
+    payload = webhook_example("issue_comment", action="created")
+    deliver("issue_comment", payload)
+    send()
+    (seen,) = github.requests_to("reactions/create-for-issue-comment")
+    assert seen.path.endswith(f"/issues/comments/{payload['comment']['id']}/reactions")
+
+
+def test_one_status_comment_per_todo_edited_in_place(hooked, github, agent):
+    todo = deliver("issues", issue_opened())
+    send()
+    todo_transitions.claim_todo(agent, todo.pk)
+    send()
+    (posted,) = github.requests_to("issues/create-comment")
+    assert "Being worked on" in posted.body["body"] and "`agent`" in posted.body["body"]
+    assert f"https://sb.example/todos/{todo.pk}/" in posted.body["body"]
+    todo_transitions.heartbeat_todo(agent, todo.pk)
+    assert not OutboxEntry.objects.filter(todo_id=todo.pk).exists()  # a heartbeat shows nothing
+    todo_transitions.complete_todo(agent, todo.pk, result={
+        "summary": "Fixed the crash; see the PR.", "url": "https://github.com/o/r/pull/9"})
+    send()
+    (edited,) = github.requests_to("issues/update-comment")
+    (comment,) = github.status_comments()
+    assert comment["body"] == edited.body["body"]
+    assert "Done" in comment["body"] and "Fixed the crash; see the PR\\." in comment["body"]
+    assert "<https://github.com/o/r/pull/9>" in comment["body"]
+    assert edited.path.endswith(f"/issues/comments/{comment['id']}")
+    status = rows(todo)["status"]
+    assert status.state == "sent" and status.external_id == str(comment["id"])
+    assert status.wanted == status.sent == 2
+
+
+def test_changes_before_a_send_collapse_into_one_showing_the_latest(hooked, github, agent):
+    todo = deliver("issues", issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    todo_transitions.fail_todo(agent, todo.pk, error="flaky test")
+    todo_transitions.requeue_todo(todo_transitions.Caller.operator(todo.endpoint, "alice"),
+                                  todo.pk)
+    todo_transitions.claim_todo(agent, todo.pk)
+    assert OutboxEntry.objects.filter(todo_id=todo.pk).count() == 5  # create + four changes
+    send()
+    assert len(github.requests_to("reactions/create-for-issue")) == 1
+    (posted,) = github.requests_to("issues/create-comment")
+    assert "Being worked on" in posted.body["body"] and "attempt 1 of" in posted.body["body"]
+    assert rows(todo)["status"].wanted == 4 and not OutboxEntry.objects.exists()
+
+
+def test_an_outbox_entry_exists_exactly_when_its_transition_committed(hooked, agent):
+    todo = deliver("issues", issue_opened())
+    send()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        todo_transitions.claim_todo(agent, todo.pk)
+        assert OutboxEntry.objects.filter(todo_id=todo.pk).count() == 1
+        raise RuntimeError("the caller's transaction rolls back")
+    assert not OutboxEntry.objects.exists()
+    assert Todo.objects.get(pk=todo.pk).state == "pending"
+
+
+def test_an_ack_route_reacts_and_writes_no_status(hooked, github, agent, endpoint):
+    hooked.routes.update(write_back="ack")
+    todo = deliver("issues", issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    todo_transitions.complete_todo(agent, todo.pk, result={"summary": "done"})
+    assert OutboxEntry.objects.count() == 1
+    send()
+    assert len(github.requests_to("reactions/create-for-issue")) == 1
+    assert not github.requests_to("issues/create-comment")
+
+
+@pytest.mark.parametrize("how", ["route off", "no connection"])
+def test_nothing_is_written_where_the_route_or_webhook_says_so(hooked, github, agent, how):
+    if how == "route off":
+        hooked.routes.update(write_back="off")
+    else:
+        connections.set_webhook_connection(hooked, None)
+    todo = deliver("issues", issue_opened())
+    assert todo.write_back == "off"
+    todo_transitions.claim_todo(agent, todo.pk)
+    assert not OutboxEntry.objects.exists()
+    assert send() == 0 and github.seen == [github.seen[0]]  # only the connection's test
+
+
+def test_an_event_with_nothing_to_react_to_writes_nothing(hooked, github):
+    deliver("push", webhook_example("push"))
+    assert send() == 0 and not WriteBack.objects.exists()
+
+
+# -- failures, retries and the source being down -------------------------------------------------
+
+
+def test_a_source_that_is_down_neither_fails_nor_touches_transitions(hooked_by_token, github, agent):
+    github.fail(503, times=None)
+    todo = deliver("issues", issue_opened())
+    requests_before = len(github.seen)
+    todo_transitions.claim_todo(agent, todo.pk)
+    todo_transitions.complete_todo(agent, todo.pk, result={"summary": "ok"})
+    assert len(github.seen) == requests_before  # transitions never call the source
+    now = timezone.now()
+    send(now)
+    ack = rows(todo)["ack"]
+    assert ack.state == "pending" and ack.last_error == "503: Service Unavailable"
+    assert ack.next_attempt_at == now + write_back.FIRST_BACKOFF
+    assert "status" not in rows(todo) or rows(todo)["status"].attempts == 0  # waits for its ack
+    for minutes in range(1, 6):  # down for five minutes: each due retry fails again
+        send(now + timedelta(minutes=minutes))
+    github.recover()
+    send(now + timedelta(minutes=20))
+    send(now + timedelta(minutes=21))
+    assert {row.state for row in rows(todo).values()} == {"sent"}
+    assert len([s for s in github.requests_to("reactions/create-for-issue") if s.status == 201]) == 1
+    assert len(github.requests_to("issues/create-comment")) == 1
+    assert "Done" in github.status_comments()[0]["body"]
+
+
+def test_a_rate_limit_waits_as_long_as_github_says(hooked_by_token, github):
+    deliver("issues", issue_opened())
+    github.fail(429, headers={"Retry-After": "120"}, message="rate limited")
+    now = timezone.now()
+    send(now)
+    (ack,) = WriteBack.objects.all()
+    assert ack.state == "pending" and ack.next_attempt_at == now + timedelta(seconds=120)
+    assert send(now + timedelta(seconds=119)) == 0
+    assert send(now + timedelta(seconds=120)) == 1
+    ack.refresh_from_db()
+    assert ack.state == "sent"
+
+
+def test_a_secondary_rate_limit_403_waits_for_the_reset(hooked, github):
+    deliver("issues", issue_opened())
+    now = timezone.now().replace(microsecond=0)
+    reset = now + timedelta(minutes=3)
+    github.fail(403, headers={"x-ratelimit-remaining": "0",
+                              "x-ratelimit-reset": str(int(reset.timestamp()))},
+                message="API rate limit exceeded")
+    send(now)
+    (ack,) = WriteBack.objects.all()
+    assert ack.state == "pending" and ack.next_attempt_at == reset
+
+
+def test_after_24_hours_of_failing_a_write_back_is_abandoned(hooked_by_token, github):
+    deliver("issues", issue_opened())
+    github.fail(502, times=None, message="Bad Gateway")
+    start = timezone.now()
+    send(start)
+    (ack,) = WriteBack.objects.all()
+    assert ack.failing_since == start and ack.state == "pending"
+    # The clock moved: a minute before the 24 h are up, a failure still waits for its retry...
+    send(start + write_back.RETRY_FOR - timedelta(minutes=1))
+    ack.refresh_from_db()
+    assert ack.state == "pending" and ack.failing_since == start
+    # ...and the first failure whose retry would fall past them gives up.
+    send(start + write_back.RETRY_FOR)
+    ack.refresh_from_db()
+    assert ack.state == "abandoned" and ack.last_error == "502: Bad Gateway"
+    assert ack.attempts == 3 and ack.next_attempt_at is None
+    assert send(start + timedelta(days=3)) == 0
+
+
+def test_a_refusal_fails_at_once_with_githubs_message(hooked_by_token, github):
+    deliver("issues", issue_opened())
+    github.fail(404, message="Not Found")
+    github.problems.clear()
+    send()
+    (ack,) = WriteBack.objects.all()
+    assert ack.state == "failed" and ack.last_error == "404: Not Found" and ack.attempts == 1
+    assert ack.next_attempt_at is None
+    assert send(timezone.now() + timedelta(days=2)) == 0
+    assert write_back.retry_write_back(ack)
+    assert send() == 1
+    ack.refresh_from_db()
+    assert ack.state == "sent"
+
+
+def test_bad_credentials_are_the_connections_last_error(hooked, github, app_connection):
+    deliver("issues", issue_opened())
+    github.fail(401, message="Bad credentials", times=2)  # the token mint, then nothing else
+    send()
+    app_connection.refresh_from_db()
+    assert app_connection.last_error == "401: Bad credentials"
+
+
+def test_a_status_never_goes_before_its_ack(hooked, github, agent):
+    todo = deliver("issues", issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    github.fail(503, times=1)  # the installation token mint fails: the ack waits
+    now = timezone.now()
+    send(now)
+    assert not github.requests_to("issues/create-comment")
+    assert rows(todo)["status"].attempts == 0
+    send(now + timedelta(seconds=10))
+    order = [seen.operation for seen in github.seen if seen.status in (200, 201)
+             and seen.operation.startswith(("reactions/", "issues/"))]
+    assert order == ["reactions/create-for-issue", "issues/create-comment"]
+
+
+def test_a_worker_killed_mid_send_does_not_post_the_status_twice(hooked_by_token, github, agent):
+    todo = deliver("issues", issue_opened())
+    send()
+    todo_transitions.claim_todo(agent, todo.pk)
+    write_back.absorb_outbox_entries(now=timezone.now())
+    now = timezone.now()
+    row = write_back.claim_due_write_back(now=now)
+    assert row.action == "status"
+    # The worker posts the comment and dies before recording it.
+    github_sender.send_status(row.connection, row.target, "half-sent", "", now,
+                              look_first=False, todo_id=todo.pk)
+    assert send(now + timedelta(seconds=30)) == 0  # its lease still holds
+    send(now + write_back.SEND_LEASE + timedelta(seconds=1))
+    (comment,) = github.status_comments()
+    assert "Being worked on" in comment["body"]
+    row.refresh_from_db()
+    assert row.state == "sent" and row.external_id == str(comment["id"]) and row.attempts == 2
+    assert len(github.requests_to("issues/list-comments")) == 1
+
+
+def test_a_status_comment_someone_deleted_is_posted_again(hooked, github, agent):
+    todo = deliver("issues", issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    send()
+    github.comments.clear()
+    todo_transitions.complete_todo(agent, todo.pk, result={"summary": "ok"})
+    send()
+    (comment,) = github.status_comments()
+    assert "Done" in comment["body"]
+    assert rows(todo)["status"].external_id == str(comment["id"])
+
+
+# -- waking the worker after commit --------------------------------------------------------------
+
+
+def test_a_commit_wakes_the_embedded_scheduler_or_enqueues_the_task(
+        hooked, agent, settings, monkeypatch, django_capture_on_commit_callbacks):
+    from ingest import tasks
+
+    enqueued = []
+    monkeypatch.setattr(tasks.send_write_backs, "apply_async",
+                        lambda **kwargs: enqueued.append(kwargs))
+    with django_capture_on_commit_callbacks(execute=True):
+        todo = deliver("issues", issue_opened())
+    assert enqueued == [{"retry": False}]
+    settings.EMBEDDED = True
+    schedule.wait_for_wake(write_back.SWEEP_NAME, 0)  # clear any earlier wake-up
+    with django_capture_on_commit_callbacks(execute=True):
+        todo_transitions.claim_todo(agent, todo.pk)
+    assert schedule.wait_for_wake(write_back.SWEEP_NAME, 0)
+    with django_capture_on_commit_callbacks(execute=True):
+        todo_transitions.heartbeat_todo(agent, todo.pk)
+    assert not schedule.wait_for_wake(write_back.SWEEP_NAME, 0)
+    assert len(enqueued) == 1
+
+
+def test_todos_without_write_back_wake_nothing(agent, make_todo, settings, monkeypatch,
+                                               django_capture_on_commit_callbacks):
+    woken = []
+    monkeypatch.setattr(write_back, "dispatch_send", lambda: woken.append(1))
+    with django_capture_on_commit_callbacks(execute=True):
+        todo = make_todo()
+        todo_transitions.claim_todo(agent, todo.pk)
+    assert woken == [] and not OutboxEntry.objects.exists()
+
+
+# -- the living status's text --------------------------------------------------------------------
+
+
+def test_the_status_escapes_neutralises_mentions_caps_and_shows_no_payload(hooked, agent,
+                                                                             github):
+    payload = issue_opened()
+    payload["issue"]["body"] = "secret-in-payload-0123"
+    todo = deliver("issues", payload)
+    todo_transitions.claim_todo(agent, todo.pk)
+    todo_transitions.complete_todo(agent, todo.pk, result={
+        "summary": "@octocat look: <img src=x onerror=alert(1)> **bold** [x](javascript:1)"
+                   + "y" * 5000,
+        "url": "javascript:alert(1)"})
+    body = write_back.render_status(Todo.objects.select_related("endpoint").get(pk=todo.pk),
+                                    now=timezone.now())
+    assert "@\u200bocto" in body and "@octocat" not in body
+    assert "<img" not in body and "&lt;img" in body
+    assert "\\*\\*bold\\*\\*" in body and "\\[x\\]\\(javascript" in body
+    assert "javascript:alert" not in body.replace("\\(javascript:1", "")
+    assert len(body) <= write_back.MAX_STATUS_CHARS
+    assert "secret-in-payload-0123" not in body and payload["issue"]["title"] not in body
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("https://github.com/o/r/pull/9", True), ("http://github.com/o/r/pull/9", False),
+    ("https://exa mple.com", False), ("https://x.example/<script>", False), (42, False),
+    ("https://user:pw@x.example/", False),
+])
+def test_only_a_plain_https_result_url_is_linked(url, shown):
+    assert bool(write_back.safe_result_url(url)) is shown

@@ -1,0 +1,370 @@
+"""The outbox of write-backs (docs/write-back.md#the-outbox): what switchboard writes back to a
+todo's source, and the worker that sends it.
+
+A todo transition writes an outbox entry in its own statement (``todos.models.OutboxEntry``),
+so an entry exists exactly when its transition committed. After the commit, the transition's
+announcement wakes the worker (``on_todo_change``): a Celery task in production, the embedded
+scheduler's sweep otherwise; the same sweep runs every few seconds for anything a lost wake-up
+left behind (a crash between commit and send). The worker:
+
+1. takes entries into ``WriteBack`` rows in one transaction (``absorb_outbox_entries``): one
+   ``ack`` per todo and one living ``status``, whose ``wanted`` counts the changes asked for;
+2. claims one due row at a time with a guarded statement (``claim_due_write_back``): never a
+   todo's status before its ack, never two sends of one todo at once;
+3. sends it with no transaction open (a source that hangs holds no lock), rendering the status
+   from the todo as it is at that moment, so changes that arrived meanwhile collapse into the
+   one edit; and records the answer with a guarded statement fenced by the attempt it claimed
+   (``finish_write_back``). Retryable failures wait (the source's ``Retry-After`` or rate-limit
+   reset, else a doubling backoff) for up to ``RETRY_FOR``, then the row is ``abandoned``; any
+   other refusal is ``failed`` with the source's message.
+
+None of this runs inside a transition: a source that is down costs the worker time, never a
+transition or an ingest.
+"""
+
+import json
+import logging
+import re
+from datetime import timedelta, timezone as dt_timezone
+from urllib.parse import urlsplit
+
+from celery.exceptions import CeleryError
+from django.conf import settings
+from django.db import connection as db, transaction
+from django.db.models import Case, Value, When
+from django.utils import timezone
+from kombu.exceptions import KombuError
+
+from switchboard import schedule
+from switchboard.db import sql as dialect
+from switchboard.db import statements as db_statements
+from todos import transitions as todo_transitions
+from todos.models import SILENT_TO_SOURCE, State, Todo, WriteBack as WriteBackLevel
+
+from . import connections, outbound, senders
+from .models import WriteBack, WriteBackAction, WriteBackState
+
+log = logging.getLogger("switchboard.write_back")
+
+# The sweep's entry in switchboard/schedule.py, which a wake-up names.
+SWEEP_NAME = "send-write-backs"
+# Entries taken per transaction: enough for a burst of transitions, short enough that the
+# transaction holding their rows stays brief.
+ABSORB_BATCH = 500
+# Sends per sweep run: each may wait up to the request timeout on a source that hangs, so a
+# run stays within a few minutes at worst while a healthy source clears hundreds a minute.
+SEND_BATCH = 50
+# How long a claimed send is its worker's: past it, a worker that died mid-send has its row
+# sent again (the status then looks for its marker first, so it is not posted twice).
+SEND_LEASE = timedelta(seconds=60)
+RETRY_FOR = timedelta(hours=24)
+FIRST_BACKOFF = timedelta(seconds=5)
+MAX_BACKOFF = timedelta(minutes=10)
+# What the living status shows of the agent's words and of the whole (docs/write-back.md).
+MAX_STATUS_CHARS = 4000
+MAX_SUMMARY_CHARS = 2000
+MAX_ERROR_CHARS = 500
+
+
+# -- after commit: wake the worker ---------------------------------------------------------------
+
+
+def on_todo_change(todo, change: dict) -> None:
+    """The bus listener (``ingest.apps``): after a transition of a todo whose source hears of
+    it committed, wake the sender. Nothing for the others, which is nearly every todo."""
+    level, action = getattr(todo, "write_back", WriteBackLevel.OFF), change["action"]
+    if (level == WriteBackLevel.STATUS and action not in SILENT_TO_SOURCE) or (
+            level == WriteBackLevel.ACK and action == "create"):
+        dispatch_send()
+
+
+def dispatch_send() -> None:
+    """Have the outbox sent soon: the embedded scheduler's sweep woken at once, or (with a
+    database server, where Celery runs the sweeps) a task enqueued. An enqueue that fails is
+    logged: the periodic sweep sends it a few seconds later."""
+    if settings.EMBEDDED:
+        schedule.wake(SWEEP_NAME)
+        return
+    from . import tasks
+
+    try:
+        tasks.send_write_backs.apply_async(retry=False)
+    except (CeleryError, KombuError, OSError):
+        log.warning("could not enqueue the write-back task; the sweep will send it")
+
+
+# -- 1. entries into write-backs ----------------------------------------------------------------
+
+_TABLE = WriteBack._meta.db_table
+_INSERT_COLUMNS = ("todo_id, connection_id, action, target, target_label, state, wanted, sent,"
+                   " attempts, next_attempt_at, last_error, external_id, created_at")
+_INSERT_VALUES = (f"%(todo_id)s, %(connection_id)s, %(action)s, {dialect.jsonb('target')},"
+                  " %(label)s, 'pending', %(wanted)s, 0, 0, %(now)s, '', '', %(now)s")
+# A change to a status already sent (or given up on after a long outage) makes it due again,
+# with a fresh retry budget; one waiting or being sent just counts the change; one the source
+# refused (failed) stays so until an operator retries it.
+_REARM = f"{_TABLE}.state IN ('sent', 'abandoned')"
+_UPSERT_STATUS_SQL = (
+    f"INSERT INTO {_TABLE} ({_INSERT_COLUMNS}) VALUES ({_INSERT_VALUES})"
+    " ON CONFLICT (todo_id, action) DO UPDATE SET"
+    f" wanted = {_TABLE}.wanted + EXCLUDED.wanted,"
+    f" state = CASE WHEN {_REARM} THEN 'pending' ELSE {_TABLE}.state END,"
+    f" next_attempt_at = CASE WHEN {_REARM} THEN EXCLUDED.next_attempt_at"
+    f" ELSE {_TABLE}.next_attempt_at END,"
+    f" attempts = CASE WHEN {_REARM} THEN 0 ELSE {_TABLE}.attempts END,"
+    f" failing_since = CASE WHEN {_REARM} THEN NULL ELSE {_TABLE}.failing_since END"
+)
+_INSERT_ACK_SQL = (f"INSERT INTO {_TABLE} ({_INSERT_COLUMNS}) VALUES ({_INSERT_VALUES})"
+                   " ON CONFLICT (todo_id, action) DO NOTHING")
+
+
+def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
+    """Take up to ``limit`` outbox entries into write-backs, in one transaction: a ``create``
+    makes the todo's ``ack``, every later change counts toward its ``status``. A todo whose
+    webhook has no connection now, or whose delivery has nothing to write back on (a push), is
+    dropped. Returns how many entries were taken."""
+    with transaction.atomic():
+        entries = todo_transitions.take_outbox_entries(limit=limit)
+        if not entries:
+            return 0
+        changes = {}
+        for todo_id, action in entries:
+            counts = changes.setdefault(todo_id, {WriteBackAction.ACK: 0,
+                                                  WriteBackAction.STATUS: 0})
+            counts[WriteBackAction.ACK if action == "create" else WriteBackAction.STATUS] += 1
+        todos = (Todo.objects.filter(pk__in=changes)
+                 .select_related("delivery_event__webhook__connection")
+                 .only("id", "kind", "payload", "write_back", "delivery_event__webhook__source",
+                       "delivery_event__webhook__connection__id"))
+        with db.cursor() as cursor:
+            for todo in todos:
+                webhook = todo.delivery_event.webhook if todo.delivery_event else None
+                client = _client_of(webhook)
+                found = client.find_target(todo.kind, todo.payload) if client else None
+                if found is None:
+                    continue
+                target, label = found
+                for action, count in changes[todo.pk].items():
+                    if count:
+                        cursor.execute(
+                            _INSERT_ACK_SQL if action == WriteBackAction.ACK
+                            else _UPSERT_STATUS_SQL,
+                            {"todo_id": todo.pk, "connection_id": webhook.connection.pk,
+                             "action": action, "target": json.dumps(target), "label": label[:300],
+                             "wanted": count, "now": dialect.db_time(now)})
+    return len(entries)
+
+
+def _client_of(webhook):
+    if webhook is None or webhook.connection is None:
+        return None
+    return senders.get_sender(webhook.source).write_back
+
+
+# -- 2. claiming one due write-back -------------------------------------------------------------
+
+# The oldest due row, unless its todo has a send under way or (for a status) an ack still to go.
+_DUE_PICK = (
+    f"SELECT w.id FROM {_TABLE} w WHERE w.state = 'pending' AND w.next_attempt_at <= %(now)s"
+    f" AND NOT EXISTS (SELECT 1 FROM {_TABLE} o WHERE o.todo_id = w.todo_id AND o.id <> w.id"
+    " AND (o.state = 'sending' OR (o.state = 'pending' AND o.action = 'ack'"
+    " AND w.action = 'status')))"
+    " ORDER BY w.next_attempt_at, w.id LIMIT 1"
+)
+
+
+def claim_due_write_back(*, now) -> WriteBack | None:
+    """pending and due -> sending, for ``SEND_LEASE``, counting an attempt: the row returned,
+    or None when nothing is due. Overlapping workers skip each other's rows (PostgreSQL) or
+    queue behind the one writer (SQLite); the UPDATE re-checks the state, so a row is claimed
+    once."""
+    params = {"now": dialect.db_time(now), "until": dialect.db_time(now + SEND_LEASE)}
+    rows = db_statements.fetch_all(
+        f"UPDATE {_TABLE} SET state = 'sending', sending_until = %(until)s,"
+        f" attempts = attempts + 1 WHERE id = ({_DUE_PICK}{dialect.skip_locked()})"
+        " AND state = 'pending' RETURNING id", params)
+    if not rows:
+        return None
+    return WriteBack.objects.select_related("connection").get(pk=rows[0][0])
+
+
+def return_stalled_sends(*, now) -> int:
+    """sending past its lease -> pending, due now: its worker died or hung mid-send. Returns
+    how many."""
+    return WriteBack.objects.filter(state=WriteBackState.SENDING, sending_until__lte=now).update(
+        state=WriteBackState.PENDING, next_attempt_at=now, sending_until=None)
+
+
+# -- 3. sending and recording the answer --------------------------------------------------------
+
+
+def send_write_back(row: WriteBack, *, now) -> str:
+    """Send the claimed ``row`` and record the answer; returns its new state."""
+    todo = (Todo.objects.select_related("endpoint").filter(pk=row.todo_id).first())
+    client = senders.get_sender(senders.CONNECTION_SOURCE[row.connection.kind]).write_back
+    if todo is None or client is None:
+        return finish_write_back(row, now=now, error=outbound.SourceError(
+            "the todo is gone (pruned)" if todo is None else "the source writes nothing back"))
+    try:
+        if row.action == WriteBackAction.ACK:
+            external_id = client.ack(row.connection, row.target, now)
+        else:
+            # The first send of a status has nothing to look for; a later one without an id
+            # may follow a worker that died after the source took it.
+            external_id = client.status(
+                row.connection, row.target, render_status(todo, now=now), row.external_id, now,
+                look_first=row.attempts > 1 and not row.external_id, todo_id=todo.pk)
+    except outbound.SourceError as failed:
+        if failed.status == 401:
+            connections.record_connection_error(row.connection, failed.message, now=now)
+        return finish_write_back(row, now=now, error=failed)
+    return finish_write_back(row, now=now, external_id=external_id)
+
+
+def finish_write_back(row: WriteBack, *, now, external_id: str = "",
+                      error: outbound.SourceError | None = None) -> str:
+    """Record the answer to ``row``'s send, fenced by the attempt it claimed (a row its lease
+    outlived was claimed again, and that send records its own answer). Sent: ``sent`` covers
+    what was ``wanted`` at the claim, and a change that arrived meanwhile leaves it due again.
+    A retryable error waits (``next_attempt``); past ``RETRY_FOR`` of failing it is abandoned;
+    any other error fails it. Returns the state recorded."""
+    fence = WriteBack.objects.filter(pk=row.pk, state=WriteBackState.SENDING,
+                                     attempts=row.attempts)
+    if error is None:
+        # One statement, so a change counted since the claim (``wanted`` grew) leaves it due.
+        fence.update(state=Case(When(wanted__gt=row.wanted, then=Value(WriteBackState.PENDING)),
+                                default=Value(WriteBackState.SENT)),
+                     sent=row.wanted, external_id=external_id or row.external_id, sent_at=now,
+                     sending_until=None, failing_since=None, last_error="", next_attempt_at=now)
+        return WriteBack.objects.filter(pk=row.pk).values_list("state", flat=True).first()
+    failing_since = row.failing_since or now
+    message = error.message[:MAX_ERROR_CHARS]
+    retry_at = next_attempt(row.attempts, now=now, asked=error.retry_at)
+    if not error.retryable:
+        state = WriteBackState.FAILED
+    elif retry_at > failing_since + RETRY_FOR:
+        state = WriteBackState.ABANDONED
+    else:
+        state = WriteBackState.PENDING
+    fence.update(state=state, last_error=message, failing_since=failing_since,
+                 next_attempt_at=retry_at if state == WriteBackState.PENDING else None,
+                 sending_until=None)
+    log.info("write-back not sent", extra={"todo_id": row.todo_id, "action": row.action,
+                                           "state": state, "error": message})
+    return state
+
+
+def next_attempt(attempts: int, *, now, asked=None):
+    """When a failed send goes again: when the source asked (``Retry-After``, a rate limit's
+    reset), else after a backoff doubling from FIRST_BACKOFF per attempt, capped at
+    MAX_BACKOFF."""
+    if asked is not None and asked > now:
+        return asked
+    doublings = min(max(attempts - 1, 0), 16)  # 5 s * 2**16 is far past the cap already
+    return now + min(FIRST_BACKOFF * 2 ** doublings, MAX_BACKOFF)
+
+
+def retry_write_back(row: WriteBack, *, now=None) -> bool:
+    """An operator's "retry now": a failed or abandoned write-back is due again with a fresh
+    retry budget. False when it was neither."""
+    now = now or timezone.now()
+    return bool(WriteBack.objects.filter(
+        pk=row.pk, state__in=[WriteBackState.FAILED, WriteBackState.ABANDONED]).update(
+        state=WriteBackState.PENDING, next_attempt_at=now, attempts=0, failing_since=None))
+
+
+def send_due_write_backs(*, now=None) -> int:
+    """The sweep (switchboard/schedule.py, and every wake-up): stalled sends due again, the
+    outbox taken in, then up to SEND_BATCH due write-backs sent. Safe when runs overlap: each
+    step claims its rows with a guarded statement. Returns how many sends were made."""
+    return_stalled_sends(now=now or timezone.now())
+    for _ in range(10):  # bounded: a flood is taken over the next runs
+        if absorb_outbox_entries(now=now or timezone.now()) < ABSORB_BATCH:
+            break
+    sent = 0
+    while sent < SEND_BATCH:
+        moment = now or timezone.now()
+        row = claim_due_write_back(now=moment)
+        if row is None:
+            break
+        send_write_back(row, now=moment)
+        sent += 1
+    return sent
+
+
+# -- the living status's text --------------------------------------------------------------------
+
+# Markdown's ASCII punctuation that starts or ends markup; "<", ">" and "&" become entities so
+# no HTML gets through.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~])")
+
+
+def markdown_text(text, limit: int) -> str:
+    """``text`` shown as itself in GitHub Markdown: markup escaped, HTML turned to entities,
+    ``@name`` kept from pinging anyone (a zero-width space after the ``@``), at most ``limit``
+    characters of it (cut with an ellipsis)."""
+    text = "".join(ch for ch in str(text) if ch.isprintable() or ch == "\n")
+    if len(text) > limit:
+        text = text[:limit - 1] + "…"
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    return text.replace("@", "@\u200b")
+
+
+def safe_result_url(value) -> str:
+    """The result's ``url`` when it is a plain https URL (shown as a link), else ""."""
+    if not isinstance(value, str) or len(value) > 2000:
+        return ""
+    parts = urlsplit(value)
+    if (parts.scheme != "https" or not parts.hostname or parts.username or parts.password
+            or any(ch.isspace() or ch in "<>\"'`" or not ch.isprintable() for ch in value)):
+        return ""
+    return value
+
+
+def _when(moment) -> str:
+    return moment.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if moment else ""
+
+
+_HEADLINES = {
+    State.AWAITING_APPROVAL: "⏸️ Waiting for an operator's approval",
+    State.PENDING: "📥 Queued",
+    State.CLAIMED: "🛠️ Being worked on",
+    State.DONE: "✅ Done",
+    State.CANCELLED: "🚫 Cancelled",
+}
+
+
+def render_status(todo: Todo, *, now) -> str:
+    """The living status of ``todo`` (docs/write-back.md#the-living-status): switchboard's own
+    template around the agent's words. It names the todo's state, its agent (the endpoint),
+    its times and a link to its page, and, when done, the result's ``summary`` and ``https``
+    ``url``; when failed, the error. Never a payload field, a secret or a lease."""
+    page = f"{settings.SWITCHBOARD_PUBLIC_URL}/todos/{todo.pk}/"
+    agent = markdown_text(todo.endpoint.slug, 64)
+    if todo.state == State.FAILED:
+        headline = ("💀 Failed for good (no attempts left)" if todo.dead_lettered_at
+                    else f"⚠️ Failed; retrying at {_when(todo.retry_at)}")
+    elif todo.state == State.PENDING and todo.not_before:
+        headline = f"🕒 Scheduled for {_when(todo.not_before)}"
+    elif todo.state == State.PENDING and todo.attempts:
+        headline = f"🔁 Queued again (attempt {todo.attempts + 1} of {todo.max_attempts})"
+    else:
+        headline = _HEADLINES.get(todo.state, markdown_text(todo.state, 32))
+    lines = [
+        f"**{headline}** · agent `{agent}` · [todo {todo.pk} on switchboard]({page})",
+        "",
+        f"Taken in {_when(todo.created_at)} · last change {_when(todo.updated_at)}"
+        + (f" · attempt {todo.attempts} of {todo.max_attempts}"
+           if todo.state == State.CLAIMED else ""),
+    ]
+    result = todo.result if isinstance(todo.result, dict) else {}
+    if todo.state == State.DONE and isinstance(result.get("summary"), str) and result["summary"]:
+        lines += ["", markdown_text(result["summary"], MAX_SUMMARY_CHARS)]
+    url = safe_result_url(result.get("url")) if todo.state == State.DONE else ""
+    if url:
+        lines += ["", f"Result: <{url}>"]
+    if todo.state == State.FAILED and todo.last_error:
+        lines += ["", "Error: " + markdown_text(todo.last_error, MAX_ERROR_CHARS)]
+    # The parts are capped already; the whole is too, leaving the client room for its marker.
+    return "\n".join(lines)[:MAX_STATUS_CHARS - 100]
