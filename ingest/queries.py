@@ -30,11 +30,15 @@ _ROUTE_JSON_COLUMNS = [_ROUTE_FIELDS.index(name) for name in ("kinds", "actors",
                                                                "author_associations")]
 _ROUTE_BOOL_COLUMN = _ROUTE_FIELDS.index("requires_approval")
 _ENDPOINT_FIELDS = ["id", "slug", "owner_id", "scope", "max_attempts", "active"]
+# What the loop guard compares a delivery's actor with (senders.is_own_write_back).
+_CONNECTION_FIELDS = ["id", "kind", "app_id", "identity", "identity_id"]
 _WEBHOOK_WITH_ROUTES_SQL = (
     "SELECT " + ", ".join(f"w.{name}" for name in _WEBHOOK_FIELDS) + ", "
+    + ", ".join(f"c.{name}" for name in _CONNECTION_FIELDS) + ", "
     + ", ".join(f"r.{name}" for name in _ROUTE_FIELDS) + ", "
     + ", ".join(f"e.{name}" for name in _ENDPOINT_FIELDS)
     + " FROM ingest_webhook w JOIN auth_user u ON u.id = w.owner_id"
+    " LEFT JOIN ingest_connection c ON c.id = w.connection_id"
     " LEFT JOIN ingest_route r ON r.webhook_id = w.id"
     " LEFT JOIN endpoints_endpoint e ON e.id = r.endpoint_id"
     # An inactive owner's webhooks are as unknown as inactive ones (offboarding).
@@ -57,14 +61,18 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
     if not rows:
         return None, []
     db = connection.alias
-    webhook_width, route_width = len(_WEBHOOK_FIELDS), len(_ROUTE_FIELDS)
+    route_width = len(_ROUTE_FIELDS)
+    webhook_width = len(_WEBHOOK_FIELDS) + len(_CONNECTION_FIELDS)
     first = rows[0]
-    webhook_values = list(first[:webhook_width])
+    webhook_values = list(first[:len(_WEBHOOK_FIELDS)])
     webhook_values[4] = unseal_text(webhook_values[4])
     webhook_values[5] = unseal_text(webhook_values[5])
     webhook_values[6] = _datetime(webhook_values[6])
     webhook_values[8] = _datetime(webhook_values[8])
     webhook = Webhook.from_db(db, _WEBHOOK_FIELDS, webhook_values)
+    connection_values = list(first[len(_WEBHOOK_FIELDS):webhook_width])
+    if connection_values[0] is not None:
+        webhook.connection = Connection.from_db(db, _CONNECTION_FIELDS, connection_values)
     routes = []
     for row in rows:
         route_values = list(row[webhook_width:webhook_width + route_width])

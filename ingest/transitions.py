@@ -53,6 +53,8 @@ def unsigned_warning() -> str:
 
 
 OPERATOR_SOURCE = "operator"
+# The delivery log's reason for a delivery the loop guard filtered (docs/write-back.md).
+OWN_WRITE_BACK = "own_write_back"
 # Operator keys live in their own namespace: "@" cannot appear in a webhook slug, so an
 # operator-chosen key can never collide with "<webhook slug>:<delivery id>".
 OPERATOR_KEY_PREFIX = "@operator:"
@@ -687,6 +689,10 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     candidates = [r for r in routes if r.endpoint.active and route_matches(r, kind)
                   and route_in_scope(r) and route_owned(r)]
     matching, filtered = _admitted_by_actor(webhook, candidates, kind, payload)
+    own = senders.is_own_write_back(webhook, kind, payload)
+    if own:
+        # The loop guard: switchboard's own write-back coming back makes nothing, anywhere.
+        matching, filtered = [], OWN_WRITE_BACK
     if filtered:
         note = "; ".join(filter(None, [note, filtered]))
     key = idempotency_key or idempotency_key_for(webhook, delivery_id, body_sha256)
@@ -698,7 +704,7 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         "source": webhook.source, "kind": kind,
     }
     outcome = (Outcome.ACCEPTED if matching
-               else Outcome.FILTERED if candidates else Outcome.NO_ROUTE)
+               else Outcome.FILTERED if candidates or own else Outcome.NO_ROUTE)
     record_values = _record_row(webhook_id=webhook.pk, at=now, outcome=outcome, status=status,
                                 observed=observed, reason=note,
                                 redelivered_from_id=redelivered_from_id,

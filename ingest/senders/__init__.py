@@ -98,6 +98,9 @@ class Sender:
     delivery_headers: tuple = ()  # where its delivery id is, likewise
     connections: tuple = ()  # the ConnectionSpecs a webhook of this source may write back with
     write_back: WriteBackClient | None = None  # None: nothing is written back (yet)
+    # (connection, kind, payload) -> True when the connection itself caused the delivery (its
+    # own comment): the loop guard. None: its deliveries are never its own.
+    is_own_write_back: Callable | None = None
 
 
 from . import github, gitea, gitlab, stripe, standard, linear, slack, sentry, unsigned  # noqa: E402
@@ -153,6 +156,17 @@ def derive_title(source: str, kind: str, payload, *, webhook_slug: str) -> str:
     """One legible line for a todo created from this delivery."""
     payload = payload if isinstance(payload, dict) else {}
     return " ".join(get_sender(source).derive_title(kind, payload, webhook_slug).split())
+
+
+def is_own_write_back(webhook, kind: str, payload) -> bool:
+    """The loop guard (docs/write-back.md#the-loop-guard): the delivery's actor is the
+    identity the webhook writes back under, so it reports switchboard's own write-back (its
+    status comment, say) and must make no todo."""
+    sender = get_sender(webhook.source)
+    connection = webhook.connection if webhook.connection_id else None
+    if connection is None or sender.is_own_write_back is None or not isinstance(payload, dict):
+        return False
+    return sender.is_own_write_back(connection, kind or "", payload)
 
 
 def event_actor(source: str, kind: str, payload) -> Actor:

@@ -305,6 +305,22 @@ def _find_marked_comment(connection, target, number, todo_id, now) -> str:
     return ""
 
 
+def is_own_write_back(connection, kind: str, payload: dict) -> bool:
+    """The delivery's ``sender`` is the connection's own login (the App's bot, or the token's
+    user), or the object it is about was written through the App
+    (``performed_via_github_app.id`` is the App's id)."""
+    login = text_of(dict_of(payload.get("sender")).get("login"))
+    if login and connection.identity and login.lower() == connection.identity.lower():
+        return True
+    if connection.kind != "github_app" or not connection.app_id:
+        return False
+    for key in SUBJECTS:
+        app = dict_of(dict_of(payload.get(key)).get("performed_via_github_app"))
+        if str(app.get("id", "")) == connection.app_id:
+            return True
+    return False
+
+
 SENDER = Sender(
     source=Source.GITHUB, verify=verify, derive_kind=kind_with_action, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, reads_roles=True, takes_forms=True,
@@ -317,4 +333,5 @@ SENDER = Sender(
         ConnectionSpec(kind="github_token", default_api_url=DEFAULT_API_URL, identify=identify,
                        check_secret=check_token),
     ),
-    write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status))
+    write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status),
+    is_own_write_back=is_own_write_back)

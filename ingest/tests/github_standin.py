@@ -164,6 +164,28 @@ def body_problems(operation: Operation, body) -> list[str]:
     return [f"{operation.id} body: {error.message}" for error in validator.iter_errors(body)]
 
 
+def schema_problems(pointer: str, value) -> list[str]:
+    """``value`` against the schema at ``pointer`` in the description
+    (``components/schemas/webhook-issue-comment-created/properties/comment``, …)."""
+    if "registry" not in _registry:
+        _registry["registry"] = Registry().with_resource(
+            _DOC_URI, Resource.from_contents(openapi(), default_specification=DRAFT4))
+    validator = jsonschema.Draft4Validator({"$ref": f"{_DOC_URI}#/{pointer}"},
+                                           registry=_registry["registry"])
+    # OpenAPI 3.0 spells "or null" as nullable, which JSON Schema draft 4 does not read.
+    return [error.message for error in validator.iter_errors(value)
+            if not (error.validator == "type" and error.instance is None)]
+
+
+def app_object(standin) -> dict:
+    """The stand-in's App as GitHub shows it in a payload's ``performed_via_github_app``: the
+    description's own example of an App, with this one's id and slug."""
+    operation = next(op for op in operations() if op.id == "apps/get-authenticated")
+    app = response_example(operation, "200")
+    app.update(id=standin.app_id, slug=standin.app_slug, name="switchboard test")
+    return app
+
+
 def path_problems(operation: Operation, values: dict) -> list[str]:
     """Path parameters against their schemas (an integer must be digits)."""
     problems = []

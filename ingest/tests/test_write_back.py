@@ -10,11 +10,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from ingest import connections, transitions, write_back
-from ingest.models import WriteBack
+from ingest.models import DeliveryRecord, WriteBack
 from ingest.senders import github as github_sender
 from ingest.tests import hook_client, signing
 from ingest.tests.conftest import SECRETS
-from ingest.tests.github_standin import webhook_example
+from ingest.tests.github_standin import app_object, schema_problems, webhook_example
 from switchboard import schedule
 from todos import transitions as todo_transitions
 from todos.models import OutboxEntry, Todo
@@ -382,3 +382,59 @@ def test_the_status_escapes_neutralises_mentions_caps_and_shows_no_payload(hooke
 ])
 def test_only_a_plain_https_result_url_is_linked(url, shown):
     assert bool(write_back.safe_result_url(url)) is shown
+
+
+# -- the loop guard ------------------------------------------------------------------------------
+
+
+def apps_own_comment(github) -> dict:
+    """GitHub's example ``issue_comment.created``, as GitHub sends it for a comment the App
+    wrote through an installation token: its author and the delivery's sender are the App's bot
+    user, and the comment names the App in ``performed_via_github_app``."""
+    payload = webhook_example("issue_comment", action="created")
+    bot = {**payload["sender"], "login": f"{github.app_slug}[bot]", "id": 98765, "type": "Bot",
+           "html_url": f"https://github.com/apps/{github.app_slug}"}
+    payload["sender"] = dict(bot)
+    payload["comment"]["user"] = dict(bot)
+    payload["comment"]["performed_via_github_app"] = app_object(github)
+    payload["comment"]["body"] = "<!-- switchboard:todo:1 -->\n**📥 Queued**"
+    payload["installation"] = {"id": INSTALLATION, "node_id": "MDIzOkludGVncmF0aW9u"}
+    # What was put in is what GitHub's description says the payload carries there (the
+    # examples themselves predate some fields the schema now requires, so only these).
+    payload_schema = "components/schemas/webhook-issue-comment-created/properties"
+    assert schema_problems(f"{payload_schema}/sender", payload["sender"]) == []
+    assert schema_problems(f"{payload_schema}/comment/properties/performed_via_github_app",
+                           payload["comment"]["performed_via_github_app"]) == []
+    assert schema_problems(f"{payload_schema}/comment/properties/user",
+                           payload["comment"]["user"]) == []
+    return payload
+
+
+def test_the_apps_own_comment_makes_no_todo(hooked, github):
+    answer_payload = apps_own_comment(github)
+    assert deliver("issue_comment", answer_payload) is None
+    (record,) = DeliveryRecord.objects.filter(webhook=hooked)
+    assert record.outcome == "filtered" and record.reason == "own_write_back"
+    assert not Todo.objects.exists()
+    # A person's comment on the same issue is work as ever.
+    assert deliver("issue_comment", webhook_example("issue_comment", action="created"))
+
+
+def test_a_comment_through_the_app_by_another_login_is_still_the_apps(hooked, github):
+    payload = apps_own_comment(github)
+    payload["sender"]["login"] = "someone-else"  # e.g. a user-to-server token of the App
+    assert deliver("issue_comment", payload) is None
+
+
+def test_the_token_users_own_delivery_makes_no_todo(hooked_by_token, github):
+    payload = webhook_example("issue_comment", action="created")
+    payload["sender"]["login"] = github.user_login
+    assert deliver("issue_comment", payload) is None
+    (record,) = DeliveryRecord.objects.all()
+    assert record.reason == "own_write_back"
+
+
+def test_a_webhook_without_a_connection_guards_nothing(make_webhook, endpoint, github):
+    make_webhook("github", slug="plain")
+    payload = apps_own_comment(github)
+    assert deliver("issue_comment", payload, slug="plain") is not None
