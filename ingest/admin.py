@@ -86,6 +86,20 @@ def only_own_users(db_field, request, kwargs):
         kwargs["queryset"] = db_field.related_model.objects.filter(pk=request.user.pk)
 
 
+class OwnRowsAdmin(admin.ModelAdmin):
+    """Rows with an ``owner`` operator: a staff operator sees, and names as owner, only
+    themselves; a superuser everyone."""
+
+    def get_queryset(self, request):
+        rows = super().get_queryset(request)
+        return rows if request.user.is_superuser else rows.filter(owner=request.user)
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "owner":
+            only_own_users(db_field, request, kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+
 class WebhookForm(forms.ModelForm):
     new_secret = forms.CharField(
         required=False, widget=forms.PasswordInput(render_value=False),
@@ -120,7 +134,7 @@ class WebhookForm(forms.ModelForm):
 
 
 @admin.register(Webhook)
-class WebhookAdmin(admin.ModelAdmin):
+class WebhookAdmin(OwnRowsAdmin):
     form = WebhookForm
     list_display = ("slug", "source", "owner", "active", "route_count", "rotation",
                     "delivery_log_link")
@@ -129,13 +143,7 @@ class WebhookAdmin(admin.ModelAdmin):
     inlines = [RouteInline]
     actions = ["rotate_secret", "drop_previous_secret"]
 
-    def get_queryset(self, request):
-        webhooks = super().get_queryset(request)
-        return webhooks if request.user.is_superuser else webhooks.filter(owner=request.user)
-
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "owner":
-            only_own_users(db_field, request, kwargs)
         if db_field.name == "connection" and not request.user.is_superuser:
             kwargs["queryset"] = Connection.objects.filter(owner=request.user)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
@@ -242,7 +250,7 @@ class ConnectionForm(forms.ModelForm):
 
 
 @admin.register(Connection)
-class ConnectionAdmin(admin.ModelAdmin):
+class ConnectionAdmin(OwnRowsAdmin):
     """Connections (docs/write-back.md#connections): saving one tests it, and the "Test"
     action tests again; the secret is write-only."""
 
@@ -254,15 +262,6 @@ class ConnectionAdmin(admin.ModelAdmin):
     readonly_fields = ("identity", "identity_id", "last_success_at", "last_error_at",
                        "last_error")
     actions = ["test_selected"]
-
-    def get_queryset(self, request):
-        rows = super().get_queryset(request)
-        return rows if request.user.is_superuser else rows.filter(owner=request.user)
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "owner":
-            only_own_users(db_field, request, kwargs)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_fields(self, request, obj=None):
         fields = ["name", "owner", "kind", "api_url", "app_id", "new_secret"]
