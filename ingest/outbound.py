@@ -1,4 +1,5 @@
-"""Requests switchboard sends to a source system under a connection (docs/write-back.md#where-requests-go).
+"""Requests switchboard sends to a source system under a connection
+(docs/write-back.md#where-requests-go).
 
 The one way every source's client calls out: only to the connection's ``api_url``, with each
 path segment that came from a payload checked first (``name_segment``, ``number_segment``),

@@ -143,9 +143,9 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
     (ingest/actors.py); its todos start with ``priority`` and become ready ``delay_seconds``
     after they arrive (docs/work-control.md); with ``requires_approval`` they are created
     awaiting approval; ``write_back`` is what their source hears of them when the webhook has a
-    connection (docs/write-back.md). Raises ValidationError naming the field when the target is not allowed
-    (``check_route_target``), a value is out of range or the actor rules cannot apply to the
-    webhook's source, before anything is written."""
+    connection (docs/write-back.md). Raises ValidationError naming the field when the target
+    is not allowed (``check_route_target``), a value is out of range or the actor rules cannot
+    apply to the webhook's source, before anything is written."""
     queue_name_validator(queue)
     try:
         logins, roles = senders.normalized_actor_rules(webhook.source, actors_allowed,

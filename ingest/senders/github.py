@@ -211,7 +211,8 @@ def connection_token(connection, payload: dict, now: datetime) -> str:
 # -- writing back: the reaction and the living status (docs/write-back.md#what-is-written-back) --
 
 # Where a comment an event is about lives, by event: its reactions' path differs.
-_COMMENT_PATHS = {"issue_comment": "issues/comments", "pull_request_review_comment": "pulls/comments"}
+_COMMENT_PATHS = {"issue_comment": "issues/comments",
+                  "pull_request_review_comment": "pulls/comments"}
 # The status comment carries this marker, so a send whose worker died after GitHub took it is
 # found again instead of posted twice. An HTML comment: GitHub shows nothing of it.
 STATUS_MARKER = "<!-- switchboard:todo:{todo_id} -->"

@@ -41,7 +41,8 @@ NPM_PREFIX = REPO / "var" / "npm"
 OPENAPI_PACKAGE = "@octokit/openapi@23.0.2"
 WEBHOOK_EXAMPLES_PACKAGE = "@octokit/webhooks-examples@7.6.1"
 OPENAPI_FILE = NPM_PREFIX / "node_modules/@octokit/openapi/generated/api.github.com.json"
-WEBHOOK_EXAMPLES_FILE = NPM_PREFIX / "node_modules/@octokit/webhooks-examples/api.github.com/index.json"
+WEBHOOK_EXAMPLES_FILE = (NPM_PREFIX
+                         / "node_modules/@octokit/webhooks-examples/api.github.com/index.json")
 _DOC_URI = "urn:github:api.github.com.json"
 # GitHub's own allowance for clocks: an iat up to a minute ahead of its clock.
 JWT_CLOCK_SKEW = timedelta(seconds=60)

@@ -241,7 +241,8 @@ def test_redirects_are_followed_only_within_the_api_url(answering):
     def moved(request):
         seen.append(str(request.url))
         if request.url.path == "/api/v3/repos/old/name/issues/1/comments":
-            return httpx.Response(301, headers={"location": "/api/v3/repos/new/name/issues/1/comments"})
+            return httpx.Response(
+                301, headers={"location": "/api/v3/repos/new/name/issues/1/comments"})
         if request.url.path == "/api/v3/repos/evil/issues":
             return httpx.Response(302, headers={"location": "https://evil.example/steal"})
         if request.url.path == "/api/v3/escape":

@@ -181,7 +181,8 @@ def test_an_event_with_nothing_to_react_to_writes_nothing(hooked, github):
 # -- failures, retries and the source being down -------------------------------------------------
 
 
-def test_a_source_that_is_down_neither_fails_nor_touches_transitions(hooked_by_token, github, agent):
+def test_a_source_that_is_down_neither_fails_nor_touches_transitions(hooked_by_token, github,
+                                                                     agent):
     github.fail(503, times=None)
     todo = deliver("issues", issue_opened())
     requests_before = len(github.seen)
@@ -200,7 +201,8 @@ def test_a_source_that_is_down_neither_fails_nor_touches_transitions(hooked_by_t
     send(now + timedelta(minutes=20))
     send(now + timedelta(minutes=21))
     assert {row.state for row in rows(todo).values()} == {"sent"}
-    assert len([s for s in github.requests_to("reactions/create-for-issue") if s.status == 201]) == 1
+    reactions = github.requests_to("reactions/create-for-issue")
+    assert len([seen for seen in reactions if seen.status == 201]) == 1
     assert len(github.requests_to("issues/create-comment")) == 1
     assert "Done" in github.status_comments()[0]["body"]
 
