@@ -19,6 +19,7 @@ AGENT_VERBS = (
     "complete",
     "fail",
     "release",
+    "post_update",
     "read_secret",
     "clock_in",
     "clock_out",

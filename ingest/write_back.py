@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 from celery.exceptions import CeleryError
 from django.conf import settings
 from django.db import connection as db, transaction
-from django.db.models import Case, Value, When
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 from kombu.exceptions import KombuError
 
@@ -60,6 +60,8 @@ SEND_LEASE = timedelta(seconds=60)
 RETRY_FOR = timedelta(hours=24)
 FIRST_BACKOFF = timedelta(seconds=5)
 MAX_BACKOFF = timedelta(minutes=10)
+# An agent's progress lines edit the status at most this often; the latest line wins.
+PROGRESS_EDIT_INTERVAL = timedelta(seconds=10)
 # What the living status shows of the agent's words and of the whole (docs/write-back.md).
 MAX_STATUS_CHARS = 4000
 MAX_SUMMARY_CHARS = 2000
@@ -127,11 +129,13 @@ def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
         entries = todo_transitions.take_outbox_entries(limit=limit)
         if not entries:
             return 0
-        changes = {}
+        changes, transitions_seen = {}, set()
         for todo_id, action in entries:
             counts = changes.setdefault(todo_id, {WriteBackAction.ACK: 0,
                                                   WriteBackAction.STATUS: 0})
             counts[WriteBackAction.ACK if action == "create" else WriteBackAction.STATUS] += 1
+            if action != "progress":
+                transitions_seen.add(todo_id)
         todos = (Todo.objects.filter(pk__in=changes)
                  .select_related("delivery_event__webhook__connection")
                  .only("id", "kind", "payload", "write_back", "delivery_event__webhook__source",
@@ -152,7 +156,18 @@ def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
                             {"todo_id": todo.pk, "connection_id": webhook.connection.pk,
                              "action": action, "target": json.dumps(target), "label": label[:300],
                              "wanted": count, "now": dialect.db_time(now)})
+                if changes[todo.pk][WriteBackAction.STATUS] and todo.pk not in transitions_seen:
+                    _space_progress_edits(todo.pk)
     return len(entries)
+
+
+def _space_progress_edits(todo_id) -> None:
+    """Only progress lines changed: the status is not edited again before
+    PROGRESS_EDIT_INTERVAL after its last send (whatever line is latest then is shown)."""
+    spaced = F("sent_at") + PROGRESS_EDIT_INTERVAL
+    WriteBack.objects.filter(todo_id=todo_id, action=WriteBackAction.STATUS,
+                             state=WriteBackState.PENDING, sent_at__isnull=False,
+                             next_attempt_at__lt=spaced).update(next_attempt_at=spaced)
 
 
 def _client_of(webhook):
@@ -338,8 +353,9 @@ _HEADLINES = {
 def render_status(todo: Todo, *, now) -> str:
     """The living status of ``todo`` (docs/write-back.md#the-living-status): switchboard's own
     template around the agent's words. It names the todo's state, its agent (the endpoint),
-    its times and a link to its page, and, when done, the result's ``summary`` and ``https``
-    ``url``; when failed, the error. Never a payload field, a secret or a lease."""
+    its times and a link to its page; while claimed, the agent's latest ``post_update`` line;
+    when done, the result's ``summary`` and ``https`` ``url``; when failed, the error. Never a
+    payload field, a secret or a lease."""
     page = f"{settings.SWITCHBOARD_PUBLIC_URL}/todos/{todo.pk}/"
     agent = markdown_text(todo.endpoint.slug, 64)
     if todo.state == State.FAILED:
@@ -358,6 +374,8 @@ def render_status(todo: Todo, *, now) -> str:
         + (f" · attempt {todo.attempts} of {todo.max_attempts}"
            if todo.state == State.CLAIMED else ""),
     ]
+    if todo.state == State.CLAIMED and todo.progress:
+        lines += ["", "Latest from the agent: " + markdown_text(todo.progress, MAX_SUMMARY_CHARS)]
     result = todo.result if isinstance(todo.result, dict) else {}
     if todo.state == State.DONE and isinstance(result.get("summary"), str) and result["summary"]:
         lines += ["", markdown_text(result["summary"], MAX_SUMMARY_CHARS)]

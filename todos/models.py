@@ -35,6 +35,8 @@ EDGES = frozenset({
     ("create", None, State.PENDING),
     ("claim", State.PENDING, State.CLAIMED),
     ("heartbeat", State.CLAIMED, State.CLAIMED),
+    # The agent's progress line for the source's living status (post_update).
+    ("progress", State.CLAIMED, State.CLAIMED),
     ("complete", State.CLAIMED, State.DONE),
     ("fail", State.CLAIMED, State.FAILED),
     ("dead_letter", State.CLAIMED, State.FAILED),  # fail with attempts spent
@@ -90,6 +92,9 @@ class WriteBack(models.TextChoices):
     ACK = "ack"
     STATUS = "status"
 
+
+# The longest progress line an agent may post (the living status shows it whole).
+MAX_PROGRESS_CHARS = 2000
 
 # Transitions that change nothing a source shows (a heartbeat only extends the lease): they
 # write no outbox entry and wake no write-back.
@@ -148,6 +153,8 @@ class Todo(models.Model):
     # What its transitions write to the outbox (``OutboxEntry``); db_default as for priority.
     write_back = models.CharField(max_length=8, choices=WriteBack.choices, default=WriteBack.OFF,
                                   db_default=WriteBack.OFF)
+    # The holder's latest words for the living status (post_update); a new claim clears it.
+    progress = models.TextField(null=True, blank=True)
 
     class Meta:
         indexes = [

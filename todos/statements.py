@@ -209,7 +209,7 @@ def lease_set(params: dict, caller, ttl: timedelta, now) -> str:
     return (
         "state = 'claimed', lease_id = %(lease_id)s, lease_owner = %(owner)s, "
         "lease_expires_at = %(expires)s, lease_ttl = %(ttl)s, attempts = attempts + 1, "
-        "retry_at = NULL, not_before = NULL"
+        "retry_at = NULL, not_before = NULL, progress = NULL"
     )
 
 

@@ -32,9 +32,9 @@ from switchboard.db import sql as dialect
 from switchboard.db.sql import is_postgres as _is_postgres
 
 from . import queries, statements
-from .models import (MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT,
-                     PRIORITY_MAX, PRIORITY_MIN, SILENT_TO_SOURCE, State, Todo, Trust,
-                     WriteBack)
+from .models import (MAX_PROGRESS_CHARS, MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE,
+                     PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, SILENT_TO_SOURCE, State,
+                     Todo, Trust, WriteBack)
 
 # A todo's title is folded to one line and cut to its column's width.
 MAX_TITLE_CHARS = Todo._meta.get_field("title").max_length
@@ -50,7 +50,7 @@ class Refusal(Exception):
     """A transition that did not apply, with a machine-readable code
     (docs/reference.md#refusal-codes): ``not_found``, ``not_in_scope``, ``not_claimable``,
     ``lease_lost``, ``already_done``, ``paused``, ``scheduled``, ``at_capacity``,
-    ``awaiting_approval``, ``invalid_argument``."""
+    ``awaiting_approval``, ``invalid_argument``, ``write_back_off``."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -446,11 +446,11 @@ def _claimable_exists(caller: Caller, wanted, hide_unverified: bool) -> bool:
 
 
 def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, action, now,
-            detail=None, overriding=None) -> Todo:
+            detail=None, overriding=None, guard_sql="") -> Todo:
     todo_id = _todo_id(todo_id)
     params["todo_id"] = todo_id
     where = statements.by_id(statements.visible_guard(caller, params) + " AND "
-                   + statements.lease_fence(params, caller, lease_id, overriding))
+                   + statements.lease_fence(params, caller, lease_id, overriding) + guard_sql)
     if overriding is not None:
         if not caller.is_operator:
             raise ValueError("only an operator overrides another holder's lease")
@@ -460,11 +460,38 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
         endpoint=caller.endpoint, tells_source=action not in SILENT_TO_SOURCE,
     ))
+    if todo is None and guard_sql:
+        # The fence held but the extra guard did not: say what the guard is about.
+        without_guard = _one(statements.fetch_todos(
+            f"SELECT {statements.returning()} FROM todos_todo WHERE "
+            + statements.by_id(statements.visible_guard(caller, params) + " AND "
+                               + statements.lease_fence(params, caller, lease_id, overriding)),
+            {**params, "now": dialect.db_time(now)}))
+        if without_guard is not None:
+            raise Refusal("write_back_off", f"todo {todo_id}'s source hears no status from "
+                                            "switchboard (its route writes no status back): "
+                                            "there is nowhere to post an update")
     if todo is None:
         raise _explain_refusal(caller, todo_id, lease_id, now=now, completing=action == "complete",
                                overriding=overriding)
     _announce([todo], action)
     return todo
+
+
+def post_update_todo(caller: Caller, todo_id, *, text, lease_id=None, now=None) -> Todo:
+    """The holder's progress line for the todo's living status at its source
+    (docs/write-back.md#the-living-status): stored on the todo (the latest wins; a new claim
+    clears it), with a ``progress`` event and an outbox entry, so the status is edited. Fenced
+    like heartbeat. Refuses ``invalid_argument`` (``text`` not a string of 1 to
+    MAX_PROGRESS_CHARS characters), ``write_back_off`` (the todo's route writes no status),
+    and what a fenced verb refuses."""
+    now = now or timezone.now()
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_PROGRESS_CHARS:
+        raise Refusal("invalid_argument", f"text must be 1 to {MAX_PROGRESS_CHARS} characters")
+    _check_storable(text=text)
+    return _fenced(caller, todo_id, lease_id, set_sql="progress = %(progress)s",
+                   params={"progress": text}, action_sql="'progress'", action="progress",
+                   now=now, guard_sql=" AND write_back = 'status'")
 
 
 # An override that ends the lease (complete, fail) takes the row out of the agent's hands: the

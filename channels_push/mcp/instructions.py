@@ -42,8 +42,8 @@ def _doorbells(endpoint, verbs) -> str:
         todo = "(1) todo doorbell: meta.todo_id names one waiting todo."
     if "claim_next" in verbs:
         digest = ('(2) digest (meta.kind "digest", meta.pending, meta.queues): drain with '
-                  'claim_next until {"empty": true}. Pull-only agents (no doorbells) loop on '
-                  "claim_next with wait_seconds (up to 60): it answers once a todo is ready.")
+                  'claim_next until {"empty": true}. Without doorbells, loop on claim_next '
+                  "with wait_seconds (up to 60).")
         if endpoint.has_claim_caps:
             digest += (' {"empty": true, "at_capacity": true}: the cap is reached; finish one '
                        "first (a long poll waits for a slot).")
@@ -86,10 +86,12 @@ def _leases(endpoint, verbs) -> str:
         text.append("Finish with " + (", ".join(named[:-1]) + " or " if len(named) > 1 else "")
                     + named[-1] + ".")
     if _granted_list(verbs, "heartbeat", "complete", "fail", "release"):
-        text.append("A lapsed lease (or one an operator ended or cancelled) is lost at once: "
-                    "late calls get lease_lost; stop.")
+        text.append("A lapsed, ended or cancelled lease is lost at once: late calls get "
+                    "lease_lost; stop.")
     if "complete" in verbs:
         text.append("A repeated complete gets already_done (recorded).")
+    if "post_update" in verbs:
+        text.append("post_update: progress to the todo's source, no token needed.")
     return " ".join(text)
 
 
@@ -103,6 +105,8 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("lease_lost")
     if "complete" in verbs:
         codes.append("already_done")
+    if "post_update" in verbs:
+        codes.append("write_back_off")
     if "claim" in verbs:
         codes.append("paused (queue paused)")
         codes.append("scheduled (wait for its not_before)")

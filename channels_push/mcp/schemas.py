@@ -10,7 +10,7 @@ to the portable subset (single-type ``type``, no bare ``true`` schemas) that the
 import mcp.types as types
 
 from todos import queries as todo_queries
-from todos.models import State
+from todos.models import MAX_PROGRESS_CHARS, State
 
 # claim_next's long poll (docs/reference.md#long-poll): at most this long, like SQS's
 # WaitTimeSeconds cap of 20 s but longer, since a waiting claim here costs neither a connection
@@ -127,6 +127,16 @@ TOOL_SCHEMAS = {
         "Hand a claimed todo back untouched: pending again at once, attempt refunded.",
         _schema({"todo_id": _TODO_ID, "lease_id": _LEASE_ID}, ["todo_id"]),
     ),
+    "post_update": (
+        "Tell the people where a claimed todo came from (the GitHub issue or pull request) how "
+        "the work goes: your text becomes the progress line of switchboard's status there. You "
+        "need no token of that source. The latest text wins; the status is edited at most every "
+        "10 s. write_back_off: that source hears no status from switchboard.",
+        _schema({"todo_id": _TODO_ID, "lease_id": _LEASE_ID,
+                 "text": {"type": "string", "minLength": 1, "maxLength": MAX_PROGRESS_CHARS,
+                          "description": "One progress update, plain text (no markup)."}},
+                ["todo_id", "text"]),
+    ),
     "read_secret": (
         "Fetch an operator-supplied secret by the ref found in a todo's payload. Never echo "
         "the value into results, logs or messages.",
@@ -232,6 +242,7 @@ OUTPUT_SCHEMAS = {
     "complete": _TODO_RESULT,
     "fail": _TODO_RESULT,
     "release": _TODO_RESULT,
+    "post_update": _TODO_RESULT,
     "read_secret": _output_schema({"ref": {"type": "string"}, "value": {"type": "string"}},
                                   ["ref", "value"]),
     "clock_in": _PRESENCE_RESULT,
@@ -250,6 +261,7 @@ _TOOL_TRAITS = {
     "complete": ("Complete a todo", False, True),
     "fail": ("Fail a todo", False, True),
     "release": ("Release a todo", False, True),
+    "post_update": ("Post a progress update", False, False),
     "read_secret": ("Read a secret", True, True),
     "clock_in": ("Clock in", False, True),
     "clock_out": ("Clock out", False, True),

@@ -253,6 +253,8 @@ _VERBS = {
         result=a.get("result"))),
     "release": lambda caller, a: _todo(transitions.release_todo(
         caller, a["todo_id"], lease_id=a.get("lease_id"))),
+    "post_update": lambda caller, a: _todo(transitions.post_update_todo(
+        caller, a["todo_id"], lease_id=a.get("lease_id"), text=a["text"])),
     "read_secret": _read_secret,
     "clock_in": lambda caller, a: _clock(caller, "in"),
     "clock_out": lambda caller, a: _clock(caller, "out"),

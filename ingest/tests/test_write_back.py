@@ -440,3 +440,30 @@ def test_a_webhook_without_a_connection_guards_nothing(make_webhook, endpoint, g
     make_webhook("github", slug="plain")
     payload = apps_own_comment(github)
     assert deliver("issue_comment", payload, slug="plain") is not None
+
+
+# -- post_update ---------------------------------------------------------------------------------
+
+
+def test_post_update_edits_the_status_at_most_every_10_s_latest_wins(hooked_by_token, github,
+                                                                     agent):
+    todo = deliver("issues", issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    start = timezone.now()
+    send(start)
+    (comment,) = github.status_comments()
+    todo_transitions.post_update_todo(agent, todo.pk, text="reading the code")
+    send(start + timedelta(seconds=1))  # within 10 s of the last edit: it waits
+    assert not github.requests_to("issues/update-comment")
+    todo_transitions.post_update_todo(agent, todo.pk, text="found it: an off-by-one @octocat")
+    send(start + timedelta(seconds=5))
+    assert not github.requests_to("issues/update-comment")
+    send(start + timedelta(seconds=11))
+    (edited,) = github.requests_to("issues/update-comment")
+    assert "found it: an off\\-by\\-one @\u200boctocat" in edited.body["body"]
+    assert "reading the code" not in edited.body["body"]
+    # A transition is written at once, progress or not.
+    todo_transitions.complete_todo(agent, todo.pk, result={"summary": "fixed"})
+    send(start + timedelta(seconds=12))
+    assert len(github.requests_to("issues/update-comment")) == 2
+    assert "Latest from the agent" not in github.status_comments()[0]["body"]

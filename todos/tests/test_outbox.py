@@ -63,3 +63,48 @@ def test_taking_entries_deletes_them_oldest_first(agent, make_todo):
                                                             (second.pk, "create")]
     assert transitions.take_outbox_entries(limit=10) == [(first.pk, "claim")]
     assert not OutboxEntry.objects.exists()
+
+
+# -- post_update: the holder's progress line -----------------------------------------------------
+
+
+def test_post_update_keeps_the_latest_line_and_a_new_claim_clears_it(agent, make_todo):
+    todo = make_todo(write_back="status")
+    transitions.claim_todo(agent, todo.pk)
+    transitions.post_update_todo(agent, todo.pk, text="reading the code")
+    updated = transitions.post_update_todo(agent, todo.pk, text="tests pass locally")
+    assert updated.progress == "tests pass locally" and updated.state == "claimed"
+    assert entries(todo) == ["create", "claim", "progress", "progress"]
+    transitions.release_todo(agent, todo.pk)
+    assert transitions.claim_todo(agent, todo.pk).progress is None
+
+
+def test_post_update_is_refused_where_the_source_hears_no_status(agent, make_todo):
+    for level in ("off", "ack"):
+        todo = make_todo(write_back=level)
+        transitions.claim_todo(agent, todo.pk)
+        with pytest.raises(transitions.Refusal) as refused:
+            transitions.post_update_todo(agent, todo.pk, text="half way")
+        assert refused.value.code == "write_back_off"
+
+
+@pytest.mark.parametrize("text", ["", "   ", "x" * 2001, 42, None])
+def test_post_update_takes_1_to_2000_characters(agent, make_todo, text):
+    todo = make_todo(write_back="status")
+    transitions.claim_todo(agent, todo.pk)
+    with pytest.raises(transitions.Refusal) as refused:
+        transitions.post_update_todo(agent, todo.pk, text=text)
+    assert refused.value.code == "invalid_argument"
+
+
+def test_post_update_is_fenced_like_heartbeat(agent, endpoint, make_todo):
+    todo = make_todo(write_back="status")
+    transitions.claim_todo(agent, todo.pk)
+    other = transitions.Caller.agent(endpoint, "session-b")
+    with pytest.raises(transitions.Refusal) as refused:
+        transitions.post_update_todo(other, todo.pk, text="not mine")
+    assert refused.value.code == "lease_lost"
+    unclaimed = make_todo(write_back="status")
+    with pytest.raises(transitions.Refusal) as refused:
+        transitions.post_update_todo(agent, unclaimed.pk, text="never claimed")
+    assert refused.value.code == "lease_lost"

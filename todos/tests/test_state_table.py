@@ -22,9 +22,10 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
     operator = Caller.operator(endpoint, "alice")
     now = timezone.now()
 
-    done = make_todo()
+    done = make_todo(write_back="status")
     transitions.claim_todo(agent, done.pk, now=now)
     transitions.heartbeat_todo(agent, done.pk, now=now)
+    transitions.post_update_todo(agent, done.pk, text="half way", now=now)  # progress
     transitions.complete_todo(agent, done.pk, now=now)
 
     released = make_todo()

@@ -36,6 +36,8 @@ def test_every_result_success_and_refusal_validates_against_its_output_schema(en
     first, second, third = (make_todo(payload={"n": n}) for n in range(3))
     held = transitions.claim_todo(transitions.Caller.agent(endpoint, "other"), third.pk)
     one = str(first.pk)
+    reporting = transitions.claim_todo(transitions.Caller.agent(endpoint, "session-a"),
+                                       make_todo(write_back="status").pk)
     outcomes = {
         "list_todos": [({}, False), ({"limit": 1}, False), ({"limit": 0}, True)],
         "claim": [({"todo_id": one}, False), ({"todo_id": one}, True)],
@@ -47,6 +49,8 @@ def test_every_result_success_and_refusal_validates_against_its_output_schema(en
         "fail": [({"todo_id": str(second.pk), "error": "boom"}, False),
                  ({"todo_id": str(held.pk)}, True)],
         "release": [({"todo_id": str(held.pk)}, True)],
+        "post_update": [({"todo_id": str(reporting.pk), "text": "half way"}, False),
+                        ({"todo_id": str(reporting.pk), "text": ""}, True)],
         "read_secret": [({"ref": "secret:1"}, False), ({"ref": 1}, True)],
         "clock_in": [({}, False), ({"x": 1}, True)],
         "clock_out": [({}, False)],
@@ -60,7 +64,7 @@ def test_every_result_success_and_refusal_validates_against_its_output_schema(en
             validator.validate(result.structured_content)
             seen.add((name, is_error))
     assert {name for name, _ in seen} == set(AGENT_VERBS)
-    assert len({name for name, is_error in seen if is_error}) == 9  # all but clock_out
+    assert len({name for name, is_error in seen if is_error}) == 10  # all but clock_out
     limited, _ = vend(slug="limited", verbs=["list_todos"])
     refused = call(limited, "claim_next")
     jsonschema.validate(refused.structured_content, tools["claim_next"].output_schema)
@@ -197,9 +201,13 @@ def test_every_tool_accepts_and_ignores_gemini_clis_wait_for_previous(endpoint, 
                         lambda caller, ref: {"ref": ref, "value": "v"})
 
     def every_call():
-        first, second, third = (str(make_todo(payload={"n": n}).pk) for n in range(3))
+        first, second, third = (str(make_todo(payload={"n": n},
+                                              write_back="status" if n == 0 else "off").pk)
+                                for n in range(3))
         return [("list_todos", {}), ("claim", {"todo_id": first}),
-                ("heartbeat", {"todo_id": first}), ("complete", {"todo_id": first}),
+                ("heartbeat", {"todo_id": first}),
+                ("post_update", {"todo_id": first, "text": "half way"}),
+                ("complete", {"todo_id": first}),
                 ("claim_next", {}), ("claim", {"todo_id": third}),
                 ("release", {"todo_id": third}), ("read_secret", {"ref": "secret:1"}),
                 ("clock_out", {}), ("clock_in", {})], second

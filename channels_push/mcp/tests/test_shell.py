@@ -74,7 +74,7 @@ def test_ping_and_tools_list(mcp):
     tools = mcp.rpc("tools/list").json["result"]["tools"]
     names = [tool["name"] for tool in tools]
     assert names == ["list_todos", "claim", "claim_next", "heartbeat", "complete", "fail",
-                     "release", "read_secret", "clock_in", "clock_out"]
+                     "release", "post_update", "read_secret", "clock_in", "clock_out"]
     assert all(tool["inputSchema"]["type"] == "object" and tool["description"] for tool in tools)
 
 
@@ -468,10 +468,11 @@ hostile_values = st.recursive(
 )
 live_tool_calls = st.fixed_dictionaries({
     "name": st.sampled_from(["claim", "claim_next", "complete", "fail", "release", "list_todos",
-                             "heartbeat", "read_secret", "clock_in", "clock_out"]),
+                             "heartbeat", "post_update", "read_secret", "clock_in",
+                             "clock_out"]),
     "arguments": st.dictionaries(
         st.sampled_from(["todo_id", "lease_id", "lease_ttl_seconds", "queues", "queue", "state",
-                         "limit", "result", "error", "ref"]), hostile_values, max_size=4),
+                         "limit", "result", "error", "ref", "text"]), hostile_values, max_size=4),
 })
 
 

@@ -75,8 +75,11 @@ input and in the file {todo_file}.
 
 Do what your own standing instructions say for a todo of this queue and kind. When you are \
 done, call switchboard's complete tool with todo_id "{todo_id}", lease_id "{lease_id}" and a \
-short result; if you cannot do it, call fail with the same ids and a one-line error. If the \
-switchboard tools are not available to you, say so and exit with a non-zero status.
+short result (a "summary" and, for a pull request you opened, its "url"); if you cannot do it, \
+call fail with the same ids and a one-line error. To tell the people where the todo came from \
+how it goes, call post_update with the same ids and a line of text: switchboard posts it there \
+for you, so you need no token of that source to report. If the switchboard tools are not \
+available to you, say so and exit with a non-zero status.
 """
 
 # Placeholders of the agent command's arguments, and of the prompt. The prompt has no {title}
