@@ -15,7 +15,7 @@ from todos.models import State, Todo
 from todos.transitions import Refusal
 
 from .models import (SECRET_REF_PREFIX, Connection, OperatorSecret, OperatorToken, Route,
-                     Webhook, unseal_text)
+                     Webhook, WriteBack, unseal_text)
 
 
 # The hook's one read, as SQL: the ORM's select_related over three models cost several times
@@ -201,3 +201,24 @@ def delivery_as_dict(record) -> dict:
 
 def find_connection(name: str) -> Connection | None:
     return Connection.objects.filter(name=name).first()
+
+
+def latest_write_backs(*, todo_id=None, webhook=None, state=None, limit: int):
+    """Write-backs newest first, of one todo, or of the todos one webhook's deliveries made,
+    or all; in one ``state`` when given (``manage.py write_backs``)."""
+    rows = WriteBack.objects.select_related("connection").order_by("-id")
+    if todo_id is not None:
+        rows = rows.filter(todo_id=todo_id)
+    if webhook is not None:
+        rows = rows.filter(todo__delivery_event__webhook=webhook)
+    if state:
+        rows = rows.filter(state=state)
+    return rows[:limit]
+
+
+def write_back_as_dict(row: WriteBack) -> dict:
+    return {"id": row.pk, "todo": str(row.todo_id), "connection": row.connection.name,
+            "action": row.action, "target": row.target_label, "state": row.state,
+            "attempts": row.attempts, "last_error": row.last_error,
+            "external_id": row.external_id or None,
+            "sent_at": row.sent_at.isoformat() if row.sent_at else None}

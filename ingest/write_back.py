@@ -25,6 +25,7 @@ transition or an ingest.
 import json
 import logging
 import re
+import threading
 from datetime import timedelta, timezone as dt_timezone
 from urllib.parse import urlsplit
 
@@ -82,17 +83,47 @@ def on_todo_change(todo, change: dict) -> None:
 
 def dispatch_send() -> None:
     """Have the outbox sent soon: the embedded scheduler's sweep woken at once, or (with a
-    database server, where Celery runs the sweeps) a task enqueued. An enqueue that fails is
-    logged: the periodic sweep sends it a few seconds later."""
+    database server, where Celery runs the sweeps) the send task enqueued. Never waits on
+    Redis: the enqueue happens on a thread of its own (``_task_kicker``), and commits that
+    come while one is under way share the next."""
     if settings.EMBEDDED:
         schedule.wake(SWEEP_NAME)
-        return
-    from . import tasks
+    else:
+        _task_kicker.kick()
 
-    try:
-        tasks.send_write_backs.apply_async(retry=False)
-    except (CeleryError, KombuError, OSError):
-        log.warning("could not enqueue the write-back task; the sweep will send it")
+
+class _TaskKicker:
+    """Enqueues ``tasks.send_write_backs`` from one daemon thread per process, so a transition's
+    after-commit callback only sets an event (the bus's own sends are handed off the same way,
+    channels_push/bus/publish.py). An enqueue that fails is logged: the periodic sweep sends
+    what it would have, a few seconds later."""
+
+    def __init__(self):
+        self._wanted = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = None
+
+    def kick(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="switchboard-write-back-kicker")
+                self._thread.start()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        from . import tasks
+
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            try:
+                tasks.send_write_backs.apply_async(retry=False)
+            except (CeleryError, KombuError, OSError):
+                log.warning("could not enqueue the write-back task; the sweep will send it")
+
+
+_task_kicker = _TaskKicker()
 
 
 # -- 1. entries into write-backs ----------------------------------------------------------------

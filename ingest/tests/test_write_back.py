@@ -3,6 +3,7 @@ example payloads (@octokit/webhooks-examples), sent to a stand-in held to GitHub
 description. The worker is driven by hand (``send_due_write_backs``), as a Celery task or the
 embedded scheduler would call it, so every test sees exactly when requests leave."""
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -14,7 +15,7 @@ from ingest.models import DeliveryRecord, WriteBack
 from ingest.senders import github as github_sender
 from ingest.tests import hook_client, signing
 from ingest.tests.conftest import SECRETS
-from ingest.tests.github_standin import app_object, schema_problems, webhook_example
+from ingest.tests.github_standin import app_object, schema_problems, wait_for, webhook_example
 from switchboard import schedule
 from todos import transitions as todo_transitions
 from todos.models import OutboxEntry, Todo
@@ -332,6 +333,7 @@ def test_a_commit_wakes_the_embedded_scheduler_or_enqueues_the_task(
                         lambda **kwargs: enqueued.append(kwargs))
     with django_capture_on_commit_callbacks(execute=True):
         todo = deliver("issues", issue_opened())
+    wait_for(lambda: enqueued)  # enqueued off the committing thread
     assert enqueued == [{"retry": False}]
     settings.EMBEDDED = True
     schedule.wait_for_wake(write_back.SWEEP_NAME, 0)  # clear any earlier wake-up
@@ -342,6 +344,27 @@ def test_a_commit_wakes_the_embedded_scheduler_or_enqueues_the_task(
         todo_transitions.heartbeat_todo(agent, todo.pk)
     assert not schedule.wait_for_wake(write_back.SWEEP_NAME, 0)
     assert len(enqueued) == 1
+
+
+def test_an_enqueue_never_holds_up_the_commit_and_failures_are_logged(monkeypatch, caplog):
+    from kombu.exceptions import OperationalError
+
+    from ingest import tasks
+
+    release, calls = threading.Event(), []
+
+    def hanging_broker(**kwargs):
+        calls.append(kwargs)
+        release.wait(10)
+        raise OperationalError("Redis is down")
+
+    monkeypatch.setattr(tasks.send_write_backs, "apply_async", hanging_broker)
+    write_back.dispatch_send()  # returns at once although the broker hangs
+    wait_for(lambda: calls)
+    write_back.dispatch_send()
+    write_back.dispatch_send()  # both collapse into one more enqueue
+    release.set()
+    wait_for(lambda: "could not enqueue" in caplog.text and len(calls) == 2)
 
 
 def test_todos_without_write_back_wake_nothing(agent, make_todo, settings, monkeypatch,
@@ -467,3 +490,28 @@ def test_post_update_edits_the_status_at_most_every_10_s_latest_wins(hooked_by_t
     send(start + timedelta(seconds=12))
     assert len(github.requests_to("issues/update-comment")) == 2
     assert "Latest from the agent" not in github.status_comments()[0]["body"]
+
+
+def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    todo = deliver("issues", issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    github.fail(422, message="Validation Failed", times=1)
+    send()
+    out = StringIO()
+    call_command("write_backs", "--webhook", "gh", "--json", stdout=out)
+    listed = json.loads(out.getvalue())["write_backs"]
+    # The ack GitHub refused does not hold the status back.
+    assert [(row["action"], row["state"]) for row in listed] == [("status", "sent"),
+                                                                 ("ack", "failed")]
+    assert listed[1]["last_error"] == "422: Validation Failed"
+    assert listed[1]["connection"] == "gh-token" and listed[1]["todo"] == str(todo.pk)
+    assert set(listed[0]) == {"id", "todo", "connection", "action", "target", "state",
+                              "attempts", "last_error", "external_id", "sent_at"}
+    out = StringIO()
+    call_command("write_backs", "--todo", str(todo.pk), "--state", "failed", "--json", stdout=out)
+    assert len(json.loads(out.getvalue())["write_backs"]) == 1
