@@ -230,6 +230,8 @@ class WriteBack(models.Model):
             # write_back.return_stalled_sends: rows a worker took and never finished.
             models.Index(fields=["sending_until"], condition=models.Q(state="sending"),
                          name="writeback_sending"),
+            # sweeps.prune_history: write-backs as old as retention, whose todo may be gone.
+            models.Index(fields=["created_at"], name="writeback_prune"),
         ]
 
     def __str__(self):

@@ -34,7 +34,7 @@ from switchboard.db import sql as dialect
 
 from . import transitions
 from .models import (DeliveryDrops, DeliveryEvent, DeliveryRecord, OperatorSecret,
-                     ReplayLedgerEntry, Webhook)
+                     ReplayLedgerEntry, Webhook, WriteBack)
 
 # Rows per statement: large enough that a backlog of a million rows clears in a few minutes,
 # small enough that one batch holds its row locks for tens of milliseconds.
@@ -44,8 +44,8 @@ PAUSE_BETWEEN_BATCHES_SECONDS = 0.05
 
 # The kinds ``prune_history`` reports, in the order it deletes them: todos before the delivery
 # events they point at.
-KINDS = ("done_todos", "cancelled_todos", "dead_letters", "todo_events", "delivery_events",
-         "delivery_log", "mcp_sessions")
+KINDS = ("done_todos", "cancelled_todos", "dead_letters", "todo_events", "write_backs",
+         "delivery_events", "delivery_log", "mcp_sessions")
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
     pruned.update(todo_sweeps.prune_settled_todos(
         done_before=cutoffs.done_before, dead_before=cutoffs.dead_before, batch=batch,
         pause_seconds=pause_seconds))
-    for kind, delete_batch in (("delivery_events", _delete_delivery_event_batch),
+    for kind, delete_batch in (("write_backs", _delete_write_back_batch),
+                               ("delivery_events", _delete_delivery_event_batch),
                                ("delivery_log", _delete_delivery_log_batch),
                                ("mcp_sessions", _delete_session_batch)):
         while True:
@@ -104,6 +105,8 @@ def count_prunable(cutoffs: Cutoffs) -> dict:
     settled = {"done_before": cutoffs.done_before, "dead_before": cutoffs.dead_before}
     return {
         **todo_sweeps.count_settled_todos(**settled),
+        "write_backs": WriteBack.objects.filter(created_at__lt=cutoffs.done_before)
+        .exclude(todo_id__in=todo_sweeps.todos_kept_by_retention(**settled)).count(),
         "delivery_events": DeliveryEvent.objects.filter(received_at__lt=cutoffs.deliveries_before)
         .exclude(id__in=todo_sweeps.delivery_events_kept_by_todos(**settled)).count(),
         "delivery_log": DeliveryRecord.objects.filter(at__lt=cutoffs.delivery_log_before).count()
@@ -112,7 +115,24 @@ def count_prunable(cutoffs: Cutoffs) -> dict:
     }
 
 
-# -- delivery events, the delivery log, sessions ---------------------------------------------
+# -- write-backs, delivery events, the delivery log, sessions --------------------------------
+
+
+def _delete_write_back_batch(cutoffs: Cutoffs, batch: int) -> int:
+    """Write-backs whose todo the prune took (no todo outlives its retention, and none is
+    younger than its write-backs): served by writeback_prune (created_at). One statement."""
+    lock = dialect.skip_locked()
+    sql = f"""
+        DELETE FROM ingest_writeback WHERE id IN (
+            SELECT w.id FROM ingest_writeback w
+            WHERE w.created_at < %s AND {todo_queries.todo_gone_sql("w.todo_id")}
+            ORDER BY w.created_at LIMIT %s {lock}
+        )
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, (cutoffs.done_before, batch))
+        return cursor.rowcount
+
 
 def _delete_delivery_event_batch(cutoffs: Cutoffs, batch: int) -> int:
     """Delivery events past retention that no todo points at any more (their todos were pruned,

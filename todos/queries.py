@@ -663,6 +663,12 @@ def no_todo_points_at_sql(delivery_event: str) -> str:
             f" WHERE t.delivery_event_id = {delivery_event}.id)")
 
 
+def todo_gone_sql(todo_id: str) -> str:
+    """SQL over another app's column ``todo_id``: that todo is no more (the retention prune
+    took it), for the prune of what referred to it (ingest's write-backs). Served by the
+    todo's primary key."""
+    return f"NOT EXISTS (SELECT 1 FROM todos_todo t WHERE t.id = {todo_id})"
+
 
 def _ending_events():
     """The events that finish a todo: done, cancelled (cancel, reject), dead-lettered (a failure

@@ -208,6 +208,12 @@ def delivery_events_kept_by_todos(*, done_before: datetime, dead_before: datetim
             .values("delivery_event_id"))
 
 
+def todos_kept_by_retention(*, done_before: datetime, dead_before: datetime | None):
+    """The ids of todos the prune keeps (a values queryset), for the dry run of what refers
+    to todos from other apps (ingest's write-backs)."""
+    return Todo.objects.exclude(id__in=_doomed(done_before, dead_before).values("id")).values("id")
+
+
 def _delete_todo_batch(doomed: DoomedTodos, batch: int) -> tuple[int, int]:
     """Delete up to ``batch`` todos matching ``doomed`` with their audit events, folding the
     events into the pruned tally. Returns ``(todos deleted, events deleted)``."""

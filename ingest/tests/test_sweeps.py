@@ -138,7 +138,8 @@ def test_dry_run_counts_what_the_prune_then_deletes_and_deletes_nothing(history,
             DeliveryEvent.objects.count()) == before
     assert sweeps.prune_history(now=NOW) == would
     assert would == {"done_todos": 3, "cancelled_todos": 0, "dead_letters": 1, "todo_events": 12,
-                     "delivery_events": 4, "delivery_log": 0, "mcp_sessions": 1}
+                     "write_backs": 0, "delivery_events": 4, "delivery_log": 0,
+                     "mcp_sessions": 1}
 
 
 def test_ended_sessions_are_deleted_after_a_day_and_live_ones_never(endpoint):
@@ -237,7 +238,7 @@ def test_prune_command_prints_counts_as_json(history):
     call_command("prune", "--dry-run", "--json", stdout=out)
     assert json.loads(out.getvalue()) == {"would_prune": {
         "done_todos": 3, "cancelled_todos": 0, "dead_letters": 0, "todo_events": 9,
-        "delivery_events": 3,
+        "write_backs": 0, "delivery_events": 3,
         "delivery_log": 0, "mcp_sessions": 0}}
     out = StringIO()
     call_command("prune", "--json", stdout=out)

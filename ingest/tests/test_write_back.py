@@ -515,3 +515,22 @@ def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
     out = StringIO()
     call_command("write_backs", "--todo", str(todo.pk), "--state", "failed", "--json", stdout=out)
     assert len(json.loads(out.getvalue())["write_backs"]) == 1
+
+
+def test_the_retention_prune_takes_the_write_backs_of_the_todos_it_takes(hooked_by_token, github,
+                                                                          agent, settings):
+    from ingest import sweeps
+
+    payloads = [issue_opened(), issue_opened()]
+    payloads[1]["issue"]["number"] += 1
+    old, young = (deliver("issues", payload) for payload in payloads)
+    for todo in (old, young):
+        todo_transitions.claim_todo(agent, todo.pk)
+        todo_transitions.complete_todo(agent, todo.pk)
+    send()
+    later = timezone.now() + settings.SWITCHBOARD_RETAIN_DONE + timedelta(days=1)
+    Todo.objects.filter(pk=young.pk).update(updated_at=later)  # still within retention then
+    would = sweeps.prune_history(now=later, dry_run=True)
+    assert would["write_backs"] == 2
+    assert sweeps.prune_history(now=later)["write_backs"] == 2
+    assert set(WriteBack.objects.values_list("todo_id", flat=True)) == {young.pk}
