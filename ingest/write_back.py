@@ -256,10 +256,11 @@ def send_write_back(row: WriteBack, *, now) -> str:
             external_id = client.ack(row.connection, row.target, now)
         else:
             # The first send of a status has nothing to look for; a later one without an id
-            # may follow a worker that died after the source took it.
+            # may follow a worker that died after the source took it, since the row was made.
             external_id = client.status(
                 row.connection, row.target, render_status(todo, now=now), row.external_id, now,
-                look_first=row.attempts > 1 and not row.external_id, todo_id=todo.pk)
+                look_since=row.created_at if row.attempts > 1 and not row.external_id else None,
+                todo_id=todo.pk)
     except outbound.SourceError as failed:
         if failed.status == 401:
             connections.record_connection_error(row.connection, failed.message, now=now)
@@ -388,7 +389,7 @@ def render_status(todo: Todo, *, now) -> str:
     when done, the result's ``summary`` and ``https`` ``url``; when failed, the error. Never a
     payload field, a secret or a lease."""
     page = f"{settings.SWITCHBOARD_PUBLIC_URL}/todos/{todo.pk}/"
-    agent = markdown_text(todo.endpoint.slug, 64)
+    agent = todo.endpoint.slug  # a slug: nothing in it is markup, even outside the code span
     if todo.state == State.FAILED:
         headline = ("💀 Failed for good (no attempts left)" if todo.dead_lettered_at
                     else f"⚠️ Failed; retrying at {_when(todo.retry_at)}")

@@ -60,9 +60,9 @@ class WriteBackClient:
     # (kind, payload) -> (target dict, label for people), or None: nothing to write back on.
     find_target: Callable
     ack: Callable  # (connection, target, now) -> the reaction's id, as text
-    # (connection, target, body, external_id, now, look_first) -> the status's id: edited in
-    # place when ``external_id`` is given; ``look_first``: an earlier send may have posted it
-    # before its worker died, so find it by its marker before posting.
+    # (connection, target, body, external_id, now, look_since, todo_id) -> the status's id:
+    # edited in place when ``external_id`` is given; with ``look_since`` (a time), an earlier
+    # send may have posted it before its worker died, so look for it before posting.
     status: Callable
 
 

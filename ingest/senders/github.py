@@ -4,7 +4,7 @@ client of its connections, an App or a token (docs/write-back.md#connections).""
 
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone as dt_timezone
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -216,7 +216,8 @@ _COMMENT_PATHS = {"issue_comment": "issues/comments",
 # The status comment carries this marker, so a send whose worker died after GitHub took it is
 # found again instead of posted twice. An HTML comment: GitHub shows nothing of it.
 STATUS_MARKER = "<!-- switchboard:todo:{todo_id} -->"
-# How many of an issue's newest comments a look for the marker reads (one page).
+# How many comments a look for the marker reads (one page of those changed since the
+# write-back was made).
 MARKER_LOOK_PAGE = 100
 
 
@@ -272,15 +273,15 @@ def send_ack(connection, target, now) -> str:
     return str(dict_of(answer.body).get("id", ""))
 
 
-def send_status(connection, target, body: str, external_id: str, now, look_first: bool,
+def send_status(connection, target, body: str, external_id: str, now, look_since,
                 todo_id) -> str:
     """The living status: the comment ``external_id`` edited, or one posted on the issue or
     pull request, ``body`` after the todo's marker. A status comment someone deleted is posted
     again."""
     number = outbound.number_segment(target["number"])
     body = f"{STATUS_MARKER.format(todo_id=todo_id)}\n{body}"
-    if not external_id and look_first:
-        external_id = _find_marked_comment(connection, target, number, todo_id, now)
+    if not external_id and look_since is not None:
+        external_id = _find_marked_comment(connection, target, number, todo_id, look_since, now)
     if external_id:
         try:
             _send(connection, target, "PATCH",
@@ -293,10 +294,13 @@ def send_status(connection, target, body: str, external_id: str, now, look_first
     return str(dict_of(answer.body).get("id", ""))
 
 
-def _find_marked_comment(connection, target, number, todo_id, now) -> str:
+def _find_marked_comment(connection, target, number, todo_id, since, now) -> str:
+    # Only comments changed since the write-back was made: one page holds them, however long
+    # the issue's thread.
     marker = STATUS_MARKER.format(todo_id=todo_id)
+    since = since.astimezone(dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     answer = _send(connection, target, "GET",
-                   f"/issues/{number}/comments?per_page={MARKER_LOOK_PAGE}", now)
+                   f"/issues/{number}/comments?since={since}&per_page={MARKER_LOOK_PAGE}", now)
     for comment in answer.body if isinstance(answer.body, list) else []:
         comment = dict_of(comment)
         author = text_of(dict_of(comment.get("user")).get("login"))

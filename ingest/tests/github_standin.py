@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone as dt_timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import jsonschema
 import jwt
@@ -203,6 +204,14 @@ def path_problems(operation: Operation, values: dict) -> list[str]:
     return problems
 
 
+def query_problems(operation: Operation, query: dict) -> list[str]:
+    """Query parameters the operation does not declare."""
+    declared = {resolve(p)["name"] for p in operation.path_item.get("parameters", [])
+                + operation.operation.get("parameters", []) if resolve(p).get("in") == "query"}
+    return [f"{operation.id}: no query parameter {name!r}" for name in query
+            if name not in declared]
+
+
 def response_example(operation: Operation, status: str) -> dict:
     """The description's own example answer of ``operation`` for ``status``."""
     response = resolve(operation.operation["responses"][status])
@@ -234,6 +243,7 @@ class Seen:
     headers: dict
     body: object
     status: int = 0
+    query: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -424,7 +434,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         body = None
         if raw:
             try:
@@ -432,7 +442,8 @@ class _Handler(BaseHTTPRequestHandler):
             except ValueError:
                 standin.problems.append(f"{self.command} {path}: body is not JSON")
                 return self._reply(400, {"message": "Problems parsing JSON"})
-        seen = Seen(self.command, path, "", headers, body)
+        seen = Seen(self.command, path, "", headers, body,
+                    query={name: values[-1] for name, values in parse_qs(query).items()})
         standin.seen.append(seen)
         if not path.startswith(standin.prefix + "/"):
             standin.problems.append(f"{self.command} {path}: outside the API prefix")
@@ -453,7 +464,8 @@ class _Handler(BaseHTTPRequestHandler):
         seen.operation = operation.id
         if headers.get("accept") != "application/vnd.github+json":
             standin.problems.append(f"{operation.id}: Accept {headers.get('accept')!r}")
-        problems = path_problems(operation, values) + body_problems(operation, body)
+        problems = (path_problems(operation, values) + query_problems(operation, seen.query)
+                    + body_problems(operation, body))
         if problems:
             standin.problems.extend(problems)
             return self._reply(422, {"message": "Validation Failed", "errors": problems}, seen)

@@ -92,6 +92,14 @@ def test_a_delivery_gets_eyes_on_its_issue(hooked, github):
     assert "status" not in rows(todo)  # no status before the todo's first change
 
 
+def test_a_review_comment_gets_eyes_on_the_review_comment(hooked, github):
+    payload = webhook_example("pull_request_review_comment", action="created")
+    deliver("pull_request_review_comment", payload)
+    send()
+    (seen,) = github.requests_to("reactions/create-for-pull-request-review-comment")
+    assert seen.path.endswith(f"/pulls/comments/{payload['comment']['id']}/reactions")
+
+
 def test_a_comment_gets_eyes_on_the_comment(hooked, github):
     payload = webhook_example("issue_comment", action="created")
     deliver("issue_comment", payload)
@@ -299,14 +307,15 @@ def test_a_worker_killed_mid_send_does_not_post_the_status_twice(hooked_by_token
     assert row.action == "status"
     # The worker posts the comment and dies before recording it.
     github_sender.send_status(row.connection, row.target, "half-sent", "", now,
-                              look_first=False, todo_id=todo.pk)
+                              look_since=None, todo_id=todo.pk)
     assert send(now + timedelta(seconds=30)) == 0  # its lease still holds
     send(now + write_back.SEND_LEASE + timedelta(seconds=1))
     (comment,) = github.status_comments()
     assert "Being worked on" in comment["body"]
     row.refresh_from_db()
     assert row.state == "sent" and row.external_id == str(comment["id"]) and row.attempts == 2
-    assert len(github.requests_to("issues/list-comments")) == 1
+    (looked,) = github.requests_to("issues/list-comments")
+    assert looked.query["since"] == row.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def test_a_status_comment_someone_deleted_is_posted_again(hooked, github, agent):
