@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import threading
+import time
 from datetime import timedelta, timezone as dt_timezone
 from urllib.parse import urlsplit
 
@@ -70,6 +71,11 @@ MAX_ERROR_CHARS = 500
 
 
 # -- after commit: wake the worker ---------------------------------------------------------------
+
+# A process enqueues the send task at most once per this long: commits that come meanwhile
+# share the next task, which sends everything due (a burst of transitions is one task, not one
+# each), at the cost of this much latency (the board's batch window, for the same reason).
+ENQUEUE_COALESCE_SECONDS = 0.05
 
 
 def on_todo_change(todo, change: dict) -> None:
@@ -121,6 +127,7 @@ class _TaskKicker:
                 tasks.send_write_backs.apply_async(retry=False)
             except (CeleryError, KombuError, OSError):
                 log.warning("could not enqueue the write-back task; the sweep will send it")
+            time.sleep(ENQUEUE_COALESCE_SECONDS)
 
 
 _task_kicker = _TaskKicker()
