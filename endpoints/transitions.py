@@ -1,6 +1,6 @@
 """Writes on endpoints and their credentials: vending, rotation, scope, presence
-(docs/reference.md#presence), paused work (docs/reference.md#pausing) and concurrency caps
-(docs/work-control.md#caps).
+(docs/reference.md#presence), paused work (docs/reference.md#pausing), concurrency caps
+(docs/work-control.md#caps) and budgets (docs/reference.md#usage-and-budgets).
 
 Presence and pause are the endpoint's own state: they change here, and a change that makes
 waiting work receivable again (presence turned ``in``, work resumed) is announced after commit
@@ -18,9 +18,10 @@ from django.utils import timezone
 
 from channels_push.bus import publish
 
-from .models import (ALL_QUEUES, Credential, Endpoint, EndpointEvent, Presence, hash_credential,
-                     next_shift_boundary, queue_name_validator, validate_claim_caps,
-                     validate_shift_schedule)
+from .models import (ALL_QUEUES, MAX_BUDGET_USD_PER_DAY, MAX_COST_USD_PER_TODO, Credential,
+                     Endpoint, EndpointEvent, Presence, check_usd, hash_credential,
+                     next_shift_boundary, queue_name_validator, validate_budgets,
+                     validate_claim_caps, validate_shift_schedule)
 
 log = logging.getLogger("switchboard.endpoints")
 
@@ -322,3 +323,73 @@ def set_claim_caps(endpoint: Endpoint, *, max_claimed=UNCHANGED, queue_limits=No
     endpoint.max_claimed, endpoint.queue_limits = row.max_claimed, row.queue_limits
     log.info("endpoint caps set", extra={"endpoint": endpoint.slug, "by": actor, **after})
     return endpoint
+
+
+# -- budgets (docs/reference.md#usage-and-budgets) ------------------------------------------------
+
+
+def set_budget(endpoint: Endpoint, *, budget_usd_per_day=UNCHANGED, budget_tokens_per_day=UNCHANGED,
+               max_cost_usd=UNCHANGED, actor: str, now=None) -> dict:
+    """Change ``endpoint``'s daily budgets and its per-todo ``max_cost_usd`` (None: none; a
+    field left UNCHANGED keeps its value). Raises ValidationError naming the field for a value
+    out of range, writing nothing. Recorded as a ``budget`` event. Returns the budgets before
+    the change. Reading the day's spend, and the digest a raise sends, are the caller's
+    (``todos.usage.set_endpoint_budget``): spend is a todo record. A raised or removed daily
+    budget is announced after commit; the push layer sends one digest (reason ``budget``) when
+    that lifted the endpoint from over its budget."""
+    now = now or timezone.now()
+    fields = ("budget_usd_per_day", "budget_tokens_per_day", "max_cost_usd")
+    given = dict(zip(fields, (budget_usd_per_day, budget_tokens_per_day, max_cost_usd)))
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        before = {name: getattr(row, name) for name in fields}
+        changes = {name: value for name, value in given.items() if value is not UNCHANGED}
+        validate_budgets(**{**before, **changes})
+        checked = {
+            "budget_usd_per_day": check_usd(changes.get("budget_usd_per_day"), "budget_usd_per_day",
+                                            MAX_BUDGET_USD_PER_DAY),
+            "budget_tokens_per_day": changes.get("budget_tokens_per_day"),
+            "max_cost_usd": check_usd(changes.get("max_cost_usd"), "max_cost_usd",
+                                      MAX_COST_USD_PER_TODO),
+        }
+        for name in changes:
+            setattr(row, name, checked[name])
+        after = {name: getattr(row, name) for name in fields}
+        if after != before:
+            row.save(update_fields=list(fields))
+            _record(row, "budget", queue="", actor=actor, now=now,
+                    detail={"before": _budget_detail(before), "after": _budget_detail(after)})
+            announce_edited_budget(row, before, now=now)
+    for name in fields:
+        setattr(endpoint, name, getattr(row, name))
+    log.info("endpoint budget set", extra={"endpoint": endpoint.slug, "by": actor,
+                                           **_budget_detail(after)})
+    return before
+
+
+BUDGET_FIELDS = ("budget_usd_per_day", "budget_tokens_per_day")
+
+
+def announce_edited_budget(endpoint: Endpoint, before: dict, *, now) -> None:
+    """A daily budget was raised or removed (here, admin): announce it after commit with the
+    budgets ``before``, so the push layer can tell whether the endpoint was held by them."""
+    raised = any(before.get(name) is not None and (getattr(endpoint, name) is None
+                                                   or getattr(endpoint, name) > before[name])
+                 for name in BUDGET_FIELDS)
+    if raised:
+        publish.publish_endpoint_on_commit(
+            endpoint, "budget_raised", reason="budget", now=now,
+            before={name: before.get(name) for name in BUDGET_FIELDS})
+
+
+def _budget_detail(budgets: dict) -> dict:
+    return {name: (None if value is None else str(value) if not isinstance(value, int) else value)
+            for name, value in budgets.items()}
+
+
+def record_budget_day(endpoint_id: int, day) -> bool:
+    """Mark UTC ``day`` seen by the budget day-turn sweep; True for exactly one caller per day
+    (the guarded UPDATE only moves the mark forward), however many sweeps overlap."""
+    return Endpoint.objects.filter(pk=endpoint_id).filter(
+        Q(budget_day_seen__isnull=True) | Q(budget_day_seen__lt=day)
+    ).update(budget_day_seen=day) == 1

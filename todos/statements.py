@@ -68,7 +68,8 @@ def _prior_detail(prior: dict, trust_after: str) -> dict:
 
 
 def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
-           actor: str, now, detail=None, endpoint=None, from_prior=False) -> list[Todo]:
+           actor: str, now, detail=None, endpoint=None, from_prior=False, also=None,
+           detail_sql_over_t: str = "") -> list[Todo]:
     """Run one guarded UPDATE and write one todo event per changed row.
 
     ``action_sql`` and ``from_state_sql`` are SQL expressions over the updated row ``t``; they
@@ -79,6 +80,10 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
     same statement (``o``, which the UPDATE's WHERE depends on, so it runs first; a change
     committed while ``o`` waited for the lock is what both then see), SQLite reads it inside
     the write transaction (one writer). ``_PRIOR_DETAIL_SQL`` adds what the prior row says.
+
+    ``also``: a function of the updated rows' source SQL (``t``) giving one more write in the
+    same statement (PostgreSQL: a CTE; SQLite: in the transaction), or None.
+    ``detail_sql_over_t``: a JSON object over the updated row ``t`` merged into the detail.
     """
     params = {
         **params,
@@ -97,6 +102,9 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
         detail_sql = f"{detail_sql} || {_PRIOR_DETAIL_SQL}"
     elif from_prior:
         from_state_sql = "%(from_state)s"
+    if detail_sql_over_t:
+        detail_sql = (f"{detail_sql} || {detail_sql_over_t}" if _is_postgres()
+                      else f"json_patch({detail_sql}, {detail_sql_over_t})")
     event_select = (
         f"SELECT t.id, {action_sql}, {from_state_sql}, t.state, %(actor)s, %(now)s, "
         f"{detail_sql}"
@@ -107,10 +115,12 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
         f"RETURNING {returning()}"
     )
     if _is_postgres():
+        extra = also("t") if also else None
         sql = (
             f"WITH {prelude}t AS ({update}), "
             f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from}) "
-            f"SELECT * FROM t"
+            + (f", s AS ({extra}) " if extra else "")
+            + "SELECT * FROM t"
         )
         rows = fetch_todos(sql, params)
     else:
@@ -125,12 +135,16 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
                     {**(detail or {}), **_prior_detail(prior, rows[0].trust)})
             if rows:
                 changed = dialect.id_in("t.id", "ids", params, [row.pk for row in rows])
+                rows_sql = f"todos_todo t WHERE {changed}"
                 with connection.cursor() as cursor:
                     cursor.execute(
                         f"INSERT INTO todos_todoevent ({event_columns}) {event_select} "
-                        f"FROM todos_todo t WHERE {changed}",
+                        f"FROM {rows_sql}",
                         params,
                     )
+                    extra = also(rows_sql) if also else None
+                    if extra:
+                        cursor.execute(extra, params)
     for row in rows:
         if endpoint is not None and row.endpoint_id == endpoint.pk:
             # Spare the serializer a query per row; set as select_related does (the field's
@@ -204,7 +218,8 @@ def lease_set(params: dict, caller, ttl: timedelta, now) -> str:
 # (ingest.transitions), which inserts the todo in the statement that records its delivery.
 _CREATE_COLUMNS = (
     "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
-    " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before"
+    " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before,"
+    " max_cost_usd"
 )
 
 
@@ -237,7 +252,7 @@ _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detai
 def _create_values(delivery_event_sql: str) -> str:
     return (f"%(endpoint_id)s, %(queue)s, %(state)s, %(title)s, %(kind)s, %(source)s, "
             f"{dialect.jsonb('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
-            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s")
+            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s, %(max_cost_usd)s")
 
 
 def insert_todo_sql() -> str:
