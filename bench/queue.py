@@ -23,6 +23,11 @@ Priorities: (e) is (a) draining todos with mixed priorities (-50…50; docs/work
 interleaved in the same rounds, so its table shows what ordering by priority costs (target: e
 within 10 % of a). ``--systems a,e`` runs only those two.
 
+Budgets: (f) is (a) with a daily budget set on the endpoint (never reached; today's spend row
+present), interleaved in the same rounds: what the budget guard in the claim statement costs
+(target: f within 5 % of a; docs/reference.md#usage-and-budgets). ``--systems a,f`` runs only
+those two.
+
 Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table, with
 the pending todos at one priority and with mixed priorities.
 
@@ -134,6 +139,25 @@ def refill_todos(count: int, done: int = 0, *, priorities: bool = False):
             # Flush the fixture's write burst now: a checkpoint it triggers later would land
             # in the latency samples and measure the fixture, not the claim.
             conn.execute("CHECKPOINT")
+
+
+def set_budget(usd_per_day):
+    """The bench endpoint's daily budgets (None: none), and with one a row of today's spend
+    well below it, so the guard's probe finds a row, as on a working day."""
+    with psycopg.connect(SB_DB, autocommit=True) as conn:
+        conn.execute("UPDATE endpoints_endpoint SET budget_usd_per_day = %s,"
+                     " budget_tokens_per_day = %s WHERE slug = %s",
+                     (usd_per_day, None if usd_per_day is None else 10**11, SLUG))
+        conn.execute("DELETE FROM todos_dailyspend")
+        if usd_per_day is not None:
+            conn.execute("INSERT INTO todos_dailyspend (endpoint_id, day, cost_microusd, tokens)"
+                         " VALUES (%s, (now() AT TIME ZONE 'utc')::date, 1000000, 5000)",
+                         (endpoint_id(conn),))
+
+
+def refill_with_budget(count: int, usd_per_day):
+    set_budget(usd_per_day)
+    refill_todos(count)
 
 
 def refill_jobs(count: int):
@@ -363,12 +387,14 @@ def procrastinate_worker(ready, start, done_queue, release):
 
 
 SYSTEMS = {
-    "a switchboard": (switchboard_worker, lambda n: refill_todos(n)),
+    "a switchboard": (switchboard_worker, lambda n: refill_with_budget(n, None)),
     "b bare SQL": (bare_worker, lambda n: refill_todos(n)),
     "c procrastinate": (procrastinate_worker, refill_jobs),
     "d audited SQL, psycopg only": (audited_sql_worker, lambda n: refill_todos(n)),
     "e switchboard, mixed priorities": (switchboard_worker,
                                         lambda n: refill_todos(n, priorities=True)),
+    "f switchboard, budget set": (switchboard_worker,
+                                  lambda n: refill_with_budget(n, 100_000)),
 }
 
 
@@ -488,7 +514,7 @@ def main():
                         help="cap the bench endpoint's claimed todos (default: no cap)")
     parser.add_argument("--breakdown-workers", type=int, default=4,
                         help="workers for the PostgreSQL CPU breakdown (0: skip it)")
-    parser.add_argument("--systems", default="a,b,c,d,e",
+    parser.add_argument("--systems", default="a,b,c,d,e,f",
                         help="which systems the throughput rounds run (letters, e.g. a,e)")
     args = parser.parse_args()
     chosen = {name: system for name, system in SYSTEMS.items()
@@ -523,6 +549,14 @@ def main():
         "| --- | --- | --- | --- |")
     if compare and not full:
         print(priority_header, flush=True)
+    budget_rows = []
+    compare_budget = "a switchboard" in chosen and "f switchboard, budget set" in chosen
+    budget_header = (
+        "\nclaim_next + complete with a daily budget set, the same rounds (a: no budget; f: a "
+        "budget never reached)\n\n"
+        "| workers | a switchboard | f switchboard, budget set | f/a (target >= 0.95) "
+        "| PG CPU/cycle a, f | worker CPU/cycle a, f |\n"
+        "| --- | --- | --- | --- | --- | --- |")
     for workers in [int(w) for w in args.workers.split(",")]:
         rates, pg_cpu, own_cpu = ({name: [] for name in chosen} for _ in range(3))
         for _ in range(args.rounds):
@@ -546,9 +580,23 @@ def main():
             priority_rows.append(row)
             if not full:
                 print(row, flush=True)
+        budgeted = median.get("f switchboard, budget set")
+        if compare_budget:
+            # CPU per cycle beside the rates: on a shared machine it moves less than they do.
+            cpu = {name: (statistics.median(pg_cpu[name]) * 1000,
+                          statistics.median(own_cpu[name]) * 1000)
+                   for name in ("a switchboard", "f switchboard, budget set")}
+            (pa, wa), (pf, wf) = cpu.values()
+            budget_rows.append(f"| {workers} | {plain:.0f}/s | {budgeted:.0f}/s "
+                               f"| {budgeted / plain:.2f} | {pa:.3f} / {pf:.3f} ms "
+                               f"| {wa:.3f} / {wf:.3f} ms |")
     if compare and full:
         print(priority_header)
         print("\n".join(priority_rows), flush=True)
+    if compare_budget:
+        print(budget_header)
+        print("\n".join(budget_rows), flush=True)
+    set_budget(None)
 
     if args.breakdown_workers:
         pg_breakdown(args.todos, args.breakdown_workers, args.rounds)
