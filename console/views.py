@@ -175,16 +175,16 @@ def board_filter_refused(view):
 @board_filter_refused
 def board(request):
     context = _board_context(request)
-    endpoints = list(endpoint_queries.visible_endpoints(request.user).order_by("slug"))
     now = timezone.now()
+    # With the header's spend today vs budget, read in the endpoints' own query.
+    endpoints = list(usage.with_spend_today(
+        endpoint_queries.visible_endpoints(request.user).order_by("slug"), now))
     for endpoint in endpoints:
         endpoint.presence_now = endpoint.presence_at(now)  # the clock in/out buttons
         # Why it is out, when an operator override decides it, and until when.
         endpoint.override_until = endpoint_transitions.override_in_force(endpoint, now)
+        endpoint.spend = usage.spend_today(endpoint)
     glance = glance_payload(endpoints, now=now)
-    spend = usage.spend_by_endpoint(endpoints, now)  # the header's spend today vs budget
-    for endpoint in endpoints:
-        endpoint.spend = spend[endpoint.pk]
     context.update(endpoints=endpoints, states=queries.board_state_choices(),
                    tabs=state_tabs(request.GET, context['filters']['state']), glance=glance,
                    bulk_actions=bulk_actions_for_board(),
@@ -645,10 +645,10 @@ def metrics(request):
 @require_GET
 def endpoint_list(request):
     """Every endpoint the operator may see, each linking to its page."""
-    endpoints = list(endpoint_queries.visible_endpoints(request.user).order_by("slug"))
-    spend = usage.spend_by_endpoint(endpoints, timezone.now())
+    endpoints = list(usage.with_spend_today(
+        endpoint_queries.visible_endpoints(request.user).order_by("slug"), timezone.now()))
     for endpoint in endpoints:
-        endpoint.spend = spend[endpoint.pk]
+        endpoint.spend = usage.spend_today(endpoint)  # marks one over budget
     return render(request, "console/endpoints.html", {"endpoints": endpoints})
 
 

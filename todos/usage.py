@@ -11,10 +11,10 @@ after the work, so what was in flight when a budget was reached may still pass i
 from datetime import date
 from datetime import timezone as dt_timezone
 from decimal import ROUND_HALF_UP, Decimal
-
 from types import SimpleNamespace
 
-from django.db.models import Sum
+from django.db.models import OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from endpoints import transitions as endpoint_transitions
@@ -186,9 +186,7 @@ def over_budget_sql(endpoint, params: dict, now) -> str:
     cast = "::bigint" if is_postgres() else ""
     params["budget_endpoint_id"] = endpoint.pk
     params["budget_day"] = _day_param(spend_day(now))
-    params["budget_microusd"] = (None if endpoint.budget_usd_per_day is None else
-                                 to_microusd(endpoint.budget_usd_per_day, "budget_usd_per_day",
-                                             Decimal(10**12)))
+    params["budget_microusd"] = _budget_microusd(endpoint)
     params["budget_tokens"] = endpoint.budget_tokens_per_day
     return ("EXISTS (SELECT 1 FROM todos_dailyspend s"
             " WHERE s.endpoint_id = %(budget_endpoint_id)s AND s.day = %(budget_day)s"
@@ -206,12 +204,18 @@ def spent_on(endpoint_ids, day) -> dict:
             .values_list("endpoint_id", "cost_microusd", "tokens")}
 
 
+def _budget_microusd(endpoint) -> int | None:
+    if endpoint.budget_usd_per_day is None:
+        return None
+    return to_microusd(endpoint.budget_usd_per_day, "budget_usd_per_day", Decimal(10**12))
+
+
 def is_over(endpoint, spent: tuple) -> bool:
     """Whether ``spent`` (cost_microusd, tokens) is at or over either of ``endpoint``'s
     budgets."""
     cost, tokens = spent
-    if endpoint.budget_usd_per_day is not None and \
-            cost >= to_microusd(endpoint.budget_usd_per_day, "budget_usd_per_day", Decimal(10**12)):
+    budget = _budget_microusd(endpoint)
+    if budget is not None and cost >= budget:
         return True
     return endpoint.budget_tokens_per_day is not None and tokens >= endpoint.budget_tokens_per_day
 
@@ -224,28 +228,37 @@ def over_budget(endpoint, now) -> bool:
     return is_over(endpoint, spent_on([endpoint.pk], spend_day(now)).get(endpoint.pk, (0, 0)))
 
 
-def spend_report(endpoint, now) -> dict:
-    """The stats API's ``spend``: today's spend, the budgets, and ``over_budget``."""
-    return spend_by_endpoint([endpoint], now)[endpoint.pk]
-
-
 def _budget_usd(value):
     return None if value is None else float(value)
 
 
-def spend_by_endpoint(endpoints, now) -> dict:
-    """``{endpoint_id: spend_report}`` of each of ``endpoints``, in one query (the board's
-    header, the endpoints index, the heartbeat sweep's receivers)."""
-    spent = spent_on([endpoint.pk for endpoint in endpoints], spend_day(now))
-    reports = {}
-    for endpoint in endpoints:
-        cost, tokens = spent.get(endpoint.pk, (0, 0))
-        reports[endpoint.pk] = {
-            "usd_today": usd(cost), "tokens_today": tokens,
+def _spend(endpoint, spent: tuple) -> dict:
+    cost, tokens = spent
+    return {"usd_today": usd(cost), "tokens_today": tokens,
             "budget_usd_per_day": _budget_usd(endpoint.budget_usd_per_day),
             "budget_tokens_per_day": endpoint.budget_tokens_per_day,
-            "over_budget": is_over(endpoint, (cost, tokens))}
-    return reports
+            "over_budget": is_over(endpoint, spent)}
+
+
+def spend_report(endpoint, now) -> dict:
+    """The stats API's ``spend``: today's spend, the budgets, and ``over_budget``."""
+    return _spend(endpoint, spent_on([endpoint.pk], spend_day(now)).get(endpoint.pk, (0, 0)))
+
+
+def with_spend_today(endpoints, now):
+    """The queryset ``endpoints`` reading each one's spend of the UTC day of ``now`` in the
+    same query (a probe of ``daily_spend_key`` per endpoint row), for ``spend_today``: the
+    board's header, the endpoints index and the ring sweep's receivers list endpoints anyway,
+    so their spend costs no query of its own."""
+    today = DailySpend.objects.filter(endpoint_id=OuterRef("pk"), day=spend_day(now))
+    return endpoints.annotate(
+        spent_microusd_today=Coalesce(Subquery(today.values("cost_microusd")), 0),
+        spent_tokens_today=Coalesce(Subquery(today.values("tokens")), 0))
+
+
+def spend_today(endpoint) -> dict:
+    """``spend_report`` of an endpoint read through ``with_spend_today``."""
+    return _spend(endpoint, (endpoint.spent_microusd_today, endpoint.spent_tokens_today))
 
 
 def total_spend_by_endpoint() -> list:

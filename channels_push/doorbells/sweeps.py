@@ -44,12 +44,12 @@ def find_ring_receivers(*, now) -> dict:
     left out by the sweep's statement. Presence needs the schedule's time-zone math, so it is
     evaluated here, over the few endpoints that have a live session."""
     attached = queries.attached_endpoints(now)
-    endpoints = [endpoint for endpoint in Endpoint.objects.filter(pk__in=list(attached))
-                 if endpoint.presence_at(now) == Presence.IN]
     # Over a daily budget: held like a pause, the ring budget untouched.
-    spend = usage.spend_by_endpoint([e for e in endpoints if e.has_budget], now)
-    return {endpoint.pk: attached[endpoint.pk] for endpoint in endpoints
-            if not spend.get(endpoint.pk, {}).get("over_budget")}
+    return {endpoint.pk: attached[endpoint.pk]
+            for endpoint in usage.with_spend_today(Endpoint.objects.filter(pk__in=list(attached)),
+                                                   now)
+            if endpoint.presence_at(now) == Presence.IN
+            and not usage.spend_today(endpoint)["over_budget"]}
 
 
 def ring_due_todos(*, now=None) -> int:
