@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from endpoints.models import Endpoint
 from tests.factories import EndpointFactory, UserFactory
-from todos import queries, transitions, usage
+from todos import queries, statements, transitions, usage
 from todos.models import DailySpend, State, Todo, TodoEvent
 from todos.tests.test_concurrency import bulk_create_todos, run_threads
 
@@ -196,6 +196,35 @@ def test_the_budget_is_checked_inside_the_claim_statement():
     assert len(claims) == 1 and "todos_dailyspend" in claims[0]
 
 
+@pytest.mark.parametrize("verb", ["claim", "claim_next"])
+@pytest.mark.django_db
+def test_a_report_that_lands_just_before_the_claim_statement_stops_the_claim(monkeypatch, verb):
+    """No read-then-claim: a report that reaches the budget after the claim began, but before
+    its statement ran, is seen by that statement. A check read earlier (in Python, before the
+    statement) would let this claim through."""
+    endpoint = budgeted(budget_usd_per_day=Decimal("1"))
+    working, waiting = make(endpoint, 2)
+    agent = transitions.Caller.agent(endpoint, "s-1")
+    held = transitions.claim_todo(agent, working.pk, now=NOON)
+    apply_transition = statements.apply_transition
+    landed = []
+
+    def report_lands_first(**statement):
+        if statement["action_sql"] == "'claim'" and not landed:
+            landed.append(transitions.complete_todo(agent, working.pk, lease_id=held.lease_id,
+                                                    now=NOON, usage_reported={"cost_usd": 1}))
+        return apply_transition(**statement)
+
+    monkeypatch.setattr(statements, "apply_transition", report_lands_first)
+    with pytest.raises(transitions.Refusal) as refused:
+        if verb == "claim":
+            transitions.claim_todo(agent, waiting.pk, now=NOON)
+        else:
+            transitions.claim_next_todo(agent, now=NOON)
+    assert refused.value.code == "over_budget" and landed
+    assert Todo.objects.get(pk=waiting.pk).state == State.PENDING
+
+
 @pytest.mark.parametrize("fields,name", [
     ({"budget_usd_per_day": Decimal("-1")}, "budget_usd_per_day"),
     ({"budget_usd_per_day": Decimal("1000000.5")}, "budget_usd_per_day"),
@@ -347,7 +376,7 @@ from decimal import Decimal
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
 from tests.factories import EndpointFactory, UserFactory
-from todos import queries, transitions, usage
+from todos import queries, statements, transitions, usage
 
 endpoint = EndpointFactory(owner=UserFactory(), budget_usd_per_day=Decimal("1"),
                            max_cost_usd=Decimal("0.5"))
