@@ -107,6 +107,29 @@ def test_usage_is_kept_per_attempt_summed_on_the_todo_and_added_to_the_days_spen
         "budget_tokens_per_day": None, "over_budget": False}
 
 
+@pytest.mark.parametrize("settle", ["complete", "fail"])
+@pytest.mark.django_db
+def test_a_settle_repeated_on_a_settled_todo_is_refused_and_adds_no_usage(agent, make_todo,
+                                                                        settle):
+    """Usage rides only on the settle itself: once the agent settled its todo, the runner's
+    own complete or fail under the same lease is refused and its usage is not recorded
+    (docs/runner.md#usage says so, and the runner logs usage_unsent)."""
+    todo = make_todo()
+    held = transitions.claim_todo(agent, todo.pk)
+    if settle == "complete":
+        transitions.complete_todo(agent, todo.pk, lease_id=held.lease_id)
+    else:
+        transitions.fail_todo(agent, todo.pk, lease_id=held.lease_id, error="gave up")
+    for verb, code in ((transitions.complete_todo, "already_done" if settle == "complete"
+                        else "lease_lost"), (transitions.fail_todo, "lease_lost")):
+        with pytest.raises(transitions.Refusal) as refused:
+            verb(agent, todo.pk, lease_id=held.lease_id, usage_reported={"cost_usd": 0.5})
+        assert refused.value.code == code
+    row = Todo.objects.get(pk=todo.pk)
+    assert row.usage_reports == 0 and queries.todo_as_dict(row)["usage"] is None
+    assert not DailySpend.objects.exists()
+
+
 @pytest.mark.django_db
 def test_a_todo_without_usage_reports_none(agent, make_todo):
     todo = make_todo()
