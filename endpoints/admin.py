@@ -182,9 +182,10 @@ class EndpointAdmin(admin.ModelAdmin):
             before = stored.presence_at(now)
             super().save_model(request, obj, form, change)
             transitions.announce_edited_presence(obj, before, now=now)
-            # A raised budget may lift a held endpoint: its digest, as the command's.
-            transitions.announce_edited_budget(
-                obj, {name: getattr(stored, name) for name in transitions.BUDGET_FIELDS}, now=now)
+            # A budget event as the command records, and a raise's digest.
+            transitions.record_edited_budget(
+                obj, {name: getattr(stored, name) for name in transitions.BUDGET_FIELDS},
+                actor=request.user.get_username(), now=now)
             if stored.owner_id != obj.owner_id:
                 self._warn_stranded_routes(request, obj)
             return None

@@ -209,11 +209,13 @@ def check_tokens(value, field: str) -> int | None:
     return value
 
 
-def validate_budgets(*, budget_usd_per_day, budget_tokens_per_day, max_cost_usd) -> None:
-    """Raise ValidationError naming the field unless each is unset or within its range."""
-    check_usd(budget_usd_per_day, "budget_usd_per_day", MAX_BUDGET_USD_PER_DAY)
-    check_tokens(budget_tokens_per_day, "budget_tokens_per_day")
-    check_usd(max_cost_usd, "max_cost_usd", MAX_COST_USD_PER_TODO)
+def validate_budgets(*, budget_usd_per_day, budget_tokens_per_day, max_cost_usd) -> dict:
+    """The three as stored (dollars as Decimal); ValidationError naming the field unless each
+    is unset or within its range."""
+    return {"budget_usd_per_day": check_usd(budget_usd_per_day, "budget_usd_per_day",
+                                            MAX_BUDGET_USD_PER_DAY),
+            "budget_tokens_per_day": check_tokens(budget_tokens_per_day, "budget_tokens_per_day"),
+            "max_cost_usd": check_usd(max_cost_usd, "max_cost_usd", MAX_COST_USD_PER_TODO)}
 
 
 def default_scope():

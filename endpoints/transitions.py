@@ -18,8 +18,7 @@ from django.utils import timezone
 
 from channels_push.bus import publish
 
-from .models import (ALL_QUEUES, MAX_BUDGET_USD_PER_DAY, MAX_COST_USD_PER_TODO, Credential,
-                     Endpoint, EndpointEvent, Presence, check_usd, hash_credential,
+from .models import (ALL_QUEUES, Credential, Endpoint, EndpointEvent, Presence, hash_credential,
                      next_shift_boundary, queue_name_validator, validate_budgets,
                      validate_claim_caps, validate_shift_schedule)
 
@@ -328,58 +327,53 @@ def set_claim_caps(endpoint: Endpoint, *, max_claimed=UNCHANGED, queue_limits=No
 # -- budgets (docs/reference.md#usage-and-budgets) ------------------------------------------------
 
 
+# The budgets an endpoint has, and of them the daily ones (a raise of which may lift a hold).
+BUDGET_FIELDS = ("budget_usd_per_day", "budget_tokens_per_day", "max_cost_usd")
+DAILY_BUDGET_FIELDS = ("budget_usd_per_day", "budget_tokens_per_day")
+
+
 def set_budget(endpoint: Endpoint, *, budget_usd_per_day=UNCHANGED, budget_tokens_per_day=UNCHANGED,
                max_cost_usd=UNCHANGED, actor: str, now=None) -> dict:
     """Change ``endpoint``'s daily budgets and its per-todo ``max_cost_usd`` (None: none; a
     field left UNCHANGED keeps its value). Raises ValidationError naming the field for a value
-    out of range, writing nothing. Recorded as a ``budget`` event. Returns the budgets before
-    the change. Reading the day's spend, and the digest a raise sends, are the caller's
-    (``todos.usage.set_endpoint_budget``): spend is a todo record. A raised or removed daily
-    budget is announced after commit; the push layer sends one digest (reason ``budget``) when
-    that lifted the endpoint from over its budget."""
+    out of range, writing nothing. Recorded and announced by ``record_edited_budget``. Returns
+    the budgets before the change. Reading the day's spend is the caller's
+    (``todos.usage.set_endpoint_budget``): spend is a todo record."""
     now = now or timezone.now()
-    fields = ("budget_usd_per_day", "budget_tokens_per_day", "max_cost_usd")
-    given = dict(zip(fields, (budget_usd_per_day, budget_tokens_per_day, max_cost_usd)))
+    given = dict(zip(BUDGET_FIELDS, (budget_usd_per_day, budget_tokens_per_day, max_cost_usd)))
     with transaction.atomic():
         row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
-        before = {name: getattr(row, name) for name in fields}
+        before = {name: getattr(row, name) for name in BUDGET_FIELDS}
         changes = {name: value for name, value in given.items() if value is not UNCHANGED}
-        validate_budgets(**{**before, **changes})
-        checked = {
-            "budget_usd_per_day": check_usd(changes.get("budget_usd_per_day"), "budget_usd_per_day",
-                                            MAX_BUDGET_USD_PER_DAY),
-            "budget_tokens_per_day": changes.get("budget_tokens_per_day"),
-            "max_cost_usd": check_usd(changes.get("max_cost_usd"), "max_cost_usd",
-                                      MAX_COST_USD_PER_TODO),
-        }
+        checked = validate_budgets(**{**before, **changes})
         for name in changes:
             setattr(row, name, checked[name])
-        after = {name: getattr(row, name) for name in fields}
-        if after != before:
-            row.save(update_fields=list(fields))
-            _record(row, "budget", queue="", actor=actor, now=now,
-                    detail={"before": _budget_detail(before), "after": _budget_detail(after)})
-            announce_edited_budget(row, before, now=now)
-    for name in fields:
+        if record_edited_budget(row, before, actor=actor, now=now):
+            row.save(update_fields=list(BUDGET_FIELDS))
+    for name in BUDGET_FIELDS:
         setattr(endpoint, name, getattr(row, name))
     log.info("endpoint budget set", extra={"endpoint": endpoint.slug, "by": actor,
-                                           **_budget_detail(after)})
+                                           **_budget_detail(checked)})
     return before
 
 
-BUDGET_FIELDS = ("budget_usd_per_day", "budget_tokens_per_day")
-
-
-def announce_edited_budget(endpoint: Endpoint, before: dict, *, now) -> None:
-    """A daily budget was raised or removed (here, admin): announce it after commit with the
-    budgets ``before``, so the push layer can tell whether the endpoint was held by them."""
-    raised = any(before.get(name) is not None and (getattr(endpoint, name) is None
-                                                   or getattr(endpoint, name) > before[name])
-                 for name in BUDGET_FIELDS)
-    if raised:
+def record_edited_budget(endpoint: Endpoint, before: dict, *, actor: str, now) -> bool:
+    """``endpoint``'s budgets (its attributes) were changed from ``before`` (``set_budget``,
+    the admin's form), inside the caller's transaction: record a ``budget`` event, and
+    announce a raised or removed daily budget after commit with the budgets ``before``, so the
+    push layer can tell whether they held the endpoint (it then sends one digest, reason
+    ``budget``). False, doing nothing, when nothing changed."""
+    after = {name: getattr(endpoint, name) for name in BUDGET_FIELDS}
+    if after == before:
+        return False
+    _record(endpoint, "budget", queue="", actor=actor, now=now,
+            detail={"before": _budget_detail(before), "after": _budget_detail(after)})
+    if any(before[name] is not None and (after[name] is None or after[name] > before[name])
+           for name in DAILY_BUDGET_FIELDS):
         publish.publish_endpoint_on_commit(
             endpoint, "budget_raised", reason="budget", now=now,
-            before={name: before.get(name) for name in BUDGET_FIELDS})
+            before={name: before[name] for name in DAILY_BUDGET_FIELDS})
+    return True
 
 
 def _budget_detail(budgets: dict) -> dict:
