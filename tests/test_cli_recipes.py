@@ -262,6 +262,31 @@ def run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential, require
         input="", capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS)
 
 
+@dataclass
+class RunnerRun:
+    todo: object
+    credential: str
+    standin: model_standins.Standin
+    completed: subprocess.CompletedProcess
+    output: str
+
+
+def run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, case: str, mode: str, *,
+                                require_settled: bool = True, tools_elsewhere: bool = False):
+    """A fresh endpoint (``case`` names it) with one todo, run once under the runner, the model
+    scripted by ``mode``. ``tools_elsewhere``: the CLI's MCP server is another endpoint's,
+    which refuses the todo's token."""
+    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-{case}")
+    cli_url = endpoint_for(f"{recipe.cli}-elsewhere")[2] if tools_elsewhere else mcp_url
+    todo = make_todo(endpoint)
+    with recipe.standin_class(mode) as standin:
+        recipe.configure(workspace.project, workspace.home, standin, cli_url)
+        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential,
+                               require_settled=require_settled)
+    todo.refresh_from_db()
+    return RunnerRun(todo, credential, standin, completed, transcript(completed, standin))
+
+
 # -- the tests ------------------------------------------------------------------------------------
 
 
@@ -293,25 +318,20 @@ def test_each_cli_connects_with_the_bearer_sees_the_tools_and_drains_a_todo_itse
 
 def test_each_cli_drains_a_todo_under_the_runner_with_the_built_in_prompt(
         recipe, cli_bin, endpoint_for, workspace):
-    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-runner")
-    todo = make_todo(endpoint)
-    with recipe.standin_class("stdin") as standin:
-        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
-        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
-    output = transcript(completed, standin)
-    assert completed.returncode == 0, output
+    ran = run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, "runner", "stdin")
+    todo, output = ran.todo, ran.output
+    assert ran.completed.returncode == 0, output
     # The agent settled the todo itself (--require-settled fails it otherwise), with the ids
     # the built-in prompt gave it; the runner kept out of the way.
-    assert standin.called_tools() == [*recipe.loader_calls, recipe.tool("complete")], output
-    todo.refresh_from_db()
+    assert ran.standin.called_tools() == [*recipe.loader_calls, recipe.tool("complete")], output
     assert (todo.state, todo.result) == ("done", {"summary": model_standins.RESULT_SUMMARY}), \
         (todo.state, todo.last_error, output)
-    prompt = model_standins.strings([request["body"] for request in standin.requests])
+    prompt = model_standins.strings([request["body"] for request in ran.standin.requests])
     assert f'todo_id "{todo.pk}"' in prompt and "untrusted" in prompt, output
     assert "call switchboard's complete tool" in prompt, output
     # The CLI's report had usage, but the agent settled: no call of the runner's to carry it.
-    assert "usage_unsent reason=settled_by_agent" in completed.stderr, output
-    assert credential not in completed.stderr
+    assert "usage_unsent reason=settled_by_agent" in ran.completed.stderr, output
+    assert ran.credential not in ran.completed.stderr
 
 
 def test_each_cli_under_the_runner_completes_from_its_report_with_the_usage_the_model_reported(
@@ -320,19 +340,14 @@ def test_each_cli_under_the_runner_completes_from_its_report_with_the_usage_the_
     switchboard tool (as the built-in prompt for a CLI with a report then asks), and the runner
     completes the todo from the CLI's own report, its final answer as the summary, with the
     usage the CLI added up from the stand-in's answers."""
-    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-usage")
-    todo = make_todo(endpoint)
-    with recipe.standin_class("report") as standin:
-        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
-        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential,
-                               require_settled=False)
-    output = transcript(completed, standin)
-    assert completed.returncode == 0, output
-    assert recipe.tool("complete") not in standin.called_tools(), output
-    todo.refresh_from_db()
+    ran = run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, "usage", "report",
+                                      require_settled=False)
+    todo, output = ran.todo, ran.output
+    assert ran.completed.returncode == 0, output
+    assert recipe.tool("complete") not in ran.standin.called_tools(), output
     assert todo.state == "done", (todo.state, todo.last_error, output)
     assert todo.result["summary"] == model_standins.RESULT_SUMMARY, (todo.result, output)
-    reported = standin.reported_usage
+    reported = ran.standin.reported_usage
     print(f"\n{recipe.cli} usage: {queries.todo_as_dict(todo)['usage']}; stand-in: {reported}")
     assert (todo.usage_input_tokens, todo.usage_output_tokens) == (
         reported["input_tokens"], reported["output_tokens"]), (reported, output)
@@ -348,35 +363,26 @@ def test_each_cli_refused_by_switchboard_reports_success_and_still_fails_the_tod
     """The CLI's MCP server is another endpoint's, which refuses the todo's token: the CLI runs
     without the tools, exits 0 and reports success. Under --require-settled that is not a
     settle: the runner fails the todo, and its fail carries the usage the CLI reported."""
-    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-refused")
-    _, _, elsewhere_url = endpoint_for(f"{recipe.cli}-elsewhere")
-    todo = make_todo(endpoint)
-    with recipe.standin_class("stdin") as standin:
-        recipe.configure(workspace.project, workspace.home, standin, elsewhere_url)
-        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
-    output = transcript(completed, standin)
-    assert completed.returncode == 0, output
-    assert "code=0" in completed.stderr and "no_report" not in completed.stderr, output
-    assert not [name for name in standin.called_tools() if "switchboard" in name], output
-    todo.refresh_from_db()
+    ran = run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, "refused", "stdin",
+                                      tools_elsewhere=True)
+    todo, output = ran.todo, ran.output
+    assert ran.completed.returncode == 0, output
+    assert "code=0" in ran.completed.stderr and "no_report" not in ran.completed.stderr, output
+    assert not [name for name in ran.standin.called_tools() if "switchboard" in name], output
     assert todo.state == "failed", (todo.state, todo.result, output)
     assert todo.last_error.startswith("agent exited 0 without settling the todo"), \
         (todo.last_error, output)
-    reported = standin.reported_usage
+    reported = ran.standin.reported_usage
     assert (todo.usage_reports, todo.usage_input_tokens, todo.usage_output_tokens) == (
         1, reported["input_tokens"], reported["output_tokens"]), (reported, output)
 
 
 def test_each_cli_under_the_runner_fails_the_todo_with_the_model_api_error(
         recipe, cli_bin, endpoint_for, workspace):
-    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-api-error")
-    todo = make_todo(endpoint)
-    with recipe.standin_class("api_error") as standin:
-        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
-        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
-    output = transcript(completed, standin)
-    assert standin.requests, output  # the CLI did reach its (refusing) model API
-    todo.refresh_from_db()
+    ran = run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, "api-error",
+                                      "api_error")
+    todo, output = ran.todo, ran.output
+    assert ran.standin.requests, output  # the CLI did reach its (refusing) model API
     assert todo.state == "failed", (todo.state, output)
     # last_error leads with the CLI's own error line, which names the API's refusal (Claude
     # Code rewords it, the others quote it): the part a person reads first on the board.

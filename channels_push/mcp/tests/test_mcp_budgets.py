@@ -110,23 +110,6 @@ def test_the_instructions_name_over_budget_only_for_a_budgeted_endpoint_and_stil
     assert "repeat their values." in budgeted  # not cut short
 
 
-def test_instructions_with_caps_and_a_budget_fit_every_allowlist_whole():
-    import itertools
-
-    from channels_push.mcp import instructions as mcp_instructions
-    from endpoints.models import AGENT_VERBS
-    from tests.factories import EndpointFactory, UserFactory
-
-    endpoint = EndpointFactory.build(owner=UserFactory(), slug="x" * 64, default_lease_seconds=86400,
-                                     max_claimed=3, budget_usd_per_day=Decimal("5"))
-    for size in range(1, len(AGENT_VERBS) + 1):
-        for verbs in itertools.combinations(AGENT_VERBS, size):
-            endpoint.verbs = list(verbs)
-            text = mcp_instructions.build_instructions(endpoint)
-            assert len(text) <= mcp_instructions.INSTRUCTIONS_MAX_CHARS, verbs
-            assert text.endswith(mcp_instructions.UNVERIFIED_TODOS_NOTE), verbs
-
-
 def test_a_long_poll_over_budget_waits_and_claims_once_the_budget_is_raised(budgeted_agent):
     """Over budget, claim_next with wait_seconds waits as at a cap (it does not answer at once);
     the raise lets its re-check claim the waiting todo before the deadline."""
