@@ -194,7 +194,8 @@ def check_usd(value, field: str, maximum: Decimal) -> Decimal | None:
     if value is None:
         return None
     number = _as_decimal(value)
-    if number is None or not 0 <= number <= maximum or number != number.quantize(Decimal("0.000001"), rounding=ROUND_DOWN):
+    if (number is None or not 0 <= number <= maximum
+            or number != number.quantize(Decimal("0.000001"), rounding=ROUND_DOWN)):
         raise ValidationError({field: f"a number of US dollars from 0 to {maximum} (at most 6 "
                                       f"decimal places), or unset; got {value!r}"})
     return number
@@ -203,7 +204,8 @@ def check_usd(value, field: str, maximum: Decimal) -> Decimal | None:
 def check_tokens(value, field: str) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BUDGET_TOKENS_PER_DAY:
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 0 <= value <= MAX_BUDGET_TOKENS_PER_DAY):
         raise ValidationError({field: f"a whole number of tokens from 0 to "
                                       f"{MAX_BUDGET_TOKENS_PER_DAY}, or unset; got {value!r}"})
     return value

@@ -213,10 +213,6 @@ class Todo(models.Model):
         return f"#{self.pk} {self.title}"
 
     @property
-    def usage_cost_usd(self):
-        return self.usage_cost_microusd / 1_000_000
-
-    @property
     def lease_owner_hint(self) -> str | None:
         """The lease owner as others may see it: its first LEASE_OWNER_HINT_CHARS
         characters. A session id is a bearer-like handle for its session (with the credential
@@ -340,4 +336,5 @@ class DailySpend(models.Model):
         ]
 
     def __str__(self):
-        return f"{self.endpoint_id} {self.day}: {self.cost_microusd / 1_000_000} USD, {self.tokens} tokens"
+        return (f"{self.endpoint_id} {self.day}: {self.cost_microusd / 1_000_000} USD,"
+                f" {self.tokens} tokens")

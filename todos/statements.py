@@ -103,8 +103,7 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
     elif from_prior:
         from_state_sql = "%(from_state)s"
     if detail_sql_over_t:
-        detail_sql = (f"{detail_sql} || {detail_sql_over_t}" if _is_postgres()
-                      else f"json_patch({detail_sql}, {detail_sql_over_t})")
+        detail_sql = dialect.json_merge(detail_sql, detail_sql_over_t)
     event_select = (
         f"SELECT t.id, {action_sql}, {from_state_sql}, t.state, %(actor)s, %(now)s, "
         f"{detail_sql}"

@@ -594,13 +594,14 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
     over_cost_sql = ""
     if report is not None:
         # In SET the columns hold the old row: the attempt's cost is added to compare.
-        spent += " OR " + usage.over_max_cost_sql(caller.endpoint, params, after=" + %(usage_cost)s")
+        spent += " OR " + usage.over_max_cost_sql(caller.endpoint, params,
+                                                  after=" + %(usage_cost)s")
         # The event says why, read from the updated row (its sums now include the attempt).
-        over_cost_sql = ("CASE WHEN t.dead_lettered_at IS NOT NULL AND "
-                         + usage.over_max_cost_sql(caller.endpoint, params)
-                         + " THEN " + ("jsonb_build_object('reason', 'max_cost_usd')"
-                                     if _is_postgres() else "json_object('reason', 'max_cost_usd')")
-                         + " ELSE " + ("'{}'::jsonb" if _is_postgres() else "'{}'") + " END")
+        params.update(over_cost_reason=json.dumps({"reason": "max_cost_usd"}), no_reason="{}")
+        over_cost_sql = (f"CASE WHEN t.dead_lettered_at IS NOT NULL AND "
+                         f"{usage.over_max_cost_sql(caller.endpoint, params)} "
+                         f"THEN {dialect.jsonb('over_cost_reason')} "
+                         f"ELSE {dialect.jsonb('no_reason')} END")
     set_sql = (
         f"state = 'failed', last_error = %(error)s, result = COALESCE({dialect.jsonb('result')}, result), "
         f"lease_expires_at = NULL, "

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from endpoints import transitions as endpoint_transitions
 from switchboard import harness_text
-from switchboard.db.sql import is_postgres
+from switchboard.db import sql as dialect
 
 from .models import DailySpend
 
@@ -117,17 +117,12 @@ def spend_day(now) -> date:
 # -- SQL the transitions run (todos.transitions) ------------------------------------------------
 
 
-def _day_param(day: date):
-    # SQLite keeps dates as ISO text (as Django's DateField writes them).
-    return day if is_postgres() else day.isoformat()
-
-
 def usage_params(report: dict | None, now) -> dict:
     if report is None:
         return {}
     return {"usage_in": report["input_tokens"], "usage_out": report["output_tokens"],
             "usage_cost": report["cost_microusd"], "usage_turns": report["turns"],
-            "usage_model": report["model"], "spend_day": _day_param(spend_day(now)),
+            "usage_model": report["model"], "spend_day": dialect.db_date(spend_day(now)),
             "spend_tokens": report["input_tokens"] + report["output_tokens"]}
 
 
@@ -145,13 +140,14 @@ def usage_set_sql(report: dict | None) -> str:
 
 def over_max_cost_sql(endpoint, params: dict, *, after: str = "") -> str:
     """SQL true when the todo's cost (``after``: plus this attempt's, in a SET where the
-    columns still hold the old row) is past its ``max_cost_usd``, else its endpoint's; "FALSE"
-    when neither has one."""
+    columns still hold the old row) is past its ``max_cost_usd``, else its endpoint's; NULL
+    (not true) when neither has one."""
     params["endpoint_max_cost"] = (None if endpoint.max_cost_usd is None
                                    else to_microusd(endpoint.max_cost_usd, "max_cost_usd"))
-    cast = "::bigint" if is_postgres() else ""
-    return (f"(usage_cost_microusd{after} > COALESCE(CAST(max_cost_usd * {MICROUSD_PER_USD}"
-            f" AS BIGINT), %(endpoint_max_cost)s{cast}))")
+    # Rounded, not truncated: SQLite keeps the decimal as a float (0.256229 reads 256228.99…).
+    return (f"(usage_cost_microusd{after} > COALESCE("
+            f"CAST(ROUND(max_cost_usd * {MICROUSD_PER_USD}) AS BIGINT),"
+            f" {dialect.bigint('endpoint_max_cost')}))")
 
 
 def spend_upsert_sql(report: dict | None, source: str) -> str | None:
@@ -183,15 +179,14 @@ def budget_guard_sql(endpoint, params: dict, now) -> str:
 
 def over_budget_sql(endpoint, params: dict, now) -> str:
     """SQL true when ``endpoint`` (which has a budget) is at or over one at ``now``."""
-    cast = "::bigint" if is_postgres() else ""
     params["budget_endpoint_id"] = endpoint.pk
-    params["budget_day"] = _day_param(spend_day(now))
+    params["budget_day"] = dialect.db_date(spend_day(now))
     params["budget_microusd"] = _budget_microusd(endpoint)
     params["budget_tokens"] = endpoint.budget_tokens_per_day
     return ("EXISTS (SELECT 1 FROM todos_dailyspend s"
             " WHERE s.endpoint_id = %(budget_endpoint_id)s AND s.day = %(budget_day)s"
-            f" AND (s.cost_microusd >= %(budget_microusd)s{cast}"
-            f" OR s.tokens >= %(budget_tokens)s{cast}))")
+            f" AND (s.cost_microusd >= {dialect.bigint('budget_microusd')}"
+            f" OR s.tokens >= {dialect.bigint('budget_tokens')}))")
 
 
 # -- reads ----------------------------------------------------------------------------------------

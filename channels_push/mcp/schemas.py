@@ -104,8 +104,9 @@ TOOL_SCHEMAS = {
         '{"todo": …} or {"empty": true} when there is nothing to do ({"empty": true, '
         '"paused": […]} when the operator paused every queue you asked for, "at_capacity": true '
         "when the endpoint's cap on claimed todos is reached, \"over_budget\": true when its "
-        "daily budget is spent: wait, do not conclude the work is done). With wait_seconds, waits up to that long for a todo to "
-        "become ready before answering empty (a long poll).",
+        "daily budget is spent: wait, do not conclude the work is done). With wait_seconds, "
+        "waits up to that long for a todo to become ready before answering empty (a long "
+        "poll).",
         _schema({
             "queues": {"type": "array", "items": {"type": "string"}, "minItems": 1,
                        "description": "Only these queues (each must be in your scope)."},

@@ -332,6 +332,18 @@ def test_a_todos_own_max_cost_wins_over_the_endpoints():
     assert dead.is_dead_letter
 
 
+@pytest.mark.parametrize("cost,dead", [(0.256229, False), (0.25623, True)])
+@pytest.mark.django_db
+def test_a_cost_equal_to_a_todos_max_cost_is_not_past_it(cost, dead):
+    """Compared to the millionth of a dollar on both backends (SQLite keeps the decimal as a
+    float, and 0.256229 x 10^6 truncated to 256228 would dead-letter at exactly the limit)."""
+    endpoint = budgeted(max_attempts=5)
+    todo, = make(endpoint)
+    Todo.objects.filter(pk=todo.pk).update(max_cost_usd=Decimal("0.256229"))
+    failed = work_once(transitions.Caller.agent(endpoint, "s-1"), cost=cost, fail=True)
+    assert failed.is_dead_letter is dead
+
+
 @pytest.mark.django_db
 def test_a_failure_within_max_cost_retries_and_its_dead_letter_by_attempts_has_no_cost_reason():
     endpoint = budgeted(max_cost_usd=Decimal("1.00"), max_attempts=1)
