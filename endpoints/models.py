@@ -319,6 +319,13 @@ class Endpoint(models.Model):
                 fields=["presence_boundary_at"], name="endpoint_presence_boundary",
                 condition=~models.Q(shift_timezone="") | models.Q(presence_override_until__isnull=False),
             ),
+            # channels_push.doorbells.sweeps.announce_budget_day_turns: only endpoints with a
+            # daily budget have a day turn to announce.
+            models.Index(
+                fields=["budget_day_seen"], name="endpoint_budget_day_turn",
+                condition=(models.Q(budget_usd_per_day__isnull=False)
+                           | models.Q(budget_tokens_per_day__isnull=False)),
+            ),
         ]
 
     def __str__(self):
