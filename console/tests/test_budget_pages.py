@@ -44,7 +44,8 @@ def test_the_endpoint_page_shows_spend_against_the_budget_and_over_budget(vended
     spend(vended, 2, (300, 40))
     page = owner_client.get("/todos/endpoints/builds/").content.decode()
     card = re.search(r'<div class="card" id="budget">(.*?)</form>', page, re.S).group(1)
-    assert "2.0 USD of 1.5" in card and "340 tokens of 1000" in card and "over budget" in card
+    text = re.sub(r"<[^>]+>", "", card)
+    assert "$2.00 of $1.50" in text and "340 of 1,000 tokens" in text and "over budget" in text
     assert 'name="budget_usd_per_day"' in card and 'value="1.5"' in card
 
 
@@ -86,12 +87,13 @@ def test_the_board_header_and_the_endpoints_index_mark_an_endpoint_over_budget(v
     usage.set_endpoint_budget(vended, actor="alice", budget_usd_per_day=Decimal("1"))
     quiet, _ = endpoint_transitions.vend_endpoint(slug="quiet", owner=vended.owner)
     board = owner_client.get("/todos/").content.decode()
-    strip = re.search(r'<ul class="spend-strip".*?</ul>', board, re.S).group(0)
-    assert "builds</a> 0.0 / 1.0 USD" in strip and "over budget" not in strip
+    strip = re.search(r'<div class="spend-strip".*?</ul>', board, re.S).group(0)
+    assert "builds $0.00 of $1.00" in re.sub(r"<[^>]+>", "", strip)
+    assert "over budget" not in strip
     assert "quiet" not in strip  # no budget, nothing spent: not in the header
     spend(vended, 1)
     board = owner_client.get("/todos/").content.decode()
-    assert "over budget" in re.search(r'<ul class="spend-strip".*?</ul>', board, re.S).group(0)
+    assert "over budget" in re.search(r'<div class="spend-strip".*?</ul>', board, re.S).group(0)
     index = owner_client.get("/todos/endpoints/").content.decode()
     assert re.search(r'builds</a>.*over budget</span></li>', index)
     assert not re.search(r'quiet</a>[^\n]*over budget', index)
