@@ -23,6 +23,19 @@ Priorities: (e) is (a) draining todos with mixed priorities (-50…50; docs/work
 interleaved in the same rounds, so its table shows what ordering by priority costs (target: e
 within 10 % of a). ``--systems a,e`` runs only those two.
 
+Budgets (``--budget-blocks``, default 24; 0 skips it): what the daily budget's guard in the
+claim statement costs a claim (target: within 5 %; docs/reference.md#usage-and-budgets). Not
+a system of the rounds: on a shared, loaded machine the rates of separate drains move more than
+the difference under test. Instead one process on one connection runs blocks of
+``--block-cycles`` claim_next + complete cycles alternating (a f, f a, …) between two endpoints
+alike but for the budget (``bench``: none; ``bench-budget``: a budget never reached), each
+complete reporting the same usage, and takes the connection's PostgreSQL backend CPU from
+/proc/<backend pid>/stat around every block. Load hits both settings alike within a pair of
+neighbouring blocks, so the paired ratios and the CPU per cycle survive it.
+``--budget-control`` leaves both without a budget: what differences the method shows then is
+its noise on the machine at the time.
+``--systems '' --history '' --breakdown-workers 0`` runs only this.
+
 Latency: claim_next p50/p99 for one worker with 10k and with 1M done todos in the table, with
 the pending todos at one priority and with mixed priorities.
 
@@ -67,6 +80,7 @@ PROC_DB = f"{PG}/sb_bench_procrastinate"
 BENCH_REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 QUEUES = ["q0", "q1", "q2", "q3"]
 SLUG = "bench"
+BUDGET_SLUG = "bench-budget"  # as SLUG, with a daily budget in the budget blocks
 
 
 # -- set-up ----------------------------------------------------------------------------------------
@@ -90,8 +104,9 @@ def prepare_switchboard_schema():
         "from endpoints import transitions\n"
         "from endpoints.models import Endpoint\n"
         "owner, _ = User.objects.get_or_create(username='bench')\n"
-        f"Endpoint.objects.filter(slug='{SLUG}').exists() or transitions.vend_endpoint("
-        f"slug='{SLUG}', owner=owner, scope={QUEUES!r}, verbs=['claim_next', 'complete'])\n"
+        f"for slug in {[SLUG, BUDGET_SLUG]!r}:\n"
+        "    Endpoint.objects.filter(slug=slug).exists() or transitions.vend_endpoint("
+        f"slug=slug, owner=owner, scope={QUEUES!r}, verbs=['claim_next', 'complete'])\n"
     )
     subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True)
 
@@ -103,8 +118,8 @@ def _endpoint_columns() -> set:
             " WHERE table_name = 'endpoints_endpoint'")}
 
 
-def endpoint_id(conn) -> int:
-    return conn.execute("SELECT id FROM endpoints_endpoint WHERE slug = %s", (SLUG,)).fetchone()[0]
+def endpoint_id(conn, slug: str = SLUG) -> int:
+    return conn.execute("SELECT id FROM endpoints_endpoint WHERE slug = %s", (slug,)).fetchone()[0]
 
 
 # Mixed priorities for (e) and the latency runs: -50…50 in steps of 10, spread over creation
@@ -112,11 +127,11 @@ def endpoint_id(conn) -> int:
 MIXED_PRIORITY_SQL = "((g * 37) %% 11) * 10 - 50"
 
 
-def refill_todos(count: int, done: int = 0, *, priorities: bool = False):
-    """Empty the ledger, then add ``count`` pending todos over the queues (and ``done`` history);
-    with ``priorities``, the pending todos get MIXED_PRIORITY_SQL."""
+def refill_todos(count: int, done: int = 0, *, priorities: bool = False, slugs=(SLUG,)):
+    """Empty the ledger, then add ``count`` pending todos over the queues (and ``done`` history)
+    for each endpoint of ``slugs``; with ``priorities``, the pending todos get
+    MIXED_PRIORITY_SQL."""
     with psycopg.connect(SB_DB, autocommit=True) as conn:
-        ep = endpoint_id(conn)
         conn.execute("TRUNCATE todos_todoevent, todos_todo CASCADE")
         insert = (
             "INSERT INTO todos_todo (endpoint_id, queue, state, title, kind, source, payload, trust, "
@@ -125,15 +140,31 @@ def refill_todos(count: int, done: int = 0, *, priorities: bool = False):
             "'{\"n\": 1}', 'signed', %s, 5, now() - make_interval(secs => %s - g), now(), 0, "
             "{priority} FROM generate_series(1, %s) g"
         )
-        if done:
-            conn.execute(insert.replace("{priority}", "0"), (ep, "done", 1, done + count, done))
-        conn.execute(insert.replace("{priority}", MIXED_PRIORITY_SQL if priorities else "0"),
-                     (ep, "pending", 0, count, count))
+        for slug in slugs:
+            ep = endpoint_id(conn, slug)
+            if done:
+                conn.execute(insert.replace("{priority}", "0"), (ep, "done", 1, done + count, done))
+            conn.execute(insert.replace("{priority}", MIXED_PRIORITY_SQL if priorities else "0"),
+                         (ep, "pending", 0, count, count))
         conn.execute("VACUUM ANALYZE todos_todo")
         if done:
             # Flush the fixture's write burst now: a checkpoint it triggers later would land
             # in the latency samples and measure the fixture, not the claim.
             conn.execute("CHECKPOINT")
+
+
+def set_budget_and_spend(slug: str, usd_per_day):
+    """``slug``'s daily budgets (None: none; with one, 10^11 tokens as well) and a row of
+    today's spend well below any budget, so a guard's probe finds a row, as on a working
+    day."""
+    with psycopg.connect(SB_DB, autocommit=True) as conn:
+        ep = endpoint_id(conn, slug)
+        conn.execute("UPDATE endpoints_endpoint SET budget_usd_per_day = %s,"
+                     " budget_tokens_per_day = %s WHERE id = %s",
+                     (usd_per_day, None if usd_per_day is None else 10**11, ep))
+        conn.execute("DELETE FROM todos_dailyspend WHERE endpoint_id = %s", (ep,))
+        conn.execute("INSERT INTO todos_dailyspend (endpoint_id, day, cost_microusd, tokens)"
+                     " VALUES (%s, (now() AT TIME ZONE 'utc')::date, 1000000, 5000)", (ep,))
 
 
 def refill_jobs(count: int):
@@ -456,6 +487,85 @@ def claim_latency(done_rows: int, samples: int, *, priorities: bool = False) -> 
     return statistics.median(timings) * 1000, timings[int(len(timings) * 0.99)] * 1000
 
 
+# Each complete of the budget blocks reports this, on both endpoints: the spend row is written
+# by every complete and read by every budgeted claim, as on a working day; only the guard differs.
+BLOCK_USAGE = {"input_tokens": 1200, "output_tokens": 300, "cost_usd": 0.0001, "turns": 1}
+
+
+def budget_blocks(pairs: int, cycles: int, *, control: bool = False):
+    """The budget guard's cost, measured side by side in one process on one connection (see
+    the module's docstring): ``pairs`` pairs of blocks of ``cycles`` claim_next + complete
+    cycles, one block per setting in each pair, the order alternating (a f, f a, …) so a
+    drift in load is felt by both. Prints per setting the median block's wall time per cycle
+    and the backend's CPU per cycle (summed over the blocks: /proc counts in clock ticks), the
+    median of the pairs' wall-time ratios, and the load average. ``control``: f has no budget
+    either (an a/a run: the differences it shows are the method's noise on this machine)."""
+    refill_todos(pairs * cycles + cycles, slugs=(SLUG, BUDGET_SLUG))
+    set_budget_and_spend(SLUG, None)
+    set_budget_and_spend(BUDGET_SLUG, None if control else 100_000)  # USD/day: never reached
+    production_env()
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    import logging
+
+    logging.disable(logging.WARNING)
+    from django.db import connection
+
+    from endpoints.models import Endpoint
+    from todos import transitions
+
+    connection.close()
+    callers = {setting: transitions.Caller.agent(Endpoint.objects.get(slug=slug), "blocks")
+               for setting, slug in (("a", SLUG), ("f", BUDGET_SLUG))}
+    assert not callers["a"].endpoint.has_budget and callers["f"].endpoint.has_budget != control
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+
+    def block(setting: str, count: int) -> tuple[float, float, float]:
+        caller = callers[setting]
+        pg_before, own_before = process_cpu_seconds(backend), time.process_time()
+        began = time.perf_counter()
+        for _ in range(count):
+            todo = transitions.claim_next_todo(caller)
+            transitions.complete_todo(caller, todo.pk, lease_id=todo.lease_id,
+                                      usage_reported=BLOCK_USAGE)
+        return (time.perf_counter() - began, process_cpu_seconds(backend) - pg_before,
+                time.process_time() - own_before)
+
+    for setting in callers:  # warm-up: prepared statements, caches; not counted
+        block(setting, cycles // 2)
+    load_before = os.getloadavg()
+    wall, pg, own = ({"a": [], "f": []} for _ in range(3))
+    for pair in range(pairs):
+        for setting in ("a", "f") if pair % 2 == 0 else ("f", "a"):
+            seconds, pg_seconds, own_seconds = block(setting, cycles)
+            wall[setting].append(seconds / cycles)
+            pg[setting].append(pg_seconds)
+            own[setting].append(own_seconds)
+    load_after = os.getloadavg()
+    connection.close()
+    set_budget_and_spend(BUDGET_SLUG, None)
+    per_cycle = {setting: (statistics.median(wall[setting]) * 1000,
+                           sum(pg[setting]) / (pairs * cycles) * 1000,
+                           sum(own[setting]) / (pairs * cycles) * 1000) for setting in wall}
+    paired = statistics.median(a / f for a, f in zip(wall["a"], wall["f"]))
+    (wall_a, pg_a, own_a), (wall_f, pg_f, own_f) = per_cycle["a"], per_cycle["f"]
+    print(f"\nclaim_next + complete with a daily budget set or not: one process, one connection, "
+          f"{pairs} pairs of {cycles}-cycle blocks alternating a f / f a; load average "
+          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after ({os.cpu_count()} cores)\n")
+    print("| setting | wall ms/cycle (median block) | PG backend CPU ms/cycle | client CPU "
+          "ms/cycle |")
+    print("| --- | --- | --- | --- |")
+    print(f"| a: no budget | {wall_a:.3f} | {pg_a:.3f} | {own_a:.3f} |")
+    print(f"| f: {'no budget either (control)' if control else 'budget set, never reached'} "
+          f"| {wall_f:.3f} | {pg_f:.3f} | {own_f:.3f} |")
+    print(f"| a/f: f's rate as a share of a's (target >= 0.95) | {wall_a / wall_f:.3f} (median "
+          f"of the pairs: {paired:.3f}) | {pg_a / pg_f:.3f} | {own_a / own_f:.3f} |", flush=True)
+
+
 def pg_breakdown(todos: int, workers: int, rounds: int):
     """PostgreSQL CPU per cycle of the audited statements with one piece taken out at a time,
     beside the bare floor, interleaved like the main table: what the PG a/b gap is made of."""
@@ -488,6 +598,12 @@ def main():
                         help="cap the bench endpoint's claimed todos (default: no cap)")
     parser.add_argument("--breakdown-workers", type=int, default=4,
                         help="workers for the PostgreSQL CPU breakdown (0: skip it)")
+    parser.add_argument("--budget-blocks", type=int, default=24,
+                        help="pairs of blocks for the budget guard's cost (0: skip it)")
+    parser.add_argument("--block-cycles", type=int, default=100,
+                        help="claim_next + complete cycles per budget block")
+    parser.add_argument("--budget-control", action="store_true",
+                        help="budget blocks with no budget on either endpoint: the noise floor")
     parser.add_argument("--systems", default="a,b,c,d,e",
                         help="which systems the throughput rounds run (letters, e.g. a,e)")
     args = parser.parse_args()
@@ -499,14 +615,15 @@ def main():
         prepare_procrastinate_schema()
     if args.max_claimed is not None or "max_claimed" in _endpoint_columns():
         with psycopg.connect(SB_DB, autocommit=True) as conn:
-            conn.execute("UPDATE endpoints_endpoint SET max_claimed = %s WHERE slug = %s",
-                         (args.max_claimed, SLUG))
+            conn.execute("UPDATE endpoints_endpoint SET max_claimed = %s WHERE slug IN (%s, %s)",
+                         (args.max_claimed, SLUG, BUDGET_SLUG))
         print(f"# endpoint cap max_claimed = {args.max_claimed}")
     print(f"# bench/queue.py — {time.strftime('%Y-%m-%d %H:%M')} — {platform.node()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}")
     with psycopg.connect(f"{PG}/postgres") as conn:
         print(f"# {conn.execute('SELECT version()').fetchone()[0].split(' on ')[0]}")
-    print(f"# {args.todos} todos per round, {args.rounds} interleaved rounds, median shown\n")
+    if chosen:
+        print(f"# {args.todos} todos per round, {args.rounds} interleaved rounds, median shown\n")
     full = all(name in chosen for name in list(SYSTEMS)[:4])
     if full:
         print("| workers | a switchboard | b bare SQL | c procrastinate | d audited SQL, psycopg "
@@ -523,7 +640,7 @@ def main():
         "| --- | --- | --- | --- |")
     if compare and not full:
         print(priority_header, flush=True)
-    for workers in [int(w) for w in args.workers.split(",")]:
+    for workers in [int(w) for w in args.workers.split(",")] if chosen else ():
         rates, pg_cpu, own_cpu = ({name: [] for name in chosen} for _ in range(3))
         for _ in range(args.rounds):
             for name, (worker, refill) in chosen.items():
@@ -553,10 +670,15 @@ def main():
     if args.breakdown_workers:
         pg_breakdown(args.todos, args.breakdown_workers, args.rounds)
 
-    print("\n| done todos in table | pending todos' priorities | claim_next p50 | p99 |")
-    print("| --- | --- | --- | --- |")
+    if args.budget_blocks:
+        budget_blocks(args.budget_blocks, args.block_cycles, control=args.budget_control)
+
+    history = [int(n) for n in args.history.split(",") if n]
+    if history:
+        print("\n| done todos in table | pending todos' priorities | claim_next p50 | p99 |")
+        print("| --- | --- | --- | --- |")
     results = {}
-    for done_rows in [int(n) for n in args.history.split(",")]:
+    for done_rows in history:
         for priorities in (False, True):
             p50, p99 = claim_latency(done_rows, args.samples, priorities=priorities)
             results[done_rows, priorities] = p50

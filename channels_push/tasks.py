@@ -19,3 +19,8 @@ def ring_due_todos():
 @shared_task(name="channels_push.tasks.announce_presence_boundaries")
 def announce_presence_boundaries():
     return doorbell_sweeps.announce_presence_boundaries()
+
+
+@shared_task(name="channels_push.tasks.announce_budget_day_turns")
+def announce_budget_day_turns():
+    return doorbell_sweeps.announce_budget_day_turns()

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from endpoints.models import Endpoint
 from switchboard.metrics import REGISTRY
 
-from todos import queries
+from todos import queries, usage
 from todos.models import State
 
 # Audit-trail actions -> counter name. The reaper writes "lease_lapsed" for both its outcomes;
@@ -141,6 +141,19 @@ class QueueCollector:
         family = CounterMetricFamily(*DEAD_LETTERS)
         family.add_metric([], dead)
         yield family
+
+        # Summed from the days' spend rows, which retention never prunes: never going down.
+        cost = CounterMetricFamily(
+            "switchboard_agent_cost_usd", "US dollars agents reported spending (usage of "
+            "complete and fail), by endpoint.", labels=["endpoint"])
+        tokens = CounterMetricFamily(
+            "switchboard_agent_tokens", "Tokens (input + output) agents reported using, by "
+            "endpoint.", labels=["endpoint"])
+        for slug, cost_microusd, token_count in usage.total_spend_by_endpoint():
+            cost.add_metric([slug], usage.usd(cost_microusd))
+            tokens.add_metric([slug], token_count)
+        yield cost
+        yield tokens
 
         paused = GaugeMetricFamily(
             "switchboard_paused_queues",

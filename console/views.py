@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Callable
 from urllib.parse import parse_qsl, urlencode
 
@@ -39,7 +40,7 @@ from endpoints.models import MAX_CLAIM_CAP
 from switchboard import json_input
 from switchboard.commands import validation_text
 
-from todos import queries, transitions
+from todos import queries, transitions, usage
 from todos.models import CANCELLABLE_STATES, State, Todo, Trust
 
 LOGIN_URL = reverse_lazy("board-login")
@@ -174,12 +175,15 @@ def board_filter_refused(view):
 @board_filter_refused
 def board(request):
     context = _board_context(request)
-    endpoints = list(endpoint_queries.visible_endpoints(request.user).order_by("slug"))
     now = timezone.now()
+    # With the header's spend today vs budget, read in the endpoints' own query.
+    endpoints = list(usage.with_spend_today(
+        endpoint_queries.visible_endpoints(request.user).order_by("slug"), now))
     for endpoint in endpoints:
         endpoint.presence_now = endpoint.presence_at(now)  # the clock in/out buttons
         # Why it is out, when an operator override decides it, and until when.
         endpoint.override_until = endpoint_transitions.override_in_force(endpoint, now)
+        endpoint.spend = usage.spend_today(endpoint)
     glance = glance_payload(endpoints, now=now)
     context.update(endpoints=endpoints, states=queries.board_state_choices(),
                    tabs=state_tabs(request.GET, context['filters']['state']), glance=glance,
@@ -243,6 +247,10 @@ def todo_detail(request, todo_id):
         "payload_json": json.dumps(todo.payload, indent=2, sort_keys=True),
         "result_json": json.dumps(todo.result, indent=2, sort_keys=True) if todo.result is not None else None,
         "next_url": request.get_full_path(),
+        # Summed over its attempts; each attempt's own is in its event's detail below.
+        "usage": usage.todo_usage(todo),
+        "max_cost_usd": _plain_number(todo.max_cost_usd if todo.max_cost_usd is not None
+                                      else todo.endpoint.max_cost_usd),
     })
 
 
@@ -550,6 +558,38 @@ def limit_endpoint(request, slug):
     return redirect(reverse("todos-endpoint", args=[endpoint.slug]))
 
 
+def _plain_number(value) -> str | None:
+    """A budget as an operator writes it (12.5, not 12.500000); None stays None."""
+    return None if value is None else format(Decimal(value).normalize(), "f")
+
+
+@never_cache
+@board_login_required
+@operator_may(CHANGE_ENDPOINT)
+@require_POST
+def budget_endpoint(request, slug):
+    """The endpoint page's budget form (docs/reference.md#usage-and-budgets), for an operator
+    who may change endpoints. Blank: no budget. A bad number is a 400 naming the field, with
+    the page as it was (nothing written)."""
+    endpoint = _visible_endpoint_or_404(request.user, slug)
+    try:
+        fields = {}
+        for name in ("budget_usd_per_day", "budget_tokens_per_day", "max_cost_usd"):
+            text = request.POST.get(name, "").strip()
+            fields[name] = None if text in ("", "none") else text
+        if fields["budget_tokens_per_day"] is not None:
+            try:
+                fields["budget_tokens_per_day"] = int(fields["budget_tokens_per_day"])
+            except ValueError:
+                raise ValidationError({"budget_tokens_per_day": "a whole number of tokens, or "
+                                       f"blank; got {fields['budget_tokens_per_day']!r}"}) from None
+        usage.set_endpoint_budget(endpoint, actor=request.user.username, **fields)
+    except ValidationError as error:
+        return _endpoint_page(request, endpoint, budget_error=validation_text(error), status=400)
+    messages.success(request, f"{endpoint.slug}: budget saved")
+    return redirect(reverse("todos-endpoint", args=[endpoint.slug]))
+
+
 # -- /metrics ------------------------------------------------------------------------------------
 
 
@@ -605,7 +645,10 @@ def metrics(request):
 @require_GET
 def endpoint_list(request):
     """Every endpoint the operator may see, each linking to its page."""
-    endpoints = endpoint_queries.visible_endpoints(request.user).order_by("slug")
+    endpoints = list(usage.with_spend_today(
+        endpoint_queries.visible_endpoints(request.user).order_by("slug"), timezone.now()))
+    for endpoint in endpoints:
+        endpoint.spend = usage.spend_today(endpoint)  # marks one over budget
     return render(request, "console/endpoints.html", {"endpoints": endpoints})
 
 
@@ -629,7 +672,8 @@ def endpoint_caps(endpoint) -> list[str]:
     return caps
 
 
-def _endpoint_page(request, endpoint, *, new_credential=None, limit_error=None, status=200):
+def _endpoint_page(request, endpoint, *, new_credential=None, limit_error=None, status=200,
+                   budget_error=None):
     now = timezone.now()
     mcp_url = f"{settings.SWITCHBOARD_PUBLIC_URL}/mcp/{endpoint.slug}"
     sessions = _live_sessions(endpoint, now)
@@ -663,6 +707,12 @@ def _endpoint_page(request, endpoint, *, new_credential=None, limit_error=None, 
         "queue_limits_text": ", ".join(f"{queue}={cap}"
                                        for queue, cap in (endpoint.queue_limits or {}).items()),
         "limit_error": limit_error,
+        "spend": usage.spend_report(endpoint, now),
+        "budget_error": budget_error,
+        "may_change_budget": request.user.has_perm(CHANGE_ENDPOINT),
+        # As an operator writes them: 12.5, not 12.500000.
+        "budget_form": {name: _plain_number(getattr(endpoint, name)) or "" for name in
+                        ("budget_usd_per_day", "budget_tokens_per_day", "max_cost_usd")},
     }, status=status)
 
 

@@ -39,6 +39,7 @@ class EndpointForm(forms.ModelForm):
         fields = ["slug", "owner", "scope", "verbs", "default_lease_seconds", "max_attempts", "active",
                   "accept_unverified", "max_claimed", "queue_limits",
                   "approval_timeout_seconds",
+                  "budget_usd_per_day", "budget_tokens_per_day", "max_cost_usd",
                   # Presence: the manual state is set by the clock actions (they send the
                   # digest); schedule and override are edited here.
                   "shift_timezone", "shift_schedule", "presence_override", "presence_override_until"]
@@ -181,6 +182,10 @@ class EndpointAdmin(admin.ModelAdmin):
             before = stored.presence_at(now)
             super().save_model(request, obj, form, change)
             transitions.announce_edited_presence(obj, before, now=now)
+            # A budget event as the command records, and a raise's digest.
+            transitions.record_edited_budget(
+                obj, {name: getattr(stored, name) for name in transitions.BUDGET_FIELDS},
+                actor=request.user.get_username(), now=now)
             if stored.owner_id != obj.owner_id:
                 self._warn_stranded_routes(request, obj)
             return None

@@ -4,6 +4,7 @@ import hashlib
 import re
 import secrets
 from datetime import datetime, time, timedelta
+from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
@@ -170,6 +171,56 @@ def validate_claim_caps(max_claimed, queue_limits) -> None:
                                                    f"{str(cap)[:40]!r}"})
 
 
+# Budget ranges (docs/reference.md#usage-and-budgets): wide enough for any fleet, narrow enough
+# that a typo of a few digits is refused rather than taken as "no budget".
+MAX_BUDGET_USD_PER_DAY = Decimal("1000000")
+MAX_BUDGET_TOKENS_PER_DAY = 10**12
+MAX_COST_USD_PER_TODO = Decimal("10000")
+
+
+def _as_decimal(value):
+    """A finite Decimal of ``value`` (int, float, Decimal or numeric text), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = Decimal(str(value)) if isinstance(value, (int, float, str)) else value
+    except InvalidOperation:
+        return None
+    return number if isinstance(number, Decimal) and number.is_finite() else None
+
+
+def check_usd(value, field: str, maximum: Decimal) -> Decimal | None:
+    """``value`` as Decimal USD between 0 and ``maximum`` with at most 6 decimal places (None
+    stays None); ValidationError naming ``field`` otherwise."""
+    if value is None:
+        return None
+    number = _as_decimal(value)
+    if (number is None or not 0 <= number <= maximum
+            or number != number.quantize(Decimal("0.000001"), rounding=ROUND_DOWN)):
+        raise ValidationError({field: f"a number of US dollars from 0 to {maximum} (at most 6 "
+                                      f"decimal places), or unset; got {value!r}"})
+    return number
+
+
+def check_tokens(value, field: str) -> int | None:
+    if value is None:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not 0 <= value <= MAX_BUDGET_TOKENS_PER_DAY):
+        raise ValidationError({field: f"a whole number of tokens from 0 to "
+                                      f"{MAX_BUDGET_TOKENS_PER_DAY}, or unset; got {value!r}"})
+    return value
+
+
+def validate_budgets(*, budget_usd_per_day, budget_tokens_per_day, max_cost_usd) -> dict:
+    """The three as stored (dollars as Decimal); ValidationError naming the field unless each
+    is unset or within its range."""
+    return {"budget_usd_per_day": check_usd(budget_usd_per_day, "budget_usd_per_day",
+                                            MAX_BUDGET_USD_PER_DAY),
+            "budget_tokens_per_day": check_tokens(budget_tokens_per_day, "budget_tokens_per_day"),
+            "max_cost_usd": check_usd(max_cost_usd, "max_cost_usd", MAX_COST_USD_PER_TODO)}
+
+
 def default_scope():
     return [ALL_QUEUES]
 
@@ -243,6 +294,22 @@ class Endpoint(models.Model):
     approval_timeout_seconds = models.PositiveIntegerField(
         null=True, blank=True,
         help_text="Cancel todos awaiting approval longer than this. Empty: they wait forever.")
+    # Budgets (docs/reference.md#usage-and-budgets): at or over either one on the current UTC
+    # day, claims are refused (over_budget) and doorbells hold. Checked inside the claim
+    # statement (todos.usage.budget_guard_sql); written by set_budget.
+    budget_usd_per_day = models.DecimalField(
+        max_digits=14, decimal_places=6, null=True, blank=True,
+        help_text="Daily spend (USD, UTC days) at which claims stop. Empty: no budget.")
+    budget_tokens_per_day = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="Daily tokens (input + output, UTC days) at which claims stop. Empty: no budget.")
+    max_cost_usd = models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True,
+        help_text="Per todo: an attempt that takes a todo's cost past this dead-letters it. "
+                  "Empty: no limit.")
+    # The last UTC day the budget day-turn sweep handled (one guarded UPDATE moves it forward,
+    # so overlapping sweeps send the day's digest once).
+    budget_day_seen = models.DateField(null=True, blank=True)
 
     class Meta:
         ordering = ["slug"]
@@ -252,6 +319,13 @@ class Endpoint(models.Model):
             models.Index(
                 fields=["presence_boundary_at"], name="endpoint_presence_boundary",
                 condition=~models.Q(shift_timezone="") | models.Q(presence_override_until__isnull=False),
+            ),
+            # channels_push.doorbells.sweeps.announce_budget_day_turns: only endpoints with a
+            # daily budget have a day turn to announce.
+            models.Index(
+                fields=["budget_day_seen"], name="endpoint_budget_day_turn",
+                condition=(models.Q(budget_usd_per_day__isnull=False)
+                           | models.Q(budget_tokens_per_day__isnull=False)),
             ),
         ]
 
@@ -281,6 +355,9 @@ class Endpoint(models.Model):
                 "or empty")})
         validate_shift_schedule(self.shift_schedule, self.shift_timezone)
         validate_claim_caps(self.max_claimed, self.queue_limits)
+        validate_budgets(budget_usd_per_day=self.budget_usd_per_day,
+                         budget_tokens_per_day=self.budget_tokens_per_day,
+                         max_cost_usd=self.max_cost_usd)
         self._check_routes_in_scope()
         if self.presence_override and self.presence_override_until is None:
             raise ValidationError({"presence_override_until": "an override needs an expiry"})
@@ -367,6 +444,10 @@ class Endpoint(models.Model):
         return sorted(queues) if all(self.is_paused(queue) for queue in queues) else []
 
     # -- concurrency caps ----------------------------------------------------------------------
+
+    @property
+    def has_budget(self) -> bool:
+        return self.budget_usd_per_day is not None or self.budget_tokens_per_day is not None
 
     @property
     def has_claim_caps(self) -> bool:

@@ -1,6 +1,6 @@
 """Writes on endpoints and their credentials: vending, rotation, scope, presence
-(docs/reference.md#presence), paused work (docs/reference.md#pausing) and concurrency caps
-(docs/work-control.md#caps).
+(docs/reference.md#presence), paused work (docs/reference.md#pausing), concurrency caps
+(docs/work-control.md#caps) and budgets (docs/reference.md#usage-and-budgets).
 
 Presence and pause are the endpoint's own state: they change here, and a change that makes
 waiting work receivable again (presence turned ``in``, work resumed) is announced after commit
@@ -19,8 +19,8 @@ from django.utils import timezone
 from channels_push.bus import publish
 
 from .models import (ALL_QUEUES, Credential, Endpoint, EndpointEvent, Presence, hash_credential,
-                     next_shift_boundary, queue_name_validator, validate_claim_caps,
-                     validate_shift_schedule)
+                     next_shift_boundary, queue_name_validator, validate_budgets,
+                     validate_claim_caps, validate_shift_schedule)
 
 log = logging.getLogger("switchboard.endpoints")
 
@@ -322,3 +322,68 @@ def set_claim_caps(endpoint: Endpoint, *, max_claimed=UNCHANGED, queue_limits=No
     endpoint.max_claimed, endpoint.queue_limits = row.max_claimed, row.queue_limits
     log.info("endpoint caps set", extra={"endpoint": endpoint.slug, "by": actor, **after})
     return endpoint
+
+
+# -- budgets (docs/reference.md#usage-and-budgets) ------------------------------------------------
+
+
+# The budgets an endpoint has, and of them the daily ones (a raise of which may lift a hold).
+BUDGET_FIELDS = ("budget_usd_per_day", "budget_tokens_per_day", "max_cost_usd")
+DAILY_BUDGET_FIELDS = ("budget_usd_per_day", "budget_tokens_per_day")
+
+
+def set_budget(endpoint: Endpoint, *, budget_usd_per_day=UNCHANGED, budget_tokens_per_day=UNCHANGED,
+               max_cost_usd=UNCHANGED, actor: str, now=None) -> dict:
+    """Change ``endpoint``'s daily budgets and its per-todo ``max_cost_usd`` (None: none; a
+    field left UNCHANGED keeps its value). Raises ValidationError naming the field for a value
+    out of range, writing nothing. Recorded and announced by ``record_edited_budget``. Returns
+    the budgets before the change. Reading the day's spend is the caller's
+    (``todos.usage.set_endpoint_budget``): spend is a todo record."""
+    now = now or timezone.now()
+    given = dict(zip(BUDGET_FIELDS, (budget_usd_per_day, budget_tokens_per_day, max_cost_usd)))
+    with transaction.atomic():
+        row = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        before = {name: getattr(row, name) for name in BUDGET_FIELDS}
+        changes = {name: value for name, value in given.items() if value is not UNCHANGED}
+        checked = validate_budgets(**{**before, **changes})
+        for name in changes:
+            setattr(row, name, checked[name])
+        if record_edited_budget(row, before, actor=actor, now=now):
+            row.save(update_fields=list(BUDGET_FIELDS))
+    for name in BUDGET_FIELDS:
+        setattr(endpoint, name, getattr(row, name))
+    log.info("endpoint budget set", extra={"endpoint": endpoint.slug, "by": actor,
+                                           **_budget_detail(checked)})
+    return before
+
+
+def record_edited_budget(endpoint: Endpoint, before: dict, *, actor: str, now) -> bool:
+    """``endpoint``'s budgets (its attributes) were changed from ``before`` (``set_budget``,
+    the admin's form), inside the caller's transaction: record a ``budget`` event, and
+    announce a raised or removed daily budget after commit with the budgets ``before``, so the
+    push layer can tell whether they held the endpoint (it then sends one digest, reason
+    ``budget``). False, doing nothing, when nothing changed."""
+    after = {name: getattr(endpoint, name) for name in BUDGET_FIELDS}
+    if after == before:
+        return False
+    _record(endpoint, "budget", queue="", actor=actor, now=now,
+            detail={"before": _budget_detail(before), "after": _budget_detail(after)})
+    if any(before[name] is not None and (after[name] is None or after[name] > before[name])
+           for name in DAILY_BUDGET_FIELDS):
+        publish.publish_endpoint_on_commit(
+            endpoint, "budget_raised", reason="budget", now=now,
+            before={name: before[name] for name in DAILY_BUDGET_FIELDS})
+    return True
+
+
+def _budget_detail(budgets: dict) -> dict:
+    return {name: (None if value is None else str(value) if not isinstance(value, int) else value)
+            for name, value in budgets.items()}
+
+
+def record_budget_day(endpoint_id: int, day) -> bool:
+    """Mark UTC ``day`` seen by the budget day-turn sweep; True for exactly one caller per day
+    (the guarded UPDATE only moves the mark forward), however many sweeps overlap."""
+    return Endpoint.objects.filter(pk=endpoint_id).filter(
+        Q(budget_day_seen__isnull=True) | Q(budget_day_seen__lt=day)
+    ).update(budget_day_seen=day) == 1

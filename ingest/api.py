@@ -9,6 +9,7 @@ has passed.
 import logging
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError
 from django.http import JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -16,12 +17,14 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from channels_push.sessions import queries as push_queries
-from endpoints.models import Endpoint, queue_name_validator
+from endpoints.models import (MAX_COST_USD_PER_TODO, Endpoint, check_usd,
+                              queue_name_validator)
 from switchboard import json_input
 from switchboard import metrics as push_metrics
 from switchboard.http import plain
 from todos import queries as todo_queries
 from todos import transitions as todo_transitions
+from todos import usage as todo_usage
 from todos.models import Todo
 
 from . import queries, transitions
@@ -104,7 +107,8 @@ def _optional_str(data: dict, name: str, limit: int) -> str:
 
 
 HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets",
-                    "priority", "not_before", "delay_seconds", "requires_approval")
+                    "priority", "not_before", "delay_seconds", "requires_approval",
+                    "max_cost_usd")
 
 
 def hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = False) -> dict:
@@ -155,8 +159,19 @@ def hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = F
     requires_approval = data.get("requires_approval", False)
     if not isinstance(requires_approval, bool):
         raise Problem(400, "invalid_argument", "requires_approval must be true or false")
+    max_cost_usd = data.get("max_cost_usd")
+    if max_cost_usd is not None:
+        # A number of dollars (docs/reference.md#usage-and-budgets); text is refused, as for
+        # usage, so "0.5" and 0.5 are not two ways to say it.
+        if isinstance(max_cost_usd, (bool, str)):
+            raise Problem(400, "invalid_argument", "max_cost_usd must be a number of US dollars")
+        try:
+            max_cost_usd = check_usd(max_cost_usd, "max_cost_usd", MAX_COST_USD_PER_TODO)
+        except ValidationError as error:
+            raise Problem(400, "invalid_argument", "max_cost_usd: " + " ".join(
+                error.message_dict["max_cost_usd"])) from None
     return {
-        "requires_approval": requires_approval,
+        "requires_approval": requires_approval, "max_cost_usd": max_cost_usd,
         "queue": queue, "title": title, "payload": payload,
         "kind": kind,
         "idempotency_key": key or None, "secret_values": secret_values or None,
@@ -245,6 +260,7 @@ def endpoint_stats(request, endpoint_slug):
         now = timezone.now()
         queues = todo_queries.endpoint_queue_stats(endpoint, now=now)
         sessions = push_queries.live_sessions(endpoint.pk, now)
+        spend = todo_usage.spend_report(endpoint, now)
     except Problem as problem:
         return problem.response()
     except DatabaseError as exc:
@@ -257,6 +273,8 @@ def endpoint_stats(request, endpoint_slug):
                                                            row["client_version"]) if part),
                       "streaming": row["streaming"],
                       "last_seen_at": todo_queries.iso_time(row["last_seen_at"])} for row in sessions],
+        # Today's spend (UTC day) against the budgets (docs/reference.md#usage-and-budgets).
+        "spend": spend,
     })
 
 

@@ -825,10 +825,11 @@ def _with_secret_refs(payload: dict, secret_values: dict) -> tuple[dict, list[Op
 def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, kind: str = "",
                    idempotency_key: str | None = None, secret_values=None, body_sha256: str = "",
                    priority: int = 0, not_before=None, requires_approval: bool = False,
-                   now=None):
+                   max_cost_usd=None, now=None):
     """An operator hands ``endpoint`` a todo: a delivery event of trust ``operator`` naming the
     human, the todo (rung exactly like a verified webhook's), and its secrets encrypted apart.
-    ``requires_approval``: created awaiting approval (rung once approved).
+    ``requires_approval``: created awaiting approval (rung once approved); ``max_cost_usd``:
+    its own cost limit, over the endpoint's (docs/reference.md#usage-and-budgets).
 
     Returns ``(todo, created)``. A live todo holding the same idempotency key is returned
     instead, and nothing of this call is kept (no event, no secrets, no ring). The caller has
@@ -849,6 +850,7 @@ def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, 
             payload=payload, kind=kind, source=OPERATOR_SOURCE, idempotency_key=key,
             delivery_event=event, trust=TrustMode.OPERATOR, now=now, priority=priority,
             not_before=not_before, requires_approval=requires_approval,
+            max_cost_usd=max_cost_usd,
         )
         if not created:
             transaction.set_rollback(True)

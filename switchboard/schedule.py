@@ -67,6 +67,12 @@ SWEEPS = (
     PeriodicSweep("announce-presence-boundaries",
                   "channels_push.doorbells.sweeps.announce_presence_boundaries",
                   "channels_push.tasks.announce_presence_boundaries", timedelta(seconds=30)),
+    # A new UTC day lifts the daily budgets: one digest to each endpoint that was held over
+    # budget. 30 s keeps the digest within half a minute of midnight UTC; a day is claimed by
+    # one guarded UPDATE, so overlapping runs send it once (docs/reference.md#usage-and-budgets).
+    PeriodicSweep("announce-budget-day-turns",
+                  "channels_push.doorbells.sweeps.announce_budget_day_turns",
+                  "channels_push.tasks.announce_budget_day_turns", timedelta(seconds=30)),
     # Retention: rows are kept for days, so hourly keeps any row within an hour of its due;
     # each run deletes in bounded batches until it has caught up (docs/operating.md#retention).
     PeriodicSweep("prune-history", "ingest.sweeps.prune_history_sweep",

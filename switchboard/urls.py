@@ -50,6 +50,7 @@ urlpatterns = [
     path("todos/endpoints/<slug:slug>/clock/<str:state>", console_views.clock_endpoint,
          name="todos-clock"),
     path("todos/endpoints/<slug:slug>/limits", console_views.limit_endpoint, name="todos-limit"),
+    path("todos/endpoints/<slug:slug>/budget", console_views.budget_endpoint, name="todos-budget"),
     path("todos/endpoints/<slug:slug>/work/<str:action>", console_views.pause_endpoint,
          name="todos-pause"),
     path("metrics", console_views.metrics, name="metrics"),

@@ -19,8 +19,14 @@ CLI offers it, found by name (each CLI names an MCP tool its own way, e.g.
   ``complete`` with a result; then answer with a closing line and stop.
 * ``stdin``: the todo arrives with the prompt (the runner's case: its JSON on the agent's
   stdin, its id and lease named in the built-in prompt); call ``complete`` for it, then stop.
+* ``report``: the runner settles the todo from the CLI's own report (its JSON output): the
+  model calls no switchboard tool and answers with ``RESULT_SUMMARY``.
 * ``api_error``: every request is refused with the vendor's error shape and ``ERROR_MESSAGE``, as
   an account without credit would be.
+
+Every answer reports token usage in the vendor's shape (``USAGE_INPUT_TOKENS`` and
+``USAGE_OUTPUT_TOKENS`` per request); ``reported_usage`` sums what the stand-in reported, to
+compare with what the CLI passed on.
 
 A request that does not offer the switchboard tools (a CLI's side calls: titles, routing,
 summaries) gets a short plain answer. Every request is kept in ``requests`` for the tests.
@@ -36,6 +42,8 @@ from urllib.parse import urlparse
 ERROR_MESSAGE = "Your credit balance is too low to access the API (stand-in refusal 7731)"
 RESULT_SUMMARY = "handled by the scripted stand-in model"
 CLOSING_TEXT = "The switchboard todo is complete."
+USAGE_INPUT_TOKENS = 130
+USAGE_OUTPUT_TOKENS = 17
 
 
 def find_tool(offered: list[str], verb: str) -> str | None:
@@ -99,7 +107,7 @@ class Action:
 
 class Script:
     def __init__(self, mode: str):
-        assert mode in ("direct", "stdin", "api_error"), mode
+        assert mode in ("direct", "stdin", "report", "api_error"), mode
         self.mode = mode
 
     def next(self, offered: list[str], prompt, results: list[tuple[str, object]]) -> Action:
@@ -108,6 +116,8 @@ class Script:
         claim_next, complete = find_tool(offered, "claim_next"), find_tool(offered, "complete")
         if claim_next is None or complete is None:
             return Action(text="OK")  # a side request, not the agent's turn
+        if self.mode == "report":
+            return Action(text=RESULT_SUMMARY)
         called = [name for name, _ in results]
         if complete in called:
             return Action(text=CLOSING_TEXT)
@@ -176,6 +186,7 @@ class Standin:
         self.script = Script(mode)
         self.requests: list[dict] = []
         self.actions: list[Action] = []
+        self.reported_usage = {"input_tokens": 0, "output_tokens": 0, "requests": 0}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
@@ -196,6 +207,14 @@ class Standin:
         with self._lock:
             self.requests.append({"method": method, "path": path, "body": body,
                                   "headers": headers or {}})
+
+    def report_usage(self) -> tuple[int, int]:
+        """One answer's usage, counted in ``reported_usage``."""
+        with self._lock:
+            self.reported_usage["input_tokens"] += USAGE_INPUT_TOKENS
+            self.reported_usage["output_tokens"] += USAGE_OUTPUT_TOKENS
+            self.reported_usage["requests"] += 1
+        return USAGE_INPUT_TOKENS, USAGE_OUTPUT_TOKENS
 
     def decide(self, offered, prompt, results) -> Action:
         action = self.script.next(offered, prompt, results)
@@ -280,8 +299,9 @@ class AnthropicStandin(Standin):
         else:
             block = {"type": "text", "text": action.text}
             stop = "end_turn"
-        usage = {"input_tokens": 100, "output_tokens": 20, "cache_creation_input_tokens": 0,
-                 "cache_read_input_tokens": 0}
+        input_tokens, output_tokens = self.report_usage()
+        usage = {"input_tokens": input_tokens, "output_tokens": output_tokens,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
         message = {"id": f"msg_standin_{number}", "type": "message", "role": "assistant",
                    "model": body.get("model") or self.model, "content": [block],
                    "stop_reason": stop, "stop_sequence": None, "usage": usage}
@@ -303,7 +323,7 @@ class AnthropicStandin(Standin):
             ("content_block_stop", {"type": "content_block_stop", "index": 0}),
             ("message_delta", {"type": "message_delta",
                                "delta": {"stop_reason": stop, "stop_sequence": None},
-                               "usage": {"output_tokens": 20}}),
+                               "usage": {"output_tokens": output_tokens}}),
             ("message_stop", {"type": "message_stop"}),
         ])
 
@@ -388,9 +408,10 @@ class OpenAIResponsesStandin(Standin):
         self._send_item(handler, body, response_id, item)
 
     def _send_item(self, handler, body, response_id, item):
-        usage = {"input_tokens": 100, "input_tokens_details": {"cached_tokens": 0},
-                 "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 0},
-                 "total_tokens": 120}
+        input_tokens, output_tokens = self.report_usage()
+        usage = {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": input_tokens + output_tokens}
         response = {"id": response_id, "object": "response", "status": "in_progress",
                     "model": body.get("model"), "output": []}
         events = [("response.created", {"type": "response.created", "response": response}),
@@ -439,6 +460,7 @@ class GeminiStandin(Standin):
                 elif "text" in part and content.get("role") == "user":
                     prompt.append(part["text"])
         action = self.decide(self.tool_names(body), prompt, results)
+        input_tokens, output_tokens = self.report_usage()
         config = body.get("generationConfig") or {}
         if action.tool:
             arguments = dict(action.arguments)
@@ -452,8 +474,9 @@ class GeminiStandin(Standin):
             part = {"text": action.text}
         answer = {"candidates": [{"content": {"role": "model", "parts": [part]},
                                   "finishReason": "STOP", "index": 0}],
-                  "usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 20,
-                                    "totalTokenCount": 120},
+                  "usageMetadata": {"promptTokenCount": input_tokens,
+                                    "candidatesTokenCount": output_tokens,
+                                    "totalTokenCount": input_tokens + output_tokens},
                   "modelVersion": path.rsplit("/", 1)[-1].split(":")[0]}
         if method == "generateContent":
             return handler.send_json(200, answer)

@@ -7,8 +7,9 @@ scripts the model's turns, and to a live daphne over MCP with the endpoint's bea
 the environment, configured with the snippets vend_endpoint and seed_demo print
 (endpoints/connect_snippets.py) and the command lines docs/agents.md gives. For each CLI the tests show that it
 connects, sees the tools, drains a todo by itself (claim_next, then complete), drains one under
-the runner (``--pass-token --require-settled`` and the built-in prompt), and that a model API
-failure ends the todo failed with a ``last_error`` that names it.
+the runner (``--pass-token --require-settled``, the CLI's JSON report and the built-in prompt),
+that the runner completes a todo from the CLI's report with the usage the stand-in reported,
+and that a model API failure ends the todo failed with a ``last_error`` that names it.
 """
 
 import json
@@ -29,7 +30,7 @@ from endpoints import connect_snippets
 from tests import model_standins
 from tests.factories import UserFactory
 from tests.servers import REPO_ROOT
-from todos import transitions
+from todos import queries, transitions
 from todos.models import Trust
 
 # One worker installs and drives the CLIs (var/agent-clis is one directory for the run).
@@ -153,7 +154,7 @@ class ClaudeCode(Recipe):
                 *self.allowed("claim_next", "heartbeat", "complete", "fail")]
 
     def runner_argv(self, cli_bin):
-        return [str(cli_bin / "claude"), "-p", "{prompt}",
+        return [str(cli_bin / "claude"), "-p", "{prompt}", "--output-format", "json",
                 *self.allowed("heartbeat", "complete", "fail")]
 
 
@@ -162,8 +163,10 @@ class Codex(Recipe):
         super().__init__("codex", model_standins.OpenAIResponsesStandin, "mcp__switchboard__")
         # Codex, too, defers them behind tool_search (they come back as a namespace).
         self.loader_calls = ("tool_search",)
-        # Its ERROR: line on stderr, below the prompt and the stdin it echoes there.
-        self.failure_reason = 'ERROR: {"error": {"message": "' + model_standins.ERROR_MESSAGE
+        # Directly: its ERROR: line on stderr, below the prompt and the stdin it echoes there.
+        # Under the runner (exec --json): its failed turn's event, which quotes the API's error.
+        self.failure_reason = ('ERROR: {"error": {"message": "' + model_standins.ERROR_MESSAGE,
+                               '{"error": {"message": "' + model_standins.ERROR_MESSAGE)
 
     def configure(self, project, home, standin, mcp_url):
         (home / ".codex").mkdir(parents=True, exist_ok=True)
@@ -187,7 +190,7 @@ class Codex(Recipe):
         return [str(cli_bin / "codex"), "exec", "--skip-git-repo-check", DRAIN_PROMPT]
 
     def runner_argv(self, cli_bin):
-        return [str(cli_bin / "codex"), "exec", "--skip-git-repo-check", "{prompt}"]
+        return [str(cli_bin / "codex"), "exec", "--json", "--skip-git-repo-check", "{prompt}"]
 
 
 class GeminiCli(Recipe):
@@ -221,7 +224,7 @@ class GeminiCli(Recipe):
         return [str(cli_bin / "gemini"), "-p", DRAIN_PROMPT]
 
     def runner_argv(self, cli_bin):
-        return [str(cli_bin / "gemini"), "-p", "{prompt}"]
+        return [str(cli_bin / "gemini"), "-p", "{prompt}", "--output-format", "json"]
 
 
 RECIPES = [ClaudeCode(), Codex(), GeminiCli()]
@@ -246,16 +249,42 @@ def workspace(tmp_path):
     return Workspace(project, home)
 
 
-def run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential):
+def run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential, require_settled=True):
     """The runner as the recipe starts it, once: the agent's environment is scrubbed, so the
     model API's variables are passed by name and the bearer with --pass-token."""
     model_env = recipe.model_env(workspace.home, standin)
     pass_env = [arg for name in model_env for arg in ("--pass-env", name)]
+    strict = ["--require-settled"] if require_settled else []
     return subprocess.run(
         [sys.executable, str(RUNNER), "--url", mcp_url, "--once", "--pass-token",
-         "--require-settled", *pass_env, "--", *recipe.runner_argv(cli_bin)],
+         *strict, *pass_env, "--", *recipe.runner_argv(cli_bin)],
         env=clean_env(workspace.home, **model_env, **{TOKEN: credential}), cwd=workspace.project,
         input="", capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS)
+
+
+@dataclass
+class RunnerRun:
+    todo: object
+    credential: str
+    standin: model_standins.Standin
+    completed: subprocess.CompletedProcess
+    output: str
+
+
+def run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, case: str, mode: str, *,
+                                require_settled: bool = True, tools_elsewhere: bool = False):
+    """A fresh endpoint (``case`` names it) with one todo, run once under the runner, the model
+    scripted by ``mode``. ``tools_elsewhere``: the CLI's MCP server is another endpoint's,
+    which refuses the todo's token."""
+    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-{case}")
+    cli_url = endpoint_for(f"{recipe.cli}-elsewhere")[2] if tools_elsewhere else mcp_url
+    todo = make_todo(endpoint)
+    with recipe.standin_class(mode) as standin:
+        recipe.configure(workspace.project, workspace.home, standin, cli_url)
+        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential,
+                               require_settled=require_settled)
+    todo.refresh_from_db()
+    return RunnerRun(todo, credential, standin, completed, transcript(completed, standin))
 
 
 # -- the tests ------------------------------------------------------------------------------------
@@ -289,34 +318,71 @@ def test_each_cli_connects_with_the_bearer_sees_the_tools_and_drains_a_todo_itse
 
 def test_each_cli_drains_a_todo_under_the_runner_with_the_built_in_prompt(
         recipe, cli_bin, endpoint_for, workspace):
-    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-runner")
-    todo = make_todo(endpoint)
-    with recipe.standin_class("stdin") as standin:
-        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
-        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
-    output = transcript(completed, standin)
-    assert completed.returncode == 0, output
+    ran = run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, "runner", "stdin")
+    todo, output = ran.todo, ran.output
+    assert ran.completed.returncode == 0, output
     # The agent settled the todo itself (--require-settled fails it otherwise), with the ids
     # the built-in prompt gave it; the runner kept out of the way.
-    assert standin.called_tools() == [*recipe.loader_calls, recipe.tool("complete")], output
-    todo.refresh_from_db()
+    assert ran.standin.called_tools() == [*recipe.loader_calls, recipe.tool("complete")], output
     assert (todo.state, todo.result) == ("done", {"summary": model_standins.RESULT_SUMMARY}), \
         (todo.state, todo.last_error, output)
-    prompt = model_standins.strings([request["body"] for request in standin.requests])
+    prompt = model_standins.strings([request["body"] for request in ran.standin.requests])
     assert f'todo_id "{todo.pk}"' in prompt and "untrusted" in prompt, output
-    assert credential not in completed.stderr
+    assert "call switchboard's complete tool" in prompt, output
+    # The CLI's report had usage, but the agent settled: no call of the runner's to carry it.
+    assert "usage_unsent reason=settled_by_agent" in ran.completed.stderr, output
+    assert ran.credential not in ran.completed.stderr
+
+
+def test_each_cli_under_the_runner_completes_from_its_report_with_the_usage_the_model_reported(
+        recipe, cli_bin, endpoint_for, workspace):
+    """Without --require-settled the runner settles: the model answers without calling a
+    switchboard tool (as the built-in prompt for a CLI with a report then asks), and the runner
+    completes the todo from the CLI's own report, its final answer as the summary, with the
+    usage the CLI added up from the stand-in's answers."""
+    ran = run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, "usage", "report",
+                                      require_settled=False)
+    todo, output = ran.todo, ran.output
+    assert ran.completed.returncode == 0, output
+    assert recipe.tool("complete") not in ran.standin.called_tools(), output
+    assert todo.state == "done", (todo.state, todo.last_error, output)
+    assert todo.result["summary"] == model_standins.RESULT_SUMMARY, (todo.result, output)
+    reported = ran.standin.reported_usage
+    print(f"\n{recipe.cli} usage: {queries.todo_as_dict(todo)['usage']}; stand-in: {reported}")
+    assert (todo.usage_input_tokens, todo.usage_output_tokens) == (
+        reported["input_tokens"], reported["output_tokens"]), (reported, output)
+    assert todo.usage_reports == 1 and todo.usage_turns >= 1
+    if recipe.cli == "claude":  # the only one of the three that prices its run
+        assert todo.usage_cost_microusd > 0, output
+    event = todo.events.get(action="complete")
+    assert event.detail["usage"]["input_tokens"] == reported["input_tokens"]
+
+
+def test_each_cli_refused_by_switchboard_reports_success_and_still_fails_the_todo(
+        recipe, cli_bin, endpoint_for, workspace):
+    """The CLI's MCP server is another endpoint's, which refuses the todo's token: the CLI runs
+    without the tools, exits 0 and reports success. Under --require-settled that is not a
+    settle: the runner fails the todo, and its fail carries the usage the CLI reported."""
+    ran = run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, "refused", "stdin",
+                                      tools_elsewhere=True)
+    todo, output = ran.todo, ran.output
+    assert ran.completed.returncode == 0, output
+    assert "code=0" in ran.completed.stderr and "no_report" not in ran.completed.stderr, output
+    assert not [name for name in ran.standin.called_tools() if "switchboard" in name], output
+    assert todo.state == "failed", (todo.state, todo.result, output)
+    assert todo.last_error.startswith("agent exited 0 without settling the todo"), \
+        (todo.last_error, output)
+    reported = ran.standin.reported_usage
+    assert (todo.usage_reports, todo.usage_input_tokens, todo.usage_output_tokens) == (
+        1, reported["input_tokens"], reported["output_tokens"]), (reported, output)
 
 
 def test_each_cli_under_the_runner_fails_the_todo_with_the_model_api_error(
         recipe, cli_bin, endpoint_for, workspace):
-    endpoint, credential, mcp_url = endpoint_for(f"{recipe.cli}-api-error")
-    todo = make_todo(endpoint)
-    with recipe.standin_class("api_error") as standin:
-        recipe.configure(workspace.project, workspace.home, standin, mcp_url)
-        completed = run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential)
-    output = transcript(completed, standin)
-    assert standin.requests, output  # the CLI did reach its (refusing) model API
-    todo.refresh_from_db()
+    ran = run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, "api-error",
+                                      "api_error")
+    todo, output = ran.todo, ran.output
+    assert ran.standin.requests, output  # the CLI did reach its (refusing) model API
     assert todo.state == "failed", (todo.state, output)
     # last_error leads with the CLI's own error line, which names the API's refusal (Claude
     # Code rewords it, the others quote it): the part a person reads first on the board.

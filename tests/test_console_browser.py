@@ -98,6 +98,18 @@ def test_the_endpoint_page_shows_snippets_and_sessions_by_client(live_daphne, tm
               queue="inbox")
     for title in ("Crash on start", "Docs typo", "Flaky test"):
         assert deliver(live_daphne.url, "widgets", secret, title).status_code == 202
+    # A budget and a settled attempt's usage, so the spend strip and the budget form show.
+    from decimal import Decimal
+
+    from todos import transitions as todo_transitions, usage
+
+    in_thread(usage.set_endpoint_budget, endpoint, actor="alice",
+              budget_usd_per_day=Decimal("5"), budget_tokens_per_day=200000)
+    agent = todo_transitions.Caller.agent(endpoint, "shots")
+    claimed = in_thread(todo_transitions.claim_next_todo, agent)
+    in_thread(todo_transitions.complete_todo, agent, claimed.pk, lease_id=claimed.lease_id,
+              usage_reported={"input_tokens": 12400, "output_tokens": 2100, "cost_usd": 1.37,
+                              "turns": 6, "model": "claude-sonnet-4-5"})
     sessions = [mcp_initialize(live_daphne.url, "builds", credential, "claude-code", "2.1.3"),
                 mcp_initialize(live_daphne.url, "builds", credential, "codex-mcp-client",
                                "0.58.0")]
@@ -116,7 +128,7 @@ def test_the_endpoint_page_shows_snippets_and_sessions_by_client(live_daphne, tm
             html = page.content()
             assert all(session not in html for session in sessions)
             assert credential not in html
-            assert page.locator("#queue-counts tr[data-queue=inbox] .n-pending").inner_text() == "3"
+            assert page.locator("#queue-counts tr[data-queue=inbox] .n-pending").inner_text() == "2"
             mcp_json = json.loads(page.locator("#snippet-mcp-json pre").inner_text())
             server = mcp_json["mcpServers"]["switchboard"]
             assert server["headers"] == {"Authorization": "Bearer ${SWITCHBOARD_TOKEN}"}
@@ -138,6 +150,9 @@ def test_the_endpoint_page_shows_snippets_and_sessions_by_client(live_daphne, tm
 
             checks = shoot(browser, live_daphne.url, "/todos/endpoints/builds/", "endpoint",
                            tmp_path, ready="#snippet-runner")
+            assert checks == {"sideways": False, "background": DARK_BACKGROUND}
+            checks = shoot(browser, live_daphne.url, "/todos/", "board-spend", tmp_path,
+                           ready="#rows")
             assert checks == {"sideways": False, "background": DARK_BACKGROUND}
         finally:
             browser.close()

@@ -155,6 +155,19 @@ class Todo(models.Model):
                                   db_default=WriteBack.OFF)
     # The holder's latest words for the living status (post_update); a new claim clears it.
     progress = models.TextField(null=True, blank=True)
+    # Usage the agent reported with complete and fail, summed over the attempts
+    # (docs/reference.md#usage-and-budgets); each attempt's own report is in its event. Money
+    # in millionths of a dollar, so sums are exact on both backends. db_default: the create
+    # statements name no usage column.
+    usage_reports = models.PositiveIntegerField(default=0, db_default=0)
+    usage_input_tokens = models.BigIntegerField(default=0, db_default=0)
+    usage_output_tokens = models.BigIntegerField(default=0, db_default=0)
+    usage_cost_microusd = models.BigIntegerField(default=0, db_default=0)
+    usage_turns = models.BigIntegerField(default=0, db_default=0)
+    usage_model = models.CharField(max_length=100, blank=True, default="", db_default="")
+    # An attempt that takes the todo's cost past this dead-letters it instead of retrying.
+    # Empty: the endpoint's max_cost_usd, if it has one.
+    max_cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -344,3 +357,27 @@ class ThroughputFold(models.Model):
     snapshot, then counts the events after it itself (``queries.throughput``)."""
 
     through_event_id = models.BigIntegerField(default=0)
+
+
+class DailySpend(models.Model):
+    """What an endpoint's agents reported spending on one UTC day: the budget's measure
+    (docs/reference.md#usage-and-budgets). Written by the statement of the complete or fail that
+    reported the usage (an upsert on this row), so a claim's budget guard reads a committed
+    figure, never one a fold has yet to catch up with. Never pruned (one row per endpoint per
+    day): /metrics sums it, so its spend counters never go down when history is pruned."""
+
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE,
+                                 related_name="+", db_index=False)
+    day = models.DateField()
+    cost_microusd = models.BigIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # The upsert's key, and the budget guard's one-row probe (endpoint, today).
+            models.UniqueConstraint(fields=["endpoint", "day"], name="daily_spend_key"),
+        ]
+
+    def __str__(self):
+        return (f"{self.endpoint_id} {self.day}: {self.cost_microusd / 1_000_000} USD,"
+                f" {self.tokens} tokens")

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from switchboard.db import sql as dialect
 
+from . import usage
 from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, TodoEvent, Trust
 
 LIST_LIMIT_DEFAULT = 50
@@ -62,6 +63,7 @@ def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
         "last_error": todo.last_error,
         "created_at": iso_time(todo.created_at),
         "updated_at": iso_time(todo.updated_at),
+        "usage": usage.todo_usage(todo),
     }
 
 

@@ -74,8 +74,8 @@ _OUTBOX_WHERE = "t.write_back = 'status'"
 
 
 def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
-           actor: str, now, detail=None, endpoint=None, from_prior=False,
-           tells_source=True) -> list[Todo]:
+           actor: str, now, detail=None, endpoint=None, from_prior=False, also=None,
+           detail_sql_over_t: str = "", tells_source=True) -> list[Todo]:
     """Run one guarded UPDATE and write one todo event per changed row, and one outbox entry
     per changed row whose source hears every change (``write_back = 'status'``), unless the
     transition does not ``tells_source`` (a heartbeat changes nothing the source shows).
@@ -88,6 +88,10 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
     same statement (``o``, which the UPDATE's WHERE depends on, so it runs first; a change
     committed while ``o`` waited for the lock is what both then see), SQLite reads it inside
     the write transaction (one writer). ``_PRIOR_DETAIL_SQL`` adds what the prior row says.
+
+    ``also``: a function of the updated rows' source SQL (``t``) giving one more write in the
+    same statement (PostgreSQL: a CTE; SQLite: in the transaction), or None.
+    ``detail_sql_over_t``: a JSON object over the updated row ``t`` merged into the detail.
     """
     params = {
         **params,
@@ -106,6 +110,8 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
         detail_sql = f"{detail_sql} || {_PRIOR_DETAIL_SQL}"
     elif from_prior:
         from_state_sql = "%(from_state)s"
+    if detail_sql_over_t:
+        detail_sql = dialect.json_merge(detail_sql, detail_sql_over_t)
     event_select = (
         f"SELECT t.id, {action_sql}, {from_state_sql}, t.state, %(actor)s, %(now)s, "
         f"{detail_sql}"
@@ -119,10 +125,12 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
     if _is_postgres():
         outbox = (f", n AS (INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS}) {outbox_select}"
                   f" FROM t WHERE {_OUTBOX_WHERE})" if tells_source else "")
+        extra = also("t") if also else None
         sql = (
             f"WITH {prelude}t AS ({update}), "
             f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from})"
-            f"{outbox} SELECT * FROM t"
+            + (f", s AS ({extra})" if extra else "")
+            + f"{outbox} SELECT * FROM t"
         )
         rows = fetch_todos(sql, params)
     else:
@@ -137,16 +145,20 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
                     {**(detail or {}), **_prior_detail(prior, rows[0].trust)})
             if rows:
                 changed = dialect.id_in("t.id", "ids", params, [row.pk for row in rows])
+                rows_sql = f"todos_todo t WHERE {changed}"
                 with connection.cursor() as cursor:
                     cursor.execute(
                         f"INSERT INTO todos_todoevent ({event_columns}) {event_select} "
-                        f"FROM todos_todo t WHERE {changed}",
+                        f"FROM {rows_sql}",
                         params,
                     )
                     if tells_source and any(row.write_back == "status" for row in rows):
                         cursor.execute(
                             f"INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS}) {outbox_select}"
-                            f" FROM todos_todo t WHERE {changed} AND {_OUTBOX_WHERE}", params)
+                            f" FROM {rows_sql} AND {_OUTBOX_WHERE}", params)
+                    extra = also(rows_sql) if also else None
+                    if extra:
+                        cursor.execute(extra, params)
     for row in rows:
         if endpoint is not None and row.endpoint_id == endpoint.pk:
             # Spare the serializer a query per row; set as select_related does (the field's
@@ -221,7 +233,7 @@ def lease_set(params: dict, caller, ttl: timedelta, now) -> str:
 _CREATE_COLUMNS = (
     "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
     " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before,"
-    " write_back"
+    " write_back, max_cost_usd"
 )
 # A created todo's outbox entry, for any source that hears of it (its ack).
 _CREATE_OUTBOX = (f"INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS})"
@@ -257,7 +269,7 @@ _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detai
 def _create_values(delivery_event_sql: str) -> str:
     return (f"%(endpoint_id)s, %(queue)s, %(state)s, %(title)s, %(kind)s, %(source)s, "
             f"{dialect.jsonb('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
-            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s, %(write_back)s")
+            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s, %(write_back)s, %(max_cost_usd)s")
 
 
 def insert_todo_sql() -> str:

@@ -31,7 +31,7 @@ from switchboard import json_input
 from switchboard.db import sql as dialect
 from switchboard.db.sql import is_postgres as _is_postgres
 
-from . import queries, statements
+from . import queries, statements, usage
 from .models import (MAX_PROGRESS_CHARS, MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE,
                      PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, SILENT_TO_SOURCE, State,
                      Todo, Trust, WriteBack)
@@ -50,7 +50,7 @@ class Refusal(Exception):
     """A transition that did not apply, with a machine-readable code
     (docs/reference.md#refusal-codes): ``not_found``, ``not_in_scope``, ``not_claimable``,
     ``lease_lost``, ``already_done``, ``paused``, ``scheduled``, ``at_capacity``,
-    ``awaiting_approval``, ``invalid_argument``, ``write_back_off``."""
+    ``over_budget``, ``awaiting_approval``, ``invalid_argument``, ``write_back_off``."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -181,6 +181,9 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
             and (now is None or todo.not_before > now)):
         return Refusal("scheduled", f"todo {todo_id} is scheduled: not before "
                                     f"{queries.iso_time(todo.not_before)}; claim it then")
+    if (claiming and todo.state == "pending" and caller.endpoint.has_budget
+            and usage.over_budget(caller.endpoint, now or timezone.now())):
+        return over_budget_refusal()
     if claiming and todo.state == "pending" and caller.endpoint.has_claim_caps:
         # Pending, visible and not paused: the capacity guard is what held it back.
         return Refusal("at_capacity", f"this endpoint (or queue {todo.queue}) has as many todos "
@@ -210,6 +213,11 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
     return Refusal("lease_lost", f"todo {todo_id} is {todo.state} and not held by {holder}")
 
 
+def over_budget_refusal() -> Refusal:
+    return Refusal("over_budget", "this endpoint has spent its daily budget (UTC day); work "
+                                  "waits until the day turns or its operator raises the budget")
+
+
 def _announce(todos, action: str):
     for todo in todos:
         publish.publish_on_commit(todo, action)
@@ -223,7 +231,7 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
                        delivery_event_id=None, trust: str = Trust.UNVERIFIED, now,
                        payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
                        not_before=None, requires_approval: bool = False,
-                       write_back: str = WriteBack.OFF) -> dict:
+                       write_back: str = WriteBack.OFF, max_cost_usd=None) -> dict:
     """The parameters of a create statement (``create_todo``, ``statements.create_todo_ctes``): the title
     folded to one line of at most ``MAX_TITLE_CHARS``. Refuses ``invalid_argument`` for a value no
     database can store; ``payload_storable`` says the caller already knows the payload is
@@ -251,6 +259,8 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
         "max_attempts": endpoint.max_attempts,
         "priority": priority,
         "not_before": dialect.db_time(not_before),
+        # Its own cost limit (docs/reference.md#usage-and-budgets); None: the endpoint's.
+        "max_cost_usd": max_cost_usd,
         "now": dialect.db_time(now),
         "actor": actor,
         "detail": json.dumps({"delivery_event": delivery_event_id}),
@@ -271,7 +281,7 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
                 trust: str = Trust.UNVERIFIED, now=None,
                 payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
                 not_before=None, requires_approval: bool = False,
-                write_back: str = WriteBack.OFF) -> tuple[Todo, bool]:
+                write_back: str = WriteBack.OFF, max_cost_usd=None) -> tuple[Todo, bool]:
     """Create a pending todo (``awaiting_approval`` with ``requires_approval``: not claimable,
     never rung until approved), or return the live todo that already holds ``idempotency_key``.
     ``payload_storable``: the caller has checked the payload (``create_todo_params``).
@@ -287,7 +297,7 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
         source=source, idempotency_key=idempotency_key, trust=trust, now=now,
         delivery_event_id=getattr(delivery_event, "pk", delivery_event),
         payload_storable=payload_storable, priority=priority, not_before=not_before,
-        requires_approval=requires_approval, write_back=write_back)
+        requires_approval=requires_approval, write_back=write_back, max_cost_usd=max_cost_usd)
     # A duplicate whose holder finishes between our conflict and our read frees the key; the
     # next INSERT then succeeds. Three rounds is more than that race can need.
     for _ in range(3):
@@ -322,6 +332,7 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
     Refuses ``not_found`` (missing or invisible to the caller), ``not_claimable`` (not pending),
     ``paused`` (its queue is paused), ``scheduled`` (its ``not_before`` has not come),
     ``at_capacity`` (the endpoint or the queue has as many todos claimed as its cap allows),
+    ``over_budget`` (the endpoint's spend today is at or over a daily budget),
     ``invalid_argument`` (lease ttl outside 1 s … 24 h). A scheduled todo whose time has come
     is claimable at once, before the due sweep has cleared its ``not_before``.
     """
@@ -333,6 +344,7 @@ def claim_todo(caller: Caller, todo_id, *, lease_ttl_seconds=None, now=None) -> 
                    + " AND (not_before IS NULL OR not_before <= %(now)s)"
                    + statements.trust_filter(caller.hides_unverified)
                    + statements.unpaused_where(caller.endpoint, params)
+                   + usage.budget_guard_sql(caller.endpoint, params, now)
                    + statements.claim_cap_guard(caller.endpoint, params, lock_row_first=True))
     todo = _one(statements.apply_transition(
         set_sql=statements.lease_set(params, caller, ttl, now), where_sql=where, params=params,
@@ -379,8 +391,9 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
     cannot use the index order, so it sorts the matching rows instead. SQLite: the same
     statement without the lock clause; its single writer serializes claims. Refuses
     ``not_in_scope`` when ``queues`` names a queue outside the caller's grant, and ``at_capacity``
-    when only a cap keeps it from claiming (``held_back_by_cap``; the MCP tool answers that as an
-    empty result, not an error).
+    when only a cap keeps it from claiming (``held_back_by_cap``), ``over_budget`` when the
+    endpoint's spend today is at or over a budget (the MCP tool answers both as an empty
+    result, not an error).
     """
     now = now or timezone.now()
     ttl = _lease_ttl(caller, lease_ttl_seconds)
@@ -405,6 +418,7 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
         todo = _one(statements.apply_transition(
             set_sql=statements.lease_set(params, caller, ttl, now),
             where_sql=f"id = ({pick}) AND {statements.READY_SQL.format(t='')}"
+                      + usage.budget_guard_sql(caller.endpoint, params, now)
                       + statements.claim_cap_guard(caller.endpoint, params), params=params,
             action_sql="'claim'", from_state_sql="'pending'", actor=caller.actor, now=now,
             endpoint=caller.endpoint,
@@ -412,12 +426,22 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
         if todo is not None:
             _announce([todo], "claim")
             return todo
-        # A cap holding it back is an answer, not a lock to wait out: no retry.
+        # A budget or a cap holding it back is an answer, not a lock to wait out: no retry.
+        claimable = None
+        if caller.endpoint.has_budget:
+            if _is_postgres() and pause_seconds is not None:
+                # One statement for both questions: a miss under contention is common.
+                claimable, over = _claimable_or_over_budget(caller, wanted, hide_unverified, now)
+            else:
+                over = usage.over_budget(caller.endpoint, now)
+            if over:
+                raise over_budget_refusal()
         if caller.endpoint.has_claim_caps and held_back_by_cap(caller, wanted, hide_unverified):
             raise Refusal("at_capacity", "as many todos are claimed as this endpoint's caps "
                                          "allow; claim again when one settles")
-        if pause_seconds is None or not _is_postgres() or not _claimable_exists(
-                caller, wanted, hide_unverified):
+        if pause_seconds is None or not _is_postgres() or not (
+                claimable if claimable is not None
+                else _claimable_exists(caller, wanted, hide_unverified)):
             if pause_seconds is None and caller.endpoint.has_claim_caps:
                 # Every try lost to concurrent claims filling the cap as fast as it freed.
                 raise Refusal("at_capacity", "this endpoint's caps are taken by concurrent "
@@ -433,7 +457,7 @@ def claim_next_todo(caller: Caller, *, queues=None, lease_ttl_seconds=None, veri
 CLAIM_PAUSES_WHILE_LOCKED_SECONDS = (0.002, 0.005, 0.01, 0.02, 0.04)
 
 
-def _claimable_exists(caller: Caller, wanted, hide_unverified: bool) -> bool:
+def _claimable(caller: Caller, wanted, hide_unverified: bool):
     todos = Todo.objects.filter(endpoint_id=caller.endpoint.pk, state=State.PENDING,
                                 not_before__isnull=True)
     if wanted is not None:
@@ -442,11 +466,30 @@ def _claimable_exists(caller: Caller, wanted, hide_unverified: bool) -> bool:
         todos = todos.exclude(queue__in=caller.endpoint.paused_queues)
     if hide_unverified:
         todos = todos.exclude(trust=Trust.UNVERIFIED)
-    return todos.exists()
+    return todos
+
+
+def _claimable_exists(caller: Caller, wanted, hide_unverified: bool) -> bool:
+    return _claimable(caller, wanted, hide_unverified).exists()
+
+
+def _claimable_or_over_budget(caller: Caller, wanted, hide_unverified: bool, now) -> tuple:
+    """``(claimable todo exists, endpoint over its budget)`` in one statement (PostgreSQL)."""
+    claimable_sql, claimable_params = (_claimable(caller, wanted, hide_unverified)
+                                       .values("id")[:1].query.sql_with_params())
+    params = {}
+    over_sql = usage.over_budget_sql(caller.endpoint, params, now)
+    names = [f"c{position}" for position in range(len(claimable_params))]
+    params.update(zip(names, claimable_params))
+    claimable_sql = claimable_sql % tuple(f"%({name})s" for name in names)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT EXISTS ({claimable_sql}), {over_sql}", params)
+        return cursor.fetchone()
 
 
 def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, action, now,
-            detail=None, overriding=None, guard_sql="") -> Todo:
+            detail=None, overriding=None, guard_sql="", report=None,
+            detail_sql_over_t: str = "") -> Todo:
     todo_id = _todo_id(todo_id)
     params["todo_id"] = todo_id
     where = statements.by_id(statements.visible_guard(caller, params) + " AND "
@@ -455,10 +498,17 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
         if not caller.is_operator:
             raise ValueError("only an operator overrides another holder's lease")
         detail = {**(detail or {}), "override": True, "overridden_lease": overriding.as_detail()}
+    if report is not None:
+        # The attempt's usage: summed on the todo, kept in its event, added to the day's spend.
+        detail = {**(detail or {}), "usage": usage.as_detail(report)}
+        params.update(usage.usage_params(report, now))
+        set_sql += usage.usage_set_sql(report)
     todo = _one(statements.apply_transition(
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
         endpoint=caller.endpoint, tells_source=action not in SILENT_TO_SOURCE,
+        detail_sql_over_t=detail_sql_over_t,
+        also=lambda source: usage.spend_upsert_sql(report, source),
     ))
     if todo is None and guard_sql:
         # The fence held but the extra guard did not: say what the guard is about.
@@ -524,20 +574,30 @@ def heartbeat_todo(caller: Caller, todo_id, *, lease_id=None, lease_ttl_seconds=
                    action_sql="'heartbeat'", action="heartbeat", now=now, overriding=overriding)
 
 
+def _usage_report(usage_reported):
+    try:
+        return usage.validate_usage(usage_reported)
+    except usage.UsageError as bad:
+        raise Refusal("invalid_argument", str(bad)) from None
+
+
 def complete_todo(caller: Caller, todo_id, *, lease_id=None, result=None, now=None,
-                  overriding: HeldLease | None = None) -> Todo:
+                  overriding: HeldLease | None = None, usage_reported=None) -> Todo:
     """claimed -> done (terminal), storing ``result``. Fenced like heartbeat. The row keeps the
     completing lease, so the same lease completing again is told ``already_done`` (a retry
     after a lost answer), anyone else ``lease_lost``. Refuses ``invalid_argument`` for a result
-    no database can store (NaN, NUL, …)."""
+    no database can store (NaN, NUL, …) or a usage report out of range
+    (``usage.validate_usage``); ``usage_reported`` is added to the todo's and the day's sums."""
     now = now or timezone.now()
+    report = _usage_report(usage_reported)
     _check_storable(result=result)
     params = {"result": json.dumps(result) if result is not None else None}
     set_sql = f"state = 'done', result = {dialect.jsonb('result')}, lease_expires_at = NULL"
     if overriding is not None:
         set_sql += _TAKE_OVER_SQL
     return _fenced(caller, todo_id, lease_id, params=params, action_sql="'complete'",
-                   action="complete", set_sql=set_sql, now=now, overriding=overriding)
+                   action="complete", set_sql=set_sql, now=now, overriding=overriding,
+                   report=report)
 
 
 def _retry_at_by_attempts(now) -> tuple[str, dict]:
@@ -552,17 +612,31 @@ def _retry_at_by_attempts(now) -> tuple[str, dict]:
 
 
 def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None, now=None,
-              overriding: HeldLease | None = None) -> Todo:
+              overriding: HeldLease | None = None, usage_reported=None) -> Todo:
     """claimed -> failed. With attempts left, ``retry_at = now + backoff`` (30 s doubling, cap
-    15 min); with attempts spent, a dead letter (``retry_at`` null, ``dead_lettered_at`` set).
-    Fenced like heartbeat."""
+    15 min); with attempts spent, or when this attempt's reported cost takes the todo past its
+    ``max_cost_usd`` (else its endpoint's), a dead letter (``retry_at`` null,
+    ``dead_lettered_at`` set; the event's detail says ``reason: max_cost_usd`` for the
+    latter). Fenced like heartbeat."""
     now = now or timezone.now()
     if error is not None and not isinstance(error, str):
         raise Refusal("invalid_argument", "error must be a string")
+    report = _usage_report(usage_reported)
     _check_storable(error=error, result=result)
     retry_case, params = _retry_at_by_attempts(now)
     params.update(error=error, result=json.dumps(result) if result is not None else None)
     spent = "attempts >= max_attempts"
+    over_cost_sql = ""
+    if report is not None:
+        # In SET the columns hold the old row: the attempt's cost is added to compare.
+        spent += " OR " + usage.over_max_cost_sql(caller.endpoint, params,
+                                                  after=" + %(usage_cost)s")
+        # The event says why, read from the updated row (its sums now include the attempt).
+        params.update(over_cost_reason=json.dumps({"reason": "max_cost_usd"}), no_reason="{}")
+        over_cost_sql = (f"CASE WHEN t.dead_lettered_at IS NOT NULL AND "
+                         f"{usage.over_max_cost_sql(caller.endpoint, params)} "
+                         f"THEN {dialect.jsonb('over_cost_reason')} "
+                         f"ELSE {dialect.jsonb('no_reason')} END")
     set_sql = (
         f"state = 'failed', last_error = %(error)s, result = COALESCE({dialect.jsonb('result')}, result), "
         f"lease_expires_at = NULL, "
@@ -574,7 +648,8 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
     return _fenced(
         caller, todo_id, lease_id, set_sql=set_sql, params=params, action="fail", now=now,
         action_sql="CASE WHEN t.dead_lettered_at IS NULL THEN 'fail' ELSE 'dead_letter' END",
-        detail={"error": error} if error else None, overriding=overriding,
+        detail={"error": error} if error else None, overriding=overriding, report=report,
+        detail_sql_over_t=over_cost_sql,
     )
 
 

@@ -67,11 +67,12 @@ def remove_endpoint_listener(listener):
     _endpoint_listeners.remove(listener)
 
 
-def publish_endpoint_on_commit(endpoint, action: str, *, reason: str, now) -> None:
-    """Announce ``action`` (``presence_in``, ``resumed``) on ``endpoint`` once the surrounding
-    transaction commits. ``reason`` names why (a digest reason); ``now`` is the operation's
-    clock read."""
-    change = {"action": action, "endpoint_id": endpoint.pk, "reason": reason, "at": now}
+def publish_endpoint_on_commit(endpoint, action: str, *, reason: str, now, **detail) -> None:
+    """Announce ``action`` (``presence_in``, ``resumed``, ``budget_raised``) on ``endpoint``
+    once the surrounding transaction commits. ``reason`` names why (a digest reason); ``now``
+    is the operation's clock read; ``detail``: what the listener needs to know besides (the
+    budgets before a raise)."""
+    change = {**detail, "action": action, "endpoint_id": endpoint.pk, "reason": reason, "at": now}
     transaction.on_commit(lambda: _deliver_endpoint_change(endpoint, change))
 
 

@@ -32,6 +32,7 @@ from switchboard import harness_text, metrics
 from switchboard.db import statements
 from todos import queries as todo_queries
 from todos import ring_budget
+from todos import usage
 
 from channels_push.bus import publish
 from channels_push.sessions import notify as session_notify
@@ -81,7 +82,7 @@ def todo_doorbell(todo) -> dict:
 
 
 DIGEST_REASONS = frozenset({"clock_in", "operator", "shift_start", "override_end", "reconnect",
-                            "resumed"})
+                            "resumed", "budget"})
 
 
 def describe_age(age) -> str:
@@ -237,6 +238,11 @@ def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
         # resume) summarizes it.
         log.info("doorbell held: endpoint is out or the queue is paused", extra=context)
         return None
+    if endpoint.has_budget and usage.over_budget(endpoint, now):
+        # Held like a pause (docs/reference.md#usage-and-budgets): nothing could be claimed;
+        # the next day's digest, or a raise's, summarizes it.
+        log.info("doorbell held: endpoint is over its daily budget", extra=context)
+        return None
     # One guarded statement picks the session and re-checks the todo; with no attached session
     # (the commonest case) it is skipped.
     chosen = rings.choose_doorbell_session(
@@ -305,6 +311,8 @@ def send_digest(endpoint, reason: str, *, now=None) -> int:
         return 0
     if endpoint.paused_all or endpoint.presence_at(now) != Presence.IN:
         return 0
+    if usage.over_budget(endpoint, now):
+        return 0
     if not queries.has_attached_session(endpoint.pk, now):
         return 0
     params = build_digest(endpoint, reason, now)
@@ -319,9 +327,12 @@ def send_digest(endpoint, reason: str, *, now=None) -> int:
 
 
 def digest_on_endpoint_change(endpoint, change: dict) -> None:
-    """Endpoint listener (after commit): presence turned in, or paused work resumed — send the
-    waiting work as one digest."""
-    if change.get("action") in ("presence_in", "resumed"):
+    """Endpoint listener (after commit): presence turned in, paused work resumed, or a budget
+    raised above the day's spend — send the waiting work as one digest."""
+    if change.get("action") == "budget_raised" and not usage.was_lifted(
+            endpoint, change.get("before") or {}, change.get("at") or timezone.now()):
+        return  # it was not held by the old budget, or is still over the new one
+    if change.get("action") in ("presence_in", "resumed", "budget_raised"):
         send_digest(endpoint, change["reason"], now=change.get("at"))
 
 
@@ -334,7 +345,7 @@ def reconnect_frames(*, endpoint_id: int, session_id: str, now=None) -> list[tup
 
     now = now or timezone.now()
     endpoint = Endpoint.objects.get(pk=endpoint_id)
-    if endpoint.presence_at(now) != Presence.IN:
+    if endpoint.presence_at(now) != Presence.IN or usage.over_budget(endpoint, now):
         return []
     # The cooldown: a stream that flaps (three reconnects in three seconds) gets one digest,
     # not three; a todo that arrived or went unrung meanwhile lifts it.

@@ -13,6 +13,7 @@ from channels_push.sessions import queries
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import Endpoint, Presence
 from todos import ring_budget
+from todos import usage
 
 from . import doorbells
 
@@ -43,9 +44,12 @@ def find_ring_receivers(*, now) -> dict:
     left out by the sweep's statement. Presence needs the schedule's time-zone math, so it is
     evaluated here, over the few endpoints that have a live session."""
     attached = queries.attached_endpoints(now)
+    # Over a daily budget: held like a pause, the ring budget untouched.
     return {endpoint.pk: attached[endpoint.pk]
-            for endpoint in Endpoint.objects.filter(pk__in=list(attached))
-            if endpoint.presence_at(now) == Presence.IN}
+            for endpoint in usage.with_spend_today(Endpoint.objects.filter(pk__in=list(attached)),
+                                                   now)
+            if endpoint.presence_at(now) == Presence.IN
+            and not usage.spend_today(endpoint)["over_budget"]}
 
 
 def ring_due_todos(*, now=None) -> int:
@@ -94,4 +98,32 @@ def announce_presence_boundaries(*, now=None) -> int:
                      and endpoint.presence_at(boundary - timedelta(microseconds=1)) == Presence.OUT)
         if turned_in and endpoint.presence_at(now) == Presence.IN:
             sent += bool(doorbells.send_digest(endpoint, DIGEST_REASON_FOR_CHANGE[change], now=now))
+    return sent
+
+
+# -- the budget's day turn (docs/reference.md#usage-and-budgets) -----------------------------------
+
+
+def announce_budget_day_turns(*, now=None) -> int:
+    """At the first sweep of a UTC day, send one digest (reason ``budget``) to each endpoint
+    that was over a daily budget on the last day seen (or yesterday) and is under it now: its
+    held work may be claimed again. Each day is claimed by one guarded UPDATE
+    (``endpoint.budget_day_seen`` moves forward only), so overlapping sweeps announce it once.
+    Returns how many digests were sent."""
+    now = now or timezone.now()
+    today = usage.spend_day(now)
+    sent = 0
+    candidates = Endpoint.objects.filter(active=True).filter(
+        Q(budget_usd_per_day__isnull=False) | Q(budget_tokens_per_day__isnull=False)).filter(
+        Q(budget_day_seen__isnull=True) | Q(budget_day_seen__lt=today))
+    for endpoint in candidates:
+        days = {today - timedelta(days=1)}
+        if endpoint.budget_day_seen is not None:
+            days.add(endpoint.budget_day_seen)
+        if not endpoint_transitions.record_budget_day(endpoint.pk, today):
+            continue  # an overlapping sweep took this day
+        was_over = any(usage.is_over(endpoint, usage.spent_on([endpoint.pk], day)
+                                     .get(endpoint.pk, (0, 0))) for day in days)
+        if was_over and not usage.over_budget(endpoint, now):
+            sent += bool(doorbells.send_digest(endpoint, "budget", now=now))
     return sent

@@ -44,9 +44,16 @@ def _doorbells(endpoint, verbs) -> str:
         digest = ('(2) digest (meta.kind "digest", meta.pending, meta.queues): drain with '
                   'claim_next until {"empty": true}. Without doorbells, loop on claim_next '
                   "with wait_seconds (up to 60).")
-        if endpoint.has_claim_caps:
+        if endpoint.has_claim_caps and endpoint.has_budget:
+            # Both fit only said together: the instructions are capped at 2,048 characters.
+            digest += (' {"empty": true, "at_capacity" or "over_budget": true}: a cap or the '
+                       "day's budget holds work; wait.")
+        elif endpoint.has_claim_caps:
             digest += (' {"empty": true, "at_capacity": true}: the cap is reached; finish one '
                        "first (a long poll waits for a slot).")
+        elif endpoint.has_budget:
+            digest += (' {"empty": true, "over_budget": true}: the day\'s budget is spent; wait '
+                       "(a long poll waits too).")
     else:
         digest = '(2) digest (meta.kind "digest"): meta.pending todos wait in meta.queues.'
     return f"Two notification kinds: {todo} {digest}"
@@ -113,6 +120,8 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("awaiting_approval")
     if _granted_list(verbs, "claim", "claim_next") and endpoint.has_claim_caps:
         codes.append("at_capacity")
+    if _granted_list(verbs, "claim", "claim_next") and endpoint.has_budget:
+        codes.append("over_budget")
     codes += ["verb_not_allowed", "invalid_argument (names the argument)"]
     return "Refusals are isError results, error.code: " + ", ".join(codes) + "."
 

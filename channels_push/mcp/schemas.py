@@ -10,6 +10,7 @@ to the portable subset (single-type ``type``, no bare ``true`` schemas) that the
 import mcp.types as types
 
 from todos import queries as todo_queries
+from todos import usage
 from todos.models import MAX_PROGRESS_CHARS, State
 
 # claim_next's long poll (docs/reference.md#long-poll): at most this long, like SQS's
@@ -42,6 +43,24 @@ _LEASE_ID = {
 _LEASE_TTL = {
     "type": "number", "minimum": 1, "maximum": 86400,
     "description": "Lease length in seconds (1-86400). Default: this endpoint's lease.",
+}
+
+
+_USAGE = {
+    "type": "object",
+    "description": "What this attempt cost, as your CLI reported it (each field optional): "
+                   f"input_tokens and output_tokens (0-{usage.MAX_TOKENS_PER_ATTEMPT}), cost_usd "
+                   f"(0-{usage.MAX_COST_USD_PER_ATTEMPT}), turns (0-{usage.MAX_TURNS_PER_ATTEMPT}),"
+                   " model (its name).",
+    "properties": {
+        "input_tokens": {"type": "integer", "minimum": 0, "maximum": usage.MAX_TOKENS_PER_ATTEMPT},
+        "output_tokens": {"type": "integer", "minimum": 0, "maximum": usage.MAX_TOKENS_PER_ATTEMPT},
+        "cost_usd": {"type": "number", "minimum": 0,
+                     "maximum": int(usage.MAX_COST_USD_PER_ATTEMPT)},
+        "turns": {"type": "integer", "minimum": 0, "maximum": usage.MAX_TURNS_PER_ATTEMPT},
+        "model": {"type": "string", "minLength": 1, "maxLength": usage.MAX_MODEL_CHARS},
+    },
+    "additionalProperties": False,
 }
 
 
@@ -84,9 +103,10 @@ TOOL_SCHEMAS = {
         "then oldest. Returns "
         '{"todo": …} or {"empty": true} when there is nothing to do ({"empty": true, '
         '"paused": […]} when the operator paused every queue you asked for, "at_capacity": true '
-        "when the endpoint's cap on claimed todos is reached: wait, do not conclude the work "
-        "is done). With wait_seconds, waits up to that long for a todo to "
-        "become ready before answering empty (a long poll).",
+        "when the endpoint's cap on claimed todos is reached, \"over_budget\": true when its "
+        "daily budget is spent: wait, do not conclude the work is done). With wait_seconds, "
+        "waits up to that long for a todo to become ready before answering empty (a long "
+        "poll).",
         _schema({
             "queues": {"type": "array", "items": {"type": "string"}, "minItems": 1,
                        "description": "Only these queues (each must be in your scope)."},
@@ -112,15 +132,17 @@ TOOL_SCHEMAS = {
         "Finish a claimed todo successfully, with an optional JSON result. already_done: this "
         "lease completed it before (e.g. a retry after a network error); the work is recorded.",
         _schema({"todo_id": _TODO_ID, "lease_id": _LEASE_ID,
-                 "result": _any_json("Any JSON value describing the outcome.")},
+                 "result": _any_json("Any JSON value describing the outcome."),
+                 "usage": _USAGE},
                 ["todo_id"]),
     ),
     "fail": (
         "Give up on a claimed todo with an error. It is retried later with backoff, and "
-        "dead-lettered once its attempts are spent.",
+        "dead-lettered once its attempts are spent (or its cost passes its max_cost_usd).",
         _schema({"todo_id": _TODO_ID, "lease_id": _LEASE_ID,
                  "error": {"type": "string", "description": "What went wrong, one line."},
-                 "result": _any_json("Any JSON value (partial output).")},
+                 "result": _any_json("Any JSON value (partial output)."),
+                 "usage": _USAGE},
                 ["todo_id"]),
     ),
     "release": (
@@ -190,6 +212,9 @@ _TODO_OUTPUT = {
         "last_error": _NULLABLE_STRING,
         "created_at": {"type": "string"},
         "updated_at": {"type": "string"},
+        "usage": {"anyOf": [{"type": "object"}, {"type": "null"}],
+                  "description": "Summed over the attempts that reported usage (null: none "
+                                 "did): input_tokens, output_tokens, cost_usd, turns, model."},
     },
     "required": ["id", "queue", "state", "title", "payload", "attempts", "max_attempts",
                  "created_at", "updated_at"],
@@ -197,7 +222,8 @@ _TODO_OUTPUT = {
 _ERROR_OUTPUT = {
     "type": "object",
     "description": "A refusal (isError): code is one of not_found, not_in_scope, not_claimable, "
-                   "lease_lost, already_done, paused, scheduled, at_capacity, awaiting_approval, "
+                   "lease_lost, already_done, paused, scheduled, at_capacity, over_budget, "
+                   "awaiting_approval, "
                    "verb_not_allowed, "
                    "invalid_argument.",
     "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
@@ -237,6 +263,9 @@ OUTPUT_SCHEMAS = {
         "at_capacity": {"type": "boolean",
                         "description": "With empty: work waits, but as many todos are claimed "
                                        "as the endpoint's (or the queue's) cap allows."},
+        "over_budget": {"type": "boolean",
+                        "description": "With empty: the endpoint's daily budget is spent; work "
+                                       "waits for the next UTC day or a raised budget."},
     }, ["todo"], ["empty"]),
     "heartbeat": _TODO_RESULT,
     "complete": _TODO_RESULT,

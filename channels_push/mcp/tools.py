@@ -133,6 +133,10 @@ def _argument_problem(name: str, error) -> str:
     if error.validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else "an argument"
         return f"{missing}: missing; expected {_expected(properties.get(missing, {}))}"
+    if error.absolute_path and (len(error.absolute_path) > 1
+                                or error.validator == "additionalProperties"):
+        # Inside an object argument (usage): the path names the field.
+        return f"{'.'.join(str(step) for step in error.absolute_path)}: {error.message}"
     if error.validator == "additionalProperties":
         unknown = sorted(set(error.instance) - set(properties))
         return f"{', '.join(unknown)}: unknown argument; {name} takes {takes}"
@@ -226,10 +230,10 @@ def _claim_next(caller, args):
             verified_only=args.get("verified_only", False),
         )
     except transitions.Refusal as refusal:
-        if refusal.code != "at_capacity":
+        if refusal.code not in ("at_capacity", "over_budget"):
             raise
-        # A cap is not a fault: the agent waits for a slot, as it waits for work.
-        return {"empty": True, "at_capacity": True}
+        # A cap or a spent budget is not a fault: the agent waits, as it waits for work.
+        return {"empty": True, refusal.code: True}
     if todo is not None:
         return _todo(todo)
     # Everything asked for is paused (docs/reference.md#pausing): say so, so the agent waits
@@ -247,10 +251,11 @@ _VERBS = {
         caller, a["todo_id"], lease_id=a.get("lease_id"),
         lease_ttl_seconds=a.get("lease_ttl_seconds"))),
     "complete": lambda caller, a: _todo(transitions.complete_todo(
-        caller, a["todo_id"], lease_id=a.get("lease_id"), result=a.get("result"))),
+        caller, a["todo_id"], lease_id=a.get("lease_id"), result=a.get("result"),
+        usage_reported=a.get("usage"))),
     "fail": lambda caller, a: _todo(transitions.fail_todo(
         caller, a["todo_id"], lease_id=a.get("lease_id"), error=a.get("error"),
-        result=a.get("result"))),
+        result=a.get("result"), usage_reported=a.get("usage"))),
     "release": lambda caller, a: _todo(transitions.release_todo(
         caller, a["todo_id"], lease_id=a.get("lease_id"))),
     "post_update": lambda caller, a: _todo(transitions.post_update_todo(

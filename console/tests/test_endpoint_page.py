@@ -80,11 +80,12 @@ def test_the_page_costs_the_same_queries_however_many_queues_and_sessions(
     grow(2)
     owner_client.get("/todos/endpoints/builds/")  # warm the session and user caches alike
     # session + user, endpoint, sessions, credentials, the glance (open counts, the fold row,
-    # the tallies, the unfolded events)
-    with django_assert_num_queries(9):
+    # the tallies, the unfolded events), the day's spend, the user's permissions (its own and
+    # its groups': may it change the budget)
+    with django_assert_num_queries(12):
         assert owner_client.get("/todos/endpoints/builds/").status_code == 200
     grow(12)
-    with django_assert_num_queries(9):
+    with django_assert_num_queries(12):
         assert owner_client.get("/todos/endpoints/builds/").status_code == 200
 
 

@@ -108,8 +108,8 @@ def test_scrape_cost_does_not_grow_with_endpoints_or_todos(client, operator,
         endpoint = EndpointFactory(slug=f"ep{n}", owner=operator)
         transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="t")
     # backlog (one statement), scheduled (one), then the event tally: pruned tally, settled
-    # id, (increment), recent range
-    with django_assert_max_num_queries(6):
+    # id, (increment), recent range; the paused gauge, the spend counters
+    with django_assert_max_num_queries(7):
         scrape(client)
 
 
@@ -243,3 +243,23 @@ def test_metrics_count_cancellations_approvals_and_todos_awaiting_approval(clien
     assert moved(after, "switchboard_todo_cancellations_total") == 3  # reject + two cancels
     assert value(after, "switchboard_todos", endpoint="gate", queue="deploys",
                  state="awaiting_approval") == 1
+
+
+def test_agent_spend_counters_by_endpoint_never_go_down_when_history_is_pruned(client, operator):
+    from ingest import sweeps as ingest_sweeps
+
+    endpoint = EndpointFactory(slug="spender", owner=operator)
+    caller = transitions.Caller.agent(endpoint, "s-1")
+    for cost in (0.25, 0.5):
+        todo = transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="t")[0]
+        held = transitions.claim_todo(caller, todo.pk)
+        transitions.complete_todo(caller, todo.pk, lease_id=held.lease_id, usage_reported={
+            "cost_usd": cost, "input_tokens": 100, "output_tokens": 10})
+    before = scrape(client)
+    assert value(before, "switchboard_agent_cost_usd_total", endpoint="spender") == 0.75
+    assert value(before, "switchboard_agent_tokens_total", endpoint="spender") == 220
+    pruned = ingest_sweeps.prune_history(now=timezone.now() + timedelta(days=400), pause_seconds=0)
+    assert pruned["done_todos"] == 2
+    after = scrape(client)
+    assert value(after, "switchboard_agent_cost_usd_total", endpoint="spender") == 0.75
+    assert value(after, "switchboard_agent_tokens_total", endpoint="spender") == 220

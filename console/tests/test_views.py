@@ -295,8 +295,9 @@ def test_many_rows_render_in_a_fixed_number_of_queries(alice_client, make_todo,
                                                        django_assert_max_num_queries):
     for n in range(30):
         make_todo(title=f"todo {n}")
-    # session, user, endpoints (filter), todos (+version subquery), the header's glance (open
-    # counts, the fold row, the tallies, the unfolded events); not one per row
+    # session, user, endpoints (filter, with today's spend for the header), todos (+version
+    # subquery), the header's glance (open counts, the fold row, the tallies, the unfolded
+    # events); not one per row
     with django_assert_max_num_queries(8):
         assert len(alice_client.get("/todos/").context["todos"]) == 30
 
@@ -307,7 +308,8 @@ def test_the_board_page_of_a_hundred_endpoints_costs_what_one_endpoints_does(
         other = EndpointFactory(slug=f"e{n}", owner=endpoint.owner)
         transitions.create_todo(endpoint=other, queue=f"q{n % 7}", title=f"todo {n}",
                                 actor="test")
-    # the same statements as for one endpoint: the glance groups, it does not loop
+    # the same statements as for one endpoint: the glance groups, it does not loop, and the
+    # spend strip's figures come with the endpoints' own query
     with django_assert_max_num_queries(8):
         page = alice_client.get("/todos/")
     assert len(page.context["todos"]) == 100

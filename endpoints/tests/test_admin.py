@@ -202,3 +202,30 @@ def test_admin_sets_the_approval_timeout_and_refuses_zero(root_client, operator)
     assert response.status_code == 302
     endpoint.refresh_from_db()
     assert endpoint.approval_timeout_seconds == 3600
+
+
+def test_admin_sets_budgets_as_a_budget_event_and_refuses_a_negative_one(
+        root_client, operator, django_capture_on_commit_callbacks):
+    from decimal import Decimal
+
+    endpoint = EndpointFactory(slug="spender", owner=operator, budget_usd_per_day=Decimal("1"))
+    form = {"slug": "spender", "owner": operator.pk, "scope": "*", "verbs": list(AGENT_VERBS),
+            "max_attempts": "5", "active": "on", "budget_usd_per_day": "1",
+            "credentials-TOTAL_FORMS": "0", "credentials-INITIAL_FORMS": "0"}
+    change = f"/admin/endpoints/endpoint/{endpoint.pk}/change/"
+    bad = root_client.post(change, {**form, "budget_usd_per_day": "-1"})
+    assert bad.status_code == 200 and b"budget_usd_per_day" in bad.content
+    assert root_client.post(change, form).status_code == 302  # unchanged: no event
+    assert not endpoint.events.filter(action="budget").exists()
+    with django_capture_on_commit_callbacks() as announced:
+        saved = root_client.post(change, {**form, "budget_usd_per_day": "2.5",
+                                          "budget_tokens_per_day": "", "max_cost_usd": "0.75"})
+    assert saved.status_code == 302
+    endpoint.refresh_from_db()
+    assert (endpoint.budget_usd_per_day, endpoint.budget_tokens_per_day, endpoint.max_cost_usd) \
+        == (Decimal("2.5"), None, Decimal("0.75"))
+    event = endpoint.events.get(action="budget")
+    assert event.actor == "root"
+    assert event.detail["before"]["budget_usd_per_day"] == "1.000000"
+    assert event.detail["after"]["max_cost_usd"] == "0.75"
+    assert announced  # the raise, for the digest of a held endpoint

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('ingest', '0013_connections'),
-        ('todos', '0011_write_back_outbox'),
+        ('todos', '0012_write_back_outbox'),
     ]
 
     operations = [

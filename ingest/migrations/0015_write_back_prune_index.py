@@ -7,7 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('ingest', '0014_write_back'),
-        ('todos', '0012_todo_progress'),
+        ('todos', '0013_todo_progress'),
     ]
 
     operations = [

@@ -76,7 +76,7 @@ def test_stats_count_every_state_per_queue_and_list_empty_scope_queues(client, e
     answer = stats(client, "builds", token)
     assert answer.status_code == 200, answer.content
     data = answer.json()
-    assert set(data) == {"endpoint", "queues", "sessions"} and data["endpoint"] == "builds"
+    assert set(data) == {"endpoint", "queues", "sessions", "spend"} and data["endpoint"] == "builds"
     assert [row["queue"] for row in data["queues"]] == ["deploys", "inbox", "quiet"]
     assert all(set(row) == QUEUE_KEYS for row in data["queues"])
     inbox = data["queues"][1]
@@ -127,9 +127,9 @@ def test_stats_cost_a_fixed_number_of_statements_with_100_endpoints(
         make(endpoint, queue, State.CLAIMED)
     session_transitions.open_session(endpoint=endpoint, protocol_version="2025-11-25",
                                      client_name="runner", credential_id=credential_for(endpoint))
-    # The token, its endpoint, the glance's counts and tallies, the sessions: fixed, however
-    # many endpoints there are.
-    with django_assert_num_queries(7):
+    # The token, its endpoint, the glance's counts and tallies, the sessions, the day's spend:
+    # fixed, however many endpoints there are.
+    with django_assert_num_queries(8):
         answer = stats(client, "builds", token)
     assert answer.status_code == 200
     assert sum(row["pending"] for row in answer.json()["queues"]) == 2
@@ -163,3 +163,23 @@ def test_stats_statements_read_indexes_not_the_table(endpoint):
                '"Async Capable": false, "Relation Name": "todos_todo"' not in plan, plan
         assert '"Node Type": "Seq Scan", "Parallel Aware": false, "Async Capable": false, ' \
                '"Relation Name": "todos_todo"' not in plan, plan
+
+
+def test_stats_show_todays_spend_against_the_budgets_and_over_budget(client, endpoint, token):
+    from decimal import Decimal
+
+    from todos import transitions, usage
+
+    usage.set_endpoint_budget(endpoint, actor="alice", budget_usd_per_day=Decimal("0.5"),
+                              budget_tokens_per_day=10_000)
+    assert stats(client, "builds", token).json()["spend"] == {
+        "usd_today": 0.0, "tokens_today": 0, "budget_usd_per_day": 0.5,
+        "budget_tokens_per_day": 10_000, "over_budget": False}
+    todo = make(endpoint, "inbox", State.PENDING)
+    agent = transitions.Caller.agent(endpoint, "s-1")
+    held = transitions.claim_todo(agent, todo.pk)
+    transitions.complete_todo(agent, todo.pk, lease_id=held.lease_id, usage_reported={
+        "cost_usd": 0.75, "input_tokens": 100, "output_tokens": 20})
+    assert stats(client, "builds", token).json()["spend"] == {
+        "usd_today": 0.75, "tokens_today": 120, "budget_usd_per_day": 0.5,
+        "budget_tokens_per_day": 10_000, "over_budget": True}

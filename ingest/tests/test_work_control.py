@@ -96,6 +96,25 @@ def test_the_hand_over_takes_priority_and_a_schedule(client, endpoint, token):
     assert now.json()["todo"]["priority"] == 0 and now.json()["todo"]["not_before"] is None
 
 
+def test_the_hand_over_gives_the_todo_its_own_max_cost_over_the_endpoints(client, endpoint, token):
+    from decimal import Decimal
+
+    from todos import transitions as todo_transitions
+
+    endpoint.max_cost_usd = Decimal("100")
+    endpoint.save()
+    answer = hand(client, endpoint.slug, {"queue": "inbox", "title": "cheap", "max_cost_usd": 0.25},
+                  **bearer(token))
+    assert answer.status_code == 201, answer.content
+    todo = Todo.objects.get(pk=answer.json()["todo"]["id"])
+    assert todo.max_cost_usd == Decimal("0.25")
+    agent = todo_transitions.Caller.agent(endpoint, "s-1")
+    held = todo_transitions.claim_todo(agent, todo.pk)
+    dead = todo_transitions.fail_todo(agent, todo.pk, lease_id=held.lease_id, error="x",
+                                      usage_reported={"cost_usd": 0.3})
+    assert dead.is_dead_letter  # 0.30 is past its own 0.25, not the endpoint's 100
+
+
 NOW = timezone.now()
 
 
@@ -108,6 +127,10 @@ NOW = timezone.now()
     ({"not_before": "soon"}, "not_before"),
     ({"delay_seconds": -5}, "delay_seconds"),
     ({"delay_seconds": 60, "not_before": (NOW + timedelta(hours=1)).isoformat()}, "not_before"),
+    ({"max_cost_usd": -1}, "max_cost_usd"),
+    ({"max_cost_usd": 10001}, "max_cost_usd"),
+    ({"max_cost_usd": "0.5"}, "max_cost_usd"),
+    ({"max_cost_usd": 0.0000001}, "max_cost_usd"),
 ])
 def test_a_bad_hand_over_schedule_or_priority_is_400_naming_the_field_and_writes_nothing(
         client, endpoint, token, fields, named):

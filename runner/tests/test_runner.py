@@ -26,7 +26,7 @@ from ingest import transitions as ingest_transitions
 from tests.factories import UserFactory
 from tests.processes import DEADLINE_SECONDS, poll
 from todos import sweeps
-from todos import transitions
+from todos import queries, transitions
 from todos.models import Todo, TodoEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -846,3 +846,81 @@ def test_a_title_that_looks_like_an_option_reaches_the_agent_as_text_after_doubl
     assert json.loads(seen.read_text()) == ["--", "--dangerously-skip-permissions"]
     todo.refresh_from_db()
     assert todo.state == "done"
+
+
+# -- usage (docs/runner.md#usage) ------------------------------------------------------------------
+
+
+USAGE_AGENT = """
+    import json, os, sys
+    with open(os.environ["SWITCHBOARD_USAGE_FILE"], "w") as out:
+        json.dump({usage!r}, out)
+    sys.exit({code})
+"""
+
+
+@pytest.mark.parametrize("code,state", [(0, "done"), (3, "failed")])
+def test_the_usage_file_the_agent_writes_goes_with_complete_and_fail(setup, runners, tmp_path,
+                                                                    code, state):
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    usage = {"input_tokens": 1500, "output_tokens": 300, "cost_usd": 0.25, "turns": 4,
+             "model": "local-llm"}
+    command = agent(tmp_path, "spender", USAGE_AGENT.format(usage=usage, code=code))
+    runner = runners(url, credential, "--once", command=command)
+    assert runner.wait() == 0, runner.log_text()
+    todo.refresh_from_db()
+    assert todo.state == state, runner.log_text()
+    assert queries.todo_as_dict(todo)["usage"] == usage
+
+
+@pytest.mark.parametrize("written,logged", [
+    ({"tokens": 5}, "usage_file_ignored"),  # not a usage report: the runner drops it
+    ({"cost_usd": -1}, "usage_refused"),  # out of range: the server refuses, the runner retries
+])
+def test_a_bad_usage_file_never_costs_the_settle(setup, runners, tmp_path, written, logged):
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    command = agent(tmp_path, "bad-usage", USAGE_AGENT.format(usage=written, code=0))
+    runner = runners(url, credential, "--once", command=command)
+    assert runner.wait() == 0, runner.log_text()
+    todo.refresh_from_db()
+    assert todo.state == "done" and todo.usage_reports == 0, runner.log_text()
+    assert logged in runner.log_text()
+
+
+def test_cli_reports_are_recognized_by_their_flags_and_parsed():
+    usage = load_runner_module("usage")
+    assert usage.report_format(["claude", "-p", "x", "--output-format", "json"]) == "claude"
+    assert usage.report_format(["/bin/claude", "-p", "x", "--output-format=json"]) == "claude"
+    assert usage.report_format(["claude", "-p", "x", "--output-format", "stream-json"]) is None
+    assert usage.report_format(["codex", "exec", "--json", "x"]) == "codex"
+    assert usage.report_format(["codex", "exec", "x"]) is None
+    assert usage.report_format(["gemini", "-p", "x", "-o", "json"]) == "gemini"
+    assert usage.report_format(["./handle-todo"]) is None
+    claude = usage.read_report("claude", json.dumps({
+        "type": "result", "subtype": "success", "is_error": False, "result": "did it",
+        "total_cost_usd": 0.0123, "num_turns": 3,
+        "usage": {"input_tokens": 10, "cache_creation_input_tokens": 5,
+                  "cache_read_input_tokens": 100, "output_tokens": 7},
+        "modelUsage": {"claude-haiku": {"outputTokens": 1}, "claude-sonnet": {"outputTokens": 6}}}))
+    assert (claude.ok, claude.text) == (True, "did it")
+    assert claude.usage == {"input_tokens": 115, "output_tokens": 7, "turns": 3,
+                            "cost_usd": 0.0123, "model": "claude-sonnet"}
+    codex = usage.read_report("codex", "\n".join(json.dumps(event) for event in (
+        {"type": "thread.started"},
+        {"type": "item.completed", "item": {"type": "agent_message", "text": "done"}},
+        {"type": "turn.completed", "usage": {"input_tokens": 50, "output_tokens": 5}},
+        {"type": "turn.completed", "usage": {"input_tokens": 60, "output_tokens": 6}})))
+    assert (codex.ok, codex.text) == (True, "done")
+    assert codex.usage == {"input_tokens": 110, "output_tokens": 11, "turns": 2}
+    failed = usage.read_report("codex", json.dumps(
+        {"type": "turn.failed", "error": {"message": "quota"}}))
+    assert (failed.ok, failed.text) == (False, "quota")
+    gemini = usage.read_report("gemini", json.dumps({"response": "ok", "stats": {"models": {
+        "flash-lite": {"api": {"totalRequests": 1}, "tokens": {"prompt": 9, "candidates": 1},
+                       "roles": {"utility_router": {}}},
+        "pro": {"api": {"totalRequests": 2}, "tokens": {"prompt": 90, "candidates": 10,
+                                                        "thoughts": 4}, "roles": {"main": {}}}}}}))
+    assert gemini.usage == {"input_tokens": 99, "output_tokens": 15, "turns": 3, "model": "pro"}
+    assert usage.read_report("claude", "not json at all").ok is None

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from datetime import timedelta
@@ -382,10 +383,14 @@ def test_the_agent_environment_holds_only_what_the_runner_passes(setup, runners,
     expected = {**BASE_ENV, "SWITCHBOARD_TODO_ID": str(todo.pk),
                 "SWITCHBOARD_LEASE_ID": seen.get("SWITCHBOARD_LEASE_ID"),
                 "SWITCHBOARD_URL": url,
+                "SWITCHBOARD_USAGE_FILE": seen.get("SWITCHBOARD_USAGE_FILE"),
                 **{name: credential if value == "<credential>" else value
                    for name, value in passed.items()}}
     assert seen == expected
     assert seen["SWITCHBOARD_LEASE_ID"]  # the todo's lease, not empty
+    # Where the agent may write its usage: the todo's private directory, beside its JSON.
+    assert seen["SWITCHBOARD_USAGE_FILE"].endswith("/usage.json")
+    assert Path(seen["SWITCHBOARD_USAGE_FILE"]).parent.name.startswith("switchboard-todo-")
     # The bearer travels only as SWITCHBOARD_TOKEN and only with --pass-token: never under the
     # --token-env name the runner read it from.
     assert TOKEN_ENV not in seen
@@ -446,6 +451,60 @@ def test_require_settled_leaves_alone_a_todo_the_agent_settled_itself(setup, run
     else:
         assert todo.last_error == "agent says no"
     assert "failed todo_id" not in runner.log_text()
+
+
+# A stand-in for `claude -p … --output-format json` that never reaches switchboard: it keeps
+# the prompt it was given and prints Claude Code's report of a successful run.
+CLAUDE_REPORTING_SUCCESS = """
+    import json, sys
+    with open({prompt_file!r}, "w") as out:
+        out.write(sys.argv[sys.argv.index("-p") + 1])
+    print(json.dumps({{"type": "result", "subtype": "success", "is_error": False,
+                      "result": "All done, nothing to report.", "total_cost_usd": 0.0125,
+                      "num_turns": 2, "usage": {{"input_tokens": 40, "output_tokens": 9}}}}))
+"""
+
+
+def test_require_settled_is_not_satisfied_by_a_cli_report_that_says_it_succeeded(
+        setup, runners, tmp_path):
+    """A CLI that could not reach switchboard reports success too: under --require-settled only
+    the agent's own complete or fail counts. The runner fails the todo, and its fail carries
+    the usage of the report; the prompt told the agent to settle the todo itself."""
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    script = tmp_path / "claude"
+    prompt_file = tmp_path / "prompt.txt"
+    script.write_text(f"#!{sys.executable}\n"
+                      + textwrap.dedent(CLAUDE_REPORTING_SUCCESS.format(prompt_file=str(prompt_file))))
+    script.chmod(0o755)
+    runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
+                     command=[str(script), "-p", "{prompt}", "--output-format", "json"])
+    assert runner.wait() == 0, runner.log_text()
+    todo.refresh_from_db()
+    assert todo.state == "failed", (todo.state, todo.result, runner.log_text())
+    assert todo.last_error.startswith("agent exited 0 without settling the todo"), todo.last_error
+    assert (todo.usage_reports, todo.usage_input_tokens, todo.usage_output_tokens) == (1, 40, 9)
+    assert "call switchboard's complete tool" in prompt_file.read_text()
+
+
+def test_usage_of_an_agent_that_settled_its_todo_itself_is_logged_unsent(setup, runners,
+                                                                         tmp_path):
+    """The agent completes its todo itself and wrote a usage file: the runner's settle is
+    refused, so the usage has no call to go with; the runner says so in one line."""
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    body = AGENT_COMPLETES_ITSELF.format(verb="complete", extra='"result": {"by": "agent"}', code=0)
+    write_usage = ("import json, os\n"
+                   "with open(os.environ['SWITCHBOARD_USAGE_FILE'], 'w') as out:\n"
+                   "    json.dump({'input_tokens': 5, 'output_tokens': 1}, out)\n")
+    command = agent(tmp_path, "self-with-usage", write_usage + textwrap.dedent(body))
+    runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
+                     command=command)
+    assert runner.wait() == 0, runner.log_text()
+    todo.refresh_from_db()
+    assert (todo.state, todo.result) == ("done", {"by": "agent"}), runner.log_text()
+    assert todo.usage_reports == 0
+    assert "usage_unsent reason=settled_by_agent" in runner.log_text()
 
 
 # -- watch --------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ ids or names. Every app's statements take these; none spells a backend's dialect
 
 import functools
 import json
-from datetime import timedelta
+from datetime import date, timedelta
 
 from django.db import connection
 
@@ -29,6 +29,17 @@ def db_time(value):
     if value is None or is_postgres():
         return value
     return connection.ops.adapt_datetimefield_value(value)
+
+
+def db_date(value: date):
+    """A date parameter as the backend stores it (SQLite keeps ISO text, as Django writes it)."""
+    return value if is_postgres() else value.isoformat()
+
+
+def bigint(param: str) -> str:
+    """An integer parameter typed as a bigint on PostgreSQL, which cannot infer a NULL one's
+    type from a comparison or a COALESCE."""
+    return f"%({param})s::bigint" if is_postgres() else f"%({param})s"
 
 
 def db_duration(value: timedelta):
@@ -58,6 +69,13 @@ def minus_seconds(at_param: str, seconds_sql: str) -> str:
 def jsonb(param: str) -> str:
     """A JSON text parameter, typed for a jsonb column on PostgreSQL."""
     return f"%({param})s::jsonb" if is_postgres() else f"%({param})s"
+
+
+def json_merge(left_sql: str, right_sql: str) -> str:
+    """The JSON object ``left_sql`` with the members of ``right_sql`` added (or replaced)."""
+    if is_postgres():
+        return f"({left_sql} || {right_sql})"
+    return f"json_patch({left_sql}, {right_sql})"
 
 
 def text_list(values):

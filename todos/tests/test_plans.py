@@ -4,16 +4,18 @@ A multi-queue claim written as ``queue = ANY(…) ORDER BY created_at`` cannot u
 order and measured 6-8x slower; these tests pin the plans so a refactor cannot bring it back.
 """
 
-import pytest
 from datetime import timedelta
+from decimal import Decimal
+
+import pytest
 
 from django.db import connection
 from django.utils import timezone
 
 from tests import plans
 from tests.factories import EndpointFactory, UserFactory
-from todos import statements, transitions
-from todos.models import Todo
+from todos import statements, transitions, usage
+from todos.models import DailySpend, Todo
 
 pytestmark = [
     pytest.mark.django_db,
@@ -125,19 +127,28 @@ def test_fenced_verbs_find_their_todo_by_primary_key(nothing_claimed_when_analyz
 # thousands of pending todos once they were analyzed), it ran on every pending row: the claim
 # held all of them until it committed, so every other claimer found nothing to claim, and each
 # claim cost a lock per row (measured: a 16-thread cap test ran >15x slower and timed out).
-@pytest.mark.parametrize("caps", [{}, {"max_claimed": 3}, {"queue_limits": {"q0": 2}}],
-                         ids=["uncapped", "max_claimed", "queue_limits"])
+# A daily budget adds its guard to the same statement: it must not bring the hold back below
+# the sort either.
+@pytest.mark.parametrize("limits", [
+    {}, {"max_claimed": 3}, {"queue_limits": {"q0": 2}},
+    {"budget_usd_per_day": Decimal("5")},
+    {"budget_tokens_per_day": 10**6, "max_claimed": 3},
+], ids=["uncapped", "max_claimed", "queue_limits", "budgeted", "budgeted_max_claimed"])
 @pytest.mark.parametrize("queues", [None, ["q0", "q1"]], ids=["all_queues", "listed_queues"])
-def test_a_claim_holds_only_the_todo_it_claims_whatever_plan_reads_the_candidates(caps, queues):
+def test_a_claim_holds_only_the_todo_it_claims_whatever_plan_reads_the_candidates(limits, queues):
     from django.db import transaction
 
     # No scope: a scoped caller's claim_next reads its granted queues as listed ones.
-    endpoint = EndpointFactory(owner=UserFactory(), **caps)
+    endpoint = EndpointFactory(owner=UserFactory(), **limits)
     now = timezone.now()
     Todo.objects.bulk_create(
         Todo(endpoint=endpoint, queue=f"q{i % 2}", title="t", created_at=now, updated_at=now)
         for i in range(2000)
     )
+    if endpoint.has_budget:
+        # Spent today, under the budget: the guard's probe finds a row.
+        DailySpend.objects.create(endpoint=endpoint, day=usage.spend_day(now),
+                                  cost_microusd=1_000_000, tokens=5000)
     with connection.cursor() as cursor:
         plans.analyze_every_table(cursor)
     caller = transitions.Caller.agent(endpoint, "session-1")

@@ -470,7 +470,8 @@ def test_todo_as_dict_has_the_contract_shape(agent, make_todo):
         "id", "endpoint", "queue", "state", "title", "kind", "source", "trust", "payload",
         "priority", "not_before",
         "attempts", "max_attempts", "lease_id", "lease_owner", "lease_expires_at", "retry_at",
-        "dead_lettered_at", "cancelled_at", "result", "last_error", "created_at", "updated_at"]
+        "dead_lettered_at", "cancelled_at", "result", "last_error", "created_at", "updated_at",
+        "usage"]
     assert data["id"] == str(todo.pk) and data["endpoint"] == "agent"
     assert data["lease_expires_at"].endswith("Z")
 

@@ -5,6 +5,7 @@ annotations, portable schemas, instructions per allowlist, and the size of an an
 import itertools
 import json
 import re
+from decimal import Decimal
 
 import jsonschema
 import pytest
@@ -127,9 +128,14 @@ def test_tools_carry_annotations(endpoint):
     assert "outputSchema" in heartbeat
 
 
-def test_instructions_fit_every_allowlist_and_name_only_granted_verbs(vend):
+# Caps and a budget add the most text: their answers to an empty claim_next, their refusals.
+@pytest.mark.parametrize("limits", [{}, {"max_claimed": 3, "budget_usd_per_day": Decimal("5")}],
+                         ids=["plain", "capped_and_budgeted"])
+def test_instructions_fit_every_allowlist_and_name_only_granted_verbs(vend, limits):
     """Issue 13.7: the instructions named every verb even when the allowlist granted two."""
     endpoint, _ = vend(slug="x" * 64, default_lease_seconds=86400)
+    for name, value in limits.items():
+        setattr(endpoint, name, value)
     for size in range(1, len(AGENT_VERBS) + 1):
         for verbs in itertools.combinations(AGENT_VERBS, size):
             endpoint.verbs = list(verbs)

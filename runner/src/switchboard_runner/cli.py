@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .agent import (BASE_ENV, DEFAULT_PROMPT, TOKEN_VARIABLE, command_problem,
+from .agent import (BASE_ENV, DEFAULT_PROMPT, REPORT_PROMPT, TOKEN_VARIABLE, command_problem,
                     misplaced_command_placeholder, misplaced_placeholder)
+from .usage import report_format
 from .work import MAX_WAIT, Runner, dry_run
 
 
@@ -64,8 +65,10 @@ def worker_parser():
                "or inside an option's value (--title={title}). The todo JSON is on the "
                "agent's stdin and in a private file the prompt names. Its environment: "
                f"{', '.join(BASE_ENV)}, SWITCHBOARD_TODO_ID, SWITCHBOARD_LEASE_ID, "
-               f"SWITCHBOARD_URL, the --pass-env variables, and {TOKEN_VARIABLE} with "
-               "--pass-token.")
+               f"SWITCHBOARD_URL, SWITCHBOARD_USAGE_FILE (where it may write its usage as "
+               f"JSON), the --pass-env variables, and {TOKEN_VARIABLE} with --pass-token. "
+               "A CLI's own report (claude/gemini --output-format json, codex exec --json) "
+               "gives the run's outcome and usage, sent with the runner's complete or fail.")
     _connection_flags(parser)
     parser.add_argument("--pass-token", action="store_true",
                         help=f"give the agent the bearer (as {TOKEN_VARIABLE}) so it can call "
@@ -79,7 +82,7 @@ def worker_parser():
                              "{trust} {lease_id} {todo_file}")
     parser.add_argument("--require-settled", action="store_true",
                         help="the agent must call complete or fail itself: exit 0 without "
-                             "that fails the todo")
+                             "that fails the todo, whatever its CLI's report says")
     parser.add_argument("--concurrency", type=_positive(int, 1), default=1, metavar="N",
                         help="at most this many agents at once (default 1)")
     parser.add_argument("--max-runtime", type=_positive(float, 1), default=3600.0,
@@ -139,7 +142,12 @@ def parse_args(argv):
         if args.token_env in args.pass_env:
             parser.error(f"--pass-env {args.token_env} would hand the agent the bearer: "
                          "use --pass-token")
-        args.prompt_template = DEFAULT_PROMPT
+        # A CLI that prints its own report (claude/gemini --output-format json, codex exec
+        # --json): without --require-settled the runner completes the todo from it, so the
+        # agent is not asked to; with it, only the agent's own complete or fail counts.
+        args.report_format = report_format(args.command)
+        args.prompt_template = (REPORT_PROMPT if args.report_format and not args.require_settled
+                                else DEFAULT_PROMPT)
         if args.prompt_file is not None:
             try:
                 args.prompt_template = args.prompt_file.read_text(encoding="utf-8")

@@ -10,9 +10,11 @@ the agent command for each, heartbeat its lease, settle the todo when the agent 
   claimed again at once, forever.
 * When the agent exits: if it settled the todo itself (its own MCP connection, the same
   ``lease_id``), nothing more; else exit 0 → ``complete`` with the tail of stdout (with
-  --require-settled: ``fail``, as the agent was expected to settle it), non-zero → ``fail``
-  with the exit code and the tails, over --max-runtime → the group is killed and the todo
-  failed.
+  --require-settled: ``fail``, as the agent was expected to settle it, whatever its CLI's
+  report says), non-zero → ``fail`` with the exit code and the tails, over --max-runtime →
+  the group is killed and the todo failed. Every settle of the runner's carries the run's
+  usage, from the agent's usage file or its CLI's report (``usage``); an agent that settled
+  the todo itself leaves it unsent (logged ``usage_unsent``).
 * A command that cannot start for a reason of its own (its file, its interpreter, its
   permissions: the next todo would fail the same way) fails the first todo only: no claimed
   todo is started after it, and one claimed or started beside it is released. Then ``--once``
@@ -38,9 +40,11 @@ from datetime import datetime
 
 from mcp.shared.exceptions import MCPError
 
-from .agent import (Tail, _drain, _parent_death_signal, agent_argv, agent_env, command_problem,
-                    ended_with, failure_message, first_error_line, last_line,
-                    oversized_argument, render_prompt, start_failure, stop_group, write_todo_file)
+from .agent import (TAIL_BYTES, Tail, _drain, _parent_death_signal, agent_argv, agent_env,
+                    command_problem, ended_with, failure_message, first_error_line, last_line,
+                    oversized_argument, render_prompt, start_failure, stop_group,
+                    write_todo_file)
+from .usage import REPORT_MAX_BYTES, Report, read_report, read_usage_file
 from .session import (CALL_TIMEOUT_SECONDS, INVALID_PARAMS, RECONNECT_FIRST_SECONDS,
                       RECONNECT_MAX_SECONDS, Refused, Switchboard, Unreachable, _describe,
                       escape_unprintable, log_event, wait_first)
@@ -130,6 +134,7 @@ class Runner:
         self.args = args
         self.token = token
         self.prompt_template = args.prompt_template
+        self.report_format = getattr(args, "report_format", None)
         self.queues = args.queues
         self.sb = Switchboard(args.url, token, self.on_ring)
         self.wait_seconds = 0 if args.once else args.wait_seconds
@@ -334,8 +339,11 @@ class Runner:
         todo_id = todo["id"]
         prompt = render_prompt(self.prompt_template, todo, todo_file)
         argv = agent_argv(self.args.command, todo, prompt)
+        # Beside the todo file, in the todo's private directory (removed afterwards).
+        usage_file = os.path.join(os.path.dirname(todo_file), "usage.json")
         env = agent_env(todo, self.args.url, pass_env=self.args.pass_env,
-                        token=self.token if self.args.pass_token else None)
+                        token=self.token if self.args.pass_token else None,
+                        usage_file=usage_file)
         if self.cannot_start:
             # Claimed beside the todo that found the command broken (or by a claim already in
             # flight): every start would fail the same way, and this todo is not at fault.
@@ -372,7 +380,8 @@ class Runner:
             return
         started = time.monotonic()
         log_event("start", todo_id=todo_id, pid=proc.pid)
-        out, err = Tail(), Tail()
+        out = Tail(keep_bytes=REPORT_MAX_BYTES if self.report_format else 0)
+        err = Tail()
         readers = [asyncio.create_task(_drain(proc.stdout, out)),
                    asyncio.create_task(_drain(proc.stderr, err))]
         feeder = asyncio.create_task(self._feed(proc, todo))
@@ -414,8 +423,25 @@ class Runner:
             self.setup_retry_seconds = SETUP_RETRY_FIRST_SECONDS
         # What the agent was given, so that an echo of it is not taken for its error line.
         echoed = (*argv[1:], json.dumps(todo, ensure_ascii=False))
+        report = self.read_usage(todo_id, usage_file, out)
+        # A report's stdout is JSON, whose lines say "is_error" whatever happened: its own
+        # text stands for stdout instead (settle).
+        notable = err.notable + (out.notable if report.ok is None else [])
         await self.settle(todo, code, stopped_for, out.text(), err.text(), elapsed, echoed,
-                          notable=err.notable + out.notable)
+                          notable=notable, report=report)
+
+    def read_usage(self, todo_id, usage_file: str, out: Tail) -> Report:
+        """The run's report: the CLI's own (its outcome, final answer and usage), with the
+        usage the agent wrote to its usage file instead, when it wrote one."""
+        report = read_report(self.report_format, out.whole() or "")
+        if self.report_format and report.ok is None:
+            log_event("no_report", todo_id=todo_id, format=self.report_format)
+        written, problem = read_usage_file(usage_file)
+        if problem:
+            log_event("usage_file_ignored", todo_id=todo_id, problem=problem)
+        if written is not None:
+            report.usage = written
+        return report
 
     async def _feed(self, proc, todo):
         try:
@@ -466,23 +492,33 @@ class Runner:
         return None
 
     async def settle(self, todo, code, stopped_for, stdout, stderr, elapsed, echoed=(),
-                     notable=()):
+                     notable=(), report: Report | None = None):
         if stopped_for == "lease_lost":
             return  # not ours any more: whoever holds the todo now settles it
+        report = report or Report()
         tails = {"exit_code": code, "stderr_tail": stderr, "stdout_tail": stdout}
+        if report.text is not None:
+            # The CLI's final answer (its report is JSON, not something to read in a tail).
+            stdout = report.text[-TAIL_BYTES:]
         if stopped_for == "max_runtime":
             verb, arguments = "fail", {
                 "error": f"max runtime exceeded ({self.args.max_runtime:g} s): agent killed",
                 "result": tails}
         elif stopped_for == "shutdown":
             verb, arguments = "fail", {"error": self.shutdown_error, "result": tails}
+        elif code == 0 and report.ok is False:
+            verb, arguments = "fail", {"error": failure_message(
+                "agent reported an error", stdout, stderr, echoed, notable), "result": tails}
         elif code == 0 and self.args.require_settled:
             # The agent was to call complete/fail itself. Failing is the check: the statement
             # is fenced by the lease, so it is refused when the agent did settle (and lands
             # when it did not), with no window between looking and acting. An agent CLI that
-            # lost its connection to switchboard still exits 0; this catches that.
-            # The reason leads: whatever the agent printed, it did not do what it was run for.
+            # lost its connection to switchboard still exits 0, and its report says success;
+            # this catches that. The reason leads: the agent did not do what it was run for.
             verb, arguments = "fail", {"error": ended_with(NOT_SETTLED, stdout), "result": tails}
+        elif code == 0 and report.ok:
+            verb, arguments = "complete", {"result": {"summary": stdout, "exit_code": 0,
+                                                      "elapsed_seconds": elapsed}}
         elif code == 0:
             verb, arguments = "complete", {"result": {"exit_code": 0, "stdout_tail": stdout,
                                                       "elapsed_seconds": elapsed}}
@@ -492,6 +528,8 @@ class Runner:
             verb, arguments = "fail", {"error": failure_message(how, stdout, stderr, echoed,
                                                                 notable),
                                        "result": tails}
+        if report.usage:
+            arguments["usage"] = report.usage
         await self._settle_call(todo, verb, arguments)
 
     async def _settle_call(self, todo, verb, arguments):
@@ -505,13 +543,19 @@ class Runner:
                           error=arguments.get("error"))
                 return
             except Refused as refused:
+                if refused.code == "invalid_argument" and "usage" in arguments:
+                    # A usage report the server refuses (an agent's file out of range) must not
+                    # cost the settle: it goes without.
+                    log_event("usage_refused", todo_id=todo["id"], message=refused.message)
+                    arguments = {k: v for k, v in arguments.items() if k != "usage"}
+                    continue
                 if refused.code == "already_done":
-                    log_event("settled_by_agent", todo_id=todo["id"], todo_state="done")
+                    self._settled_by_agent(todo, "done", arguments)
                     return
                 state = await self.live_state(todo) if refused.code == "lease_lost" else None
                 if state is None and refused.code == "lease_lost":
                     # The lease ended with the todo: the agent completed or failed it.
-                    log_event("settled_by_agent", todo_id=todo["id"], todo_state="ended")
+                    self._settled_by_agent(todo, "ended", arguments)
                     return
                 log_event("settle_refused", todo_id=todo["id"], verb=verb, code=refused.code,
                           todo_state=state or "ended", message=refused.message)
@@ -522,6 +566,13 @@ class Runner:
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+
+    @staticmethod
+    def _settled_by_agent(todo, todo_state: str, arguments: dict):
+        log_event("settled_by_agent", todo_id=todo["id"], todo_state=todo_state)
+        if "usage" in arguments:
+            # Usage goes only with a settle call, and the agent's own call was the settle.
+            log_event("usage_unsent", reason="settled_by_agent", todo_id=todo["id"])
 
     # -- the whole run
 

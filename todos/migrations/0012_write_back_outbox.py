@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('todos', '0010_claim_hold'),
+        ('todos', '0011_usage_budgets'),
     ]
 
     operations = [

@@ -21,6 +21,6 @@ def revoke_post_update(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("endpoints", "0007_approval_timeout")]
+    dependencies = [("endpoints", "0009_budget_day_turn_index")]
 
     operations = [migrations.RunPython(grant_post_update, revoke_post_update)]

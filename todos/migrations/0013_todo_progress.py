@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('todos', '0011_write_back_outbox'),
+        ('todos', '0012_write_back_outbox'),
     ]
 
     operations = [
