@@ -7,8 +7,9 @@ scripts the model's turns, and to a live daphne over MCP with the endpoint's bea
 the environment, configured with the snippets vend_endpoint and seed_demo print
 (endpoints/connect_snippets.py) and the command lines docs/agents.md gives. For each CLI the tests show that it
 connects, sees the tools, drains a todo by itself (claim_next, then complete), drains one under
-the runner (``--pass-token --require-settled``, the CLI's JSON report and the built-in prompt),
-that the runner completes a todo from the CLI's report with the usage the stand-in reported,
+the runner (``--pass-token --require-settled``, the CLI's JSON report and the built-in prompt)
+with the usage the stand-in reported arriving on the attempt the agent settled, that the runner
+completes a todo from the CLI's report with the usage the stand-in reported,
 and that a model API failure ends the todo failed with a ``last_error`` that names it.
 """
 
@@ -287,6 +288,20 @@ def run_a_todo_under_the_runner(recipe, cli_bin, endpoint_for, workspace, case: 
     return RunnerRun(todo, credential, standin, completed, transcript(completed, standin))
 
 
+def assert_usage_arrived(recipe, ran: RunnerRun, action: str):
+    """The todo's usage is the one report the stand-in's answers added up to, kept on the
+    attempt's ``action`` event."""
+    todo, reported, output = ran.todo, ran.standin.reported_usage, ran.output
+    print(f"\n{recipe.cli} usage: {queries.todo_as_dict(todo)['usage']}; stand-in: {reported}")
+    assert (todo.usage_input_tokens, todo.usage_output_tokens) == (
+        reported["input_tokens"], reported["output_tokens"]), (reported, output)
+    assert todo.usage_reports == 1 and todo.usage_turns >= 1, output
+    if recipe.cli == "claude":  # the only one of the three that prices its run
+        assert todo.usage_cost_microusd > 0, output
+    event = todo.events.get(action=action)
+    assert event.detail["usage"]["input_tokens"] == reported["input_tokens"], output
+
+
 # -- the tests ------------------------------------------------------------------------------------
 
 
@@ -329,8 +344,10 @@ def test_each_cli_drains_a_todo_under_the_runner_with_the_built_in_prompt(
     prompt = model_standins.strings([request["body"] for request in ran.standin.requests])
     assert f'todo_id "{todo.pk}"' in prompt and "untrusted" in prompt, output
     assert "call switchboard's complete tool" in prompt, output
-    # The CLI's report had usage, but the agent settled: no call of the runner's to carry it.
-    assert "usage_unsent reason=settled_by_agent" in ran.completed.stderr, output
+    # The agent settled, and the runner's refused settle carried the CLI's report under the
+    # same lease: the usage went to the attempt the agent completed.
+    assert_usage_arrived(recipe, ran, "complete")
+    assert "usage_sent" in ran.completed.stderr, output
     assert ran.credential not in ran.completed.stderr
 
 
@@ -347,15 +364,7 @@ def test_each_cli_under_the_runner_completes_from_its_report_with_the_usage_the_
     assert recipe.tool("complete") not in ran.standin.called_tools(), output
     assert todo.state == "done", (todo.state, todo.last_error, output)
     assert todo.result["summary"] == model_standins.RESULT_SUMMARY, (todo.result, output)
-    reported = ran.standin.reported_usage
-    print(f"\n{recipe.cli} usage: {queries.todo_as_dict(todo)['usage']}; stand-in: {reported}")
-    assert (todo.usage_input_tokens, todo.usage_output_tokens) == (
-        reported["input_tokens"], reported["output_tokens"]), (reported, output)
-    assert todo.usage_reports == 1 and todo.usage_turns >= 1
-    if recipe.cli == "claude":  # the only one of the three that prices its run
-        assert todo.usage_cost_microusd > 0, output
-    event = todo.events.get(action="complete")
-    assert event.detail["usage"]["input_tokens"] == reported["input_tokens"]
+    assert_usage_arrived(recipe, ran, "complete")
 
 
 def test_each_cli_refused_by_switchboard_reports_success_and_still_fails_the_todo(

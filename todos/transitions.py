@@ -56,6 +56,8 @@ class Refusal(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+        # Members the answer adds to ``{"code", "message"}`` (``usage_recorded``).
+        self.data = {}
 
 
 @dataclass(frozen=True)
@@ -502,7 +504,7 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
         # The attempt's usage: summed on the todo, kept in its event, added to the day's spend.
         detail = {**(detail or {}), "usage": usage.as_detail(report)}
         params.update(usage.usage_params(report, now))
-        set_sql += usage.usage_set_sql(report)
+        set_sql += ", " + usage.usage_set_sql(report)
     todo = _one(statements.apply_transition(
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
@@ -522,8 +524,13 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
                                             "switchboard (its route writes no status back): "
                                             "there is nowhere to post an update")
     if todo is None:
-        raise _explain_refusal(caller, todo_id, lease_id, now=now, completing=action == "complete",
-                               overriding=overriding)
+        refusal = _explain_refusal(caller, todo_id, lease_id, now=now,
+                                   completing=action == "complete", overriding=overriding)
+        if report is not None:
+            refusal.data["usage_recorded"] = (
+                lease_id is not None and overriding is None
+                and _add_usage_to_settled_attempt(caller, todo_id, lease_id, report, now))
+        raise refusal
     _announce([todo], action)
     return todo
 
@@ -542,6 +549,42 @@ def post_update_todo(caller: Caller, todo_id, *, text, lease_id=None, now=None) 
     return _fenced(caller, todo_id, lease_id, set_sql="progress = %(progress)s",
                    params={"progress": text}, action_sql="'progress'", action="progress",
                    now=now, guard_sql=" AND write_back = 'status'")
+
+
+def _add_usage_to_settled_attempt(caller: Caller, todo_id: int, lease_id, report: dict,
+                                  now) -> bool:
+    """A ``complete`` or ``fail`` repeated by the lease that settled the todo, carrying usage
+    (the runner's report of a run whose agent settled the todo itself): the usage goes to that
+    attempt's settle event, the todo's sums and the day's spend, once. True when it was
+    recorded; False when the row no longer names this lease as the one that settled it (the
+    todo went back to the queue since, or was never settled by it) or the attempt already
+    has a report. Nothing else changes, and ``max_cost_usd`` is not checked: the attempt is
+    over. The event's guard decides: of two repeats racing, the second finds usage there.
+
+    The row keeps the settling lease until the todo goes back to the queue (a done todo for
+    good, a failed one until its retry or requeue), which is what ties the lease to the
+    attempt: an event names a lease only by a hint, nothing an agent could present."""
+    params = {"todo_id": todo_id, "lease_id": str(lease_id)}
+    settled_by_lease = (f"id = %(todo_id)s AND {statements.visible_guard(caller, params)}"
+                        " AND state IN ('done', 'failed') AND lease_id = %(lease_id)s")
+    event_sql, todo_sql = usage.settled_usage_sql(params, settled_by_lease, report, now)
+    if _is_postgres():
+        spend = usage.spend_upsert_sql(report, "t")
+        sql = (f"WITH e AS ({event_sql}), t AS ({todo_sql} AND id IN (SELECT todo_id FROM e)"
+               " RETURNING id, endpoint_id)"
+               + (f", s AS ({spend})" if spend else "") + " SELECT count(*) FROM t")
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()[0] == 1
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(event_sql, params)
+        if cursor.fetchone() is None:
+            return False
+        cursor.execute(todo_sql, params)
+        spend = usage.spend_upsert_sql(report, "todos_todo t WHERE t.id = %(todo_id)s")
+        if spend:
+            cursor.execute(spend, params)
+    return True
 
 
 # An override that ends the lease (complete, fail) takes the row out of the agent's hands: the

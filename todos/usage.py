@@ -8,6 +8,7 @@ claim never starts on a read taken before it (no read-then-claim race); spend is
 after the work, so what was in flight when a budget was reached may still pass it.
 """
 
+import json
 from datetime import date
 from datetime import timezone as dt_timezone
 from decimal import ROUND_HALF_UP, Decimal
@@ -130,7 +131,7 @@ def usage_set_sql(report: dict | None) -> str:
     """The SET clauses that add an attempt's report to the todo's sums ("" without one)."""
     if report is None:
         return ""
-    return (", usage_reports = usage_reports + 1,"
+    return ("usage_reports = usage_reports + 1,"
             " usage_input_tokens = usage_input_tokens + %(usage_in)s,"
             " usage_output_tokens = usage_output_tokens + %(usage_out)s,"
             " usage_cost_microusd = usage_cost_microusd + %(usage_cost)s,"
@@ -165,6 +166,27 @@ def spend_upsert_sql(report: dict | None, source: str) -> str | None:
         " cost_microusd = todos_dailyspend.cost_microusd + excluded.cost_microusd,"
         " tokens = todos_dailyspend.tokens + excluded.tokens"
     )
+
+
+def settled_usage_sql(params: dict, todo_guard: str, report: dict, now) -> tuple[str, str]:
+    """``(event_sql, todo_sql)``: the late report of an attempt that settled without one.
+    ``event_sql`` adds ``report`` to the settle event (``complete``, ``fail`` or
+    ``dead_letter``, the latest) of the todo ``%(todo_id)s`` while its row still matches
+    ``todo_guard`` (SQL over the row, which names the settling lease), and only when that
+    event holds no usage yet: it RETURNs the todo's id, or nothing. ``todo_sql`` adds it to
+    the sums of the todo ``%(todo_id)s``; ``spend_upsert_sql`` to the day's spend."""
+    params.update(usage_params(report, now))
+    params["usage_patch"] = json.dumps({"usage": as_detail(report)})
+    settle_event = ("SELECT e.id FROM todos_todoevent e WHERE e.todo_id = (SELECT id FROM"
+                    f" todos_todo WHERE {todo_guard})"
+                    " AND e.action IN ('complete', 'fail', 'dead_letter')"
+                    " ORDER BY e.at DESC, e.id DESC LIMIT 1")
+    event_sql = (f"UPDATE todos_todoevent SET detail = "
+                 f"{dialect.json_merge('detail', dialect.jsonb('usage_patch'))}"
+                 f" WHERE id = ({settle_event}) AND {dialect.json_key_missing('detail', 'usage')}"
+                 " RETURNING todo_id")
+    todo_sql = f"UPDATE todos_todo SET {usage_set_sql(report)} WHERE id = %(todo_id)s"
+    return event_sql, todo_sql
 
 
 def budget_guard_sql(endpoint, params: dict, now) -> str:

@@ -226,7 +226,10 @@ _ERROR_OUTPUT = {
                    "awaiting_approval, "
                    "verb_not_allowed, "
                    "invalid_argument.",
-    "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+    "properties": {"code": {"type": "string"}, "message": {"type": "string"},
+                   "usage_recorded": {"type": "boolean", "description": "On a refused "
+                                      "complete or fail that carried usage: whether it was "
+                                      "recorded on the attempt this lease settled."}},
     "required": ["code", "message"],
 }
 

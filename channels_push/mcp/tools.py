@@ -92,8 +92,9 @@ def _structured(payload: dict, *, is_error: bool = False) -> types.CallToolResul
     )
 
 
-def refusal_result(code: str, message: str) -> types.CallToolResult:
-    return _structured({"error": {"code": code, "message": message}}, is_error=True)
+def refusal_result(code: str, message: str, data: dict | None = None) -> types.CallToolResult:
+    return _structured({"error": {"code": code, "message": message, **(data or {})}},
+                       is_error=True)
 
 
 _JSON_TYPE_NAMES = {"object": "an object", "array": "a list", "string": "a string",
@@ -289,4 +290,4 @@ def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallTo
         _check_arguments(name, arguments)
         return _structured(_VERBS[name](caller, arguments))
     except transitions.Refusal as refusal:
-        return refusal_result(refusal.code, refusal.message)
+        return refusal_result(refusal.code, refusal.message, refusal.data)

@@ -487,24 +487,51 @@ def test_require_settled_is_not_satisfied_by_a_cli_report_that_says_it_succeeded
     assert "call switchboard's complete tool" in prompt_file.read_text()
 
 
-def test_usage_of_an_agent_that_settled_its_todo_itself_is_logged_unsent(setup, runners,
-                                                                         tmp_path):
-    """The agent completes its todo itself and wrote a usage file: the runner's settle is
-    refused, so the usage has no call to go with; the runner says so in one line."""
+@pytest.mark.parametrize("verb, extra, exit_code, state", [
+    ("complete", '"result": {"by": "agent"}', 0, "done"),
+    ("fail", '"error": "agent says no"', 1, "failed"),
+])
+def test_usage_of_an_agent_that_settled_its_todo_itself_is_recorded_on_that_attempt(
+        setup, runners, tmp_path, verb, extra, exit_code, state):
+    """The agent settles its todo itself and wrote a usage file: the runner's settle is
+    refused as a repeat of that lease, and the usage it carried goes to the attempt the agent
+    settled; the todo is otherwise as the agent left it."""
     endpoint, credential, url = setup
     [todo] = make_todos(endpoint, 1)
-    body = AGENT_COMPLETES_ITSELF.format(verb="complete", extra='"result": {"by": "agent"}', code=0)
+    body = AGENT_COMPLETES_ITSELF.format(verb=verb, extra=extra, code=exit_code)
     write_usage = ("import json, os\n"
                    "with open(os.environ['SWITCHBOARD_USAGE_FILE'], 'w') as out:\n"
-                   "    json.dump({'input_tokens': 5, 'output_tokens': 1}, out)\n")
+                   "    json.dump({'input_tokens': 5, 'output_tokens': 1, 'cost_usd': 0.002}, out)\n")
     command = agent(tmp_path, "self-with-usage", write_usage + textwrap.dedent(body))
     runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
                      command=command)
     assert runner.wait() == 0, runner.log_text()
     todo.refresh_from_db()
-    assert (todo.state, todo.result) == ("done", {"by": "agent"}), runner.log_text()
-    assert todo.usage_reports == 0
-    assert "usage_unsent reason=settled_by_agent" in runner.log_text()
+    assert todo.state == state, runner.log_text()
+    assert todo.result == ({"by": "agent"} if verb == "complete" else None), todo.result
+    assert (todo.usage_reports, todo.usage_input_tokens, todo.usage_output_tokens,
+            todo.usage_cost_microusd) == (1, 5, 1, 2000), runner.log_text()
+    assert todo.events.get(action=verb).detail["usage"]["input_tokens"] == 5
+    assert "usage_sent" in runner.log_text() and "usage_unsent" not in runner.log_text()
+
+
+def test_usage_of_an_agent_that_reported_its_own_is_logged_unsent(setup, runners, tmp_path):
+    """An agent that passed its own usage to complete keeps that report: the runner's is
+    not added to it, and the runner says so with the reason."""
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    body = AGENT_COMPLETES_ITSELF.format(
+        verb="complete", extra='"usage": {"input_tokens": 70}', code=0)
+    write_usage = ("import json, os\n"
+                   "with open(os.environ['SWITCHBOARD_USAGE_FILE'], 'w') as out:\n"
+                   "    json.dump({'input_tokens': 5}, out)\n")
+    command = agent(tmp_path, "self-reporting", write_usage + textwrap.dedent(body))
+    runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
+                     command=command)
+    assert runner.wait() == 0, runner.log_text()
+    todo.refresh_from_db()
+    assert (todo.state, todo.usage_reports, todo.usage_input_tokens) == ("done", 1, 70)
+    assert "usage_unsent reason=not_recorded code=lease_lost" in runner.log_text()
 
 
 # -- watch --------------------------------------------------------------------------------------

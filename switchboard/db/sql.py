@@ -78,6 +78,14 @@ def json_merge(left_sql: str, right_sql: str) -> str:
     return f"json_patch({left_sql}, {right_sql})"
 
 
+def json_key_missing(column: str, key: str) -> str:
+    """SQL true when the JSON object column ``column`` has no member ``key`` (or a null one);
+    ``key`` is a constant of the caller's, never input."""
+    if is_postgres():
+        return f"{column} -> '{key}' IS NULL"
+    return f"json_extract({column}, '$.{key}') IS NULL"
+
+
 def text_list(values):
     """A parameter holding a list of names, for ``text_in``."""
     values = tuple(values)

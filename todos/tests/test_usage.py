@@ -107,27 +107,133 @@ def test_usage_is_kept_per_attempt_summed_on_the_todo_and_added_to_the_days_spen
         "budget_tokens_per_day": None, "over_budget": False}
 
 
-@pytest.mark.parametrize("settle", ["complete", "fail"])
-@pytest.mark.django_db
-def test_a_settle_repeated_on_a_settled_todo_is_refused_and_adds_no_usage(agent, make_todo,
-                                                                        settle):
-    """Usage rides only on the settle itself: once the agent settled its todo, the runner's
-    own complete or fail under the same lease is refused and its usage is not recorded
-    (docs/runner.md#usage says so, and the runner logs usage_unsent)."""
-    todo = make_todo()
-    held = transitions.claim_todo(agent, todo.pk)
+def settled_by_agent(agent, todo, settle: str, now=NOON):
+    """``todo`` claimed and settled (``settle``) by ``agent`` without usage, as an agent
+    run with --require-settled does; the claim's lease."""
+    held = transitions.claim_todo(agent, todo.pk, now=now)
     if settle == "complete":
-        transitions.complete_todo(agent, todo.pk, lease_id=held.lease_id)
+        transitions.complete_todo(agent, todo.pk, lease_id=held.lease_id, result={"ok": 1},
+                                  now=now)
     else:
-        transitions.fail_todo(agent, todo.pk, lease_id=held.lease_id, error="gave up")
-    for verb, code in ((transitions.complete_todo, "already_done" if settle == "complete"
-                        else "lease_lost"), (transitions.fail_todo, "lease_lost")):
-        with pytest.raises(transitions.Refusal) as refused:
-            verb(agent, todo.pk, lease_id=held.lease_id, usage_reported={"cost_usd": 0.5})
-        assert refused.value.code == code
+        transitions.fail_todo(agent, todo.pk, lease_id=held.lease_id, error="gave up", now=now)
+    return held.lease_id
+
+
+def repeat(verb, agent, todo, lease_id, report=None, now=NOON):
+    """A complete or fail repeated under ``lease_id``: its refusal."""
+    with pytest.raises(transitions.Refusal) as refused:
+        getattr(transitions, f"{verb}_todo")(agent, todo.pk, lease_id=lease_id, now=now,
+                                             usage_reported=report)
+    return refused.value
+
+
+# The refusal a repeat gets (unchanged by the usage it carries): only a complete after the
+# lease's own complete is already_done.
+REPEAT_CODES = {("complete", "complete"): "already_done", ("complete", "fail"): "lease_lost",
+                ("fail", "complete"): "lease_lost", ("fail", "fail"): "lease_lost"}
+
+
+@pytest.mark.parametrize("settle,verb", sorted(REPEAT_CODES))
+@pytest.mark.django_db
+def test_a_repeat_by_the_settling_lease_records_its_usage_on_that_attempt_once(settle, verb):
+    """The runner's report of a run whose agent settled the todo itself: the lease repeats
+    complete or fail with the usage; the answer is the refusal it always was, saying
+    usage_recorded, and the todo changes in nothing but its usage."""
+    endpoint = budgeted(max_attempts=3)
+    todo, = make(endpoint)
+    agent = transitions.Caller.agent(endpoint, "s-agent")
+    lease_id = settled_by_agent(agent, todo, settle)
+    before = Todo.objects.get(pk=todo.pk)
+    runner = transitions.Caller.agent(endpoint, "s-runner")
+    report = {"input_tokens": 1000, "output_tokens": 200, "cost_usd": 0.25, "turns": 3,
+              "model": "claude-x"}
+
+    refused = repeat(verb, runner, todo, lease_id, report, now=NOON + timedelta(seconds=5))
+    assert (refused.code, refused.data) == (REPEAT_CODES[settle, verb], {"usage_recorded": True})
     row = Todo.objects.get(pk=todo.pk)
-    assert row.usage_reports == 0 and queries.todo_as_dict(row)["usage"] is None
+    assert queries.todo_as_dict(row)["usage"] == report
+    assert spend(endpoint) == (250000, 1200)
+    settle_event = TodoEvent.objects.get(todo=todo, action=settle)
+    assert settle_event.detail["usage"] == {"input_tokens": 1000, "output_tokens": 200,
+                                            "cost_usd": 0.25, "turns": 3, "model": "claude-x"}
+    assert TodoEvent.objects.filter(todo=todo).count() == 3  # create, claim, settle: no new one
+    for field in ("state", "result", "last_error", "attempts", "retry_at", "dead_lettered_at",
+                  "lease_id", "lease_owner", "updated_at"):
+        assert getattr(row, field) == getattr(before, field), field
+
+    # A second repeat (either verb) finds the attempt's usage there and records nothing.
+    for again in ("complete", "fail"):
+        refused = repeat(again, runner, todo, lease_id, {"cost_usd": 1.0, "input_tokens": 5})
+        assert (refused.code, refused.data) == (REPEAT_CODES[settle, again],
+                                                {"usage_recorded": False})
+    assert Todo.objects.get(pk=todo.pk).usage_reports == 1
+    assert spend(endpoint) == (250000, 1200)
+
+
+@pytest.mark.django_db
+def test_a_repeat_records_nothing_from_another_lease_without_a_lease_or_after_a_reported_settle():
+    endpoint = budgeted()
+    first, second, third = make(endpoint, 3)
+    agent = transitions.Caller.agent(endpoint, "s-agent")
+    lease_id = settled_by_agent(agent, first, "complete")
+    assert repeat("complete", agent, first, "another-lease", {"cost_usd": 1}).data == {
+        "usage_recorded": False}
+    # Without lease_id nothing names the attempt: the session may have settled others since.
+    refused = repeat("complete", agent, first, None, {"cost_usd": 1})
+    assert (refused.code, refused.data) == ("already_done", {"usage_recorded": False})
+    # Without usage the refusal is exactly what it was.
+    assert repeat("complete", agent, first, lease_id).data == {}
+    # An attempt that reported usage when it settled keeps that report alone.
+    held = transitions.claim_todo(agent, second.pk, now=NOON)
+    transitions.complete_todo(agent, second.pk, lease_id=held.lease_id, now=NOON,
+                              usage_reported={"cost_usd": 0.5})
+    assert repeat("complete", agent, second, held.lease_id, {"cost_usd": 2}).data == {
+        "usage_recorded": False}
+    # A lease an operator's override ended did not settle the todo.
+    held = transitions.claim_todo(agent, third.pk, now=NOON)
+    operator = transitions.Caller.operator(endpoint, "olga")
+    transitions.complete_todo(operator, third.pk, now=NOON,
+                              overriding=transitions.HeldLease.of(held))
+    refused = repeat("complete", agent, third, held.lease_id, {"cost_usd": 3})
+    assert (refused.code, refused.data) == ("lease_lost", {"usage_recorded": False})
+    assert [Todo.objects.get(pk=t.pk).usage_reports for t in (first, second, third)] == [0, 1, 0]
+    assert spend(endpoint) == (500000, 0)
+
+
+@pytest.mark.django_db
+def test_a_failed_todo_handed_out_again_takes_no_usage_from_the_lease_before():
+    """The row names the lease that settled it until the todo is handed out again: the
+    usage of an attempt whose todo has since gone back to the queue is not recorded."""
+    endpoint = budgeted(max_attempts=3)
+    todo, = make(endpoint)
+    agent = transitions.Caller.agent(endpoint, "s-agent")
+    lease_id = settled_by_agent(agent, todo, "fail")
+    transitions.promote_due_retries(now=NOON + timedelta(minutes=1), limit=10)
+    held = transitions.claim_todo(agent, todo.pk, now=NOON + timedelta(minutes=1))
+    refused = repeat("fail", agent, todo, lease_id, {"cost_usd": 1},
+                     now=NOON + timedelta(minutes=1))
+    assert (refused.code, refused.data) == ("lease_lost", {"usage_recorded": False})
+    row = Todo.objects.get(pk=todo.pk)
+    assert (row.state, row.lease_id, row.usage_reports) == (State.CLAIMED, held.lease_id, 0)
     assert not DailySpend.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_racing_repeats_of_the_settling_lease_record_its_usage_once():
+    endpoint = budgeted()
+    todo, = make(endpoint)
+    lease_id = settled_by_agent(transitions.Caller.agent(endpoint, "s-agent"), todo, "complete")
+    recorded = []
+
+    def send(i):
+        refused = repeat("complete", transitions.Caller.agent(endpoint, f"s-{i}"), todo, lease_id,
+                         {"cost_usd": 0.1, "output_tokens": 10})
+        recorded.append(refused.data["usage_recorded"])
+
+    run_threads(8, send)
+    assert sorted(recorded) == [False] * 7 + [True]
+    assert Todo.objects.get(pk=todo.pk).usage_reports == 1
+    assert spend(endpoint) == (100000, 10)
 
 
 @pytest.mark.django_db

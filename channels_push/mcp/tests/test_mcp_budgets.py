@@ -130,3 +130,26 @@ def test_a_long_poll_over_budget_waits_and_claims_once_the_budget_is_raised(budg
 
     call = run(scenario)
     assert claimed_id(call.result()) == str(waiting_todo.pk)
+
+
+def test_a_complete_repeated_with_usage_after_the_agents_own_records_it_and_says_so(mcp):
+    """What the runner sends after an agent settled its own todo: ``complete`` with only the
+    todo, its lease and the run's usage. The answer is the refusal a repeat always got, with
+    ``usage_recorded``; the todo's sums take the usage once."""
+    mcp.initialize()
+    todo = make_ready_todo(mcp.endpoint)
+    lease_id = mcp.call("claim", {"todo_id": str(todo.pk)})["result"]["structuredContent"][
+        "todo"]["lease_id"]
+    assert mcp.call("complete", {"todo_id": str(todo.pk), "lease_id": lease_id,
+                                 "result": {"summary": "done"}})["result"]["isError"] is False
+    report = {"todo_id": str(todo.pk), "lease_id": lease_id,
+              "usage": {"input_tokens": 10, "output_tokens": 4, "cost_usd": 0.01}}
+    for recorded in (True, False):
+        result = mcp.call("complete", report)["result"]
+        assert result["isError"] is True
+        error = result["structuredContent"]["error"]
+        assert (error["code"], error["usage_recorded"]) == ("already_done", recorded)
+        jsonschema.validate(result["structuredContent"], mcp_schemas.OUTPUT_SCHEMAS["complete"])
+    row = Todo.objects.get(pk=todo.pk)
+    assert (row.state, row.result, row.usage_reports) == (State.DONE, {"summary": "done"}, 1)
+    assert usage.todo_usage(row)["cost_usd"] == 0.01

@@ -33,11 +33,12 @@ LOG_VALUE_MAX_CHARS = 120
 WHOLE_LOG_FIELDS = frozenset({"reason"})
 
 class Refused(Exception):
-    """A domain refusal from a tool (``isError`` with ``error.code``)."""
+    """A domain refusal from a tool (``isError`` with ``error.code``); ``data``: the error's
+    other members (``usage_recorded``)."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, data: dict | None = None):
         super().__init__(f"{code}: {message}")
-        self.code, self.message = code, message
+        self.code, self.message, self.data = code, message, data or {}
 
 
 class Unreachable(Exception):
@@ -262,7 +263,8 @@ class Switchboard:
             content = json.loads(answer.content[0].text) if answer.content else {}
         if answer.is_error:
             error = content.get("error") or {}
-            raise Refused(error.get("code", "unknown"), error.get("message", ""))
+            raise Refused(error.get("code", "unknown"), error.get("message", ""),
+                          {k: v for k, v in error.items() if k not in ("code", "message")})
         return content
 
     def _break(self, client):

@@ -13,8 +13,10 @@ the agent command for each, heartbeat its lease, settle the todo when the agent 
   --require-settled: ``fail``, as the agent was expected to settle it, whatever its CLI's
   report says), non-zero → ``fail`` with the exit code and the tails, over --max-runtime →
   the group is killed and the todo failed. Every settle of the runner's carries the run's
-  usage, from the agent's usage file or its CLI's report (``usage``); an agent that settled
-  the todo itself leaves it unsent (logged ``usage_unsent``).
+  usage, from the agent's usage file or its CLI's report (``usage``). When the agent settled
+  the todo itself, that settle is refused, and the server records its usage on the attempt
+  the agent settled under the same lease: logged ``usage_sent``, or ``usage_unsent`` with the
+  reason when the answer says it was not recorded.
 * A command that cannot start for a reason of its own (its file, its interpreter, its
   permissions: the next todo would fail the same way) fails the first todo only: no claimed
   todo is started after it, and one claimed or started beside it is released. Then ``--once``
@@ -550,12 +552,12 @@ class Runner:
                     arguments = {k: v for k, v in arguments.items() if k != "usage"}
                     continue
                 if refused.code == "already_done":
-                    self._settled_by_agent(todo, "done", arguments)
+                    self._settled_by_agent(todo, "done", verb, arguments, refused)
                     return
                 state = await self.live_state(todo) if refused.code == "lease_lost" else None
                 if state is None and refused.code == "lease_lost":
                     # The lease ended with the todo: the agent completed or failed it.
-                    self._settled_by_agent(todo, "ended", arguments)
+                    self._settled_by_agent(todo, "ended", verb, arguments, refused)
                     return
                 log_event("settle_refused", todo_id=todo["id"], verb=verb, code=refused.code,
                           todo_state=state or "ended", message=refused.message)
@@ -568,11 +570,20 @@ class Runner:
                 delay = min(delay * 2, RECONNECT_MAX_SECONDS)
 
     @staticmethod
-    def _settled_by_agent(todo, todo_state: str, arguments: dict):
+    def _settled_by_agent(todo, todo_state: str, verb: str, arguments: dict, refused: Refused):
         log_event("settled_by_agent", todo_id=todo["id"], todo_state=todo_state)
-        if "usage" in arguments:
-            # Usage goes only with a settle call, and the agent's own call was the settle.
-            log_event("usage_unsent", reason="settled_by_agent", todo_id=todo["id"])
+        if "usage" not in arguments:
+            return
+        # The refused settle carried the run's usage under the lease the agent settled with:
+        # the server adds it to that attempt when the attempt has none (docs/runner.md#usage),
+        # and its answer says whether it did. No second call: it would meet the same guard.
+        if refused.data.get("usage_recorded") is True:
+            log_event("usage_sent", todo_id=todo["id"], via=verb)
+        else:
+            # The attempt already had a report (the agent passed its own), or the todo was
+            # handed out again since; a server from before this answer records none.
+            log_event("usage_unsent", reason="not_recorded", code=refused.code,
+                      todo_id=todo["id"])
 
     # -- the whole run
 
