@@ -43,7 +43,7 @@ def _doorbells(endpoint, verbs) -> str:
     if "claim_next" in verbs:
         digest = ('(2) digest (meta.kind "digest", meta.pending, meta.queues): drain with '
                   'claim_next until {"empty": true}. Without doorbells, loop on claim_next '
-                  "with wait_seconds (up to 60).")
+                  "with wait_seconds (<= 60).")
         if endpoint.has_claim_caps and endpoint.has_budget:
             # Both fit only said together: the instructions are capped at 2,048 characters.
             digest += (' {"empty": true, "at_capacity" or "over_budget": true}: a cap or the '
@@ -123,7 +123,7 @@ def _refusals(endpoint, verbs) -> str:
     if _granted_list(verbs, "claim", "claim_next") and endpoint.has_budget:
         codes.append("over_budget")
     codes += ["verb_not_allowed", "invalid_argument (names the argument)"]
-    return "Refusals are isError results, error.code: " + ", ".join(codes) + "."
+    return "Refusals are isError, error.code: " + ", ".join(codes) + "."
 
 
 def _secrets(endpoint, verbs) -> str:
