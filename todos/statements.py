@@ -316,10 +316,13 @@ def take_outbox_entries(*, limit: int) -> list[tuple]:
     """``transitions.take_outbox_entries``' statement: the oldest entries deleted, returned
     oldest first."""
     params = {"limit": limit}
+    # Picked once, in a materialized CTE: as a plain IN (sub-select) PostgreSQL may rescan
+    # it inside a semi-join, and with SKIP LOCKED each rescan can pick other rows, so one call
+    # took more than ``limit`` (seen: three entries for a limit of two).
     pick = f"SELECT id FROM todos_outboxentry ORDER BY id LIMIT %(limit)s{dialect.skip_locked()}"
     with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM todos_outboxentry WHERE id IN ({pick})"
-                       " RETURNING id, todo_id, action", params)
+        cursor.execute(f"WITH pick AS MATERIALIZED ({pick}) DELETE FROM todos_outboxentry"
+                       " WHERE id IN (SELECT id FROM pick) RETURNING id, todo_id, action", params)
         rows = sorted(cursor.fetchall())
     return [(todo_id, action) for _, todo_id, action in rows]
 
