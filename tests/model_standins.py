@@ -385,8 +385,10 @@ class OpenAIResponsesStandin(Standin):
         if find_tool(offered, "claim_next") is None and not searched and any(
                 tool.get("type") == "tool_search" for tool in body.get("tools") or []):
             # Codex defers MCP tools behind a client-executed tool_search: ask for ours first.
+            # A limit above the endpoint's tool count: every granted verb must come back (with
+            # ten, the twelfth tool, post_update, pushed heartbeat out of the results).
             action = Action(tool="tool_search", arguments={"query": "switchboard claim_next complete",
-                                                           "limit": 10})
+                                                           "limit": 25})
             with self._lock:
                 self.actions.append(action)
             item = {"type": "tool_search_call", "id": f"ts_standin_{number}",

@@ -321,7 +321,8 @@ def test_each_cli_connects_with_the_bearer_sees_the_tools_and_drains_a_todo_itse
     # Sees the tools: every verb the endpoint grants was put in front of the model (by schema,
     # or by name for a CLI that defers the schemas).
     tools = recipe.tools()
-    assert not tools - standin.offered_tools() - standin.named_tools(tools), output
+    unseen = tools - standin.offered_tools() - standin.named_tools(tools)
+    assert not unseen, (unseen, output)
     assert standin.called_tools() == [*recipe.loader_calls, recipe.tool("claim_next"),
                                       recipe.tool("complete")], output
     todo.refresh_from_db()

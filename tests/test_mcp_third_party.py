@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from endpoints import transitions as endpoint_transitions
+from endpoints.models import AGENT_VERBS
 from tests.factories import UserFactory
 from tests.servers import REPO_ROOT, free_port
 from todos import transitions
@@ -67,7 +68,9 @@ def test_mcp_inspector_strict_schema_check_finds_nothing(daphne_server):
     assert "schemaFindings" not in envelope, envelope.get("schemaFindings")
     assert "Warning:" not in result.stderr and "Error:" not in result.stderr, result.stderr
     tools = envelope["result"]["tools"]
-    assert len(tools) == 10 and all("outputSchema" in tool and tool["annotations"] for tool in tools)
+    # A freshly vended endpoint grants every agent verb: each is a tool, none else.
+    assert sorted(tool["name"] for tool in tools) == sorted(AGENT_VERBS)
+    assert all("outputSchema" in tool and tool["annotations"] for tool in tools)
 
 
 def test_mcp_inspector_cli_lists_tools_and_calls_claim_next(daphne_server):
