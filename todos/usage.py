@@ -205,10 +205,13 @@ def over_budget_sql(endpoint, params: dict, now) -> str:
     params["budget_day"] = dialect.db_date(spend_day(now))
     params["budget_microusd"] = _budget_microusd(endpoint)
     params["budget_tokens"] = endpoint.budget_tokens_per_day
-    return ("EXISTS (SELECT 1 FROM todos_dailyspend s"
+    # A budget of 0 is spent before the day's first report, when no spend row exists yet.
+    return (f"(COALESCE({dialect.bigint('budget_microusd')} <= 0, FALSE)"
+            f" OR COALESCE({dialect.bigint('budget_tokens')} <= 0, FALSE)"
+            " OR EXISTS (SELECT 1 FROM todos_dailyspend s"
             " WHERE s.endpoint_id = %(budget_endpoint_id)s AND s.day = %(budget_day)s"
             f" AND (s.cost_microusd >= {dialect.bigint('budget_microusd')}"
-            f" OR s.tokens >= {dialect.bigint('budget_tokens')}))")
+            f" OR s.tokens >= {dialect.bigint('budget_tokens')})))")
 
 
 # -- reads ----------------------------------------------------------------------------------------

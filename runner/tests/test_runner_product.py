@@ -931,3 +931,23 @@ def test_dry_run_escapes_a_title_but_keeps_the_prompts_newlines_pasteable():
     line = "todo 1 'fix\u202egnp' SWITCHBOARD_TODO_ID=1 claude -p 'line one\nline two'"
     assert session.escape_unprintable(line, keep="\n") == (
         "todo 1 'fix\\u202egnp' SWITCHBOARD_TODO_ID=1 claude -p 'line one\nline two'")
+
+
+def test_a_runner_held_back_by_the_daily_budget_says_so_when_idle(setup, runners, tmp_path):
+    """Over its daily budget an endpoint answers claim_next empty with over_budget: the runner's
+    idle line names it, so "the budget is spent" reads differently from "nothing to do"."""
+    from decimal import Decimal
+
+    from todos import transitions, usage
+
+    endpoint, credential, url = setup
+    spent, _ = make_todos(endpoint, 2)
+    caller = transitions.Caller.agent(endpoint, "earlier-run")
+    transitions.claim_todo(caller, spent.pk)
+    transitions.complete_todo(caller, spent.pk, usage_reported={"cost_usd": 0.5})
+    usage.set_endpoint_budget(endpoint, actor="test", budget_usd_per_day=Decimal("0.25"))
+    command = agent(tmp_path, "never-runs", "raise SystemExit(1)\n")
+    runner = runners(url, credential, "--once", command=command)
+    assert runner.wait() == 0, runner.log_text()
+    idle = [line for line in runner.log_text().splitlines() if " idle " in line]
+    assert idle and logfmt_value(idle[0], "held_back") == "over_budget", runner.log_text()

@@ -284,6 +284,23 @@ def test_at_the_daily_budget_claims_are_refused_over_budget_and_held_leases_go_o
     assert spend(endpoint) == (1_250_000, 0)
 
 
+@pytest.mark.parametrize("budget", [{"budget_usd_per_day": Decimal("0")},
+                                    {"budget_tokens_per_day": 0}], ids=["usd", "tokens"])
+@pytest.mark.django_db
+def test_a_budget_of_zero_stops_claims_before_the_days_first_report(budget):
+    """No spend row exists before the day's first report: a budget of 0 is spent already."""
+    endpoint = budgeted(**budget)
+    [todo] = make(endpoint)
+    agent = transitions.Caller.agent(endpoint, "s-1")
+    for claim in (lambda: transitions.claim_next_todo(agent, now=NOON),
+                  lambda: transitions.claim_todo(agent, todo.pk, now=NOON)):
+        with pytest.raises(transitions.Refusal) as refused:
+            claim()
+        assert refused.value.code == "over_budget"
+    assert Todo.objects.get(pk=todo.pk).state == State.PENDING
+    assert not DailySpend.objects.exists()
+
+
 @pytest.mark.django_db
 def test_a_token_budget_stops_claims_too():
     endpoint = budgeted(budget_tokens_per_day=1000)

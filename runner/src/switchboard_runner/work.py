@@ -178,8 +178,9 @@ class Runner:
 
     async def claim(self):
         """One claim_next: ``(outcome, todo)`` with outcome ``todo``, ``empty`` (the server
-        answered there is nothing), ``retry`` (at once), ``error`` (logged; retry later),
-        ``fatal`` (logged; stop) or ``stopped``."""
+        answered there is nothing; the second part then says what held work back:
+        ``over_budget``, ``at_capacity`` or None), ``retry`` (at once), ``error`` (logged;
+        retry later), ``fatal`` (logged; stop) or ``stopped``."""
         arguments = {}
         if not self.args.accept_unverified:
             arguments["verified_only"] = True
@@ -223,7 +224,11 @@ class Runner:
             return "error", None
         todo = answer.get("todo")
         if todo is None:
-            return "empty", None
+            # What held work back, when something did: the endpoint's daily budget is spent or
+            # a cap is reached (docs/reference.md#usage-and-budgets), not an empty queue.
+            held_back = next((why for why in ("over_budget", "at_capacity") if answer.get(why)),
+                             None)
+            return "empty", held_back
         if self.stopping.is_set():  # claimed just as the stop came: hand it straight back
             await self.release(todo)
             return "stopped", None
@@ -247,7 +252,7 @@ class Runner:
     async def serve(self) -> int:
         """Claim while there is room, until stopped (or, with --once, until drained)."""
         errors = 0
-        idle = False  # logged once per idle stretch, not per poll
+        idle = None  # logged once per idle stretch and what held work back, not per poll
         while not self.stopping.is_set():
             if len(self.tasks) >= self.args.concurrency:
                 self.task_done.clear()
@@ -265,7 +270,7 @@ class Runner:
             wait = self.wait_seconds
             outcome, todo = await self.claim()
             if outcome == "todo":
-                errors, idle = 0, False
+                errors, idle = 0, None
                 task = asyncio.create_task(self.run_todo(todo))
                 self.tasks.add(task)
                 task.add_done_callback(self._forget)
@@ -287,10 +292,12 @@ class Runner:
                     RECONNECT_FIRST_SECONDS * 2 ** (errors - 1), RECONNECT_MAX_SECONDS))
                 continue
             errors = 0
-            if not idle:
-                idle = True
+            held_back = todo  # an empty answer's second part: over_budget, at_capacity or None
+            if idle != (held_back or "empty"):
+                idle = held_back or "empty"
                 log_event("idle", running=len(self.tasks), long_poll_s=self.wait_seconds or None,
-                          poll_s=None if self.wait_seconds else self.args.poll_seconds)
+                          poll_s=None if self.wait_seconds else self.args.poll_seconds,
+                          held_back=held_back)
             if self.args.once:
                 if not self.tasks:
                     break  # drained
