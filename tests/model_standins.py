@@ -386,7 +386,7 @@ class OpenAIResponsesStandin(Standin):
                 tool.get("type") == "tool_search" for tool in body.get("tools") or []):
             # Codex defers MCP tools behind a client-executed tool_search: ask for ours first.
             # A limit above the endpoint's tool count: every granted verb must come back (with
-            # ten, the twelfth tool, post_update, pushed heartbeat out of the results).
+            # ten, the eleventh tool, post_update, pushed heartbeat out of the results).
             action = Action(tool="tool_search", arguments={"query": "switchboard claim_next complete",
                                                            "limit": 25})
             with self._lock:
