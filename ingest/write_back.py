@@ -24,11 +24,9 @@ transition or an ingest.
 
 import json
 import logging
-import re
 import threading
 import time
-from datetime import timedelta, timezone as dt_timezone
-from urllib.parse import urlsplit
+from datetime import timedelta
 
 from celery.exceptions import CeleryError
 from django.conf import settings
@@ -41,9 +39,9 @@ from switchboard import schedule
 from switchboard.db import sql as dialect
 from switchboard.db import statements as db_statements
 from todos import transitions as todo_transitions
-from todos.models import SILENT_TO_SOURCE, State, Todo, WriteBack as WriteBackLevel
+from todos.models import SILENT_TO_SOURCE, Todo, WriteBack as WriteBackLevel
 
-from . import connections, outbound, senders
+from . import connections, outbound, senders, status_text
 from .models import WriteBack, WriteBackAction, WriteBackState
 
 log = logging.getLogger("switchboard.write_back")
@@ -64,9 +62,7 @@ FIRST_BACKOFF = timedelta(seconds=5)
 MAX_BACKOFF = timedelta(minutes=10)
 # An agent's progress lines edit the status at most this often; the latest line wins.
 PROGRESS_EDIT_INTERVAL = timedelta(seconds=10)
-# What the living status shows of the agent's words and of the whole (docs/write-back.md).
-MAX_STATUS_CHARS = 4000
-MAX_SUMMARY_CHARS = 2000
+# What of a source's refusal a write-back keeps as its last error.
 MAX_ERROR_CHARS = 500
 
 
@@ -264,10 +260,11 @@ def send_write_back(row: WriteBack, *, now) -> str:
         else:
             # The first send of a status has nothing to look for; a later one without an id
             # may follow a worker that died after the source took it, since the row was made.
+            update = status_text.status_update(
+                todo, now=now, markup=status_text.MARKUPS[client.markup])
             external_id = client.status(
-                row.connection, row.target, render_status(todo, now=now), row.external_id, now,
-                look_since=row.created_at if row.attempts > 1 and not row.external_id else None,
-                todo_id=todo.pk)
+                row.connection, row.target, update, row.external_id, now,
+                look_since=row.created_at if row.attempts > 1 and not row.external_id else None)
     except outbound.SourceError as failed:
         if failed.status == 401:
             connections.record_connection_error(row.connection, failed.message, now=now)
@@ -344,84 +341,3 @@ def send_due_write_backs(*, now=None) -> int:
         send_write_back(row, now=moment)
         sent += 1
     return sent
-
-
-# -- the living status's text --------------------------------------------------------------------
-
-# Markdown's ASCII punctuation that starts or ends markup; "<", ">" and "&" become entities so
-# no HTML gets through.
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~])")
-
-
-def markdown_text(text, limit: int) -> str:
-    """``text`` shown as itself in GitHub Markdown: markup escaped, HTML turned to entities,
-    ``@name`` kept from pinging anyone (a zero-width space after the ``@``), at most ``limit``
-    characters of it (cut with an ellipsis)."""
-    text = "".join(ch for ch in str(text) if ch.isprintable() or ch == "\n")
-    if len(text) > limit:
-        text = text[:limit - 1] + "…"
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = _MARKDOWN_SPECIAL.sub(r"\\\1", text)
-    return text.replace("@", "@\u200b")
-
-
-def safe_result_url(value) -> str:
-    """The result's ``url`` when it is a plain https URL (shown as a link), else ""."""
-    if not isinstance(value, str) or len(value) > 2000:
-        return ""
-    parts = urlsplit(value)
-    if (parts.scheme != "https" or not parts.hostname or parts.username or parts.password
-            or any(ch.isspace() or ch in "<>\"'`" or not ch.isprintable() for ch in value)):
-        return ""
-    return value
-
-
-def _when(moment) -> str:
-    return moment.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if moment else ""
-
-
-_HEADLINES = {
-    State.AWAITING_APPROVAL: "⏸️ Waiting for an operator's approval",
-    State.PENDING: "📥 Queued",
-    State.CLAIMED: "🛠️ Being worked on",
-    State.DONE: "✅ Done",
-    State.CANCELLED: "🚫 Cancelled",
-}
-
-
-def render_status(todo: Todo, *, now) -> str:
-    """The living status of ``todo`` (docs/write-back.md#the-living-status): switchboard's own
-    template around the agent's words. It names the todo's state, its agent (the endpoint),
-    its times and a link to its page; while claimed, the agent's latest ``post_update`` line;
-    when done, the result's ``summary`` and ``https`` ``url``; when failed, the error. Never a
-    payload field, a secret or a lease."""
-    page = f"{settings.SWITCHBOARD_PUBLIC_URL}/todos/{todo.pk}/"
-    agent = todo.endpoint.slug  # a slug: nothing in it is markup, even outside the code span
-    if todo.state == State.FAILED:
-        headline = ("💀 Failed for good (no attempts left)" if todo.dead_lettered_at
-                    else f"⚠️ Failed; retrying at {_when(todo.retry_at)}")
-    elif todo.state == State.PENDING and todo.not_before:
-        headline = f"🕒 Scheduled for {_when(todo.not_before)}"
-    elif todo.state == State.PENDING and todo.attempts:
-        headline = f"🔁 Queued again (attempt {todo.attempts + 1} of {todo.max_attempts})"
-    else:
-        headline = _HEADLINES.get(todo.state, markdown_text(todo.state, 32))
-    lines = [
-        f"**{headline}** · agent `{agent}` · [todo {todo.pk} on switchboard]({page})",
-        "",
-        f"Taken in {_when(todo.created_at)} · last change {_when(todo.updated_at)}"
-        + (f" · attempt {todo.attempts} of {todo.max_attempts}"
-           if todo.state == State.CLAIMED else ""),
-    ]
-    if todo.state == State.CLAIMED and todo.progress:
-        lines += ["", "Latest from the agent: " + markdown_text(todo.progress, MAX_SUMMARY_CHARS)]
-    result = todo.result if isinstance(todo.result, dict) else {}
-    if todo.state == State.DONE and isinstance(result.get("summary"), str) and result["summary"]:
-        lines += ["", markdown_text(result["summary"], MAX_SUMMARY_CHARS)]
-    url = safe_result_url(result.get("url")) if todo.state == State.DONE else ""
-    if url:
-        lines += ["", f"Result: <{url}>"]
-    if todo.state == State.FAILED and todo.last_error:
-        lines += ["", "Error: " + markdown_text(todo.last_error, MAX_ERROR_CHARS)]
-    # The parts are capped already; the whole is too, leaving the client room for its marker.
-    return "\n".join(lines)[:MAX_STATUS_CHARS - 100]

@@ -60,10 +60,12 @@ class WriteBackClient:
     # (kind, payload) -> (target dict, label for people), or None: nothing to write back on.
     find_target: Callable
     ack: Callable  # (connection, target, now) -> the reaction's id, as text
-    # (connection, target, body, external_id, now, look_since, todo_id) -> the status's id:
-    # edited in place when ``external_id`` is given; with ``look_since`` (a time), an earlier
-    # send may have posted it before its worker died, so look for it before posting.
+    # (connection, target, update, external_id, now, look_since) -> the status's id, where
+    # ``update`` is a ``status_text.StatusUpdate`` in this client's markup: edited in place
+    # when ``external_id`` is given; with ``look_since`` (a time), an earlier send may have
+    # posted it before its worker died, so look for it before posting.
     status: Callable
+    markup: str = "markdown"  # a key of status_text.MARKUPS: "markdown" or "slack"
 
 
 @dataclass(frozen=True)

@@ -273,13 +273,13 @@ def send_ack(connection, target, now) -> str:
     return str(dict_of(answer.body).get("id", ""))
 
 
-def send_status(connection, target, body: str, external_id: str, now, look_since,
-                todo_id) -> str:
+def send_status(connection, target, update, external_id: str, now, look_since) -> str:
     """The living status: the comment ``external_id`` edited, or one posted on the issue or
-    pull request, ``body`` after the todo's marker. A status comment someone deleted is posted
-    again."""
+    pull request, the update's text after the todo's marker. A status comment someone deleted
+    is posted again."""
     number = outbound.number_segment(target["number"])
-    body = f"{STATUS_MARKER.format(todo_id=todo_id)}\n{body}"
+    todo_id = update.todo_id
+    body = f"{STATUS_MARKER.format(todo_id=todo_id)}\n{update.text}"
     if not external_id and look_since is not None:
         external_id = _find_marked_comment(connection, target, number, todo_id, look_since, now)
     if external_id:

@@ -10,7 +10,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from ingest import connections, transitions, write_back
+from ingest import connections, status_text, transitions, write_back
 from ingest.models import DeliveryRecord, WriteBack
 from ingest.senders import github as github_sender
 from ingest.tests import hook_client, signing
@@ -306,8 +306,9 @@ def test_a_worker_killed_mid_send_does_not_post_the_status_twice(hooked_by_token
     row = write_back.claim_due_write_back(now=now)
     assert row.action == "status"
     # The worker posts the comment and dies before recording it.
-    github_sender.send_status(row.connection, row.target, "half-sent", "", now,
-                              look_since=None, todo_id=todo.pk)
+    half_sent = status_text.StatusUpdate(todo_id=todo.pk, state="claimed", dead=False,
+                                         text="half-sent")
+    github_sender.send_status(row.connection, row.target, half_sent, "", now, look_since=None)
     assert send(now + timedelta(seconds=30)) == 0  # its lease still holds
     send(now + write_back.SEND_LEASE + timedelta(seconds=1))
     (comment,) = github.status_comments()
@@ -399,13 +400,13 @@ def test_the_status_escapes_neutralises_mentions_caps_and_shows_no_payload(hooke
         "summary": "@octocat look: <img src=x onerror=alert(1)> **bold** [x](javascript:1)"
                    + "y" * 5000,
         "url": "javascript:alert(1)"})
-    body = write_back.render_status(Todo.objects.select_related("endpoint").get(pk=todo.pk),
+    body = status_text.render_status(Todo.objects.select_related("endpoint").get(pk=todo.pk),
                                     now=timezone.now())
     assert "@\u200bocto" in body and "@octocat" not in body
     assert "<img" not in body and "&lt;img" in body
     assert "\\*\\*bold\\*\\*" in body and "\\[x\\]\\(javascript" in body
     assert "javascript:alert" not in body.replace("\\(javascript:1", "")
-    assert len(body) <= write_back.MAX_STATUS_CHARS
+    assert len(body) <= status_text.MAX_STATUS_CHARS
     assert "secret-in-payload-0123" not in body and payload["issue"]["title"] not in body
 
 
@@ -415,7 +416,7 @@ def test_the_status_escapes_neutralises_mentions_caps_and_shows_no_payload(hooke
     ("https://user:pw@x.example/", False),
 ])
 def test_only_a_plain_https_result_url_is_linked(url, shown):
-    assert bool(write_back.safe_result_url(url)) is shown
+    assert bool(status_text.safe_result_url(url)) is shown
 
 
 # -- the loop guard ------------------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""The living status's text (docs/write-back.md#the-living-status): switchboard's own template
+around the agent's words, written in each target's markup.
+
+A source's client declares its markup (``WriteBackClient.markup``): GitHub, GitLab, Gitea and
+Linear read Markdown, Slack its own ``mrkdwn``. Whatever the markup, what came from an agent
+(its ``post_update`` line, the result's summary, an error) is shown as itself: markup escaped,
+no HTML, mentions kept from pinging anyone, capped; the result's ``url`` is linked only when it
+is a plain https URL. Never a payload field, a secret or a lease.
+"""
+
+import re
+from dataclasses import dataclass
+from datetime import timezone as dt_timezone
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+from todos.models import State, Todo
+
+# What the living status shows of the agent's words and of the whole.
+MAX_STATUS_CHARS = 4000
+MAX_SUMMARY_CHARS = 2000
+MAX_ERROR_CHARS = 500
+# A zero-width space: after an "@" it keeps a mention from forming; after a Slack formatting
+# character it keeps it from pairing with another.
+_ZWSP = "\u200b"
+
+
+def _printable(text, limit: int) -> str:
+    text = "".join(ch for ch in str(text) if ch.isprintable() or ch == "\n")
+    return text[:limit - 1] + "…" if len(text) > limit else text
+
+
+class Markdown:
+    """GitHub-, GitLab- and Gitea-flavoured Markdown, and Linear's."""
+
+    name = "markdown"
+    # ASCII punctuation that starts or ends markup; "<", ">" and "&" become entities so no HTML
+    # gets through.
+    _SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~])")
+
+    def text(self, value, limit: int) -> str:
+        text = _printable(value, limit)
+        text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        return self._SPECIAL.sub(r"\\\1", text).replace("@", "@" + _ZWSP)
+
+    def bold(self, text: str) -> str:
+        return f"**{text}**"
+
+    def code(self, slug: str) -> str:
+        return f"`{slug}`"
+
+    def link(self, url: str, label: str) -> str:
+        return f"[{label}]({url})"
+
+    def bare_link(self, url: str) -> str:
+        return f"<{url}>"
+
+
+class SlackMrkdwn:
+    """Slack's ``mrkdwn``: only "&", "<" and ">" can be escaped (as entities), so an ``<@U…>`` or
+    ``<!here>`` never forms; its formatting characters cannot be, so a zero-width space after
+    each keeps it from pairing."""
+
+    name = "slack"
+    _FORMATTING = re.compile(r"([*_~`])")
+
+    def text(self, value, limit: int) -> str:
+        text = _printable(value, limit)
+        text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        return self._FORMATTING.sub(r"\1" + _ZWSP, text).replace("@", "@" + _ZWSP)
+
+    def bold(self, text: str) -> str:
+        return f"*{text}*"
+
+    def code(self, slug: str) -> str:
+        return f"`{slug}`"
+
+    def link(self, url: str, label: str) -> str:
+        return f"<{url.replace('|', '%7C')}|{label}>"
+
+    def bare_link(self, url: str) -> str:
+        return f"<{url.replace('|', '%7C')}>"
+
+
+MARKDOWN = Markdown()
+SLACK = SlackMrkdwn()
+MARKUPS = {MARKDOWN.name: MARKDOWN, SLACK.name: SLACK}
+
+
+def markdown_text(text, limit: int) -> str:
+    """``text`` shown as itself in Markdown (``Markdown.text``)."""
+    return MARKDOWN.text(text, limit)
+
+
+def safe_result_url(value) -> str:
+    """The result's ``url`` when it is a plain https URL (shown as a link), else ""."""
+    if not isinstance(value, str) or len(value) > 2000:
+        return ""
+    parts = urlsplit(value)
+    if (parts.scheme != "https" or not parts.hostname or parts.username or parts.password
+            or any(ch.isspace() or ch in "<>\"'`|" or not ch.isprintable() for ch in value)):
+        return ""
+    return value
+
+
+def _when(moment) -> str:
+    return moment.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if moment else ""
+
+
+_HEADLINES = {
+    State.AWAITING_APPROVAL: "⏸️ Waiting for an operator's approval",
+    State.PENDING: "📥 Queued",
+    State.CLAIMED: "🛠️ Being worked on",
+    State.DONE: "✅ Done",
+    State.CANCELLED: "🚫 Cancelled",
+}
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """What a client's ``status`` call writes: the todo's living status as it is now. ``text``
+    is in the client's markup; ``state`` and ``dead`` let a source that records a trail rather
+    than one edited object (a Linear agent session's activities) say which kind of entry this
+    is; ``final``: nothing will follow (done, dead-lettered, cancelled)."""
+
+    todo_id: int
+    state: str
+    dead: bool
+    text: str
+
+    @property
+    def final(self) -> bool:
+        return self.state in (State.DONE, State.CANCELLED) or self.dead
+
+
+def status_update(todo: Todo, *, now, markup=MARKDOWN) -> StatusUpdate:
+    """``todo``'s living status rendered in ``markup``."""
+    return StatusUpdate(todo_id=todo.pk, state=todo.state, dead=bool(todo.dead_lettered_at),
+                        text=render_status(todo, now=now, markup=markup))
+
+
+def render_status(todo: Todo, *, now, markup=MARKDOWN) -> str:
+    """The living status of ``todo``: it names the todo's state, its agent (the endpoint), its
+    times and a link to its page; while claimed, the agent's latest ``post_update`` line; when
+    done, the result's ``summary`` and ``https`` ``url``; when failed, the error."""
+    page = f"{settings.SWITCHBOARD_PUBLIC_URL}/todos/{todo.pk}/"
+    agent = todo.endpoint.slug  # a slug: nothing in it is markup, even outside the code span
+    if todo.state == State.FAILED:
+        headline = ("💀 Failed for good (no attempts left)" if todo.dead_lettered_at
+                    else f"⚠️ Failed; retrying at {_when(todo.retry_at)}")
+    elif todo.state == State.PENDING and todo.not_before:
+        headline = f"🕒 Scheduled for {_when(todo.not_before)}"
+    elif todo.state == State.PENDING and todo.attempts:
+        headline = f"🔁 Queued again (attempt {todo.attempts + 1} of {todo.max_attempts})"
+    else:
+        headline = _HEADLINES.get(todo.state, markup.text(todo.state, 32))
+    lines = [
+        f"{markup.bold(headline)} · agent {markup.code(agent)} · "
+        f"{markup.link(page, f'todo {todo.pk} on switchboard')}",
+        "",
+        f"Taken in {_when(todo.created_at)} · last change {_when(todo.updated_at)}"
+        + (f" · attempt {todo.attempts} of {todo.max_attempts}"
+           if todo.state == State.CLAIMED else ""),
+    ]
+    if todo.state == State.CLAIMED and todo.progress:
+        lines += ["", "Latest from the agent: " + markup.text(todo.progress, MAX_SUMMARY_CHARS)]
+    result = todo.result if isinstance(todo.result, dict) else {}
+    if todo.state == State.DONE and isinstance(result.get("summary"), str) and result["summary"]:
+        lines += ["", markup.text(result["summary"], MAX_SUMMARY_CHARS)]
+    url = safe_result_url(result.get("url")) if todo.state == State.DONE else ""
+    if url:
+        lines += ["", f"Result: {markup.bare_link(url)}"]
+    if todo.state == State.FAILED and todo.last_error:
+        lines += ["", "Error: " + markup.text(todo.last_error, MAX_ERROR_CHARS)]
+    # The parts are capped already; the whole is too, leaving the client room for its marker.
+    return "\n".join(lines)[:MAX_STATUS_CHARS - 100]
