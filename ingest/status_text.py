@@ -17,7 +17,8 @@ from django.conf import settings
 
 from todos.models import State, Todo
 
-# What the living status shows of the agent's words and of the whole.
+# What the living status shows of the agent's words and of the whole (the forges' cap; a
+# client may ask for less: Slack 3,000, Linear 2,000).
 MAX_STATUS_CHARS = 4000
 MAX_SUMMARY_CHARS = 2000
 MAX_ERROR_CHARS = 500
@@ -134,13 +135,14 @@ class StatusUpdate:
         return self.state in (State.DONE, State.CANCELLED) or self.dead
 
 
-def status_update(todo: Todo, *, now, markup=MARKDOWN) -> StatusUpdate:
-    """``todo``'s living status rendered in ``markup``."""
+def status_update(todo: Todo, *, now, markup=MARKDOWN,
+                  max_chars: int = MAX_STATUS_CHARS) -> StatusUpdate:
+    """``todo``'s living status rendered in ``markup``, at most ``max_chars`` long."""
     return StatusUpdate(todo_id=todo.pk, state=todo.state, dead=bool(todo.dead_lettered_at),
-                        text=render_status(todo, now=now, markup=markup))
+                        text=render_status(todo, now=now, markup=markup, max_chars=max_chars))
 
 
-def render_status(todo: Todo, *, now, markup=MARKDOWN) -> str:
+def render_status(todo: Todo, *, now, markup=MARKDOWN, max_chars: int = MAX_STATUS_CHARS) -> str:
     """The living status of ``todo``: it names the todo's state, its agent (the endpoint), its
     times and a link to its page; while claimed, the agent's latest ``post_update`` line; when
     done, the result's ``summary`` and ``https`` ``url``; when failed, the error."""
@@ -174,4 +176,4 @@ def render_status(todo: Todo, *, now, markup=MARKDOWN) -> str:
     if todo.state == State.FAILED and todo.last_error:
         lines += ["", "Error: " + markup.text(todo.last_error, MAX_ERROR_CHARS)]
     # The parts are capped already; the whole is too, leaving the client room for its marker.
-    return "\n".join(lines)[:MAX_STATUS_CHARS - 100]
+    return "\n".join(lines)[:max_chars - 100]

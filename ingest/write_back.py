@@ -261,7 +261,8 @@ def send_write_back(row: WriteBack, *, now) -> str:
             # The first send of a status has nothing to look for; a later one without an id
             # may follow a worker that died after the source took it, since the row was made.
             update = status_text.status_update(
-                todo, now=now, markup=status_text.MARKUPS[client.markup])
+                todo, now=now, markup=status_text.MARKUPS[client.markup],
+                max_chars=client.max_status_chars)
             external_id = client.status(
                 row.connection, row.target, update, row.external_id, now,
                 look_since=row.created_at if row.attempts > 1 and not row.external_id else None)

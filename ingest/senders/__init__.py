@@ -66,6 +66,7 @@ class WriteBackClient:
     # posted it before its worker died, so look for it before posting.
     status: Callable
     markup: str = "markdown"  # a key of status_text.MARKUPS: "markdown" or "slack"
+    max_status_chars: int = 4000  # the status's cap: 4,000 on the forges, Slack 3,000, Linear 2,000
 
 
 @dataclass(frozen=True)
