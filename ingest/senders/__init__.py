@@ -66,6 +66,10 @@ class WriteBackClient:
     # posted it before its worker died, so look for it before posting.
     status: Callable
     markup: str = "markdown"  # a key of status_text.MARKUPS: "markdown" or "slack"
+    # (connection, target) -> the web page people open for the target (the issue, the comment,
+    # the thread), built from the connection's api_url and the target's checked segments only,
+    # never from a URL in a payload; "" when there is none to link.
+    target_url: Callable | None = None
     max_status_chars: int = 4000  # the status's cap: 4,000 on the forges, Slack 3,000, Linear 2,000
 
 

@@ -5,6 +5,7 @@ client of its connections, an App or a token (docs/write-back.md#connections).""
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone as dt_timezone
+from urllib.parse import urlsplit
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -310,6 +311,31 @@ def _find_marked_comment(connection, target, number, todo_id, since, now) -> str
     return ""
 
 
+def target_url(connection, target) -> str:
+    """The issue, pull request or comment on GitHub's web pages: github.com for the public API,
+    the host itself for an Enterprise Server (``https://host/api/v3``). GitHub sends an
+    ``/issues/N`` of a pull request on to its ``/pull/N``."""
+    parts = urlsplit(connection.api_url)
+    if parts.netloc == "api.github.com":
+        web = "https://github.com"
+    elif parts.path.rstrip("/").endswith("/api/v3"):
+        web = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')[:-len('/api/v3')]}"
+    else:
+        web = f"{parts.scheme}://{parts.netloc}"
+    try:
+        url = (f"{web}/{outbound.name_segment(target['owner'])}/"
+               f"{outbound.name_segment(target['repo'])}/issues/"
+               f"{outbound.number_segment(target['number'])}")
+        comment = target.get("comment")
+        if comment:
+            anchor = ("discussion_r" if target.get("comment_path") == "pulls/comments"
+                      else "issuecomment-")
+            url += f"#{anchor}{outbound.number_segment(comment)}"
+    except (KeyError, outbound.SourceError):
+        return ""
+    return url
+
+
 def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     """The delivery's ``sender`` is the connection's own login (the App's bot, or the token's
     user), or the object it is about was written through the App
@@ -338,5 +364,6 @@ SENDER = Sender(
         ConnectionSpec(kind="github_token", default_api_url=DEFAULT_API_URL, identify=identify,
                        check_secret=check_token),
     ),
-    write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status),
+    write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status,
+                               target_url=target_url),
     is_own_write_back=is_own_write_back)

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ingest import connections, status_text, transitions, write_back
-from ingest.models import DeliveryRecord, WriteBack
+from ingest.models import Connection, DeliveryRecord, WriteBack
 from ingest.senders import github as github_sender
 from ingest.tests import hook_client, signing
 from ingest.tests.conftest import SECRETS
@@ -544,3 +544,19 @@ def test_the_retention_prune_takes_the_write_backs_of_the_todos_it_takes(hooked_
     assert would["write_backs"] == 2
     assert sweeps.prune_history(now=later)["write_backs"] == 2
     assert set(WriteBack.objects.values_list("todo_id", flat=True)) == {young.pk}
+
+
+@pytest.mark.parametrize("api_url, target, url", [
+    ("https://api.github.com", {"owner": "octo", "repo": "hello", "number": "12"},
+     "https://github.com/octo/hello/issues/12"),
+    ("https://ghe.example/api/v3", {"owner": "octo", "repo": "hello", "number": "3",
+                                    "comment": "77", "comment_path": "issues/comments"},
+     "https://ghe.example/octo/hello/issues/3#issuecomment-77"),
+    ("https://api.github.com", {"owner": "octo", "repo": "hello", "number": "4",
+                                "comment": "9", "comment_path": "pulls/comments"},
+     "https://github.com/octo/hello/issues/4#discussion_r9"),
+    ("https://api.github.com", {"owner": "../evil", "repo": "hello", "number": "4"}, ""),
+])
+def test_a_targets_page_is_built_from_the_api_url_and_checked_segments(api_url, target, url):
+    connection = Connection(kind="github_token", api_url=api_url)
+    assert github_sender.target_url(connection, target) == url
