@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from todos.models import State, Todo
+from todos.models import PRIORITY_DEFAULT, State, Todo, TodoEvent
 
 # What the living status shows of the agent's words and of the whole (the forges' cap; a
 # client may ask for less: Slack 3,000, Linear 2,000).
@@ -118,6 +118,37 @@ _HEADLINES = {
 }
 
 
+# The operators' decisions a status names, by the event that records them and the state the
+# todo must be in for it to be the news, and the words the headline gains.
+_DECISIONS = {
+    "approve": (State.PENDING, " (approved by {actor})"),
+    "cancel": (State.CANCELLED, " by {actor}"),
+    "reject": (State.CANCELLED, " (rejected by {actor})"),
+}
+# Actors that are switchboard itself, named as people read them.
+_SYSTEM_ACTORS = {"approval-timeout": "switchboard: nobody approved it in time"}
+
+
+def _operator_decision(todo: Todo, markup):
+    """``(headline words, reason)`` of the operator's approve, reject or cancel that put the
+    todo where it is, or None. The operator is named by username (as the console names them),
+    switchboard's own sweeps by what they did; both in ``markup``."""
+    wanted = [action for action, (state, _) in _DECISIONS.items() if state == todo.state]
+    # Queued again after an attempt: the approval is no longer the news.
+    if not wanted or (todo.state == State.PENDING and todo.attempts):
+        return None
+    event = (TodoEvent.objects.filter(todo_id=todo.pk, action__in=wanted)
+             .order_by("-at", "-id").only("action", "actor", "detail").first())
+    if event is None:
+        return None
+    system = _SYSTEM_ACTORS.get(event.actor)
+    actor = system or markup.text(event.actor, 100)
+    detail = event.detail if isinstance(event.detail, dict) else {}
+    reason = detail.get("reason") if not system else ""
+    return (_DECISIONS[event.action][1].format(actor=actor),
+            reason if isinstance(reason, str) else "")
+
+
 @dataclass(frozen=True)
 class StatusUpdate:
     """What a client's ``status`` call writes: the todo's living status as it is now. ``text``
@@ -157,14 +188,20 @@ def render_status(todo: Todo, *, now, markup=MARKDOWN, max_chars: int = MAX_STAT
         headline = f"🔁 Queued again (attempt {todo.attempts + 1} of {todo.max_attempts})"
     else:
         headline = _HEADLINES.get(todo.state, markup.text(todo.state, 32))
+    decision = _operator_decision(todo, markup)
+    if decision is not None:
+        headline += decision[0]
     lines = [
         f"{markup.bold(headline)} · agent {markup.code(agent)} · "
         f"{markup.link(page, f'todo {todo.pk} on switchboard')}",
         "",
         f"Taken in {_when(todo.created_at)} · last change {_when(todo.updated_at)}"
         + (f" · attempt {todo.attempts} of {todo.max_attempts}"
-           if todo.state == State.CLAIMED else ""),
+           if todo.state == State.CLAIMED else "")
+        + (f" · priority {todo.priority}" if todo.priority != PRIORITY_DEFAULT else ""),
     ]
+    if decision is not None and decision[1]:
+        lines += ["", "Reason: " + markup.text(decision[1], MAX_ERROR_CHARS)]
     if todo.state == State.CLAIMED and todo.progress:
         lines += ["", "Latest from the agent: " + markup.text(todo.progress, MAX_SUMMARY_CHARS)]
     result = todo.result if isinstance(todo.result, dict) else {}
