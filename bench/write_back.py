@@ -37,6 +37,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
+from bench.modes import percentile, run_children  # noqa: E402
+
 SETTINGS = "tests.system.write_back_settings"
 os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
 os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
@@ -196,11 +198,6 @@ def child(mode: str, names: list[str], deliveries: int, warmup: int):
     print(json.dumps({"latencies": result, "problems": problems}))
 
 
-def percentile(values, fraction):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deliveries", type=int, default=200)
@@ -216,20 +213,9 @@ def main():
             "REDIS_URL"):
         sys.exit("bench/write_back.py runs production on PostgreSQL + Redis: set "
                  "DATABASE_URL=postgres://… and REDIS_URL=redis://…")
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="bench-write-back-") as var_dir:
-        embedded_env = {k: v for k, v in os.environ.items()
-                        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
-        embedded_env["SWITCHBOARD_VAR_DIR"] = var_dir
-        for mode, env in (("embedded", embedded_env), ("production", dict(os.environ))):
-            out = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--child", mode,
-                 "--deliveries", str(args.deliveries), "--warmup", str(args.warmup),
-                 "--sources", ",".join(names)],
-                env=env, cwd=ROOT, capture_output=True, text=True, check=False)
-            if out.returncode != 0:
-                sys.exit(f"{mode} run failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-            results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    results = run_children(str(Path(__file__).resolve()), "production", [
+        "--deliveries", str(args.deliveries), "--warmup", str(args.warmup),
+        "--sources", ",".join(names)])
     print(f"switchboard bench/write_back.py — {time.strftime('%Y-%m-%d %H:%M')}, "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {args.deliveries} signed "
           f"deliveries one at a time (+{args.warmup} warm-up) per source and mode; 202 → the "
