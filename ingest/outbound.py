@@ -110,13 +110,14 @@ def _http() -> httpx.Client:
 
 
 def send(api_url: str, method: str, path: str, *, token: str, headers=None, json=None,
-         now: datetime | None = None) -> Answer:
-    """``method`` ``api_url + path`` with ``token`` as its bearer. ``path`` starts with "/"
-    and is built from ``name_segment``/``number_segment`` values only. Returns the answer of
-    a 2xx; raises SourceError for anything else. ``now`` dates a rate limit's ``retry_at``."""
+         now: datetime | None = None, auth_scheme: str = "Bearer") -> Answer:
+    """``method`` ``api_url + path`` with ``token`` in ``Authorization: <auth_scheme> <token>``
+    (Gitea's tokens go as ``token``). ``path`` starts with "/" and is built from
+    ``name_segment``/``number_segment`` values only. Returns the answer of a 2xx; raises
+    SourceError for anything else. ``now`` dates a rate limit's ``retry_at``."""
     base = check_api_url(api_url)
     url = base + path
-    request_headers = {**(headers or {}), "Authorization": f"Bearer {token}"}
+    request_headers = {**(headers or {}), "Authorization": f"{auth_scheme} {token}"}
     for _ in range(MAX_REDIRECTS + 1):
         try:
             response = _http().request(method, url, headers=request_headers, json=json)
@@ -183,7 +184,8 @@ def classify(response, *, now: datetime | None = None) -> SourceError:
 
 def _retry_at(headers, now: datetime) -> datetime | None:
     """When a rate-limited request may go again: ``Retry-After`` (seconds or an HTTP date),
-    else ``x-ratelimit-reset`` (epoch seconds); None when neither says."""
+    else ``x-ratelimit-reset`` (GitHub) or ``RateLimit-Reset`` (GitLab), both epoch seconds;
+    None when none says."""
     after = headers.get("retry-after", "").strip()
     if after.isdigit():
         return now + timedelta(seconds=int(after))
@@ -194,7 +196,7 @@ def _retry_at(headers, now: datetime) -> datetime | None:
             when = None
         if when is not None:
             return when if when.tzinfo else when.replace(tzinfo=dt_timezone.utc)
-    reset = headers.get("x-ratelimit-reset", "").strip()
+    reset = (headers.get("x-ratelimit-reset") or headers.get("ratelimit-reset") or "").strip()
     if reset.isdigit():
         return datetime.fromtimestamp(int(reset), tz=dt_timezone.utc)
     return None

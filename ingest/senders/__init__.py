@@ -11,7 +11,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Callable
 
-from ..actors import AUTHOR_ASSOCIATIONS, Actor
+from ..actors import AUTHOR_ASSOCIATIONS, Actor, dict_of, text_of
 from ..titles import clean_kind
 from ..verification import Envelope, VerificationFailed, accepted_secrets
 
@@ -71,6 +71,38 @@ class WriteBackClient:
     # never from a URL in a payload; "" when there is none to link.
     target_url: Callable | None = None
     max_status_chars: int = 4000  # the status's cap: 4,000 on the forges, Slack 3,000, Linear 2,000
+
+
+def send_living_status(external_id: str, look_since, *, look, edit, post) -> str:
+    """The flow every forge's living status follows (docs/write-back.md#the-living-status):
+    with no id yet but ``look_since``, an earlier send may have posted it before its worker
+    died, so ``look()`` for its marker first (its id, or ""); then ``edit(id)`` in place, and
+    ``post()`` (returning the new id) when there is none or someone deleted it (a 404)."""
+    from .. import outbound
+
+    if not external_id and look_since is not None:
+        external_id = look()
+    if external_id:
+        try:
+            edit(external_id)
+            return external_id
+        except outbound.SourceError as failed:
+            if failed.status != 404:
+                raise
+    return post()
+
+
+def find_marked(items, marker: str, identity: str, *, body_key: str, author_of) -> str:
+    """The id of the first of ``items`` (a source's list of comments or notes) whose text
+    (``body_key``) holds ``marker`` and whose author (``author_of(item)``) is the connection's
+    ``identity`` (anyone, while the connection has none recorded); "" when none does."""
+    for item in items if isinstance(items, list) else []:
+        item = dict_of(item)
+        author = author_of(item)
+        if marker in text_of(item.get(body_key)) and (
+                not identity or author.lower() == identity.lower()):
+            return str(item.get("id", ""))
+    return ""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from . import ConnectionSpec, Identity, Sender, WriteBackClient
+from . import ConnectionSpec, Identity, Sender, WriteBackClient, find_marked, send_living_status
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
@@ -279,20 +279,19 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
     pull request, the update's text after the todo's marker. A status comment someone deleted
     is posted again."""
     number = outbound.number_segment(target["number"])
-    todo_id = update.todo_id
-    body = f"{STATUS_MARKER.format(todo_id=todo_id)}\n{update.text}"
-    if not external_id and look_since is not None:
-        external_id = _find_marked_comment(connection, target, number, todo_id, look_since, now)
-    if external_id:
-        try:
-            _send(connection, target, "PATCH",
-                  f"/issues/comments/{outbound.number_segment(external_id)}", now, {"body": body})
-            return external_id
-        except outbound.SourceError as failed:
-            if failed.status != 404:
-                raise
-    answer = _send(connection, target, "POST", f"/issues/{number}/comments", now, {"body": body})
-    return str(dict_of(answer.body).get("id", ""))
+    body = {"body": f"{STATUS_MARKER.format(todo_id=update.todo_id)}\n{update.text}"}
+
+    def post():
+        answer = _send(connection, target, "POST", f"/issues/{number}/comments", now, body)
+        return str(dict_of(answer.body).get("id", ""))
+
+    return send_living_status(
+        external_id, look_since,
+        look=lambda: _find_marked_comment(connection, target, number, update.todo_id,
+                                          look_since, now),
+        edit=lambda found: _send(connection, target, "PATCH",
+                                 f"/issues/comments/{outbound.number_segment(found)}", now, body),
+        post=post)
 
 
 def _find_marked_comment(connection, target, number, todo_id, since, now) -> str:
@@ -302,13 +301,13 @@ def _find_marked_comment(connection, target, number, todo_id, since, now) -> str
     since = since.astimezone(dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     answer = _send(connection, target, "GET",
                    f"/issues/{number}/comments?since={since}&per_page={MARKER_LOOK_PAGE}", now)
-    for comment in answer.body if isinstance(answer.body, list) else []:
-        comment = dict_of(comment)
-        author = text_of(dict_of(comment.get("user")).get("login"))
-        if marker in text_of(comment.get("body")) and (
-                not connection.identity or author == connection.identity):
-            return str(comment.get("id", ""))
-    return ""
+    return find_marked(answer.body, marker, connection.identity, body_key="body",
+                       author_of=comment_author)
+
+
+def comment_author(comment: dict) -> str:
+    """The login of a comment's author (GitHub's and Gitea's comments alike)."""
+    return text_of(dict_of(comment.get("user")).get("login"))
 
 
 def target_url(connection, target) -> str:
