@@ -15,20 +15,14 @@ it are skipped, saying why.
 
 import copy
 import fcntl
-import itertools
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
-import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone as dt_timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs
 
 import jsonschema
 import jwt
@@ -37,6 +31,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
+
+from .standin_server import StandIn, wait_for  # noqa: F401 (wait_for: the tests' poll)
 
 REPO = Path(__file__).resolve().parents[2]
 NPM_PREFIX = REPO / "var" / "npm"
@@ -241,36 +237,14 @@ def make_app_key() -> tuple[str, object]:
     return pem, key.public_key()
 
 
-@dataclass
-class Seen:
-    method: str
-    path: str
-    operation: str
-    headers: dict
-    body: object
-    status: int = 0
-    query: dict = field(default_factory=dict)
-
-
-@dataclass
-class Fault:
-    """Answer ``status`` (with ``headers``) to the next ``times`` requests, or to every one
-    while ``times`` is None (the source is down)."""
-
-    status: int
-    headers: dict = field(default_factory=dict)
-    times: int | None = 1
-    message: str = "Service Unavailable"
-
-
-class GitHubStandIn:
+class GitHubStandIn(StandIn):
     """GitHub's REST API on a loopback port: ``api_url`` (optionally under a prefix, as GitHub
     Enterprise Server's ``/api/v3``). One App (``app_id``, ``app_slug``, ``app_pem``) and one
     token user (``token``, ``user_login``); comments and reactions it was asked for, each
     request in ``seen``, each broken rule in ``problems``."""
 
     def __init__(self, *, prefix: str = ""):
-        self.prefix = prefix
+        super().__init__(prefix=prefix)
         self.app_id = 424242
         self.app_slug = "switchboard-test"
         self.app_pem, self._app_public_key = make_app_key()
@@ -279,52 +253,31 @@ class GitHubStandIn:
         self.installation_tokens = {}  # token -> (installation id, expires_at)
         self.comments = {}  # id -> {"issue": (owner, repo, number), "body": …}
         self.reactions = []  # (target, content)
-        self.seen: list[Seen] = []
-        self.problems: list[str] = []
-        self.faults: list[Fault] = []
-        # operation id -> (reached, release): its next request is carried out, then its answer
-        # waits until ``release`` is set (a worker can be killed while GitHub has acted).
-        self.holds: dict = {}
         self.token_lifetime = timedelta(hours=1)
-        self._ids = itertools.count(1001)
-        self._lock = threading.Lock()
-        handler = type("Handler", (_Handler,), {"standin": self})
-        self.server = _QuietServer(("127.0.0.1", 0), handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    @property
-    def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}{self.prefix}"
+    def load(self):
+        operations()  # the description, before the first request
 
-    def start(self):
-        operations()  # load the description before the first request
-        self.thread.start()
-        return self
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def fail(self, status: int, *, headers=None, times: int | None = 1,
-             message: str = "Service Unavailable") -> None:
-        with self._lock:
-            self.faults.append(Fault(status, dict(headers or {}), times, message))
-
-    def recover(self) -> None:
-        with self._lock:
-            self.faults.clear()
-
-    def hold_answer(self, operation_id: str) -> tuple[threading.Event, threading.Event]:
-        """Carry out the next ``operation_id`` request, then hold its answer: returns
-        ``(reached, release)``; ``reached`` is set once the request was carried out, and the
-        answer goes when ``release`` is set (or after a minute)."""
-        events = (threading.Event(), threading.Event())
-        with self._lock:
-            self.holds[operation_id] = events
-        return events
-
-    def requests_to(self, operation_id: str) -> list[Seen]:
-        return [seen for seen in self.seen if seen.operation == operation_id]
+    def route(self, method, api_path, seen):
+        match = None
+        for operation in operations():
+            if operation.method == method:
+                found = operation.pattern.match(api_path)
+                if found:
+                    match = (operation, found.groupdict())
+                    break
+        if match is None:
+            self.problems.append(f"{method} {api_path}: no such operation in GitHub's "
+                                 "description")
+            return 404, {"message": "Not Found"}, {}
+        operation, values = match
+        seen.operation = operation.id
+        if seen.headers.get("accept") != "application/vnd.github+json":
+            self.problems.append(f"{operation.id}: Accept {seen.headers.get('accept')!r}")
+        problems = (path_problems(operation, values) + query_problems(operation, seen.query)
+                    + body_problems(operation, seen.body))
+        return self.answer_checked(seen, problems, lambda: self.answer(
+            operation, values, seen.headers, seen.body))
 
     # -- what each operation does --------------------------------------------------------
 
@@ -348,7 +301,7 @@ class GitHubStandIn:
             user.update(login=self.user_login, id=5150, type="User")
             return 200, user
         if operation.id == "apps/create-installation-access-token":
-            token = f"ghs_{next(self._ids)}standininstallationtoken"
+            token = f"ghs_{self.next_id()}standininstallationtoken"
             expires = (now + self.token_lifetime).replace(microsecond=0)
             self.installation_tokens[token] = (int(values["installation_id"]), expires)
             answer = response_example(operation, "201")
@@ -363,14 +316,14 @@ class GitHubStandIn:
                         and reaction["user"] == author:
                     return 200, reaction["answer"]
             answer = response_example(operation, "201")
-            answer.update(id=next(self._ids), content=body["content"],
+            answer.update(id=self.next_id(), content=body["content"],
                           user={**answer.get("user", {}), "login": author})
             self.reactions.append({"subject": subject, "content": body["content"],
                                    "user": author, "answer": answer})
             return 201, answer
         if operation.id == "issues/create-comment":
             answer = response_example(operation, "201")
-            comment_id = next(self._ids)
+            comment_id = self.next_id()
             answer.update(id=comment_id, body=body["body"],
                           user={**answer.get("user", {}), "login": author})
             self.comments[comment_id] = {"issue": (*repo, int(values["issue_number"])),
@@ -427,110 +380,3 @@ class GitHubStandIn:
         if exp > now + JWT_MAX_LIFETIME + JWT_CLOCK_SKEW:
             return "JWT exp is too far in the future"
         return ""
-
-    def take_fault(self) -> Fault | None:
-        with self._lock:
-            if not self.faults:
-                return None
-            fault = self.faults[0]
-            if fault.times is not None:
-                fault.times -= 1
-                if fault.times <= 0:
-                    self.faults.pop(0)
-            return fault
-
-
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):
-        # A client that went away mid-request (a worker killed on purpose) is not a failure of
-        # the stand-in; anything else is printed as usual.
-        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
-            super().handle_error(request, client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    standin: GitHubStandIn
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):  # quiet: the test reads ``seen``
-        pass
-
-    def _serve(self):
-        standin = self.standin
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        path, _, query = self.path.partition("?")
-        body = None
-        if raw:
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                standin.problems.append(f"{self.command} {path}: body is not JSON")
-                return self._reply(400, {"message": "Problems parsing JSON"})
-        seen = Seen(self.command, path, "", headers, body,
-                    query={name: values[-1] for name, values in parse_qs(query).items()})
-        standin.seen.append(seen)
-        if not path.startswith(standin.prefix + "/"):
-            standin.problems.append(f"{self.command} {path}: outside the API prefix")
-            return self._reply(404, {"message": "Not Found"}, seen)
-        api_path = path[len(standin.prefix):]
-        match = None
-        for operation in operations():
-            if operation.method == self.command:
-                found = operation.pattern.match(api_path)
-                if found:
-                    match = (operation, found.groupdict())
-                    break
-        if match is None:
-            standin.problems.append(f"{self.command} {api_path}: no such operation in "
-                                    "GitHub's description")
-            return self._reply(404, {"message": "Not Found"}, seen)
-        operation, values = match
-        seen.operation = operation.id
-        if headers.get("accept") != "application/vnd.github+json":
-            standin.problems.append(f"{operation.id}: Accept {headers.get('accept')!r}")
-        problems = (path_problems(operation, values) + query_problems(operation, seen.query)
-                    + body_problems(operation, body))
-        if problems:
-            standin.problems.extend(problems)
-            return self._reply(422, {"message": "Validation Failed", "errors": problems}, seen)
-        fault = standin.take_fault()
-        if fault is not None:
-            return self._reply(fault.status, {"message": fault.message}, seen, fault.headers)
-        with standin._lock:
-            status, answer = standin.answer(operation, values, headers, body)
-            hold = standin.holds.pop(operation.id, None)
-        if hold is not None:
-            reached, release = hold
-            reached.set()
-            release.wait(60)
-        return self._reply(status, answer, seen)
-
-    def _reply(self, status, answer, seen=None, headers=None):
-        if seen is not None:
-            seen.status = status
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
-
-
-def wait_for(condition, *, timeout: float = 10.0, interval: float = 0.02):
-    """Poll ``condition`` until it returns something true, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(interval)

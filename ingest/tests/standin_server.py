@@ -1,0 +1,202 @@
+"""What every stand-in of a source's API shares (ingest/tests/github_standin.py,
+gitlab_standin.py, gitea_standin.py): a threaded HTTP server on a loopback port, each request
+kept in ``seen``, each broken rule of the source's published description in ``problems``, and
+faults to answer with (the source down, a rate limit). A stand-in says in ``route`` which
+operation of its description a request is and what the source would answer."""
+
+import itertools
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    operation: str
+    headers: dict
+    body: object
+    status: int = 0
+    query: dict = field(default_factory=dict)
+
+
+@dataclass
+class Fault:
+    """Answer ``status`` (with ``headers``) to the next ``times`` requests, or to every one
+    while ``times`` is None (the source is down)."""
+
+    status: int
+    headers: dict = field(default_factory=dict)
+    times: int | None = 1
+    message: str = "Service Unavailable"
+
+
+class StandIn:
+    """A source's API on a loopback port, under ``prefix`` (``/api/v4``, ``/api/v1``, or a GitHub
+    Enterprise Server's ``/api/v3``). Subclasses implement ``route`` and ``load`` (the
+    description, read before the first request)."""
+
+    def __init__(self, *, prefix: str = ""):
+        self.prefix = prefix
+        self.seen: list[Seen] = []
+        self.problems: list[str] = []
+        self.faults: list[Fault] = []
+        # operation id -> (reached, release): its next request is carried out, then its answer
+        # waits until ``release`` is set (a worker can be killed while the source has acted).
+        self.holds: dict = {}
+        self._ids = itertools.count(1001)
+        self._lock = threading.Lock()
+        handler = type("Handler", (_Handler,), {"standin": self})
+        self.server = _QuietServer(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}{self.prefix}"
+
+    def load(self) -> None:
+        pass
+
+    def start(self):
+        self.load()
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def fail(self, status: int, *, headers=None, times: int | None = 1,
+             message: str = "Service Unavailable") -> None:
+        with self._lock:
+            self.faults.append(Fault(status, dict(headers or {}), times, message))
+
+    def recover(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def hold_answer(self, operation_id: str) -> tuple[threading.Event, threading.Event]:
+        """Carry out the next ``operation_id`` request, then hold its answer: returns
+        ``(reached, release)``; ``reached`` is set once the request was carried out, and the
+        answer goes when ``release`` is set (or after a minute)."""
+        events = (threading.Event(), threading.Event())
+        with self._lock:
+            self.holds[operation_id] = events
+        return events
+
+    def requests_to(self, operation_id: str) -> list[Seen]:
+        return [seen for seen in self.seen if seen.operation == operation_id]
+
+    def take_fault(self) -> Fault | None:
+        with self._lock:
+            if not self.faults:
+                return None
+            fault = self.faults[0]
+            if fault.times is not None:
+                fault.times -= 1
+                if fault.times <= 0:
+                    self.faults.pop(0)
+            return fault
+
+    def fault_answer(self, fault: Fault) -> tuple[int, object, dict]:
+        """How the source words a fault's answer (GitHub and Gitea: ``{"message": …}``)."""
+        return fault.status, {"message": fault.message}, fault.headers
+
+    def route(self, method: str, api_path: str, seen: Seen) -> tuple[int, object, dict]:
+        """The answer to one request under the prefix: ``(status, JSON, headers)``, after
+        naming its operation in ``seen.operation`` and adding any broken rule to
+        ``problems``."""
+        raise NotImplementedError
+
+    def answer_checked(self, seen: Seen, problems: list[str], answer) -> tuple[int, object, dict]:
+        """The common tail of ``route``: a request that broke the description's rules is
+        refused with ``problems`` (422); else the next fault, if any; else ``answer()``
+        (``(status, JSON)``) under the lock."""
+        if problems:
+            self.problems.extend(problems)
+            return 422, {"message": "Validation Failed", "errors": problems}, {}
+        fault = self.take_fault()
+        if fault is not None:
+            return self.fault_answer(fault)
+        with self._lock:
+            return (*answer(), {})
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that went away mid-request (a worker killed on purpose) is not a failure of
+        # the stand-in; anything else is printed as usual.
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    standin: StandIn
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # quiet: the test reads ``seen``
+        pass
+
+    def _serve(self):
+        standin = self.standin
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        path, _, query = self.path.partition("?")
+        body = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                standin.problems.append(f"{self.command} {path}: body is not JSON")
+                return self._reply(400, {"message": "Problems parsing JSON"})
+        seen = Seen(self.command, path, "", headers, body,
+                    query={name: values[-1] for name, values in parse_qs(query).items()})
+        standin.seen.append(seen)
+        if not path.startswith(standin.prefix + "/"):
+            standin.problems.append(f"{self.command} {path}: outside the API prefix")
+            return self._reply(404, {"message": "Not Found"}, seen)
+        status, answer, extra = standin.route(self.command, path[len(standin.prefix):], seen)
+        with standin._lock:
+            hold = standin.holds.pop(seen.operation, None)
+        if hold is not None:
+            reached, release = hold
+            reached.set()
+            release.wait(60)
+        return self._reply(status, answer, seen, extra)
+
+    def _reply(self, status, answer, seen=None, headers=None):
+        if seen is not None:
+            seen.status = status
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+
+
+def wait_for(condition, *, timeout: float = 10.0, interval: float = 0.02):
+    """Poll ``condition`` until it returns something true, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
