@@ -93,3 +93,27 @@ def app_connection(operator, github):
         app_id=str(github.app_id), api_url=github.api_url)
     assert test.ok, test.error
     return connection
+
+
+@pytest.fixture
+def gitlab():
+    """A stand-in of GitLab's API held to python-gitlab's resource definitions and GitLab's
+    REST reference (ingest/tests/gitlab_standin.py); the test fails if any request broke a rule."""
+    from ingest.tests.gitlab_standin import GitLabStandIn
+
+    standin = GitLabStandIn().start()
+    yield standin
+    standin.stop()
+    assert standin.problems == [], "requests GitLab's description refuses"
+
+
+@pytest.fixture
+def gitea():
+    """A stand-in of Gitea's API held to its published description
+    (ingest/tests/gitea_standin.py); the test fails if any request broke a rule."""
+    from ingest.tests.gitea_standin import GiteaStandIn
+
+    standin = GiteaStandIn().start()
+    yield standin
+    standin.stop()
+    assert standin.problems == [], "requests Gitea's description refuses"
