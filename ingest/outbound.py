@@ -88,6 +88,15 @@ def number_segment(value) -> str:
     return str(value)
 
 
+def web_root(api_url: str, api_path: str) -> str:
+    """The web pages' root of a source whose API is at ``api_url``: the same host, without the
+    API's own path (``/api/v4`` on GitLab, ``/api/v1`` on Gitea), kept where the source is
+    served under a path of its own (``https://host/gitlab/api/v4``)."""
+    parts = urlsplit(api_url)
+    root = parts.path.rstrip("/").removesuffix(api_path)
+    return f"{parts.scheme}://{parts.netloc}{root}"
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int

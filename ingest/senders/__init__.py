@@ -77,7 +77,8 @@ def send_living_status(external_id: str, look_since, *, look, edit, post) -> str
     """The flow every forge's living status follows (docs/write-back.md#the-living-status):
     with no id yet but ``look_since``, an earlier send may have posted it before its worker
     died, so ``look()`` for its marker first (its id, or ""); then ``edit(id)`` in place, and
-    ``post()`` (returning the new id) when there is none or someone deleted it (a 404)."""
+    ``post()`` (the source's answer, whose ``id`` is the new status's) when there is none or
+    someone deleted it (a 404). Returns the status's id."""
     from .. import outbound
 
     if not external_id and look_since is not None:
@@ -89,7 +90,7 @@ def send_living_status(external_id: str, look_since, *, look, edit, post) -> str
         except outbound.SourceError as failed:
             if failed.status != 404:
                 raise
-    return post()
+    return str(dict_of(post().body).get("id", ""))
 
 
 def find_marked(items, marker: str, identity: str, *, body_key: str, author_of) -> str:

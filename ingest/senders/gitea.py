@@ -4,7 +4,6 @@ its role where it is the sender's own (docs/senders.md#the-other-sources-briefly
 client of its connections, a token and the instance's api_url (docs/write-back.md#gitea-and-forgejo)."""
 
 from datetime import timezone as dt_timezone
-from urllib.parse import urlsplit
 
 from . import (ConnectionSpec, Identity, Sender, WriteBackClient, find_marked, github,
                send_living_status)
@@ -143,12 +142,9 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
         return find_marked(answer.body, marker, connection.identity, body_key="body",
                            author_of=github.comment_author)
 
-    def post():
-        answer = _send(connection, target, "POST", f"/{number}/comments", now, body)
-        return str(dict_of(answer.body).get("id", ""))
-
     return send_living_status(
-        external_id, look_since, look=look, post=post,
+        external_id, look_since, look=look,
+        post=lambda: _send(connection, target, "POST", f"/{number}/comments", now, body),
         edit=lambda found: _send(connection, target, "PATCH",
                                  f"/comments/{outbound.number_segment(found)}", now, body))
 
@@ -157,10 +153,9 @@ def target_url(connection, target) -> str:
     """The issue, pull request or comment on the instance's web pages: the ``api_url``
     without its ``/api/v1``. Gitea sends an ``/issues/N`` of a pull request on to its
     ``/pulls/N``."""
-    parts = urlsplit(connection.api_url)
-    root = parts.path.rstrip("/").removesuffix("/api/v1")
     try:
-        url = (f"{parts.scheme}://{parts.netloc}{root}/{outbound.name_segment(target['owner'])}/"
+        url = (f"{outbound.web_root(connection.api_url, '/api/v1')}/"
+               f"{outbound.name_segment(target['owner'])}/"
                f"{outbound.name_segment(target['repo'])}/issues/"
                f"{outbound.number_segment(target['number'])}")
         if target.get("comment"):

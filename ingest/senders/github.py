@@ -280,18 +280,13 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
     is posted again."""
     number = outbound.number_segment(target["number"])
     body = {"body": f"{STATUS_MARKER.format(todo_id=update.todo_id)}\n{update.text}"}
-
-    def post():
-        answer = _send(connection, target, "POST", f"/issues/{number}/comments", now, body)
-        return str(dict_of(answer.body).get("id", ""))
-
     return send_living_status(
         external_id, look_since,
         look=lambda: _find_marked_comment(connection, target, number, update.todo_id,
                                           look_since, now),
         edit=lambda found: _send(connection, target, "PATCH",
                                  f"/issues/comments/{outbound.number_segment(found)}", now, body),
-        post=post)
+        post=lambda: _send(connection, target, "POST", f"/issues/{number}/comments", now, body))
 
 
 def _find_marked_comment(connection, target, number, todo_id, since, now) -> str:
@@ -317,10 +312,8 @@ def target_url(connection, target) -> str:
     parts = urlsplit(connection.api_url)
     if parts.netloc == "api.github.com":
         web = "https://github.com"
-    elif parts.path.rstrip("/").endswith("/api/v3"):
-        web = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')[:-len('/api/v3')]}"
     else:
-        web = f"{parts.scheme}://{parts.netloc}"
+        web = outbound.web_root(connection.api_url, "/api/v3")
     try:
         url = (f"{web}/{outbound.name_segment(target['owner'])}/"
                f"{outbound.name_segment(target['repo'])}/issues/"

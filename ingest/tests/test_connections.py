@@ -106,8 +106,10 @@ def test_the_secret_is_sealed_at_rest(operator, github):
     ("github_token", "ghp_ok0123456789", "", "http://github.example.com/api/v3", "api_url"),
     ("github_token", "ghp_ok0123456789", "", "https://user:pw@github.example.com", "api_url"),
     ("github_token", "ghp_ok0123456789", "", "https://github.example.com/?x=1", "api_url"),
-    ("gitlab", "glpat-0123456789", "", None, "kind"),
-    ("gitea", "token0123456789", "", None, "kind"),
+    ("gitlab", "glpat-01234 56789", "", None, "secret"),
+    ("gitea", "token0123456789", "", None, "api_url"),  # no default: the instance's own
+    ("gitea", "token0123456789", "", "http://gitea.example/api/v1", "api_url"),
+    ("linear", "lin_api_0123456789", "", None, "kind"),
     ("nonsense", "x", "", None, "kind"),
 ])
 def test_a_connection_that_cannot_work_is_refused_naming_the_field(

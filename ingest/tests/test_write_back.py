@@ -298,19 +298,26 @@ def test_a_status_never_goes_before_its_ack(hooked, github, agent):
     assert order == ["reactions/create-for-issue", "issues/create-comment"]
 
 
-def test_a_worker_killed_mid_send_does_not_post_the_status_twice(hooked_by_token, github, agent):
-    todo = deliver("issues", issue_opened())
+def post_status_then_die(todo, agent, send_status):
+    """The todo is claimed, and a worker takes its status write-back, posts it with
+    ``send_status`` (the client's) and dies before recording it. Returns ``(row, now)``: the
+    write-back as the worker left it and when it took it."""
     send()
     todo_transitions.claim_todo(agent, todo.pk)
     write_back.absorb_outbox_entries(now=timezone.now())
     now = timezone.now()
     row = write_back.claim_due_write_back(now=now)
     assert row.action == "status"
-    # The worker posts the comment and dies before recording it.
     half_sent = status_text.StatusUpdate(todo_id=todo.pk, state="claimed", dead=False,
                                          text="half-sent")
-    github_sender.send_status(row.connection, row.target, half_sent, "", now, look_since=None)
+    send_status(row.connection, row.target, half_sent, "", now, look_since=None)
     assert send(now + timedelta(seconds=30)) == 0  # its lease still holds
+    return row, now
+
+
+def test_a_worker_killed_mid_send_does_not_post_the_status_twice(hooked_by_token, github, agent):
+    todo = deliver("issues", issue_opened())
+    row, now = post_status_then_die(todo, agent, github_sender.send_status)
     send(now + write_back.SEND_LEASE + timedelta(seconds=1))
     (comment,) = github.status_comments()
     assert "Being worked on" in comment["body"]

@@ -20,13 +20,14 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from ingest import connections, outbound, status_text, write_back
+from ingest import connections, outbound, write_back
 from ingest.models import Connection, DeliveryRecord, WriteBack
 from ingest.senders import gitea as gitea_sender
 from ingest.senders import gitlab as gitlab_sender
 from ingest.tests import hook_client, signing
 from ingest.tests.conftest import SECRETS
 from ingest.tests.gitea_standin import model
+from ingest.tests.test_write_back import post_status_then_die
 from todos import transitions as todo_transitions
 from todos.models import Todo
 
@@ -366,18 +367,8 @@ def test_a_status_someone_deleted_is_posted_again(forge, agent):
 
 def test_a_worker_killed_mid_send_does_not_post_the_status_twice(forge, agent):
     todo = forge.deliver(forge.issue())
-    send()
-    todo_transitions.claim_todo(agent, todo.pk)
-    write_back.absorb_outbox_entries(now=timezone.now())
-    now = timezone.now()
-    row = write_back.claim_due_write_back(now=now)
-    assert row.action == "status"
-    # The worker posts the status and dies before recording it.
-    half_sent = status_text.StatusUpdate(todo_id=todo.pk, state="claimed", dead=False,
-                                         text="half-sent")
     sender = gitlab_sender if forge.source == "gitlab" else gitea_sender
-    sender.send_status(row.connection, row.target, half_sent, "", now, look_since=None)
-    assert send(now + timedelta(seconds=30)) == 0  # its lease still holds
+    row, now = post_status_then_die(todo, agent, sender.send_status)
     send(now + write_back.SEND_LEASE + timedelta(seconds=1))
     (status,) = forge.statuses()
     assert "Being worked on" in status["body"] and "half-sent" not in status["body"]
