@@ -93,6 +93,16 @@ def send_living_status(external_id: str, look_since, *, look, edit, post) -> str
     return str(dict_of(post().body).get("id", ""))
 
 
+def is_connection_identity(connection, login: str, user_id=None) -> bool:
+    """The loop guard's test of a delivery's actor: ``login`` is the connection's identity
+    (case does not matter to the forges), or ``user_id`` its id (which a renamed bot user
+    keeps)."""
+    if login and connection.identity and login.lower() == connection.identity.lower():
+        return True
+    return (user_id is not None and bool(connection.identity_id)
+            and str(user_id) == connection.identity_id)
+
+
 def find_marked(items, marker: str, identity: str, *, body_key: str, author_of) -> str:
     """The id of the first of ``items`` (a source's list of comments or notes) whose text
     (``body_key``) holds ``marker`` and whose author (``author_of(item)``) is the connection's

@@ -6,7 +6,7 @@ client of its connections, a token and the instance's api_url (docs/write-back.m
 from datetime import timezone as dt_timezone
 
 from . import (ConnectionSpec, Identity, Sender, WriteBackClient, find_marked, github,
-               send_living_status)
+               is_connection_identity, send_living_status)
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
@@ -168,10 +168,9 @@ def target_url(connection, target) -> str:
 def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     """The delivery's ``sender`` is the token's user: its login or its id."""
     sender = dict_of(payload.get("sender"))
-    login = text_of(sender.get("login")) or text_of(sender.get("username"))
-    if login and connection.identity and login.lower() == connection.identity.lower():
-        return True
-    return bool(connection.identity_id) and str(sender.get("id", "")) == connection.identity_id
+    return is_connection_identity(
+        connection, text_of(sender.get("login")) or text_of(sender.get("username")),
+        sender.get("id"))
 
 
 # Gitea mirrors GitHub's payload shapes, so its titles are GitHub's.

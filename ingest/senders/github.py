@@ -11,7 +11,8 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from . import ConnectionSpec, Identity, Sender, WriteBackClient, find_marked, send_living_status
+from . import (ConnectionSpec, Identity, Sender, WriteBackClient, find_marked,
+               is_connection_identity, send_living_status)
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
@@ -332,8 +333,7 @@ def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     """The delivery's ``sender`` is the connection's own login (the App's bot, or the token's
     user), or the object it is about was written through the App
     (``performed_via_github_app.id`` is the App's id)."""
-    login = text_of(dict_of(payload.get("sender")).get("login"))
-    if login and connection.identity and login.lower() == connection.identity.lower():
+    if is_connection_identity(connection, text_of(dict_of(payload.get("sender")).get("login"))):
         return True
     if connection.kind != "github_app" or not connection.app_id:
         return False

@@ -4,7 +4,7 @@ and the client of its connections, a project, group or personal access token
 (docs/write-back.md#gitlab)."""
 
 from . import (ConnectionSpec, Identity, Sender, WriteBackClient, find_marked, github,
-               send_living_status)
+               is_connection_identity, send_living_status)
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
@@ -199,11 +199,9 @@ def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     """The delivery's ``user`` (``user_username``/``user_id`` on a push) is the token's own:
     its username or its id."""
     user = dict_of(payload.get("user"))
-    login = text_of(user.get("username")) or text_of(payload.get("user_username"))
-    user_id = first(user.get("id"), payload.get("user_id"))
-    if login and connection.identity and login.lower() == connection.identity.lower():
-        return True
-    return bool(connection.identity_id) and str(user_id or "") == connection.identity_id
+    return is_connection_identity(
+        connection, text_of(user.get("username")) or text_of(payload.get("user_username")),
+        first(user.get("id"), payload.get("user_id")))
 
 
 SENDER = Sender(

@@ -217,17 +217,23 @@ def test_a_source_that_is_down_neither_fails_nor_touches_transitions(hooked_by_t
     assert "Done" in github.status_comments()[0]["body"]
 
 
-def test_a_rate_limit_waits_as_long_as_github_says(hooked_by_token, github):
-    deliver("issues", issue_opened())
-    github.fail(429, headers={"Retry-After": "120"}, message="rate limited")
+def assert_a_429_waits_as_said(standin, seconds: int):
+    """The one write-back due meets a 429 with ``Retry-After: seconds``: it waits that long,
+    not a moment less, then goes."""
+    standin.fail(429, headers={"Retry-After": str(seconds)}, message="rate limited")
     now = timezone.now()
     send(now)
-    (ack,) = WriteBack.objects.all()
-    assert ack.state == "pending" and ack.next_attempt_at == now + timedelta(seconds=120)
-    assert send(now + timedelta(seconds=119)) == 0
-    assert send(now + timedelta(seconds=120)) == 1
-    ack.refresh_from_db()
-    assert ack.state == "sent"
+    (row,) = WriteBack.objects.all()
+    assert row.state == "pending" and row.next_attempt_at == now + timedelta(seconds=seconds)
+    assert send(now + timedelta(seconds=seconds - 1)) == 0
+    assert send(now + timedelta(seconds=seconds)) == 1
+    row.refresh_from_db()
+    assert row.state == "sent"
+
+
+def test_a_rate_limit_waits_as_long_as_github_says(hooked_by_token, github):
+    deliver("issues", issue_opened())
+    assert_a_429_waits_as_said(github, 120)
 
 
 def test_a_secondary_rate_limit_403_waits_for_the_reset(hooked, github):

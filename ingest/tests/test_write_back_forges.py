@@ -27,7 +27,7 @@ from ingest.senders import gitlab as gitlab_sender
 from ingest.tests import hook_client, signing
 from ingest.tests.conftest import SECRETS
 from ingest.tests.gitea_standin import model
-from ingest.tests.test_write_back import post_status_then_die
+from ingest.tests.test_write_back import assert_a_429_waits_as_said, post_status_then_die
 from todos import transitions as todo_transitions
 from todos.models import Todo
 
@@ -386,15 +386,7 @@ def test_a_worker_killed_mid_send_does_not_post_the_status_twice(forge, agent):
 
 def test_a_429_with_retry_after_waits_as_long_as_the_source_says(forge):
     forge.deliver(forge.issue())
-    forge.standin.fail(429, headers={"Retry-After": "90"}, message="Too Many Requests")
-    now = timezone.now()
-    send(now)
-    (ack,) = WriteBack.objects.all()
-    assert ack.state == "pending" and ack.next_attempt_at == now + timedelta(seconds=90)
-    assert send(now + timedelta(seconds=89)) == 0
-    assert send(now + timedelta(seconds=90)) == 1
-    ack.refresh_from_db()
-    assert ack.state == "sent"
+    assert_a_429_waits_as_said(forge.standin, 90)
 
 
 def test_gitlabs_ratelimit_reset_dates_a_429_without_retry_after():
