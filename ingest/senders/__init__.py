@@ -93,6 +93,21 @@ def send_living_status(external_id: str, look_since, *, look, edit, post) -> str
     return str(dict_of(post().body).get("id", ""))
 
 
+def checked_page(build_page: Callable, anchor_prefix: str = "", anchor=None) -> str:
+    """A write-back target's web page: ``build_page()`` (from checked segments only), then
+    ``#<anchor_prefix><anchor>`` when there is an anchor (a comment's or note's id); "" when a
+    segment is missing or does not pass ``outbound``'s checks."""
+    from .. import outbound
+
+    try:
+        url = build_page()
+        if anchor:
+            url += f"#{anchor_prefix}{outbound.number_segment(anchor)}"
+    except (KeyError, outbound.SourceError):
+        return ""
+    return url
+
+
 def is_connection_identity(connection, login: str, user_id=None) -> bool:
     """The loop guard's test of a delivery's actor: ``login`` is the connection's identity
     (case does not matter to the forges), or ``user_id`` its id (which a renamed bot user

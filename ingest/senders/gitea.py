@@ -1,12 +1,13 @@
 """Gitea and Forgejo: HMAC-SHA256 of the body (Forgejo sends its own X-Forgejo-* headers and,
 for compatibility, the X-Gitea-* ones), GitHub's payload shapes, the sender's permission as
 its role where it is the sender's own (docs/senders.md#the-other-sources-briefly); and the
-client of its connections, a token and the instance's api_url (docs/write-back.md#gitea-and-forgejo)."""
+client of its connections, a token and the instance's api_url
+(docs/write-back.md#gitea-and-forgejo)."""
 
 from datetime import timezone as dt_timezone
 
-from . import (ConnectionSpec, Identity, Sender, WriteBackClient, find_marked, github,
-               is_connection_identity, send_living_status)
+from . import (ConnectionSpec, Identity, Sender, WriteBackClient, checked_page, find_marked,
+               github, is_connection_identity, send_living_status)
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
@@ -153,16 +154,11 @@ def target_url(connection, target) -> str:
     """The issue, pull request or comment on the instance's web pages: the ``api_url``
     without its ``/api/v1``. Gitea sends an ``/issues/N`` of a pull request on to its
     ``/pulls/N``."""
-    try:
-        url = (f"{outbound.web_root(connection.api_url, '/api/v1')}/"
-               f"{outbound.name_segment(target['owner'])}/"
-               f"{outbound.name_segment(target['repo'])}/issues/"
-               f"{outbound.number_segment(target['number'])}")
-        if target.get("comment"):
-            url += f"#issuecomment-{outbound.number_segment(target['comment'])}"
-    except (KeyError, outbound.SourceError):
-        return ""
-    return url
+    return checked_page(lambda: (f"{outbound.web_root(connection.api_url, '/api/v1')}/"
+                                 f"{outbound.name_segment(target['owner'])}/"
+                                 f"{outbound.name_segment(target['repo'])}/issues/"
+                                 f"{outbound.number_segment(target['number'])}"),
+                        "issuecomment-", target.get("comment"))
 
 
 def is_own_write_back(connection, kind: str, payload: dict) -> bool:

@@ -11,7 +11,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from . import (ConnectionSpec, Identity, Sender, WriteBackClient, find_marked,
+from . import (ConnectionSpec, Identity, Sender, WriteBackClient, checked_page, find_marked,
                is_connection_identity, send_living_status)
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
@@ -315,18 +315,12 @@ def target_url(connection, target) -> str:
         web = "https://github.com"
     else:
         web = outbound.web_root(connection.api_url, "/api/v3")
-    try:
-        url = (f"{web}/{outbound.name_segment(target['owner'])}/"
-               f"{outbound.name_segment(target['repo'])}/issues/"
-               f"{outbound.number_segment(target['number'])}")
-        comment = target.get("comment")
-        if comment:
-            anchor = ("discussion_r" if target.get("comment_path") == "pulls/comments"
-                      else "issuecomment-")
-            url += f"#{anchor}{outbound.number_segment(comment)}"
-    except (KeyError, outbound.SourceError):
-        return ""
-    return url
+    anchor = ("discussion_r" if target.get("comment_path") == "pulls/comments"
+              else "issuecomment-")
+    return checked_page(lambda: (f"{web}/{outbound.name_segment(target['owner'])}/"
+                                 f"{outbound.name_segment(target['repo'])}/issues/"
+                                 f"{outbound.number_segment(target['number'])}"),
+                        anchor, target.get("comment"))
 
 
 def is_own_write_back(connection, kind: str, payload: dict) -> bool:

@@ -3,8 +3,8 @@ object's action, the actor's username and no roles (docs/senders.md#the-other-so
 and the client of its connections, a project, group or personal access token
 (docs/write-back.md#gitlab)."""
 
-from . import (ConnectionSpec, Identity, Sender, WriteBackClient, find_marked, github,
-               is_connection_identity, send_living_status)
+from . import (ConnectionSpec, Identity, Sender, WriteBackClient, checked_page, find_marked,
+               github, is_connection_identity, send_living_status)
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
@@ -182,17 +182,12 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
 def target_url(connection, target) -> str:
     """The issue, merge request or note on GitLab's web pages: the ``api_url`` without its
     ``/api/v4``, then the project's path (from the delivery, each part checked)."""
-    try:
-        path = _checked_path(target.get("path"))
-        if not path:
-            return ""
-        url = (f"{outbound.web_root(connection.api_url, '/api/v4')}/{path}/-/{_noun(target)}/"
-               f"{outbound.number_segment(target['iid'])}")
-        if target.get("note"):
-            url += f"#note_{outbound.number_segment(target['note'])}"
-    except (KeyError, outbound.SourceError):
+    path = _checked_path(target.get("path"))
+    if not path:
         return ""
-    return url
+    return checked_page(lambda: (f"{outbound.web_root(connection.api_url, '/api/v4')}/{path}/-/"
+                                 f"{_noun(target)}/{outbound.number_segment(target['iid'])}"),
+                        "note_", target.get("note"))
 
 
 def is_own_write_back(connection, kind: str, payload: dict) -> bool:

@@ -141,22 +141,14 @@ class GiteaStandIn(StandIn):
         self.comments = {}  # id -> {"issue": (owner, repo, index), "answer": …}
         self.reactions = []  # {"on": (owner, repo, "issue"|"comment", n), "content", …}
 
-    def load(self):
-        operations()
+    description = "Gitea's description"
 
-    def route(self, method, api_path, seen):
-        match = next(((op, found.groupdict()) for op in operations() if op.method == method
-                      for found in [op.pattern.match(api_path)] if found), None)
-        if match is None:
-            self.problems.append(f"{method} {api_path}: no such operation in Gitea's "
-                                 "description")
-            return 404, {"message": "Not Found"}, {}
-        operation, values = match
-        seen.operation = operation.id
-        problems = (value_problems(operation, values, seen.query)
-                    + body_problems(operation, seen.body))
-        return self.answer_checked(seen, problems,
-                                   lambda: self.answer(operation, values, seen))
+    def operations(self):
+        return operations()
+
+    def request_problems(self, operation, values, seen):
+        return (value_problems(operation, values, seen.query)
+                + body_problems(operation, seen.body))
 
     def user(self) -> dict:
         return model("User", id=self.user_id, login=self.login, login_name="",

@@ -32,7 +32,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT4
 
-from .standin_server import StandIn, template_pattern, wait_for  # noqa: F401 (wait_for: the tests' poll)
+# wait_for: the tests' poll, imported from here by them
+from .standin_server import StandIn, template_pattern, wait_for  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 NPM_PREFIX = REPO / "var" / "npm"
@@ -247,33 +248,22 @@ class GitHubStandIn(StandIn):
         self.reactions = []  # (target, content)
         self.token_lifetime = timedelta(hours=1)
 
-    def load(self):
-        operations()  # the description, before the first request
+    description = "GitHub's description"
 
-    def route(self, method, api_path, seen):
-        match = None
-        for operation in operations():
-            if operation.method == method:
-                found = operation.pattern.match(api_path)
-                if found:
-                    match = (operation, found.groupdict())
-                    break
-        if match is None:
-            self.problems.append(f"{method} {api_path}: no such operation in GitHub's "
-                                 "description")
-            return 404, {"message": "Not Found"}, {}
-        operation, values = match
-        seen.operation = operation.id
-        if seen.headers.get("accept") != "application/vnd.github+json":
-            self.problems.append(f"{operation.id}: Accept {seen.headers.get('accept')!r}")
-        problems = (path_problems(operation, values) + query_problems(operation, seen.query)
-                    + body_problems(operation, seen.body))
-        return self.answer_checked(seen, problems, lambda: self.answer(
-            operation, values, seen.headers, seen.body))
+    def operations(self):
+        return operations()
+
+    def request_problems(self, operation, values, seen):
+        accept = seen.headers.get("accept")
+        return ([] if accept == "application/vnd.github+json"
+                else [f"{operation.id}: Accept {accept!r}"]) + (
+            path_problems(operation, values) + query_problems(operation, seen.query)
+            + body_problems(operation, seen.body))
 
     # -- what each operation does --------------------------------------------------------
 
-    def answer(self, operation: Operation, values: dict, headers: dict, body) -> tuple[int, object]:
+    def answer(self, operation: Operation, values: dict, seen) -> tuple[int, object]:
+        headers, body = seen.headers, seen.body
         now = datetime.now(dt_timezone.utc)
         if operation.template.startswith("/app"):
             problem = self._check_app_jwt(headers.get("authorization", ""), now)

@@ -96,26 +96,16 @@ class GitLabStandIn(StandIn):
         self.notes = {}  # id -> {"on": (project, noun, iid), "answer": the note}
         self.awards = []  # {"on": (project, noun, iid, note), "name", "answer"}
 
-    def load(self):
-        operations()
-
     def fault_answer(self, fault):
         # GitLab words an error as "<status> <reason>" in "message".
         return fault.status, {"message": f"{fault.status} {fault.message}"}, fault.headers
 
-    def route(self, method, api_path, seen):
-        match = next(((op, found.groupdict()) for op in operations() if op.method == method
-                      for found in [op.pattern.match(api_path)] if found), None)
-        if match is None:
-            self.problems.append(f"{method} {api_path}: no such resource in python-gitlab's "
-                                 "definitions")
-            return 404, {"error": "404 Not Found"}, {}
-        operation, values = match
-        seen.operation = operation.id
-        return self.answer_checked(seen, self._problems(operation, values, seen),
-                                   lambda: self.answer(operation, values, seen))
+    description = "python-gitlab's definitions"
 
-    def _problems(self, operation, values, seen) -> list[str]:
+    def operations(self):
+        return operations()
+
+    def request_problems(self, operation, values, seen) -> list[str]:
         problems = []
         for name, value in values.items():
             # Every id and iid in a path is an integer; a project may also be named by its

@@ -66,8 +66,7 @@ class Fault:
 
 class StandIn:
     """A source's API on a loopback port, under ``prefix`` (``/api/v4``, ``/api/v1``, or a GitHub
-    Enterprise Server's ``/api/v3``). Subclasses implement ``route`` and ``load`` (the
-    description, read before the first request)."""
+    Enterprise Server's ``/api/v3``)."""
 
     def __init__(self, *, prefix: str = ""):
         self.prefix = prefix
@@ -88,7 +87,7 @@ class StandIn:
         return f"http://127.0.0.1:{self.server.server_port}{self.prefix}"
 
     def load(self) -> None:
-        pass
+        self.operations()  # the description, read before the first request
 
     def start(self):
         self.load()
@@ -135,16 +134,32 @@ class StandIn:
         """How the source words a fault's answer (GitHub and Gitea: ``{"message": …}``)."""
         return fault.status, {"message": fault.message}, fault.headers
 
-    def route(self, method: str, api_path: str, seen: Seen) -> tuple[int, object, dict]:
-        """The answer to one request under the prefix: ``(status, JSON, headers)``, after
-        naming its operation in ``seen.operation`` and adding any broken rule to
-        ``problems``."""
+    # What a subclass says: the description's name (for problems), its operations (each with
+    # ``id``, ``method`` and a path ``pattern``), what a request breaks of one, and the answer.
+    description = "the description"
+
+    def operations(self) -> list:
         raise NotImplementedError
 
-    def answer_checked(self, seen: Seen, problems: list[str], answer) -> tuple[int, object, dict]:
-        """The common tail of ``route``: a request that broke the description's rules is
-        refused with ``problems`` (422); else the next fault, if any; else ``answer()``
-        (``(status, JSON)``) under the lock."""
+    def request_problems(self, operation, values: dict, seen: Seen) -> list[str]:
+        raise NotImplementedError
+
+    def answer(self, operation, values: dict, seen: Seen) -> tuple[int, object]:
+        raise NotImplementedError
+
+    def route(self, method: str, api_path: str, seen: Seen) -> tuple[int, object, dict]:
+        """The answer to one request under the prefix: ``(status, JSON, headers)``. Names its
+        operation in ``seen.operation``; a request no operation takes, or one that breaks the
+        operation's rules, is refused (404, 422) and kept in ``problems``; else the next
+        fault, if any; else ``answer`` under the lock."""
+        match = next(((op, found.groupdict()) for op in self.operations() if op.method == method
+                      for found in [op.pattern.match(api_path)] if found), None)
+        if match is None:
+            self.problems.append(f"{method} {api_path}: no such operation in {self.description}")
+            return 404, {"message": "Not Found"}, {}
+        operation, values = match
+        seen.operation = operation.id
+        problems = self.request_problems(operation, values, seen)
         if problems:
             self.problems.extend(problems)
             return 422, {"message": "Validation Failed", "errors": problems}, {}
@@ -152,7 +167,7 @@ class StandIn:
         if fault is not None:
             return self.fault_answer(fault)
         with self._lock:
-            return (*answer(), {})
+            return (*self.answer(operation, values, seen), {})
 
     def next_id(self) -> int:
         return next(self._ids)

@@ -96,7 +96,8 @@ def gitea_user(login="alice", user_id=3) -> dict:
 
 def gitea_repository() -> dict:
     return model("Repository", id=41, name="widgets", full_name="acme/widgets",
-                 owner=gitea_user("acme", 2), private=False, html_url="https://gitea.example/acme/widgets",
+                 owner=gitea_user("acme", 2), private=False,
+                 html_url="https://gitea.example/acme/widgets",
                  permissions={"admin": False, "push": False, "pull": True})
 
 
@@ -436,7 +437,7 @@ def test_names_from_a_payload_that_are_not_names_or_numbers_write_nothing(forge)
 def test_an_event_with_nothing_to_react_to_has_no_target(source, event_payload):
     event, payload = event_payload
     kind = {"Push Hook": "push", "Note Hook": "note.create"}.get(event, event)
-    client = gitlab_sender.SENDER.write_back if source == "gitlab" else gitea_sender.SENDER.write_back
+    client = (gitlab_sender if source == "gitlab" else gitea_sender).SENDER.write_back
     assert client.find_target(kind, payload) is None
 
 
@@ -498,10 +499,12 @@ def test_find_target_names_the_page_people_open(forge):
     url = client.target_url(Connection.objects.get(), target)
     if forge.source == "gitlab":
         assert label == "acme/tools/widgets#12 note 1244"
-        assert url == f"{forge.standin.api_url.removesuffix('/api/v4')}/acme/tools/widgets/-/issues/12#note_1244"
+        web = forge.standin.api_url.removesuffix("/api/v4")
+        assert url == f"{web}/acme/tools/widgets/-/issues/12#note_1244"
     else:
         assert label == "acme/widgets#12 comment 1244"
-        assert url == f"{forge.standin.api_url.removesuffix('/api/v1')}/acme/widgets/issues/12#issuecomment-1244"
+        web = forge.standin.api_url.removesuffix("/api/v1")
+        assert url == f"{web}/acme/widgets/issues/12#issuecomment-1244"
 
 
 @pytest.mark.parametrize("kind, method, path, body, broken", [
@@ -511,7 +514,7 @@ def test_find_target_names_the_page_people_open(forge):
     ("gitlab", "PUT", "/projects/77/issues/12/notes/abc", {"body": "x"}, "is not an integer"),
     ("gitlab", "GET", "/projects/77/issues/12/notes?since=2026-01-01", None,
      "no query parameter 'since'"),
-    ("gitlab", "PATCH", "/projects/77/issues/12/notes/5", {"body": "x"}, "no such resource"),
+    ("gitlab", "PATCH", "/projects/77/issues/12/notes/5", {"body": "x"}, "no such operation"),
     ("gitea", "POST", "/repos/acme/widgets/issues/12/reactions", {"content": 5},
      "('content',)"),
     ("gitea", "POST", "/repos/acme/widgets/issues/12/comments", {"text": "x"},
