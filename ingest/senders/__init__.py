@@ -11,6 +11,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import outbound
 from ..actors import AUTHOR_ASSOCIATIONS, Actor, dict_of, text_of
 from ..titles import clean_kind
 from ..verification import Envelope, VerificationFailed, accepted_secrets
@@ -79,8 +80,6 @@ def send_living_status(external_id: str, look_since, *, look, edit, post) -> str
     died, so ``look()`` for its marker first (its id, or ""); then ``edit(id)`` in place, and
     ``post()`` (the source's answer, whose ``id`` is the new status's) when there is none or
     someone deleted it (a 404). Returns the status's id."""
-    from .. import outbound
-
     if not external_id and look_since is not None:
         external_id = look()
     if external_id:
@@ -97,8 +96,6 @@ def checked_page(build_page: Callable, anchor_prefix: str = "", anchor=None) -> 
     """A write-back target's web page: ``build_page()`` (from checked segments only), then
     ``#<anchor_prefix><anchor>`` when there is an anchor (a comment's or note's id); "" when a
     segment is missing or does not pass ``outbound``'s checks."""
-    from .. import outbound
-
     try:
         url = build_page()
         if anchor:
