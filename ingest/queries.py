@@ -15,7 +15,7 @@ from todos.models import State, Todo
 from todos.transitions import Refusal
 
 from .models import (SECRET_REF_PREFIX, Connection, OperatorSecret, OperatorToken, Route,
-                     Webhook, WriteBack, unseal_text)
+                     Webhook, WriteBack, WriteBackTally, unseal_text)
 
 
 # The hook's one read, as SQL: the ORM's select_related over three models cost several times
@@ -214,6 +214,13 @@ def latest_write_backs(*, todo_id=None, webhook=None, state=None, limit: int):
     if state:
         rows = rows.filter(state=state)
     return rows[:limit]
+
+
+def count_write_back_outcomes() -> list[tuple]:
+    """The write-back sender's durable tally for /metrics: ``(source, series, label, count,
+    total_seconds)`` rows (``WriteBackTally``), a handful per source."""
+    return list(WriteBackTally.objects.order_by("source", "series", "label").values_list(
+        "source", "series", "label", "count", "total_seconds"))
 
 
 def write_back_as_dict(row: WriteBack) -> dict:

@@ -70,6 +70,8 @@ MAX_ERROR_CHARS = 500
 # The ack latency histogram's buckets, in seconds (docs/operating.md#metrics): the goal is
 # under a second after the delivery's 202, the promise within 5 s.
 ACK_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# Each bucket as the tally and /metrics name it ("le"), the last one unbounded.
+ACK_SECONDS_LABELS = tuple(f"{bound:g}" for bound in ACK_SECONDS_BUCKETS) + ("+Inf",)
 
 
 # -- after commit: wake the worker ---------------------------------------------------------------
@@ -381,7 +383,8 @@ _BUMP_TALLY_SQL = (
 
 def ack_seconds_bucket(seconds: float) -> str:
     """The histogram bucket an ack's latency falls in: its upper bound, or "+Inf"."""
-    return next((f"{bound:g}" for bound in ACK_SECONDS_BUCKETS if seconds <= bound), "+Inf")
+    return next((label for bound, label in zip(ACK_SECONDS_BUCKETS, ACK_SECONDS_LABELS)
+                 if seconds <= bound), ACK_SECONDS_LABELS[-1])
 
 
 def count_outcome(source: str, outcome: str, *, accepted_after=None) -> None:

@@ -29,27 +29,6 @@ def public_url(settings):
     settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
 
 
-@pytest.fixture
-def hooked(operator, endpoint, app_connection, make_webhook):
-    """A GitHub webhook writing back under the App connection, one route to ``endpoint``."""
-    webhook = make_webhook("github", slug="gh")
-    connections.set_webhook_connection(webhook, app_connection)
-    return webhook
-
-
-@pytest.fixture
-def hooked_by_token(operator, endpoint, github, make_webhook):
-    """The same webhook writing back under a token connection: for tests that move the clock,
-    which an App's JWT (checked against the stand-in's real clock) would not survive."""
-    connection, test = connections.create_connection(
-        name="gh-token", owner=operator, kind="github_token", secret=github.token,
-        api_url=github.api_url)
-    assert test.ok
-    webhook = make_webhook("github", slug="gh")
-    connections.set_webhook_connection(webhook, connection)
-    return webhook
-
-
 def deliver(event: str, payload: dict, *, slug="gh") -> Todo | None:
     payload.setdefault("installation", {"id": INSTALLATION, "node_id": "MDIzOkludGVncmF0aW9u"})
     body = signing.body_of(payload)
