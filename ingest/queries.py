@@ -223,9 +223,16 @@ def count_write_back_outcomes() -> list[tuple]:
         "source", "series", "label", "count", "total_seconds"))
 
 
-def write_back_as_dict(row: WriteBack) -> dict:
+def write_back_as_dict(row: WriteBack, *, now=None) -> dict:
+    """``row`` as ``manage.py write_backs`` shows it: ``next_attempt_at`` while it waits, and
+    ``held_until`` while its connection is held by a source's rate limit."""
+    now = now or timezone.now()
+    held = row.connection.held_until
     return {"id": row.pk, "todo": str(row.todo_id), "connection": row.connection.name,
             "action": row.action, "target": row.target_label, "state": row.state,
             "attempts": row.attempts, "last_error": row.last_error,
             "external_id": row.external_id or None,
-            "sent_at": row.sent_at.isoformat() if row.sent_at else None}
+            "sent_at": row.sent_at.isoformat() if row.sent_at else None,
+            "next_attempt_at": (row.next_attempt_at.isoformat()
+                                if row.state == "pending" and row.next_attempt_at else None),
+            "held_until": held.isoformat() if held and held > now else None}

@@ -140,10 +140,15 @@ _task_kicker = _TaskKicker()
 # -- 1. entries into write-backs ----------------------------------------------------------------
 
 _TABLE = WriteBack._meta.db_table
+_CONNECTIONS = Connection._meta.db_table
 _INSERT_COLUMNS = ("todo_id, connection_id, action, target, target_label, state, wanted, sent,"
                    " attempts, next_attempt_at, last_error, external_id, created_at")
+# Due now, or when its connection's hold ends (hold_connection): a row made during a hold
+# waits with the others rather than being walked past by every claim until then.
+_DUE_FROM = (f"COALESCE((SELECT c.held_until FROM {_CONNECTIONS} c"
+             " WHERE c.id = %(connection_id)s AND c.held_until > %(now)s), %(now)s)")
 _INSERT_VALUES = (f"%(todo_id)s, %(connection_id)s, %(action)s, {dialect.jsonb('target')},"
-                  " %(label)s, 'pending', %(wanted)s, 0, 0, %(now)s, '', '', %(now)s")
+                  f" %(label)s, 'pending', %(wanted)s, 0, 0, {_DUE_FROM}, '', '', %(now)s")
 # A change to a status already sent (or given up on after a long outage) makes it due again,
 # with a fresh retry budget; one waiting or being sent just counts the change; one the source
 # refused (failed) stays so until an operator retries it.
@@ -226,7 +231,6 @@ def _client_of(webhook):
 
 # -- 2. claiming one due write-back -------------------------------------------------------------
 
-_CONNECTIONS = Connection._meta.db_table
 # The oldest due row, unless its todo has a send under way or (for a status or check) an ack
 # still to go, or its connection is held (the source asked it to wait: hold_connection). The
 # hold is looked up by the connection's primary key for the rows the due index yields.
@@ -355,8 +359,9 @@ def hold_connection(connection_id, *, until) -> bool:
     row. Only ever moves the hold later (a guarded statement: overlapping workers that met the
     same limit agree on the latest time), and moves the connection's due rows to it, so
     ``manage.py write_backs`` shows when they go and the claim's scan of the due index does
-    not walk them meanwhile (rows taken in during the hold are skipped by the claim's check of
-    the hold). True when the hold moved."""
+    not walk them meanwhile (rows taken in during the hold are due at its end too; one taken in
+    just before the hold was set is skipped by the claim's check of it). True when the hold
+    moved."""
     held = Connection.objects.filter(pk=connection_id).filter(
         Q(held_until__isnull=True) | Q(held_until__lt=until)).update(held_until=until)
     if held:

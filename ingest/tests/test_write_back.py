@@ -345,8 +345,10 @@ def test_a_pull_request_gets_one_check_run_edited_until_it_succeeds(hooked, gith
     check = rows(todo)["check"]
     assert check.state == "sent" and check.external_id == str(run["answer"]["id"])
     assert check.wanted == check.sent == 3
-    # The status comment goes beside it, as on an issue.
+    # The status comment goes beside it, as on an issue; the command lists all three.
     assert "Done" in github.status_comments()[0]["body"]
+    assert {(row["action"], row["state"]) for row in write_backs_listed("--todo", str(todo.pk))} \
+        == {("ack", "sent"), ("status", "sent"), ("check", "sent")}
     order = [seen.operation for seen in github.seen if seen.operation.startswith(("reactions/",
                                                                                   "checks/"))]
     assert order[0] == "reactions/create-for-issue"
@@ -450,13 +452,17 @@ def test_a_rate_limit_holds_every_write_back_of_the_connection_until_it_lifts(ho
     assert connection.held_until == now + timedelta(seconds=60)
     assert set(WriteBack.objects.values_list("next_attempt_at", flat=True)) == {
         now + timedelta(seconds=60)}
-    # Within the minute nothing reaches GitHub: neither the held rows nor one made meanwhile.
+    # Within the minute nothing reaches GitHub: neither the held rows nor one made meanwhile
+    # (due when the hold ends, as they are).
     late = issue_opened()
     late["issue"]["number"] = base["issue"]["number"] + 20
     deliver("issues", late)
     for seconds in (1, 30, 59):
         assert send(now + timedelta(seconds=seconds)) == 0
     assert len(github.seen) == before + 1 and github.seen[-1].status == 429
+    listed = write_backs_listed("--webhook", "gh", "--limit", "1")
+    assert listed[0]["held_until"] == (now + timedelta(seconds=60)).isoformat()
+    assert listed[0]["next_attempt_at"] == (now + timedelta(seconds=60)).isoformat()
     # When it lifts, every one goes.
     assert send(now + timedelta(seconds=60)) == 21
     assert len(github.requests_to("reactions/create-for-issue")) == 22
@@ -480,6 +486,22 @@ def test_a_hold_only_moves_later_and_only_holds_its_connection(hooked_by_token, 
     assert send(now + timedelta(seconds=1)) == 1
     (sent,) = WriteBack.objects.filter(state="sent")
     assert sent.connection_id == other.pk
+    (held,) = WriteBack.objects.filter(state="pending")
+    assert held.next_attempt_at == now + timedelta(seconds=60)  # made during the hold
+
+
+def test_the_claim_skips_a_row_due_before_its_connections_hold_was_set(hooked_by_token, github):
+    deliver("issues", issue_opened())
+    now = timezone.now()
+    write_back.absorb_outbox_entries(now=now)
+    # The hold lands after the row was taken in (another worker met the limit meanwhile):
+    # the row is due, and only the claim's own check of the hold keeps it back.
+    Connection.objects.filter(pk=hooked_by_token.connection_id).update(
+        held_until=now + timedelta(seconds=30))
+    requests_before = len(github.seen)
+    assert write_back.claim_due_write_back(now=now + timedelta(seconds=1)) is None
+    assert send(now + timedelta(seconds=29)) == 0 and len(github.seen) == requests_before
+    assert send(now + timedelta(seconds=30)) == 1
 
 
 # -- waking the worker after commit --------------------------------------------------------------
@@ -653,6 +675,17 @@ def test_post_update_edits_the_status_at_most_every_10_s_latest_wins(hooked_by_t
     assert "Latest from the agent" not in github.status_comments()[0]["body"]
 
 
+def write_backs_listed(*args) -> list[dict]:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("write_backs", *args, "--json", stdout=out)
+    return json.loads(out.getvalue())["write_backs"]
+
+
 def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
     import json
     from io import StringIO
@@ -672,7 +705,8 @@ def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
     assert listed[1]["last_error"] == "422: Validation Failed"
     assert listed[1]["connection"] == "gh-token" and listed[1]["todo"] == str(todo.pk)
     assert set(listed[0]) == {"id", "todo", "connection", "action", "target", "state",
-                              "attempts", "last_error", "external_id", "sent_at"}
+                              "attempts", "last_error", "external_id", "sent_at",
+                              "next_attempt_at", "held_until"}
     out = StringIO()
     call_command("write_backs", "--todo", str(todo.pk), "--state", "failed", "--json", stdout=out)
     assert len(json.loads(out.getvalue())["write_backs"]) == 1
