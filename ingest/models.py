@@ -191,10 +191,11 @@ class WriteBackAction(models.TextChoices):
 
 class WriteBack(models.Model):
     """One thing switchboard writes back about a todo (docs/write-back.md#the-outbox): its
-    ``ack``, its living ``status`` or its ``check`` run, at most one of each per todo. Made from the todo's
-    outbox entries (``write_back.absorb_outbox_entries``); ``wanted`` counts the changes asked
-    for and ``sent`` the count the last successful send covered, so changes that arrive while
-    one is sent collapse into the next send, which shows the todo as it is then.
+    ``ack``, its living ``status`` or its ``check`` run, at most one of each per todo. Made
+    from the todo's outbox entries (``write_back.absorb_outbox_entries``); ``wanted`` counts
+    the changes asked for and ``sent`` the count the last successful send covered, so changes
+    that arrive while one is sent collapse into the next send, which shows the todo as it is
+    then.
     ``external_id`` is what the source answered with (a comment's, reaction's or check run's
     id): the status is edited there, never posted twice."""
 

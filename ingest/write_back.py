@@ -254,9 +254,9 @@ def claim_due_sql() -> str:
 
 def claim_due_write_back(*, now) -> WriteBack | None:
     """pending and due (its connection not held) -> sending, for ``SEND_LEASE``, counting an
-    attempt: the row returned, or None when nothing is due. Overlapping workers skip each other's rows (PostgreSQL) or
-    queue behind the one writer (SQLite); the UPDATE re-checks the state, so a row is claimed
-    once."""
+    attempt: the row returned, or None when nothing is due. Overlapping workers skip each
+    other's rows (PostgreSQL) or queue behind the one writer (SQLite); the UPDATE re-checks
+    the state, so a row is claimed once."""
     params = {"now": dialect.db_time(now), "until": dialect.db_time(now + SEND_LEASE)}
     rows = db_statements.fetch_all(claim_due_sql(), params)
     if not rows:
