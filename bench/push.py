@@ -58,6 +58,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(ROOT))
+from bench.modes import percentile, run_children  # noqa: E402
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "switchboard.settings")
 # Production settings need a secrets key of their own; a bench-only one.
 os.environ.setdefault("SWITCHBOARD_SECRETS_KEY", "c3dpdGNoYm9hcmQtYmVuY2gtb25seS1zZWNyZXRzISE=")
@@ -272,11 +274,6 @@ async def measure_burst(base_url, slug, credential, hook_slug, deliveries):
     return len(made & heard)
 
 
-def percentile(values, fraction):
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
-
-
 def wait_ready(url, process, deadline_seconds=60):
     import httpx
 
@@ -380,20 +377,9 @@ def main():
     if not os.environ.get("DATABASE_URL", "").startswith("postgres") or not os.environ.get("REDIS_URL"):
         sys.exit("bench/push.py compares against PostgreSQL + Redis: set DATABASE_URL=postgres://… "
                  "and REDIS_URL=redis://…")
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="bench-push-") as var_dir:
-        embedded_env = {k: v for k, v in os.environ.items()
-                        if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
-        embedded_env["SWITCHBOARD_VAR_DIR"] = var_dir
-        for mode, env in (("embedded", embedded_env), ("postgres+redis", dict(os.environ))):
-            out = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--child", mode,
-                 "--deliveries", str(args.deliveries), "--warmup", str(args.warmup),
-                 "--waiters", str(args.waiters), "--burst", str(args.burst)],
-                env=env, cwd=ROOT, capture_output=True, text=True, check=False)
-            if out.returncode != 0:
-                sys.exit(f"{mode} run failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-            results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    results = run_children(str(Path(__file__).resolve()), "postgres+redis", [
+        "--deliveries", str(args.deliveries), "--warmup", str(args.warmup),
+        "--waiters", str(args.waiters), "--burst", str(args.burst)])
     print(f"switchboard bench/push.py — {args.deliveries} signed webhooks one at a time "
           f"(+{args.warmup} warm-up) per path, loopback; doorbell: 1 SDK client attached; "
           "long poll: 1 raw-HTTP agent in claim_next(wait_seconds=30)")

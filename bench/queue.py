@@ -81,6 +81,7 @@ BENCH_REDIS = os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/9")
 QUEUES = ["q0", "q1", "q2", "q3"]
 SLUG = "bench"
 BUDGET_SLUG = "bench-budget"  # as SLUG, with a daily budget in the budget blocks
+WRITE_BACK_SLUG = "bench-write-back"  # as SLUG, its todos written back to their source
 
 
 # -- set-up ----------------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def prepare_switchboard_schema():
         "from endpoints import transitions\n"
         "from endpoints.models import Endpoint\n"
         "owner, _ = User.objects.get_or_create(username='bench')\n"
-        f"for slug in {[SLUG, BUDGET_SLUG]!r}:\n"
+        f"for slug in {[SLUG, BUDGET_SLUG, WRITE_BACK_SLUG]!r}:\n"
         "    Endpoint.objects.filter(slug=slug).exists() or transitions.vend_endpoint("
         f"slug=slug, owner=owner, scope={QUEUES!r}, verbs=['claim_next', 'complete'])\n"
     )
@@ -492,17 +493,8 @@ def claim_latency(done_rows: int, samples: int, *, priorities: bool = False) -> 
 BLOCK_USAGE = {"input_tokens": 1200, "output_tokens": 300, "cost_usd": 0.0001, "turns": 1}
 
 
-def budget_blocks(pairs: int, cycles: int, *, control: bool = False):
-    """The budget guard's cost, measured side by side in one process on one connection (see
-    the module's docstring): ``pairs`` pairs of blocks of ``cycles`` claim_next + complete
-    cycles, one block per setting in each pair, the order alternating (a f, f a, …) so a
-    drift in load is felt by both. Prints per setting the median block's wall time per cycle
-    and the backend's CPU per cycle (summed over the blocks: /proc counts in clock ticks), the
-    median of the pairs' wall-time ratios, and the load average. ``control``: f has no budget
-    either (an a/a run: the differences it shows are the method's noise on this machine)."""
-    refill_todos(pairs * cycles + cycles, slugs=(SLUG, BUDGET_SLUG))
-    set_budget_and_spend(SLUG, None)
-    set_budget_and_spend(BUDGET_SLUG, None if control else 100_000)  # USD/day: never reached
+def _django_for_blocks():
+    """Django set up in this process, on the bench database in production mode, quiet."""
     production_env()
     sys.path.insert(0, str(ROOT))
     import django
@@ -511,15 +503,18 @@ def budget_blocks(pairs: int, cycles: int, *, control: bool = False):
     import logging
 
     logging.disable(logging.WARNING)
+
+
+def alternating_blocks(callers: dict, pairs: int, cycles: int, *, after_block=None):
+    """Run ``pairs`` pairs of blocks of ``cycles`` claim_next + complete cycles, one block per
+    setting of ``callers`` (two: setting -> Caller) in each pair, the order alternating so a
+    drift in load is felt by both, on this process's one connection. ``after_block(setting)``
+    runs untimed after each block. Returns per setting the blocks' wall seconds per cycle and
+    the PostgreSQL backend's and this process's CPU seconds per block."""
     from django.db import connection
 
-    from endpoints.models import Endpoint
     from todos import transitions
 
-    connection.close()
-    callers = {setting: transitions.Caller.agent(Endpoint.objects.get(slug=slug), "blocks")
-               for setting, slug in (("a", SLUG), ("f", BUDGET_SLUG))}
-    assert not callers["a"].endpoint.has_budget and callers["f"].endpoint.has_budget != control
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         backend = cursor.fetchone()[0]
@@ -532,38 +527,142 @@ def budget_blocks(pairs: int, cycles: int, *, control: bool = False):
             todo = transitions.claim_next_todo(caller)
             transitions.complete_todo(caller, todo.pk, lease_id=todo.lease_id,
                                       usage_reported=BLOCK_USAGE)
-        return (time.perf_counter() - began, process_cpu_seconds(backend) - pg_before,
-                time.process_time() - own_before)
+        measured = (time.perf_counter() - began, process_cpu_seconds(backend) - pg_before,
+                    time.process_time() - own_before)
+        if after_block is not None:
+            after_block(setting)
+        return measured
 
+    first, second = callers
     for setting in callers:  # warm-up: prepared statements, caches; not counted
         block(setting, cycles // 2)
-    load_before = os.getloadavg()
-    wall, pg, own = ({"a": [], "f": []} for _ in range(3))
+    wall, pg, own = ({setting: [] for setting in callers} for _ in range(3))
     for pair in range(pairs):
-        for setting in ("a", "f") if pair % 2 == 0 else ("f", "a"):
+        for setting in (first, second) if pair % 2 == 0 else (second, first):
             seconds, pg_seconds, own_seconds = block(setting, cycles)
             wall[setting].append(seconds / cycles)
             pg[setting].append(pg_seconds)
             own[setting].append(own_seconds)
-    load_after = os.getloadavg()
-    connection.close()
-    set_budget_and_spend(BUDGET_SLUG, None)
+    return wall, pg, own
+
+
+def print_blocks(title: str, labels: dict, wall: dict, pg: dict, own: dict, pairs: int,
+                 cycles: int, load: tuple, target: str):
+    """The table of ``alternating_blocks``' two settings: the median block's wall time per
+    cycle, the backend's and the client's CPU per cycle, and the ratios (the second setting's
+    rate as a share of the first's)."""
+    (a, f) = labels
     per_cycle = {setting: (statistics.median(wall[setting]) * 1000,
                            sum(pg[setting]) / (pairs * cycles) * 1000,
-                           sum(own[setting]) / (pairs * cycles) * 1000) for setting in wall}
-    paired = statistics.median(a / f for a, f in zip(wall["a"], wall["f"]))
-    (wall_a, pg_a, own_a), (wall_f, pg_f, own_f) = per_cycle["a"], per_cycle["f"]
-    print(f"\nclaim_next + complete with a daily budget set or not: one process, one connection, "
-          f"{pairs} pairs of {cycles}-cycle blocks alternating a f / f a; load average "
-          f"{load_before[0]:.1f} before, {load_after[0]:.1f} after ({os.cpu_count()} cores)\n")
+                           sum(own[setting]) / (pairs * cycles) * 1000) for setting in labels}
+    paired = statistics.median(x / y for x, y in zip(wall[a], wall[f]))
+    (wall_a, pg_a, own_a), (wall_f, pg_f, own_f) = per_cycle[a], per_cycle[f]
+    print(f"\n{title}: one process, one connection, {pairs} pairs of {cycles}-cycle blocks "
+          f"alternating {a} {f} / {f} {a}; load average {load[0]:.1f} before, {load[1]:.1f} "
+          f"after ({os.cpu_count()} cores)\n")
     print("| setting | wall ms/cycle (median block) | PG backend CPU ms/cycle | client CPU "
           "ms/cycle |")
     print("| --- | --- | --- | --- |")
-    print(f"| a: no budget | {wall_a:.3f} | {pg_a:.3f} | {own_a:.3f} |")
-    print(f"| f: {'no budget either (control)' if control else 'budget set, never reached'} "
-          f"| {wall_f:.3f} | {pg_f:.3f} | {own_f:.3f} |")
-    print(f"| a/f: f's rate as a share of a's (target >= 0.95) | {wall_a / wall_f:.3f} (median "
-          f"of the pairs: {paired:.3f}) | {pg_a / pg_f:.3f} | {own_a / own_f:.3f} |", flush=True)
+    print(f"| {a}: {labels[a]} | {wall_a:.3f} | {pg_a:.3f} | {own_a:.3f} |")
+    print(f"| {f}: {labels[f]} | {wall_f:.3f} | {pg_f:.3f} | {own_f:.3f} |")
+    print(f"| {a}/{f}: {f}'s rate as a share of {a}'s (target {target}) | {wall_a / wall_f:.3f} "
+          f"(median of the pairs: {paired:.3f}) | {pg_a / pg_f:.3f} | {own_a / own_f:.3f} |",
+          flush=True)
+
+
+def budget_blocks(pairs: int, cycles: int, *, control: bool = False):
+    """The budget guard's cost, measured side by side (``alternating_blocks``; see the
+    module's docstring): a has no budget, f a budget never reached; both report the same usage
+    on every complete. ``control``: f has no budget either (an a/a run: the differences it
+    shows are the method's noise on this machine)."""
+    refill_todos(pairs * cycles + cycles, slugs=(SLUG, BUDGET_SLUG))
+    set_budget_and_spend(SLUG, None)
+    set_budget_and_spend(BUDGET_SLUG, None if control else 100_000)  # USD/day: never reached
+    _django_for_blocks()
+    from django.db import connection
+
+    from endpoints.models import Endpoint
+    from todos import transitions
+
+    connection.close()
+    callers = {setting: transitions.Caller.agent(Endpoint.objects.get(slug=slug), "blocks")
+               for setting, slug in (("a", SLUG), ("f", BUDGET_SLUG))}
+    assert not callers["a"].endpoint.has_budget and callers["f"].endpoint.has_budget != control
+    load_before = os.getloadavg()
+    wall, pg, own = alternating_blocks(callers, pairs, cycles)
+    load_after = os.getloadavg()
+    connection.close()
+    set_budget_and_spend(BUDGET_SLUG, None)
+    print_blocks("claim_next + complete with a daily budget set or not",
+                 {"a": "no budget",
+                  "f": "no budget either (control)" if control else "budget set, never reached"},
+                 wall, pg, own, pairs, cycles, (load_before[0], load_after[0]), ">= 0.95")
+
+
+def write_back_blocks(pairs: int, cycles: int):
+    """What ``--write-back status`` costs a claim + complete (docs/write-back.md#the-outbox),
+    side by side (``alternating_blocks``): a's todos write nothing back; w's came from a GitHub
+    webhook with a connection, so each transition also writes its outbox entry in its own
+    statement and wakes the sender (a Celery task enqueued on Redis, as in production). After
+    each w block, untimed, the sender's first step takes the entries into write-backs
+    (``absorb_outbox_entries``): its time and backend CPU per entry are printed beside the
+    table. Nothing is sent (the source's answer is the worker's time, not a transition's)."""
+    refill_todos(pairs * cycles + cycles, slugs=(SLUG, WRITE_BACK_SLUG))
+    _django_for_blocks()
+    from django.contrib.auth.models import User
+    from django.db import connection
+    from django.utils import timezone
+
+    from endpoints.models import Endpoint
+    from ingest import write_back
+    from ingest.models import Connection, DeliveryEvent, Webhook, WriteBack
+    from todos import transitions
+    from todos.models import OutboxEntry
+
+    owner = User.objects.get(username="bench")
+    github, _ = Connection.objects.get_or_create(
+        name="bench-github", owner=owner,
+        defaults={"kind": "github_token", "secret": "ghp_bench", "api_url": "https://api.github.com"})
+    webhook, _ = Webhook.objects.get_or_create(
+        slug="bench-write-back", defaults={"owner": owner, "source": "github", "connection": github})
+    delivery = DeliveryEvent.objects.create(webhook=webhook, trust="signed", source="github",
+                                            kind="issues.opened", received_at=timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE todos_todo SET write_back = 'status', kind = 'issues.opened',"
+            " delivery_event_id = %s, payload = jsonb_build_object('repository',"
+            " jsonb_build_object('name', 'widgets', 'owner', jsonb_build_object('login', 'acme')),"
+            " 'issue', jsonb_build_object('number', id)) WHERE endpoint_id = %s",
+            [delivery.pk, Endpoint.objects.get(slug=WRITE_BACK_SLUG).pk])
+        # Earlier runs' (the refill's TRUNCATE reaches neither: no constraint ties them).
+        cursor.execute(f"DELETE FROM {OutboxEntry._meta.db_table}")
+        cursor.execute(f"DELETE FROM {WriteBack._meta.db_table}")
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    callers = {setting: transitions.Caller.agent(Endpoint.objects.get(slug=slug), "blocks")
+               for setting, slug in (("a", SLUG), ("w", WRITE_BACK_SLUG))}
+    absorbed = {"entries": 0, "seconds": 0.0, "pg": 0.0}
+
+    def absorb(setting):
+        if setting != "w":
+            return
+        pg_before, began = process_cpu_seconds(backend), time.perf_counter()
+        while (taken := write_back.absorb_outbox_entries(now=timezone.now())):
+            absorbed["entries"] += taken
+        absorbed["seconds"] += time.perf_counter() - began
+        absorbed["pg"] += process_cpu_seconds(backend) - pg_before
+
+    load_before = os.getloadavg()
+    wall, pg, own = alternating_blocks(callers, pairs, cycles, after_block=absorb)
+    load_after = os.getloadavg()
+    print_blocks("claim_next + complete, write-back off or status", {
+        "a": "write-back off", "w": "write-back status (outbox entry + sender woken)"},
+        wall, pg, own, pairs, cycles, (load_before[0], load_after[0]), ">= 0.90")
+    entries = max(absorbed["entries"], 1)
+    print(f"\nthe sender taking w's {absorbed['entries']} outbox entries into write-backs "
+          f"(untimed above): {absorbed['seconds'] / entries * 1000:.3f} ms and "
+          f"{absorbed['pg'] / entries * 1000:.3f} ms of PostgreSQL CPU per entry", flush=True)
+    connection.close()
 
 
 def pg_breakdown(todos: int, workers: int, rounds: int):
@@ -604,6 +703,8 @@ def main():
                         help="claim_next + complete cycles per budget block")
     parser.add_argument("--budget-control", action="store_true",
                         help="budget blocks with no budget on either endpoint: the noise floor")
+    parser.add_argument("--write-back-blocks", type=int, default=24,
+                        help="pairs of blocks for write-back's cost (0: skip it)")
     parser.add_argument("--systems", default="a,b,c,d,e",
                         help="which systems the throughput rounds run (letters, e.g. a,e)")
     args = parser.parse_args()
@@ -672,6 +773,9 @@ def main():
 
     if args.budget_blocks:
         budget_blocks(args.budget_blocks, args.block_cycles, control=args.budget_control)
+
+    if args.write_back_blocks:
+        write_back_blocks(args.write_back_blocks, args.block_cycles)
 
     history = [int(n) for n in args.history.split(",") if n]
     if history:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from todos.models import State, Todo
+from todos.models import PRIORITY_DEFAULT, State, Todo, TodoEvent
 
 # What the living status shows of the agent's words and of the whole (the forges' cap; a
 # client may ask for less: Slack 3,000, Linear 2,000).
@@ -118,6 +118,37 @@ _HEADLINES = {
 }
 
 
+# The operators' decisions a status names, by the event that records them and the state the
+# todo must be in for it to be the news, and the words the headline gains.
+_DECISIONS = {
+    "approve": (State.PENDING, " (approved by {actor})"),
+    "cancel": (State.CANCELLED, " by {actor}"),
+    "reject": (State.CANCELLED, " (rejected by {actor})"),
+}
+# Actors that are switchboard itself, named as people read them.
+_SYSTEM_ACTORS = {"approval-timeout": "switchboard: nobody approved it in time"}
+
+
+def _operator_decision(todo: Todo, markup):
+    """``(headline words, reason)`` of the operator's approve, reject or cancel that put the
+    todo where it is, or None. The operator is named by username (as the console names them),
+    switchboard's own sweeps by what they did; both in ``markup``."""
+    wanted = [action for action, (state, _) in _DECISIONS.items() if state == todo.state]
+    # Queued again after an attempt: the approval is no longer the news.
+    if not wanted or (todo.state == State.PENDING and todo.attempts):
+        return None
+    event = (TodoEvent.objects.filter(todo_id=todo.pk, action__in=wanted)
+             .order_by("-at", "-id").only("action", "actor", "detail").first())
+    if event is None:
+        return None
+    system = _SYSTEM_ACTORS.get(event.actor)
+    actor = system or markup.text(event.actor, 100)
+    detail = event.detail if isinstance(event.detail, dict) else {}
+    reason = detail.get("reason") if not system else ""
+    return (_DECISIONS[event.action][1].format(actor=actor),
+            reason if isinstance(reason, str) else "")
+
+
 @dataclass(frozen=True)
 class StatusUpdate:
     """What a client's ``status`` call writes: the todo's living status as it is now. ``text``
@@ -140,9 +171,9 @@ class StatusUpdate:
 def status_update(todo: Todo, *, now, markup=MARKDOWN,
                   max_chars: int = MAX_STATUS_CHARS) -> StatusUpdate:
     """``todo``'s living status rendered in ``markup``, at most ``max_chars`` long."""
+    headline, text = _render(todo, markup=markup, max_chars=max_chars)
     return StatusUpdate(todo_id=todo.pk, state=todo.state, dead=bool(todo.dead_lettered_at),
-                        text=render_status(todo, now=now, markup=markup, max_chars=max_chars),
-                        headline=render_headline(todo, markup=markup))
+                        text=text, headline=headline)
 
 
 def todo_page_url(todo_id) -> str:
@@ -150,8 +181,7 @@ def todo_page_url(todo_id) -> str:
     return f"{settings.SWITCHBOARD_PUBLIC_URL}/todos/{todo_id}/"
 
 
-def render_headline(todo: Todo, *, markup=MARKDOWN) -> str:
-    """The status's first words: the todo's state as people read it (a check run's title)."""
+def _state_headline(todo: Todo, markup) -> str:
     if todo.state == State.FAILED:
         return ("💀 Failed for good (no attempts left)" if todo.dead_lettered_at
                 else f"⚠️ Failed; retrying at {_when(todo.retry_at)}")
@@ -163,19 +193,32 @@ def render_headline(todo: Todo, *, markup=MARKDOWN) -> str:
 
 
 def render_status(todo: Todo, *, now, markup=MARKDOWN, max_chars: int = MAX_STATUS_CHARS) -> str:
-    """The living status of ``todo``: it names the todo's state, its agent (the endpoint), its
-    times and a link to its page; while claimed, the agent's latest ``post_update`` line; when
-    done, the result's ``summary`` and ``https`` ``url``; when failed, the error."""
+    """The living status of ``todo``: it names the todo's state (and the operator's decision
+    that put it there), its agent (the endpoint), its times and a link to its page; while
+    claimed, the agent's latest ``post_update`` line; when done, the result's ``summary`` and
+    ``https`` ``url``; when failed, the error."""
+    return _render(todo, markup=markup, max_chars=max_chars)[1]
+
+
+def _render(todo: Todo, *, markup, max_chars: int) -> tuple[str, str]:
+    """``(headline, text)`` of ``todo``'s status: the headline is the text's first words."""
     page = todo_page_url(todo.pk)
     agent = todo.endpoint.slug  # a slug: nothing in it is markup, even outside the code span
+    headline = _state_headline(todo, markup)
+    decision = _operator_decision(todo, markup)
+    if decision is not None:
+        headline += decision[0]
     lines = [
-        f"{markup.bold(render_headline(todo, markup=markup))} · agent {markup.code(agent)} · "
+        f"{markup.bold(headline)} · agent {markup.code(agent)} · "
         f"{markup.link(page, f'todo {todo.pk} on switchboard')}",
         "",
         f"Taken in {_when(todo.created_at)} · last change {_when(todo.updated_at)}"
         + (f" · attempt {todo.attempts} of {todo.max_attempts}"
-           if todo.state == State.CLAIMED else ""),
+           if todo.state == State.CLAIMED else "")
+        + (f" · priority {todo.priority}" if todo.priority != PRIORITY_DEFAULT else ""),
     ]
+    if decision is not None and decision[1]:
+        lines += ["", "Reason: " + markup.text(decision[1], MAX_ERROR_CHARS)]
     if todo.state == State.CLAIMED and todo.progress:
         lines += ["", "Latest from the agent: " + markup.text(todo.progress, MAX_SUMMARY_CHARS)]
     result = todo.result if isinstance(todo.result, dict) else {}
@@ -187,4 +230,4 @@ def render_status(todo: Todo, *, now, markup=MARKDOWN, max_chars: int = MAX_STAT
     if todo.state == State.FAILED and todo.last_error:
         lines += ["", "Error: " + markup.text(todo.last_error, MAX_ERROR_CHARS)]
     # The parts are capped already; the whole is too, leaving the client room for its marker.
-    return "\n".join(lines)[:max_chars - 100]
+    return headline, "\n".join(lines)[:max_chars - 100]

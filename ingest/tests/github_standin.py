@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -283,11 +284,14 @@ class GitHubStandIn:
         self.seen: list[Seen] = []
         self.problems: list[str] = []
         self.faults: list[Fault] = []
+        # operation id -> (reached, release): its next request is carried out, then its answer
+        # waits until ``release`` is set (a worker can be killed while GitHub has acted).
+        self.holds: dict = {}
         self.token_lifetime = timedelta(hours=1)
         self._ids = itertools.count(1001)
         self._lock = threading.Lock()
         handler = type("Handler", (_Handler,), {"standin": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server = _QuietServer(("127.0.0.1", 0), handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
@@ -311,6 +315,15 @@ class GitHubStandIn:
     def recover(self) -> None:
         with self._lock:
             self.faults.clear()
+
+    def hold_answer(self, operation_id: str) -> tuple[threading.Event, threading.Event]:
+        """Carry out the next ``operation_id`` request, then hold its answer: returns
+        ``(reached, release)``; ``reached`` is set once the request was carried out, and the
+        answer goes when ``release`` is set (or after a minute)."""
+        events = (threading.Event(), threading.Event())
+        with self._lock:
+            self.holds[operation_id] = events
+        return events
 
     def requests_to(self, operation_id: str) -> list[Seen]:
         return [seen for seen in self.seen if seen.operation == operation_id]
@@ -469,6 +482,16 @@ class GitHubStandIn:
             return fault
 
 
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A client that went away mid-request (a worker killed on purpose) is not a failure of
+        # the stand-in; anything else is printed as usual.
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 class _Handler(BaseHTTPRequestHandler):
     standin: GitHubStandIn
     protocol_version = "HTTP/1.1"
@@ -521,6 +544,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._reply(fault.status, {"message": fault.message}, seen, fault.headers)
         with standin._lock:
             status, answer = standin.answer(operation, values, headers, body, seen.query)
+            hold = standin.holds.pop(operation.id, None)
+        if hold is not None:
+            reached, release = hold
+            reached.set()
+            release.wait(60)
         return self._reply(status, answer, seen)
 
     def _reply(self, status, answer, seen=None, headers=None):

@@ -11,12 +11,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from ingest import connections, status_text, transitions, write_back
-from ingest.models import Connection, DeliveryRecord, WriteBack
+from ingest.models import Connection, DeliveryRecord, Route, WriteBack
 from ingest.senders import github as github_sender
 from ingest.tests import hook_client, signing
 from ingest.tests.conftest import SECRETS
 from ingest.tests.github_standin import app_object, schema_problems, wait_for, webhook_example
 from switchboard import schedule
+from endpoints.models import Endpoint
 from todos import transitions as todo_transitions
 from todos.models import OutboxEntry, Todo
 
@@ -745,3 +746,47 @@ def test_the_retention_prune_takes_the_write_backs_of_the_todos_it_takes(hooked_
 def test_a_targets_page_is_built_from_the_api_url_and_checked_segments(api_url, target, url):
     connection = Connection(kind="github_token", api_url=api_url)
     assert github_sender.target_url(connection, target) == url
+
+
+def test_operators_decisions_show_in_the_living_status_with_who_and_why(hooked, github, endpoint):
+    Route.objects.filter(webhook=hooked).update(requires_approval=True)
+    operator = todo_transitions.Caller.operator(endpoint, "alice")
+    approved = deliver("issues", issue_opened())
+    send()
+    todo_transitions.approve_todo(operator, approved.pk)
+    todo_transitions.set_priority_todo(operator, approved.pk, 5)
+    send()
+    (comment,) = github.status_comments()
+    assert "Queued (approved by alice)" in comment["body"] and "priority 5" in comment["body"]
+
+    payload = issue_opened()
+    payload["issue"]["number"] += 1
+    cancelled = deliver("issues", payload)
+    send()
+    todo_transitions.approve_todo(operator, cancelled.pk)
+    send()
+    todo_transitions.cancel_todo(operator, cancelled.pk, reason="a duplicate of @bob's #7")
+    send()
+    body = next(c["body"] for c in github.status_comments() if f"todo:{cancelled.pk} " in c["body"])
+    assert "Cancelled by alice" in body
+    assert "Reason: a duplicate of @\u200bbob's \\#7" in body
+    assert len(github.status_comments()) == 2  # one each, edited in place
+
+
+def test_a_rejection_and_an_approval_timeout_say_so(hooked, github, endpoint):
+    Route.objects.filter(webhook=hooked).update(requires_approval=True)
+    operator = todo_transitions.Caller.operator(endpoint, "alice")
+    rejected = deliver("issues", issue_opened())
+    todo_transitions.reject_todo(operator, rejected.pk, reason="not ours")
+    send()
+    (comment,) = github.status_comments()
+    assert "Cancelled (rejected by alice)" in comment["body"] and "Reason: not ours" in comment["body"]
+    payload = issue_opened()
+    payload["issue"]["number"] += 1
+    lapsed = deliver("issues", payload)
+    Endpoint.objects.filter(pk=endpoint.pk).update(approval_timeout_seconds=60)
+    todo_transitions.cancel_stale_approvals(now=timezone.now() + timedelta(minutes=2), limit=10)
+    send()
+    body = next(c["body"] for c in github.status_comments() if f"todo:{lapsed.pk} " in c["body"])
+    assert "Cancelled by switchboard: nobody approved it in time" in body
+    assert "Reason" not in body
