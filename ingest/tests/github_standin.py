@@ -407,8 +407,9 @@ class GitHubStandIn:
                     and run["answer"]["name"] == query.get("check_name", run["answer"]["name"])
                     and str(self.app_id) == query.get("app_id", str(self.app_id))]
             return 200, {"total_count": len(runs), "check_runs": runs}
-        if body.get("status") == "completed" and "conclusion" not in body:
-            self.problems.append(f"{operation.id}: status completed without a conclusion")
+        if (body.get("status") == "completed" or "completed_at" in body) \
+                and "conclusion" not in body:
+            self.problems.append(f"{operation.id}: completed without a conclusion")
             return 422, {"message": "Validation Failed"}
         if operation.id == "checks/create":
             answer = response_example(operation, "201")
