@@ -11,9 +11,10 @@ import threading
 from datetime import timedelta
 
 from django.utils import timezone
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from endpoints.models import Endpoint
+from ingest import queries as ingest_queries, write_back
 from switchboard.metrics import REGISTRY
 
 from todos import queries, usage
@@ -167,4 +168,41 @@ class QueueCollector:
         yield paused
 
 
+class WriteBackCollector:
+    """The write-back sender's outcomes and ack latency, read from its durable tally
+    (``ingest.models.WriteBackTally``: a few rows per source) on every scrape, so every web
+    process answers the same counts, whichever process or worker sent."""
+
+    def describe(self):
+        return []  # no scrape-time queries at registration
+
+    def collect(self):
+        outcomes = CounterMetricFamily(
+            "switchboard_write_backs",
+            "Sends of write-backs to their source, by source and outcome: sent (the source "
+            "took it), retried (a network error, 5xx or rate limit: it goes again), failed "
+            "(the source refused it), abandoned (failing for 24 h).", labels=["source", "outcome"])
+        latency = HistogramMetricFamily(
+            "switchboard_write_back_ack_seconds",
+            "Seconds from a todo's creation (its delivery's 202) to its source taking the ack.",
+            labels=["source"])
+        by_source = collections.defaultdict(dict)
+        for source, series, label, count, total_seconds in (
+                ingest_queries.count_write_back_outcomes()):
+            if series == "outcome":
+                outcomes.add_metric([source, label], count)
+            else:
+                by_source[source][label] = (count, total_seconds)
+        for source, buckets in by_source.items():
+            running, cumulative = 0, []
+            for bound in write_back.ACK_SECONDS_LABELS:
+                running += buckets.get(bound, (0, 0.0))[0]
+                cumulative.append((bound, running))
+            latency.add_metric([source], cumulative,
+                               sum(seconds for _, seconds in buckets.values()))
+        yield outcomes
+        yield latency
+
+
 REGISTRY.register(QueueCollector())
+REGISTRY.register(WriteBackCollector())

@@ -260,7 +260,7 @@ class ConnectionAdmin(OwnRowsAdmin):
     list_filter = ("kind",)
     search_fields = ("name", "identity")
     readonly_fields = ("identity", "identity_id", "last_success_at", "last_error_at",
-                       "last_error")
+                       "last_error", "held_until")
     actions = ["test_selected"]
 
     def get_fields(self, request, obj=None):

@@ -97,6 +97,9 @@ class Connection(models.Model):
     last_error = models.CharField(max_length=500, blank=True, default="")
     last_error_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The source answered a rate limit with a time: none of this connection's write-backs is
+    # sent before it (write_back.hold_connection; docs/write-back.md#the-outbox).
+    held_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -183,16 +186,18 @@ class WriteBackState(models.TextChoices):
 class WriteBackAction(models.TextChoices):
     ACK = "ack"  # the reaction on what made the todo
     STATUS = "status"  # the living status, edited in place
+    CHECK = "check"  # a GitHub App's check run on a pull request's head commit
 
 
 class WriteBack(models.Model):
     """One thing switchboard writes back about a todo (docs/write-back.md#the-outbox): its
-    ``ack`` or its living ``status``, at most one of each per todo. Made from the todo's
-    outbox entries (``write_back.absorb_outbox_entries``); ``wanted`` counts the changes asked
-    for and ``sent`` the count the last successful send covered, so changes that arrive while
-    one is sent collapse into the next send, which shows the todo as it is then.
-    ``external_id`` is what the source answered with (a comment's or reaction's id): the
-    status is edited there, never posted twice."""
+    ``ack``, its living ``status`` or its ``check`` run, at most one of each per todo. Made
+    from the todo's outbox entries (``write_back.absorb_outbox_entries``); ``wanted`` counts
+    the changes asked for and ``sent`` the count the last successful send covered, so changes
+    that arrive while one is sent collapse into the next send, which shows the todo as it is
+    then.
+    ``external_id`` is what the source answered with (a comment's, reaction's or check run's
+    id): the status is edited there, never posted twice."""
 
     # No constraint, as for todo events: the retention prune deletes todos with plain SQL.
     todo = models.ForeignKey("todos.Todo", on_delete=models.DO_NOTHING, db_constraint=False,
@@ -236,6 +241,27 @@ class WriteBack(models.Model):
 
     def __str__(self):
         return f"{self.action} of #{self.todo_id} ({self.state})"
+
+
+class WriteBackTally(models.Model):
+    """Durable counts of the write-back sender's outcomes, for /metrics
+    (docs/operating.md#metrics): per source, ``series`` "outcome" counts sends by ``label``
+    (sent, retried, failed, abandoned) and "ack_seconds" counts acks the source took by
+    latency bucket (``label`` its upper bound, "+Inf" the last), with ``total_seconds`` their
+    sum. Bumped in the statement that records an answer (``write_back.finish_write_back``),
+    so every process and every restart adds to the same counts; retention never prunes it."""
+
+    source = models.CharField(max_length=16)
+    series = models.CharField(max_length=16)
+    label = models.CharField(max_length=16)
+    count = models.BigIntegerField(default=0)
+    total_seconds = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["source", "series", "label"],
+                                    name="writeback_tally_key"),
+        ]
 
 
 class TrustMode(models.TextChoices):

@@ -96,6 +96,16 @@ def web_root(api_url: str, api_path: str) -> str:
     root = parts.path.rstrip("/").removesuffix(api_path)
     return f"{parts.scheme}://{parts.netloc}{root}"
 
+# A commit's id as git writes it: 40 hex digits (SHA-1), or 64 in a SHA-256 repository.
+_COMMIT_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def commit_segment(value) -> str:
+    """A commit sha taken from a payload (a pull request's head), for a path or a body."""
+    if not isinstance(value, str) or not _COMMIT_RE.fullmatch(value):
+        raise SourceError(f"not a commit switchboard writes to: {str(value)[:70]!r}")
+    return value
+
 
 @dataclass(frozen=True)
 class Answer:

@@ -15,7 +15,7 @@ from todos.models import State, Todo
 from todos.transitions import Refusal
 
 from .models import (SECRET_REF_PREFIX, Connection, OperatorSecret, OperatorToken, Route,
-                     Webhook, WriteBack, unseal_text)
+                     Webhook, WriteBack, WriteBackTally, unseal_text)
 
 
 # The hook's one read, as SQL: the ORM's select_related over three models cost several times
@@ -216,9 +216,23 @@ def latest_write_backs(*, todo_id=None, webhook=None, state=None, limit: int):
     return rows[:limit]
 
 
-def write_back_as_dict(row: WriteBack) -> dict:
+def count_write_back_outcomes() -> list[tuple]:
+    """The write-back sender's durable tally for /metrics: ``(source, series, label, count,
+    total_seconds)`` rows (``WriteBackTally``), a handful per source."""
+    return list(WriteBackTally.objects.order_by("source", "series", "label").values_list(
+        "source", "series", "label", "count", "total_seconds"))
+
+
+def write_back_as_dict(row: WriteBack, *, now=None) -> dict:
+    """``row`` as ``manage.py write_backs`` shows it: ``next_attempt_at`` while it waits, and
+    ``held_until`` while its connection is held by a source's rate limit."""
+    now = now or timezone.now()
+    held = row.connection.held_until
     return {"id": row.pk, "todo": str(row.todo_id), "connection": row.connection.name,
             "action": row.action, "target": row.target_label, "state": row.state,
             "attempts": row.attempts, "last_error": row.last_error,
             "external_id": row.external_id or None,
-            "sent_at": row.sent_at.isoformat() if row.sent_at else None}
+            "sent_at": row.sent_at.isoformat() if row.sent_at else None,
+            "next_attempt_at": (row.next_attempt_at.isoformat()
+                                if row.state == "pending" and row.next_attempt_at else None),
+            "held_until": held.isoformat() if held and held > now else None}

@@ -154,12 +154,14 @@ class StatusUpdate:
     """What a client's ``status`` call writes: the todo's living status as it is now. ``text``
     is in the client's markup; ``state`` and ``dead`` let a source that records a trail rather
     than one edited object (a Linear agent session's activities) say which kind of entry this
-    is; ``final``: nothing will follow (done, dead-lettered, cancelled)."""
+    is; ``final``: nothing will follow (done, dead-lettered, cancelled). ``headline``: the
+    state in a few words, for a target with a title of its own (a check run's)."""
 
     todo_id: int
     state: str
     dead: bool
     text: str
+    headline: str = ""
 
     @property
     def final(self) -> bool:
@@ -169,25 +171,40 @@ class StatusUpdate:
 def status_update(todo: Todo, *, now, markup=MARKDOWN,
                   max_chars: int = MAX_STATUS_CHARS) -> StatusUpdate:
     """``todo``'s living status rendered in ``markup``, at most ``max_chars`` long."""
+    headline, text = _render(todo, markup=markup, max_chars=max_chars)
     return StatusUpdate(todo_id=todo.pk, state=todo.state, dead=bool(todo.dead_lettered_at),
-                        text=render_status(todo, now=now, markup=markup, max_chars=max_chars))
+                        text=text, headline=headline)
+
+
+def todo_page_url(todo_id) -> str:
+    """The todo's page on the console, which every status links to."""
+    return f"{settings.SWITCHBOARD_PUBLIC_URL}/todos/{todo_id}/"
+
+
+def _state_headline(todo: Todo, markup) -> str:
+    if todo.state == State.FAILED:
+        return ("💀 Failed for good (no attempts left)" if todo.dead_lettered_at
+                else f"⚠️ Failed; retrying at {_when(todo.retry_at)}")
+    if todo.state == State.PENDING and todo.not_before:
+        return f"🕒 Scheduled for {_when(todo.not_before)}"
+    if todo.state == State.PENDING and todo.attempts:
+        return f"🔁 Queued again (attempt {todo.attempts + 1} of {todo.max_attempts})"
+    return _HEADLINES.get(todo.state, markup.text(todo.state, 32))
 
 
 def render_status(todo: Todo, *, now, markup=MARKDOWN, max_chars: int = MAX_STATUS_CHARS) -> str:
-    """The living status of ``todo``: it names the todo's state, its agent (the endpoint), its
-    times and a link to its page; while claimed, the agent's latest ``post_update`` line; when
-    done, the result's ``summary`` and ``https`` ``url``; when failed, the error."""
-    page = f"{settings.SWITCHBOARD_PUBLIC_URL}/todos/{todo.pk}/"
+    """The living status of ``todo``: it names the todo's state (and the operator's decision
+    that put it there), its agent (the endpoint), its times and a link to its page; while
+    claimed, the agent's latest ``post_update`` line; when done, the result's ``summary`` and
+    ``https`` ``url``; when failed, the error."""
+    return _render(todo, markup=markup, max_chars=max_chars)[1]
+
+
+def _render(todo: Todo, *, markup, max_chars: int) -> tuple[str, str]:
+    """``(headline, text)`` of ``todo``'s status: the headline is the text's first words."""
+    page = todo_page_url(todo.pk)
     agent = todo.endpoint.slug  # a slug: nothing in it is markup, even outside the code span
-    if todo.state == State.FAILED:
-        headline = ("💀 Failed for good (no attempts left)" if todo.dead_lettered_at
-                    else f"⚠️ Failed; retrying at {_when(todo.retry_at)}")
-    elif todo.state == State.PENDING and todo.not_before:
-        headline = f"🕒 Scheduled for {_when(todo.not_before)}"
-    elif todo.state == State.PENDING and todo.attempts:
-        headline = f"🔁 Queued again (attempt {todo.attempts + 1} of {todo.max_attempts})"
-    else:
-        headline = _HEADLINES.get(todo.state, markup.text(todo.state, 32))
+    headline = _state_headline(todo, markup)
     decision = _operator_decision(todo, markup)
     if decision is not None:
         headline += decision[0]
@@ -213,4 +230,4 @@ def render_status(todo: Todo, *, now, markup=MARKDOWN, max_chars: int = MAX_STAT
     if todo.state == State.FAILED and todo.last_error:
         lines += ["", "Error: " + markup.text(todo.last_error, MAX_ERROR_CHARS)]
     # The parts are capped already; the whole is too, leaving the client room for its marker.
-    return "\n".join(lines)[:max_chars - 100]
+    return headline, "\n".join(lines)[:max_chars - 100]

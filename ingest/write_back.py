@@ -8,15 +8,18 @@ scheduler's sweep otherwise; the same sweep runs every few seconds for anything 
 left behind (a crash between commit and send). The worker:
 
 1. takes entries into ``WriteBack`` rows in one transaction (``absorb_outbox_entries``): one
-   ``ack`` per todo and one living ``status``, whose ``wanted`` counts the changes asked for;
+   ``ack`` per todo and one living ``status`` (and, where the source has them, one ``check``
+   run), whose ``wanted`` counts the changes asked for;
 2. claims one due row at a time with a guarded statement (``claim_due_write_back``): never a
-   todo's status before its ack, never two sends of one todo at once;
+   todo's status or check before its ack, never two sends of one todo at once, nothing of a
+   connection the source asked to wait (a rate limit's ``Retry-After``: ``hold_connection``);
 3. sends it with no transaction open (a source that hangs holds no lock), rendering the status
    from the todo as it is at that moment, so changes that arrived meanwhile collapse into the
    one edit; and records the answer with a guarded statement fenced by the attempt it claimed
    (``finish_write_back``). Retryable failures wait (the source's ``Retry-After`` or rate-limit
    reset, else a doubling backoff) for up to ``RETRY_FOR``, then the row is ``abandoned``; any
-   other refusal is ``failed`` with the source's message.
+   other refusal is ``failed`` with the source's message. The same statement's transaction
+   counts the outcome (and an ack's latency) for /metrics (``WriteBackTally``).
 
 None of this runs inside a transition: a source that is down costs the worker time, never a
 transition or an ingest.
@@ -31,7 +34,7 @@ from datetime import timedelta
 from celery.exceptions import CeleryError
 from django.conf import settings
 from django.db import connection as db, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 from kombu.exceptions import KombuError
 
@@ -42,7 +45,7 @@ from todos import transitions as todo_transitions
 from todos.models import SILENT_TO_SOURCE, Todo, WriteBack as WriteBackLevel
 
 from . import connections, outbound, senders, status_text
-from .models import WriteBack, WriteBackAction, WriteBackState
+from .models import Connection, WriteBack, WriteBackAction, WriteBackState, WriteBackTally
 
 log = logging.getLogger("switchboard.write_back")
 
@@ -64,6 +67,11 @@ MAX_BACKOFF = timedelta(minutes=10)
 PROGRESS_EDIT_INTERVAL = timedelta(seconds=10)
 # What of a source's refusal a write-back keeps as its last error.
 MAX_ERROR_CHARS = 500
+# The ack latency histogram's buckets, in seconds (docs/operating.md#metrics): the goal is
+# under a second after the delivery's 202, the promise within 5 s.
+ACK_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+# Each bucket as the tally and /metrics name it ("le"), the last one unbounded.
+ACK_SECONDS_LABELS = tuple(f"{bound:g}" for bound in ACK_SECONDS_BUCKETS) + ("+Inf",)
 
 
 # -- after commit: wake the worker ---------------------------------------------------------------
@@ -132,10 +140,15 @@ _task_kicker = _TaskKicker()
 # -- 1. entries into write-backs ----------------------------------------------------------------
 
 _TABLE = WriteBack._meta.db_table
+_CONNECTIONS = Connection._meta.db_table
 _INSERT_COLUMNS = ("todo_id, connection_id, action, target, target_label, state, wanted, sent,"
                    " attempts, next_attempt_at, last_error, external_id, created_at")
+# Due now, or when its connection's hold ends (hold_connection): a row made during a hold
+# waits with the others rather than being walked past by every claim until then.
+_DUE_FROM = (f"COALESCE((SELECT c.held_until FROM {_CONNECTIONS} c"
+             " WHERE c.id = %(connection_id)s AND c.held_until > %(now)s), %(now)s)")
 _INSERT_VALUES = (f"%(todo_id)s, %(connection_id)s, %(action)s, {dialect.jsonb('target')},"
-                  " %(label)s, 'pending', %(wanted)s, 0, 0, %(now)s, '', '', %(now)s")
+                  f" %(label)s, 'pending', %(wanted)s, 0, 0, {_DUE_FROM}, '', '', %(now)s")
 # A change to a status already sent (or given up on after a long outage) makes it due again,
 # with a fresh retry budget; one waiting or being sent just counts the change; one the source
 # refused (failed) stays so until an operator retries it.
@@ -156,9 +169,10 @@ _INSERT_ACK_SQL = (f"INSERT INTO {_TABLE} ({_INSERT_COLUMNS}) VALUES ({_INSERT_V
 
 def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
     """Take up to ``limit`` outbox entries into write-backs, in one transaction: a ``create``
-    makes the todo's ``ack``, every later change counts toward its ``status``. A todo whose
-    webhook has no connection now, or whose delivery has nothing to write back on (a push), is
-    dropped. Returns how many entries were taken."""
+    makes the todo's ``ack``, every later change counts toward its ``status`` and, where the
+    client writes one for this connection and target (a GitHub App on a pull request), its
+    ``check`` run. A todo whose webhook has no connection now, or whose delivery has nothing
+    to write back on (a push), is dropped. Returns how many entries were taken."""
     with transaction.atomic():
         entries = todo_transitions.take_outbox_entries(limit=limit)
         if not entries:
@@ -173,7 +187,8 @@ def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
         todos = (Todo.objects.filter(pk__in=changes)
                  .select_related("delivery_event__webhook__connection")
                  .only("id", "kind", "payload", "write_back", "delivery_event__webhook__source",
-                       "delivery_event__webhook__connection__id"))
+                       "delivery_event__webhook__connection__id",
+                       "delivery_event__webhook__connection__kind"))
         with db.cursor() as cursor:
             for todo in todos:
                 webhook = todo.delivery_event.webhook if todo.delivery_event else None
@@ -182,6 +197,9 @@ def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
                 if found is None:
                     continue
                 target, label = found
+                if client.wants_check_run and client.wants_check_run(webhook.connection, target):
+                    changes[todo.pk][WriteBackAction.CHECK] = changes[todo.pk][
+                        WriteBackAction.STATUS]
                 for action, count in changes[todo.pk].items():
                     if count:
                         cursor.execute(
@@ -196,10 +214,11 @@ def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
 
 
 def _space_progress_edits(todo_id) -> None:
-    """Only progress lines changed: the status is not edited again before
+    """Only progress lines changed: the status (and check run) is not edited again before
     PROGRESS_EDIT_INTERVAL after its last send (whatever line is latest then is shown)."""
     spaced = F("sent_at") + PROGRESS_EDIT_INTERVAL
-    WriteBack.objects.filter(todo_id=todo_id, action=WriteBackAction.STATUS,
+    WriteBack.objects.filter(todo_id=todo_id,
+                             action__in=[WriteBackAction.STATUS, WriteBackAction.CHECK],
                              state=WriteBackState.PENDING, sent_at__isnull=False,
                              next_attempt_at__lt=spaced).update(next_attempt_at=spaced)
 
@@ -212,26 +231,34 @@ def _client_of(webhook):
 
 # -- 2. claiming one due write-back -------------------------------------------------------------
 
-# The oldest due row, unless its todo has a send under way or (for a status) an ack still to go.
+# The oldest due row, unless its todo has a send under way or (for a status or check) an ack
+# still to go, or its connection is held (the source asked it to wait: hold_connection). The
+# hold is looked up by the connection's primary key for the rows the due index yields.
 _DUE_PICK = (
     f"SELECT w.id FROM {_TABLE} w WHERE w.state = 'pending' AND w.next_attempt_at <= %(now)s"
     f" AND NOT EXISTS (SELECT 1 FROM {_TABLE} o WHERE o.todo_id = w.todo_id AND o.id <> w.id"
     " AND (o.state = 'sending' OR (o.state = 'pending' AND o.action = 'ack'"
-    " AND w.action = 'status')))"
+    " AND w.action <> 'ack')))"
+    f" AND NOT EXISTS (SELECT 1 FROM {_CONNECTIONS} c WHERE c.id = w.connection_id"
+    " AND c.held_until > %(now)s)"
     " ORDER BY w.next_attempt_at, w.id LIMIT 1"
 )
 
 
+def claim_due_sql() -> str:
+    """The claim's one statement (its plan is pinned in ingest/tests/test_plans.py)."""
+    return (f"UPDATE {_TABLE} SET state = 'sending', sending_until = %(until)s,"
+            f" attempts = attempts + 1 WHERE id = ({_DUE_PICK}{dialect.skip_locked()})"
+            " AND state = 'pending' RETURNING id")
+
+
 def claim_due_write_back(*, now) -> WriteBack | None:
-    """pending and due -> sending, for ``SEND_LEASE``, counting an attempt: the row returned,
-    or None when nothing is due. Overlapping workers skip each other's rows (PostgreSQL) or
-    queue behind the one writer (SQLite); the UPDATE re-checks the state, so a row is claimed
-    once."""
+    """pending and due (its connection not held) -> sending, for ``SEND_LEASE``, counting an
+    attempt: the row returned, or None when nothing is due. Overlapping workers skip each
+    other's rows (PostgreSQL) or queue behind the one writer (SQLite); the UPDATE re-checks
+    the state, so a row is claimed once."""
     params = {"now": dialect.db_time(now), "until": dialect.db_time(now + SEND_LEASE)}
-    rows = db_statements.fetch_all(
-        f"UPDATE {_TABLE} SET state = 'sending', sending_until = %(until)s,"
-        f" attempts = attempts + 1 WHERE id = ({_DUE_PICK}{dialect.skip_locked()})"
-        " AND state = 'pending' RETURNING id", params)
+    rows = db_statements.fetch_all(claim_due_sql(), params)
     if not rows:
         return None
     return WriteBack.objects.select_related("connection").get(pk=rows[0][0])
@@ -251,43 +278,59 @@ def send_write_back(row: WriteBack, *, now) -> str:
     """Send the claimed ``row`` and record the answer; returns its new state."""
     todo = (Todo.objects.select_related("endpoint").filter(pk=row.todo_id).first())
     client = senders.get_sender(senders.CONNECTION_SOURCE[row.connection.kind]).write_back
-    if todo is None or client is None:
+    send = None if client is None else {WriteBackAction.STATUS: client.status,
+                                        WriteBackAction.CHECK: client.check_run}.get(row.action)
+    if todo is None or client is None or (row.action != WriteBackAction.ACK and send is None):
         return finish_write_back(row, now=now, error=outbound.SourceError(
             "the todo is gone (pruned)" if todo is None else "the source writes nothing back"))
+    started = time.monotonic()
     try:
         if row.action == WriteBackAction.ACK:
             external_id = client.ack(row.connection, row.target, now)
         else:
-            # The first send of a status has nothing to look for; a later one without an id
-            # may follow a worker that died after the source took it, since the row was made.
+            # The first send has nothing to look for; a later one without an id may follow a
+            # worker that died after the source took it, since the row was made.
             update = status_text.status_update(
                 todo, now=now, markup=status_text.MARKUPS[client.markup],
                 max_chars=client.max_status_chars)
-            external_id = client.status(
+            external_id = send(
                 row.connection, row.target, update, row.external_id, now,
                 look_since=row.created_at if row.attempts > 1 and not row.external_id else None)
     except outbound.SourceError as failed:
         if failed.status == 401:
             connections.record_connection_error(row.connection, failed.message, now=now)
         return finish_write_back(row, now=now, error=failed)
-    return finish_write_back(row, now=now, external_id=external_id)
+    # An ack's latency runs from the todo's creation (the delivery's 202) to the source's
+    # answer: ``now`` is when the send began, so the request's own time is added.
+    accepted_after = (now + timedelta(seconds=time.monotonic() - started) - todo.created_at
+                      if row.action == WriteBackAction.ACK else None)
+    return finish_write_back(row, now=now, external_id=external_id,
+                             accepted_after=accepted_after)
 
 
 def finish_write_back(row: WriteBack, *, now, external_id: str = "",
-                      error: outbound.SourceError | None = None) -> str:
+                      error: outbound.SourceError | None = None, accepted_after=None) -> str:
     """Record the answer to ``row``'s send, fenced by the attempt it claimed (a row its lease
     outlived was claimed again, and that send records its own answer). Sent: ``sent`` covers
     what was ``wanted`` at the claim, and a change that arrived meanwhile leaves it due again.
     A retryable error waits (``next_attempt``); past ``RETRY_FOR`` of failing it is abandoned;
-    any other error fails it. Returns the state recorded."""
+    any other error fails it. A rate limit that says until when also holds the row's
+    connection (``hold_connection``). The outcome (and ``accepted_after``, an ack's latency)
+    is counted for /metrics in the same transaction, only when the fence matched. Returns the
+    state recorded."""
     fence = WriteBack.objects.filter(pk=row.pk, state=WriteBackState.SENDING,
                                      attempts=row.attempts)
+    source = senders.CONNECTION_SOURCE[row.connection.kind]
     if error is None:
-        # One statement, so a change counted since the claim (``wanted`` grew) leaves it due.
-        fence.update(state=Case(When(wanted__gt=row.wanted, then=Value(WriteBackState.PENDING)),
-                                default=Value(WriteBackState.SENT)),
-                     sent=row.wanted, external_id=external_id or row.external_id, sent_at=now,
-                     sending_until=None, failing_since=None, last_error="", next_attempt_at=now)
+        with transaction.atomic():
+            # One statement, so a change counted since the claim (``wanted`` grew) leaves it due.
+            if fence.update(state=Case(When(wanted__gt=row.wanted,
+                                            then=Value(WriteBackState.PENDING)),
+                                       default=Value(WriteBackState.SENT)),
+                            sent=row.wanted, external_id=external_id or row.external_id,
+                            sent_at=now, sending_until=None, failing_since=None, last_error="",
+                            next_attempt_at=now):
+                count_outcome(source, OUTCOME_SENT, accepted_after=accepted_after)
         return WriteBack.objects.filter(pk=row.pk).values_list("state", flat=True).first()
     failing_since = row.failing_since or now
     message = error.message[:MAX_ERROR_CHARS]
@@ -298,12 +341,67 @@ def finish_write_back(row: WriteBack, *, now, external_id: str = "",
         state = WriteBackState.ABANDONED
     else:
         state = WriteBackState.PENDING
-    fence.update(state=state, last_error=message, failing_since=failing_since,
-                 next_attempt_at=retry_at if state == WriteBackState.PENDING else None,
-                 sending_until=None)
+    with transaction.atomic():
+        if fence.update(state=state, last_error=message, failing_since=failing_since,
+                        next_attempt_at=retry_at if state == WriteBackState.PENDING else None,
+                        sending_until=None):
+            count_outcome(source, OUTCOMES[state])
+    if state == WriteBackState.PENDING and error.retry_at is not None and error.retry_at > now:
+        hold_connection(row.connection_id, until=error.retry_at)
     log.info("write-back not sent", extra={"todo_id": row.todo_id, "action": row.action,
                                            "state": state, "error": message})
     return state
+
+
+def hold_connection(connection_id, *, until) -> bool:
+    """The source answered a rate limit saying until when: none of the connection's
+    write-backs goes before ``until``, so a rate-limited source is asked once, not once per
+    row. Only ever moves the hold later (a guarded statement: overlapping workers that met the
+    same limit agree on the latest time), and moves the connection's due rows to it, so
+    ``manage.py write_backs`` shows when they go and the claim's scan of the due index does
+    not walk them meanwhile (rows taken in during the hold are due at its end too; one taken in
+    just before the hold was set is skipped by the claim's check of it). True when the hold
+    moved."""
+    held = Connection.objects.filter(pk=connection_id).filter(
+        Q(held_until__isnull=True) | Q(held_until__lt=until)).update(held_until=until)
+    if held:
+        WriteBack.objects.filter(connection_id=connection_id, state=WriteBackState.PENDING,
+                                 next_attempt_at__lt=until).update(next_attempt_at=until)
+    return bool(held)
+
+
+# -- what /metrics counts (docs/operating.md#metrics) --------------------------------------------
+
+OUTCOME_SENT = "sent"  # the source took it
+# A send's outcome by the state it left the row in: "retried" (it goes again), "failed" (the
+# source refused it: not retried), "abandoned" (failing for RETRY_FOR: given up).
+OUTCOMES = {WriteBackState.PENDING: "retried", WriteBackState.FAILED: "failed",
+            WriteBackState.ABANDONED: "abandoned"}
+_TALLY = WriteBackTally._meta.db_table
+_BUMP_TALLY_SQL = (
+    f"INSERT INTO {_TALLY} (source, series, label, count, total_seconds) VALUES {{rows}}"
+    " ON CONFLICT (source, series, label) DO UPDATE SET"
+    f" count = {_TALLY}.count + EXCLUDED.count,"
+    f" total_seconds = {_TALLY}.total_seconds + EXCLUDED.total_seconds"
+)
+
+
+def ack_seconds_bucket(seconds: float) -> str:
+    """The histogram bucket an ack's latency falls in: its upper bound, or "+Inf"."""
+    return next((label for bound, label in zip(ACK_SECONDS_BUCKETS, ACK_SECONDS_LABELS)
+                 if seconds <= bound), ACK_SECONDS_LABELS[-1])
+
+
+def count_outcome(source: str, outcome: str, *, accepted_after=None) -> None:
+    """Add one ``outcome`` of ``source``'s write-backs (and an ack's latency) to the durable
+    tally, in one statement; the caller's transaction holds the answer's record."""
+    rows = [(source, "outcome", outcome, 0.0)]
+    if accepted_after is not None:
+        seconds = max(accepted_after.total_seconds(), 0.0)
+        rows.append((source, "ack_seconds", ack_seconds_bucket(seconds), seconds))
+    values = ", ".join(["(%s, %s, %s, 1, %s)"] * len(rows))
+    with db.cursor() as cursor:
+        cursor.execute(_BUMP_TALLY_SQL.format(rows=values), [v for row in rows for v in row])
 
 
 def next_attempt(attempts: int, *, now, asked=None):

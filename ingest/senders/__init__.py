@@ -72,6 +72,10 @@ class WriteBackClient:
     # never from a URL in a payload; "" when there is none to link.
     target_url: Callable | None = None
     max_status_chars: int = 4000  # the status's cap: 4,000 on the forges, Slack 3,000, Linear 2,000
+    # (connection, target, update, external_id, now, look_since) -> the check run's id, as
+    # ``status`` does; None: this source has no check runs.
+    check_run: Callable | None = None
+    wants_check_run: Callable | None = None  # (connection, target) -> True: write a check run
 
 
 def send_living_status(external_id: str, look_since, *, look, edit, post) -> str:

@@ -11,9 +11,11 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from todos.models import State
+
 from . import (ConnectionSpec, Identity, Sender, WriteBackClient, checked_page, find_marked,
                is_connection_identity, send_living_status)
-from .. import outbound
+from .. import outbound, status_text
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
 from ..titles import branch, commits, dig, first, kind_with_action, text
@@ -223,11 +225,17 @@ STATUS_MARKER = "<!-- switchboard:todo:{todo_id} -->"
 MARKER_LOOK_PAGE = 100
 
 
+# Pull-request events, whose payload names the head commit a check run goes on. A comment on
+# a pull request (issue_comment) names none, so it gets the comment and the reaction only.
+_CHECK_RUN_EVENTS = ("pull_request", "pull_request_review", "pull_request_review_comment")
+
+
 def find_target(kind: str, payload: dict):
     """The issue or pull request a delivery is about, and the comment when it is about one:
     ``({"owner", "repo", "number", "comment", "comment_path", "installation"}, "owner/repo#N")``,
-    or None for an event with nothing to react to (a push, a check run) or whose names do not
-    pass ``outbound``'s checks."""
+    with ``head_sha`` for a pull-request event (its head commit); or None for an event with
+    nothing to react to (a push, a check run) or whose names do not pass ``outbound``'s
+    checks."""
     event = kind.partition(".")[0]
     repository = dict_of(payload.get("repository"))
     subject = {"issues": "issue", "issue_comment": "issue"}.get(event, "pull_request")
@@ -248,6 +256,9 @@ def find_target(kind: str, payload: dict):
             target["comment_path"] = _COMMENT_PATHS[event]
         if target["installation"] is not None:
             target["installation"] = outbound.number_segment(target["installation"])
+        if event in _CHECK_RUN_EVENTS:
+            target["head_sha"] = outbound.commit_segment(dig(payload, "pull_request", "head",
+                                                             "sha"))
     except outbound.SourceError:
         return None
     label = f"{target['owner']}/{target['repo']}#{target['number']}"
@@ -306,6 +317,72 @@ def comment_author(comment: dict) -> str:
     return text_of(dict_of(comment.get("user")).get("login"))
 
 
+# -- the check run on a pull request's head commit (docs/write-back.md#the-check-run) ----------
+
+# The check's name on the pull request, and what a look for a lost check run asks for.
+CHECK_NAME = "switchboard"
+
+
+def wants_check_run(connection, target) -> bool:
+    """A check run goes on a pull request's head commit, and only under an App: GitHub lets
+    only Apps write check runs (a token is refused)."""
+    return connection.kind == "github_app" and bool(target.get("head_sha"))
+
+
+def _check_run_state(update) -> dict:
+    """GitHub's status and conclusion of the check run for the todo's state: queued while it
+    waits (approval, queued, scheduled, retrying), in progress while claimed, then completed:
+    success when done, failure when dead-lettered, cancelled when cancelled."""
+    if update.state == State.DONE:
+        return {"status": "completed", "conclusion": "success"}
+    if update.state == State.CANCELLED:
+        return {"status": "completed", "conclusion": "cancelled"}
+    if update.state == State.FAILED and update.dead:
+        return {"status": "completed", "conclusion": "failure"}
+    return {"status": "in_progress" if update.state == State.CLAIMED else "queued"}
+
+
+def send_check_run(connection, target, update, external_id: str, now, look_since) -> str:
+    """The todo's check run on the pull request's head commit: ``external_id`` edited in place
+    (PATCH), or created; with ``look_since``, an earlier send may have created it before its
+    worker died, so it is looked for by its ``external_id`` (the todo's id) first."""
+    state = _check_run_state(update)
+    body = {"name": CHECK_NAME, "details_url": status_text.todo_page_url(update.todo_id),
+            "external_id": str(update.todo_id), **state,
+            "output": {"title": update.headline or CHECK_NAME, "summary": update.text}}
+    if state["status"] == "completed":
+        body["completed_at"] = now.astimezone(dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if not external_id and look_since is not None:
+        external_id = _find_check_run(connection, target, update.todo_id, now)
+    if external_id:
+        try:
+            _send(connection, target, "PATCH",
+                  f"/check-runs/{outbound.number_segment(external_id)}", now, body)
+            return external_id
+        except outbound.SourceError as failed:
+            if failed.status != 404:
+                raise
+    body["head_sha"] = outbound.commit_segment(target["head_sha"])
+    answer = _send(connection, target, "POST", "/check-runs", now, body)
+    return str(dict_of(answer.body).get("id", ""))
+
+
+def _find_check_run(connection, target, todo_id, now) -> str:
+    # GitHub keeps a commit's check runs by name; this App's run of this todo is the one
+    # whose external_id is the todo's id (one page: a commit has few runs of one name).
+    sha = outbound.commit_segment(target["head_sha"])
+    answer = _send(connection, target, "GET",
+                   f"/commits/{sha}/check-runs?check_name={CHECK_NAME}&filter=all"
+                   f"&app_id={outbound.number_segment(connection.app_id)}"
+                   f"&per_page={MARKER_LOOK_PAGE}", now)
+    runs = dict_of(answer.body).get("check_runs")
+    for run in runs if isinstance(runs, list) else []:
+        run = dict_of(run)
+        if text_of(run.get("external_id")) == str(todo_id):
+            return str(run.get("id", ""))
+    return ""
+
+
 def target_url(connection, target) -> str:
     """The issue, pull request or comment on GitHub's web pages: github.com for the public API,
     the host itself for an Enterprise Server (``https://host/api/v3``). GitHub sends an
@@ -351,5 +428,6 @@ SENDER = Sender(
                        check_secret=check_token),
     ),
     write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status,
-                               target_url=target_url),
+                               target_url=target_url, check_run=send_check_run,
+                               wants_check_run=wants_check_run),
     is_own_write_back=is_own_write_back)

@@ -117,3 +117,26 @@ def gitea():
     yield standin
     standin.stop()
     assert standin.problems == [], "requests Gitea's description refuses"
+
+def hooked(operator, endpoint, app_connection, make_webhook):
+    """A GitHub webhook writing back under the App connection, one route to ``endpoint``."""
+    from ingest import connections
+
+    webhook = make_webhook("github", slug="gh")
+    connections.set_webhook_connection(webhook, app_connection)
+    return webhook
+
+
+@pytest.fixture
+def hooked_by_token(operator, endpoint, github, make_webhook):
+    """The same webhook writing back under a token connection: for tests that move the clock,
+    which an App's JWT (checked against the stand-in's real clock) would not survive."""
+    from ingest import connections
+
+    connection, test = connections.create_connection(
+        name="gh-token", owner=operator, kind="github_token", secret=github.token,
+        api_url=github.api_url)
+    assert test.ok
+    webhook = make_webhook("github", slug="gh")
+    connections.set_webhook_connection(webhook, connection)
+    return webhook

@@ -234,7 +234,8 @@ class GitHubStandIn(StandIn):
     """GitHub's REST API on a loopback port: ``api_url`` (optionally under a prefix, as GitHub
     Enterprise Server's ``/api/v3``). One App (``app_id``, ``app_slug``, ``app_pem``) and one
     token user (``token``, ``user_login``); comments and reactions it was asked for, each
-    request in ``seen``, each broken rule in ``problems``."""
+    request in ``seen``, each broken rule in ``problems``. Check runs only for the App (GitHub
+    refuses them to a token), kept as GitHub shows them."""
 
     def __init__(self, *, prefix: str = ""):
         super().__init__(prefix=prefix)
@@ -246,6 +247,7 @@ class GitHubStandIn(StandIn):
         self.installation_tokens = {}  # token -> (installation id, expires_at)
         self.comments = {}  # id -> {"issue": (owner, repo, number), "body": …}
         self.reactions = []  # (target, content)
+        self.check_runs = {}  # id -> {"repo": (owner, repo), "answer": …}
         self.token_lifetime = timedelta(hours=1)
 
     description = "GitHub's description"
@@ -263,7 +265,7 @@ class GitHubStandIn(StandIn):
     # -- what each operation does --------------------------------------------------------
 
     def answer(self, operation: Operation, values: dict, seen) -> tuple[int, object]:
-        headers, body = seen.headers, seen.body
+        headers, body, query = seen.headers, seen.body, seen.query
         now = datetime.now(dt_timezone.utc)
         if operation.template.startswith("/app"):
             problem = self._check_app_jwt(headers.get("authorization", ""), now)
@@ -320,7 +322,47 @@ class GitHubStandIn(StandIn):
         if operation.id == "issues/list-comments":
             issue = (*repo, int(values["issue_number"]))
             return 200, [c["answer"] for c in self.comments.values() if c["issue"] == issue]
+        if operation.id.startswith("checks/"):
+            return self._answer_checks(operation, values, headers, body or {}, query or {}, repo)
         return 501, {"message": f"the stand-in does not serve {operation.id}"}
+
+    def _answer_checks(self, operation, values, headers, body, query, repo):
+        """Check runs as GitHub keeps them: written only by an App's installation (a token is
+        refused, 403), a conclusion whenever the status is completed, a run edited only in its
+        own repository, the list for a commit filtered by name and App."""
+        token = headers.get("authorization", "").removeprefix("Bearer ")
+        if token not in self.installation_tokens:
+            self.problems.append(f"{operation.id}: check runs are an App's, not a token's")
+            return 403, {"message": "You must authenticate via a GitHub App.",
+                         "documentation_url": "https://docs.github.com/rest/checks/runs"}
+        if operation.id == "checks/list-for-ref":
+            runs = [run["answer"] for run in self.check_runs.values()
+                    if run["repo"] == repo and run["answer"]["head_sha"] == values["ref"]
+                    and run["answer"]["name"] == query.get("check_name", run["answer"]["name"])
+                    and str(self.app_id) == query.get("app_id", str(self.app_id))]
+            return 200, {"total_count": len(runs), "check_runs": runs}
+        if (body.get("status") == "completed" or "completed_at" in body) \
+                and "conclusion" not in body:
+            self.problems.append(f"{operation.id}: completed without a conclusion")
+            return 422, {"message": "Validation Failed"}
+        if operation.id == "checks/create":
+            answer = response_example(operation, "201")
+            answer.update(id=next(self._ids), app={**answer.get("app", {}), "id": self.app_id,
+                                                   "slug": self.app_slug},
+                          status="queued", conclusion=None, completed_at=None)
+            self.check_runs[answer["id"]] = {"repo": repo, "answer": answer}
+            run = answer
+            status = 201
+        else:
+            found = self.check_runs.get(int(values["check_run_id"]))
+            if found is None or found["repo"] != repo:
+                return 404, {"message": "Not Found"}
+            run, status = found["answer"], 200
+        run.update({key: value for key, value in body.items() if key != "output"})
+        run["output"] = {**run.get("output", {}), **body.get("output", {})}
+        if "conclusion" in body:
+            run["status"] = "completed"
+        return status, run
 
     def _bearer_known(self, authorization: str, now) -> bool:
         token = authorization.removeprefix("Bearer ").removeprefix("token ")

@@ -30,27 +30,6 @@ def public_url(settings):
     settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
 
 
-@pytest.fixture
-def hooked(operator, endpoint, app_connection, make_webhook):
-    """A GitHub webhook writing back under the App connection, one route to ``endpoint``."""
-    webhook = make_webhook("github", slug="gh")
-    connections.set_webhook_connection(webhook, app_connection)
-    return webhook
-
-
-@pytest.fixture
-def hooked_by_token(operator, endpoint, github, make_webhook):
-    """The same webhook writing back under a token connection: for tests that move the clock,
-    which an App's JWT (checked against the stand-in's real clock) would not survive."""
-    connection, test = connections.create_connection(
-        name="gh-token", owner=operator, kind="github_token", secret=github.token,
-        api_url=github.api_url)
-    assert test.ok
-    webhook = make_webhook("github", slug="gh")
-    connections.set_webhook_connection(webhook, connection)
-    return webhook
-
-
 def deliver(event: str, payload: dict, *, slug="gh") -> Todo | None:
     payload.setdefault("installation", {"id": INSTALLATION, "node_id": "MDIzOkludGVncmF0aW9u"})
     body = signing.body_of(payload)
@@ -345,6 +324,202 @@ def test_a_status_comment_someone_deleted_is_posted_again(hooked, github, agent)
     assert rows(todo)["status"].external_id == str(comment["id"])
 
 
+# -- the check run on a pull request's head commit -----------------------------------------------
+
+
+def pull_request_opened() -> dict:
+    return webhook_example("pull_request", action="opened")
+
+
+def test_a_pull_request_gets_one_check_run_edited_until_it_succeeds(hooked, github, agent):
+    payload = pull_request_opened()
+    todo = deliver("pull_request", payload)
+    send()
+    assert set(rows(todo)) == {"ack"} and not github.check_runs  # nothing before a change
+    todo_transitions.claim_todo(agent, todo.pk)
+    send()
+    (created,) = github.requests_to("checks/create")
+    repo = payload["repository"]
+    assert created.path == f"/repos/{repo['owner']['login']}/{repo['name']}/check-runs"
+    assert created.body["head_sha"] == payload["pull_request"]["head"]["sha"]
+    assert created.body["status"] == "in_progress" and "conclusion" not in created.body
+    assert created.body["external_id"] == str(todo.pk) and created.body["name"] == "switchboard"
+    assert created.body["details_url"] == f"https://sb.example/todos/{todo.pk}/"
+    assert created.body["output"]["title"] == "🛠️ Being worked on"
+    assert "`agent`" in created.body["output"]["summary"]
+    todo_transitions.post_update_todo(agent, todo.pk, text="halfway")
+    todo_transitions.complete_todo(agent, todo.pk, result={"summary": "Merged the fix."})
+    send()
+    (edited,) = github.requests_to("checks/update")
+    (run,) = github.check_runs.values()
+    assert edited.path.endswith(f"/check-runs/{run['answer']['id']}")
+    assert run["answer"]["status"] == "completed" and run["answer"]["conclusion"] == "success"
+    assert run["answer"]["output"]["title"] == "✅ Done"
+    # What the stand-in answers is a check run as GitHub's description shapes one.
+    assert schema_problems("components/schemas/check-run", run["answer"]) == []
+    assert "Merged the fix\\." in run["answer"]["output"]["summary"]
+    check = rows(todo)["check"]
+    assert check.state == "sent" and check.external_id == str(run["answer"]["id"])
+    assert check.wanted == check.sent == 3
+    # The status comment goes beside it, as on an issue; the command lists all three.
+    assert "Done" in github.status_comments()[0]["body"]
+    assert {(row["action"], row["state"]) for row in write_backs_listed("--todo", str(todo.pk))} \
+        == {("ack", "sent"), ("status", "sent"), ("check", "sent")}
+    order = [seen.operation for seen in github.seen if seen.operation.startswith(("reactions/",
+                                                                                  "checks/"))]
+    assert order[0] == "reactions/create-for-issue"
+
+
+@pytest.mark.parametrize("ending, conclusion, title", [
+    ("dead letter", "failure", "💀 Failed for good (no attempts left)"),
+    ("failed, retrying", None, "⚠️ Failed; retrying at"),
+    ("cancelled", "cancelled", "🚫 Cancelled"),
+])
+def test_a_check_run_concludes_as_its_todo_ends(hooked, github, agent, ending, conclusion,
+                                                title):
+    todo = deliver("pull_request", pull_request_opened())
+    Todo.objects.filter(pk=todo.pk).update(max_attempts=1 if ending == "dead letter" else 3)
+    todo_transitions.claim_todo(agent, todo.pk)
+    send()
+    if ending == "cancelled":
+        todo_transitions.cancel_todo(todo_transitions.Caller.operator(todo.endpoint, "alice"),
+                                     todo.pk, reason="not needed")
+    else:
+        todo_transitions.fail_todo(agent, todo.pk, error="tests fail")
+    send()
+    (run,) = (found["answer"] for found in github.check_runs.values())
+    assert run["conclusion"] == conclusion and run["output"]["title"].startswith(title)
+    assert run["status"] == ("completed" if conclusion else "queued")
+
+
+def test_a_token_connection_writes_no_check_run(hooked_by_token, github, agent):
+    todo = deliver("pull_request", pull_request_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    send()
+    assert set(rows(todo)) == {"ack", "status"}
+    assert not [seen for seen in github.seen if seen.operation.startswith("checks/")]
+    assert len(github.status_comments()) == 1
+
+
+def test_an_issue_writes_no_check_run(hooked, github, agent):
+    todo = deliver("issues", issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    send()
+    assert set(rows(todo)) == {"ack", "status"} and not github.check_runs
+
+
+def test_a_check_run_waits_for_its_ack(hooked, github, agent):
+    todo = deliver("pull_request", pull_request_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    github.fail(503, times=1)  # the installation token mint fails: the ack waits
+    now = timezone.now()
+    send(now)
+    assert rows(todo)["check"].attempts == 0 and not github.check_runs
+    send(now + timedelta(seconds=10))
+    order = [seen.operation for seen in github.seen if seen.status in (200, 201)
+             and seen.operation.startswith(("reactions/", "checks/"))]
+    assert order == ["reactions/create-for-issue", "checks/create"]
+
+
+def test_a_worker_killed_mid_check_run_finds_it_by_its_external_id(hooked, github, agent):
+    payload = pull_request_opened()
+    todo = deliver("pull_request", payload)
+    send()
+    todo_transitions.claim_todo(agent, todo.pk)
+    write_back.absorb_outbox_entries(now=timezone.now())
+    now = timezone.now()
+    status = write_back.claim_due_write_back(now=now)  # one send of a todo at a time
+    assert status.action == "status" and write_back.send_write_back(status, now=now) == "sent"
+    row = write_back.claim_due_write_back(now=now)
+    assert row.action == "check"
+    # The worker creates the check run and dies before recording it.
+    github_sender.send_check_run(
+        row.connection, row.target, status_text.status_update(
+            Todo.objects.select_related("endpoint").get(pk=todo.pk), now=now),
+        "", now, look_since=None)
+    send(now + write_back.SEND_LEASE + timedelta(seconds=1))
+    (run,) = github.check_runs.values()
+    row.refresh_from_db()
+    assert row.state == "sent" and row.external_id == str(run["answer"]["id"])
+    assert row.attempts == 2 and len(github.requests_to("checks/create")) == 1
+    (looked,) = github.requests_to("checks/list-for-ref")
+    assert looked.path.endswith(f"/commits/{payload['pull_request']['head']['sha']}/check-runs")
+    assert looked.query["check_name"] == "switchboard"
+    assert looked.query["app_id"] == str(github.app_id)
+    assert len(github.requests_to("checks/update")) == 1
+
+
+# -- a rate limit holds the connection -----------------------------------------------------------
+
+
+def test_a_rate_limit_holds_every_write_back_of_the_connection_until_it_lifts(hooked_by_token,
+                                                                            github):
+    base = issue_opened()
+    todos = []
+    for n in range(20):
+        payload = issue_opened()
+        payload["issue"]["number"] = base["issue"]["number"] + n
+        todos.append(deliver("issues", payload))
+    github.fail(429, headers={"Retry-After": "60"}, message="rate limited")
+    before = len(github.seen)
+    now = timezone.now()
+    assert send(now) == 1  # the first send meets the limit; no other row is tried
+    connection = WriteBack.objects.first().connection
+    assert connection.held_until == now + timedelta(seconds=60)
+    assert set(WriteBack.objects.values_list("next_attempt_at", flat=True)) == {
+        now + timedelta(seconds=60)}
+    # Within the minute nothing reaches GitHub: neither the held rows nor one made meanwhile
+    # (due when the hold ends, as they are).
+    late = issue_opened()
+    late["issue"]["number"] = base["issue"]["number"] + 20
+    deliver("issues", late)
+    for seconds in (1, 30, 59):
+        assert send(now + timedelta(seconds=seconds)) == 0
+    assert len(github.seen) == before + 1 and github.seen[-1].status == 429
+    listed = write_backs_listed("--webhook", "gh", "--limit", "1")
+    assert listed[0]["held_until"] == (now + timedelta(seconds=60)).isoformat()
+    assert listed[0]["next_attempt_at"] == (now + timedelta(seconds=60)).isoformat()
+    # When it lifts, every one goes.
+    assert send(now + timedelta(seconds=60)) == 21
+    assert len(github.requests_to("reactions/create-for-issue")) == 22
+    assert set(WriteBack.objects.values_list("state", flat=True)) == {"sent"}
+
+
+def test_a_hold_only_moves_later_and_only_holds_its_connection(hooked_by_token, github, operator,
+                                                               make_webhook):
+    connection = hooked_by_token.connection
+    other, _ = connections.create_connection(
+        name="gh-other", owner=operator, kind="github_token", secret=github.token,
+        api_url=github.api_url)
+    connections.set_webhook_connection(make_webhook("github", slug="other"), other)
+    now = timezone.now()
+    assert write_back.hold_connection(connection.pk, until=now + timedelta(seconds=60))
+    assert not write_back.hold_connection(connection.pk, until=now + timedelta(seconds=10))
+    connection.refresh_from_db()
+    assert connection.held_until == now + timedelta(seconds=60)
+    deliver("issues", issue_opened())
+    deliver("issues", issue_opened(), slug="other")
+    assert send(now + timedelta(seconds=1)) == 1
+    (sent,) = WriteBack.objects.filter(state="sent")
+    assert sent.connection_id == other.pk
+    (held,) = WriteBack.objects.filter(state="pending")
+    assert held.next_attempt_at == now + timedelta(seconds=60)  # made during the hold
+
+
+def test_the_claim_skips_a_row_due_before_its_connections_hold_was_set(hooked_by_token, github):
+    deliver("issues", issue_opened())
+    now = timezone.now()
+    write_back.absorb_outbox_entries(now=now)
+    # The hold lands after the row was taken in (another worker met the limit meanwhile):
+    # the row is due, and only the claim's own check of the hold keeps it back.
+    Connection.objects.filter(pk=hooked_by_token.connection_id).update(
+        held_until=now + timedelta(seconds=30))
+    requests_before = len(github.seen)
+    assert write_back.claim_due_write_back(now=now + timedelta(seconds=1)) is None
+    assert send(now + timedelta(seconds=29)) == 0 and len(github.seen) == requests_before
+    assert send(now + timedelta(seconds=30)) == 1
+
+
 # -- waking the worker after commit --------------------------------------------------------------
 
 
@@ -516,6 +691,17 @@ def test_post_update_edits_the_status_at_most_every_10_s_latest_wins(hooked_by_t
     assert "Latest from the agent" not in github.status_comments()[0]["body"]
 
 
+def write_backs_listed(*args) -> list[dict]:
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("write_backs", *args, "--json", stdout=out)
+    return json.loads(out.getvalue())["write_backs"]
+
+
 def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
     import json
     from io import StringIO
@@ -535,7 +721,8 @@ def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
     assert listed[1]["last_error"] == "422: Validation Failed"
     assert listed[1]["connection"] == "gh-token" and listed[1]["todo"] == str(todo.pk)
     assert set(listed[0]) == {"id", "todo", "connection", "action", "target", "state",
-                              "attempts", "last_error", "external_id", "sent_at"}
+                              "attempts", "last_error", "external_id", "sent_at",
+                              "next_attempt_at", "held_until"}
     out = StringIO()
     call_command("write_backs", "--todo", str(todo.pk), "--state", "failed", "--json", stdout=out)
     assert len(json.loads(out.getvalue())["write_backs"]) == 1

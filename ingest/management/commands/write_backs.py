@@ -10,7 +10,8 @@ MAX_LIMIT = 1000
 
 class Command(JsonCommand):
     help = ("Print the latest write-backs (what switchboard wrote, or is to write, back to the "
-            "sources), newest first: of one todo, of one webhook's todos, or all.")
+            "sources: ack, status, check), newest first: of one todo, of one webhook's todos, "
+            "or all; when a pending one goes next, and a connection held by a rate limit.")
 
     def add_arguments(self, parser):
         parser.add_argument("--todo", help="only this todo's (its id)")
@@ -33,6 +34,10 @@ class Command(JsonCommand):
             todo_id=int(todo) if todo else None, webhook=hook, state=state, limit=limit)]
         human = "\n".join(
             f"#{r['id']} todo {r['todo']} {r['action']:<6} {r['state']:<9} {r['target']} "
-            f"attempts={r['attempts']}" + (f" error: {r['last_error']}" if r["last_error"] else "")
+            f"attempts={r['attempts']}"
+            + (f" next={r['next_attempt_at']}" if r["next_attempt_at"] else "")
+            + (f" held until {r['held_until']} (the source's rate limit)"
+               if r["held_until"] else "")
+            + (f" error: {r['last_error']}" if r["last_error"] else "")
             for r in rows) or "no write-backs"
         self.emit(options, {"write_backs": rows}, human)
