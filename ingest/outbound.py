@@ -96,6 +96,7 @@ def web_root(api_url: str, api_path: str) -> str:
     root = parts.path.rstrip("/").removesuffix(api_path)
     return f"{parts.scheme}://{parts.netloc}{root}"
 
+
 # A commit's id as git writes it: 40 hex digits (SHA-1), or 64 in a SHA-256 repository.
 _COMMIT_RE = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 

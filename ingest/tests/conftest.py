@@ -118,6 +118,8 @@ def gitea():
     standin.stop()
     assert standin.problems == [], "requests Gitea's description refuses"
 
+
+@pytest.fixture
 def hooked(operator, endpoint, app_connection, make_webhook):
     """A GitHub webhook writing back under the App connection, one route to ``endpoint``."""
     from ingest import connections
