@@ -87,10 +87,10 @@ def test_a_todo_page_lists_its_write_backs_where_and_how_they_went(refused_statu
     link = f'href="http://127.0.0.1:{github.server.server_port}/{repo["full_name"]}/issues/' \
            f'{issue["number"]}"'
     sent, failed = write_back_row(page, ack), write_back_row(page, status)
-    assert "👀 reaction" in sent and link in sent and f"{repo['full_name']}#{issue['number']}" in sent
+    assert "eyes reaction" in sent and link in sent and f"{repo['full_name']}#{issue['number']}" in sent
     assert ">sent<" in sent and "as gh-app" in sent and "retry now" not in sent
     assert ack.sent_at.strftime("%Y-%m-%d %H:%M:%S") in sent
-    assert "one comment, edited" in failed and link in failed
+    assert "living status, edited in place" in failed and link in failed
     assert ">failed<" in failed and "422: Validation Failed" in failed
     assert f'action="/todos/{todo.pk}/write-backs/{status.pk}/retry"' in failed
     assert "retry now" in failed
