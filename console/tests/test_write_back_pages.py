@@ -308,3 +308,13 @@ def test_a_delivery_page_names_what_was_written_back_for_its_todo(refused_status
         shown = shown[:shown.index("</li>")]
         assert f"written back: {action}" in shown and f">{state}<" in shown
         assert f"{repo['full_name']}#{issue['number']}" in shown
+
+
+def test_a_source_whose_connections_cannot_be_made_yet_says_so(make_webhook, owner_client,
+                                                               monkeypatch):
+    monkeypatch.setattr(connections, "buildable_kinds", lambda: [])
+    make_webhook("github", slug="later")
+    card = section(owner_client.get("/todos/webhooks/later/").content.decode(), "write-back")
+    assert "this webhook has no connection" in card
+    assert "switchboard cannot write back over github_app or github_token yet" in card
+    assert "add_connection" not in card
