@@ -244,6 +244,23 @@ def test_the_webhook_page_shows_its_connection_and_failing_write_backs(refused_s
     assert f'href="/todos/{retrying.pk}/"' not in listed  # retrying is not failing
 
 
+def test_the_webhook_page_lists_the_latest_failing_and_says_where_the_rest_are(
+        refused_status, hooked, github, owner_client, monkeypatch):
+    from console import webhooks as console_webhooks
+
+    monkeypatch.setattr(console_webhooks, "WEBHOOK_PAGE_FAILING_WRITE_BACKS", 1)
+    newer = deliver("issue_comment", "created")
+    github.fail(404, message="Not Found", times=1)
+    write_back.send_due_write_backs()
+    assert rows(newer)["ack"].state == "failed"
+    card = section(owner_client.get("/todos/webhooks/gh/").content.decode(), "write-back")
+    assert "2 failing" in card
+    listed = card[card.index('class="failing-write-backs"'):]
+    assert f'href="/todos/{newer.pk}/"' in listed and f'/todos/{refused_status.pk}/"' not in listed
+    assert "the latest 1 shown; <code>manage.py write_backs --webhook gh --state failed</code>" \
+        in card
+
+
 def test_the_test_button_records_what_the_source_says(hooked, github, owner_client,
                                                       app_connection):
     github.fail(401, message="Bad credentials", times=1)
