@@ -43,8 +43,10 @@ def owner_client(operator):
     return browser
 
 
-def deliver(event="issues", action="opened", *, slug="gh") -> Todo:
+def deliver(event="issues", action="opened", *, slug="gh", issue=None) -> Todo:
     payload = webhook_example(event, action=action)
+    if issue is not None:  # another issue: another body, so not a replay
+        payload["issue"]["number"] = issue
     payload.setdefault("installation", {"id": INSTALLATION, "node_id": "MDIzOkludGVncmF0aW9u"})
     body = signing.body_of(payload)
     answer = hook_client.post(slug, body, **signing.github(SECRETS["github"], body, event=event))
@@ -335,3 +337,25 @@ def test_a_source_whose_connections_cannot_be_made_yet_says_so(make_webhook, own
     assert "this webhook has no connection" in card
     assert "switchboard cannot write back over github_app or github_token yet" in card
     assert "add_connection" not in card
+
+
+def test_the_pages_read_write_backs_in_a_fixed_number_of_queries(refused_status, hooked, github,
+                                                                 owner_client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(url) -> int:
+        with CaptureQueriesContext(connection) as seen:
+            assert owner_client.get(url).status_code == 200
+        return len(seen)
+
+    record = refused_status.delivery_event.records.get()
+    urls = [f"/todos/{refused_status.pk}/", "/todos/webhooks/gh/",
+            f"/todos/webhooks/gh/deliveries/{record.pk}/"]
+    before = [queries(url) for url in urls]
+    for number in range(3):  # three more todos, each with a failed ack
+        deliver("issues", issue=100 + number)
+        github.fail(404, message="Not Found", times=1)
+        write_back.send_due_write_backs()
+    assert WriteBack.objects.filter(state="failed").count() == 4
+    assert [queries(url) for url in urls] == before
