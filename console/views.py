@@ -37,6 +37,7 @@ from endpoints import connect_snippets
 from endpoints import queries as endpoint_queries
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import MAX_CLAIM_CAP
+from ingest import queries as ingest_queries
 from switchboard import json_input
 from switchboard.commands import validation_text
 
@@ -251,6 +252,8 @@ def todo_detail(request, todo_id):
         "usage": usage.todo_usage(todo),
         "max_cost_usd": _plain_number(todo.max_cost_usd if todo.max_cost_usd is not None
                                       else todo.endpoint.max_cost_usd),
+        # What switchboard wrote, or is to write, back to the todo's source.
+        "write_backs": ingest_queries.write_backs_of_todos([todo.pk]).get(todo.pk, []),
     })
 
 

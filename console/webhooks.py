@@ -11,9 +11,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django.utils import timezone
 
-from ingest import queries, sender_setup, senders, transitions
+from ingest import connections, queries, sender_setup, senders, transitions, write_back
 from ingest.api import HAND_OVER_FIELDS, hand_over_arguments
-from ingest.models import DeliveryRecord, Outcome, Webhook
+from ingest.models import DeliveryRecord, Outcome, Webhook, WriteBack
 from ingest.problems import Problem
 from switchboard import json_input
 from switchboard import metrics as push_metrics
@@ -28,6 +28,11 @@ from . import views as board_views
 # Live over a board stream of the webhook's group (channels_push.board.stream).
 
 WEBHOOK_PAGE_DELIVERIES = 200
+# The failing write-backs a webhook page lists (the count covers them all).
+WEBHOOK_PAGE_FAILING_WRITE_BACKS = 5
+# The permission testing a connection needs: its admin twin's ("Test selected connections"
+# changes the connection's identity, last success and last error).
+CHANGE_CONNECTION = "ingest.change_connection"
 
 
 _board_login_required = board_views.board_login_required
@@ -94,8 +99,61 @@ def webhook_page(request, slug):
             webhook.source, f"{settings.SWITCHBOARD_PUBLIC_URL}/hooks/{webhook.slug}",
             webhook.slug),
         "sender_minted": webhook.source in sender_setup.SENDER_MINTED,
+        **_write_back_context(webhook),
     })
     return render(request, "console/webhook.html", context)
+
+
+def _write_back_context(webhook) -> dict:
+    """The webhook page's write-back card: its connection and the failing write-backs, or, with
+    no connection, which kinds it could take and whether switchboard can make them yet."""
+    connection = webhook.connection
+    kinds = [spec.kind for spec in senders.get_sender(webhook.source).connections]
+    return {
+        "connection": connection,
+        "connection_kinds": kinds,
+        "buildable_kinds": [kind for kind in kinds if kind in connections.buildable_kinds()],
+        "trouble": (queries.write_back_trouble(webhook, limit=WEBHOOK_PAGE_FAILING_WRITE_BACKS)
+                    if connection is not None else None),
+    }
+
+
+@_board_login_required
+@board_views.operator_may(CHANGE_CONNECTION)
+@require_POST
+def test_webhook_connection(request, slug):
+    """The webhook page's "test": call the source's identity endpoint with the webhook's
+    connection and record what it said (ingest.connections.test_connection), then back to the
+    page with the outcome."""
+    webhook = get_visible_webhook(request.user, slug)
+    if webhook.connection is None:
+        messages.error(request, f"webhook {webhook.slug} has no connection to test")
+    else:
+        test = connections.test_connection(webhook.connection)
+        if test.ok:
+            messages.success(request, f"{webhook.connection.name}: writes back as {test.identity}")
+        else:
+            messages.error(request, f"{webhook.connection.name}: the test failed: {test.error}")
+    return redirect("webhook-page", slug=webhook.slug)
+
+
+@_board_login_required
+@board_views.operator_may(board_views.CHANGE_TODO)  # as the todo's other buttons
+@require_POST
+def retry_todo_write_back(request, todo_id, write_back_id):
+    """A todo page's "retry now" of a failed or abandoned write-back: due again at once with a
+    fresh retry budget (ingest.write_back.retry_write_back). Another operator's todo, or a
+    write-back of another todo, is a 404."""
+    todo = board_views.get_visible_todo(request.user, todo_id)
+    row = WriteBack.objects.filter(pk=write_back_id, todo_id=todo.pk).first()
+    if row is None:
+        raise Http404("no such write-back")
+    if write_back.retry_write_back(row):
+        messages.success(request, f"#{todo.pk}: the {row.action} write-back is due again")
+    else:
+        messages.error(request, f"#{todo.pk}: the {row.action} write-back is {row.state}, "
+                                "neither failed nor abandoned: nothing to retry")
+    return redirect("todos-detail", todo_id=todo.pk)
 
 
 @_board_login_required
@@ -146,6 +204,9 @@ def delivery_detail(request, slug, record_id):
         todos = list(Todo.objects.filter(pk__in=[int(t) for t in record.todo_ids or []
                                                  if str(t).isdigit()])
                      .select_related("endpoint").order_by("id"))
+    written_back = queries.write_backs_of_todos([todo.pk for todo in todos])
+    for todo in todos:
+        todo.written_back = written_back.get(todo.pk, [])
     return render(request, "console/delivery.html", {
         "webhook": webhook, "record": record, "todos": todos,
         "headers": sorted((record.headers or {}).items()),

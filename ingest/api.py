@@ -27,8 +27,8 @@ from todos import transitions as todo_transitions
 from todos import usage as todo_usage
 from todos.models import Todo
 
-from . import queries, transitions
-from .models import OperatorSecret
+from . import queries, transitions, write_back
+from .models import OperatorSecret, WriteBack
 from .problems import (MAX_ECHOED_SLUG_CHARS, Problem, check_declared_length, check_rate,
                        decode_utf8, is_json_type, media_type_of, one_line, parse_json_document,
                        storage_unavailable, too_large)
@@ -363,3 +363,43 @@ def todo_action(request, todo_id, action):
     log.info("operator todo action", extra={
         "todo_id": changed.pk, "action": action, "operator": operator.get_username()})
     return JsonResponse({"todo": todo_queries.todo_as_dict(changed)})
+
+
+# -- POST /api/v1/todos/<id>/write-backs/<id>/retry ---------------------------------------------
+
+
+@csrf_exempt
+def retry_todo_write_back(request, todo_id, write_back_id):
+    """An operator's "retry now" of a failed or abandoned write-back of one of their todos
+    (docs/write-back.md#the-outbox): due again at once with a fresh retry budget. 200 with the
+    write-back; 404 for a todo that is missing or not theirs, or a write-back not of that
+    todo; 403 without the permission to change todos; 409 ``not_retryable`` when it is neither
+    failed nor abandoned (nothing changes)."""
+    try:
+        if request.method != "POST":
+            raise Problem(405, "method_not_allowed", "POST here")
+        check_declared_length(request.META.get("CONTENT_LENGTH"))
+        operator = _authenticate_operator(request)
+        _require_permission(operator, CHANGE_TODO)
+        todo = _owned_todo(operator, todo_id)
+        row = None
+        if write_back_id.isascii() and write_back_id.isdigit() and int(write_back_id) < 2**63:
+            row = (WriteBack.objects.filter(pk=int(write_back_id), todo_id=todo.pk)
+                   .select_related("connection").first())
+        if row is None:
+            raise Problem(404, "not_found", f"no write-back {write_back_id[:40]!r} of todo "
+                                            f"{todo.pk}")
+        check_rate(f"operator:{operator.pk}")
+        if _action_body(request):
+            raise Problem(400, "invalid_argument", "retry takes no fields")
+        if not write_back.retry_write_back(row):
+            raise Problem(409, "not_retryable", f"write-back {row.pk} is {row.state}; only a "
+                                                "failed or abandoned one is retried")
+    except Problem as problem:
+        return problem.response()
+    except DatabaseError as exc:
+        return plain.django_response(storage_unavailable(exc, todo=todo_id))
+    log.info("operator write-back retry", extra={
+        "todo_id": todo.pk, "write_back_id": row.pk, "operator": operator.get_username()})
+    row.refresh_from_db()
+    return JsonResponse({"write_back": queries.write_back_as_dict(row)})

@@ -5,6 +5,7 @@ from datetime import timezone as dt_timezone
 
 from cryptography.fernet import InvalidToken
 from django.db import connection
+from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -14,8 +15,9 @@ from todos import queries as todo_queries
 from todos.models import State, Todo
 from todos.transitions import Refusal
 
+from . import senders
 from .models import (SECRET_REF_PREFIX, Connection, OperatorSecret, OperatorToken, Route,
-                     Webhook, WriteBack, WriteBackTally, unseal_text)
+                     Webhook, WriteBack, WriteBackState, WriteBackTally, unseal_text)
 
 
 # The hook's one read, as SQL: the ORM's select_related over three models cost several times
@@ -229,10 +231,53 @@ def write_back_as_dict(row: WriteBack, *, now=None) -> dict:
     now = now or timezone.now()
     held = row.connection.held_until
     return {"id": row.pk, "todo": str(row.todo_id), "connection": row.connection.name,
-            "action": row.action, "target": row.target_label, "state": row.state,
-            "attempts": row.attempts, "last_error": row.last_error,
+            "action": row.action, "target": row.target_label, "url": write_back_url(row) or None,
+            "state": row.state, "attempts": row.attempts, "last_error": row.last_error,
             "external_id": row.external_id or None,
             "sent_at": row.sent_at.isoformat() if row.sent_at else None,
             "next_attempt_at": (row.next_attempt_at.isoformat()
-                                if row.state == "pending" and row.next_attempt_at else None),
+                                if row.next_attempt_at and row.state == WriteBackState.PENDING
+                                else None),
             "held_until": held.isoformat() if held and held > now else None}
+
+
+def write_back_url(row: WriteBack) -> str:
+    """The web page of what ``row`` writes on (the issue, the comment), as its sender's client
+    builds it from the connection's api_url and the target's checked segments; "" when the
+    client links none."""
+    source = senders.CONNECTION_SOURCE.get(row.connection.kind)
+    client = senders.get_sender(source).write_back if source else None
+    if client is None or client.target_url is None:
+        return ""
+    return client.target_url(row.connection, row.target)
+
+
+def write_backs_of_todos(todo_ids) -> dict:
+    """todo id -> its write-backs (the ack first), each with its ``url``: one query for any
+    number of todos (a delivery may have made several)."""
+    found = {}
+    for row in (WriteBack.objects.filter(todo_id__in=list(todo_ids)).select_related("connection")
+                .order_by("todo_id", "id")):
+        row.url = write_back_url(row)
+        found.setdefault(row.todo_id, []).append(row)
+    return found
+
+
+# A write-back the source refused, or one given up on: it waits for an operator's retry.
+FAILING_WRITE_BACK_STATES = (WriteBackState.FAILED, WriteBackState.ABANDONED)
+
+
+def write_back_trouble(webhook, *, limit: int) -> dict:
+    """Of the write-backs of the todos ``webhook``'s deliveries made: how many are failing
+    (failed or abandoned) and how many retrying (a send failed, another is due), and the
+    latest ``limit`` failing ones (with their ``url``). Two queries."""
+    rows = WriteBack.objects.filter(todo__delivery_event__webhook=webhook)
+    counts = rows.aggregate(
+        failing=Count("id", filter=Q(state__in=FAILING_WRITE_BACK_STATES)),
+        retrying=Count("id", filter=Q(state__in=(WriteBackState.PENDING, WriteBackState.SENDING),
+                                      failing_since__isnull=False)))
+    latest = list(rows.filter(state__in=FAILING_WRITE_BACK_STATES).select_related("connection")
+                  .order_by("-id")[:limit])
+    for row in latest:
+        row.url = write_back_url(row)
+    return {**counts, "latest_failing": latest}

@@ -416,11 +416,14 @@ def next_attempt(attempts: int, *, now, asked=None):
 
 def retry_write_back(row: WriteBack, *, now=None) -> bool:
     """An operator's "retry now": a failed or abandoned write-back is due again with a fresh
-    retry budget. False when it was neither."""
+    retry budget, and the sender is woken once that commits. False when it was neither."""
     now = now or timezone.now()
-    return bool(WriteBack.objects.filter(
+    retried = bool(WriteBack.objects.filter(
         pk=row.pk, state__in=[WriteBackState.FAILED, WriteBackState.ABANDONED]).update(
         state=WriteBackState.PENDING, next_attempt_at=now, attempts=0, failing_since=None))
+    if retried:
+        transaction.on_commit(dispatch_send)
+    return retried
 
 
 def send_due_write_backs(*, now=None) -> int:

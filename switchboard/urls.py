@@ -30,6 +30,9 @@ urlpatterns = [
     # approve, reject. Any id reaches the view, which answers a malformed one a JSON 404.
     re_path(r"^api/v1/todos/(?P<todo_id>[^/]+)/(?P<action>[a-z_-]{1,32})/?$",
             ingest_api.todo_action, name="todo_action"),
+    # "retry now" of a failed or abandoned write-back of one todo (docs/write-back.md).
+    re_path(r"^api/v1/todos/(?P<todo_id>[^/]+)/write-backs/(?P<write_back_id>[^/]+)/retry/?$",
+            ingest_api.retry_todo_write_back, name="todo_write_back_retry"),
     # -- operator console (docs/console.md); /todos/events is the SSE consumer routed in asgi.py --
     path("accounts/login/", console_views.LoginView.as_view(), name="board-login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="board-login"), name="board-logout"),
@@ -41,6 +44,8 @@ urlpatterns = [
     path("todos/approvals", console_views.board_approvals, name="todos-approvals"),
     path("todos/<int:todo_id>/", console_views.todo_detail, name="todos-detail"),
     path("todos/<int:todo_id>/<slug:action>", console_views.todo_act, name="todos-act"),
+    path("todos/<int:todo_id>/write-backs/<int:write_back_id>/retry",
+         console_webhooks.retry_todo_write_back, name="todos-write-back-retry"),
     path("todos/endpoints/", console_views.endpoint_list, name="todos-endpoints"),
     path("todos/endpoints/<slug:slug>/", console_views.endpoint_page, name="todos-endpoint"),
     path("todos/endpoints/<slug:slug>/sessions", console_views.endpoint_sessions,
@@ -58,6 +63,8 @@ urlpatterns = [
     path("todos/webhooks/", console_webhooks.webhook_list, name="webhook-list"),
     path("todos/webhooks/<slug:slug>/", console_webhooks.webhook_page, name="webhook-page"),
     path("todos/webhooks/<slug:slug>/rows", console_webhooks.webhook_rows, name="webhook-rows"),
+    path("todos/webhooks/<slug:slug>/test-connection", console_webhooks.test_webhook_connection,
+         name="webhook-test-connection"),
     path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/", console_webhooks.delivery_detail,
          name="webhook-delivery"),
     path("todos/webhooks/<slug:slug>/deliveries/<int:record_id>/redeliver",

@@ -77,9 +77,9 @@ def mcp_initialize(base_url, slug, credential, name, version) -> str:
     return answer.headers["mcp-session-id"]
 
 
-def deliver(base_url, slug, secret, title, **extra_headers) -> httpx.Response:
-    body = json.dumps({"action": "opened", "issue": {"number": 7, "title": title},
-                       "repository": {"full_name": "acme/widgets"}}).encode()
+def deliver(base_url, slug, secret, title, *, payload=None, **extra_headers) -> httpx.Response:
+    body = json.dumps(payload or {"action": "opened", "issue": {"number": 7, "title": title},
+                                  "repository": {"full_name": "acme/widgets"}}).encode()
     signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return httpx.post(f"{base_url}/hooks/{slug}", content=body, timeout=30, headers={
         "Content-Type": "application/json", "X-GitHub-Event": "issues",
@@ -216,3 +216,118 @@ def test_the_delivery_page_hides_signatures_and_the_pages_fit_a_phone(live_daphn
                 context.close()
         finally:
             browser.close()
+
+
+def test_write_backs_on_the_todo_and_webhook_pages(live_daphne, tmp_path):
+    """Write-backs in four states, made by the worker against the GitHub stand-in: the todo
+    page lists them with links and retries the refused one, the webhook page counts the
+    failing and retrying ones and tests its connection; light, dark and 390 px shots."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ingest import connections, write_back
+    from ingest.models import WriteBack
+    from ingest.tests.github_standin import GitHubStandIn, webhook_example
+    from todos import transitions as todo_transitions
+
+    github = GitHubStandIn().start()
+    try:
+        alice = UserFactory(username="alice")
+        endpoint, _ = in_thread(endpoint_transitions.vend_endpoint, slug="builds", owner=alice)
+        webhook, secret = in_thread(ingest_transitions.create_webhook, slug="widgets",
+                                    owner=alice, source="github")
+        in_thread(ingest_transitions.add_webhook_route, webhook=webhook, endpoint=endpoint,
+                  queue="inbox")
+        connection, test = in_thread(connections.create_connection, name="gh-token",
+                                     owner=alice, kind="github_token", secret=github.token,
+                                     api_url=github.api_url)
+        assert test.ok, test.error
+        in_thread(connections.set_webhook_connection, webhook, connection)
+        agent = todo_transitions.Caller.agent(endpoint, "shots")
+
+        def arrive(number, title):
+            # GitHub's example, cut to what the write-back reads, so that the shots show the
+            # write-backs rather than 12 KB of payload.
+            example = webhook_example("issues", action="opened")
+            payload = {
+                "action": "opened", "sender": {"login": example["sender"]["login"]},
+                "issue": {"number": number, "title": title, "state": "open",
+                          "user": {"login": example["issue"]["user"]["login"]}},
+                "repository": {key: example["repository"][key] for key in ("id", "name",
+                                                                            "full_name")}}
+            payload["repository"]["owner"] = {"login": example["repository"]["owner"]["login"]}
+            answer = deliver(live_daphne.url, "widgets", secret, title, payload=payload)
+            assert answer.status_code == 202, answer.text
+            return int(answer.json()["todos"][0]["id"])
+
+        def send(now=None):
+            return in_thread(write_back.send_due_write_backs, now=now)
+
+        # Abandoned: GitHub down for longer than the retry window (the clock moved 25 h).
+        gone = arrive(40, "Ancient flake")
+        github.fail(503, times=None)
+        start = timezone.now()
+        send(start)
+        send(start + timedelta(hours=25))
+        github.recover()
+        # Sent, both the reaction and the living status.
+        done = arrive(41, "Crash on start")
+        send()
+        in_thread(todo_transitions.claim_todo, agent, done)
+        send()
+        # Refused: GitHub answers the status comment 422.
+        refused = arrive(42, "Docs typo")
+        send()
+        in_thread(todo_transitions.claim_todo, agent, refused)
+        github.fail(422, message="Validation Failed", times=1)
+        send()
+        # Retrying: one 503 on the reaction.
+        github.fail(503, times=1)
+        arrive(43, "Flaky test")
+        send()
+        states = dict(in_thread(lambda: {(row.todo_id, row.action): row.state
+                                         for row in WriteBack.objects.all()}))
+        assert states[(gone, "ack")] == "abandoned" and states[(refused, "status")] == "failed"
+        assert states[(done, "status")] == "sent"
+
+        with sync_playwright() as playwright:
+            browser = launch_chromium(playwright)
+            try:
+                for name, path, ready in (
+                        ("todo-write-backs", f"/todos/{refused}/", "#write-backs"),
+                        ("webhook-write-backs", "/todos/webhooks/widgets/", "#write-back-trouble")):
+                    checks = shoot(browser, live_daphne.url, path, name, tmp_path, ready=ready)
+                    assert checks == {"sideways": False, "background": DARK_BACKGROUND}, name
+
+                page = browser.new_page(viewport=DESKTOP)
+                page.set_default_timeout(WAIT_MS)
+                sign_in_to(page, live_daphne.url, "/todos/webhooks/widgets/")
+                card = page.locator("#write-back").inner_text()
+                assert "octo-operator" in card and "2 failing" in card and "1 retrying" in card
+                page.get_by_role("button", name="test").click()
+                page.wait_for_url("**/todos/webhooks/widgets/")
+                assert "gh-token: writes back as octo-operator" in page.locator(
+                    ".messages").inner_text()
+                page.locator(".failing-write-backs").get_by_role("link", name=f"#{refused}").click()
+                page.wait_for_url(f"**/todos/{refused}/")
+                failed = page.locator("#write-backs tr[data-action=status]")
+                assert "Validation Failed" in failed.inner_text()
+                link = failed.locator("a.write-back-where").get_attribute("href")
+                assert link.endswith("/issues/42")
+                failed.get_by_role("button", name="retry now").click()
+                page.wait_for_url(f"**/todos/{refused}/")
+                assert "the status write-back is due again" in page.locator(".messages").inner_text()
+                send()
+                page.reload()
+                status = page.locator("#write-backs tr[data-action=status]")
+                assert status.get_attribute("data-state") == "sent"
+                assert status.get_by_role("button", name="retry now").count() == 0
+                page.close()
+            finally:
+                browser.close()
+        # Exactly one status comment per claimed todo, the retried one included.
+        assert len(github.status_comments()) == 2
+        assert github.problems == [], "requests GitHub's description refuses"
+    finally:
+        github.stop()

@@ -21,9 +21,10 @@ from django.utils import timezone
 
 from console.views import ACTIONS, BULK_ACTIONS
 from endpoints.models import Credential, Endpoint, EndpointEvent
-from ingest import transitions as ingest_transitions
+from ingest import connections, transitions as ingest_transitions
 from ingest.api import TODO_ACTION_ALIASES, TODO_ACTIONS
-from ingest.models import DeliveryEvent, DeliveryRecord, OperatorSecret, Route, Webhook
+from ingest.models import (Connection, DeliveryEvent, DeliveryRecord, OperatorSecret, Route,
+                           Webhook, WriteBack)
 from ingest.tests.test_views import deliver
 from tests.factories import EndpointFactory, UserFactory
 from todos import transitions
@@ -37,9 +38,11 @@ NOT_WRITES = {"board-login", "board-logout"}
 # The walk must find at least these writing (a fixture that stopped making them write would
 # otherwise pass silently).
 KNOWN_WRITES = {"todos-act", "todos-bulk", "todos-new", "todos-endpoint-rotate", "todos-clock",
-                "todos-limit", "todos-pause", "webhook-redeliver", "hand_over", "todo_action"}
+                "todos-limit", "todos-pause", "webhook-redeliver", "hand_over", "todo_action",
+                "todos-write-back-retry", "webhook-test-connection", "todo_write_back_retry"}
+API_WRITES = {"hand_over", "todo_action", "todo_write_back_retry"}
 WATCHED = (Todo, TodoEvent, Endpoint, Credential, EndpointEvent, Webhook, Route, DeliveryEvent,
-           DeliveryRecord, OperatorSecret)
+           DeliveryRecord, OperatorSecret, Connection, WriteBack)
 
 
 def snapshot() -> dict:
@@ -89,8 +92,25 @@ def world(db):
     assert deliver(webhook).status_code == 202
     record = DeliveryRecord.objects.get(webhook=webhook)
     token = ingest_transitions.mint_operator_token(user=vera, name="laptop")[1]
+    # A GitHub webhook writing back under a token connection whose source answers nothing
+    # (a closed loopback port): testing it records an error, which is a write.
+    connection, _ = connections.create_connection(
+        name="veras-github", owner=vera, kind="github_token", secret="ghp_for-the-walk",
+        api_url="http://127.0.0.1:9")
+    connected, _ = ingest_transitions.create_webhook(slug="veras-github", owner=vera,
+                                                     source="github")
+    connections.set_webhook_connection(connected, connection)
     return {"vera": vera, "endpoint": endpoint, "webhook": webhook, "record": record,
-            "token": token}
+            "token": token, "connection": connection, "connected": connected}
+
+
+def failed_write_back(world) -> WriteBack:
+    """A status write-back the source refused, of a todo of vera's: what "retry now" takes."""
+    return WriteBack.objects.create(
+        todo=make(world, "claimed"), connection=world["connection"], action="status",
+        target={"owner": "octo", "repo": "hello", "number": 1}, target_label="octo/hello#1",
+        state="failed", attempts=1, last_error="422: Validation Failed",
+        created_at=timezone.now())
 
 
 def make(world, kind) -> Todo:
@@ -133,6 +153,13 @@ def concrete_urls(world):
         "hand_over": lambda: [({"endpoint_slug": endpoint},
                                {"json": {"queue": "inbox", "title": "handed"}})],
         "api-endpoint-stats": lambda: [({"endpoint_slug": endpoint}, {})],
+        "todos-write-back-retry": lambda: [
+            ({"todo_id": row.todo_id, "write_back_id": row.pk}, {})
+            for row in [failed_write_back(world)]],
+        "todo_write_back_retry": lambda: [
+            ({"todo_id": str(row.todo_id), "write_back_id": str(row.pk)}, {"json": {}})
+            for row in [failed_write_back(world)]],
+        "webhook-test-connection": lambda: [({"slug": world["connected"].slug}, {})],
         "todo_action": lambda: [
             ({"todo_id": str(make(world, TODO_FOR_ACTION[TODO_ACTION_ALIASES.get(a, a)]).pk),
               "action": a},
@@ -191,7 +218,7 @@ def test_every_write_url_refuses_view_only_staff_and_changes_nothing(world, how)
         finally:
             vera.user_permissions.remove(*grants.exclude(codename__startswith="view_"))
     assert not refused, refused
-    expected = KNOWN_WRITES if how == "session" else {"hand_over", "todo_action"}
+    expected = KNOWN_WRITES if how == "session" else API_WRITES
     assert expected <= writes, f"the walk no longer writes through {expected - writes}"
 
 

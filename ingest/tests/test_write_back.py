@@ -720,9 +720,10 @@ def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
                                                                  ("ack", "failed")]
     assert listed[1]["last_error"] == "422: Validation Failed"
     assert listed[1]["connection"] == "gh-token" and listed[1]["todo"] == str(todo.pk)
-    assert set(listed[0]) == {"id", "todo", "connection", "action", "target", "state",
+    assert set(listed[0]) == {"id", "todo", "connection", "action", "target", "url", "state",
                               "attempts", "last_error", "external_id", "sent_at",
                               "next_attempt_at", "held_until"}
+    assert listed[0]["url"].endswith(f"/issues/{todo.payload['issue']['number']}")
     out = StringIO()
     call_command("write_backs", "--todo", str(todo.pk), "--state", "failed", "--json", stdout=out)
     assert len(json.loads(out.getvalue())["write_backs"]) == 1
