@@ -83,7 +83,65 @@ class GitHub:
         return self.standin.problems
 
 
-SOURCES = {"github": GitHub}
+class _Forge:
+    """GitLab and Gitea/Forgejo: an issue opened, as the tests build it after each source's
+    webhook reference (ingest/tests/test_write_back_forges.py); the ack is 👀 on the issue."""
+
+    source = kind = ""
+
+    def delivery(self, number: int) -> tuple[bytes, dict]:
+        from ingest.tests import signing
+
+        event, payload = self.issue(number)
+        body = json.dumps(payload).encode()
+        sign = getattr(signing, self.source)
+        return body, {**headers_of(sign(WEBHOOK_SECRET, body, event=event)),
+                      "Content-Type": "application/json"}
+
+    def problems(self) -> list:
+        return self.standin.problems
+
+
+class GitLab(_Forge):
+    source = kind = "gitlab"
+
+    def __init__(self):
+        from ingest.tests.gitlab_standin import GitLabStandIn
+
+        self.standin = GitLabStandIn().start()
+        self.secret = self.standin.token
+
+    def issue(self, number):
+        from ingest.tests.test_write_back_forges import gitlab_issue
+
+        return gitlab_issue(iid=number)
+
+    def acked(self, number: int) -> bool:
+        return any(award["on"][1:] == ("issues", number, None) and award["name"] == "eyes"
+                   for award in list(self.standin.awards))
+
+
+class Gitea(_Forge):
+    source = kind = "gitea"
+
+    def __init__(self):
+        from ingest.tests.gitea_standin import GiteaStandIn
+
+        self.standin = GiteaStandIn().start()
+        self.secret = self.standin.token
+
+    def issue(self, number):
+        from ingest.tests.test_write_back_forges import gitea_issue
+
+        return gitea_issue(number=number)
+
+    def acked(self, number: int) -> bool:
+        return any(reaction["on"][2:] == ("issue_post_issue_reaction", number)
+                   and reaction["content"] == "eyes"
+                   for reaction in list(self.standin.reactions))
+
+
+SOURCES = {"github": GitHub, "gitlab": GitLab, "gitea": Gitea}
 
 
 def prepare(source, run_id: str) -> str:
