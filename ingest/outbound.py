@@ -38,15 +38,19 @@ _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,100}")
 class SourceError(Exception):
     """A request that did not succeed. ``retryable``: it may pass later (a network error, a
     5xx, a rate limit), from ``retry_at`` when the source said when; otherwise it never will
-    (any other 4xx, a refused redirect). ``status`` is the HTTP status, None without one."""
+    (any other 4xx, a refused redirect). ``status`` is the HTTP status, None without one.
+    ``credentials_refused``: the source refused the connection's own credentials (a 401, or a
+    source's word for one inside a 200, as Slack's ``invalid_auth``), which is the
+    connection's error, not only this write-back's."""
 
     def __init__(self, message: str, *, status: int | None = None, retryable: bool = False,
-                 retry_at: datetime | None = None):
+                 retry_at: datetime | None = None, credentials_refused: bool = False):
         super().__init__(message)
         self.message = message
         self.status = status
         self.retryable = retryable
         self.retry_at = retry_at
+        self.credentials_refused = credentials_refused or status == 401
 
 
 def check_api_url(url: str) -> str:
@@ -130,9 +134,10 @@ def _http() -> httpx.Client:
 
 
 def send(api_url: str, method: str, path: str, *, token: str, headers=None, json=None,
-         now: datetime | None = None, auth_scheme: str = "Bearer") -> Answer:
+         form=None, now: datetime | None = None, auth_scheme: str = "Bearer") -> Answer:
     """``method`` ``api_url + path`` with ``token`` in ``Authorization: <auth_scheme> <token>``
-    (Gitea's tokens go as ``token``). ``path`` starts with "/" and is built from
+    (Gitea's tokens go as ``token``) and a JSON body (``json``) or a form body (``form``, a
+    dict). ``path`` starts with "/" and is built from
     ``name_segment``/``number_segment`` values only. Returns the answer of a 2xx; raises
     SourceError for anything else. ``now`` dates a rate limit's ``retry_at``."""
     base = check_api_url(api_url)
@@ -140,7 +145,8 @@ def send(api_url: str, method: str, path: str, *, token: str, headers=None, json
     request_headers = {**(headers or {}), "Authorization": f"{auth_scheme} {token}"}
     for _ in range(MAX_REDIRECTS + 1):
         try:
-            response = _http().request(method, url, headers=request_headers, json=json)
+            response = _http().request(method, url, headers=request_headers, json=json,
+                                       data=form)
         except httpx.HTTPError as exc:
             # The exception's text names the URL at most, never a header.
             log.info("write-back request failed", extra={"method": method, "path": path,
@@ -189,7 +195,8 @@ def classify(response, *, now: datetime | None = None) -> SourceError:
     now = now or datetime.now(dt_timezone.utc)
     status = response.status_code
     body = _json_of(response)
-    said = body.get("message") if isinstance(body, dict) else None
+    # GitHub, GitLab and Gitea say it in "message"; Slack in "error" (its 429's "ratelimited").
+    said = (body.get("message") or body.get("error")) if isinstance(body, dict) else None
     message = f"{status}: {_printable(said or response.reason_phrase or 'error')}"
     headers = response.headers
     rate_limited = status == 429 or (status == 403 and (

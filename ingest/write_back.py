@@ -297,7 +297,7 @@ def send_write_back(row: WriteBack, *, now) -> str:
                 row.connection, row.target, update, row.external_id, now,
                 look_since=row.created_at if row.attempts > 1 and not row.external_id else None)
     except outbound.SourceError as failed:
-        if failed.status == 401:
+        if failed.credentials_refused:
             connections.record_connection_error(row.connection, failed.message, now=now)
         return finish_write_back(row, now=now, error=failed)
     # An ack's latency runs from the todo's creation (the delivery's 202) to the source's

@@ -142,3 +142,27 @@ def hooked_by_token(operator, endpoint, github, make_webhook):
     webhook = make_webhook("github", slug="gh")
     connections.set_webhook_connection(webhook, connection)
     return webhook
+
+
+@pytest.fixture
+def slack_api():
+    """A stand-in of Slack's Web API held to slack_sdk's definition of each method
+    (ingest/tests/slack_standin.py); the test fails if any request broke a rule."""
+    from ingest.tests.slack_standin import SlackStandIn
+
+    standin = SlackStandIn().start()
+    yield standin
+    standin.stop()
+    assert standin.problems == [], "requests slack_sdk's WebClient would not send"
+
+
+@pytest.fixture
+def slack_connection(operator, slack_api):
+    """A slack connection of ``operator`` to the stand-in, tested."""
+    from ingest import connections
+
+    connection, test = connections.create_connection(
+        name="slack-bot", owner=operator, kind="slack", secret=slack_api.token,
+        api_url=slack_api.api_url)
+    assert test.ok, test.error
+    return connection
