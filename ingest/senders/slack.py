@@ -132,8 +132,9 @@ def _message(event: dict) -> dict:
 
 def read_actor(kind: str, payload: dict) -> Actor:
     """The user id of the event's message (for an edit or a deletion, the edited or deleted
-    message's; a thread's notice has none); Slack has no roles. A message written by a bot or an app (a ``bot_id``, or
-    ``subtype: bot_message``) has the bot id as its login and is a bot's actor."""
+    message's; a thread's notice has none); Slack has no roles. A message written by a bot or
+    an app (a ``bot_id``, or ``subtype: bot_message``) has the bot id as its login and is a
+    bot's actor."""
     event = dict_of(payload.get("event"))
     if is_thread_notice(event):
         # The message it carries is the thread's first, not a new one by that author: a
@@ -291,8 +292,10 @@ def find_target(kind: str, payload: dict):
     if payload.get("type") != "event_callback":
         return None
     event = dict_of(payload.get("event"))
-    if event.get("type") not in ("message", "app_mention") or is_thread_notice(event) or (
-            event.get("subtype") not in _ANSWERABLE_SUBTYPES):
+    subtype = event.get("subtype")
+    if (event.get("type") not in ("message", "app_mention") or is_thread_notice(event)
+            or not (subtype is None or isinstance(subtype, str))
+            or subtype not in _ANSWERABLE_SUBTYPES):
         return None
     message = _message(event)
     try:
@@ -376,16 +379,17 @@ def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     user), or the event's ``user`` is the bot's (its own ``eyes`` in ``reaction_added``)."""
     ids = connection_ids(connection)
     event = dict_of(payload.get("event"))
-    if not ids["bot_id"] or is_thread_notice(event):
+    if is_thread_notice(event):
         return False
     for said in (event, _message(event)):
         profile = dict_of(said.get("bot_profile"))
-        if (text_of(said.get("bot_id")) == ids["bot_id"]
-                or text_of(profile.get("id")) == ids["bot_id"]
-                or text_of(said.get("user")) == ids["user_id"]
-                or (ids["app_id"] and ids["app_id"] in (text_of(said.get("app_id")),
-                                                        text_of(profile.get("app_id"))))):
-            return True
+        for value, own in ((said.get("bot_id"), ids["bot_id"]),
+                           (profile.get("id"), ids["bot_id"]),
+                           (said.get("user"), ids["user_id"]),
+                           (said.get("app_id"), ids["app_id"]),
+                           (profile.get("app_id"), ids["app_id"])):
+            if own and text_of(value) == own:
+                return True
     return False
 
 

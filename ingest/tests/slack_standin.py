@@ -21,12 +21,13 @@ import time
 import typing
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 import slack_sdk
 from slack_sdk.models.metadata import Metadata
+
+from .standin_server import Seen, StandIn
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class MethodRule:
     parameters: dict
     required: frozenset
     sends_json: bool
+
+    @property
+    def id(self) -> str:
+        return self.name
 
 
 _rules: dict = {}
@@ -147,33 +152,15 @@ def argument_problems(rule: MethodRule, arguments: dict, *, as_json: bool) -> li
 # -- the stand-in --------------------------------------------------------------------------------
 
 
-@dataclass
-class Seen:
-    method: str
-    content_type: str
-    arguments: dict
-    status: int = 0
-    error: str = ""
-
-
-@dataclass
-class Fault:
-    """Answer the next ``times`` requests (every one while None) with HTTP ``status`` and
-    ``headers``, or HTTP 200 and ``{"ok": false, "error": error}``."""
-
-    error: str
-    status: int = 200
-    headers: dict = field(default_factory=dict)
-    times: int | None = 1
-
-
-class SlackStandIn:
+class SlackStandIn(StandIn):
     """Slack's Web API on a loopback port (``api_url``, as ``https://slack.com/api``). One
     workspace with one app's bot (``token``, ``bot_user_id``, ``bot_id``, ``app_id``); the
     channels' messages (people's, added with ``add_message``, and the bot's), each request in
-    ``seen``, each broken rule in ``problems``."""
+    ``seen`` (its method in ``operation``, its arguments in ``body``), each broken rule in
+    ``problems``."""
 
     def __init__(self):
+        super().__init__(prefix="/api")
         self.token = "xoxb-2024-4242-standinbottoken0123456789"
         self.team_id, self.team_name = "T0STANDIN", "Switchboard Test"
         self.workspace_url = "https://switchboard-test.slack.com/"
@@ -182,39 +169,66 @@ class SlackStandIn:
         self.revoked: set[str] = set()
         self.channels: dict[str, list[dict]] = {}
         self.reactions: list[tuple] = []  # (channel, ts, name, user)
-        self.seen: list[Seen] = []
-        self.problems: list[str] = []
-        self.faults: list[Fault] = []
         self._last_us = 0
         self._ts_lock = threading.Lock()
-        self._lock = threading.Lock()
-        handler = type("Handler", (_Handler,), {"standin": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    @property
-    def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}/api"
+    def refuse(self, error: str, *, times: int | None = 1) -> None:
+        """Answer the next ``times`` requests (every one while None) as Slack refuses: HTTP 200
+        with ``{"ok": false, "error": error}``."""
+        self.fail(200, message=error, times=times)
 
-    def start(self):
-        self.thread.start()
-        return self
+    def fault_answer(self, fault):
+        # Slack words every error in "error"; a 429's is always "ratelimited".
+        error = "ratelimited" if fault.status == 429 else fault.message
+        return fault.status, {"ok": False, "error": error}, fault.headers
 
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+    # -- how slack_sdk's WebClient calls a method ------------------------------------------
 
-    def fail(self, error: str = "", *, status: int = 200, headers=None,
-             times: int | None = 1) -> None:
-        with self._lock:
-            self.faults.append(Fault(error, status, dict(headers or {}), times))
+    description = "slack_sdk's WebClient"
 
-    def recover(self) -> None:
-        with self._lock:
-            self.faults.clear()
+    def load(self) -> None:
+        method_rule("auth.test")  # slack_sdk, read before the first request
 
-    def requests_to(self, method: str) -> list[Seen]:
-        return [seen for seen in self.seen if seen.method == method]
+    def find_operation(self, method: str, api_path: str):
+        # The WebClient posts every method to /api/<method>.
+        rule = method_rule(api_path.removeprefix("/")) if method == "POST" else None
+        return None if rule is None else (rule, {})
+
+    def read_body(self, seen, raw):
+        media = _media(seen)
+        if media == "application/json":
+            try:
+                seen.body = json.loads(raw) if raw else {}
+            except ValueError:
+                self.problems.append(f"{seen.path}: the body is not JSON")
+                return self.invalid_answer([])
+        else:
+            fields = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True)
+            seen.body = {name: values[-1] for name, values in fields.items()}
+        return None
+
+    def unknown_answer(self):
+        return 200, {"ok": False, "error": "unknown_method"}
+
+    def invalid_answer(self, problems):
+        return 200, {"ok": False, "error": "invalid_arguments"}
+
+    def request_problems(self, rule: MethodRule, values: dict, seen: Seen) -> list[str]:
+        problems = []
+        if seen.query:
+            problems.append(f"{rule.name}: arguments in the query string ({sorted(seen.query)})")
+        media = _media(seen)
+        if rule.sends_json and media != "application/json":
+            problems.append(f"{rule.name}: the WebClient sends JSON, not {media!r}")
+        if not rule.sends_json and seen.body and media != "application/x-www-form-urlencoded":
+            problems.append(f"{rule.name}: the WebClient sends a form, not {media!r}")
+        if not isinstance(seen.body, dict):
+            return [*problems, f"{rule.name}: the body is not an object"]
+        problems += argument_problems(rule, seen.body, as_json=rule.sends_json)
+        if (not seen.headers.get("authorization", "").startswith("Bearer ")
+                or "token" in seen.body):
+            problems.append(f"{rule.name}: the token goes in an Authorization: Bearer header")
+        return problems
 
     def next_ts(self) -> str:
         """A message timestamp as Slack makes them: the time to the microsecond, unique."""
@@ -246,7 +260,11 @@ class SlackStandIn:
 
     # -- what each method does -----------------------------------------------------------
 
-    def answer(self, method: str, token: str, args: dict) -> dict:
+    def answer(self, rule: MethodRule, values: dict, seen: Seen) -> tuple[int, object]:
+        token = seen.headers.get("authorization", "").removeprefix("Bearer ")
+        return 200, self._answer(rule.name, token, seen.body)
+
+    def _answer(self, method: str, token: str, args: dict) -> dict:
         if not token:
             return {"ok": False, "error": "not_authed"}
         if token in self.revoked:
@@ -322,87 +340,6 @@ class SlackStandIn:
         return {"ok": True, "messages": messages, "has_more": len(thread) > limit,
                 "response_metadata": {"next_cursor": ""}}
 
-    def take_fault(self) -> Fault | None:
-        with self._lock:
-            if not self.faults:
-                return None
-            fault = self.faults[0]
-            if fault.times is not None:
-                fault.times -= 1
-                if fault.times <= 0:
-                    self.faults.pop(0)
-            return fault
 
-
-class _Handler(BaseHTTPRequestHandler):
-    standin: SlackStandIn
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):  # quiet: the test reads ``seen``
-        pass
-
-    def do_POST(self):
-        standin = self.standin
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        content_type = self.headers.get("content-type", "")
-        media = content_type.partition(";")[0].strip().lower()
-        path, _, query = self.path.partition("?")
-        method = path.removeprefix("/api/")
-        seen = Seen(method, media, {})
-        standin.seen.append(seen)
-        rule = method_rule(method) if path.startswith("/api/") else None
-        if rule is None:
-            standin.problems.append(f"POST {path}: no such method on slack_sdk's WebClient")
-            return self._reply(seen, 200, {"ok": False, "error": "unknown_method"})
-        problems = []
-        if query:
-            problems.append(f"{method}: arguments in the query string ({query[:60]})")
-        if rule.sends_json:
-            if media != "application/json":
-                problems.append(f"{method}: the WebClient sends JSON, not {content_type!r}")
-            try:
-                arguments = json.loads(raw) if raw else {}
-            except ValueError:
-                arguments = {}
-                problems.append(f"{method}: the body is not JSON")
-        else:
-            if raw and media != "application/x-www-form-urlencoded":
-                problems.append(f"{method}: the WebClient sends a form, not {content_type!r}")
-            fields = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True)
-            arguments = {name: values[-1] for name, values in fields.items()}
-        seen.arguments = arguments if isinstance(arguments, dict) else {}
-        if not isinstance(arguments, dict):
-            problems.append(f"{method}: the body is not an object")
-        else:
-            problems += argument_problems(rule, arguments, as_json=rule.sends_json)
-        authorization = self.headers.get("authorization", "")
-        if not authorization.startswith("Bearer ") or "token" in seen.arguments:
-            problems.append(f"{method}: the token goes in an Authorization: Bearer header")
-        if problems:
-            standin.problems.extend(problems)
-            return self._reply(seen, 200, {"ok": False, "error": "invalid_arguments"})
-        fault = standin.take_fault()
-        if fault is not None:
-            error = fault.error or ("ratelimited" if fault.status == 429 else "")
-            return self._reply(seen, fault.status, {"ok": False, "error": error}, fault.headers)
-        with standin._lock:
-            answer = standin.answer(method, authorization.removeprefix("Bearer "),
-                                    seen.arguments)
-        return self._reply(seen, 200, answer)
-
-    def _reply(self, seen, status, answer, headers=None):
-        seen.status, seen.error = status, answer.get("error", "")
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        # The WebClient sends every method as a POST; a GET is not how it calls any.
-        self.standin.problems.append(f"GET {self.path}: the WebClient posts every method")
-        self._reply(Seen("", "", {}), 405, {"ok": False, "error": "method_not_supported"})
+def _media(seen: Seen) -> str:
+    return seen.headers.get("content-type", "").partition(";")[0].strip().lower()

@@ -1,8 +1,9 @@
 """What every stand-in of a source's API shares (ingest/tests/github_standin.py,
-gitlab_standin.py, gitea_standin.py): a threaded HTTP server on a loopback port, each request
-kept in ``seen``, each broken rule of the source's published description in ``problems``, and
-faults to answer with (the source down, a rate limit). A stand-in says in ``route`` which
-operation of its description a request is and what the source would answer."""
+gitlab_standin.py, gitea_standin.py, slack_standin.py): a threaded HTTP server on a loopback
+port, each request kept in ``seen``, each broken rule of the source's published description in
+``problems``, and faults to answer with (the source down, a rate limit). A stand-in says which
+operation of its description a request is, what it breaks of it and what the source would
+answer; ``route`` does the rest the same way for every source."""
 
 import importlib
 import itertools
@@ -51,6 +52,7 @@ class Seen:
     body: object
     status: int = 0
     query: dict = field(default_factory=dict)
+    answer: object = None  # the JSON answered
 
 
 @dataclass
@@ -141,6 +143,30 @@ class StandIn:
     def operations(self) -> list:
         raise NotImplementedError
 
+    def find_operation(self, method: str, api_path: str):
+        """``(operation, path values)`` of the description that takes ``method api_path``, or
+        None. The first of ``operations`` whose pattern matches."""
+        return next(((op, found.groupdict()) for op in self.operations() if op.method == method
+                     for found in [op.pattern.match(api_path)] if found), None)
+
+    def read_body(self, seen: Seen, raw: bytes) -> tuple[int, object] | None:
+        """``raw`` into ``seen.body`` as the source reads a body (JSON here), or the answer to a
+        body it cannot read."""
+        try:
+            seen.body = json.loads(raw) if raw else None
+        except ValueError:
+            self.problems.append(f"{seen.method} {seen.path}: body is not JSON")
+            return 400, {"message": "Problems parsing JSON"}
+        return None
+
+    def unknown_answer(self) -> tuple[int, object]:
+        """How the source answers a request no operation takes."""
+        return 404, {"message": "Not Found"}
+
+    def invalid_answer(self, problems: list[str]) -> tuple[int, object]:
+        """How the source answers a request that breaks its operation's rules."""
+        return 422, {"message": "Validation Failed", "errors": problems}
+
     def request_problems(self, operation, values: dict, seen: Seen) -> list[str]:
         raise NotImplementedError
 
@@ -152,17 +178,16 @@ class StandIn:
         operation in ``seen.operation``; a request no operation takes, or one that breaks the
         operation's rules, is refused (404, 422) and kept in ``problems``; else the next
         fault, if any; else ``answer`` under the lock."""
-        match = next(((op, found.groupdict()) for op in self.operations() if op.method == method
-                      for found in [op.pattern.match(api_path)] if found), None)
+        match = self.find_operation(method, api_path)
         if match is None:
             self.problems.append(f"{method} {api_path}: no such operation in {self.description}")
-            return 404, {"message": "Not Found"}, {}
+            return (*self.unknown_answer(), {})
         operation, values = match
         seen.operation = operation.id
         problems = self.request_problems(operation, values, seen)
         if problems:
             self.problems.extend(problems)
-            return 422, {"message": "Validation Failed", "errors": problems}, {}
+            return (*self.invalid_answer(problems), {})
         fault = self.take_fault()
         if fault is not None:
             return self.fault_answer(fault)
@@ -196,19 +221,15 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
         path, _, query = self.path.partition("?")
-        body = None
-        if raw:
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                standin.problems.append(f"{self.command} {path}: body is not JSON")
-                return self._reply(400, {"message": "Problems parsing JSON"})
-        seen = Seen(self.command, path, "", headers, body,
+        seen = Seen(self.command, path, "", headers, None,
                     query={name: values[-1] for name, values in parse_qs(query).items()})
         standin.seen.append(seen)
+        unreadable = standin.read_body(seen, raw)
+        if unreadable is not None:
+            return self._reply(*unreadable, seen)
         if not path.startswith(standin.prefix + "/"):
             standin.problems.append(f"{self.command} {path}: outside the API prefix")
-            return self._reply(404, {"message": "Not Found"}, seen)
+            return self._reply(*standin.unknown_answer(), seen)
         status, answer, extra = standin.route(self.command, path[len(standin.prefix):], seen)
         with standin._lock:
             hold = standin.holds.pop(seen.operation, None)
@@ -218,9 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
             release.wait(60)
         return self._reply(status, answer, seen, extra)
 
-    def _reply(self, status, answer, seen=None, headers=None):
-        if seen is not None:
-            seen.status = status
+    def _reply(self, status, answer, seen, headers=None):
+        seen.status, seen.answer = status, answer
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
