@@ -4,11 +4,14 @@ written back to a stand-in of Slack's Web API held to slack_sdk's definition of 
 the Celery task or the embedded scheduler would call it."""
 
 import itertools
+import json
 from datetime import timedelta
+from io import StringIO
 
 import pytest
 import slack_sdk
 from django.core.exceptions import ValidationError
+from django.core.management import call_command
 from django.utils import timezone
 
 from ingest import connections, outbound, status_text, write_back
@@ -78,6 +81,23 @@ def test_a_connection_records_the_bots_name_and_ids(slack_connection, slack_api)
     assert slack_connection.identity == "switchboard"
     assert slack_connection.identity_id == "U0SWBOT01/B0SWBOT01//switchboard-test.slack.com"
     assert len(slack_api.requests_to("auth.test")) == 1
+
+
+def test_add_connection_and_set_connection_take_a_bot_token(operator, slack_api, make_webhook,
+                                                           monkeypatch):
+    monkeypatch.setenv("SLACK_BOT_TOKEN_FOR_TEST", slack_api.token)
+    out = StringIO()
+    call_command("add_connection", "slack-bot", "--owner", operator.username, "--kind", "slack",
+                 "--token-env", "SLACK_BOT_TOKEN_FOR_TEST", "--api-url", slack_api.api_url,
+                 "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {
+        "name": "slack-bot", "kind": "slack", "api_url": slack_api.api_url, "ok": True,
+        "identity": "switchboard", "error": ""}
+    assert slack_api.token not in out.getvalue()
+    webhook = make_webhook("slack", slug="sl")
+    call_command("set_connection", "sl", "slack-bot", stdout=StringIO())
+    webhook.refresh_from_db()
+    assert webhook.connection.name == "slack-bot"
 
 
 @pytest.mark.parametrize("token", ["xoxp-1-user-token", "xapp-1-A0-app-level", "xoxb- two words"])
