@@ -78,12 +78,22 @@ class WriteBackClient:
     wants_check_run: Callable | None = None  # (connection, target) -> True: write a check run
 
 
-def send_living_status(external_id: str, look_since, *, look, edit, post) -> str:
-    """The flow every forge's living status follows (docs/write-back.md#the-living-status):
+def _answer_id(answer) -> str:
+    return str(dict_of(answer.body).get("id", ""))
+
+
+def _is_404(failed: outbound.SourceError) -> bool:
+    return failed.status == 404
+
+
+def send_living_status(external_id: str, look_since, *, look, edit, post,
+                       posted_id=_answer_id, gone=_is_404) -> str:
+    """The flow every source's living status follows (docs/write-back.md#the-living-status):
     with no id yet but ``look_since``, an earlier send may have posted it before its worker
     died, so ``look()`` for its marker first (its id, or ""); then ``edit(id)`` in place, and
-    ``post()`` (the source's answer, whose ``id`` is the new status's) when there is none or
-    someone deleted it (a 404). Returns the status's id."""
+    ``post()`` when there is none or someone deleted it (``gone(the SourceError)``: a 404 on
+    the forges). ``posted_id(what post returned)`` is the new status's id (the ``id`` of the
+    forges' answer). Returns the status's id."""
     if not external_id and look_since is not None:
         external_id = look()
     if external_id:
@@ -91,9 +101,9 @@ def send_living_status(external_id: str, look_since, *, look, edit, post) -> str
             edit(external_id)
             return external_id
         except outbound.SourceError as failed:
-            if failed.status != 404:
+            if not gone(failed):
                 raise
-    return str(dict_of(post().body).get("id", ""))
+    return posted_id(post())
 
 
 def checked_page(build_page: Callable, anchor_prefix: str = "", anchor=None) -> str:

@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 
 from switchboard import harness_text
 
-from . import ConnectionSpec, Identity, Sender, WriteBackClient
+from . import (ConnectionSpec, Identity, Sender, WriteBackClient, checked_page,
+               send_living_status)
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
@@ -329,18 +330,15 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
     message = {"channel": channel, "text": update.text,
                "metadata": {"event_type": STATUS_EVENT_TYPE,
                             "event_payload": {"todo_id": update.todo_id}}}
-    if not external_id and look_since is not None:
-        external_id = _find_own_reply(connection, channel, root, update.todo_id, look_since, now)
-    if external_id:
-        try:
-            call(connection, "chat.update", now, json={**message, "ts": message_ts(external_id)})
-            return external_id
-        except SlackError as refused:
-            if refused.error != "message_not_found":
-                raise
-    body = call(connection, "chat.postMessage", now, json={
-        **message, "thread_ts": root, "unfurl_links": False, "unfurl_media": False})
-    return message_ts(body.get("ts"))
+    return send_living_status(
+        external_id, look_since,
+        look=lambda: _find_own_reply(connection, channel, root, update.todo_id, look_since, now),
+        edit=lambda found: call(connection, "chat.update", now,
+                                json={**message, "ts": message_ts(found)}),
+        post=lambda: call(connection, "chat.postMessage", now, json={
+            **message, "thread_ts": root, "unfurl_links": False, "unfurl_media": False}),
+        posted_id=lambda body: message_ts(body.get("ts")),
+        gone=lambda refused: getattr(refused, "error", "") == "message_not_found")
 
 
 def _find_own_reply(connection, channel, root, todo_id, since, now) -> str:
@@ -364,13 +362,10 @@ def target_url(connection, target) -> str:
     """The thread on Slack's web pages (``https://<workspace host>/archives/C…/p<ts>``), the
     host as ``auth.test`` named it; "" before a test recorded one."""
     host = connection_ids(connection)["host"]
-    try:
-        channel, root = channel_id(target.get("channel")), message_ts(target.get("thread_ts"))
-    except outbound.SourceError:
-        return ""
     if not _HOST_RE.fullmatch(host):
         return ""
-    return f"https://{host}/archives/{channel}/p{root.replace('.', '')}"
+    return checked_page(lambda: (f"https://{host}/archives/{channel_id(target.get('channel'))}/"
+                                 f"p{message_ts(target.get('thread_ts')).replace('.', '')}"))
 
 
 def is_own_write_back(connection, kind: str, payload: dict) -> bool:
