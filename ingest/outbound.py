@@ -134,15 +134,21 @@ def _http() -> httpx.Client:
 
 
 def send(api_url: str, method: str, path: str, *, token: str, headers=None, json=None,
-         form=None, now: datetime | None = None, auth_scheme: str = "Bearer") -> Answer:
+         form=None, now: datetime | None = None, auth_scheme: str = "Bearer",
+         read_errors=None) -> Answer:
     """``method`` ``api_url + path`` with ``token`` in ``Authorization: <auth_scheme> <token>``
-    (Gitea's tokens go as ``token``) and a JSON body (``json``) or a form body (``form``, a
-    dict). ``path`` starts with "/" and is built from
-    ``name_segment``/``number_segment`` values only. Returns the answer of a 2xx; raises
-    SourceError for anything else. ``now`` dates a rate limit's ``retry_at``."""
+    (Gitea's tokens go as ``token``; ``auth_scheme=""``: the token alone, as Linear takes an
+    API key) and a JSON body (``json``) or a form body (``form``, a dict). ``path`` starts
+    with "/" and is built from ``name_segment``/``number_segment`` values only ("" for a
+    GraphQL API's one endpoint). Returns the answer of a 2xx; raises SourceError for anything
+    else. ``now`` dates a rate limit's ``retry_at``.
+    ``read_errors(response, now)``, when given, reads the source's own errors from every
+    answer (a GraphQL API reports them in the body, even beside a 200): a SourceError to
+    raise, or None to go on as above."""
     base = check_api_url(api_url)
     url = base + path
-    request_headers = {**(headers or {}), "Authorization": f"{auth_scheme} {token}"}
+    request_headers = {**(headers or {}),
+                       "Authorization": f"{auth_scheme} {token}" if auth_scheme else token}
     for _ in range(MAX_REDIRECTS + 1):
         try:
             response = _http().request(method, url, headers=request_headers, json=json,
@@ -151,15 +157,19 @@ def send(api_url: str, method: str, path: str, *, token: str, headers=None, json
             # The exception's text names the URL at most, never a header.
             log.info("write-back request failed", extra={"method": method, "path": path,
                                                          "error": type(exc).__name__})
-            raise SourceError(f"{type(exc).__name__}: {_printable(str(exc))}",
+            raise SourceError(f"{type(exc).__name__}: {printable(str(exc))}",
                               retryable=True) from None
         log.info("write-back request", extra={"method": method, "path": path,
                                               "status": response.status_code})
         if response.is_redirect:
             url = _same_origin_redirect(base, url, response)
             continue
+        if read_errors is not None:
+            refused = read_errors(response, now or datetime.now(dt_timezone.utc))
+            if refused is not None:
+                raise refused
         if response.is_success:
-            return Answer(response.status_code, _json_of(response))
+            return Answer(response.status_code, json_of(response))
         raise classify(response, now=now)
     raise SourceError(f"more than {MAX_REDIRECTS} redirects", status=response.status_code)
 
@@ -175,14 +185,14 @@ def _same_origin_redirect(base: str, url: str, response) -> str:
     return target
 
 
-def _json_of(response):
+def json_of(response):
     try:
         return response.json()
     except ValueError:
         return None
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     text = " ".join(str(text).split())
     return "".join(ch for ch in text if ch.isprintable())[:MAX_ERROR_CHARS]
 
@@ -194,22 +204,22 @@ def classify(response, *, now: datetime | None = None) -> SourceError:
     the source's own message."""
     now = now or datetime.now(dt_timezone.utc)
     status = response.status_code
-    body = _json_of(response)
+    body = json_of(response)
     # GitHub, GitLab and Gitea say it in "message"; Slack in "error" (its 429's "ratelimited").
     said = (body.get("message") or body.get("error")) if isinstance(body, dict) else None
-    message = f"{status}: {_printable(said or response.reason_phrase or 'error')}"
+    message = f"{status}: {printable(said or response.reason_phrase or 'error')}"
     headers = response.headers
     rate_limited = status == 429 or (status == 403 and (
         "retry-after" in headers or headers.get("x-ratelimit-remaining") == "0"))
     if rate_limited:
         return SourceError(message, status=status, retryable=True,
-                           retry_at=_retry_at(headers, now))
+                           retry_at=retry_at(headers, now))
     if status >= 500 or status == 408:
         return SourceError(message, status=status, retryable=True)
     return SourceError(message, status=status)
 
 
-def _retry_at(headers, now: datetime) -> datetime | None:
+def retry_at(headers, now: datetime) -> datetime | None:
     """When a rate-limited request may go again: ``Retry-After`` (seconds or an HTTP date),
     else ``x-ratelimit-reset`` (GitHub) or ``RateLimit-Reset`` (GitLab), both epoch seconds;
     None when none says."""

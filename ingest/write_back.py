@@ -286,7 +286,7 @@ def send_write_back(row: WriteBack, *, now) -> str:
     started = time.monotonic()
     try:
         if row.action == WriteBackAction.ACK:
-            external_id = client.ack(row.connection, row.target, now)
+            external_id = client.ack(row.connection, {**row.target, "todo_id": row.todo_id}, now)
         else:
             # The first send has nothing to look for; a later one without an id may follow a
             # worker that died after the source took it, since the row was made.

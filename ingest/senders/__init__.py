@@ -60,7 +60,9 @@ class WriteBackClient:
 
     # (kind, payload) -> (target dict, label for people), or None: nothing to write back on.
     find_target: Callable
-    ack: Callable  # (connection, target, now) -> the reaction's id, as text
+    # (connection, target, now) -> the reaction's id, as text; the target also names its
+    # ``todo_id`` (Linear's thought links the todo's page).
+    ack: Callable
     # (connection, target, update, external_id, now, look_since) -> the status's id, where
     # ``update`` is a ``status_text.StatusUpdate`` in this client's markup: edited in place
     # when ``external_id`` is given; with ``look_since`` (a time), an earlier send may have

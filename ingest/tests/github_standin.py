@@ -49,26 +49,28 @@ JWT_CLOCK_SKEW = timedelta(seconds=60)
 JWT_MAX_LIFETIME = timedelta(minutes=10)
 
 
-def npm_file(path: Path) -> Path:
-    """``path`` inside var/npm, installing the pinned packages once when it is missing (a file
-    lock keeps parallel test workers from installing at the same time). Skips when npm is not
-    on the machine, except under CI, which fails; fails when npm is there and the install fails."""
+def npm_file(path: Path, packages=(OPENAPI_PACKAGE, WEBHOOK_EXAMPLES_PACKAGE)) -> Path:
+    """``path`` inside var/npm, installing the pinned ``packages`` once when it is missing (a
+    file lock keeps parallel test workers from installing at the same time). Skips when npm is
+    not on the machine, except under CI, which fails; fails when npm is there and the install
+    fails."""
     if path.exists():
         return path
     npm = shutil.which("npm")
     if npm is None:
-        # As for Chromium: CI must check requests against GitHub's own description, never skip it.
+        # As for Chromium: CI must check requests against the provider's own description,
+        # never skip it.
         if os.environ.get("CI"):
-            raise RuntimeError(f"CI must install npm to fetch {OPENAPI_PACKAGE}")
-        pytest.skip(f"no npm, so GitHub's published description ({OPENAPI_PACKAGE}) cannot be "
-                    "fetched: `bash scripts/test` installs npm when run as root (CI does, and "
-                    "fails without it)")
+            raise RuntimeError(f"CI must install npm to fetch {', '.join(packages)}")
+        pytest.skip(f"no npm, so the provider's published description ({', '.join(packages)}) "
+                    "cannot be fetched: `bash scripts/test` installs npm when run as root (CI "
+                    "does, and fails without it)")
     NPM_PREFIX.mkdir(parents=True, exist_ok=True)
     with open(NPM_PREFIX / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
             subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(NPM_PREFIX),
-                            OPENAPI_PACKAGE, WEBHOOK_EXAMPLES_PACKAGE],
+                            *packages],
                            check=True, capture_output=True, timeout=300)
     return path
 
