@@ -18,19 +18,18 @@ A request that breaks a rule is answered with GraphQL errors and kept in ``probl
 installed on first use at the pinned version below (github_standin.npm_file).
 """
 
-import itertools
-import json
 import re
-import threading
-from dataclasses import dataclass, field
 from datetime import datetime, timezone as dt_timezone
 from functools import lru_cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import graphql
 from graphql.execution.values import get_variable_values
 
-from ingest.tests.github_standin import NPM_PREFIX, Fault, npm_file
+from ingest.actors import dict_of
+
+from .github_standin import NPM_PREFIX, npm_file
+from .standin_server import Seen, StandIn
 
 # The version the tests were written against: a newer schema may add or rename.
 SDK_PACKAGE = "@linear/sdk@98.0.0"
@@ -131,7 +130,7 @@ def _read_declarations(lines):
     return records, enums, unions, scalars
 
 
-def _all_interfaces(records, name, seen=None) -> list[str]:
+def _all_interfaces(records, name) -> list[str]:
     found = []
     for parent in records.get(name, {}).get("interfaces", []):
         if parent not in found:
@@ -237,15 +236,8 @@ def content_problems(content) -> list[str]:
 
 # -- the stand-in --------------------------------------------------------------------------------
 
-
-@dataclass
-class Seen:
-    operation: str  # the root field asked for: agentActivityCreate, viewer…
-    variables: dict
-    headers: dict
-    query: str
-    status: int = 200
-    errors: list = field(default_factory=list)
+# Linear's one endpoint: every request is a POST of a GraphQL document to it.
+GRAPHQL_ENDPOINT = SimpleNamespace(id="graphql")
 
 
 def error_answer(message: str, *, code: str, kind: str, user_message: str = "") -> dict:
@@ -256,13 +248,15 @@ def error_answer(message: str, *, code: str, kind: str, user_message: str = "") 
         "userPresentableMessage": user_message or message}}
 
 
-class LinearStandIn:
+class LinearStandIn(StandIn):
     """Linear's GraphQL API on a loopback port (``api_url`` ends in ``/graphql``). One app user
     (``viewer_id``) that the API key and the OAuth token both act as; issues, agent sessions,
-    comments, reactions and activities it was asked for; each request in ``seen``, each broken
-    rule in ``problems``."""
+    comments, reactions and activities it was asked for; each request in ``seen`` (its root
+    field in ``operation``, ``{"query", "variables"}`` in ``body``), each broken rule in
+    ``problems``."""
 
     def __init__(self):
+        super().__init__()
         self.viewer_id = "5b0c8f1e-7d3a-4c57-9a0e-0123456789ab"
         self.viewer_name = "switchboard"
         self.issues = {}  # id -> {"identifier": …}
@@ -270,43 +264,96 @@ class LinearStandIn:
         self.comments = {}  # id -> {"issueId", "body", "userId"}
         self.reactions = []  # {"issueId"|"commentId", "emoji", "id"}
         self.activities = {}  # id -> {"agentSessionId", "content", "ephemeral"}
-        self.seen: list[Seen] = []
-        self.problems: list[str] = []
-        self.faults: list[Fault] = []
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        handler = type("Handler", (_Handler,), {"standin": self})
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_port}/graphql"
-
-    def start(self):
-        schema()  # read the schema before the first request
-        self.thread.start()
-        return self
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def fail(self, status: int, *, headers=None, times: int | None = 1, code: str = "",
-             message: str = "Service Unavailable") -> None:
-        """Answer the next ``times`` requests (every one while None) with ``status``; with a
-        ``code``, as Linear's GraphQL error of that code (``RATELIMITED``,
-        ``AUTHENTICATION_ERROR``)."""
-        with self._lock:
-            self.faults.append(Fault(status, dict(headers or {}), times,
-                                     f"{code}\n{message}" if code else message))
-
-    def recover(self) -> None:
-        with self._lock:
-            self.faults.clear()
+        return f"{super().api_url}/graphql"
 
     def requests_to(self, operation: str) -> list[Seen]:
-        return [seen for seen in self.seen if seen.operation == operation and not seen.errors]
+        """The requests of a root field that Linear answered without an error."""
+        return [seen for seen in super().requests_to(operation)
+                if not dict_of(seen.answer).get("errors")]
+
+    def fault_answer(self, fault):
+        # With a code, Linear's GraphQL error of that code (RATELIMITED, AUTHENTICATION_ERROR).
+        body = ({"errors": [error_answer(fault.message, code=fault.code, kind={
+            "RATELIMITED": "ratelimited", "AUTHENTICATION_ERROR": "authentication error",
+        }.get(fault.code, "invalid input"))]} if fault.code
+            else {"errors": [{"message": fault.message}]})
+        return fault.status, body, fault.headers
+
+    # -- how Linear takes a request ------------------------------------------------------------
+
+    description = "Linear's schema"
+
+    def load(self) -> None:
+        schema()  # read the schema before the first request
+
+    def find_operation(self, method: str, api_path: str):
+        # One endpoint, POST /graphql; the root field asked for is named by request_problems.
+        return (GRAPHQL_ENDPOINT, {}) if (method, api_path) == ("POST", "/graphql") else None
+
+    def unknown_answer(self):
+        return 404, {"errors": [{"message": "Not Found"}]}
+
+    def invalid_answer(self, problems):
+        return 400, {"errors": [{"message": problem} for problem in problems]}
+
+    def request_problems(self, operation, values, seen) -> list[str]:
+        """The request against Linear's schema: a JSON GraphQL request that parses, validates,
+        names one root field per operation (kept in ``seen.operation``), and whose variables
+        coerce to the declared input types."""
+        content_type = seen.headers.get("content-type", "")
+        if not content_type.startswith("application/json"):
+            return [f"Content-Type {content_type!r}"]
+        body = dict_of(seen.body)
+        if not isinstance(body.get("query"), str) or not isinstance(body.get("variables", {}),
+                                                                    (dict, type(None))):
+            return ["the body is not a GraphQL request"]
+        try:
+            document = graphql.parse(body["query"])
+        except graphql.GraphQLError as error:
+            return [f"query does not parse: {error.message}"]
+        errors = graphql.validate(schema(), document)
+        if errors:
+            return [f"not Linear's schema: {error.message}" for error in errors]
+        operations = [d for d in document.definitions
+                      if isinstance(d, graphql.OperationDefinitionNode)]
+        if len(operations) != 1:
+            return ["one operation per request"]
+        fields = [s.name.value for s in operations[0].selection_set.selections
+                  if isinstance(s, graphql.FieldNode)]
+        seen.operation = fields[0] if fields else ""
+        coerced = get_variable_values(schema(), operations[0].variable_definitions or [],
+                                      body.get("variables") or {})
+        if isinstance(coerced, list):
+            return [f"variables: {error.message}" for error in coerced]
+        return []
+
+    def answer(self, operation, values, seen) -> tuple[int, object]:
+        if not self._authorized(seen.headers.get("authorization", "")):
+            return 400, {"errors": [error_answer(
+                "Authentication required, not authenticated", code="AUTHENTICATION_ERROR",
+                kind="authentication error")]}
+        result = graphql.execute(schema(), graphql.parse(seen.body["query"]),
+                                 root_value=self.root(),
+                                 variable_values=seen.body.get("variables") or {})
+        answer = {"data": result.data}
+        if result.errors:
+            answer["errors"] = [{"message": e.message, "path": e.path,
+                                 "extensions": e.extensions or {}} for e in result.errors]
+        return 200, answer
+
+    def _authorized(self, authorization: str) -> bool:
+        # As @linear/sdk sends them: an API key bare, an OAuth access token after "Bearer ".
+        if authorization == API_KEY or authorization == f"Bearer {OAUTH_TOKEN}":
+            return True
+        if authorization in (f"Bearer {API_KEY}", OAUTH_TOKEN):
+            self.problems.append("Authorization: an API key goes bare, an OAuth token after "
+                                 "Bearer")
+        return False
+
+    # -- what the tests set up and read --------------------------------------------------------
 
     def add_issue(self, identifier: str = "ENG-42") -> str:
         issue_id = self._uuid()
@@ -325,7 +372,7 @@ class LinearStandIn:
         return [c for c in self.comments.values() if c["issueId"] == issue_id]
 
     def _uuid(self) -> str:
-        return f"00000000-0000-4000-8000-{next(self._ids):012d}"
+        return f"00000000-0000-4000-8000-{self.next_id():012d}"
 
     # -- what each root field does -------------------------------------------------------------
 
@@ -410,17 +457,6 @@ class LinearStandIn:
         return {"__typename": "Comment", "id": comment_id, "body": comment["body"],
                 "user": {"__typename": "User", "id": comment["userId"]}}
 
-    def take_fault(self) -> Fault | None:
-        with self._lock:
-            if not self.faults:
-                return None
-            fault = self.faults[0]
-            if fault.times is not None:
-                fault.times -= 1
-                if fault.times <= 0:
-                    self.faults.pop(0)
-            return fault
-
 
 def _is_uuid4(value) -> bool:
     return isinstance(value, str) and re.fullmatch(
@@ -437,104 +473,6 @@ def _not_found(kind: str) -> graphql.GraphQLError:
     answer = error_answer(f"Entity not found: {kind}", code="INVALID_INPUT", kind="invalid input",
                           user_message=f"Could not find referenced {kind}.")
     return graphql.GraphQLError(answer["message"], extensions=answer["extensions"])
-
-
-class _Handler(BaseHTTPRequestHandler):
-    standin: LinearStandIn
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format, *args):  # quiet: the test reads ``seen``
-        pass
-
-    def do_POST(self):
-        standin = self.standin
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        if self.path != "/graphql":
-            standin.problems.append(f"POST {self.path}: Linear's API is POST /graphql")
-            return self._reply(404, {"errors": [{"message": "Not Found"}]})
-        try:
-            request = json.loads(raw)
-            query, variables = request["query"], request.get("variables") or {}
-        except (ValueError, KeyError, TypeError):
-            standin.problems.append("the body is not a GraphQL request")
-            return self._reply(400, {"errors": [{"message": "Must provide query string."}]})
-        seen = Seen("", variables, headers, query)
-        standin.seen.append(seen)
-        if not headers.get("content-type", "").startswith("application/json"):
-            standin.problems.append(f"Content-Type {headers.get('content-type')!r}")
-        problems = self._check_request(seen)
-        if problems:
-            standin.problems.extend(problems)
-            seen.errors = problems
-            return self._reply(400, {"errors": [{"message": p} for p in problems]}, seen)
-        if not self._authorized(headers.get("authorization", "")):
-            seen.errors = ["authentication"]
-            return self._reply(400, {"errors": [error_answer(
-                "Authentication required, not authenticated", code="AUTHENTICATION_ERROR",
-                kind="authentication error")]}, seen)
-        fault = standin.take_fault()
-        if fault is not None:
-            seen.errors = [fault.message]
-            code, _, message = fault.message.rpartition("\n")
-            body = ({"errors": [error_answer(message, code=code, kind={
-                "RATELIMITED": "ratelimited", "AUTHENTICATION_ERROR": "authentication error",
-            }.get(code, "invalid input"))]} if code else {"errors": [{"message": message}]})
-            return self._reply(fault.status, body, seen, fault.headers)
-        with standin._lock:
-            result = graphql.execute(schema(), graphql.parse(query), root_value=standin.root(),
-                                     variable_values=variables)
-        answer = {"data": result.data}
-        if result.errors:
-            seen.errors = [error.message for error in result.errors]
-            answer["errors"] = [{"message": e.message, "path": e.path,
-                                 "extensions": e.extensions or {}} for e in result.errors]
-        return self._reply(200, answer, seen)
-
-    def _check_request(self, seen: Seen) -> list[str]:
-        """The request against Linear's schema: it parses, validates, names one root field per
-        operation, and its variables coerce to the declared input types."""
-        try:
-            document = graphql.parse(seen.query)
-        except graphql.GraphQLError as error:
-            return [f"query does not parse: {error.message}"]
-        errors = graphql.validate(schema(), document)
-        if errors:
-            return [f"not Linear's schema: {error.message}" for error in errors]
-        operations = [d for d in document.definitions
-                      if isinstance(d, graphql.OperationDefinitionNode)]
-        if len(operations) != 1:
-            return ["one operation per request"]
-        fields = [s.name.value for s in operations[0].selection_set.selections
-                  if isinstance(s, graphql.FieldNode)]
-        seen.operation = fields[0] if fields else ""
-        coerced = get_variable_values(schema(), operations[0].variable_definitions or [],
-                                      seen.variables)
-        if isinstance(coerced, list):
-            return [f"variables: {error.message}" for error in coerced]
-        return []
-
-    def _authorized(self, authorization: str) -> bool:
-        # As @linear/sdk sends them: an API key bare, an OAuth access token after "Bearer ".
-        if authorization == API_KEY or authorization == f"Bearer {OAUTH_TOKEN}":
-            return True
-        if authorization in (f"Bearer {API_KEY}", OAUTH_TOKEN):
-            self.standin.problems.append("Authorization: an API key goes bare, an OAuth token "
-                                         "after Bearer")
-        return False
-
-    def _reply(self, status, answer, seen=None, headers=None):
-        if seen is not None:
-            seen.status = status
-        data = json.dumps(answer, default=str).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
 
 
 def reset_in(seconds: int) -> str:

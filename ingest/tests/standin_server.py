@@ -1,5 +1,5 @@
 """What every stand-in of a source's API shares (ingest/tests/github_standin.py,
-gitlab_standin.py, gitea_standin.py, slack_standin.py): a threaded HTTP server on a loopback
+gitlab_standin.py, gitea_standin.py, slack_standin.py, linear_standin.py): a threaded HTTP server on a loopback
 port, each request kept in ``seen``, each broken rule of the source's published description in
 ``problems``, and faults to answer with (the source down, a rate limit). A stand-in says which
 operation of its description a request is, what it breaks of it and what the source would
@@ -64,6 +64,7 @@ class Fault:
     headers: dict = field(default_factory=dict)
     times: int | None = 1
     message: str = "Service Unavailable"
+    code: str = ""  # an error code the source's answer names (Linear's RATELIMITED)
 
 
 class StandIn:
@@ -101,9 +102,9 @@ class StandIn:
         self.server.server_close()
 
     def fail(self, status: int, *, headers=None, times: int | None = 1,
-             message: str = "Service Unavailable") -> None:
+             message: str = "Service Unavailable", code: str = "") -> None:
         with self._lock:
-            self.faults.append(Fault(status, dict(headers or {}), times, message))
+            self.faults.append(Fault(status, dict(headers or {}), times, message, code))
 
     def recover(self) -> None:
         with self._lock:
@@ -241,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status, answer, seen, headers=None):
         seen.status, seen.answer = status, answer
-        data = json.dumps(answer).encode()
+        data = json.dumps(answer, default=str).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))

@@ -176,7 +176,7 @@ def test_an_agent_session_gets_a_thought_with_the_todos_page(hooked, linear):
     (seen,) = linear.requests_to("agentActivityCreate")
     assert seen.headers["authorization"] == f"Bearer {OAUTH_TOKEN}"
     ack = rows(todo)["ack"]
-    assert ack.state == "sent" and ack.external_id == seen.variables["input"]["id"]
+    assert ack.state == "sent" and ack.external_id == seen.body["variables"]["input"]["id"]
     assert ack.target_label == "ENG-42 agent session"
     # A person's prompt in the same session is a todo of its own, with a thought of its own.
     deliver(session_event(linear, action="prompted"))
@@ -244,7 +244,7 @@ def test_no_activity_is_appended_twice_after_a_worker_died_mid_send(hooked, line
     row.refresh_from_db()
     assert row.state == "sent" and row.external_id == first_id and row.attempts == 2
     (looked,) = linear.requests_to("agentActivity")  # looked for before appending
-    assert looked.variables == {"id": first_id}
+    assert looked.body["variables"] == {"id": first_id}
     # The next transition is a new activity, and the same after a repeat without the look.
     todo_transitions.complete_todo(agent, todo.pk, result={"summary": "ok"})
     send()
@@ -357,7 +357,8 @@ def test_another_refusal_fails_with_linears_message(hooked, linear):
 def test_an_api_key_goes_bare_and_an_oauth_token_as_bearer(operator, linear, token, header):
     connection = make_connection(operator, linear, token=token)
     assert (connection.identity, connection.identity_id) == (linear.viewer_name, linear.viewer_id)
-    assert linear.seen[0].headers["authorization"] == header and linear.seen[0].operation == "viewer"
+    (asked,) = linear.seen
+    assert asked.headers["authorization"] == header and asked.operation == "viewer"
 
 
 # -- the loop guard -------------------------------------------------------------------------------
@@ -376,7 +377,23 @@ def test_a_session_prompted_by_the_apps_own_activity_makes_no_todo(hooked, linea
     assert deliver(session_event(linear, action="prompted")) is not None
 
 
-# -- the target's page ----------------------------------------------------------------------------
+# -- what is written back on, and its page --------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind, change", [
+    ("Issue.remove", {}),  # nothing left to write on
+    ("Comment.create", {"issueId": None}),  # a comment on a project update, not an issue
+    ("Comment.create", {"issueId": "../../graphql"}),  # not a Linear id
+    ("Project.create", {}),
+])
+def test_what_has_nothing_to_write_back_on_gets_nothing(linear, kind, change):
+    kind_type, _, action = kind.partition(".")
+    payload = entity_event(linear, "Comment" if kind_type == "Project" else kind_type)
+    payload["data"].update(change)
+    assert linear_sender.find_target(kind, payload) is None
+    assert linear_sender.find_target("AgentSessionEvent.created", {"agentSession": {
+        "id": "not-an-id"}}) is None
+
 
 
 @pytest.mark.parametrize("issue, url", [
