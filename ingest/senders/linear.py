@@ -358,21 +358,23 @@ def _update_comment(connection, comment_id: str, body: str, now) -> None:
 
 def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     """Linear content the connection's own user wrote: an Issue or Comment delivery whose
-    ``actor`` (else, for a comment, its ``userId``) is the connection's viewer; an agent
-    session event prompted by an activity the app wrote itself."""
+    ``actor`` is the connection's viewer, or a comment whose author (``userId``) is (an app's
+    comment may name its OAuth client as the actor); an agent session event prompted by an
+    activity the app wrote itself."""
     own = connection.identity_id
     if not own:
         return False
     if kind.partition(".")[0] == "AgentSessionEvent":
         activity = dict_of(payload.get("agentActivity"))
-        author = first(activity.get("userId"), dict_of(activity.get("user")).get("id"))
         if not activity:
-            author = text_of(dict_of(payload.get("agentSession")).get("creatorId"))
-        return author == own
-    actor = text_of(dict_of(payload.get("actor")).get("id"))
+            return text_of(dict_of(payload.get("agentSession")).get("creatorId")) == own
+        return own in (text_of(activity.get("userId")),
+                       text_of(dict_of(activity.get("user")).get("id")))
     data = dict_of(payload.get("data"))
-    author = actor or first(data.get("userId"), dict_of(data.get("user")).get("id"))
-    return author == own
+    authors = [text_of(dict_of(payload.get("actor")).get("id"))]
+    if kind.partition(".")[0] == "Comment":
+        authors += [text_of(data.get("userId")), text_of(dict_of(data.get("user")).get("id"))]
+    return own in authors
 
 
 SENDER = Sender(

@@ -364,11 +364,23 @@ def test_an_api_key_goes_bare_and_an_oauth_token_as_bearer(operator, linear, tok
 # -- the loop guard -------------------------------------------------------------------------------
 
 
-def test_the_apps_own_comment_makes_no_todo(hooked, linear):
-    assert deliver(entity_event(linear, "Comment", actor_id=linear.viewer_id)) is None
+@pytest.mark.parametrize("named_as", ["actor", "author under its OAuth client"])
+def test_the_apps_own_comment_makes_no_todo(hooked, linear, named_as):
+    payload = entity_event(linear, "Comment", actor_id=linear.viewer_id)
+    if named_as != "actor":
+        payload["actor"] = {"id": str(uuid.uuid4()), "name": "switchboard",
+                            "type": "oauthClient"}
+        assert payload_problems("OauthClientActorWebhookPayload", payload["actor"]) == []
+    assert deliver(payload) is None
     (record,) = DeliveryRecord.objects.filter(webhook=hooked)
     assert record.outcome == "filtered" and record.reason == "own_write_back"
     assert deliver(entity_event(linear, "Comment")) is not None  # a person's is work
+
+
+def test_a_persons_change_to_an_issue_is_work(hooked, linear):
+    payload = entity_event(linear, "Issue", action="update")
+    payload["data"]["creatorId"] = linear.viewer_id  # even on an issue the app opened
+    assert deliver(payload) is not None
 
 
 def test_a_session_prompted_by_the_apps_own_activity_makes_no_todo(hooked, linear):
