@@ -317,6 +317,31 @@ def test_a_status_comment_a_dead_worker_posted_is_found_not_posted_twice(hooked,
 # -- failures -------------------------------------------------------------------------------------
 
 
+def test_linear_down_for_minutes_delays_nothing_and_everything_arrives_once(hooked, linear,
+                                                                           agent):
+    linear.fail(503, times=None)
+    todo = deliver(session_event(linear))
+    issue_todo = deliver(entity_event(linear, "Issue"))
+    asked = len(linear.seen)
+    for each in (todo, issue_todo):
+        todo_transitions.claim_todo(agent, each.pk)
+        todo_transitions.complete_todo(agent, each.pk, result={"summary": "ok"})
+    assert len(linear.seen) == asked  # transitions never call Linear
+    now = timezone.now()
+    for minutes in range(0, 5):
+        send(now + timedelta(minutes=minutes))
+    assert {row.state for row in WriteBack.objects.all()} == {"pending"}
+    assert "503" in WriteBack.objects.filter(action="ack").first().last_error
+    linear.recover()
+    send(now + timedelta(minutes=20))
+    send(now + timedelta(minutes=21))
+    assert {row.state for row in WriteBack.objects.all()} == {"sent"}
+    # The session's claim and completion collapsed into the one send after the outage.
+    assert [c["type"] for c in contents(linear, todo)] == ["thought", "response"]
+    (comment,) = linear.comments_on(issue_todo.payload["data"]["id"])
+    assert "Done" in comment["body"] and len(linear.reactions) == 1
+
+
 @pytest.mark.parametrize("status", [400, 429])
 def test_a_rate_limit_waits_until_linears_window_resets(hooked, linear, status):
     deliver(session_event(linear))
