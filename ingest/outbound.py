@@ -222,7 +222,8 @@ def classify(response, *, now: datetime | None = None) -> SourceError:
 def retry_at(headers, now: datetime) -> datetime | None:
     """When a rate-limited request may go again: ``Retry-After`` (seconds or an HTTP date),
     else ``x-ratelimit-reset`` (GitHub) or ``RateLimit-Reset`` (GitLab), both epoch seconds;
-    None when none says."""
+    None when none says. A source with reset headers of its own reads them after this
+    (Linear's, in milliseconds)."""
     after = headers.get("retry-after", "").strip()
     if after.isdigit():
         return now + timedelta(seconds=int(after))

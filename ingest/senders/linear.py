@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from todos.models import State
+
 from . import ConnectionSpec, Identity, Sender, WriteBackClient
 from .. import outbound, status_text
 from ..actors import dict_of, text_of
@@ -164,9 +166,9 @@ def read_errors(response, now) -> outbound.SourceError | None:
 
 
 def _rate_limit_reset(headers, now) -> datetime | None:
-    after = headers.get("retry-after", "").strip()
-    if after.isdigit():
-        return now + timedelta(seconds=int(after))
+    said = outbound.retry_at(headers, now)
+    if said is not None:
+        return said
     resets = [int(value) for value in (headers.get("x-ratelimit-requests-reset", "").strip(),
                                        headers.get("x-ratelimit-complexity-reset", "").strip())
               if value.isdigit()]
@@ -300,7 +302,8 @@ def send_ack(connection, target, now) -> str:
         content = {"type": "thought",
                    "body": f"Queued for an agent: {page}. Progress shows here as it is made."}
         _create_once(connection, ACTIVITY_CREATE, ACTIVITY_FIND, {"input": {
-            "id": activity_id, "agentSessionId": target["session"], "content": content}},
+            "id": activity_id, "agentSessionId": _linear_id(target["session"]),
+            "content": content}},
             now, look_first=False)
         return activity_id
     subject = ({"commentId": _linear_id(target["comment"])} if target.get("comment")
@@ -313,12 +316,12 @@ def activity_content(update: status_text.StatusUpdate) -> dict:
     """The activity a transition appends to an agent session: ``action`` when claimed,
     ``response`` when done, ``error`` when failed (retrying or for good) or cancelled, a
     ``thought`` while it waits (queued again, scheduled, awaiting approval)."""
-    if update.state == "claimed":
+    if update.state == State.CLAIMED:
         return {"type": "action", "action": "Working on",
                 "parameter": f"switchboard todo {update.todo_id}", "result": update.text}
-    if update.state == "done":
+    if update.state == State.DONE:
         return {"type": "response", "body": update.text}
-    if update.state in ("failed", "cancelled") or update.dead:
+    if update.state in (State.FAILED, State.CANCELLED) or update.dead:
         return {"type": "error", "body": update.text}
     return {"type": "thought", "body": update.text}
 
