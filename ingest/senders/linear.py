@@ -109,6 +109,8 @@ VIEWER_QUERY = "query Viewer { viewer { id name } }"
 ACTIVITY_CREATE = ("mutation ActivityCreate($input: AgentActivityCreateInput!) {"
                    " agentActivityCreate(input: $input) { success agentActivity { id } } }")
 ACTIVITY_FIND = "query ActivityFind($id: String!) { agentActivity(id: $id) { id } }"
+ACTIVITY_KIND = ("query ActivityKind($id: String!) {"
+                 " agentActivity(id: $id) { ephemeral content { __typename } } }")
 REACTION_CREATE = ("mutation ReactionCreate($input: ReactionCreateInput!) {"
                    " reactionCreate(input: $input) { success reaction { id } } }")
 COMMENT_CREATE = ("mutation CommentCreate($input: CommentCreateInput!) {"
@@ -312,10 +314,13 @@ def send_ack(connection, target, now) -> str:
     return text_of(dict_of(dict_of(data.get("reactionCreate")).get("reaction")).get("id"))
 
 
-def activity_content(update: status_text.StatusUpdate) -> dict:
-    """The activity a transition appends to an agent session: ``action`` when claimed,
-    ``response`` when done, ``error`` when failed (retrying or for good) or cancelled, a
-    ``thought`` while it waits (queued again, scheduled, awaiting approval)."""
+def activity_content(update: status_text.StatusUpdate, *, progress: bool = False) -> dict:
+    """The activity a transition appends to an agent session: ``action`` when claimed (a
+    ``thought`` for the claim's ``progress``: the agent's latest line), ``response`` when
+    done, ``error`` when failed (retrying or for good) or cancelled, a ``thought`` while it
+    waits (queued again, scheduled, awaiting approval)."""
+    if update.state == State.CLAIMED and progress:
+        return {"type": "thought", "body": update.text}
     if update.state == State.CLAIMED:
         return {"type": "action", "action": "Working on",
                 "parameter": f"switchboard todo {update.todo_id}", "result": update.text}
@@ -334,9 +339,14 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
     if target.get("session"):
         activity_id = stable_id(connection.pk, "status", target["session"], update.todo_id,
                                 external_id, update.state, update.dead)
+        # A claim already reported: this send is the agent's progress, an ephemeral thought
+        # that the next activity replaces, rather than one more action in the trail.
+        progress = (update.state == State.CLAIMED and bool(external_id)
+                    and _reported_work(connection, external_id, now))
         _create_once(connection, ACTIVITY_CREATE, ACTIVITY_FIND, {"input": {
             "id": activity_id, "agentSessionId": _linear_id(target["session"]),
-            "content": activity_content(update)}}, now, look_first=look_since is not None)
+            "content": activity_content(update, progress=progress), "ephemeral": progress}},
+            now, look_first=look_since is not None)
         return activity_id
     if external_id:
         try:
@@ -352,6 +362,21 @@ def send_status(connection, target, update, external_id: str, now, look_since) -
     if not created:  # an earlier send posted it: it shows this update from now on
         _update_comment(connection, comment_id, update.text, now)
     return comment_id
+
+
+def _reported_work(connection, activity_id: str, now) -> bool:
+    """The session's last status activity reported the claim or its progress (an action, or
+    an ephemeral thought); False when Linear no longer has it."""
+    try:
+        data = graphql(connection, ACTIVITY_KIND, {"id": _linear_id(activity_id)}, now)
+    except outbound.SourceError as failed:
+        if failed.retryable or failed.status == 401 or not _is_not_found(failed):
+            raise
+        return False
+    activity = dict_of(data.get("agentActivity"))
+    kind = text_of(dict_of(activity.get("content")).get("__typename"))
+    return kind == "AgentActivityActionContent" or (
+        kind == "AgentActivityThoughtContent" and activity.get("ephemeral") is True)
 
 
 def _update_comment(connection, comment_id: str, body: str, now) -> None:

@@ -205,6 +205,29 @@ def test_claim_appends_an_action_and_done_a_response_with_summary_and_url(hooked
     assert not linear.comments  # a session writes activities, never a comment
 
 
+def test_progress_lines_are_ephemeral_thoughts_and_a_new_claim_an_action(hooked, linear,
+                                                                         agent):
+    todo = deliver(session_event(linear))
+    todo_transitions.claim_todo(agent, todo.pk)
+    start = timezone.now()
+    send(start)
+    for second, line in ((11, "reading the code"), (22, "found it: an off-by-one")):
+        todo_transitions.post_update_todo(agent, todo.pk, text=line)
+        send(start + timedelta(seconds=second))
+    todo_transitions.fail_todo(agent, todo.pk, error="flaky")
+    todo_transitions.requeue_todo(todo_transitions.Caller.operator(todo.endpoint, "alice"),
+                                  todo.pk)
+    send(start + timedelta(seconds=23))
+    todo_transitions.claim_todo(agent, todo.pk)
+    send(start + timedelta(seconds=24))
+    trail = linear.activities_of(session_of(todo))
+    assert [(a["content"]["type"], a["ephemeral"]) for a in trail] == [
+        ("thought", False), ("action", False), ("thought", True), ("thought", True),
+        ("thought", False), ("action", False)]
+    assert "found it: an off\\-by\\-one" in trail[3]["content"]["body"]
+    assert "Queued" in trail[4]["content"]["body"]  # the operator requeued it
+
+
 @pytest.mark.parametrize("ending", ["retrying", "dead letter", "cancel"])
 def test_a_failure_dead_letter_or_cancel_appends_an_error(hooked, linear, agent, ending):
     todo = deliver(session_event(linear))
