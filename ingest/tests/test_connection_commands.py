@@ -62,7 +62,7 @@ def test_add_connection_saves_a_connection_whose_test_fails(operator, github, tm
     (["--kind", "github_token", "--token-file", "/nonexistent/token"], "cannot read"),
     (["--kind", "github_app", "--app-id", "1", "--token-env", "HOME"], "not a token"),
     (["--kind", "github_token", "--private-key-file", "/etc/hostname"], "github_app"),
-    (["--kind", "linear", "--token-env", "HOME"], "cannot write back over linear yet"),
+    (["--kind", "slack", "--token-env", "HOME"], "a Slack bot token, xoxb-"),
 ])
 def test_add_connection_errors(operator, args, message):
     with pytest.raises(CommandError, match=message):

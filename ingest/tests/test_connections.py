@@ -109,7 +109,8 @@ def test_the_secret_is_sealed_at_rest(operator, github):
     ("gitlab", "glpat-01234 56789", "", None, "secret"),
     ("gitea", "token0123456789", "", None, "api_url"),  # no default: the instance's own
     ("gitea", "token0123456789", "", "http://gitea.example/api/v1", "api_url"),
-    ("linear", "lin_api_0123456789", "", None, "kind"),
+    ("linear", "lin_api_0123 456789", "", None, "secret"),
+    ("slack", "xoxp-1-a-user-token", "", None, "secret"),  # a person's, not the bot's
     ("nonsense", "x", "", None, "kind"),
 ])
 def test_a_connection_that_cannot_work_is_refused_naming_the_field(
