@@ -68,19 +68,25 @@ def other_endpoints(operator):
     return [EndpointFactory(slug=f"agent-{n}", owner=operator) for n in range(2)]
 
 
+def serve(standin, refused: str):
+    """``standin`` (a source's stand-in, ingest/tests/standin_server.py) serving one test,
+    which fails with ``refused`` if any request broke a rule of the source's description."""
+    standin.start()
+    yield standin
+    standin.stop()
+    assert standin.problems == [], refused
+
+
 @pytest.fixture
 def github():
     """A stand-in of GitHub's API held to its published description
-    (ingest/tests/github_standin.py); the test fails if any request broke a rule."""
+    (ingest/tests/github_standin.py)."""
     from ingest.senders import github as github_sender
     from ingest.tests.github_standin import GitHubStandIn
 
     github_sender.forget_installation_tokens()
-    standin = GitHubStandIn().start()
-    yield standin
-    standin.stop()
+    yield from serve(GitHubStandIn(), "requests GitHub's description refuses")
     github_sender.forget_installation_tokens()
-    assert standin.problems == [], "requests GitHub's description refuses"
 
 
 @pytest.fixture
@@ -98,25 +104,19 @@ def app_connection(operator, github):
 @pytest.fixture
 def gitlab():
     """A stand-in of GitLab's API held to python-gitlab's resource definitions and GitLab's
-    REST reference (ingest/tests/gitlab_standin.py); the test fails if any request broke a rule."""
+    REST reference (ingest/tests/gitlab_standin.py)."""
     from ingest.tests.gitlab_standin import GitLabStandIn
 
-    standin = GitLabStandIn().start()
-    yield standin
-    standin.stop()
-    assert standin.problems == [], "requests GitLab's description refuses"
+    yield from serve(GitLabStandIn(), "requests GitLab's description refuses")
 
 
 @pytest.fixture
 def gitea():
     """A stand-in of Gitea's API held to its published description
-    (ingest/tests/gitea_standin.py); the test fails if any request broke a rule."""
+    (ingest/tests/gitea_standin.py)."""
     from ingest.tests.gitea_standin import GiteaStandIn
 
-    standin = GiteaStandIn().start()
-    yield standin
-    standin.stop()
-    assert standin.problems == [], "requests Gitea's description refuses"
+    yield from serve(GiteaStandIn(), "requests Gitea's description refuses")
 
 
 @pytest.fixture
@@ -147,13 +147,19 @@ def hooked_by_token(operator, endpoint, github, make_webhook):
 @pytest.fixture
 def slack_api():
     """A stand-in of Slack's Web API held to slack_sdk's definition of each method
-    (ingest/tests/slack_standin.py); the test fails if any request broke a rule."""
+    (ingest/tests/slack_standin.py)."""
     from ingest.tests.slack_standin import SlackStandIn
 
-    standin = SlackStandIn().start()
-    yield standin
-    standin.stop()
-    assert standin.problems == [], "requests slack_sdk's WebClient would not send"
+    yield from serve(SlackStandIn(), "requests slack_sdk's WebClient would not send")
+
+
+@pytest.fixture
+def linear():
+    """A stand-in of Linear's GraphQL API held to Linear's schema as @linear/sdk ships it
+    (ingest/tests/linear_standin.py)."""
+    from ingest.tests.linear_standin import LinearStandIn
+
+    yield from serve(LinearStandIn(), "requests Linear's schema refuses")
 
 
 @pytest.fixture

@@ -285,8 +285,9 @@ def test_a_status_never_goes_before_its_ack(hooked, github, agent):
 
 def post_status_then_die(todo, agent, send_status):
     """The todo is claimed, and a worker takes its status write-back, posts it with
-    ``send_status`` (the client's) and dies before recording it. Returns ``(row, now)``: the
-    write-back as the worker left it and when it took it."""
+    ``send_status`` (the client's) and dies before recording it. Returns ``(row, now,
+    posted)``: the write-back as the worker left it, when it took it, and the id the source
+    gave what it posted."""
     send()
     todo_transitions.claim_todo(agent, todo.pk)
     write_back.absorb_outbox_entries(now=timezone.now())
@@ -295,14 +296,14 @@ def post_status_then_die(todo, agent, send_status):
     assert row.action == "status"
     half_sent = status_text.StatusUpdate(todo_id=todo.pk, state="claimed", dead=False,
                                          text="half-sent")
-    send_status(row.connection, row.target, half_sent, "", now, look_since=None)
+    posted = send_status(row.connection, row.target, half_sent, "", now, look_since=None)
     assert send(now + timedelta(seconds=30)) == 0  # its lease still holds
-    return row, now
+    return row, now, posted
 
 
 def test_a_worker_killed_mid_send_does_not_post_the_status_twice(hooked_by_token, github, agent):
     todo = deliver("issues", issue_opened())
-    row, now = post_status_then_die(todo, agent, github_sender.send_status)
+    row, now, _ = post_status_then_die(todo, agent, github_sender.send_status)
     send(now + write_back.SEND_LEASE + timedelta(seconds=1))
     (comment,) = github.status_comments()
     assert "Being worked on" in comment["body"]
@@ -370,22 +371,28 @@ def test_a_pull_request_gets_one_check_run_edited_until_it_succeeds(hooked, gith
     assert order[0] == "reactions/create-for-issue"
 
 
+def end_todo(todo, agent, ending: str) -> None:
+    """``todo``, claimed by ``agent``, ends as ``ending``: failed with no attempts left
+    ("dead letter") or some ("retrying"), or "cancelled" by an operator."""
+    if ending == "cancelled":
+        todo_transitions.cancel_todo(todo_transitions.Caller.operator(todo.endpoint, "alice"),
+                                     todo.pk, reason="not needed")
+    else:
+        Todo.objects.filter(pk=todo.pk).update(max_attempts=1 if ending == "dead letter" else 3)
+        todo_transitions.fail_todo(agent, todo.pk, error="tests fail")
+
+
 @pytest.mark.parametrize("ending, conclusion, title", [
     ("dead letter", "failure", "💀 Failed for good (no attempts left)"),
-    ("failed, retrying", None, "⚠️ Failed; retrying at"),
+    ("retrying", None, "⚠️ Failed; retrying at"),
     ("cancelled", "cancelled", "🚫 Cancelled"),
 ])
 def test_a_check_run_concludes_as_its_todo_ends(hooked, github, agent, ending, conclusion,
                                                 title):
     todo = deliver("pull_request", pull_request_opened())
-    Todo.objects.filter(pk=todo.pk).update(max_attempts=1 if ending == "dead letter" else 3)
     todo_transitions.claim_todo(agent, todo.pk)
     send()
-    if ending == "cancelled":
-        todo_transitions.cancel_todo(todo_transitions.Caller.operator(todo.endpoint, "alice"),
-                                     todo.pk, reason="not needed")
-    else:
-        todo_transitions.fail_todo(agent, todo.pk, error="tests fail")
+    end_todo(todo, agent, ending)
     send()
     (run,) = (found["answer"] for found in github.check_runs.values())
     assert run["conclusion"] == conclusion and run["output"]["title"].startswith(title)

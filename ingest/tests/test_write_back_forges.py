@@ -369,7 +369,7 @@ def test_a_status_someone_deleted_is_posted_again(forge, agent):
 def test_a_worker_killed_mid_send_does_not_post_the_status_twice(forge, agent):
     todo = forge.deliver(forge.issue())
     sender = gitlab_sender if forge.source == "gitlab" else gitea_sender
-    row, now = post_status_then_die(todo, agent, sender.send_status)
+    row, now, _ = post_status_then_die(todo, agent, sender.send_status)
     send(now + write_back.SEND_LEASE + timedelta(seconds=1))
     (status,) = forge.statuses()
     assert "Being worked on" in status["body"] and "half-sent" not in status["body"]

@@ -20,8 +20,9 @@ from ingest.senders import linear as linear_sender
 from ingest.tests import hook_client, signing
 from ingest.tests.conftest import SECRETS
 from ingest.tests.github_standin import wait_for
-from ingest.tests.linear_standin import (API_KEY, OAUTH_TOKEN, LinearStandIn, payload_problems,
-                                         reset_in)
+from ingest.tests.linear_standin import API_KEY, OAUTH_TOKEN, payload_problems, reset_in
+from ingest.tests.test_write_back import (  # noqa: F401 (public_url: a fixture)
+    end_todo, post_status_then_die, public_url, rows, send)
 from switchboard import schedule
 from todos import transitions as todo_transitions
 from todos.models import Todo
@@ -30,19 +31,6 @@ pytestmark = pytest.mark.django_db
 ORGANIZATION = "c0ffee00-0000-4000-8000-000000000001"
 PERSON = {"id": "d00d0000-0000-4000-8000-000000000002", "name": "Ada", "email": "ada@example.com",
           "url": "https://linear.app/acme/profiles/ada"}
-
-
-@pytest.fixture(autouse=True)
-def public_url(settings):
-    settings.SWITCHBOARD_PUBLIC_URL = "https://sb.example"
-
-
-@pytest.fixture
-def linear():
-    standin = LinearStandIn().start()
-    yield standin
-    standin.stop()
-    assert standin.problems == [], "requests Linear's schema refuses"
 
 
 def make_connection(operator, linear, token=OAUTH_TOKEN, name="lin-app") -> Connection:
@@ -67,14 +55,6 @@ def deliver(payload: dict, *, slug="lin") -> Todo | None:
     assert answer.status_code == 202, answer.content
     todos = answer.json()["todos"]
     return Todo.objects.get(pk=todos[0]["id"]) if todos else None
-
-
-def send(now=None) -> int:
-    return write_back.send_due_write_backs(now=now)
-
-
-def rows(todo) -> dict:
-    return {row.action: row for row in WriteBack.objects.filter(todo_id=todo.pk)}
 
 
 # -- payloads in the shapes Linear sends, checked against its schema ----------------------------
@@ -228,40 +208,23 @@ def test_progress_lines_are_ephemeral_thoughts_and_a_new_claim_an_action(hooked,
     assert "Queued" in trail[4]["content"]["body"]  # the operator requeued it
 
 
-@pytest.mark.parametrize("ending", ["retrying", "dead letter", "cancel"])
+@pytest.mark.parametrize("ending", ["retrying", "dead letter", "cancelled"])
 def test_a_failure_dead_letter_or_cancel_appends_an_error(hooked, linear, agent, ending):
     todo = deliver(session_event(linear))
     todo_transitions.claim_todo(agent, todo.pk)
     send()
-    if ending == "cancel":
-        todo_transitions.cancel_todo(todo_transitions.Caller.operator(todo.endpoint, "alice"),
-                                     todo.pk, reason="not ours")
-    else:
-        Todo.objects.filter(pk=todo.pk).update(
-            max_attempts=1 if ending == "dead letter" else 3)
-        todo_transitions.fail_todo(agent, todo.pk, error="tests fail on main")
+    end_todo(todo, agent, ending)
     send()
     last = contents(linear, todo)[-1]
     assert last["type"] == "error"
     headline = {"retrying": "Failed; retrying", "dead letter": "Failed for good",
-                "cancel": "Cancelled"}[ending]
+                "cancelled": "Cancelled"}[ending]
     assert headline in last["body"]
 
 
 def test_no_activity_is_appended_twice_after_a_worker_died_mid_send(hooked, linear, agent):
     todo = deliver(session_event(linear))
-    send()
-    todo_transitions.claim_todo(agent, todo.pk)
-    write_back.absorb_outbox_entries(now=timezone.now())
-    now = timezone.now()
-    row = write_back.claim_due_write_back(now=now)
-    assert row.action == "status"
-    # The worker appends the action and dies before recording it.
-    update = status_text.status_update(
-        Todo.objects.select_related("endpoint").get(pk=todo.pk), now=now,
-        max_chars=linear_sender.SENDER.write_back.max_status_chars)
-    first_id = linear_sender.send_status(row.connection, row.target, update, "", now, None)
-    assert send(now + timedelta(seconds=30)) == 0  # its lease still holds
+    row, now, first_id = post_status_then_die(todo, agent, linear_sender.send_status)
     send(now + write_back.SEND_LEASE + timedelta(seconds=1))
     assert [c["type"] for c in contents(linear, todo)] == ["thought", "action"]
     row.refresh_from_db()
@@ -322,14 +285,7 @@ def test_a_comment_gets_eyes_on_the_comment_and_a_deleted_status_is_posted_again
 def test_a_status_comment_a_dead_worker_posted_is_found_not_posted_twice(hooked, linear, agent):
     payload = entity_event(linear, "Issue")
     todo = deliver(payload)
-    send()
-    todo_transitions.claim_todo(agent, todo.pk)
-    write_back.absorb_outbox_entries(now=timezone.now())
-    now = timezone.now()
-    row = write_back.claim_due_write_back(now=now)
-    half_sent = status_text.StatusUpdate(todo_id=todo.pk, state="claimed", dead=False,
-                                         text="half-sent")
-    linear_sender.send_status(row.connection, row.target, half_sent, "", now, None)
+    row, now, _ = post_status_then_die(todo, agent, linear_sender.send_status)
     send(now + write_back.SEND_LEASE + timedelta(seconds=1))
     (comment,) = linear.comments_on(payload["data"]["id"])
     assert "Being worked on" in comment["body"]

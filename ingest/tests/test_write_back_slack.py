@@ -225,7 +225,7 @@ def test_a_reply_someone_deleted_is_posted_again(hooked, slack_api, agent):
 def test_a_worker_killed_mid_send_does_not_post_twice(hooked, slack_api, agent):
     payload = person_says(slack_api)
     todo = deliver(payload)
-    row, now = post_status_then_die(todo, agent, slack_sender.send_status)
+    row, now, _ = post_status_then_die(todo, agent, slack_sender.send_status)
     # Another todo's status in the same thread is not ours to edit.
     other = status_text.StatusUpdate(todo_id=todo.pk + 1000, state="claimed", dead=False,
                                      text="another todo")
