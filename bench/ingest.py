@@ -37,7 +37,7 @@ PostgreSQL's share is measured too: every daphne connects under an application n
 own (``PGAPPNAME``), and the CPU of that server's backends (``pg_stat_activity``, then
 /proc/<pid>/stat) is read around each round. Run it on the machine the database runs on.
 
-``--sources github,linear,slack,sentry`` adds one switchboard line per sender (``sb-linear``,
+``--sources github,github-write-back,linear,slack,sentry`` adds one switchboard line per sender (``sb-linear``,
 …): the same daphne and load, each sender's own signature scheme and a payload of its shape
 (Linear's body timestamp and Slack's header timestamp are signed just before each round, so no
 request is stale). Each line's p99 is that sender's hook answer time under this load; Slack
@@ -83,7 +83,9 @@ from urllib.parse import urlsplit, urlunsplit
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789abcdef"
 WEBHOOK = "bench-github"
-SOURCES = ("github", "linear", "slack", "sentry")
+# "github-write-back": GitHub deliveries to a webhook that writes back under a connection
+# (docs/write-back.md): the loop guard and the create's outbox entry on the ingest path.
+SOURCES = ("github", "github-write-back", "linear", "slack", "sentry")
 ANONYMOUS = ("anon-tiny", "anon-64k-arrays", "anon-64k-text")
 ANONYMOUS_WEBHOOK = "bench-unsigned"
 ANONYMOUS_BODY_BYTES = 64 * 1024
@@ -120,6 +122,10 @@ def webhook_slug(source: str) -> str:
     return WEBHOOK if source == "github" else f"bench-{source}"
 
 
+def sender_of(source: str) -> str:
+    return "github" if source == "github-write-back" else source
+
+
 def target_name(source: str) -> str:
     return "switchboard" if source == "github" else f"sb-{source}"
 
@@ -128,7 +134,8 @@ def prepare_switchboard(env: dict, sources=("github",)) -> None:
     """Migrate the bench database and (re)create the webhook, endpoint and route; old bench
     todos are removed so every run starts from the same table size."""
     webhooks = sorted({(webhook_slug(source), "unsigned", "", "anon") if source in ANONYMOUS
-                       else (webhook_slug(source), source, SECRET, "inbox")
+                       else (webhook_slug(source), sender_of(source), SECRET, "inbox",
+                             source == "github-write-back")
                        for source in sources})
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=REPO,
                    env=env, check=True)
@@ -137,16 +144,22 @@ import django
 django.setup()
 from django.contrib.auth import get_user_model
 from endpoints.models import Endpoint
-from ingest.models import DeliveryEvent, Route, Webhook
+from ingest.models import Connection, DeliveryEvent, Route, Webhook
 from todos.models import Todo
 owner, _ = get_user_model().objects.get_or_create(username="bench-operator")
 endpoint, _ = Endpoint.objects.get_or_create(slug={ENDPOINT!r}, defaults={{"owner": owner}})
 Todo.objects.filter(endpoint=endpoint).delete()
 DeliveryEvent.objects.filter(webhook__slug={WEBHOOK!r}).delete()
-for slug, source, secret, queue in {webhooks!r}:
+for slug, source, secret, queue, writes_back in {webhooks!r}:
     DeliveryEvent.objects.filter(webhook__slug=slug).delete()
+    connection = None
+    if writes_back:  # never sent to: no worker runs, the sender's wake-up is enqueued only
+        connection, _ = Connection.objects.get_or_create(name="bench-github", owner=owner,
+            defaults={{"kind": "github_token", "secret": "ghp_bench",
+                       "api_url": "https://api.github.com", "identity": "bench-bot"}})
     webhook, _ = Webhook.objects.update_or_create(
-        slug=slug, defaults={{"owner": owner, "source": source, "secret": secret}})
+        slug=slug, defaults={{"owner": owner, "source": source, "secret": secret,
+                             "connection": connection}})
     Route.objects.get_or_create(webhook=webhook, endpoint=endpoint, queue=queue)
 """
     subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, check=True)
@@ -267,12 +280,12 @@ def sender_request(source: str, number: int, run_id: str) -> bytes:
 
 def source_requests(source: str, start: int, count: int, run_id: str) -> list[bytes]:
     """Requests ``start`` … ``start + count - 1`` of one source, signed now."""
-    if source == "github":
-        return signed_requests(start + count, run_id)[start:]
+    if source in ("github", "github-write-back"):
+        return signed_requests(start + count, run_id, webhook_slug(source))[start:]
     return [sender_request(source, number, run_id) for number in range(start, start + count)]
 
 
-def signed_requests(count: int, run_id: str) -> list[bytes]:
+def signed_requests(count: int, run_id: str, webhook: str = WEBHOOK) -> list[bytes]:
     """Distinct GitHub ``issues.opened`` deliveries, each with its own delivery id and a valid
     X-Hub-Signature-256, as raw HTTP/1.1 requests (signing is not part of what is measured)."""
     requests = []
@@ -288,7 +301,7 @@ def signed_requests(count: int, run_id: str) -> list[bytes]:
         }).encode()
         signature = hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
         head = (
-            f"POST /hooks/{WEBHOOK} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"POST /hooks/{webhook} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             "Content-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n"
             "X-GitHub-Event: issues\r\n"
