@@ -141,7 +141,71 @@ class Gitea(_Forge):
                    for reaction in list(self.standin.reactions))
 
 
-SOURCES = {"github": GitHub, "gitlab": GitLab, "gitea": Gitea}
+class Slack:
+    """A person's message in a channel, as the tests build Slack's event_callback
+    (ingest/tests/test_write_back_slack.py); the ack is reactions.add eyes on it."""
+
+    source = kind = "slack"
+
+    def __init__(self):
+        from ingest.tests.slack_standin import SlackStandIn
+
+        self.standin = SlackStandIn().start()
+        self.secret = self.standin.token
+        self.messages = {}  # delivery number -> the message's ts
+
+    def delivery(self, number: int) -> tuple[bytes, dict]:
+        from ingest.tests import signing
+        from ingest.tests.test_write_back_slack import person_says
+
+        payload = person_says(self.standin, text=f"please look at {number}")
+        self.messages[number] = payload["event"]["ts"]
+        body = json.dumps(payload).encode()
+        return body, {**headers_of(signing.slack(WEBHOOK_SECRET, body)),
+                      "Content-Type": "application/json"}
+
+    def acked(self, number: int) -> bool:
+        ts = self.messages[number]
+        return any(reaction[1] == ts and reaction[2] == "eyes"
+                   for reaction in list(self.standin.reactions))
+
+    def problems(self) -> list:
+        return self.standin.problems
+
+
+class Linear:
+    """An AgentSessionEvent ``created``, as the tests build it after Linear's schema
+    (ingest/tests/test_write_back_linear.py); the ack is the session's first ``thought``, which
+    Linear wants within 10 s."""
+
+    source = kind = "linear"
+
+    def __init__(self):
+        from ingest.tests.linear_standin import OAUTH_TOKEN, LinearStandIn
+
+        self.standin = LinearStandIn().start()
+        self.secret = OAUTH_TOKEN
+        self.sessions = {}  # delivery number -> the agent session's id
+
+    def delivery(self, number: int) -> tuple[bytes, dict]:
+        from ingest.tests import signing
+        from ingest.tests.test_write_back_linear import session_event
+
+        payload = session_event(self.standin)
+        self.sessions[number] = payload["agentSession"]["id"]
+        body = signing.linear_body(payload)
+        return body, {**headers_of(signing.linear(WEBHOOK_SECRET, body, event=payload["type"])),
+                      "Content-Type": "application/json"}
+
+    def acked(self, number: int) -> bool:
+        return any(activity["content"].get("type") == "thought"
+                   for activity in self.standin.activities_of(self.sessions[number]))
+
+    def problems(self) -> list:
+        return self.standin.problems
+
+
+SOURCES = {"github": GitHub, "gitlab": GitLab, "gitea": Gitea, "slack": Slack, "linear": Linear}
 
 
 def prepare(source, run_id: str) -> str:
