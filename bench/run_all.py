@@ -44,8 +44,9 @@ QUICK_ARGS = {
     "push": ["--deliveries", "30", "--warmup", "5", "--waiters", "50"],
     "queue": ["--todos", "200", "--workers", "1,2", "--rounds", "1", "--history", "1000",
               "--samples", "100", "--breakdown-workers", "2", "--budget-blocks", "2",
-              "--block-cycles", "20"],
+              "--write-back-blocks", "2", "--block-cycles", "20"],
     "retention": ["--done", "20000", "--pending", "400"],
+    "write_back": ["--deliveries", "10", "--warmup", "2"],
     "streams": ["--streams", "50", "--per-endpoint", "10", "--idle-seconds", "5",
                 "--deliveries", "10", "--boards", "10"],
 }
