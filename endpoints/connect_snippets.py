@@ -17,9 +17,10 @@ LONGEST_LONG_POLL_SECONDS = 60
 TOOL_TIMEOUT_SECONDS = 90
 BEARER_HEADER = f"Bearer ${{{TOKEN_VARIABLE}}}"
 # The runner's built-in prompt frames the todo as data; the title never sits where the agent
-# reads instructions. The agent may call only the verbs that settle or extend its own lease.
+# reads instructions. The agent may call only the verbs that settle or extend its own lease, and
+# post_update, which reports its progress to the todo's source (the prompt tells it so).
 RUNNER_AGENT_TOOLS = ",".join(f"mcp__{SERVER_NAME}__{verb}"
-                              for verb in ("heartbeat", "complete", "fail"))
+                              for verb in ("heartbeat", "complete", "fail", "post_update"))
 
 
 def mcp_json(mcp_url: str) -> dict:

@@ -152,11 +152,11 @@ class ClaudeCode(Recipe):
 
     def direct_argv(self, cli_bin):
         return [str(cli_bin / "claude"), "-p", DRAIN_PROMPT,
-                *self.allowed("claim_next", "heartbeat", "complete", "fail")]
+                *self.allowed("claim_next", "heartbeat", "complete", "fail", "post_update")]
 
     def runner_argv(self, cli_bin):
         return [str(cli_bin / "claude"), "-p", "{prompt}", "--output-format", "json",
-                *self.allowed("heartbeat", "complete", "fail")]
+                *self.allowed("heartbeat", "complete", "fail", "post_update")]
 
 
 class Codex(Recipe):
