@@ -37,7 +37,7 @@ async def run_every(sweep, interval_seconds: float, entry: schedule.PeriodicSwee
         try:
             moved = await sync_to_async(_run_sweep, thread_sensitive=not own_thread)(sweep)
             if moved:
-                log.info("sweep moved todos", extra={"sweep": name, "moved": moved})
+                log.info("sweep did work", extra={"sweep": name, "moved": moved})
         except asyncio.CancelledError:
             raise
         except Exception:

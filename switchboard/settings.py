@@ -369,5 +369,8 @@ LOGGING = {
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},
+        # httpx logs every request it sends; write-back logs its own line for each, with the
+        # method, path and status only (ingest/outbound.py), so httpx's would say it twice.
+        "httpx": {"level": "WARNING"},
     },
 }
