@@ -31,11 +31,6 @@ def _todo_columns() -> tuple:
     return tuple(field.column for field in Todo._meta.concrete_fields)
 
 
-def todo_columns() -> tuple:
-    """The columns a create statement RETURNs, in the order ``todo_from_row`` reads them."""
-    return _todo_columns()
-
-
 def returning() -> str:
     return ", ".join(_todo_columns())
 
