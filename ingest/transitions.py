@@ -410,10 +410,11 @@ def _arrival_sql_postgres(with_ledger: bool) -> str:
 
 
 @functools.cache
-def _single_route_sql_postgres(with_ledger: bool) -> str:
+def _single_route_sql_postgres(with_ledger: bool, writes_back: bool) -> str:
     """The whole of a one-route delivery in ONE statement: the arrival's rows (as
-    ``_arrival_sql_postgres``) and the todo with its create event (``todos.transitions``'
-    own statement pieces), the todo only when the ledger took the fingerprint.
+    ``_arrival_sql_postgres``) and the todo with its create event and, when it ``writes_back``,
+    its outbox entry (``todos.transitions``' own statement pieces), the todo only when the
+    ledger took the fingerprint.
 
     It must keep all or nothing, as the transaction it replaces did. When, as the statement
     starts, a live todo already holds the key or the ledger holds the fingerprint against this
@@ -429,7 +430,8 @@ def _single_route_sql_postgres(with_ledger: bool) -> str:
     (docs/decisions/one-statement-delivery.md). Hence ``t.*``, the columns ``t`` RETURNs in
     their order, rather than naming each again."""
     todo = todo_statements.create_todo_ctes(
-        delivery_event_sql="event.id", source_sql="FROM event", where_sql=_ledger_gate(with_ledger))
+        delivery_event_sql="event.id", source_sql="FROM event", where_sql=_ledger_gate(with_ledger),
+        writes_back=writes_back)
     creates_nothing = todo_statements.LIVE_KEY_HELD_SQL + (
         f" OR {_LEDGER_REFUSES_SQL}" if with_ledger else "")
     arrival = _arrival_ctes_postgres(with_ledger, only_if_sql=f"NOT ({creates_nothing})")
@@ -625,7 +627,8 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
         requires_approval=route.requires_approval, **route_work_control(route, now)))
     try:
         with _statement_scope():
-            rows = statements.fetch_rows(_single_route_sql_postgres(ledger is not None), params)
+            rows = statements.fetch_rows(_single_route_sql_postgres(
+                ledger is not None, params["write_back"] != WriteBackLevel.OFF), params)
     except DataError as exc:
         if isinstance(exc.__cause__, psycopg.errors.DivisionByZero):
             return None  # the statement's own guard (a race): no todo, nothing kept
