@@ -299,8 +299,9 @@ def create_todo_ctes(*, delivery_event_sql: str = "%(delivery_event_id)s", sourc
     inserted."""
     values = _create_values(delivery_event_sql)
     rows = f"SELECT {values} {source_sql}{where_sql}" if source_sql else f"VALUES ({values})"
-    # Left out for a todo its source hears nothing of, nearly every one: an INSERT that writes
-    # no row still costs PostgreSQL its setup on every execution.
+    # Left out for a todo its source hears nothing of, nearly every one: no INSERT for
+    # PostgreSQL to set up that would write no row, and a shorter text for psycopg to keep
+    # within its parse cache (docs/decisions/one-statement-delivery.md).
     outbox = f", n AS ({_CREATE_OUTBOX.format(source='t', only='')})" if writes_back else ""
     return (
         f"t AS (INSERT INTO todos_todo ({_CREATE_COLUMNS}) {rows} {_LIVE_KEY_CONFLICT}"

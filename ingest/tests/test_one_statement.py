@@ -13,11 +13,11 @@ from collections import Counter
 
 import psycopg
 import pytest
-from psycopg import _queries as psycopg_queries
 from django.db import connection, connections
 from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from psycopg import _queries as psycopg_queries
 
 from channels_push.bus import publish
 from ingest import transitions
