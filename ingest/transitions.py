@@ -410,10 +410,11 @@ def _arrival_sql_postgres(with_ledger: bool) -> str:
 
 
 @functools.cache
-def _single_route_sql_postgres(with_ledger: bool) -> str:
+def _single_route_sql_postgres(with_ledger: bool, writes_back: bool) -> str:
     """The whole of a one-route delivery in ONE statement: the arrival's rows (as
-    ``_arrival_sql_postgres``) and the todo with its create event (``todos.transitions``'
-    own statement pieces), the todo only when the ledger took the fingerprint.
+    ``_arrival_sql_postgres``) and the todo with its create event and, when it ``writes_back``,
+    its outbox entry (``todos.transitions``' own statement pieces), the todo only when the
+    ledger took the fingerprint.
 
     It must keep all or nothing, as the transaction it replaces did. When, as the statement
     starts, a live todo already holds the key or the ledger holds the fingerprint against this
@@ -421,15 +422,21 @@ def _single_route_sql_postgres(with_ledger: bool) -> str:
     and returns no row. When that changes while it runs (an identical delivery committing at
     the same moment), no todo is inserted and the last column divides by zero, so the
     statement fails and PostgreSQL undoes every row it wrote. ``(t.id IS NOT NULL)::int`` is a
-    column, not a constant, so the planner cannot fold the division away."""
+    column, not a constant, so the planner cannot fold the division away.
+
+    It is kept within what psycopg caches the parse of (``MAX_CACHED_STATEMENT_LENGTH``
+    bytes, ``MAX_CACHED_STATEMENT_PARAMS`` parameters): past either, psycopg splits the text
+    again on every delivery, which cost more daphne CPU than anything else write-back added
+    (docs/decisions/one-statement-delivery.md). Hence ``t.*``, the columns ``t`` RETURNs in
+    their order, rather than naming each again."""
     todo = todo_statements.create_todo_ctes(
-        delivery_event_sql="event.id", source_sql="FROM event", where_sql=_ledger_gate(with_ledger))
-    columns = ", ".join(f"t.{column}" for column in todo_statements.todo_columns())
+        delivery_event_sql="event.id", source_sql="FROM event", where_sql=_ledger_gate(with_ledger),
+        writes_back=writes_back)
     creates_nothing = todo_statements.LIVE_KEY_HELD_SQL + (
         f" OR {_LEDGER_REFUSES_SQL}" if with_ledger else "")
     arrival = _arrival_ctes_postgres(with_ledger, only_if_sql=f"NOT ({creates_nothing})")
     return (f"{arrival}, {todo}"
-            f" SELECT {columns}, (SELECT id FROM record), 1 / (t.id IS NOT NULL)::int"
+            " SELECT t.*, (SELECT id FROM record), 1 / (t.id IS NOT NULL)::int"
             " FROM event LEFT JOIN t ON true")
 
 
@@ -620,7 +627,8 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
         requires_approval=route.requires_approval, **route_work_control(route, now)))
     try:
         with _statement_scope():
-            rows = statements.fetch_rows(_single_route_sql_postgres(ledger is not None), params)
+            rows = statements.fetch_rows(_single_route_sql_postgres(
+                ledger is not None, params["write_back"] != WriteBackLevel.OFF), params)
     except DataError as exc:
         if isinstance(exc.__cause__, psycopg.errors.DivisionByZero):
             return None  # the statement's own guard (a race): no todo, nothing kept

@@ -31,11 +31,6 @@ def _todo_columns() -> tuple:
     return tuple(field.column for field in Todo._meta.concrete_fields)
 
 
-def todo_columns() -> tuple:
-    """The columns a create statement RETURNs, in the order ``todo_from_row`` reads them."""
-    return _todo_columns()
-
-
 def returning() -> str:
     return ", ".join(_todo_columns())
 
@@ -295,20 +290,24 @@ def insert_create_outbox_sql() -> str:
 
 @functools.cache
 def create_todo_ctes(*, delivery_event_sql: str = "%(delivery_event_id)s", source_sql: str = "",
-                     where_sql: str = "") -> str:
+                     where_sql: str = "", writes_back: bool = True) -> str:
     """PostgreSQL: the todo INSERT (``t``, RETURNing the whole row, nothing when a live todo
-    holds the key), its ``create`` event (``e``) and its outbox entry when its source hears of
-    it (``n``) as data-modifying CTEs, over the params of
-    ``create_todo_params``. ``source_sql``/``where_sql`` make it an INSERT … SELECT (``FROM x
-    WHERE …``), so another statement can feed it the delivery event id it just inserted."""
+    holds the key), its ``create`` event (``e``) and, when ``writes_back`` (the params'
+    ``write_back`` is not ``off``), its outbox entry (``n``) as data-modifying CTEs, over the
+    params of ``create_todo_params``. ``source_sql``/``where_sql`` make it an INSERT … SELECT
+    (``FROM x WHERE …``), so another statement can feed it the delivery event id it just
+    inserted."""
     values = _create_values(delivery_event_sql)
     rows = f"SELECT {values} {source_sql}{where_sql}" if source_sql else f"VALUES ({values})"
+    # Left out for a todo its source hears nothing of, nearly every one: no INSERT for
+    # PostgreSQL to set up that would write no row, and a shorter text for psycopg to keep
+    # within its parse cache (docs/decisions/one-statement-delivery.md).
+    outbox = f", n AS ({_CREATE_OUTBOX.format(source='t', only='')})" if writes_back else ""
     return (
         f"t AS (INSERT INTO todos_todo ({_CREATE_COLUMNS}) {rows} {_LIVE_KEY_CONFLICT}"
         f" RETURNING {returning()}), e AS (INSERT INTO todos_todoevent ({_CREATE_EVENT_COLUMNS})"
         f" SELECT t.id, 'create', NULL, t.state, %(actor)s, %(now)s,"
-        " jsonb_build_object('delivery_event', t.delivery_event_id) FROM t),"
-        f" n AS ({_CREATE_OUTBOX.format(source='t', only='')})"
+        f" jsonb_build_object('delivery_event', t.delivery_event_id) FROM t){outbox}"
     )
 
 

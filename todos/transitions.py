@@ -305,7 +305,8 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
     for _ in range(3):
         if _is_postgres():
             created = _one(statements.fetch_todos(
-                f"WITH {statements.create_todo_ctes()} SELECT * FROM t", params))
+                f"WITH {statements.create_todo_ctes(writes_back=write_back != WriteBack.OFF)}"
+                " SELECT * FROM t", params))
         else:
             with transaction.atomic():
                 created = _one(statements.fetch_todos(statements.insert_todo_sql(), params))

@@ -17,10 +17,11 @@ from django.db import connection, connections
 from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from psycopg import _queries as psycopg_queries
 
 from channels_push.bus import publish
 from ingest import transitions
-from ingest.models import DeliveryEvent, DeliveryRecord, ReplayLedgerEntry
+from ingest.models import Connection, DeliveryEvent, DeliveryRecord, ReplayLedgerEntry
 from tests.processes import DEADLINE_SECONDS
 from todos import statements as todo_statements
 from todos import transitions as todo_transitions
@@ -28,7 +29,7 @@ from todos.models import Todo, TodoEvent
 
 from . import signing
 from .conftest import SECRETS
-from .test_views import ISSUE, post_hook
+from .test_views import ISSUE, deliver, post_hook
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -94,6 +95,36 @@ def test_one_route_delivery_is_two_statements_in_autocommit(make_webhook):
     assert list(TodoEvent.objects.filter(todo=todo).values_list("action", "detail")) == [
         ("create", {"delivery_event": todo.delivery_event_id})]
     assert ReplayLedgerEntry.objects.filter(delivery_event_id=todo.delivery_event_id).count() == 1
+
+
+@pytest.mark.parametrize("source, writes_back", [("github", False), ("unsigned", False),
+                                                 ("github", True)])
+def test_the_delivery_statement_stays_within_what_psycopg_caches_the_parse_of(
+        make_webhook, monkeypatch, operator, source, writes_back):
+    """psycopg parses a statement's text once and caches it only up to a length and a number
+    of parameters; past either, every delivery pays for the parse again (most of what
+    write-back first added to a delivery's daphne CPU). With and without the ledger (a signed
+    webhook, an unsigned one) and the outbox entry (a webhook with a connection), as the hook
+    sends it."""
+    webhook = make_webhook(source)
+    if writes_back:
+        webhook.connection = Connection.objects.create(
+            name="ours", owner=operator, kind="github_token", secret="ghp_test",
+            api_url="https://api.github.com", identity="switchboard-bot")
+        webhook.save(update_fields=["connection"])
+    executed = []
+
+    def fetch_rows(sql, params):
+        executed.append((sql, params))
+        return real_fetch_rows(sql, params)
+
+    real_fetch_rows = transitions.statements.fetch_rows
+    monkeypatch.setattr(transitions.statements, "fetch_rows", fetch_rows)
+    assert deliver(webhook).status_code == 202
+    [(sql, params)] = [(sql, params) for sql, params in executed if "todos_todo" in sql]
+    assert ("todos_outboxentry" in sql) is writes_back
+    assert len(sql.encode()) <= psycopg_queries.MAX_CACHED_STATEMENT_LENGTH, len(sql.encode())
+    assert len(params) <= psycopg_queries.MAX_CACHED_STATEMENT_PARAMS, sorted(params)
 
 
 @pytest.mark.parametrize("source", ["linear", "slack", "sentry"])
