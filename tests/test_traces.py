@@ -10,13 +10,17 @@ import os
 import secrets
 import subprocess
 import sys
+from datetime import timedelta
 
 import httpx
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+from django.utils import timezone
 
 from channels_push.mcp import tools
 from endpoints import transitions as endpoint_transitions
+from ingest import transitions as ingest_transitions
 from ingest import write_back
 from ingest.tests import hook_client, signing
 from ingest.tests.conftest import (SECRETS, app_connection, github, hooked,  # noqa: F401
@@ -26,6 +30,7 @@ from switchboard import tracing
 from tests.mcp_clients import sdk_client
 from tests.otlp_receiver import OtlpReceiver
 from tests.servers import REPO_ROOT
+from todos import sweeps as todo_sweeps
 from todos import transitions as todo_transitions
 from todos.models import Todo
 
@@ -42,7 +47,7 @@ ALLOWED_ATTRIBUTES = {
     "switchboard.empty", "switchboard.queue_wait_seconds", "switchboard.duplicate",
     "switchboard.doorbell.rung", "switchboard.write_back.action",
     "switchboard.write_back.attempt", "switchboard.write_back.state",
-    "switchboard.connection.kind",
+    "switchboard.connection.kind", "switchboard.todos_moved",
 }
 
 
@@ -176,6 +181,44 @@ def test_a_refused_call_is_a_span_in_its_todos_trace_with_its_code(traced, endpo
     assert listing.structured_content["todos"][0]["traceparent"] == todo.traceparent
     assert listed.attributes["switchboard.todos_listed"] == 1
     assert listed.links == [(arrival.trace_id, arrival.span_id)]
+
+
+@pytest.mark.django_db
+def test_a_hand_over_continues_its_requests_traceparent(traced, endpoint, operator):
+    token = ingest_transitions.mint_operator_token(user=operator, name="laptop")[1]
+    sender = new_traceparent()
+    answer = Client().post(f"/api/v1/endpoints/{endpoint.slug}/todos",
+                           content_type="application/json", data={"queue": "inbox", "title": "rotate the keys",
+                                 "secrets": {"deploy_token": "tok-very-secret-123"}},
+                           HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_TRACEPARENT=sender)
+    assert answer.status_code == 201, answer.content
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: len(got) >= 1)
+    (hand_over,) = by_name(spans, "POST /api/v1/endpoints/{slug}/todos")
+    assert (hand_over.trace_id, hand_over.parent_span_id) == tuple(sender.split("-")[1:3])
+    assert answer.json()["todo"]["traceparent"] == (
+        f"00-{hand_over.trace_id}-{hand_over.span_id}-01")
+    assert hand_over.attributes["switchboard.todo_id"] == answer.json()["todo"]["id"]
+    walk_attributes(spans, [token, "tok-very-secret-123", "rotate the keys"])
+
+
+@pytest.mark.django_db
+def test_a_sweep_over_several_todos_links_to_each_ones_trace(traced, endpoint, agent):
+    made = []
+    for _ in range(2):
+        with tracing.delivery("test arrival", new_traceparent()):
+            made.append(todo_transitions.create_todo(endpoint=endpoint, queue="inbox",
+                                                     title="t", actor="x")[0])
+    for todo in made:
+        todo_transitions.claim_todo(agent, todo.pk, lease_ttl_seconds=30)
+    assert todo_sweeps.expire_lapsed_leases(now=timezone.now() + timedelta(minutes=5)) == 2
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: "sweep expire_lapsed_leases" in {s.name for s in got})
+    (sweep,) = by_name(spans, "sweep expire_lapsed_leases")
+    arrivals = by_name(spans, "test arrival")
+    assert sorted(sweep.links) == sorted((span.trace_id, span.span_id) for span in arrivals)
+    assert sweep.trace_id not in {span.trace_id for span in arrivals}
+    assert sweep.attributes == {"switchboard.todos_moved": 2}
 
 
 @pytest.mark.django_db
