@@ -188,7 +188,8 @@ def test_a_hand_over_continues_its_requests_traceparent(traced, endpoint, operat
     token = ingest_transitions.mint_operator_token(user=operator, name="laptop")[1]
     sender = new_traceparent()
     answer = Client().post(f"/api/v1/endpoints/{endpoint.slug}/todos",
-                           content_type="application/json", data={"queue": "inbox", "title": "rotate the keys",
+                           content_type="application/json",
+                           data={"queue": "inbox", "title": "rotate the keys",
                                  "secrets": {"deploy_token": "tok-very-secret-123"}},
                            HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_TRACEPARENT=sender)
     assert answer.status_code == 201, answer.content

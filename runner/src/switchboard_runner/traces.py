@@ -121,8 +121,8 @@ def span(name: str, todo: dict, *, start_ns: int | None = None, **attributes):
     if _tracer is None:
         return _NoSpan(valid_traceparent(todo.get("traceparent")))
     return _Span(name, todo.get("traceparent"), start_ns,
-                 {"switchboard.todo_id": str(todo.get("id")), "switchboard.queue": todo.get("queue"),
-                  **attributes})
+                 {"switchboard.todo_id": str(todo.get("id")),
+                  "switchboard.queue": todo.get("queue"), **attributes})
 
 
 def now_ns() -> int | None:
