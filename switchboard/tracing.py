@@ -55,8 +55,8 @@ def _environment_value(*names: str) -> str:
 
 
 def configure(process: str) -> bool:
-    """Start exporting when the environment names an OTLP endpoint (``process``: web, worker,
-    beat, embedded, or a command's name, as the ``switchboard.process`` resource attribute).
+    """Start exporting when the environment names an OTLP endpoint (``process``: web, worker
+    or beat, the resource attribute "switchboard.process" of every span it exports).
     Returns whether traces are on. Raises ImproperlyConfigured, naming the variable, for a
     protocol the shipped exporter cannot speak. Idempotent: a second call keeps the first
     provider."""
