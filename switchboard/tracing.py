@@ -27,6 +27,10 @@ SUPPORTED_PROTOCOL = "http/protobuf"
 
 _tracer = None
 _provider = None
+# The OpenTelemetry API's modules and span kinds, bound by ``configure`` (never imported when
+# traces are off).
+_api = _context_api = None
+_KINDS = {}
 # The traceparent of the delivery being turned into todos on this thread (``delivery``):
 # what ``todos.transitions.create_todo_params`` stores on each todo it makes.
 _work = contextvars.ContextVar("switchboard_work_traceparent", default=None)
@@ -88,6 +92,12 @@ def configure(process: str) -> bool:
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    from opentelemetry import context, trace
+
+    global _api, _context_api, _KINDS
+    _api, _context_api = trace, context
+    _KINDS = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT,
+              "internal": trace.SpanKind.INTERNAL}
     _provider = provider
     _tracer = provider.get_tracer("switchboard")
     return True
@@ -124,46 +134,37 @@ class _NoSpan:
 NO_SPAN = _NoSpan()
 
 
-def _context_of(traceparent: str | None):
-    from opentelemetry import trace
-
+def _span_context(traceparent: str | None):
+    """The SpanContext a valid W3C ``traceparent`` names, else None."""
     if valid_traceparent(traceparent) is None:
         return None
-    _, trace_id, span_id, flags = traceparent.split("-")
-    parent = trace.SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
-                               trace_flags=trace.TraceFlags(int(flags, 16)))
-    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    return _api.SpanContext(int(traceparent[3:35], 16), int(traceparent[36:52], 16),
+                            is_remote=True, trace_flags=_api.TraceFlags(int(traceparent[53:], 16)))
+
+
+def _context_of(traceparent: str | None):
+    found = _span_context(traceparent)
+    return None if found is None else _api.set_span_in_context(_api.NonRecordingSpan(found))
 
 
 def _links_of(traceparents):
-    from opentelemetry import trace
-
-    links = []
-    for value in dict.fromkeys(traceparents):
-        context = _context_of(value)
-        if context is not None:
-            links.append(trace.Link(trace.get_current_span(context).get_span_context()))
-    return links
+    found = (_span_context(value) for value in dict.fromkeys(traceparents))
+    return [_api.Link(context) for context in found if context is not None]
 
 
-def _clean(attributes: dict) -> dict:
-    return {key: value for key, value in attributes.items() if value is not None}
+def _start(name, parent, links, kind, attributes, start_ns):
+    # With no parent of its own a span starts a trace (or continues the ambient one of the
+    # delivery it runs inside).
+    return _tracer.start_span(
+        name, context=_context_of(parent), kind=_KINDS[kind], links=_links_of(links),
+        attributes={key: value for key, value in attributes.items() if value is not None},
+        start_time=start_ns)
 
 
 class _Span:
     def __init__(self, name, *, parent, links, kind, attributes, start_ns):
-        from opentelemetry import context, trace
-
-        self._context_api = context
-        kinds = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT,
-                 "internal": trace.SpanKind.INTERNAL}
-        # With no parent of its own a span starts a trace (or continues the ambient one of
-        # the delivery it runs inside).
-        self._span = _tracer.start_span(
-            name, context=_context_of(parent), kind=kinds[kind], links=_links_of(links),
-            attributes=_clean(attributes), start_time=start_ns)
+        self._span = _start(name, parent, links, kind, attributes, start_ns)
         self._token = None
-        self._trace = trace
 
     @property
     def traceparent(self) -> str:
@@ -171,20 +172,29 @@ class _Span:
         return f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
 
     def set(self, **attributes) -> None:
-        self._span.set_attributes(_clean(attributes))
+        self._span.set_attributes(
+            {key: value for key, value in attributes.items() if value is not None})
 
     def __enter__(self):
-        self._token = self._context_api.attach(self._trace.set_span_in_context(self._span))
+        self._token = _context_api.attach(_api.set_span_in_context(self._span))
         return self
 
     def __exit__(self, kind, error, _traceback):
         if error is not None:
             # The exception's type only: its message may quote what a span must not carry.
             self._span.set_attribute("error.type", kind.__qualname__)
-            self._span.set_status(self._trace.StatusCode.ERROR)
-        self._context_api.detach(self._token)
+            self._span.set_status(_api.StatusCode.ERROR)
+        _context_api.detach(self._token)
         self._span.end()
         return False
+
+
+def record(name: str, *, start_ns: int | None, parent: str | None = None, links=(),
+           kind: str = "internal", **attributes) -> None:
+    """A span that has already happened (from ``start_ns``, a ``now_ns()``, to now), recorded
+    once its parent is known: a claim_next learns its todo at the end. Nothing when off."""
+    if _tracer is not None:
+        _start(name, parent, links, kind, attributes, start_ns).end()
 
 
 def span(name: str, *, parent: str | None = None, links=(), kind: str = "internal",
@@ -192,8 +202,8 @@ def span(name: str, *, parent: str | None = None, links=(), kind: str = "interna
     """A span named ``name`` (a context manager yielding an object with ``set(**attributes)``
     and ``traceparent``), child of the W3C ``parent`` when it is valid, else of the span
     current on this thread (a new trace when there is none), linked to each valid traceparent
-    of ``links``. ``start_ns``: when it began, for a span recorded once its parent is known
-    (a claim_next learns its todo at the end). Attributes whose value is None are left out."""
+    of ``links``. ``start_ns``: when it began, if before now. Attributes whose value is None
+    are left out."""
     if _tracer is None:
         return NO_SPAN
     return _Span(name, parent=parent, links=links, kind=kind, attributes=attributes,

@@ -39,10 +39,10 @@ EXPORT_DELAY = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
 # Every attribute a switchboard span may carry: ids, names, states, sizes, codes.
 ALLOWED_ATTRIBUTES = {
     "http.request.method", "http.route", "http.response.status_code",
-    "mcp.method.name", "gen_ai.operation.name", "gen_ai.tool.name", "error.type",
+    "gen_ai.tool.name", "error.type",
     "switchboard.webhook_id", "switchboard.source", "switchboard.kind",
     "switchboard.delivery.size", "switchboard.todo_ids", "switchboard.todo_id",
-    "switchboard.endpoint", "switchboard.queue", "switchboard.todo_state",
+    "switchboard.endpoint", "switchboard.queue",
     "switchboard.attempt", "switchboard.refusal", "switchboard.todos_listed",
     "switchboard.empty", "switchboard.queue_wait_seconds", "switchboard.duplicate",
     "switchboard.doorbell.rung", "switchboard.write_back.action",
