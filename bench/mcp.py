@@ -1,6 +1,7 @@
 """Benchmark: agents draining a queue over MCP vs. the same cycle through the transitions.
 
     DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/mcp.py [--todos 4000] [--clients 8]
+        [--trace-rounds 1]
 
 One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is migrated first):
 
@@ -28,6 +29,12 @@ process, the SDK clients and daphne's backends. On a small machine all of them s
 cores, so when the cores are busy the ratio tends to direct CPU per cycle over MCP CPU per
 cycle (clients included), whatever the server does; the split says which part a change can
 still win.
+
+Traces (docs/operating.md#traces): ``--trace-rounds N`` (default 1) more runs of the MCP
+drain, alternating one with no OTEL_* variable and one exporting every span to a local
+OTLP/HTTP receiver (tests/otlp_receiver.py), and prints the daphne process's CPU per tools/call
+for both side by side, medians over the rounds (target: on at most 10 % over unset; unset is
+the run above, with no tracing code beyond one check per call).
 """
 
 import argparse

@@ -64,14 +64,14 @@ def configure(process: str) -> bool:
     Returns whether traces are on. Raises ImproperlyConfigured, naming the variable, for a
     protocol the shipped exporter cannot speak. Idempotent: a second call keeps the first
     provider."""
-    global _tracer, _provider
+    global _tracer, _provider, _api, _context_api, _KINDS
     if _tracer is not None:
         return True
     if not _environment_value("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
         return False
     if _environment_value("OTEL_SDK_DISABLED").lower() == "true":
         return False
-    if _environment_value("OTEL_TRACES_EXPORTER") in ("none",):
+    if _environment_value("OTEL_TRACES_EXPORTER") == "none":
         return False
     protocol = _environment_value("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
                                   "OTEL_EXPORTER_OTLP_PROTOCOL") or SUPPORTED_PROTOCOL
@@ -79,6 +79,7 @@ def configure(process: str) -> bool:
         raise ImproperlyConfigured(
             f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not supported; switchboard exports "
             f"traces over {SUPPORTED_PROTOCOL!r} only")
+    from opentelemetry import context, trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -92,9 +93,6 @@ def configure(process: str) -> bool:
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    from opentelemetry import context, trace
-
-    global _api, _context_api, _KINDS
     _api, _context_api = trace, context
     _KINDS = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT,
               "internal": trace.SpanKind.INTERNAL}
@@ -211,7 +209,7 @@ def span(name: str, *, parent: str | None = None, links=(), kind: str = "interna
 
 
 def now_ns() -> int | None:
-    """The start of a span recorded later (``span(start_ns=…)``); None when traces are off."""
+    """The start of a span recorded later (``record``); None when traces are off."""
     return None if _tracer is None else time.time_ns()
 
 
@@ -234,12 +232,31 @@ class _Delivery:
         return self.span.__exit__(*exc)
 
 
+class _Kept:
+    """``delivery`` with traces off: only the header's traceparent, kept for the todos."""
+
+    __slots__ = ("_traceparent", "_token")
+
+    def __init__(self, traceparent):
+        self._traceparent = traceparent
+
+    def __enter__(self):
+        self._token = _work.set(self._traceparent)
+        return NO_SPAN
+
+    def __exit__(self, *exc):
+        _work.reset(self._token)
+        return False
+
+
 def delivery(name: str, header: str | None, **attributes):
     """The span of one piece of work's arrival (a webhook delivery, a hand-over), continuing
     the request's ``traceparent`` header when it is valid. Traces off, the header (when valid)
     is still what the todos store, so an agent's own exporter can join its sender's trace."""
-    return _Delivery(span(name, parent=header, kind="server", **attributes),
-                     valid_traceparent(header))
+    traceparent = valid_traceparent(header) if header else None
+    if _tracer is None:
+        return _Kept(traceparent)
+    return _Delivery(span(name, parent=traceparent, kind="server", **attributes), traceparent)
 
 
 def work_traceparent() -> str | None:
