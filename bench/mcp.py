@@ -1,6 +1,7 @@
 """Benchmark: agents draining a queue over MCP vs. the same cycle through the transitions.
 
     DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/mcp.py [--todos 4000] [--clients 8]
+        [--trace-rounds 1]
 
 One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is migrated first):
 
@@ -28,6 +29,12 @@ process, the SDK clients and daphne's backends. On a small machine all of them s
 cores, so when the cores are busy the ratio tends to direct CPU per cycle over MCP CPU per
 cycle (clients included), whatever the server does; the split says which part a change can
 still win.
+
+Traces (docs/operating.md#traces): ``--trace-rounds N`` (default 1) more runs of the MCP
+drain, alternating one with no OTEL_* variable and one exporting every span to a local
+OTLP/HTTP receiver (tests/otlp_receiver.py), and prints the daphne process's CPU per tools/call
+for both side by side, medians over the rounds (target: on at most 10 % over unset; unset is
+the run above, with no tracing code beyond one check per call).
 """
 
 import argparse
@@ -277,6 +284,46 @@ def run_mcp(server_url, endpoint, credential, clients: int):
     return cycles, elapsed, latencies, sum(o[3] for o in outcomes)
 
 
+def measure_server(slug: str, args, env=None):
+    """One MCP run on a fresh queue against its own daphne (``env``: more variables for it):
+    ``(cycles, seconds, latencies, client cpu, server cpu, backends cpu)``."""
+    from tests.servers import DaphneServer
+
+    endpoint, credential = make_queue(slug, args.todos)
+    # The bench must not be throttled by the per-credential limit it is not measuring.
+    server = DaphneServer(env={"SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
+                               "DATABASE_URL": os.environ["DATABASE_URL"], **(env or {})}).start()
+    try:
+        server_pid = server.process.pid
+        server_cpu, backends = process_cpu_seconds(server_pid), backends_cpu_snapshot()
+        cycles, seconds, latencies, client_cpu = run_mcp(server.url, endpoint, credential,
+                                                         args.clients)
+        server_cpu = process_cpu_seconds(server_pid) - server_cpu
+        return cycles, seconds, latencies, client_cpu, server_cpu, backends_cpu_since(backends)
+    finally:
+        server.stop()
+
+
+def compare_traces(run_id: str, args) -> dict:
+    """Server CPU per tools/call with traces unset (no OTEL_* variable) and on (exporting every
+    span to a local OTLP/HTTP receiver, tests/otlp_receiver.py), in alternating rounds so drift
+    on a shared machine falls on both: ``{"unset": [ms…], "on": [ms…], "spans": n}``."""
+    from tests.otlp_receiver import OtlpReceiver
+
+    unset = {name: "" for name in os.environ if name.startswith("OTEL_")}
+    per_call = {"unset": [], "on": []}
+    with OtlpReceiver() as receiver:
+        on = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
+        for round_number in range(args.trace_rounds):
+            for mode, env in (("unset", unset), ("on", on)):
+                cycles, _, latencies, _, server_cpu, _ = measure_server(
+                    f"bench-traces-{mode}-{round_number}-{run_id}", args, env=env)
+                per_call[mode].append(server_cpu / len(latencies) * 1000)
+        per_call["spans"] = len(receiver.snapshot())
+        per_call["problems"] = receiver.problems
+    return per_call
+
+
 def percentile(sorted_values, fraction):
     if not sorted_values:
         return float("nan")
@@ -288,6 +335,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--todos", type=int, default=4000)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--trace-rounds", type=int, default=1, metavar="N",
+                        help="rounds of the traces comparison (one run unset, one run on, "
+                             "each round); 0 skips it")
     args = parser.parse_args()
     setup_django()
     from django.conf import settings
@@ -305,21 +355,9 @@ def main():
     direct_cpu = time.process_time() - direct_cpu
     direct_backend_cpu = backends_cpu_since(direct_backends)
 
-    from tests.servers import DaphneServer
-
-    mcp_endpoint, credential = make_queue(f"bench-mcp-{run_id}", args.todos)
-    # The bench must not be throttled by the per-credential limit it is not measuring.
-    server = DaphneServer(env={"SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
-                               "DATABASE_URL": os.environ["DATABASE_URL"]}).start()
-    try:
-        server_pid = server.process.pid
-        server_cpu, mcp_backends = process_cpu_seconds(server_pid), backends_cpu_snapshot()
-        mcp_cycles, mcp_seconds, latencies, client_cpu = run_mcp(
-            server.url, mcp_endpoint, credential, args.clients)
-        server_cpu = process_cpu_seconds(server_pid) - server_cpu
-        backend_cpu = backends_cpu_since(mcp_backends)
-    finally:
-        server.stop()
+    (mcp_cycles, mcp_seconds, latencies, client_cpu, server_cpu,
+     backend_cpu) = measure_server(f"bench-mcp-{run_id}", args)
+    traced = compare_traces(run_id, args) if args.trace_rounds else None
 
     reference_calls, reference_cpu = run_reference(
         calls_per_client=max(1, (2 * mcp_cycles) // args.clients), clients=args.clients)
@@ -361,6 +399,15 @@ def main():
           f"calls; ratio daphne/uvicorn for the reference = "
           f"{daphne_reference_per_call / reference_per_call:.2f}; ratio switchboard/reference "
           f"both on daphne = {daphne_per_call / daphne_reference_per_call:.2f}")
+    if traced is not None:
+        unset_ms, on_ms = statistics.median(traced["unset"]), statistics.median(traced["on"])
+        print(f"  server cpu per tools/call, traces unset vs on (exporting to a local OTLP/HTTP "
+              f"receiver), median of {args.trace_rounds}: unset {unset_ms:.3f} ms, on "
+              f"{on_ms:.3f} ms ({(on_ms / unset_ms - 1) * 100:+.1f} %, target <= +10 %); "
+              f"{traced['spans']} spans received"
+              f"{', receiver problems: ' + str(traced['problems']) if traced['problems'] else ''}")
+        print(f"    rounds: unset {' '.join(f'{ms:.3f}' for ms in traced['unset'])}; "
+              f"on {' '.join(f'{ms:.3f}' for ms in traced['on'])}")
     print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
           f"{os.cpu_count()} cores")
 

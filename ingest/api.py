@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 from channels_push.sessions import queries as push_queries
 from endpoints.models import (MAX_COST_USD_PER_TODO, Endpoint, check_usd,
                               queue_name_validator)
-from switchboard import json_input
+from switchboard import json_input, tracing
 from switchboard import metrics as push_metrics
 from switchboard.http import plain
 from todos import queries as todo_queries
@@ -195,10 +195,24 @@ def _work_control_arguments(data: dict, now) -> dict:
         raise Problem(400, refusal.code, refusal.message) from None
 
 
+HAND_OVER_ROUTE = "/api/v1/endpoints/{slug}/todos"
+
+
 @csrf_exempt
 def hand_over(request, endpoint_slug):
     """An operator hands their endpoint a todo. 201 with the todo; 200 with the existing live
-    todo when the idempotency key repeats (nothing new is written or rung)."""
+    todo when the idempotency key repeats (nothing new is written or rung). The hand-over's
+    span starts the todo's trace, or continues the request's ``traceparent``
+    (docs/operating.md#traces)."""
+    with tracing.delivery(f"POST {HAND_OVER_ROUTE}", request.headers.get("traceparent"),
+                          **{"http.request.method": request.method,
+                             "http.route": HAND_OVER_ROUTE}) as span:
+        response = _hand_over(request, endpoint_slug, span)
+        span.set(**{"http.response.status_code": response.status_code})
+    return response
+
+
+def _hand_over(request, endpoint_slug, span):
     try:
         if request.method != "POST":
             raise Problem(405, "method_not_allowed", "POST a todo here")
@@ -231,6 +245,8 @@ def hand_over(request, endpoint_slug):
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
         return plain.django_response(storage_unavailable(exc, endpoint=endpoint_slug))
     push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
+    span.set(**{"switchboard.todo_id": str(todo.pk), "switchboard.endpoint": endpoint.slug,
+                "switchboard.queue": todo.queue, "switchboard.duplicate": not created})
     log.info("operator hand-over", extra={
         "endpoint": endpoint.slug, "operator": operator.get_username(), "todo_id": todo.pk,
         "duplicate": not created,

@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 from django.utils.datastructures import CaseInsensitiveMapping
 
-from switchboard import json_input, ratelimit
+from switchboard import json_input, ratelimit, tracing
 from switchboard import metrics as push_metrics
 from switchboard.http import plain
 
@@ -317,11 +317,26 @@ def _duplicate_answer(event_id) -> dict:
     }
 
 
+# The delivery's span carries the route, never the slug: an unsigned webhook's URL is all it
+# takes to post to it.
+HOOK_SPAN_NAME = "POST /hooks/{slug}"
+
+
 def answer_hook(request: plain.Request) -> plain.Answer:
     """Verify one delivery and turn it into todos (202), or say why not. Runs in one thread
     hop (switchboard.http.plain): lookup, verification, rate limit and the one write. Every
     request naming a webhook is logged (``DeliveryRecord``): accepted ones in the delivery's own
-    statement, refused ones capped per minute (``transitions.record_refused``)."""
+    statement, refused ones capped per minute (``transitions.record_refused``). The delivery's
+    span starts its trace, or continues the request's ``traceparent`` (docs/operating.md#traces)."""
+    with tracing.delivery(HOOK_SPAN_NAME, request.header("traceparent"),
+                          **{"http.request.method": request.method,
+                             "http.route": "/hooks/{slug}"}) as span:
+        answer = _answer_delivery(request, span)
+        span.set(**{"http.response.status_code": answer.status})
+    return answer
+
+
+def _answer_delivery(request: plain.Request, span) -> plain.Answer:
     webhook_slug = request.slug
     webhook = None
     # Whether this request holds a token of the webhook's verified budget (``_verify``).
@@ -407,6 +422,10 @@ def answer_hook(request: plain.Request) -> plain.Answer:
         except Problem:
             pass
     push_metrics.INGEST_ACCEPTED.labels(source=webhook.source).inc()
+    if tracing.enabled():
+        span.set(**{"switchboard.webhook_id": webhook.pk, "switchboard.source": webhook.source,
+                    "switchboard.kind": kind, "switchboard.delivery.size": len(body),
+                    "switchboard.todo_ids": [str(todo.pk) for todo, _ in arrival.todos]})
     log.info("webhook delivery accepted", extra={
         "webhook": webhook.slug, "kind": kind, "todos": len(arrival.todos),
         "todos_created": sum(1 for _, created in arrival.todos if created),

@@ -38,7 +38,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 from kombu.exceptions import KombuError
 
-from switchboard import schedule
+from switchboard import schedule, tracing
 from switchboard.db import sql as dialect
 from switchboard.db import statements as db_statements
 from todos import transitions as todo_transitions
@@ -275,8 +275,26 @@ def return_stalled_sends(*, now) -> int:
 
 
 def send_write_back(row: WriteBack, *, now) -> str:
-    """Send the claimed ``row`` and record the answer; returns its new state."""
+    """Send the claimed ``row`` and record the answer; returns its new state. With traces on
+    the send is a span in its todo's trace (docs/operating.md#traces)."""
     todo = (Todo.objects.select_related("endpoint").filter(pk=row.todo_id).first())
+    if not tracing.enabled():
+        return _send_write_back(row, todo, now=now)
+    with tracing.span(
+            f"write_back {row.action}", kind="client",
+            parent=todo.traceparent if todo is not None else None,
+            **{"switchboard.todo_id": str(row.todo_id),
+               "switchboard.endpoint": todo.endpoint.slug if todo is not None else None,
+               "switchboard.queue": todo.queue if todo is not None else None,
+               "switchboard.write_back.action": row.action,
+               "switchboard.write_back.attempt": row.attempts,
+               "switchboard.connection.kind": row.connection.kind}) as span:
+        state = _send_write_back(row, todo, now=now)
+        span.set(**{"switchboard.write_back.state": state})
+    return state
+
+
+def _send_write_back(row: WriteBack, todo, *, now) -> str:
     client = senders.get_sender(senders.CONNECTION_SOURCE[row.connection.kind]).write_back
     send = None if client is None else {WriteBackAction.STATUS: client.status,
                                         WriteBackAction.CHECK: client.check_run}.get(row.action)

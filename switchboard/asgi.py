@@ -26,9 +26,13 @@ from channels_push.bus import publish  # noqa: E402
 from channels_push.mcp import shell as mcp_shell  # noqa: E402
 from console import webhooks as console_webhooks  # noqa: E402
 from ingest import hook as ingest_hook  # noqa: E402
+from switchboard import tracing  # noqa: E402
 from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 
 daphne_tuning.skip_form_parsing()
+# Exports only when OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/operating.md#traces); the
+# embedded default (manage.py serve) is this process, its sweeps included.
+tracing.configure("web")
 
 http_routes = [
     # MCP Streamable HTTP (docs/reference.md#sessions-and-streams), /mcp/<endpoint_slug>; never

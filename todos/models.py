@@ -155,6 +155,9 @@ class Todo(models.Model):
                                   db_default=WriteBack.OFF)
     # The holder's latest words for the living status (post_update); a new claim clears it.
     progress = models.TextField(null=True, blank=True)
+    # The W3C traceparent of the delivery that made it (docs/operating.md#traces): every later
+    # span about the todo is a child of it; None when its arrival carried no trace.
+    traceparent = models.CharField(max_length=55, null=True, blank=True)
     # Usage the agent reported with complete and fail, summed over the attempts
     # (docs/reference.md#usage-and-budgets); each attempt's own report is in its event. Money
     # in millionths of a dollar, so sums are exact on both backends. db_default: the create

@@ -64,6 +64,7 @@ def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
         "created_at": iso_time(todo.created_at),
         "updated_at": iso_time(todo.updated_at),
         "usage": usage.todo_usage(todo),
+        "traceparent": todo.traceparent,
     }
 
 
@@ -650,6 +651,15 @@ def may_ring(todo_id) -> bool:
 
 
 # -- a todo's end, for what dies with it ----------------------------------------------------------
+
+
+def find_traceparent(endpoint, todo_id) -> str | None:
+    """The traceparent of ``endpoint``'s todo ``todo_id`` (an id as an agent gave it); None
+    when it has none, or there is no such todo of that endpoint."""
+    if not isinstance(todo_id, str) or not todo_id.isdigit() or len(todo_id) > 18:
+        return None
+    return (Todo.objects.filter(pk=int(todo_id), endpoint=endpoint)
+            .values_list("traceparent", flat=True).first())
 
 
 def find_todo_state(todo_id) -> str | None:

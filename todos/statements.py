@@ -228,7 +228,7 @@ def lease_set(params: dict, caller, ttl: timedelta, now) -> str:
 _CREATE_COLUMNS = (
     "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
     " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before,"
-    " write_back, max_cost_usd"
+    " write_back, max_cost_usd, traceparent"
 )
 # A created todo's outbox entry, for any source that hears of it (its ack).
 _CREATE_OUTBOX = (f"INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS})"
@@ -264,7 +264,8 @@ _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detai
 def _create_values(delivery_event_sql: str) -> str:
     return (f"%(endpoint_id)s, %(queue)s, %(state)s, %(title)s, %(kind)s, %(source)s, "
             f"{dialect.jsonb('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
-            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s, %(write_back)s, %(max_cost_usd)s")
+            "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s, %(write_back)s, %(max_cost_usd)s,"
+            " %(traceparent)s")
 
 
 def insert_todo_sql() -> str:

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from switchboard import tracing
 from switchboard.db import sql as dialect
 
 from . import queries, transitions
@@ -29,15 +30,30 @@ SCHEDULED_BATCH = 500
 STALE_APPROVAL_BATCH = 500
 
 
+def _linked(sweep: str, moved: list, started_ns) -> int:
+    """How many ``moved``; with traces on, a sweep that moved todos is a span linked to each
+    one's trace (docs/operating.md#traces). One that moved nothing leaves no span: these run
+    every few seconds."""
+    if started_ns is not None and moved:
+        tracing.record(f"sweep {sweep}", start_ns=started_ns,
+                       links=[todo.traceparent for todo in moved],
+                       **{"switchboard.todos_moved": len(moved)})
+    return len(moved)
+
+
 def expire_lapsed_leases(*, now=None) -> int:
     """Return claimed todos whose lease lapsed to pending (dead-letter when attempts are spent).
     Returns how many moved."""
-    return len(transitions.return_lapsed_leases(now=now or timezone.now(), limit=REAPER_BATCH))
+    started_ns = tracing.now_ns()
+    return _linked("expire_lapsed_leases", transitions.return_lapsed_leases(
+        now=now or timezone.now(), limit=REAPER_BATCH), started_ns)
 
 
 def promote_due_retries(*, now=None) -> int:
     """Return failed todos whose retry time has come to pending. Returns how many moved."""
-    return len(transitions.promote_due_retries(now=now or timezone.now(), limit=PROMOTER_BATCH))
+    started_ns = tracing.now_ns()
+    return _linked("promote_due_retries", transitions.promote_due_retries(
+        now=now or timezone.now(), limit=PROMOTER_BATCH), started_ns)
 
 
 # One fold reads at most this many audit events (a PK range): at a few hundred todos a minute
@@ -96,8 +112,9 @@ def release_due_scheduled_todos(*, now=None) -> int:
     """Make scheduled todos whose ``not_before`` has come ready (rung, long polls woken), one
     batch. One periodic sweep for every scheduled todo, never a timer per todo: a todo is
     ready at most one cadence (5 s) after its time. Returns how many became ready."""
-    return len(transitions.release_due_scheduled(now=now or timezone.now(),
-                                                 limit=SCHEDULED_BATCH))
+    started_ns = tracing.now_ns()
+    return _linked("release_due_scheduled_todos", transitions.release_due_scheduled(
+        now=now or timezone.now(), limit=SCHEDULED_BATCH), started_ns)
 
 
 def cancel_stale_approvals(*, now=None) -> int:

@@ -27,7 +27,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from channels_push.bus import publish
-from switchboard import json_input
+from switchboard import json_input, tracing
 from switchboard.db import sql as dialect
 from switchboard.db.sql import is_postgres as _is_postgres
 
@@ -267,6 +267,7 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
         "actor": actor,
         "detail": json.dumps({"delivery_event": delivery_event_id}),
         "write_back": WriteBack(write_back),
+        "traceparent": tracing.work_traceparent(),
     }
 
 

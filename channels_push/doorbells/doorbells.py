@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from endpoints.models import Presence
-from switchboard import harness_text, metrics
+from switchboard import harness_text, metrics, tracing
 from switchboard.db import statements
 from todos import queries as todo_queries
 from todos import ring_budget
@@ -225,6 +225,17 @@ def ring_todo(todo, *, now=None, charged: bool = False) -> str | None:
     if not publish.can_reach_streams():
         # A command on the in-memory layer: no stream is reachable, so nothing is recorded.
         return None
+    if not tracing.enabled():
+        return _ring_todo(todo, now=now, charged=charged)
+    with tracing.span("doorbell", parent=todo.traceparent,
+                      **{"switchboard.todo_id": str(todo.pk),
+                         "switchboard.queue": todo.queue}) as span:
+        session_id = _ring_todo(todo, now=now, charged=charged)
+        span.set(**{"switchboard.doorbell.rung": session_id is not None})
+    return session_id
+
+
+def _ring_todo(todo, *, now, charged: bool) -> str | None:
     now = now or timezone.now()
     # Read fresh: the instance the todo carries may predate a clock out or a pause in this
     # very request or process, and those decide whether anything may ring at all.

@@ -215,6 +215,9 @@ _TODO_OUTPUT = {
         "usage": {"anyOf": [{"type": "object"}, {"type": "null"}],
                   "description": "Summed over the attempts that reported usage (null: none "
                                  "did): input_tokens, output_tokens, cost_usd, turns, model."},
+        "traceparent": {**_NULLABLE_STRING,
+                        "description": "The W3C traceparent of the trace its delivery started "
+                                       "(null: none); pass it on to join that trace."},
     },
     "required": ["id", "queue", "state", "title", "payload", "attempts", "max_attempts",
                  "created_at", "updated_at"],

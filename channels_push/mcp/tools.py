@@ -18,6 +18,7 @@ the layers, so the verb calls ``ingest.queries.read_secret`` directly.
 
 import json
 import logging
+from datetime import datetime
 
 import jsonschema
 import mcp.types as types
@@ -25,7 +26,7 @@ from django.conf import settings
 
 from endpoints import transitions as endpoint_transitions
 from ingest import queries as ingest_queries
-from switchboard import json_input
+from switchboard import json_input, tracing
 from todos import queries as todo_queries
 from todos import transitions
 
@@ -271,7 +272,62 @@ assert set(_VERBS) == set(TOOL_SCHEMAS)
 def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallToolResult:
     """Run one tools/call for a session of ``endpoint``. Raises framing.JsonRpcError for a
     malformed call (unknown tool, ``arguments`` not an object); every other outcome, argument
-    errors and refusals included, is a CallToolResult."""
+    errors and refusals included, is a CallToolResult. With traces on, the call is a span in
+    its todo's trace (``_trace_call``)."""
+    if not tracing.enabled():
+        return _call_tool(endpoint=endpoint, session_id=session_id, params=params)
+    started_ns = tracing.now_ns()
+    result = _call_tool(endpoint=endpoint, session_id=session_id, params=params)
+    _trace_call(endpoint, params or {}, result, started_ns)
+    return result
+
+
+def _queue_wait_seconds(todo: dict) -> float | None:
+    """How long a todo just claimed waited: from its creation to this claim (its update)."""
+    try:
+        waited = (datetime.fromisoformat(todo["updated_at"])
+                  - datetime.fromisoformat(todo["created_at"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return round(waited.total_seconds(), 6)
+
+
+def _trace_call(endpoint, params: dict, result: types.CallToolResult, started_ns: int) -> None:
+    """The call's span, recorded once its todo is known (a claim_next learns it at the end):
+    a child of the todo's traceparent, linked to the one the client put in ``_meta``; a call on
+    no todo continues the client's trace, and a listing links to each todo it shows. Ids,
+    names, states and codes only: never arguments, results or text."""
+    name = params.get("name")
+    arguments = params.get("arguments") if isinstance(params.get("arguments"), dict) else {}
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    client_parent = tracing.valid_traceparent(meta.get("traceparent"))
+    structured = result.structured_content if isinstance(result.structured_content, dict) else {}
+    todo = structured.get("todo") if isinstance(structured.get("todo"), dict) else None
+    error = structured.get("error") if isinstance(structured.get("error"), dict) else {}
+    todo_id = todo["id"] if todo else arguments.get("todo_id")
+    parent = todo.get("traceparent") if todo else (
+        todo_queries.find_traceparent(endpoint, todo_id) if todo_id is not None else None)
+    listed = structured.get("todos") if isinstance(structured.get("todos"), list) else []
+    links = [row.get("traceparent") for row in listed if isinstance(row, dict)]
+    # Few attributes, each one a reader filters on: the SDK's per-attribute checks are much of
+    # a span's cost, and this span is on every call (bench/mcp.py).
+    attributes = {
+        "gen_ai.tool.name": name, "switchboard.endpoint": endpoint.slug,
+        "switchboard.todo_id": str(todo_id) if isinstance(todo_id, (str, int)) else None,
+        "switchboard.queue": todo["queue"] if todo else None,
+        "switchboard.attempt": todo["attempts"] if todo else None,
+        "switchboard.refusal": error.get("code"),
+        "switchboard.todos_listed": len(listed) if "todos" in structured else None,
+        "switchboard.empty": True if structured.get("empty") else None,
+    }
+    if todo and name in ("claim", "claim_next"):
+        attributes["switchboard.queue_wait_seconds"] = _queue_wait_seconds(todo)
+    tracing.record(f"tools/call {name}", start_ns=started_ns, parent=parent or client_parent,
+                   kind="server", links=[client_parent, *links] if parent else links,
+                   **attributes)
+
+
+def _call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallToolResult:
     params = params or {}
     name, arguments = params.get("name"), params.get("arguments")
     if not isinstance(name, str) or name not in _VERBS:

@@ -169,7 +169,7 @@ def test_exit_zero_completes_with_the_stdout_tail_and_the_agent_sees_its_todo(se
         todo = json.load(sys.stdin)
         json.dump({{"stdin": todo, "argv": sys.argv[1:],
                    "env": {{k: os.environ.get(k) for k in ("SWITCHBOARD_TODO_ID",
-                           "SWITCHBOARD_LEASE_ID", "SWITCHBOARD_URL")}},
+                           "SWITCHBOARD_LEASE_ID", "SWITCHBOARD_URL", "TRACEPARENT")}},
                    "pgid": os.getpgid(0), "pid": os.getpid()}}, open({str(seen)!r}, "w"))
         print("noise " * 2000)
         print("the-last-words")
@@ -187,7 +187,8 @@ def test_exit_zero_completes_with_the_stdout_tail_and_the_agent_sees_its_todo(se
     assert got["stdin"]["id"] == str(todo.pk) and got["stdin"]["payload"] == {"n": 0}
     assert got["env"] == {"SWITCHBOARD_TODO_ID": str(todo.pk),
                           "SWITCHBOARD_LEASE_ID": got["stdin"]["lease_id"],
-                          "SWITCHBOARD_URL": url}
+                          "SWITCHBOARD_URL": url,
+                          "TRACEPARENT": None}  # its todo has no trace
     assert got["argv"][:2] == [f"id={todo.pk}", "title=job 0 of 1"]
     assert json.loads(got["argv"][2])["id"] == str(todo.pk)
     assert got["argv"][3] == "{other} braces stay"
@@ -196,6 +197,66 @@ def test_exit_zero_completes_with_the_stdout_tail_and_the_agent_sees_its_todo(se
     for event in ("claim todo_id", "start todo_id", "exit todo_id", "completed todo_id"):
         assert event in log
     assert credential not in log
+
+
+def test_the_agent_sees_traceparent_in_its_todos_trace_and_the_runner_exports_its_spans(
+        setup, runners, tmp_path):
+    from switchboard import tracing
+    from tests.otlp_receiver import OtlpReceiver
+
+    endpoint, credential, url = setup
+    delivery = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    with tracing.delivery("test arrival", delivery):  # traces off here: the header is kept
+        [todo] = make_todos(endpoint, 1)
+    assert todo.traceparent == delivery
+    seen = tmp_path / "seen.json"
+    command = agent(tmp_path, "env", f"""
+        import json, os
+        json.dump({{k: os.environ.get(k) for k in ("TRACEPARENT", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    "OTEL_SERVICE_NAME")}}, open({str(seen)!r}, "w"))
+    """)
+    with OtlpReceiver() as receiver:
+        runner = runners(url, credential, "--once", "--pass-env", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                         command=command, env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                                               "OTEL_SERVICE_NAME": "runner-under-test"})
+        assert runner.wait() == 0, runner.log_text()
+        spans = receiver.wait_for(lambda got: {"claim", "run", "settle"} <= {s.name for s in got})
+        assert receiver.problems == []
+    got = json.loads(seen.read_text())
+    # Given with --pass-env; OTEL_SERVICE_NAME was not, so the agent does not get it.
+    assert got["OTEL_EXPORTER_OTLP_ENDPOINT"] == receiver.url and got["OTEL_SERVICE_NAME"] is None
+    named = {span.name: span for span in spans if span.name in ("claim", "run", "settle")}
+    trace_id, delivery_span = delivery.split("-")[1:3]
+    assert {span.trace_id for span in named.values()} == {trace_id}
+    assert {span.parent_span_id for span in named.values()} == {delivery_span}
+    # The mcp SDK's own client span of the complete nests under settle (and its request
+    # carried that span's traceparent in _meta, which the server links to).
+    (sent,) = [span for span in spans if span.name == "MCP send tools/call complete"]
+    assert sent.parent_span_id == named["settle"].span_id
+    # The agent continues the runner's run span, in the todo's trace.
+    assert got["TRACEPARENT"] == f"00-{trace_id}-{named['run'].span_id}-01"
+    assert named["run"].resource["service.name"] == "runner-under-test"
+    assert named["run"].attributes == {"switchboard.todo_id": str(todo.pk),
+                                       "switchboard.queue": "inbox"}
+    assert named["settle"].attributes["switchboard.verb"] == "complete"
+    todo.refresh_from_db()
+    assert todo.state == "done"
+
+
+def test_without_an_exporter_the_agent_gets_the_todos_own_traceparent(setup, runners,
+                                                                       tmp_path):
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    delivery = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    Todo.objects.filter(pk=todo.pk).update(traceparent=delivery)
+    seen = tmp_path / "seen"
+    command = agent(tmp_path, "env", f"""
+        import os
+        open({str(seen)!r}, "w").write(os.environ.get("TRACEPARENT", "(none)"))
+    """)
+    runner = runners(url, credential, "--once", command=command)
+    assert runner.wait() == 0, runner.log_text()
+    assert seen.read_text() == delivery
 
 
 def test_non_zero_exit_fails_with_the_exit_code_and_the_stderr_tail(setup, runners, tmp_path):
@@ -731,7 +792,10 @@ def test_runner_imports_only_the_mcp_sdk_and_the_standard_library():
             elif isinstance(node, ast.ImportFrom) and not node.level:
                 roots.add(node.module.split(".")[0])
     # pydantic arrives with the SDK (its models are pydantic); it is not a separate install.
-    assert roots - set(sys.stdlib_module_names) == {"mcp", "pydantic", "switchboard_runner"}
+    # opentelemetry: its API arrives with the SDK too; the runner imports the OpenTelemetry
+    # SDK and exporter only from its optional ``traces`` extra, and only when configured.
+    assert roots - set(sys.stdlib_module_names) == {"mcp", "pydantic", "switchboard_runner",
+                                                    "opentelemetry"}
     def pins(path):
         return [line.strip() for line in path.read_text().splitlines()
                 if line.strip() and not line.startswith("#")]

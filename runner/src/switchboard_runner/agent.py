@@ -252,13 +252,17 @@ def agent_argv(command: list[str], todo: dict, prompt: str = "") -> list[str]:
             for arg in command]
 
 
-def agent_env(todo: dict, url: str, *, pass_env=(), token=None, usage_file=None) -> dict:
+def agent_env(todo: dict, url: str, *, pass_env=(), token=None, usage_file=None,
+              traceparent=None) -> dict:
     """The scrubbed environment: BASE_ENV and ``pass_env`` from the runner's own (when set),
-    the todo's coordinates, where the agent may write its usage (``usage_file``), and the
-    bearer as TOKEN_VARIABLE when ``token`` is given."""
+    the todo's coordinates, where the agent may write its usage (``usage_file``), the bearer
+    as TOKEN_VARIABLE when ``token`` is given, and TRACEPARENT (the W3C trace context an agent
+    CLI that exports OpenTelemetry continues) when there is one."""
     env = {name: os.environ[name] for name in (*BASE_ENV, *pass_env) if name in os.environ}
     env.update(SWITCHBOARD_TODO_ID=str(todo["id"]),
                SWITCHBOARD_LEASE_ID=todo.get("lease_id") or "", SWITCHBOARD_URL=url)
+    if traceparent is not None:
+        env["TRACEPARENT"] = traceparent
     if usage_file is not None:
         env["SWITCHBOARD_USAGE_FILE"] = usage_file
     if token is not None:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
+from . import __version__, traces
 from .agent import (BASE_ENV, DEFAULT_PROMPT, REPORT_PROMPT, TOKEN_VARIABLE, command_problem,
                     misplaced_command_placeholder, misplaced_placeholder)
 from .usage import report_format
@@ -66,7 +66,9 @@ def worker_parser():
                "agent's stdin and in a private file the prompt names. Its environment: "
                f"{', '.join(BASE_ENV)}, SWITCHBOARD_TODO_ID, SWITCHBOARD_LEASE_ID, "
                f"SWITCHBOARD_URL, SWITCHBOARD_USAGE_FILE (where it may write its usage as "
-               f"JSON), the --pass-env variables, and {TOKEN_VARIABLE} with --pass-token. "
+               f"JSON), TRACEPARENT (the todo's trace, when it has one), the --pass-env "
+               f"variables (OTEL_* for an agent that exports its own spans), and "
+               f"{TOKEN_VARIABLE} with --pass-token. "
                "A CLI's own report (claude/gemini --output-format json, codex exec --json) "
                "gives the run's outcome and usage, sent with the runner's complete or fail.")
     _connection_flags(parser)
@@ -185,4 +187,9 @@ def main(argv=None) -> int:
         parser.error(problem)
     if args.dry_run:
         return asyncio.run(dry_run(args, token))
-    return asyncio.run(Runner(args, token).run())
+    # Its own spans only where its environment configures an exporter (docs/runner.md#traces).
+    traces.configure()
+    try:
+        return asyncio.run(Runner(args, token).run())
+    finally:
+        traces.shutdown()

@@ -42,6 +42,7 @@ from datetime import datetime
 
 from mcp.shared.exceptions import MCPError
 
+from . import traces
 from .agent import (TAIL_BYTES, Tail, _drain, _parent_death_signal, agent_argv, agent_env,
                     command_problem, ended_with, failure_message, first_error_line, last_line,
                     oversized_argument, render_prompt, start_failure, stop_group,
@@ -191,6 +192,7 @@ class Runner:
         wait = self.wait_seconds
         if wait:
             arguments["wait_seconds"] = wait
+        started_ns = traces.now_ns()
         call = asyncio.ensure_future(
             self.sb.call("claim_next", arguments, timeout=wait + LONG_POLL_SLACK_SECONDS))
         await wait_first(call, self.stopping.wait())
@@ -232,6 +234,10 @@ class Runner:
         if self.stopping.is_set():  # claimed just as the stop came: hand it straight back
             await self.release(todo)
             return "stopped", None
+        # Recorded once the todo, and so its trace, is known.
+        with traces.span("claim", todo, start_ns=started_ns,
+                         **{"switchboard.attempt": todo.get("attempts")}):
+            pass
         log_event("claim", todo_id=todo["id"], queue=todo.get("queue"),
                   attempt=todo.get("attempts"), lease_s=round(lease_seconds(todo)),
                   title=todo.get("title"))
@@ -341,10 +347,12 @@ class Runner:
     # -- one todo
 
     async def run_todo(self, todo: dict):
-        with tempfile.TemporaryDirectory(prefix=todo_dir_prefix()) as directory:
-            await self._run_todo(todo, write_todo_file(directory, todo))
+        # The agent's TRACEPARENT is this run's span when the runner exports, else the todo's.
+        with traces.span("run", todo) as run:
+            with tempfile.TemporaryDirectory(prefix=todo_dir_prefix()) as directory:
+                await self._run_todo(todo, write_todo_file(directory, todo), run.traceparent)
 
-    async def _run_todo(self, todo: dict, todo_file: str):
+    async def _run_todo(self, todo: dict, todo_file: str, traceparent: str | None):
         todo_id = todo["id"]
         prompt = render_prompt(self.prompt_template, todo, todo_file)
         argv = agent_argv(self.args.command, todo, prompt)
@@ -352,7 +360,7 @@ class Runner:
         usage_file = os.path.join(os.path.dirname(todo_file), "usage.json")
         env = agent_env(todo, self.args.url, pass_env=self.args.pass_env,
                         token=self.token if self.args.pass_token else None,
-                        usage_file=usage_file)
+                        usage_file=usage_file, traceparent=traceparent)
         if self.cannot_start:
             # Claimed beside the todo that found the command broken (or by a claim already in
             # flight): every start would fail the same way, and this todo is not at fault.
@@ -542,6 +550,10 @@ class Runner:
         await self._settle_call(todo, verb, arguments)
 
     async def _settle_call(self, todo, verb, arguments):
+        with traces.span("settle", todo, **{"switchboard.verb": verb}):
+            await self._settle(todo, verb, arguments)
+
+    async def _settle(self, todo, verb, arguments):
         arguments = {**arguments, "todo_id": todo["id"], "lease_id": todo["lease_id"]}
         give_up = time.monotonic() + SETTLE_RETRY_SECONDS
         delay = RECONNECT_FIRST_SECONDS

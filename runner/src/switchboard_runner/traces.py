@@ -1,0 +1,129 @@
+"""The runner's own spans — claim, run, settle — in each todo's trace (docs/runner.md#traces).
+
+They are exported only when the runner's environment names an OTLP endpoint
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, the standard variables as the server reads them) and the
+optional ``traces`` extra (the OpenTelemetry SDK and its OTLP/HTTP exporter) is installed.
+Otherwise nothing is imported and every span is a no-op; the agent still gets the todo's
+``TRACEPARENT``, so a CLI that exports joins the trace on its own.
+
+With the exporter on, the SDK's provider is made the global one, so the mcp SDK's own client
+spans nest under these and its requests carry their ``traceparent`` in ``_meta``.
+"""
+
+import os
+import re
+import time
+
+from .session import log_event
+
+# version-traceid-parentid-flags (W3C Trace Context), as the server sends it.
+_TRACEPARENT_RE = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+DEFAULT_SERVICE_NAME = "switchboard-runner"
+
+_tracer = None
+
+
+def valid_traceparent(value) -> str | None:
+    match = _TRACEPARENT_RE.match(value) if isinstance(value, str) else None
+    if match is None or int(match[1], 16) == 0 or int(match[2], 16) == 0:
+        return None
+    return value
+
+
+def configure() -> bool:
+    """Export when the environment names an OTLP endpoint and the SDK is installed; returns
+    whether spans are on. A configured endpoint without the extra is said once, not fatal."""
+    global _tracer
+    if _tracer is not None:
+        return True
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
+        return False
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    try:
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log_event("traces_off", reason="OTEL_EXPORTER_OTLP_ENDPOINT is set but the traces extra "
+                  "is not installed (pip install 'switchboard-runner[traces]')")
+        return False
+    resource = Resource.create({})
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    _tracer = provider.get_tracer("switchboard-runner")
+    return True
+
+
+def shutdown() -> None:
+    """Flush what is buffered (the runner's exit)."""
+    global _tracer
+    if _tracer is not None:
+        from opentelemetry import trace
+
+        trace.get_tracer_provider().shutdown()
+    _tracer = None
+
+
+class _NoSpan:
+    def __init__(self, traceparent):
+        self.traceparent = traceparent
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Span:
+    def __init__(self, name, parent, start_ns, attributes):
+        from opentelemetry import context, trace
+
+        self._context, self._trace = context, trace
+        parent_context = None
+        if valid_traceparent(parent):
+            _, trace_id, span_id, flags = parent.split("-")
+            parent_context = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
+                int(trace_id, 16), int(span_id, 16), is_remote=True,
+                trace_flags=trace.TraceFlags(int(flags, 16)))))
+        self._span = _tracer.start_span(
+            name, context=parent_context, start_time=start_ns,
+            attributes={k: v for k, v in attributes.items() if v is not None})
+        found = self._span.get_span_context()
+        self.traceparent = (f"00-{found.trace_id:032x}-{found.span_id:016x}"
+                            f"-{int(found.trace_flags):02x}")
+        self._token = None
+
+    def __enter__(self):
+        self._token = self._context.attach(self._trace.set_span_in_context(self._span))
+        return self
+
+    def __exit__(self, kind, error, _traceback):
+        if error is not None:
+            self._span.set_attribute("error.type", kind.__qualname__)
+            self._span.set_status(self._trace.StatusCode.ERROR)
+        self._context.detach(self._token)
+        self._span.end()
+        return False
+
+
+def span(name: str, todo: dict, *, start_ns: int | None = None, **attributes):
+    """A span about ``todo``, child of its ``traceparent`` (the delivery's span), carrying its
+    id and queue (ids and names only: never its title, payload or an agent's output).
+    ``.traceparent`` is this span's own when spans are on, else the todo's."""
+    if _tracer is None:
+        return _NoSpan(valid_traceparent(todo.get("traceparent")))
+    return _Span(name, todo.get("traceparent"), start_ns,
+                 {"switchboard.todo_id": str(todo.get("id")),
+                  "switchboard.queue": todo.get("queue"), **attributes})
+
+
+def now_ns() -> int | None:
+    return None if _tracer is None else time.time_ns()
