@@ -17,6 +17,10 @@ from . import outbound, senders
 from .models import Connection, ConnectionKind, Webhook
 
 
+# How many webhooks an error names before "…": enough to find them, short enough to read.
+MAX_NAMED_WEBHOOKS = 10
+
+
 @dataclass(frozen=True)
 class ConnectionTest:
     ok: bool
@@ -132,6 +136,23 @@ def check_webhook_connection(webhook: Webhook, connection: Connection | None) ->
         raise ValidationError({"connection": (
             f"connection {connection.name} and webhook {webhook.slug} have different owners; a "
             "webhook writes back only under its owner's connections")})
+
+
+def check_connection_owner(connection: Connection, owner) -> None:
+    """ValidationError naming the webhooks that write back under ``connection`` unless
+    ``owner`` owns them all: moving a connection to another operator would have their
+    webhooks write back under someone else's identity (``check_webhook_connection``'s rule)."""
+    if connection.pk is None or owner is None or owner.pk == connection.owner_id:
+        return
+    slugs = list(Webhook.objects.filter(connection=connection).exclude(owner=owner)
+                 .order_by("slug").values_list("slug", flat=True)[:MAX_NAMED_WEBHOOKS + 1])
+    if slugs:
+        named = ", ".join(slugs[:MAX_NAMED_WEBHOOKS]) + (
+            ", …" if len(slugs) > MAX_NAMED_WEBHOOKS else "")
+        raise ValidationError({"owner": (
+            f"webhooks of another owner write back under connection {connection.name}: "
+            f"{named}; a webhook writes back only under its owner's connections, so choose "
+            "another connection for them (set_connection) before moving this one")})
 
 
 def set_webhook_connection(webhook: Webhook, connection: Connection | None) -> None:

@@ -191,3 +191,33 @@ def test_add_webhook_route_takes_what_the_source_hears(operator, endpoint, app_c
     with pytest.raises(CommandError):
         call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "other",
                      "--write-back", "loud", stdout=StringIO(), stderr=StringIO())
+
+
+def test_the_connection_admin_refuses_moving_a_connection_its_webhooks_write_back_under(
+        admin_client, operator, app_connection, github):
+    run("add_webhook", "gh", "--owner", operator.username, "--source", "github",
+        "--connection", "gh-app")
+    bob = UserFactory(username="bob")
+    answer = admin_client.post(f"/admin/ingest/connection/{app_connection.pk}/change/", {
+        "name": "gh-app", "owner": bob.pk, "api_url": github.api_url,
+        "app_id": str(github.app_id), "new_secret": ""})
+    assert answer.status_code == 200
+    assert "webhooks of another owner write back under connection gh-app: gh;" in (
+        answer.content.decode())
+    assert Connection.objects.get(pk=app_connection.pk).owner == operator
+    # Once no webhook writes back under it, it may move.
+    run("set_connection", "gh", "none")
+    answer = admin_client.post(f"/admin/ingest/connection/{app_connection.pk}/change/", {
+        "name": "gh-app", "owner": bob.pk, "api_url": github.api_url,
+        "app_id": str(github.app_id), "new_secret": ""})
+    assert answer.status_code == 302
+    assert Connection.objects.get(pk=app_connection.pk).owner == bob
+
+
+def test_the_connection_admin_names_every_kinds_default_api_url(admin_client):
+    from ingest import senders
+
+    page = admin_client.get("/admin/ingest/connection/add/").content.decode()
+    for kind, spec in senders.CONNECTION_SPECS.items():
+        assert f"{kind}: {spec.default_api_url or 'none'}" in page
+    assert "https://gitlab.com/api/v4" in page and "https://slack.com/api" in page
