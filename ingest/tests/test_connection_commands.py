@@ -47,12 +47,21 @@ def test_add_connection_reads_a_token_from_the_environment(operator, github, mon
     assert github.token not in json.dumps(data)
 
 
-def test_add_connection_saves_a_connection_whose_test_fails(operator, github, tmp_path):
+def test_add_connection_saves_a_connection_whose_test_fails_and_exits_1(operator, github,
+                                                                         tmp_path):
     token = tmp_path / "token"
     token.write_text("ghp_wrong0123456789\n")
-    data = run("add_connection", "gh-token", "--owner", operator.username, "--kind",
-               "github_token", "--token-file", str(token), "--api-url", github.api_url)
+    out, err = StringIO(), StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("add_connection", "gh-token", "--owner", operator.username, "--kind",
+                     "github_token", "--token-file", str(token), "--api-url", github.api_url,
+                     "--json", stdout=out, stderr=err)
+    assert exited.value.code == 1
+    data = json.loads(out.getvalue())
     assert data["ok"] is False and data["error"] == "401: Bad credentials"
+    assert "was saved, but the test failed: 401: Bad credentials" in err.getvalue()
+    assert "manage.py test_connection gh-token" in err.getvalue()
+    assert "ghp_wrong" not in out.getvalue() + err.getvalue()
     assert Connection.objects.filter(name="gh-token").exists()
 
 
@@ -71,9 +80,11 @@ def test_add_connection_errors(operator, args, message):
 
 
 def test_the_secret_cannot_be_given_on_the_command_line(operator):
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError, match="not taken on the command line.*--token-env") as refused:
         call_command("add_connection", "c", "--owner", operator.username, "--kind",
                      "github_token", "--token", "ghp_visible_in_ps", stdout=StringIO())
+    assert "ghp_visible_in_ps" not in str(refused.value)
+    assert not Connection.objects.exists()
 
 
 def test_test_connection_records_and_prints_and_exits_1_on_failure(operator, app_connection,
