@@ -8,15 +8,20 @@ test again), then the outcome is recorded in a statement of its own.
 """
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from . import outbound, senders
 from .models import Connection, ConnectionKind, Webhook
 
 
+# A write-back the source took moves the connection's last success no more often than this:
+# "last success" then says the connection worked within about a minute, at one UPDATE a minute.
+SUCCESS_RECORD_INTERVAL = timedelta(minutes=1)
 # How many webhooks an error names before "…": enough to find them, short enough to read.
 MAX_NAMED_WEBHOOKS = 10
 
@@ -110,6 +115,23 @@ def test_connection(connection: Connection, *, now=None) -> ConnectionTest:
     connection.identity, connection.identity_id = identity.login[:200], identity.id[:64]
     connection.last_success_at = now
     return ConnectionTest(ok=True, identity=connection.identity)
+
+
+def record_connection_success(connection: Connection, *, now) -> bool:
+    """A write-back the source took: ``last_success_at`` moves to ``now``, at most once per
+    ``SUCCESS_RECORD_INTERVAL``, so a busy connection costs one UPDATE a minute, not one per
+    send. The time the caller read with the row decides whether to ask at all; the statement's
+    guard (stored time older than the interval, or none) keeps overlapping workers to one write
+    and never moves the time back. Returns whether it was recorded."""
+    recorded = connection.last_success_at
+    if recorded is not None and recorded > now - SUCCESS_RECORD_INTERVAL:
+        return False
+    moved = Connection.objects.filter(
+        Q(last_success_at__isnull=True) | Q(last_success_at__lte=now - SUCCESS_RECORD_INTERVAL),
+        pk=connection.pk).update(last_success_at=now)
+    if moved:
+        connection.last_success_at = now
+    return bool(moved)
 
 
 def record_connection_error(connection: Connection, error: str, *, now) -> None:

@@ -760,6 +760,45 @@ def test_the_write_backs_command_says_retrying_as_the_console_does(hooked_by_tok
     assert write_backs_listed("--state", "retrying") == []
 
 
+def test_a_sent_write_back_moves_the_connections_last_success_at_most_once_a_minute(
+        hooked_by_token, github):
+    from django.db import connection as db
+    from django.test.utils import CaptureQueriesContext
+
+    connection = Connection.objects.get(name="gh-token")
+    start = timezone.now()
+    Connection.objects.filter(pk=connection.pk).update(
+        last_success_at=start - timedelta(minutes=5))
+
+    def deliver_issue(number):
+        payload = issue_opened()
+        payload["issue"]["number"] = number
+        return deliver("issues", payload)
+
+    def last_success():
+        return Connection.objects.get(pk=connection.pk).last_success_at
+
+    deliver_issue(101)
+    assert send(start) >= 1
+    assert last_success() == start
+    # Sends within the minute after it write nothing to the connection.
+    deliver_issue(102)
+    with CaptureQueriesContext(db) as queries:
+        assert send(start + timedelta(seconds=30)) >= 1
+    assert not [q["sql"] for q in queries.captured_queries
+                if q["sql"].startswith(f'UPDATE "{Connection._meta.db_table}"')]
+    assert any(q["sql"].startswith('UPDATE "ingest_writeback"') for q in queries.captured_queries)
+    assert last_success() == start
+    deliver_issue(103)
+    send(start + timedelta(seconds=61))
+    assert last_success() == start + timedelta(seconds=61)
+    # A failed send moves nothing; the page shows the time a send last succeeded.
+    github.fail(503, times=None)
+    deliver_issue(104)
+    send(start + timedelta(minutes=3))
+    assert last_success() == start + timedelta(seconds=61)
+
+
 def test_the_retention_prune_takes_the_write_backs_of_the_todos_it_takes(hooked_by_token, github,
                                                                           agent, settings):
     from ingest import sweeps
