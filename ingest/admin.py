@@ -212,6 +212,16 @@ class WebhookAdmin(OwnRowsAdmin):
                            reverse("webhook-page", args=[obj.slug]))
 
 
+def api_url_help() -> str:
+    """The api_url field's help: each connection kind's default, read from its sender, so a
+    new kind is named here without an edit."""
+    defaults = "; ".join(
+        f"{kind}: {spec.default_api_url or 'none, name the instance (https://HOST/api/v1)'}"
+        for kind, spec in senders.CONNECTION_SPECS.items())
+    return (f"Empty: the kind's default ({defaults}). GitHub Enterprise Server: "
+            "https://HOST/api/v3; self-hosted GitLab: https://HOST/api/v4.")
+
+
 class ConnectionForm(forms.ModelForm):
     new_secret = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 4, "autocomplete": "off"}),
@@ -222,8 +232,7 @@ class ConnectionForm(forms.ModelForm):
 
     api_url = forms.URLField(
         required=False, max_length=300, assume_scheme="https",
-        help_text="Empty: the source's public API (GitHub: https://api.github.com). GitHub "
-                  "Enterprise Server: https://HOST/api/v3.")
+        help_text=api_url_help())
 
     class Meta:
         model = Connection
@@ -236,6 +245,11 @@ class ConnectionForm(forms.ModelForm):
         kind = data.get("kind") or self.instance.kind
         if not kind:
             return data
+        if existing and data.get("owner") is not None:
+            try:
+                connections.check_connection_owner(self.instance, data["owner"])
+            except ValidationError as exc:
+                self.add_error("owner", exc.message_dict["owner"])
         try:
             checked = connections.check_connection_fields(
                 kind=kind, secret=secret, app_id=data.get("app_id", ""),

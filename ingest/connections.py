@@ -8,13 +8,22 @@ test again), then the outcome is recorded in a statement of its own.
 """
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from . import outbound, senders
 from .models import Connection, ConnectionKind, Webhook
+
+
+# A write-back the source took moves the connection's last success no more often than this:
+# "last success" then says the connection worked within about a minute, at one UPDATE a minute.
+SUCCESS_RECORD_INTERVAL = timedelta(minutes=1)
+# How many webhooks an error names before "…": enough to find them, short enough to read.
+MAX_NAMED_WEBHOOKS = 10
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,23 @@ def test_connection(connection: Connection, *, now=None) -> ConnectionTest:
     return ConnectionTest(ok=True, identity=connection.identity)
 
 
+def record_connection_success(connection: Connection, *, now) -> bool:
+    """A write-back the source took: ``last_success_at`` moves to ``now``, at most once per
+    ``SUCCESS_RECORD_INTERVAL``, so a busy connection costs one UPDATE a minute, not one per
+    send. The time the caller read with the row decides whether to ask at all; the statement's
+    guard (stored time older than the interval, or none) keeps overlapping workers to one write
+    and never moves the time back. Returns whether it was recorded."""
+    recorded = connection.last_success_at
+    if recorded is not None and recorded > now - SUCCESS_RECORD_INTERVAL:
+        return False
+    moved = Connection.objects.filter(
+        Q(last_success_at__isnull=True) | Q(last_success_at__lte=now - SUCCESS_RECORD_INTERVAL),
+        pk=connection.pk).update(last_success_at=now)
+    if moved:
+        connection.last_success_at = now
+    return bool(moved)
+
+
 def record_connection_error(connection: Connection, error: str, *, now) -> None:
     """The connection's last error: a failed test, or a write-back the source refused for the
     connection's own sake (a revoked token, a removed App)."""
@@ -132,6 +158,23 @@ def check_webhook_connection(webhook: Webhook, connection: Connection | None) ->
         raise ValidationError({"connection": (
             f"connection {connection.name} and webhook {webhook.slug} have different owners; a "
             "webhook writes back only under its owner's connections")})
+
+
+def check_connection_owner(connection: Connection, owner) -> None:
+    """ValidationError naming the webhooks that write back under ``connection`` unless
+    ``owner`` owns them all: moving a connection to another operator would have their
+    webhooks write back under someone else's identity (``check_webhook_connection``'s rule)."""
+    if connection.pk is None or owner is None or owner.pk == connection.owner_id:
+        return
+    slugs = list(Webhook.objects.filter(connection=connection).exclude(owner=owner)
+                 .order_by("slug").values_list("slug", flat=True)[:MAX_NAMED_WEBHOOKS + 1])
+    if slugs:
+        named = ", ".join(slugs[:MAX_NAMED_WEBHOOKS]) + (
+            ", …" if len(slugs) > MAX_NAMED_WEBHOOKS else "")
+        raise ValidationError({"owner": (
+            f"webhooks of another owner write back under connection {connection.name}: "
+            f"{named}; a webhook writes back only under its owner's connections, so choose "
+            "another connection for them (set_connection) before moving this one")})
 
 
 def set_webhook_connection(webhook: Webhook, connection: Connection | None) -> None:

@@ -223,6 +223,17 @@ class WriteBack(models.Model):
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
 
+    # Its state as every page and command shows it: "retrying" while a send failed and another
+    # is due or under way (``RETRYING_STATES`` with ``failing_since``), else the stored state.
+    RETRYING = "retrying"
+    RETRYING_STATES = (WriteBackState.PENDING, WriteBackState.SENDING)
+
+    @property
+    def shown_state(self) -> str:
+        if self.state in self.RETRYING_STATES and self.failing_since is not None:
+            return self.RETRYING
+        return self.state
+
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["todo", "action"], name="writeback_todo_action"),

@@ -197,12 +197,19 @@ def delivery_as_dict(record) -> dict:
         "id": str(record.pk), "at": record.at.isoformat().replace("+00:00", "Z"),
         "outcome": record.outcome, "status": record.status, "delivery_id": record.delivery_id,
         "kind": record.kind, "size": record.size, "todos": record.todo_id_list,
+        "reason": record.reason,
         "redelivered_from": str(record.redelivered_from_id) if record.redelivered_from_id else None,
     }
 
 
 def find_connection(name: str) -> Connection | None:
     return Connection.objects.filter(name=name).first()
+
+
+# A write-back the source refused, or one given up on: it waits for an operator's retry.
+FAILING_WRITE_BACK_STATES = (WriteBackState.FAILED, WriteBackState.ABANDONED)
+# A send failed and another is due or under way (``WriteBack.shown_state``'s "retrying").
+RETRYING_WRITE_BACKS = Q(state__in=WriteBack.RETRYING_STATES, failing_since__isnull=False)
 
 
 def latest_write_backs(*, todo_id=None, webhook=None, state=None, limit: int):
@@ -213,7 +220,9 @@ def latest_write_backs(*, todo_id=None, webhook=None, state=None, limit: int):
         rows = rows.filter(todo_id=todo_id)
     if webhook is not None:
         rows = rows.filter(todo__delivery_event__webhook=webhook)
-    if state:
+    if state == WriteBack.RETRYING:
+        rows = rows.filter(RETRYING_WRITE_BACKS)
+    elif state:
         rows = rows.filter(state=state)
     return rows[:limit]
 
@@ -232,7 +241,8 @@ def write_back_as_dict(row: WriteBack, *, now=None) -> dict:
     held = row.connection.held_until
     return {"id": row.pk, "todo": str(row.todo_id), "connection": row.connection.name,
             "action": row.action, "target": row.target_label, "url": write_back_url(row) or None,
-            "state": row.state, "attempts": row.attempts, "last_error": row.last_error,
+            "state": row.state, "retrying": row.shown_state == WriteBack.RETRYING,
+            "attempts": row.attempts, "last_error": row.last_error,
             "external_id": row.external_id or None,
             "sent_at": row.sent_at.isoformat() if row.sent_at else None,
             "next_attempt_at": (row.next_attempt_at.isoformat()
@@ -263,8 +273,6 @@ def write_backs_of_todos(todo_ids) -> dict:
     return found
 
 
-# A write-back the source refused, or one given up on: it waits for an operator's retry.
-FAILING_WRITE_BACK_STATES = (WriteBackState.FAILED, WriteBackState.ABANDONED)
 
 
 def write_back_trouble(webhook, *, limit: int) -> dict:
@@ -274,8 +282,7 @@ def write_back_trouble(webhook, *, limit: int) -> dict:
     rows = WriteBack.objects.filter(todo__delivery_event__webhook=webhook)
     counts = rows.aggregate(
         failing=Count("id", filter=Q(state__in=FAILING_WRITE_BACK_STATES)),
-        retrying=Count("id", filter=Q(state__in=(WriteBackState.PENDING, WriteBackState.SENDING),
-                                      failing_since__isnull=False)))
+        retrying=Count("id", filter=RETRYING_WRITE_BACKS))
     latest = list(rows.filter(state__in=FAILING_WRITE_BACK_STATES).select_related("connection")
                   .order_by("-id")[:limit])
     for row in latest:

@@ -349,6 +349,7 @@ def finish_write_back(row: WriteBack, *, now, external_id: str = "",
                             sent_at=now, sending_until=None, failing_since=None, last_error="",
                             next_attempt_at=now):
                 count_outcome(source, OUTCOME_SENT, accepted_after=accepted_after)
+                connections.record_connection_success(row.connection, now=now)
         return WriteBack.objects.filter(pk=row.pk).values_list("state", flat=True).first()
     failing_since = row.failing_since or now
     message = error.message[:MAX_ERROR_CHARS]

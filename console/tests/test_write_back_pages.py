@@ -239,6 +239,7 @@ def test_the_webhook_page_shows_its_connection_and_failing_write_backs(refused_s
     assert "gh-app" in card and "github_app" in card
     assert "writes as <strong id=\"connection-identity\">switchboard-test[bot]</strong>" in card
     assert app_connection.last_success_at.strftime("%Y-%m-%d %H:%M:%S") in card
+    assert "last success (a test or a write-back)" in card
     assert 'action="/todos/webhooks/gh/test-connection"' in card
     assert "1 failing" in card and "1 retrying" in card
     listed = card[card.index('class="failing-write-backs"'):]

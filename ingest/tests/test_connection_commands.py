@@ -47,12 +47,21 @@ def test_add_connection_reads_a_token_from_the_environment(operator, github, mon
     assert github.token not in json.dumps(data)
 
 
-def test_add_connection_saves_a_connection_whose_test_fails(operator, github, tmp_path):
+def test_add_connection_saves_a_connection_whose_test_fails_and_exits_1(operator, github,
+                                                                         tmp_path):
     token = tmp_path / "token"
     token.write_text("ghp_wrong0123456789\n")
-    data = run("add_connection", "gh-token", "--owner", operator.username, "--kind",
-               "github_token", "--token-file", str(token), "--api-url", github.api_url)
+    out, err = StringIO(), StringIO()
+    with pytest.raises(SystemExit) as exited:
+        call_command("add_connection", "gh-token", "--owner", operator.username, "--kind",
+                     "github_token", "--token-file", str(token), "--api-url", github.api_url,
+                     "--json", stdout=out, stderr=err)
+    assert exited.value.code == 1
+    data = json.loads(out.getvalue())
     assert data["ok"] is False and data["error"] == "401: Bad credentials"
+    assert "was saved, but the test failed: 401: Bad credentials" in err.getvalue()
+    assert "manage.py test_connection gh-token" in err.getvalue()
+    assert "ghp_wrong" not in out.getvalue() + err.getvalue()
     assert Connection.objects.filter(name="gh-token").exists()
 
 
@@ -71,9 +80,11 @@ def test_add_connection_errors(operator, args, message):
 
 
 def test_the_secret_cannot_be_given_on_the_command_line(operator):
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError, match="not taken on the command line.*--token-env") as refused:
         call_command("add_connection", "c", "--owner", operator.username, "--kind",
                      "github_token", "--token", "ghp_visible_in_ps", stdout=StringIO())
+    assert "ghp_visible_in_ps" not in str(refused.value)
+    assert not Connection.objects.exists()
 
 
 def test_test_connection_records_and_prints_and_exits_1_on_failure(operator, app_connection,
@@ -191,3 +202,33 @@ def test_add_webhook_route_takes_what_the_source_hears(operator, endpoint, app_c
     with pytest.raises(CommandError):
         call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "other",
                      "--write-back", "loud", stdout=StringIO(), stderr=StringIO())
+
+
+def test_the_connection_admin_refuses_moving_a_connection_its_webhooks_write_back_under(
+        admin_client, operator, app_connection, github):
+    run("add_webhook", "gh", "--owner", operator.username, "--source", "github",
+        "--connection", "gh-app")
+    bob = UserFactory(username="bob")
+    answer = admin_client.post(f"/admin/ingest/connection/{app_connection.pk}/change/", {
+        "name": "gh-app", "owner": bob.pk, "api_url": github.api_url,
+        "app_id": str(github.app_id), "new_secret": ""})
+    assert answer.status_code == 200
+    assert "webhooks of another owner write back under connection gh-app: gh;" in (
+        answer.content.decode())
+    assert Connection.objects.get(pk=app_connection.pk).owner == operator
+    # Once no webhook writes back under it, it may move.
+    run("set_connection", "gh", "none")
+    answer = admin_client.post(f"/admin/ingest/connection/{app_connection.pk}/change/", {
+        "name": "gh-app", "owner": bob.pk, "api_url": github.api_url,
+        "app_id": str(github.app_id), "new_secret": ""})
+    assert answer.status_code == 302
+    assert Connection.objects.get(pk=app_connection.pk).owner == bob
+
+
+def test_the_connection_admin_names_every_kinds_default_api_url(admin_client):
+    from ingest import senders
+
+    page = admin_client.get("/admin/ingest/connection/add/").content.decode()
+    for kind, spec in senders.CONNECTION_SPECS.items():
+        assert f"{kind}: {spec.default_api_url or 'none'}" in page
+    assert "https://gitlab.com/api/v4" in page and "https://slack.com/api" in page

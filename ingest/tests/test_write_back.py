@@ -3,10 +3,13 @@ example payloads (@octokit/webhooks-examples), sent to a stand-in held to GitHub
 description. The worker is driven by hand (``send_due_write_backs``), as a Celery task or the
 embedded scheduler would call it, so every test sees exactly when requests leave."""
 
+import json
 import threading
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 
@@ -647,6 +650,14 @@ def test_the_apps_own_comment_makes_no_todo(hooked, github):
     (record,) = DeliveryRecord.objects.filter(webhook=hooked)
     assert record.outcome == "filtered" and record.reason == "own_write_back"
     assert not Todo.objects.exists()
+    # manage.py deliveries says why, as the console does (docs/commands.md#deliveries).
+    out = StringIO()
+    call_command("deliveries", hooked.slug, "--json", stdout=out)
+    assert [row["reason"] for row in json.loads(out.getvalue())["deliveries"]] == [
+        "own_write_back"]
+    out = StringIO()
+    call_command("deliveries", hooked.slug, stdout=out)
+    assert "filtered" in out.getvalue() and "reason: own_write_back" in out.getvalue()
     # A person's comment on the same issue is work as ever.
     assert deliver("issue_comment", webhook_example("issue_comment", action="created"))
 
@@ -699,22 +710,12 @@ def test_post_update_edits_the_status_at_most_every_10_s_latest_wins(hooked_by_t
 
 
 def write_backs_listed(*args) -> list[dict]:
-    import json
-    from io import StringIO
-
-    from django.core.management import call_command
-
     out = StringIO()
     call_command("write_backs", *args, "--json", stdout=out)
     return json.loads(out.getvalue())["write_backs"]
 
 
 def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
-    import json
-    from io import StringIO
-
-    from django.core.management import call_command
-
     todo = deliver("issues", issue_opened())
     todo_transitions.claim_todo(agent, todo.pk)
     github.fail(422, message="Validation Failed", times=1)
@@ -728,12 +729,74 @@ def test_the_write_backs_command_lists_them(hooked_by_token, github, agent):
     assert listed[1]["last_error"] == "422: Validation Failed"
     assert listed[1]["connection"] == "gh-token" and listed[1]["todo"] == str(todo.pk)
     assert set(listed[0]) == {"id", "todo", "connection", "action", "target", "url", "state",
-                              "attempts", "last_error", "external_id", "sent_at",
+                              "retrying", "attempts", "last_error", "external_id", "sent_at",
                               "next_attempt_at", "held_until"}
     assert listed[0]["url"].endswith(f"/issues/{todo.payload['issue']['number']}")
     out = StringIO()
     call_command("write_backs", "--todo", str(todo.pk), "--state", "failed", "--json", stdout=out)
     assert len(json.loads(out.getvalue())["write_backs"]) == 1
+
+
+def test_the_write_backs_command_says_retrying_as_the_console_does(hooked_by_token, github,
+                                                                   client, operator):
+    todo = deliver("issues", issue_opened())
+    github.fail(503, times=None)
+    send()
+    (ack,) = write_backs_listed("--state", "retrying")
+    assert ack["action"] == "ack" and ack["state"] == "pending" and ack["retrying"] is True
+    assert write_backs_listed("--state", "failed") == []
+    out = StringIO()
+    call_command("write_backs", "--todo", str(todo.pk), stdout=out)
+    assert " retrying " in out.getvalue() and " pending " not in out.getvalue()
+    client.force_login(operator)
+    page = client.get(f"/todos/{todo.pk}/").content.decode()
+    assert ">retrying</span>" in page
+    # A retry under way is still retrying; a send that succeeds ends it.
+    WriteBack.objects.filter(pk=ack["id"]).update(state="sending")
+    assert [row["id"] for row in write_backs_listed("--state", "retrying")] == [ack["id"]]
+    WriteBack.objects.filter(pk=ack["id"]).update(state="pending", next_attempt_at=timezone.now())
+    github.recover()
+    send()
+    assert write_backs_listed("--state", "retrying") == []
+
+
+def test_a_sent_write_back_moves_the_connections_last_success_at_most_once_a_minute(
+        hooked_by_token, github):
+    from django.db import connection as db
+    from django.test.utils import CaptureQueriesContext
+
+    connection = Connection.objects.get(name="gh-token")
+    start = timezone.now()
+    Connection.objects.filter(pk=connection.pk).update(
+        last_success_at=start - timedelta(minutes=5))
+
+    def deliver_issue(number):
+        payload = issue_opened()
+        payload["issue"]["number"] = number
+        return deliver("issues", payload)
+
+    def last_success():
+        return Connection.objects.get(pk=connection.pk).last_success_at
+
+    deliver_issue(101)
+    assert send(start) >= 1
+    assert last_success() == start
+    # Sends within the minute after it write nothing to the connection.
+    deliver_issue(102)
+    with CaptureQueriesContext(db) as queries:
+        assert send(start + timedelta(seconds=30)) >= 1
+    assert not [q["sql"] for q in queries.captured_queries
+                if q["sql"].startswith(f'UPDATE "{Connection._meta.db_table}"')]
+    assert any(q["sql"].startswith('UPDATE "ingest_writeback"') for q in queries.captured_queries)
+    assert last_success() == start
+    deliver_issue(103)
+    send(start + timedelta(seconds=61))
+    assert last_success() == start + timedelta(seconds=61)
+    # A failed send moves nothing; the page shows the time a send last succeeded.
+    github.fail(503, times=None)
+    deliver_issue(104)
+    send(start + timedelta(minutes=3))
+    assert last_success() == start + timedelta(seconds=61)
 
 
 def test_the_retention_prune_takes_the_write_backs_of_the_todos_it_takes(hooked_by_token, github,

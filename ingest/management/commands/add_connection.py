@@ -1,4 +1,6 @@
+import argparse
 import os
+import sys
 from pathlib import Path
 
 from django.core.exceptions import ValidationError
@@ -48,11 +50,18 @@ class Command(JsonCommand):
         secret.add_argument("--token-env", metavar="VAR",
                             help="read the token from this environment variable")
         secret.add_argument("--token-file", metavar="PATH", help="read the token from this file")
+        # Not an option: here only to refuse it in words rather than argparse's "ambiguous
+        # option" (--token is a prefix of both flags above). Its value is never printed.
+        parser.add_argument("--token", dest="token_on_command_line", help=argparse.SUPPRESS)
         parser.add_argument("--api-url", help="the source's API root (GitHub Enterprise Server: "
                                               "https://HOST/api/v3); default the public one")
 
     def handle(self, *args, name, owner, kind, app_id, private_key_file, token_env, token_file,
-               api_url, **options):
+               api_url, token_on_command_line, **options):
+        if token_on_command_line is not None:
+            raise CommandError("--token: secrets are not taken on the command line (other users "
+                               "and the shell's history see them); use --token-env VAR or "
+                               "--token-file PATH")
         if kind == ConnectionKind.GITHUB_APP:
             if token_env or token_file:
                 raise CommandError("--kind github_app takes --app-id and --private-key-file, "
@@ -75,6 +84,11 @@ class Command(JsonCommand):
                       "api_url": connection.api_url, "ok": test.ok, "identity": test.identity,
                       "error": test.error},
             f"connection {connection.name} ({connection.kind}, {connection.api_url})\n"
-            + (f"  tested: writes back as {test.identity}" if test.ok
-               else f"  saved, but the test failed: {test.error}\n"
-                    f"  fix it at the source, then: manage.py test_connection {connection.name}"))
+            + (f"  tested: writes back as {test.identity}" if test.ok else "  saved"))
+        if not test.ok:
+            # Exits 1 as test_connection does, so a script notices; the connection is kept.
+            self.stderr.write(
+                f"connection {connection.name} was saved, but the test failed: {test.error}\n"
+                f"fix it at the source, then test it again: manage.py test_connection "
+                f"{connection.name}")
+            sys.exit(1)

@@ -28,5 +28,6 @@ class Command(JsonCommand):
         human = "\n".join(
             f"#{r['id']} {r['at']} {r['outcome']:<16} {r['status']} {r['kind'] or '-'} "
             f"{r['delivery_id'] or '-'} {r['size']} B todos={','.join(r['todos']) or '-'}"
+            + (f" reason: {r['reason']}" if r["reason"] else "")
             for r in rows) or f"no deliveries for {webhook}"
         self.emit(options, {"deliveries": rows}, human)

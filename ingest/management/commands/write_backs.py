@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
 from ingest import queries
-from ingest.models import Webhook, WriteBackState
+from ingest.models import Webhook, WriteBack, WriteBackState
 from switchboard.commands import JsonCommand
 
 DEFAULT_LIMIT = 50
@@ -16,7 +16,9 @@ class Command(JsonCommand):
     def add_arguments(self, parser):
         parser.add_argument("--todo", help="only this todo's (its id)")
         parser.add_argument("--webhook", help="only those of this webhook's todos (its slug)")
-        parser.add_argument("--state", choices=WriteBackState.values, help="only this state")
+        parser.add_argument("--state", choices=[*WriteBackState.values, WriteBack.RETRYING],
+                            help="only this state (retrying: pending or sending after a "
+                                 "failed send)")
         parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
                             help=f"at most this many (1-{MAX_LIMIT}, default {DEFAULT_LIMIT})")
 
@@ -33,7 +35,8 @@ class Command(JsonCommand):
         rows = [queries.write_back_as_dict(row) for row in queries.latest_write_backs(
             todo_id=int(todo) if todo else None, webhook=hook, state=state, limit=limit)]
         human = "\n".join(
-            f"#{r['id']} todo {r['todo']} {r['action']:<6} {r['state']:<9} {r['target']} "
+            f"#{r['id']} todo {r['todo']} {r['action']:<6} "
+            f"{WriteBack.RETRYING if r['retrying'] else r['state']:<9} {r['target']} "
             f"attempts={r['attempts']}"
             + (f" next={r['next_attempt_at']}" if r["next_attempt_at"] else "")
             + (f" held until {r['held_until']} (the source's rate limit)"
