@@ -1,7 +1,7 @@
 """Benchmark: agents draining a queue over MCP vs. the same cycle through the transitions.
 
     DATABASE_URL=postgres://… REDIS_URL=redis://… python bench/mcp.py [--todos 4000] [--clients 8]
-        [--trace-rounds 1]
+        [--trace-rounds 1] [--compare-tree DIR]
 
 One run, side by side, on the database DATABASE_URL names (PostgreSQL; it is migrated first):
 
@@ -31,10 +31,12 @@ cycle (clients included), whatever the server does; the split says which part a 
 still win.
 
 Traces (docs/operating.md#traces): ``--trace-rounds N`` (default 1) more runs of the MCP
-drain, alternating one with no OTEL_* variable and one exporting every span to a local
-OTLP/HTTP receiver (tests/otlp_receiver.py), and prints the daphne process's CPU per tools/call
-for both side by side, medians over the rounds (target: on at most 10 % over unset; unset is
-the run above, with no tracing code beyond one check per call).
+drain, alternating one with no OTEL_* variable ("unset"), one with an endpoint but
+``OTEL_SDK_DISABLED=true`` ("off"), one exporting every span to a local OTLP/HTTP receiver
+(tests/otlp_receiver.py, "on") and, with ``--compare-tree DIR``, one served from a checkout
+from before traces ("before"), and prints the daphne process's CPU per tools/call for each side
+by side, medians over the rounds (targets: before, off and unset alike; on at most 10 % over
+unset).
 """
 
 import argparse
@@ -284,15 +286,19 @@ def run_mcp(server_url, endpoint, credential, clients: int):
     return cycles, elapsed, latencies, sum(o[3] for o in outcomes)
 
 
-def measure_server(slug: str, args, env=None):
-    """One MCP run on a fresh queue against its own daphne (``env``: more variables for it):
-    ``(cycles, seconds, latencies, client cpu, server cpu, backends cpu)``."""
+def measure_server(slug: str, args, env=None, tree=None):
+    """One MCP run on a fresh queue against its own daphne (``env``: more variables for it;
+    ``tree``: served from another checkout): ``(cycles, seconds, latencies, client cpu, server
+    cpu, backends cpu)``."""
     from tests.servers import DaphneServer
 
     endpoint, credential = make_queue(slug, args.todos)
     # The bench must not be throttled by the per-credential limit it is not measuring.
-    server = DaphneServer(env={"SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
-                               "DATABASE_URL": os.environ["DATABASE_URL"], **(env or {})}).start()
+    env = {"SWITCHBOARD_MCP_RATE_PER_MINUTE": "100000000",
+           "DATABASE_URL": os.environ["DATABASE_URL"], **(env or {})}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    server = DaphneServer(env=env, tree=tree).start()
     try:
         server_pid = server.process.pid
         server_cpu, backends = process_cpu_seconds(server_pid), backends_cpu_snapshot()
@@ -305,19 +311,25 @@ def measure_server(slug: str, args, env=None):
 
 
 def compare_traces(run_id: str, args) -> dict:
-    """Server CPU per tools/call with traces unset (no OTEL_* variable) and on (exporting every
-    span to a local OTLP/HTTP receiver, tests/otlp_receiver.py), in alternating rounds so drift
-    on a shared machine falls on both: ``{"unset": [ms…], "on": [ms…], "spans": n}``."""
+    """Server CPU per tools/call with traces unset (no OTEL_* variable), off (an endpoint set
+    but ``OTEL_SDK_DISABLED=true``) and on (exporting every span to a local OTLP/HTTP receiver,
+    tests/otlp_receiver.py), and with ``--compare-tree`` the code before traces ("before"), in
+    alternating rounds so drift on a shared machine falls on all: ``{mode: [ms…], "spans": n}``."""
     from tests.otlp_receiver import OtlpReceiver
 
     unset = {name: "" for name in os.environ if name.startswith("OTEL_")}
-    per_call = {"unset": [], "on": []}
+    modes = {"unset": (unset, None)}
+    if args.compare_tree is not None:
+        modes = {"before": (unset, args.compare_tree.resolve()), **modes}
     with OtlpReceiver() as receiver:
-        on = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}
+        modes["off"] = ({**unset, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                         "OTEL_SDK_DISABLED": "true"}, None)
+        modes["on"] = ({**unset, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url}, None)
+        per_call = {mode: [] for mode in modes}
         for round_number in range(args.trace_rounds):
-            for mode, env in (("unset", unset), ("on", on)):
+            for mode, (env, tree) in modes.items():
                 cycles, _, latencies, _, server_cpu, _ = measure_server(
-                    f"bench-traces-{mode}-{round_number}-{run_id}", args, env=env)
+                    f"bench-traces-{mode}-{round_number}-{run_id}", args, env=env, tree=tree)
                 per_call[mode].append(server_cpu / len(latencies) * 1000)
         per_call["spans"] = len(receiver.snapshot())
         per_call["problems"] = receiver.problems
@@ -336,8 +348,11 @@ def main():
     parser.add_argument("--todos", type=int, default=4000)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--trace-rounds", type=int, default=1, metavar="N",
-                        help="rounds of the traces comparison (one run unset, one run on, "
-                             "each round); 0 skips it")
+                        help="rounds of the traces comparison (one run unset, one off, one "
+                             "on, each round); 0 skips it")
+    parser.add_argument("--compare-tree", type=Path, default=None, metavar="DIR",
+                        help="a checkout from before traces, served as mode 'before' in the "
+                             "traces comparison (git worktree add DIR <commit>)")
     args = parser.parse_args()
     setup_django()
     from django.conf import settings
@@ -400,14 +415,17 @@ def main():
           f"{daphne_reference_per_call / reference_per_call:.2f}; ratio switchboard/reference "
           f"both on daphne = {daphne_per_call / daphne_reference_per_call:.2f}")
     if traced is not None:
-        unset_ms, on_ms = statistics.median(traced["unset"]), statistics.median(traced["on"])
-        print(f"  server cpu per tools/call, traces unset vs on (exporting to a local OTLP/HTTP "
-              f"receiver), median of {args.trace_rounds}: unset {unset_ms:.3f} ms, on "
-              f"{on_ms:.3f} ms ({(on_ms / unset_ms - 1) * 100:+.1f} %, target <= +10 %); "
-              f"{traced['spans']} spans received"
-              f"{', receiver problems: ' + str(traced['problems']) if traced['problems'] else ''}")
-        print(f"    rounds: unset {' '.join(f'{ms:.3f}' for ms in traced['unset'])}; "
-              f"on {' '.join(f'{ms:.3f}' for ms in traced['on'])}")
+        medians = {mode: statistics.median(traced[mode]) for mode in traced
+                   if mode not in ("spans", "problems")}
+        unset_ms = medians["unset"]
+        print(f"  server cpu per tools/call with traces, median of {args.trace_rounds} "
+              "alternating rounds (targets: before, off = unset; on <= +10 %): "
+              + "; ".join(f"{mode} {ms:.3f} ms ({(ms / unset_ms - 1) * 100:+.1f} %)"
+                          for mode, ms in medians.items())
+              + f"; {traced['spans']} spans received"
+              + (f", receiver problems: {traced['problems']}" if traced["problems"] else ""))
+        print("    rounds: " + "; ".join(f"{mode} " + " ".join(f"{ms:.3f}" for ms in traced[mode])
+                                         for mode in medians))
     print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on "
           f"{os.cpu_count()} cores")
 

@@ -53,7 +53,9 @@ PORT_ATTEMPTS = 3
 
 
 class DaphneServer:
-    def __init__(self, *, env=None, port=None):
+    def __init__(self, *, env=None, port=None, tree=None):
+        # ``tree``: serve another checkout of this repository (a benchmark's A/B), else this one.
+        self.tree = tree or REPO_ROOT
         self._own_port = port is None
         self._use_port(port or free_port())
         self.env = {
@@ -81,7 +83,7 @@ class DaphneServer:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
                  "switchboard.asgi:application"],
-                cwd=REPO_ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                cwd=self.tree, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
             )
             try:
                 self.wait_ready()
