@@ -139,6 +139,12 @@ class Webhook(models.Model):
         return self.slug
 
 
+class FollowUps(models.TextChoices):
+    COALESCE = "coalesce"
+    NEW = "new"
+    SKIP = "skip"
+
+
 class Route(models.Model):
     """webhook -> (endpoint, queue); ``kinds`` empty means every event kind."""
 
@@ -165,6 +171,11 @@ class Route(models.Model):
     # when the webhook has a connection; without one, nothing.
     write_back = models.CharField(max_length=8, choices=WriteBackLevel.choices,
                                   default=WriteBackLevel.STATUS)
+    # Threads (docs/work-control.md#threads); "" is the sender's default for both.
+    follow_ups = models.CharField(max_length=8, choices=FollowUps.choices, blank=True, default="")
+    thread_key = models.CharField(max_length=300, blank=True, default="")
+    stop_kinds = models.JSONField(default=list, blank=True)
+    stop = models.BooleanField(default=True)
 
     class Meta:
         constraints = [
@@ -325,6 +336,8 @@ class Outcome(models.TextChoices):
     NO_ROUTE = "no_route"
     # Routes matched the kind, but the event's actor qualified for none of them.
     FILTERED = "filtered"
+    COALESCED = "coalesced"
+    STOPPED = "stopped"
 
 
 class DeliveryRecord(models.Model):

@@ -82,6 +82,10 @@ LIVE_FOR_IDEMPOTENCY = Q(state__in=[State.PENDING, State.CLAIMED, State.AWAITING
     state=State.FAILED, dead_lettered_at__isnull=True
 )
 
+# A todo being stopped takes no follow-ups: a reopened thread gets a new todo.
+LIVE_FOR_THREAD = LIVE_FOR_IDEMPOTENCY & Q(cancel_requested_at__isnull=True)
+THREAD_MAX_CHARS = 300
+
 
 class WriteBack(models.TextChoices):
     """What a todo's source hears of it (docs/write-back.md#what-is-written-back), fixed when it
@@ -171,6 +175,15 @@ class Todo(models.Model):
     # An attempt that takes the todo's cost past this dead-letters it instead of retrying.
     # Empty: the endpoint's max_cost_usd, if it has one.
     max_cost_usd = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
+    # Threads (docs/work-control.md#threads). thread_live_key (``<webhook id>:<thread>``) only
+    # when the route coalesces: todo_live_thread makes one live todo per thread exact.
+    thread = models.CharField(max_length=THREAD_MAX_CHARS, null=True, blank=True)
+    thread_live_key = models.CharField(max_length=THREAD_MAX_CHARS + 24, null=True, blank=True)
+    # FollowUp.seq runs 1..followup_count; followups_given: how many this lease's holder has.
+    followup_count = models.PositiveIntegerField(default=0, db_default=0)
+    followups_given = models.PositiveIntegerField(default=0, db_default=0)
+    # The source or an operator asked the holder to stop; a lapse then cancels, never retries.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -222,6 +235,9 @@ class Todo(models.Model):
             ),
             # Board and list_todos: an endpoint's todos by state, newest first.
             models.Index(fields=["endpoint", "state", "queue"], name="todo_by_state"),
+            # A thread's todos; partial, so todos without one cost no index insert.
+            models.Index(fields=["endpoint", "thread"], condition=Q(thread__isnull=False),
+                         name="todo_by_thread"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -234,6 +250,12 @@ class Todo(models.Model):
                 fields=["endpoint", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False) & LIVE_FOR_IDEMPOTENCY,
                 name="todo_live_idempotency_key",
+            ),
+            # Concurrent deliveries on one coalescing thread collapse here.
+            models.UniqueConstraint(
+                fields=["endpoint", "thread_live_key"],
+                condition=Q(thread_live_key__isnull=False) & LIVE_FOR_THREAD,
+                name="todo_live_thread",
             ),
         ]
 
@@ -274,6 +296,29 @@ class TodoEvent(models.Model):
         # No actor: admin prints this above each history row, and an agent's actor is its
         # whole session id (a handle of the session; the inline shows its label instead).
         return f"{self.action} {self.from_state}->{self.to_state}"
+
+
+class FollowUp(models.Model):
+    """A delivery folded into its thread's live todo (docs/work-control.md#threads)."""
+
+    todo = models.ForeignKey(Todo, on_delete=models.CASCADE, related_name="followups",
+                             db_index=False, db_constraint=False)
+    seq = models.PositiveIntegerField()
+    delivery_event = models.ForeignKey("ingest.DeliveryEvent", null=True, blank=True,
+                                       on_delete=models.DO_NOTHING, db_constraint=False,
+                                       related_name="+")
+    kind = models.CharField(max_length=200, blank=True, default="")
+    title = models.CharField(max_length=500)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    trust = models.CharField(max_length=16, choices=Trust.choices, default=Trust.UNVERIFIED)
+    payload = models.JSONField(default=dict, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["todo", "seq"], name="followup_seq")]
+
+    def __str__(self):
+        return f"#{self.todo_id}.{self.seq} {self.title}"
 
 
 class OutboxEntry(models.Model):
