@@ -19,6 +19,7 @@ AGENT_VERBS = (
     "heartbeat",
     "complete",
     "fail",
+    "cancel",
     "release",
     "post_update",
     "read_secret",

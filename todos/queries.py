@@ -13,7 +13,7 @@ from django.utils import timezone
 from switchboard.db import sql as dialect
 
 from . import usage
-from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, TodoEvent, Trust
+from .models import LIVE_FOR_IDEMPOTENCY, FollowUp, State, Todo, TodoEvent, Trust
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -30,10 +30,43 @@ def iso_time(value):
 _iso = iso_time
 
 
-def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
+def followup_as_dict(followup: FollowUp) -> dict:
+    """The wire shape of a follow-up (docs/reference.md#follow-ups): its id is
+    ``"<todo id>.<seq>"``; its title and payload are third-party text, as a todo's are."""
+    return {
+        "id": f"{followup.todo_id}.{followup.seq}",
+        "kind": followup.kind,
+        "title": followup.title,
+        "actor": followup.actor,
+        "trust": followup.trust,
+        "payload": followup.payload,
+        "at": iso_time(followup.at),
+    }
+
+
+def given_followups(todo: Todo) -> list[FollowUp]:
+    """The follow-ups its holder has been given in this lease (``seq`` 1 … ``followups_given``),
+    in order; no query for a todo without any."""
+    if not todo.followups_given:
+        return []
+    return list(FollowUp.objects.filter(todo_id=todo.pk, seq__lte=todo.followups_given)
+                .order_by("seq"))
+
+
+def all_followups(todo: Todo) -> list[FollowUp]:
+    """Every follow-up of ``todo``, in order; no query for a todo without any."""
+    if not todo.followup_count:
+        return []
+    return list(FollowUp.objects.filter(todo_id=todo.pk).order_by("seq"))
+
+
+def todo_as_dict(todo: Todo, *, holder: str | None = None, followups=None) -> dict:
     """The wire shape of a todo (docs/reference.md#todos). Ids are strings outside the database.
     ``lease_id`` only when ``holder`` (the caller's lease owner name: its MCP session id) holds
-    the lease; ``lease_owner`` always as its 8-character hint.
+    the lease; ``lease_owner`` always as its 8-character hint. ``followups``: its follow-ups
+    (``FollowUp`` rows) where the whole todo is answered (claim, claim_next, heartbeat); None
+    leaves them out (``"followups": null``; ``followup_count`` says how many there are), as
+    listings and the other verbs do, so a page of todos costs no query per todo.
 
     A done todo shows no lease: its row keeps the completing lease only so a repeated complete
     can be told ``already_done``, and that lease is nobody's business any more."""
@@ -65,6 +98,11 @@ def todo_as_dict(todo: Todo, *, holder: str | None = None) -> dict:
         "updated_at": iso_time(todo.updated_at),
         "usage": usage.todo_usage(todo),
         "traceparent": todo.traceparent,
+        "thread": todo.thread,
+        "followup_count": todo.followup_count,
+        "followups": (None if followups is None
+                      else [followup_as_dict(followup) for followup in followups]),
+        "cancel_requested": todo.cancel_requested_at is not None,
     }
 
 
@@ -78,9 +116,12 @@ LIVE_LISTING = (
 )
 
 
-def _cursor_filters_tag(queue, state, scheduled=None) -> str:
-    # A cursor only continues the listing it came from: same queue, state and scheduled filters.
+def _cursor_filters_tag(queue, state, scheduled=None, thread=None) -> str:
+    # A cursor only continues the listing it came from: same queue, state, scheduled and
+    # thread filters.
     filters = [queue, state] if scheduled is None else [queue, state, scheduled]
+    if thread is not None:
+        filters.append({"thread": thread})
     return hashlib.sha256(json.dumps(filters).encode()).hexdigest()[:8]
 
 
@@ -106,7 +147,7 @@ def _decode_cursor(cursor: str, tag: str):
 
 
 def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, cursor=None,
-               scheduled=None):
+               scheduled=None, thread=None):
     """One page of the caller's visible todos with full payloads: ``(todos, next_cursor)``,
     ``next_cursor`` None on the last page.
 
@@ -117,7 +158,8 @@ def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, curs
     listing. Raises ValueError for a cursor this listing did not return. A queue outside the
     caller's scope yields nothing here (the MCP verb refuses it first). ``scheduled``: True
     lists only scheduled todos (pending, ``not_before`` set), False leaves them out (what is
-    ready or under way), None both.
+    ready or under way), None both. ``thread``: only that thread's todos (index
+    todo_by_thread).
 
     Never a gated todo (docs/work-control.md#approval): none awaiting approval, whatever the
     filter (``state="awaiting_approval"`` lists nothing; the MCP verb refuses that state), and
@@ -137,8 +179,10 @@ def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, curs
     if scheduled is not None:
         # Only pending todos are ever scheduled (a claim clears not_before).
         todos = todos.filter(not_before__isnull=not scheduled)
+    if thread is not None:
+        todos = todos.filter(thread=thread)
     groups = LIVE_LISTING if state is None else ((state, Q()),)
-    tag = _cursor_filters_tag(queue, state, scheduled)
+    tag = _cursor_filters_tag(queue, state, scheduled, thread)
     start, after = 0, None
     if cursor is not None:
         start, created, after_id = _decode_cursor(cursor, tag)

@@ -70,7 +70,7 @@ _OUTBOX_WHERE = "t.write_back = 'status'"
 
 def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
            actor: str, now, detail=None, endpoint=None, from_prior=False, also=None,
-           detail_sql_over_t: str = "", tells_source=True) -> list[Todo]:
+           detail_sql_over_t: str = "", tells_source=True, prior_column: str = "") -> list[Todo]:
     """Run one guarded UPDATE and write one todo event per changed row, and one outbox entry
     per changed row whose source hears every change (``write_back = 'status'``), unless the
     transition does not ``tells_source`` (a heartbeat changes nothing the source shows).
@@ -87,6 +87,9 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
     ``also``: a function of the updated rows' source SQL (``t``) giving one more write in the
     same statement (PostgreSQL: a CTE; SQLite: in the transaction), or None.
     ``detail_sql_over_t``: a JSON object over the updated row ``t`` merged into the detail.
+    ``prior_column``: a column of the one todo ``%(todo_id)s`` as it was just before the
+    statement, set on the returned row as ``prior_<column>`` (read under the row's lock, as
+    ``from_prior`` reads; not with ``from_prior``).
     """
     params = {
         **params,
@@ -105,6 +108,12 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
         detail_sql = f"{detail_sql} || {_PRIOR_DETAIL_SQL}"
     elif from_prior:
         from_state_sql = "%(from_state)s"
+    final = "SELECT * FROM t"
+    if prior_column and _is_postgres():
+        prelude = (f"p AS (SELECT id, {prior_column} FROM todos_todo WHERE id = %(todo_id)s"
+                   " FOR UPDATE), ")
+        where_sql += " AND id = (SELECT id FROM p)"
+        final = f"SELECT t.*, p.{prior_column} FROM t JOIN p ON p.id = t.id"
     if detail_sql_over_t:
         detail_sql = dialect.json_merge(detail_sql, detail_sql_over_t)
     event_select = (
@@ -125,15 +134,24 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
             f"WITH {prelude}t AS ({update}), "
             f"e AS (INSERT INTO todos_todoevent ({event_columns}) {event_select} FROM {event_from})"
             + (f", s AS ({extra})" if extra else "")
-            + f"{outbox} SELECT * FROM t"
+            + f"{outbox} {final}"
         )
-        rows = fetch_todos(sql, params)
+        if prior_column:
+            fetched = db_statements.fetch_all(sql, params)
+            rows = [_with_prior(row[:-1], prior_column, row[-1]) for row in fetched]
+        else:
+            rows = fetch_todos(sql, params)
     else:
         with transaction.atomic():
             if from_prior:
                 prior = Todo.objects.filter(pk=params["todo_id"]).values(
                     "state", "trust", "lease_id", "lease_owner").first()
+            if prior_column:
+                before = Todo.objects.filter(pk=params["todo_id"]).values_list(
+                    prior_column, flat=True).first()
             rows = fetch_todos(update, params)
+            if prior_column:
+                rows = [_with_prior(row, prior_column, before) for row in rows]
             if rows and from_prior:
                 params["from_state"] = prior["state"]
                 params["detail"] = json.dumps(
@@ -160,6 +178,13 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
             # descriptor would check the instance's type and state first).
             row._state.fields_cache["endpoint"] = endpoint
     return rows
+
+
+def _with_prior(row, column: str, value) -> Todo:
+    todo = row if isinstance(row, Todo) else db_statements.instance_from_fetched(
+        Todo, "todos_todo", row)
+    setattr(todo, f"prior_{column}", value)
+    return todo
 
 
 def visible_guard(caller, params: dict) -> str:
@@ -216,7 +241,9 @@ def lease_set(params: dict, caller, ttl: timedelta, now) -> str:
     return (
         "state = 'claimed', lease_id = %(lease_id)s, lease_owner = %(owner)s, "
         "lease_expires_at = %(expires)s, lease_ttl = %(ttl)s, attempts = attempts + 1, "
-        "retry_at = NULL, not_before = NULL, progress = NULL"
+        "retry_at = NULL, not_before = NULL, progress = NULL, "
+        # The claimer gets every follow-up in the todo it is answered with.
+        "followups_given = followup_count"
     )
 
 

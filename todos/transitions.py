@@ -493,7 +493,7 @@ def _claimable_or_over_budget(caller: Caller, wanted, hide_unverified: bool, now
 
 def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, action, now,
             detail=None, overriding=None, guard_sql="", report=None,
-            detail_sql_over_t: str = "") -> Todo:
+            detail_sql_over_t: str = "", prior_column: str = "") -> Todo:
     todo_id = _todo_id(todo_id)
     params["todo_id"] = todo_id
     where = statements.by_id(statements.visible_guard(caller, params) + " AND "
@@ -511,7 +511,7 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
         set_sql=set_sql, where_sql=where, params=params, action_sql=action_sql,
         from_state_sql="'claimed'", actor=caller.actor, now=now, detail=detail,
         endpoint=caller.endpoint, tells_source=action not in SILENT_TO_SOURCE,
-        detail_sql_over_t=detail_sql_over_t,
+        detail_sql_over_t=detail_sql_over_t, prior_column=prior_column,
         also=lambda source: usage.spend_upsert_sql(report, source),
     ))
     if todo is None and guard_sql:
@@ -604,6 +604,12 @@ def heartbeat_todo(caller: Caller, todo_id, *, lease_id=None, lease_ttl_seconds=
     lease's length; without, it expires at ``now +`` the lease's own stored length (the ttl it
     was granted), so a heartbeat never shortens a lease the caller did not ask to shorten.
     ``overriding``: an operator extends an agent's lease (the agent keeps it).
+
+    The same statement hands over the follow-ups (docs/work-control.md#threads) the lease has
+    not been given yet: ``followups_given`` moves to ``followup_count``, and the returned row's
+    ``prior_followups_given`` says where it stood, so the new ones are ``seq`` in
+    (prior, followups_given]. The row is locked while the prior value is read, so two
+    heartbeats of one lease never hand over the same follow-up.
     """
     now = now or timezone.now()
     if lease_ttl_seconds is None:
@@ -615,8 +621,27 @@ def heartbeat_todo(caller: Caller, todo_id, *, lease_id=None, lease_ttl_seconds=
         ttl = _lease_ttl(caller, lease_ttl_seconds)
         params = {"expires": dialect.db_time(now + ttl), "ttl": dialect.db_duration(ttl)}
         set_sql = "lease_expires_at = %(expires)s, lease_ttl = %(ttl)s"
+    if overriding is None:
+        # An operator's extension is not the holder hearing its follow-ups.
+        set_sql += ", followups_given = followup_count"
     return _fenced(caller, todo_id, lease_id, set_sql=set_sql, params=params,
-                   action_sql="'heartbeat'", action="heartbeat", now=now, overriding=overriding)
+                   action_sql="'heartbeat'", action="heartbeat", now=now, overriding=overriding,
+                   prior_column="followups_given" if overriding is None else "")
+
+
+def cancel_held_todo(caller: Caller, todo_id, *, lease_id=None, reason=None, now=None) -> Todo:
+    """The holder ends its own todo (the agent verb ``cancel``, docs/work-control.md#threads):
+    claimed -> cancelled, ``cancelled_at = now``, the lease cleared, one ``cancel`` event with
+    the optional ``reason`` and whether a cancel had been requested. Fenced like complete, so
+    a cancel racing a complete (or the reaper) has one winner; it applies whether or not a
+    cancel was requested. Refuses ``invalid_argument`` (a reason that is not a short string)
+    and what a fenced verb refuses (``lease_lost``)."""
+    now = now or timezone.now()
+    detail = _reason_detail(reason)
+    params = {}
+    return _fenced(caller, todo_id, lease_id, set_sql=_CANCELLED_SET_SQL, params=params,
+                   action_sql="'cancel'", action="cancel", now=now, detail=detail,
+                   detail_sql_over_t=_requested_detail(params))
 
 
 def _usage_report(usage_reported):
@@ -897,6 +922,13 @@ def _wrong_state(caller: Caller, todo_id: int, wanted: str) -> Refusal:
                    f"todo {todo_id} is {todo.state}; {wanted} (its trust: {todo.trust})")
 
 
+def _requested_detail(params: dict) -> str:
+    """A cancel's event detail over the updated row ``t``: whether a cancel was requested."""
+    params.update(requested_detail=json.dumps({"cancel_requested": True}), no_detail="{}")
+    return (f"CASE WHEN t.cancel_requested_at IS NOT NULL THEN {dialect.jsonb('requested_detail')}"
+            f" ELSE {dialect.jsonb('no_detail')} END")
+
+
 _CANCELLED_SET_SQL = (
     "state = 'cancelled', cancelled_at = %(now)s, lease_id = NULL, lease_owner = NULL, "
     "lease_expires_at = NULL, lease_ttl = NULL, retry_at = NULL"
@@ -1003,22 +1035,34 @@ def release_due_scheduled(*, now, limit: int) -> list[Todo]:
 
 def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
     """claimed with ``lease_expires_at <= now`` -> pending, or -> failed as a dead letter when its
-    attempts are spent. At most ``limit`` rows; rows another sweep holds are skipped, so two
+    attempts are spent, or -> cancelled (a ``cancel`` event, reason ``cancel_requested``,
+    never retried) when a cancel was requested. At most ``limit`` rows; rows another sweep holds are skipped, so two
     overlapping reapers split the work instead of waiting on each other."""
-    spent = "attempts >= max_attempts"
+    # A todo asked to stop (docs/work-control.md#threads) is cancelled instead: its source is
+    # closed, or its operator wants it ended, so no one should take it up again.
+    stop = "cancel_requested_at IS NOT NULL"
+    spent = f"NOT ({stop}) AND attempts >= max_attempts"
+    params = {"limit": limit, "stopped_detail": json.dumps({"reason": "cancel_requested"}),
+              "no_detail": "{}"}
     todos = statements.apply_transition(
         set_sql=(
-            f"state = CASE WHEN {spent} THEN 'failed' ELSE 'pending' END, "
+            f"state = CASE WHEN {stop} THEN 'cancelled' WHEN {spent} THEN 'failed'"
+            " ELSE 'pending' END, "
+            f"cancelled_at = CASE WHEN {stop} THEN %(now)s ELSE cancelled_at END, "
             f"dead_lettered_at = CASE WHEN {spent} THEN %(now)s ELSE NULL END, "
             "last_error = CASE WHEN " + spent + " THEN 'lease lapsed on the last attempt' "
             "ELSE last_error END, lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL, "
-            "lease_ttl = NULL"
+            "lease_ttl = NULL, retry_at = NULL"
         ),
         where_sql=f"id IN ({statements.lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
-        params={"limit": limit}, action_sql="'lease_lapsed'", from_state_sql="'claimed'",
-        actor="reaper", now=now,
+        params=params, action_sql="CASE WHEN t.state = 'cancelled' THEN 'cancel' ELSE 'lease_lapsed' END",
+        from_state_sql="'claimed'", actor="reaper", now=now,
+        detail_sql_over_t=(f"CASE WHEN t.state = 'cancelled' THEN {dialect.jsonb('stopped_detail')}"
+                           f" ELSE {dialect.jsonb('no_detail')} END"),
     )
-    _announce(todos, "lease_lapsed")
+    for todo in todos:
+        publish.publish_on_commit(todo, "cancel" if todo.state == State.CANCELLED
+                                  else "lease_lapsed")
     return todos
 
 

@@ -31,7 +31,7 @@ def _granted_list(verbs, *names) -> list:
 def _intro(endpoint, verbs) -> str:
     return (f"switchboard is the durable todo queue of endpoint '{endpoint.slug}'. Todos arrive "
             "as <channel> doorbells (notifications/claude/channel), but the queue is the "
-            "record: a doorbell may be missed or repeated, so act through the tools, "
+            "record: doorbells may be missed or repeated: act through the tools, "
             "idempotently.")
 
 
@@ -79,26 +79,28 @@ def _leases(endpoint, verbs) -> str:
     text = []
     if _granted_list(verbs, "claim", "claim_next"):
         seconds = int(endpoint.effective_lease.total_seconds())
-        text.append(f"A claimed todo is yours under a lease of {seconds} seconds by default "
+        text.append(f"A claimed todo's lease: {seconds} seconds by default "
                     "(lease_ttl_seconds: 1-86400).")
     if "heartbeat" in verbs:
-        text.append("heartbeat before it lapses: it extends by the lease's own "
-                    "length, or to now + lease_ttl_seconds if given.")
+        stop = "stop" + (" and cancel" if "cancel" in verbs else "") + (
+            " (or complete if done)" if "complete" in verbs else "")
+        text.append("heartbeat before it lapses (extends by the lease's own length, or "
+                    "lease_ttl_seconds); its followups are later events on the thread "
+                    f"(third-party text: fold them in); on cancel_requested {stop}.")
     ends = _granted_list(verbs, "complete", "fail", "release")
     if ends:
-        said = {"complete": "complete (with a result)",
-                "fail": "fail (with an error; retried later)",
+        said = {"complete": "complete (a result)",
+                "fail": "fail (an error; retried later)",
                 "release": "release (hand it back)"}
         named = [said[verb] for verb in ends]
         text.append("Finish with " + (", ".join(named[:-1]) + " or " if len(named) > 1 else "")
                     + named[-1] + ".")
-    if _granted_list(verbs, "heartbeat", "complete", "fail", "release"):
+    if _granted_list(verbs, "heartbeat", "complete", "fail", "release", "cancel"):
         text.append("A lapsed, ended or cancelled lease is lost at once: late calls get "
                     "lease_lost; stop.")
-    if "complete" in verbs:
-        text.append("A repeated complete gets already_done (recorded).")
     if "post_update" in verbs:
         text.append("post_update: progress to the todo's source, no token needed.")
+
     return " ".join(text)
 
 
@@ -108,21 +110,21 @@ def _refusals(endpoint, verbs) -> str:
         codes.append("not_in_scope")
     if _granted_list(verbs, "claim", "claim_next"):
         codes.append("not_claimable")
-    if _granted_list(verbs, "heartbeat", "complete", "fail", "release"):
+    if _granted_list(verbs, "heartbeat", "complete", "fail", "release", "cancel"):
         codes.append("lease_lost")
     if "complete" in verbs:
         codes.append("already_done")
     if "post_update" in verbs:
         codes.append("write_back_off")
     if "claim" in verbs:
-        codes.append("paused (queue paused)")
+        codes.append("paused")
         codes.append("scheduled (wait for its not_before)")
         codes.append("awaiting_approval")
     if _granted_list(verbs, "claim", "claim_next") and endpoint.has_claim_caps:
         codes.append("at_capacity")
     if _granted_list(verbs, "claim", "claim_next") and endpoint.has_budget:
         codes.append("over_budget")
-    codes += ["verb_not_allowed", "invalid_argument (names the argument)"]
+    codes += ["verb_not_allowed", "invalid_argument"]
     return "Refusals are isError, error.code: " + ", ".join(codes) + "."
 
 

@@ -11,7 +11,7 @@ import mcp.types as types
 
 from todos import queries as todo_queries
 from todos import usage
-from todos.models import MAX_PROGRESS_CHARS, State
+from todos.models import MAX_PROGRESS_CHARS, THREAD_MAX_CHARS, State
 
 # claim_next's long poll (docs/reference.md#long-poll): at most this long, like SQS's
 # WaitTimeSeconds cap of 20 s but longer, since a waiting claim here costs neither a connection
@@ -90,6 +90,9 @@ TOOL_SCHEMAS = {
             "scheduled": {"type": "boolean",
                           "description": "true: only scheduled todos (pending, not claimable "
                                          "before not_before); false: leave them out."},
+            "thread": {"type": "string", "maxLength": THREAD_MAX_CHARS,
+                       "description": "Only this thread's todos (a todo's thread, e.g. "
+                                      "owner/repo#12)."},
         }),
     ),
     "claim": (
@@ -124,7 +127,10 @@ TOOL_SCHEMAS = {
     "heartbeat": (
         "Extend your lease on a claimed todo while you still work on it: by the lease's own "
         "length, or to now + lease_ttl_seconds when given. lease_lost: the lease lapsed (or an "
-        "operator ended it) and the todo went back to the queue; stop working on it.",
+        "operator ended it) and the todo went back to the queue; stop working on it. Answers "
+        "followups (later events on the todo's thread you have not been given yet: third-party "
+        "text, fold them into the work) and cancel_requested (true: the source closed or the "
+        "operator asked you to stop: stop and call cancel, or complete if already done).",
         _schema({"todo_id": _TODO_ID, "lease_id": _LEASE_ID, "lease_ttl_seconds": _LEASE_TTL},
                 ["todo_id"]),
     ),
@@ -143,6 +149,14 @@ TOOL_SCHEMAS = {
                  "error": {"type": "string", "description": "What went wrong, one line."},
                  "result": _any_json("Any JSON value (partial output)."),
                  "usage": _USAGE},
+                ["todo_id"]),
+    ),
+    "cancel": (
+        "End a claimed todo you hold without doing it (state cancelled, never retried): when "
+        "heartbeat says cancel_requested, or the work is no longer wanted.",
+        _schema({"todo_id": _TODO_ID, "lease_id": _LEASE_ID,
+                 "reason": {"type": "string", "maxLength": 500,
+                            "description": "Why, one line (optional)."}},
                 ["todo_id"]),
     ),
     "release": (
@@ -218,6 +232,17 @@ _TODO_OUTPUT = {
         "traceparent": {**_NULLABLE_STRING,
                         "description": "The W3C traceparent of the trace its delivery started "
                                        "(null: none); pass it on to join that trace."},
+        "thread": {**_NULLABLE_STRING,
+                   "description": "The issue, pull request or conversation it is about "
+                                  "(e.g. owner/repo#12); null: none."},
+        "followup_count": {"type": "integer", "description": "How many follow-ups it has."},
+        "followups": {"anyOf": [{"type": "array", "items": {"type": "object"}},
+                                {"type": "null"}],
+                      "description": "Later events on its thread, in order (claim, claim_next "
+                                     "and heartbeat; null elsewhere): id, kind, title, actor, "
+                                     "trust, payload, at. Third-party text, like the todo's."},
+        "cancel_requested": {"type": "boolean",
+                             "description": "Its source or operator asked the holder to stop."},
     },
     "required": ["id", "queue", "state", "title", "payload", "attempts", "max_attempts",
                  "created_at", "updated_at"],
@@ -273,8 +298,15 @@ OUTPUT_SCHEMAS = {
                         "description": "With empty: the endpoint's daily budget is spent; work "
                                        "waits for the next UTC day or a raised budget."},
     }, ["todo"], ["empty"]),
-    "heartbeat": _TODO_RESULT,
+    "heartbeat": _output_schema({
+        "todo": _TODO_OUTPUT,
+        "followups": {"type": "array", "items": {"type": "object"},
+                      "description": "Follow-ups this lease had not been given yet, in order."},
+        "cancel_requested": {"type": "boolean",
+                             "description": "true: stop, then cancel (or complete if done)."},
+    }, ["todo", "followups", "cancel_requested"]),
     "complete": _TODO_RESULT,
+    "cancel": _TODO_RESULT,
     "fail": _TODO_RESULT,
     "release": _TODO_RESULT,
     "post_update": _TODO_RESULT,
@@ -295,6 +327,7 @@ _TOOL_TRAITS = {
     "heartbeat": ("Extend a lease", False, True),
     "complete": ("Complete a todo", False, True),
     "fail": ("Fail a todo", False, True),
+    "cancel": ("Cancel a held todo", False, True),
     "release": ("Release a todo", False, True),
     "post_update": ("Post a progress update", False, False),
     "read_secret": ("Read a secret", True, True),

@@ -53,12 +53,14 @@ TEXT_RENDERING_MAX_CHARS = 16 * 1024
 
 
 def _without_bulk(todo: dict) -> dict:
-    return {key: value for key, value in todo.items() if key not in ("payload", "result")}
+    return {key: value for key, value in todo.items()
+            if key not in ("payload", "result", "followups") and value is not None}
 
 
 def render_text(payload: dict, text: str) -> str:
     """The text content for ``payload`` whose JSON is ``text``: that JSON when small, else a
-    summary: the todos without payload and result (or only their ids), with a note saying
+    summary: the todos without payload, result, follow-ups and null fields (or only their
+    ids), with a note saying
     where the rest is."""
     if len(text) <= TEXT_RENDERING_MAX_CHARS:
         return text
@@ -67,8 +69,8 @@ def render_text(payload: dict, text: str) -> str:
         brief["todo"] = _without_bulk(brief["todo"])
     if isinstance(brief.get("todos"), list):
         brief["todos"] = [_without_bulk(todo) for todo in brief["todos"]]
-    brief["summary"] = (f"a {len(text)}-character result, summarised here: payload and result "
-                        "are left out; structuredContent carries the whole result (or call "
+    brief["summary"] = (f"a {len(text)}-character result, summarised here: payload, result, "
+                        "followups and null fields are left out; structuredContent carries the whole result (or call "
                         "again with a lower limit)")
     summary = json.dumps(brief, ensure_ascii=False)
     if len(summary) > TEXT_RENDERING_MAX_CHARS and isinstance(brief.get("todos"), list):
@@ -188,10 +190,28 @@ def _check_arguments(name: str, arguments: dict) -> None:
             dict.fromkeys(_argument_problem(name, error) for error in errors)))
 
 
-def _todo(todo) -> dict:
+def _todo(todo, followups=None) -> dict:
     # Every verb that answers with one todo answers for the caller's own lease (claim made it,
     # the fenced verbs matched it), so its holder is the row's own lease owner.
-    return {"todo": todo_queries.todo_as_dict(todo, holder=todo.lease_owner)}
+    return {"todo": todo_queries.todo_as_dict(todo, holder=todo.lease_owner, followups=followups)}
+
+
+def _claimed(todo) -> dict:
+    """A claim's answer: the todo with every follow-up (the claim handed them all over)."""
+    return _todo(todo, todo_queries.given_followups(todo))
+
+
+def _heartbeat(caller, args):
+    """The todo with its follow-ups, the ones this lease had not been given yet
+    (``heartbeat_todo`` moved the mark in its statement), and whether to stop."""
+    todo = transitions.heartbeat_todo(caller, args["todo_id"], lease_id=args.get("lease_id"),
+                                      lease_ttl_seconds=args.get("lease_ttl_seconds"))
+    followups = todo_queries.given_followups(todo)
+    prior = todo.prior_followups_given or 0
+    return {**_todo(todo, followups),
+            "followups": [todo_queries.followup_as_dict(followup) for followup in followups
+                          if followup.seq > prior],
+            "cancel_requested": todo.cancel_requested_at is not None}
 
 
 def _read_secret(caller, args):
@@ -207,7 +227,7 @@ def _list_todos(caller, args):
         rows, next_cursor = todo_queries.list_todos(
             caller, queue=queue, state=args.get("state"), cursor=args.get("cursor"),
             limit=args.get("limit", todo_queries.LIST_LIMIT_DEFAULT),
-            scheduled=args.get("scheduled"),
+            scheduled=args.get("scheduled"), thread=args.get("thread"),
         )
     except ValueError as bad_cursor:
         raise transitions.Refusal("invalid_argument", f"cursor: {bad_cursor}") from None
@@ -237,7 +257,7 @@ def _claim_next(caller, args):
         # A cap or a spent budget is not a fault: the agent waits, as it waits for work.
         return {"empty": True, refusal.code: True}
     if todo is not None:
-        return _todo(todo)
+        return _claimed(todo)
     # Everything asked for is paused (docs/reference.md#pausing): say so, so the agent waits
     # instead of concluding the queue is drained.
     paused = caller.endpoint.paused_among(args.get("queues") or caller.queues)
@@ -246,18 +266,18 @@ def _claim_next(caller, args):
 
 _VERBS = {
     "list_todos": _list_todos,
-    "claim": lambda caller, a: _todo(transitions.claim_todo(
+    "claim": lambda caller, a: _claimed(transitions.claim_todo(
         caller, a["todo_id"], lease_ttl_seconds=a.get("lease_ttl_seconds"))),
     "claim_next": _claim_next,
-    "heartbeat": lambda caller, a: _todo(transitions.heartbeat_todo(
-        caller, a["todo_id"], lease_id=a.get("lease_id"),
-        lease_ttl_seconds=a.get("lease_ttl_seconds"))),
+    "heartbeat": _heartbeat,
     "complete": lambda caller, a: _todo(transitions.complete_todo(
         caller, a["todo_id"], lease_id=a.get("lease_id"), result=a.get("result"),
         usage_reported=a.get("usage"))),
     "fail": lambda caller, a: _todo(transitions.fail_todo(
         caller, a["todo_id"], lease_id=a.get("lease_id"), error=a.get("error"),
         result=a.get("result"), usage_reported=a.get("usage"))),
+    "cancel": lambda caller, a: _todo(transitions.cancel_held_todo(
+        caller, a["todo_id"], lease_id=a.get("lease_id"), reason=a.get("reason"))),
     "release": lambda caller, a: _todo(transitions.release_todo(
         caller, a["todo_id"], lease_id=a.get("lease_id"))),
     "post_update": lambda caller, a: _todo(transitions.post_update_todo(

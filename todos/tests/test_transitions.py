@@ -471,7 +471,7 @@ def test_todo_as_dict_has_the_contract_shape(agent, make_todo):
         "priority", "not_before",
         "attempts", "max_attempts", "lease_id", "lease_owner", "lease_expires_at", "retry_at",
         "dead_lettered_at", "cancelled_at", "result", "last_error", "created_at", "updated_at",
-        "usage", "traceparent"]
+        "usage", "traceparent", "thread", "followup_count", "followups", "cancel_requested"]
     assert data["id"] == str(todo.pk) and data["endpoint"] == "agent"
     assert data["traceparent"] is None  # made outside any delivery
     assert data["lease_expires_at"].endswith("Z")

@@ -50,6 +50,9 @@ def test_every_result_success_and_refusal_validates_against_its_output_schema(en
         "fail": [({"todo_id": str(second.pk), "error": "boom"}, False),
                  ({"todo_id": str(held.pk)}, True)],
         "release": [({"todo_id": str(held.pk)}, True)],
+        "cancel": [({"todo_id": str(transitions.claim_todo(
+            transitions.Caller.agent(endpoint, "session-a"), make_todo().pk).pk),
+            "reason": "not wanted"}, False), ({"todo_id": str(held.pk)}, True)],
         "post_update": [({"todo_id": str(reporting.pk), "text": "half way"}, False),
                         ({"todo_id": str(reporting.pk), "text": ""}, True)],
         "read_secret": [({"ref": "secret:1"}, False), ({"ref": 1}, True)],
@@ -65,7 +68,7 @@ def test_every_result_success_and_refusal_validates_against_its_output_schema(en
             validator.validate(result.structured_content)
             seen.add((name, is_error))
     assert {name for name, _ in seen} == set(AGENT_VERBS)
-    assert len({name for name, is_error in seen if is_error}) == 10  # all but clock_out
+    assert len({name for name, is_error in seen if is_error}) == 11  # all but clock_out
     limited, _ = vend(slug="limited", verbs=["list_todos"])
     refused = call(limited, "claim_next")
     jsonschema.validate(refused.structured_content, tools["claim_next"].output_schema)
@@ -207,15 +210,16 @@ def test_every_tool_accepts_and_ignores_gemini_clis_wait_for_previous(endpoint, 
                         lambda caller, ref: {"ref": ref, "value": "v"})
 
     def every_call():
-        first, second, third = (str(make_todo(payload={"n": n},
-                                              write_back="status" if n == 0 else "off").pk)
-                                for n in range(3))
+        first, second, third, fourth = (
+            str(make_todo(payload={"n": n}, write_back="status" if n == 0 else "off").pk)
+            for n in range(4))
         return [("list_todos", {}), ("claim", {"todo_id": first}),
                 ("heartbeat", {"todo_id": first}),
                 ("post_update", {"todo_id": first, "text": "half way"}),
                 ("complete", {"todo_id": first}),
                 ("claim_next", {}), ("claim", {"todo_id": third}),
-                ("release", {"todo_id": third}), ("read_secret", {"ref": "secret:1"}),
+                ("release", {"todo_id": third}), ("claim", {"todo_id": fourth}),
+                ("cancel", {"todo_id": fourth}), ("read_secret", {"ref": "secret:1"}),
                 ("clock_out", {}), ("clock_in", {})], second
 
     for flag in (True, False):
