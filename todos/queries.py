@@ -205,6 +205,22 @@ def list_todos(caller, *, queue=None, state=None, limit=LIST_LIMIT_DEFAULT, curs
     return rows, next_cursor
 
 
+def operator_todos(*, endpoint=None, queue=None, state=None, thread=None, limit: int):
+    """The latest todos, newest first, for ``manage.py todos`` (whoever runs a command runs the
+    server, so every endpoint's): of one endpoint, queue, state or thread (index
+    todo_by_thread, with the endpoint) when given."""
+    todos = Todo.objects.select_related("endpoint")
+    if endpoint is not None:
+        todos = todos.filter(endpoint=endpoint)
+    if queue is not None:
+        todos = todos.filter(queue=queue)
+    if state is not None:
+        todos = todos.filter(state=state)
+    if thread is not None:
+        todos = todos.filter(thread=thread)
+    return list(todos.order_by("-created_at", "-id")[:limit])
+
+
 def dead_letters(*, endpoint, queue=None):
     todos = Todo.objects.filter(
         endpoint=endpoint, state=State.FAILED, dead_lettered_at__isnull=False
