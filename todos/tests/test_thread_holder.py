@@ -1,33 +1,26 @@
 """The holder's side of threads (docs/work-control.md#threads): follow-ups handed over by claim
-and heartbeat once per lease, the agent's own cancel, and a lapsed lease asked to stop.
-
-Follow-ups are added here the way ingest adds them (the count moved and the row written in one
-transaction), directly, so these tests need nothing of ingest."""
+and heartbeat once per lease, the agent's own cancel, and a lapsed lease asked to stop."""
 
 import threading
 from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connections, transaction
-from django.db.models import F
+from django.db import connections
 from django.utils import timezone
 
 from tests.factories import EndpointFactory, UserFactory
 from todos import queries, sweeps, transitions
-from todos.models import FollowUp, State, Todo, TodoEvent
+from todos.models import State, Todo, TodoEvent
 
 pytestmark = pytest.mark.django_db
 
 
 def add_followup(todo_id, title="also handle the empty case", *, now=None):
-    """One follow-up of ``todo_id``: its seq is the count the same transaction moved."""
-    with transaction.atomic():
-        Todo.objects.filter(pk=todo_id).update(followup_count=F("followup_count") + 1)
-        seq = Todo.objects.filter(pk=todo_id).values_list("followup_count", flat=True).get()
-        return FollowUp.objects.create(todo_id=todo_id, seq=seq, title=title, kind="issue_comment",
-                                       actor="reviewer", payload={"body": title},
-                                       at=now or timezone.now())
+    """One follow-up of ``todo_id``, as ingest folds a delivery into it."""
+    return transitions.add_followup(todo_id, delivery_event=None, kind="issue_comment",
+                                    title=title, actor="reviewer", trust="unverified",
+                                    payload={"body": title}, now=now or timezone.now())
 
 
 def on_thread(todo, thread):
@@ -106,7 +99,7 @@ def test_heartbeat_says_cancel_requested(agent, make_todo):
 def test_the_holder_cancels_its_todo_with_a_reason_whether_or_not_it_was_asked(agent, endpoint,
                                                                               make_todo):
     asked = transitions.claim_todo(agent, make_todo().pk)
-    Todo.objects.filter(pk=asked.pk).update(cancel_requested_at=timezone.now())
+    transitions.request_cancel(asked.pk, actor="octocat", reason="source_closed")
     done = transitions.cancel_held_todo(agent, asked.pk, lease_id=asked.lease_id,
                                         reason="the PR was closed")
     assert done.state == State.CANCELLED and done.cancelled_at and done.lease_id is None
