@@ -303,13 +303,26 @@ def _priority_action(caller, todo_id, data: dict):
     return todo_transitions.set_priority_todo(caller, todo_id, data["priority"])
 
 
+def _cancel_action(caller, todo_id, data: dict):
+    """``{"request": true}`` asks a held todo's agent to stop (docs/work-control.md#threads):
+    it stays claimed until the agent cancels or completes it, or its lease lapses. Without
+    it: the cancel itself, an override of any lease."""
+    request = data.get("request", False)
+    if not isinstance(request, bool):
+        raise Problem(400, "invalid_argument", "request must be true or false")
+    if request:
+        return todo_transitions.request_cancel(todo_id, actor=caller.actor,
+                                               reason=data.get("reason"),
+                                               endpoint=caller.endpoint)
+    return todo_transitions.cancel_todo(caller, todo_id, reason=data.get("reason"))
+
+
 # action -> (the JSON fields it takes, what it does). Each is one guarded transition of
 # todos.transitions; its refusal is answered with the transition's code.
 TODO_ACTIONS = {
     "priority": (("priority",), _priority_action),
     "run_now": ((), lambda caller, todo_id, data: todo_transitions.run_now_todo(caller, todo_id)),
-    "cancel": (("reason",), lambda caller, todo_id, data: todo_transitions.cancel_todo(
-        caller, todo_id, reason=data.get("reason"))),
+    "cancel": (("reason", "request"), _cancel_action),
     "approve": ((), lambda caller, todo_id, data: todo_transitions.approve_todo(caller, todo_id)),
     "promote": ((), lambda caller, todo_id, data: todo_transitions.promote_todo(caller, todo_id)),
     "reject": (("reason",), lambda caller, todo_id, data: todo_transitions.reject_todo(
