@@ -384,6 +384,7 @@ def test_the_agent_environment_holds_only_what_the_runner_passes(setup, runners,
                 "SWITCHBOARD_LEASE_ID": seen.get("SWITCHBOARD_LEASE_ID"),
                 "SWITCHBOARD_URL": url,
                 "SWITCHBOARD_USAGE_FILE": seen.get("SWITCHBOARD_USAGE_FILE"),
+                "SWITCHBOARD_FOLLOWUPS": seen.get("SWITCHBOARD_FOLLOWUPS"),
                 **{name: credential if value == "<credential>" else value
                    for name, value in passed.items()}}
     assert seen == expected
@@ -391,6 +392,9 @@ def test_the_agent_environment_holds_only_what_the_runner_passes(setup, runners,
     # Where the agent may write its usage: the todo's private directory, beside its JSON.
     assert seen["SWITCHBOARD_USAGE_FILE"].endswith("/usage.json")
     assert Path(seen["SWITCHBOARD_USAGE_FILE"]).parent.name.startswith("switchboard-todo-")
+    # Its follow-ups' file, beside them, removed with the directory once the todo is settled.
+    assert Path(seen["SWITCHBOARD_FOLLOWUPS"]).parent == Path(seen["SWITCHBOARD_USAGE_FILE"]).parent
+    assert not Path(seen["SWITCHBOARD_FOLLOWUPS"]).exists()
     # The bearer travels only as SWITCHBOARD_TOKEN and only with --pass-token: never under the
     # --token-env name the runner read it from.
     assert TOKEN_ENV not in seen

@@ -44,9 +44,9 @@ from mcp.shared.exceptions import MCPError
 
 from . import traces
 from .agent import (TAIL_BYTES, Tail, _drain, _parent_death_signal, agent_argv, agent_env,
-                    command_problem, ended_with, failure_message, first_error_line, last_line,
-                    oversized_argument, render_prompt, start_failure, stop_group,
-                    write_todo_file)
+                    append_followups, command_problem, create_followups_file, ended_with,
+                    failure_message, first_error_line, last_line, oversized_argument,
+                    render_prompt, start_failure, stop_group, write_todo_file)
 from .usage import REPORT_MAX_BYTES, Report, read_report, read_usage_file
 from .session import (CALL_TIMEOUT_SECONDS, INVALID_PARAMS, RECONNECT_FIRST_SECONDS,
                       RECONNECT_MAX_SECONDS, Refused, Switchboard, Unreachable, _describe,
@@ -96,6 +96,11 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+# At most this long between heartbeats, whatever the lease: a follow-up or a request to stop
+# reaches the agent within it even when no doorbell says so (a doorbell beats at once).
+FOLLOWUP_HEARTBEAT_SECONDS = 10.0
+# Doorbells to a todo's holder: look now (heartbeat) rather than claim.
+HOLDER_RING_KINDS = frozenset({"followup", "cancel_requested"})
 # Beyond the long poll itself, time for the server's answer to arrive.
 LONG_POLL_SLACK_SECONDS = 30.0
 # complete/fail are retried this long through a broken connection; past it the lease lapses
@@ -152,10 +157,19 @@ class Runner:
         # Why the agent command cannot start (set by the first todo that found out), or None.
         self.cannot_start: str | None = None
         self.setup_retry_seconds = SETUP_RETRY_FIRST_SECONDS
+        # Per running todo id: set by a holder's doorbell to heartbeat at once.
+        self.beat_now: dict[str, asyncio.Event] = {}
 
     # -- notifications
 
     def on_ring(self, meta: dict):
+        if meta.get("kind") in HOLDER_RING_KINDS:
+            beat = self.beat_now.get(str(meta.get("todo_id")))
+            log_event("holder_doorbell", kind=meta["kind"], todo_id=meta.get("todo_id"),
+                      running=beat is not None)
+            if beat is not None:
+                beat.set()
+            return
         if self.queues and meta.get("queue") and meta["queue"] not in self.queues:
             return
         if meta.get("kind") == "digest" and "todo_id" not in meta:
@@ -349,10 +363,13 @@ class Runner:
     async def run_todo(self, todo: dict):
         # The agent's TRACEPARENT is this run's span when the runner exports, else the todo's.
         with traces.span("run", todo) as run:
+            # The follow-ups file goes with the directory when the todo is settled.
             with tempfile.TemporaryDirectory(prefix=todo_dir_prefix()) as directory:
-                await self._run_todo(todo, write_todo_file(directory, todo), run.traceparent)
+                await self._run_todo(todo, write_todo_file(directory, todo), run.traceparent,
+                                     create_followups_file(directory, todo.get("followups")))
 
-    async def _run_todo(self, todo: dict, todo_file: str, traceparent: str | None):
+    async def _run_todo(self, todo: dict, todo_file: str, traceparent: str | None,
+                        followups_file: str | None = None):
         todo_id = todo["id"]
         prompt = render_prompt(self.prompt_template, todo, todo_file)
         argv = agent_argv(self.args.command, todo, prompt)
@@ -360,7 +377,8 @@ class Runner:
         usage_file = os.path.join(os.path.dirname(todo_file), "usage.json")
         env = agent_env(todo, self.args.url, pass_env=self.args.pass_env,
                         token=self.token if self.args.pass_token else None,
-                        usage_file=usage_file, traceparent=traceparent)
+                        usage_file=usage_file, traceparent=traceparent,
+                        followups_file=followups_file)
         if self.cannot_start:
             # Claimed beside the todo that found the command broken (or by a claim already in
             # flight): every start would fail the same way, and this todo is not at fault.
@@ -402,24 +420,32 @@ class Runner:
         readers = [asyncio.create_task(_drain(proc.stdout, out)),
                    asyncio.create_task(_drain(proc.stderr, err))]
         feeder = asyncio.create_task(self._feed(proc, todo))
-        lease_lost = asyncio.Event()
-        beats = asyncio.create_task(self.heartbeat(todo, lease_lost))
+        lease_lost, cancel_requested = asyncio.Event(), asyncio.Event()
+        self.beat_now[todo_id] = asyncio.Event()
+        beats = asyncio.create_task(self.heartbeat(todo, lease_lost, followups_file,
+                                                   cancel_requested))
         exited = asyncio.create_task(proc.wait())
         deadline = started + self.args.max_runtime
         stopped_for = None
         try:
             await wait_first(exited, lease_lost.wait(), self.kill_now.wait(),
+                             cancel_requested.wait(),
                              timeout=max(0.0, deadline - time.monotonic()))
             if not exited.done():
                 stopped_for = ("lease_lost" if lease_lost.is_set() else
-                               "shutdown" if self.kill_now.is_set() else "max_runtime")
+                               "shutdown" if self.kill_now.is_set() else
+                               "cancel_requested" if cancel_requested.is_set() else
+                               "max_runtime")
                 log_event("stopping_agent", todo_id=todo_id, reason=stopped_for)
             # Whatever the reason, the group ends with the agent: no stray children keep
-            # working (or keep its output pipes open) after it is settled.
-            await stop_group(proc)
+            # working (or keep its output pipes open) after it is settled. Asked to stop, the
+            # agent gets --grace-seconds to wrap up first.
+            await stop_group(proc, **({"grace_seconds": self.args.grace_seconds}
+                                      if stopped_for == "cancel_requested" else {}))
         finally:
             beats.cancel()
             feeder.cancel()
+            self.beat_now.pop(todo_id, None)
         await wait_first(asyncio.gather(*readers), timeout=2.0)
         for reader in readers:
             reader.cancel()
@@ -469,19 +495,25 @@ class Runner:
         finally:
             proc.stdin.close()
 
-    async def heartbeat(self, todo: dict, lease_lost: asyncio.Event):
-        """Every third of the lease: extend it (fenced by lease_id). On lease_lost: when the
-        todo is still live (back to pending, or someone else's claim) stop the agent; when it
-        is no longer live the agent most likely settled it itself, so let it finish."""
-        interval = max(lease_seconds(todo) / 3, 0.2)
+    async def heartbeat(self, todo: dict, lease_lost: asyncio.Event, followups_file=None,
+                        cancel_requested: asyncio.Event | None = None):
+        """Every third of the lease, at most FOLLOWUP_HEARTBEAT_SECONDS apart, and at once on a
+        holder's doorbell: extend it (fenced by lease_id), append the follow-ups it answers to
+        ``followups_file``, and set ``cancel_requested`` when the todo is asked to stop. On
+        lease_lost: when the todo is still live (back to pending, or someone else's claim) stop
+        the agent; when it is no longer live the agent most likely settled it itself, so let it
+        finish."""
+        interval = min(max(lease_seconds(todo) / 3, 0.2), FOLLOWUP_HEARTBEAT_SECONDS)
         pause = interval
+        beat_now = self.beat_now.get(todo["id"]) or asyncio.Event()
         while True:
-            await asyncio.sleep(pause)
+            await wait_first(beat_now.wait(), timeout=pause)
+            beat_now.clear()
             pause = interval
             try:
-                await self.sb.call("heartbeat",
-                                   {"todo_id": todo["id"], "lease_id": todo["lease_id"]},
-                                   timeout=max(interval, 1.0))
+                answer = await self.sb.call(
+                    "heartbeat", {"todo_id": todo["id"], "lease_id": todo["lease_id"]},
+                    timeout=max(interval, 1.0))
             except Refused as refused:
                 state = await self.live_state(todo)
                 log_event("lease_lost", todo_id=todo["id"], code=refused.code,
@@ -493,6 +525,19 @@ class Runner:
                 # Try again sooner: two missed beats at the full interval would lose the lease.
                 pause = max(interval / 3, 0.2)
                 log_event("heartbeat_error", todo_id=todo["id"], error=str(error))
+                continue
+            followups = answer.get("followups") if isinstance(answer, dict) else None
+            if followups and followups_file is not None:
+                try:
+                    added = append_followups(followups_file, followups)
+                except OSError as error:
+                    log_event("followups_unwritten", todo_id=todo["id"], error=str(error))
+                else:
+                    log_event("followups", todo_id=todo["id"], added=added)
+            if cancel_requested is not None and answer.get("cancel_requested") is True:
+                log_event("cancel_requested", todo_id=todo["id"])
+                cancel_requested.set()
+                return
 
     async def live_state(self, todo: dict):
         """``pending`` or ``claimed`` when the todo is live in its queue (within one page of
@@ -517,7 +562,10 @@ class Runner:
         if report.text is not None:
             # The CLI's final answer (its report is JSON, not something to read in a tail).
             stdout = report.text[-TAIL_BYTES:]
-        if stopped_for == "max_runtime":
+        if stopped_for == "cancel_requested":
+            verb, arguments = "cancel", {
+                "reason": "asked to stop: the runner stopped the agent"}
+        elif stopped_for == "max_runtime":
             verb, arguments = "fail", {
                 "error": f"max runtime exceeded ({self.args.max_runtime:g} s): agent killed",
                 "result": tails}
@@ -560,8 +608,8 @@ class Runner:
         while True:
             try:
                 await self.sb.call(verb, arguments)
-                log_event("completed" if verb == "complete" else "failed", todo_id=todo["id"],
-                          error=arguments.get("error"))
+                log_event({"complete": "completed", "cancel": "cancelled"}.get(verb, "failed"),
+                          todo_id=todo["id"], error=arguments.get("error"))
                 return
             except Refused as refused:
                 if refused.code == "invalid_argument" and "usage" in arguments:
