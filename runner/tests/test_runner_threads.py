@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from test_runner import agent, load_runner_module, make_todos, runners, setup  # noqa: F401
+from test_runner_product import watcher  # noqa: F401
 from tests.processes import DEADLINE_SECONDS, poll
 from todos import transitions
 from todos.models import Todo, TodoEvent
@@ -90,3 +91,20 @@ def test_the_built_in_prompt_says_where_the_follow_ups_are():
     agent_module = load_runner_module("agent")
     for prompt in (agent_module.DEFAULT_PROMPT, agent_module.REPORT_PROMPT):
         assert "SWITCHBOARD_FOLLOWUPS" in prompt and "untrusted" in prompt
+
+
+def test_watch_prints_a_line_per_new_follow_up_and_one_for_a_stop(setup, watcher):
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    followup(todo, "before the claim")
+    transitions.claim_todo(transitions.Caller.agent(endpoint, "an-agents-session"), todo.pk)
+    [waiting] = make_todos(endpoint, 1, queue="other")
+    watch = watcher(url, credential, "--poll-seconds", "0.5")
+    _, first = watch.next_line()  # the start-up listing is done: the claimed todo is seen
+    assert first.startswith(f"{waiting.pk}\tother\t")
+    followup(todo, "a review comment")
+    _, line = watch.next_line()
+    assert line == f"{todo.pk}.2\tinbox\tfollowup\tsigned\tjob 0 of 1"
+    transitions.request_cancel(todo.pk, actor="octocat", reason="source_closed")
+    _, line = watch.next_line()
+    assert line == f"{todo.pk}\tinbox\tcancel_requested\tsigned\tjob 0 of 1"

@@ -8,6 +8,11 @@ listing of pending todos (a doorbell names only the todo, the listing gives its 
 title); a listing at start-up, after every reconnection (doorbells sent meanwhile are lost),
 and every --poll-seconds (unverified todos are never rung) fills the gaps. A todo is printed
 once while it stays pending; one that comes back (released, retried) is printed again.
+
+Claimed todos are listed too, for what their holder should hear of (docs/runner.md#watch): a
+new follow-up is a line ``<id>.<n>`` with kind ``followup``, and a request to stop a line with
+kind ``cancel_requested``, each with the todo's queue, trust and title. Follow-ups a todo had
+when watch first saw it claimed are not repeated (its claim gave them to its holder).
 """
 
 import asyncio
@@ -47,10 +52,25 @@ def _ready(todo: dict, now: datetime, accept_unverified: bool) -> bool:
     return True
 
 
-async def _pending(sb: Switchboard, queues) -> list[dict]:
+def holder_lines(todo: dict, seen: dict) -> list[str]:
+    """The lines a claimed ``todo`` calls for since ``seen`` (todo id -> (follow-up count,
+    cancel requested), updated here): one per new follow-up, one for a new request to stop."""
+    todo_id = str(todo.get("id"))
+    count = todo.get("followup_count") or 0
+    stop = todo.get("cancel_requested") is True
+    before_count, before_stop = seen.get(todo_id, (count, False))
+    seen[todo_id] = (count, stop)
+    lines = [watch_line({**todo, "id": f"{todo_id}.{n}", "kind": "followup"})
+             for n in range(before_count + 1, count + 1)]
+    if stop and not before_stop:
+        lines.append(watch_line({**todo, "kind": "cancel_requested"}))
+    return lines
+
+
+async def _pending(sb: Switchboard, queues, state: str = "pending") -> list[dict]:
     todos = []
     for queue in queues or [None]:
-        arguments = {"state": "pending", "limit": PAGE_LIMIT}
+        arguments = {"state": state, "limit": PAGE_LIMIT}
         if queue:
             arguments["queue"] = queue
         for _ in range(MAX_PAGES):
@@ -77,6 +97,7 @@ async def watch(args, token: str, out=None) -> int:
     sb = Switchboard(args.url, token, on_ring, on_connected=wake.set)
     sb.start()
     shown: set[str] = set()
+    held: dict = {}  # claimed todo id -> (follow-up count, cancel requested), as last seen
     try:
         connecting = asyncio.ensure_future(sb.wait_first_connection(CALL_TIMEOUT_SECONDS))
         await wait_first(connecting, stopping.wait())
@@ -90,13 +111,14 @@ async def watch(args, token: str, out=None) -> int:
             wake.clear()
             # A signal ends a listing in progress too: while the session is down (a revoked
             # credential, a server away) a call waits up to its timeout to connect.
-            listing = asyncio.ensure_future(_pending(sb, args.queues))
+            listing = asyncio.ensure_future(asyncio.gather(
+                _pending(sb, args.queues), _pending(sb, args.queues, "claimed")))
             await wait_first(listing, stopping.wait())
             if not listing.done():
                 listing.cancel()
                 break
             try:
-                todos = listing.result()
+                todos, claimed = listing.result()
             except Refused as refused:
                 print(f"switchboard refused the listing: {refused}", file=sys.stderr)
                 if refused.code in ("not_in_scope", "verb_not_allowed"):
@@ -112,6 +134,10 @@ async def watch(args, token: str, out=None) -> int:
             for todo in ready:
                 if str(todo["id"]) not in shown:
                     out.write(watch_line(todo) + "\n")
+            for todo in claimed:
+                for line in holder_lines(todo, held):
+                    out.write(line + "\n")
+            held = {str(todo["id"]): held[str(todo["id"])] for todo in claimed}
             out.flush()
             shown = {str(todo["id"]) for todo in ready}
             await wait_first(wake.wait(), stopping.wait(), timeout=args.poll_seconds)
