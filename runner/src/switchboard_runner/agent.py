@@ -37,7 +37,8 @@ BASE_ENV = ("PATH", "HOME", "LANG", "TERM")
 # The name the bearer is passed under with --pass-token, whatever --token-env read it from:
 # the documented MCP configurations reference ${SWITCHBOARD_TOKEN}.
 TOKEN_VARIABLE = "SWITCHBOARD_TOKEN"
-# Where the agent reads its todo's follow-ups, one JSON line each (docs/runner.md#follow-ups).
+# Where the agent reads its todo's follow-ups, one JSON line each
+# (docs/runner.md#follow-ups-and-stops).
 FOLLOWUPS_VARIABLE = "SWITCHBOARD_FOLLOWUPS"
 # Linux refuses one argv string longer than this (MAX_ARG_STRLEN: 32 pages); E2BIG otherwise.
 MAX_ARGUMENT_BYTES = 32 * 4096

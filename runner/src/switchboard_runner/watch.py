@@ -9,10 +9,11 @@ title); a listing at start-up, after every reconnection (doorbells sent meanwhil
 and every --poll-seconds (unverified todos are never rung) fills the gaps. A todo is printed
 once while it stays pending; one that comes back (released, retried) is printed again.
 
-Claimed todos are listed too, for what their holder should hear of (docs/runner.md#watch): a
-new follow-up is a line ``<id>.<n>`` with kind ``followup``, and a request to stop a line with
-kind ``cancel_requested``, each with the todo's queue, trust and title. Follow-ups a todo had
-when watch first saw it claimed are not repeated (its claim gave them to its holder).
+Claimed todos are listed too, for what their holder should hear of
+(docs/runner.md#watch-wake-an-interactive-agent): a new follow-up is a line ``<id>.<n>`` with
+kind ``followup``, and a request to stop a line with kind ``cancel_requested``, each with the
+todo's queue, trust and title. Follow-ups a todo had when watch first saw it claimed are not
+repeated (its claim gave them to its holder).
 """
 
 import asyncio
