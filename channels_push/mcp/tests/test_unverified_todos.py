@@ -77,7 +77,7 @@ def test_an_endpoint_that_refuses_unverified_todos_never_hands_one_out(driver):
     assert refused["structuredContent"]["error"]["message"].replace(str(unverified.pk), "N") == \
         missing["structuredContent"]["error"]["message"].replace("999999", "N")
     # Every other verb on it answers the same as for a missing todo (no "lease_lost … pending").
-    for verb in ("heartbeat", "complete", "fail", "release"):
+    for verb in ("heartbeat", "complete", "fail", "cancel", "release"):
         answer = d.call(verb, {"todo_id": str(unverified.pk)})["result"]
         assert answer["structuredContent"]["error"]["code"] == "not_found", (verb, answer)
     # claim_next skips it (though older) and then finds nothing.
