@@ -105,6 +105,46 @@ def safe_result_url(value) -> str:
     return value
 
 
+# Why a todo was cancelled when its source ended the thread (docs/work-control.md#threads).
+SOURCE_CLOSED = "source_closed"
+
+
+def thread_subject(source: str, kind: str, payload) -> str:
+    """What a todo's thread is about, as people call it: "PR", "MR", "issue", "agent session",
+    "thread", from its source, kind and payload (a delivery on a thread is about one object
+    throughout, so the todo's first delivery says it)."""
+    payload = payload if isinstance(payload, dict) else {}
+    event = (kind or "").partition(".")[0]
+    if source in ("github", "gitea"):
+        issue = payload.get("issue")
+        on_pull = isinstance(issue, dict) and bool(issue.get("pull_request"))
+        return "PR" if event.startswith("pull_request") or on_pull else "issue"
+    if source == "gitlab":
+        attributes = payload.get("object_attributes")
+        noteable = attributes.get("noteable_type") if isinstance(attributes, dict) else None
+        return "MR" if event == "merge_request" or noteable == "MergeRequest" else "issue"
+    if source == "linear":
+        return "agent session" if event == "AgentSessionEvent" else "issue"
+    if source == "slack":
+        return "thread"
+    return "issue"
+
+
+# What the source did to end the thread, by what the thread is about.
+_STOPPED_BY = {"agent session": "the agent session was stopped",
+               "thread": "the Slack thread asked it to stop"}
+_STOPPED_BY_SOURCE = {"linear": "the issue was completed or cancelled",
+                      "sentry": "the issue was resolved or ignored"}
+
+
+def stopped_words(todo: Todo) -> str:
+    """``"the PR was closed"``: why the source stopped ``todo`` (cancelled with reason
+    ``source_closed``), in the words of what its thread is about."""
+    subject = thread_subject(todo.source, todo.kind, todo.payload)
+    return (_STOPPED_BY.get(subject) or _STOPPED_BY_SOURCE.get(todo.source)
+            or f"the {subject} was closed")
+
+
 def _when(moment) -> str:
     return moment.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if moment else ""
 
@@ -194,9 +234,10 @@ def _state_headline(todo: Todo, markup) -> str:
 
 def render_status(todo: Todo, *, now, markup=MARKDOWN, max_chars: int = MAX_STATUS_CHARS) -> str:
     """The living status of ``todo``: it names the todo's state (and the operator's decision
-    that put it there), its agent (the endpoint), its times and a link to its page; while
-    claimed, the agent's latest ``post_update`` line; when done, the result's ``summary`` and
-    ``https`` ``url``; when failed, the error."""
+    that put it there, or the source's stop), its agent (the endpoint), its times and a link to
+    its page; a cancel requested and how many follow-ups were folded in; while claimed, the
+    agent's latest ``post_update`` line; when done, the result's ``summary`` and ``https``
+    ``url``; when failed, the error."""
     return _render(todo, markup=markup, max_chars=max_chars)[1]
 
 
@@ -206,8 +247,13 @@ def _render(todo: Todo, *, markup, max_chars: int) -> tuple[str, str]:
     agent = todo.endpoint.slug  # a slug: nothing in it is markup, even outside the code span
     headline = _state_headline(todo, markup)
     decision = _operator_decision(todo, markup)
-    if decision is not None:
+    if decision is not None and todo.state == State.CANCELLED and decision[1] == SOURCE_CLOSED:
+        headline, decision = f"🛑 Stopped: {stopped_words(todo)}", None
+    elif decision is not None:
         headline += decision[0]
+    stopping = todo.state == State.CLAIMED and todo.cancel_requested_at is not None
+    if stopping:
+        headline += " · cancel requested"
     lines = [
         f"{markup.bold(headline)} · agent {markup.code(agent)} · "
         f"{markup.link(page, f'todo {todo.pk} on switchboard')}",
@@ -219,6 +265,14 @@ def _render(todo: Todo, *, markup, max_chars: int) -> tuple[str, str]:
     ]
     if decision is not None and decision[1]:
         lines += ["", "Reason: " + markup.text(decision[1], MAX_ERROR_CHARS)]
+    if stopping:
+        lines += ["", f"A cancel was requested at {_when(todo.cancel_requested_at)}: the agent"
+                      " is asked to stop."]
+    if todo.followup_count:
+        lines += ["", f"Follow-ups folded in: {todo.followup_count} later event"
+                      f"{'s' if todo.followup_count != 1 else ''} on this thread"
+                      + (" passed to the agent" if todo.state == State.CLAIMED else "")
+                      + "."]
     if todo.state == State.CLAIMED and todo.progress:
         lines += ["", "Latest from the agent: " + markup.text(todo.progress, MAX_SUMMARY_CHARS)]
     result = todo.result if isinstance(todo.result, dict) else {}

@@ -13,7 +13,7 @@ from django.utils import timezone
 from switchboard.db import sql as dialect
 
 from . import usage
-from .models import LIVE_FOR_IDEMPOTENCY, State, Todo, TodoEvent, Trust
+from .models import LIVE_FOR_IDEMPOTENCY, THREAD_MAX_CHARS, State, Todo, TodoEvent, Trust
 
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
@@ -212,10 +212,11 @@ def board_state_choices() -> list[str]:
 
 
 def _search_q(search: str) -> Q:
-    """By id (``42`` or ``#42``), else by title or kind (case-insensitive substring)."""
+    """By id (``42`` or ``#42``), else by title, kind or thread key (case-insensitive
+    substring)."""
     text = search.strip()
     number = text[1:] if text.startswith("#") else text
-    found = Q(title__icontains=text) | Q(kind__icontains=text)
+    found = Q(title__icontains=text) | Q(kind__icontains=text) | Q(thread__icontains=text)
     if number.isdigit() and len(number) <= 18:
         found |= Q(pk=int(number))
     return found
@@ -226,7 +227,8 @@ def _search_matches(todo, search: str) -> bool:
     number = text[1:] if text.startswith("#") else text
     if number.isdigit() and len(number) <= 18 and todo.pk == int(number):
         return True
-    return text.lower() in (todo.title or "").lower() or text.lower() in (todo.kind or "").lower()
+    return any(text.lower() in (value or "").lower()
+               for value in (todo.title, todo.kind, todo.thread))
 
 
 def board_todos(endpoints, *, limit=BOARD_LIMIT, **filters):
@@ -237,9 +239,12 @@ def board_todos(endpoints, *, limit=BOARD_LIMIT, **filters):
 
 
 def filter_board_todos(endpoints, *, endpoint_slug=None, queue=None, state=None, search=None,
-                       before=None):
-    """The todos of ``endpoints`` that the board's filters select (a queryset)."""
+                       before=None, thread=None):
+    """The todos of ``endpoints`` that the board's filters select (a queryset); ``thread``:
+    exactly that thread key's (index todo_by_thread)."""
     todos = Todo.objects.filter(endpoint__in=endpoints).select_related("endpoint")
+    if thread:
+        todos = todos.filter(thread=thread)
     if endpoint_slug:
         todos = todos.filter(endpoint__slug=endpoint_slug)
     if queue:
@@ -261,7 +266,7 @@ def count_awaiting_approval(endpoints) -> int:
 
 
 def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None, search=None,
-                          before=None) -> bool:
+                          before=None, thread=None) -> bool:
     """``board_todos``'s filters, on a row already read (the stream's)."""
     if state:
         sub = _board_sub_states().get(state)
@@ -274,6 +279,7 @@ def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None, s
         and (not queue or todo.queue == queue)
         and (not search or _search_matches(todo, search))
         and (not before or todo.pk < before)
+        and (not thread or todo.thread == thread)
     )
 
 
@@ -297,8 +303,10 @@ def board_filters_from(params) -> dict:
         "state": state if state in board_state_choices() else None,
         "search": (params.get("q") or "").strip()[:MAX_SEARCH_CHARS] or None,
         "before": int(before) if before.isdigit() and len(before) <= 18 else None,
+        "thread": (params.get("thread") or "").strip()[:THREAD_MAX_CHARS] or None,
     }
-    for name, key in (("endpoint", "endpoint_slug"), ("queue", "queue"), ("q", "search")):
+    for name, key in (("endpoint", "endpoint_slug"), ("queue", "queue"), ("q", "search"),
+                      ("thread", "thread")):
         if filters[key] and "\x00" in filters[key]:
             raise BadFilter(f"the {name} filter contains a NUL character")
     return filters
