@@ -1,0 +1,164 @@
+"""What the source hears of threads (docs/write-back.md#threads): a follow-up folded into a live
+todo gets the ack's reaction on its own object (the comment, note, message or prompt it came
+from), and the living status says how many were folded in, that a cancel was requested, and
+that the source stopped the work. Against the stand-ins, the worker driven by hand."""
+
+import copy
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from ingest import connections, status_text
+from ingest.models import WriteBack
+from ingest.tests import test_write_back as gh
+from ingest.tests import test_write_back_slack as sl
+from ingest.tests.github_standin import webhook_example
+from todos import transitions as todo_transitions
+from todos.models import FollowUp, OutboxEntry, Todo, Trust
+
+pytestmark = pytest.mark.django_db
+public_url = gh.public_url  # an autouse fixture
+
+
+def fold_followup(todo, kind: str, payload: dict) -> Todo:
+    """A follow-up as ingest folds it in: its row, the todo's count and the outbox entry of a
+    todo that writes back, in one transaction."""
+    with transaction.atomic():
+        seq = Todo.objects.get(pk=todo.pk).followup_count + 1
+        FollowUp.objects.create(todo_id=todo.pk, seq=seq, kind=kind, title=f"follow-up {seq}",
+                                actor="reviewer", trust=Trust.SIGNED, payload=payload,
+                                at=timezone.now())
+        Todo.objects.filter(pk=todo.pk).update(followup_count=seq)
+        OutboxEntry.objects.create(todo_id=todo.pk, action="followup", at=timezone.now())
+    return Todo.objects.get(pk=todo.pk)
+
+
+def followup_rows(todo) -> list[WriteBack]:
+    return list(WriteBack.objects.filter(todo_id=todo.pk, action="followup")
+                .order_by("followup_seq"))
+
+
+def comment_on(issue_payload: dict, comment_id: int) -> dict:
+    """GitHub's own issue_comment example, about the issue of ``issue_payload``."""
+    payload = copy.deepcopy(webhook_example("issue_comment", action="created"))
+    payload["repository"] = issue_payload["repository"]
+    payload["issue"] = {**payload["issue"], "number": issue_payload["issue"]["number"]}
+    payload["comment"] = {**payload["comment"], "id": comment_id}
+    payload["installation"] = issue_payload["installation"]
+    return payload
+
+
+def test_a_follow_up_gets_eyes_on_its_own_comment(hooked, github, agent):
+    issue = gh.issue_opened()
+    todo = gh.deliver("issues", issue)
+    gh.send()
+    fold_followup(todo, "issue_comment.created", comment_on(issue, 9001))
+    fold_followup(todo, "issue_comment.created", comment_on(issue, 9002))
+    assert gh.send() == 2
+    seen = github.requests_to("reactions/create-for-issue-comment")
+    assert [request.path.rsplit("/", 3)[-2] for request in seen] == ["9001", "9002"]
+    assert all(request.body == {"content": "eyes"} for request in seen)
+    rows = followup_rows(todo)
+    assert [(row.followup_seq, row.state) for row in rows] == [(1, "sent"), (2, "sent")]
+    assert rows[0].target_label.endswith("comment 9001")
+    assert len(github.requests_to("reactions/create-for-issue")) == 1  # the todo's own, once
+    assert "status" not in gh.rows(todo)  # a follow-up makes no status before a transition
+    assert gh.send() == 0  # each follow-up is acked once
+
+
+def test_a_follow_up_about_the_todos_own_object_adds_no_reaction(hooked, github):
+    issue = gh.issue_opened()
+    todo = gh.deliver("issues", issue)
+    edited = copy.deepcopy(issue)
+    edited["action"] = "edited"
+    fold_followup(todo, "issues.edited", edited)
+    gh.send()
+    assert followup_rows(todo) == [] and not OutboxEntry.objects.exists()
+    assert len(github.requests_to("reactions/create-for-issue")) == 1
+
+
+def test_a_follow_up_waits_for_the_todos_own_ack(hooked_by_token, github):
+    issue = gh.issue_opened()
+    todo = gh.deliver("issues", issue)
+    fold_followup(todo, "issue_comment.created", comment_on(issue, 9003))
+    github.fail(502, times=None, message="Bad Gateway")
+    gh.send()
+    assert gh.rows(todo)["ack"].state == "pending"
+    assert followup_rows(todo)[0].state == "pending" and followup_rows(todo)[0].attempts == 0
+    assert not github.requests_to("reactions/create-for-issue-comment")
+
+
+def test_the_status_counts_follow_ups_and_a_cancel_request(hooked, github, agent):
+    issue = gh.issue_opened()
+    todo = gh.deliver("issues", issue)
+    todo_transitions.claim_todo(agent, todo.pk)
+    gh.send()
+    fold_followup(todo, "issue_comment.created", comment_on(issue, 9004))
+    gh.send()
+    (edited,) = github.requests_to("issues/update-comment")
+    assert "Follow-ups folded in: 1 later event on this thread passed to the agent." in (
+        edited.body["body"])
+    Todo.objects.filter(pk=todo.pk).update(cancel_requested_at=timezone.now())
+    update = status_text.status_update(Todo.objects.select_related("endpoint").get(pk=todo.pk),
+                                       now=timezone.now())
+    assert update.headline.endswith("· cancel requested")
+    assert "A cancel was requested at" in update.text and "asked to stop" in update.text
+
+
+@pytest.mark.parametrize("event, action, words", [
+    ("pull_request", "opened", "Stopped: the PR was closed"),
+    ("issues", "opened", "Stopped: the issue was closed"),
+])
+def test_a_todo_the_source_stopped_says_so_in_its_status(hooked, github, agent, event, action,
+                                                         words):
+    todo = gh.deliver(event, webhook_example(event, action=action))
+    todo_transitions.claim_todo(agent, todo.pk)
+    gh.send()
+    sender = todo_transitions.Caller.operator(todo.endpoint, "octocat")
+    todo_transitions.cancel_todo(sender, todo.pk, reason=status_text.SOURCE_CLOSED)
+    gh.send()
+    (comment,) = github.status_comments()
+    assert f"🛑 {words}" in comment["body"]
+    assert "Reason:" not in comment["body"] and "source\\_closed" not in comment["body"]
+
+
+def test_an_operators_cancel_still_names_them_and_their_reason(hooked, github, agent):
+    todo = gh.deliver("issues", gh.issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    operator = todo_transitions.Caller.operator(todo.endpoint, "alice")
+    todo_transitions.cancel_todo(operator, todo.pk, reason="duplicate")
+    gh.send()
+    (comment,) = github.status_comments()
+    assert "Cancelled by alice" in comment["body"] and "Reason: duplicate" in comment["body"]
+
+
+@pytest.mark.parametrize("source, kind, payload, subject", [
+    ("github", "issue_comment.created", {"issue": {"pull_request": {"url": "x"}}}, "PR"),
+    ("gitea", "issues.opened", {"issue": {}}, "issue"),
+    ("gitlab", "note", {"object_attributes": {"noteable_type": "MergeRequest"}}, "MR"),
+    ("gitlab", "issue.open", {}, "issue"),
+    ("linear", "AgentSessionEvent.created", {}, "agent session"),
+    ("slack", "message", {}, "thread"),
+])
+def test_what_a_thread_is_about_reads_as_people_call_it(source, kind, payload, subject):
+    assert status_text.thread_subject(source, kind, payload) == subject
+
+
+@pytest.fixture
+def slack_hooked(endpoint, slack_connection, make_webhook, slack_api):
+    webhook = make_webhook("slack", slug="sl")
+    connections.set_webhook_connection(webhook, slack_connection)
+    slack_api.channels.setdefault(sl.CHANNEL, [])
+    return webhook
+
+
+def test_a_slack_follow_up_gets_eyes_on_its_own_reply(slack_hooked, slack_api):
+    first = sl.person_says(slack_api)
+    todo = sl.deliver(first)
+    reply = sl.person_says(slack_api, "also the empty case", thread_ts=first["event"]["ts"])
+    fold_followup(todo, "message", reply)
+    gh.send()
+    reacted = [(ts, name) for _, ts, name, _ in slack_api.reactions]
+    assert reacted == [(first["event"]["ts"], "eyes"), (reply["event"]["ts"], "eyes")]
+    assert followup_rows(todo)[0].state == "sent"
