@@ -12,7 +12,9 @@ from django.utils import timezone
 from ingest import connections, status_text
 from ingest.models import WriteBack
 from ingest.tests import test_write_back as gh
+from ingest.tests import test_write_back_linear as ln
 from ingest.tests import test_write_back_slack as sl
+from ingest.tests.test_write_back_forges import forge  # noqa: F401 — a fixture
 from ingest.tests.github_standin import webhook_example
 from todos import transitions as todo_transitions
 from todos.models import FollowUp, OutboxEntry, Todo, Trust
@@ -161,4 +163,36 @@ def test_a_slack_follow_up_gets_eyes_on_its_own_reply(slack_hooked, slack_api):
     gh.send()
     reacted = [(ts, name) for _, ts, name, _ in slack_api.reactions]
     assert reacted == [(first["event"]["ts"], "eyes"), (reply["event"]["ts"], "eyes")]
+    assert followup_rows(todo)[0].state == "sent"
+
+
+def test_a_linear_prompt_folded_in_gets_a_thought_of_its_own(operator, endpoint, linear,
+                                                             make_webhook):
+    webhook = make_webhook("linear", slug="lin")
+    connections.set_webhook_connection(webhook, ln.make_connection(operator, linear))
+    created = ln.session_event(linear)
+    todo = ln.deliver(created)
+    prompted = ln.session_event(linear, action="prompted")
+    prompted["agentSession"] = created["agentSession"]
+    prompted["agentActivity"]["agentSessionId"] = created["agentSession"]["id"]
+    fold_followup(todo, "AgentSessionEvent.prompted", prompted)
+    gh.send()
+    thoughts = [content["body"] for content in ln.contents(linear, todo)]
+    assert len(thoughts) == 2 and thoughts[0].startswith("Queued for an agent")
+    assert thoughts[1].startswith("Passed to the agent working on")
+    assert f"https://sb.example/todos/{todo.pk}/" in thoughts[1]
+    assert followup_rows(todo)[0].target["prompt"] == prompted["agentActivity"]["id"]
+
+
+def test_a_note_or_comment_folded_in_gets_eyes_on_itself(forge):
+    todo = forge.deliver(forge.issue())
+    _, comment = forge.comment(note_id=1300) if forge.source == "gitlab" else forge.comment(
+        comment_id=1300)
+    fold_followup(todo, "note" if forge.source == "gitlab" else "issue_comment.created", comment)
+    gh.send()
+    (seen,) = forge.standin.requests_to(forge.comment_ack_op)
+    assert seen.path == ("/api/v4/projects/77/issues/12/notes/1300/award_emoji"
+                         if forge.source == "gitlab"
+                         else "/api/v1/repos/acme/widgets/issues/comments/1300/reactions")
+    assert len(forge.standin.requests_to(forge.ack_op)) == 1  # the todo's own
     assert followup_rows(todo)[0].state == "sent"
