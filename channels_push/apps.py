@@ -11,6 +11,8 @@ class ChannelsPushConfig(AppConfig):
         # The bus, below todos and endpoints, calls the doorbell above them only through these
         # registrations, and only after commit (docs/architecture.md#the-layers).
         publish.add_listener(doorbells.ring_ready_todo)
+        # A held todo's follow-up or stop request rings its holder.
+        publish.add_listener(doorbells.ring_holder_on_change)
         # Presence turned in / paused work resumed (endpoints.transitions): one digest.
         publish.add_endpoint_listener(doorbells.digest_on_endpoint_change)
 

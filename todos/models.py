@@ -28,6 +28,9 @@ class Trust(models.TextChoices):
     UNVERIFIED = "unverified"
 
 
+# Live: not ended (a failed todo is live until it is a dead letter, LIVE_FOR_IDEMPOTENCY).
+LIVE_STATES = (State.AWAITING_APPROVAL, State.PENDING, State.CLAIMED, State.FAILED)
+
 # The legal edges, written down once, as (event action, from state, to state). The test
 # todos/tests/test_state_table.py drives every transition function and checks that the events
 # they record are exactly these edges: none missing, none extra.
@@ -62,6 +65,10 @@ EDGES = frozenset({
     ("approve", State.AWAITING_APPROVAL, State.PENDING),
     ("reject", State.AWAITING_APPROVAL, State.CANCELLED),
     *(("cancel", state, State.CANCELLED) for state in CANCELLABLE_STATES),
+    # Threads (docs/work-control.md#threads): a delivery folded into a live todo, and a held
+    # todo's holder asked to stop (the source closed its thread, or an operator asked).
+    *(("followup", state, state) for state in LIVE_STATES),
+    ("cancel_request", State.CLAIMED, State.CLAIMED),
 })
 
 # docs/work-control.md "Priority": higher is claimed first; the range keeps a priority a small

@@ -70,10 +70,12 @@ _OUTBOX_WHERE = "t.write_back = 'status'"
 
 def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: str, from_state_sql: str,
            actor: str, now, detail=None, endpoint=None, from_prior=False, also=None,
-           detail_sql_over_t: str = "", tells_source=True) -> list[Todo]:
+           detail_sql_over_t: str = "", tells_source=True,
+           outbox_where: str = _OUTBOX_WHERE) -> list[Todo]:
     """Run one guarded UPDATE and write one todo event per changed row, and one outbox entry
     per changed row whose source hears every change (``write_back = 'status'``), unless the
-    transition does not ``tells_source`` (a heartbeat changes nothing the source shows).
+    transition does not ``tells_source`` (a heartbeat changes nothing the source shows);
+    ``outbox_where`` (over ``t``) widens that for a transition every listening source hears.
 
     ``action_sql`` and ``from_state_sql`` are SQL expressions over the updated row ``t``; they
     let one statement record, e.g., ``fail`` or ``dead_letter`` depending on the attempts left.
@@ -119,7 +121,7 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
     outbox_select = f"SELECT t.id, {action_sql}, %(now)s"
     if _is_postgres():
         outbox = (f", n AS (INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS}) {outbox_select}"
-                  f" FROM t WHERE {_OUTBOX_WHERE})" if tells_source else "")
+                  f" FROM t WHERE {outbox_where})" if tells_source else "")
         extra = also("t") if also else None
         sql = (
             f"WITH {prelude}t AS ({update}), "
@@ -147,10 +149,10 @@ def apply_transition(*, set_sql: str, where_sql: str, params: dict, action_sql: 
                         f"FROM {rows_sql}",
                         params,
                     )
-                    if tells_source and any(row.write_back == "status" for row in rows):
+                    if tells_source and any(row.write_back != "off" for row in rows):
                         cursor.execute(
                             f"INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS}) {outbox_select}"
-                            f" FROM {rows_sql} AND {_OUTBOX_WHERE}", params)
+                            f" FROM {rows_sql} AND {outbox_where}", params)
                     extra = also(rows_sql) if also else None
                     if extra:
                         cursor.execute(extra, params)
@@ -512,3 +514,24 @@ def stale_approvals_sql() -> str:
             " ORDER BY a.created_at LIMIT %(limit)s"
             # Lock the todos only: the endpoint row is read, never changed here.
             + dialect.skip_locked(of="a"))
+
+
+# -- threads (docs/work-control.md#threads) ------------------------------------------------------
+
+
+# Live for its thread (todos.models.LIVE_FOR_THREAD): the guard of a follow-up.
+LIVE_FOR_THREAD_SQL = ("(state IN ('awaiting_approval', 'pending', 'claimed')"
+                       " OR (state = 'failed' AND dead_lettered_at IS NULL))"
+                       " AND cancel_requested_at IS NULL")
+# Live but not held: what a stop cancels outright.
+UNHELD_LIVE_SQL = ("(state IN ('awaiting_approval', 'pending')"
+                   " OR (state = 'failed' AND dead_lettered_at IS NULL))")
+
+
+def insert_followup_sql(rows_sql: str) -> str:
+    """The follow-up row of each todo in ``rows_sql`` (``t``, just counted): its seq is the
+    todo's new ``followup_count``, so the count's guarded UPDATE hands out each seq once."""
+    return ("INSERT INTO todos_followup (todo_id, seq, delivery_event_id, kind, title, actor,"
+            " trust, payload, at) SELECT t.id, t.followup_count, %(delivery_event_id)s,"
+            f" %(kind)s, %(title)s, %(followup_actor)s, %(trust)s, {dialect.jsonb('payload')},"
+            f" %(now)s FROM {rows_sql}")

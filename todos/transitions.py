@@ -32,9 +32,9 @@ from switchboard.db import sql as dialect
 from switchboard.db.sql import is_postgres as _is_postgres
 
 from . import queries, statements, usage
-from .models import (MAX_PROGRESS_CHARS, MAX_SCHEDULE_AHEAD, NOT_BEFORE_PAST_TOLERANCE,
-                     PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN, SILENT_TO_SOURCE, State,
-                     Todo, Trust, WriteBack)
+from .models import (LIVE_FOR_IDEMPOTENCY, MAX_PROGRESS_CHARS, MAX_SCHEDULE_AHEAD,
+                     NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN,
+                     SILENT_TO_SOURCE, FollowUp, State, Todo, Trust, WriteBack)
 
 # A todo's title is folded to one line and cut to its column's width.
 MAX_TITLE_CHARS = Todo._meta.get_field("title").max_length
@@ -980,6 +980,120 @@ def reject_todo(caller: Caller, todo_id, *, reason=None, now=None) -> Todo:
         raise _wrong_state(caller, todo_id, "only a todo awaiting approval can be rejected")
     _announce([todo], "reject")
     return todo
+
+
+# -- threads: follow-ups and stops (docs/work-control.md#threads) --------------------------------
+
+
+def add_followup(todo_id, *, delivery_event, kind: str, title: str, actor: str, trust: str,
+                 payload, now, event_actor: str | None = None,
+                 payload_storable: bool = False) -> FollowUp | None:
+    """Fold a delivery into the live todo ``todo_id`` as its next follow-up: ONE guarded
+    statement counts it (``followup_count + 1``, only while the todo is live for its thread:
+    not ended, no stop requested) and inserts the FollowUp with that count as its seq, records
+    a ``followup`` event (state unchanged; actor ``event_actor``, else ``actor``) and, when the
+    todo's source hears of it (``write_back`` not off), an outbox entry ``followup``.
+    Announced ``followup`` after commit: a claimed todo's holder is rung.
+
+    Returns the FollowUp, or None when the todo is no longer live for its thread (ended, or
+    asked to stop, since the caller found it): the caller makes a todo instead. Concurrent
+    follow-ups of one todo queue on its row lock, so their seqs run 1, 2, 3 … without gaps.
+    Refuses ``invalid_argument`` for text no database can store."""
+    todo_id = _todo_id(todo_id)
+    title = " ".join(str(title).split())[:MAX_TITLE_CHARS] or "(untitled)"
+    kind, actor = (kind or "")[:200], (actor or "")[:200]
+    _check_storable(title=title, kind=kind, actor=actor,
+                    **({} if payload_storable else {"payload": payload}))
+    params = {
+        "todo_id": todo_id, "delivery_event_id": getattr(delivery_event, "pk", delivery_event),
+        "kind": kind, "title": title, "followup_actor": actor, "trust": trust,
+        "payload": json.dumps(payload if payload is not None else {}),
+    }
+    with transaction.atomic():
+        todo = _one(statements.apply_transition(
+            set_sql="followup_count = followup_count + 1",
+            where_sql=f"id = %(todo_id)s AND {statements.LIVE_FOR_THREAD_SQL}", params=params,
+            action_sql="'followup'", from_state_sql="t.state", actor=event_actor or actor,
+            now=now, detail={"delivery_event": params["delivery_event_id"]},
+            also=statements.insert_followup_sql, outbox_where="t.write_back <> 'off'"))
+        if todo is None:
+            return None
+        followup = FollowUp.objects.get(todo_id=todo_id, seq=todo.followup_count)
+    followup.todo = todo
+    _announce([todo], "followup")
+    return followup
+
+
+def request_cancel(todo_id, *, actor: str, reason=None, now=None, endpoint=None) -> Todo:
+    """Ask the holder of a claimed todo to stop: ``cancel_requested_at = now`` (guarded:
+    claimed, not yet requested), one ``cancel_request`` event (claimed -> claimed, the
+    ``reason`` in its detail), announced ``cancel_requested`` after commit, which rings the
+    holder's session. The todo stays claimed: its holder ends it (cancel, or complete when the
+    work is done), and a lapse of its lease cancels it. A todo already asked is returned as it
+    is (nothing recorded twice). ``endpoint``: only a todo of that endpoint (an operator's).
+
+    Refuses ``not_found``, ``already_done`` (done or cancelled), ``not_claimable`` (no agent
+    holds it: cancel it instead), ``invalid_argument`` (a bad ``reason``)."""
+    now = now or timezone.now()
+    detail = _reason_detail(reason)
+    todo_id = _todo_id(todo_id)
+    params = {"todo_id": todo_id}
+    guard = "state = 'claimed' AND cancel_requested_at IS NULL"
+    if endpoint is not None:
+        params["endpoint_id"] = endpoint.pk
+        guard += " AND endpoint_id = %(endpoint_id)s"
+    todo = _one(statements.apply_transition(
+        set_sql="cancel_requested_at = %(now)s", where_sql=statements.by_id(guard),
+        params=params, action_sql="'cancel_request'", from_state_sql="'claimed'", actor=actor,
+        now=now, detail=detail, endpoint=endpoint))
+    if todo is not None:
+        _announce([todo], "cancel_requested")
+        return todo
+    todo = Todo.objects.filter(pk=todo_id).first()
+    if todo is None or (endpoint is not None and todo.endpoint_id != endpoint.pk):
+        raise Refusal("not_found", f"no todo {todo_id}")
+    if todo.state == State.CLAIMED and todo.cancel_requested_at is not None:
+        return todo
+    if todo.state in (State.DONE, State.CANCELLED):
+        raise Refusal("already_done", f"todo {todo_id} is already {todo.state}")
+    raise Refusal("not_claimable", f"todo {todo_id} is {todo.state}: no agent holds it, "
+                                   "so cancel it instead of asking")
+
+
+def stop_thread(endpoint_id: int, thread: str, *, webhook_id: int, actor: str,
+                now=None) -> list[str]:
+    """The source ended ``thread``: each live todo of the endpoint on that thread that came
+    from a delivery of ``webhook_id`` (whatever its route's follow-up policy) stops. One no
+    agent holds is cancelled (a ``cancel`` event, reason ``source_closed``, ``actor`` the
+    sender); a held one is asked to stop (``request_cancel``). Each todo is its own guarded
+    statement, so one claimed between the lookup and its cancel is asked instead. Returns
+    the ids stopped, held ones included; call it inside the delivery's transaction."""
+    now = now or timezone.now()
+    ids = list(Todo.objects.filter(
+        LIVE_FOR_IDEMPOTENCY, endpoint_id=endpoint_id, thread=thread,
+        delivery_event__webhook_id=webhook_id).order_by("pk").values_list("pk", flat=True))
+    stopped = []
+    for todo_id in ids:
+        params = {"todo_id": todo_id}
+        cancelled = _one(statements.apply_transition(
+            set_sql=_CANCELLED_SET_SQL,
+            where_sql=f"id = %(todo_id)s AND {statements.UNHELD_LIVE_SQL}", params=params,
+            action_sql="'cancel'", from_state_sql="", actor=actor, now=now,
+            detail={"reason": SOURCE_CLOSED}, from_prior=True))
+        if cancelled is not None:
+            _announce([cancelled], "cancel")
+            stopped.append(str(todo_id))
+            continue
+        try:
+            request_cancel(todo_id, actor=actor, reason=SOURCE_CLOSED, now=now)
+        except Refusal:
+            continue  # it ended meanwhile
+        stopped.append(str(todo_id))
+    return stopped
+
+
+# The cancel reason of a todo its source stopped (the issue or pull request closed).
+SOURCE_CLOSED = "source_closed"
 
 
 # -- sweeps' transitions (called by todos/sweeps.py; their batches: todos.statements) ----------

@@ -292,6 +292,41 @@ def ring_on_commit(todos) -> None:
         transaction.on_commit(lambda: [ring_todo(todo, charged=True) for todo in todos])
 
 
+# -- the holder's doorbell (docs/work-control.md#threads) ----------------------------------------
+
+# What a holder is rung for, and the line it reads: ids only, never the follow-up's text.
+HOLDER_KINDS = {
+    "followup": "Todo {id} has a new follow-up: call heartbeat to get it.",
+    "cancel_requested": "Todo {id} is asked to stop: end it with cancel (or complete it if "
+                        "the work is done).",
+}
+
+
+def holder_doorbell(todo, kind: str) -> dict:
+    """The ``params`` of a doorbell to a todo's holder: ``meta.kind`` (``followup`` or
+    ``cancel_requested``) and ``meta.todo_id``; the content names only the todo."""
+    return {"content": HOLDER_KINDS[kind].format(id=todo.pk),
+            "meta": doorbell_text.build_meta([("kind", kind), ("todo_id", todo.pk)])}
+
+
+def ring_holder(todo, kind: str) -> bool:
+    """Ring the session that holds ``todo`` (its ``lease_owner``), and no other, for ``kind``.
+    Fire-and-forget like every doorbell; False when nothing was sent (not claimed, no stream
+    reachable from this process, or the send dropped at once). Any trust: the holder already
+    took the todo, and the frame carries no sender text."""
+    if todo.state != "claimed" or not todo.lease_owner or not publish.can_reach_streams():
+        return False
+    context = {"todo_id": str(todo.pk), "kind": kind}
+    return send_doorbell(todo.lease_owner, holder_doorbell(todo, kind), context)
+
+
+def ring_holder_on_change(todo, change: dict) -> None:
+    """Publish listener (after commit): a follow-up of a held todo, or a held todo asked to
+    stop, rings its holder."""
+    if change.get("action") in HOLDER_KINDS:
+        ring_holder(todo, change["action"])
+
+
 # -- digests and reconnect (docs/reference.md#digests) --------------------------------------------
 
 def build_digest(endpoint, reason: str, now, *, cooldown=None) -> dict | None:

@@ -73,6 +73,21 @@ def test_every_edge_is_taken_and_no_other(agent, endpoint, make_todo):
     transitions.cancel_todo(operator, claimed.pk, now=now)             # cancel from claimed
     transitions.cancel_todo(operator, lapsed.pk, now=now)              # cancel from failed
 
+    def fold(todo):
+        assert transitions.add_followup(
+            todo.pk, delivery_event=None, kind="k", title="t", actor="octocat", trust="signed",
+            payload={}, now=now) is not None
+
+    for todo in (make_todo(), make_todo(requires_approval=True)):
+        fold(todo)                                                     # followup (waiting)
+    failed = make_todo()
+    transitions.claim_todo(agent, failed.pk, now=now)
+    fold(failed)                                                       # followup (claimed)
+    transitions.fail_todo(agent, failed.pk, now=now)
+    fold(failed)                                                       # followup (failed)
+    asked = transitions.claim_todo(agent, make_todo().pk, now=now)
+    transitions.request_cancel(asked.pk, actor="alice", now=now)       # cancel_request
+
     assert recorded_edges() == set(EDGES)
 
 
