@@ -250,8 +250,8 @@ def todo_detail(request, todo_id):
         "cancel_request": _cancel_request(todo, events),
         # Cancelled because its source ended the thread: said in the source's own words.
         "stopped_by_source": (status_text.stopped_words(todo)
-                              if todo.state == State.CANCELLED and _cancel_reason(events)
-                              == status_text.SOURCE_CLOSED else None),
+                              if todo.state == State.CANCELLED and status_text.source_stopped(
+                                  todo, _cancel_reason(events)) else None),
         "todo": todo,
         "holder": labels.get(todo.lease_owner) if todo.lease_owner else None,
         "events": events,
@@ -267,8 +267,8 @@ def todo_detail(request, todo_id):
     })
 
 
-# The events that record a cancel requested of a held todo (by an operator or by its source).
-CANCEL_REQUEST_ACTIONS = ("request_cancel", "cancel_requested")
+# The event that records a cancel requested of a held todo (by an operator or by its source).
+CANCEL_REQUEST_ACTION = "cancel_request"
 
 
 def _cancel_request(todo, events) -> dict | None:
@@ -277,7 +277,7 @@ def _cancel_request(todo, events) -> dict | None:
     if todo.cancel_requested_at is None:
         return None
     asked = next((event for event in reversed(events)
-                  if event.action in CANCEL_REQUEST_ACTIONS), None)
+                  if event.action == CANCEL_REQUEST_ACTION), None)
     return {"at": todo.cancel_requested_at, "by": asked.actor_label if asked else "",
             "reason": (asked.detail or {}).get("reason") if asked else None}
 
@@ -346,7 +346,8 @@ ACTIONS = {
         caller, todo.pk, reason=post.get("reason") or None),
     # Asks the holder to stop instead of overriding its lease (docs/work-control.md#threads).
     "request_cancel": lambda caller, todo, post, overriding: transitions.request_cancel(
-        caller, todo.pk, reason=post.get("reason") or None),
+        todo.pk, actor=caller.actor, reason=post.get("reason") or None,
+        endpoint=caller.endpoint),
 }
 # What a button's message says where the transitions' own words do not cover it.
 CONSOLE_DONE = {"request_cancel": "asked its agent to stop and cancel"}

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from todos import transitions as todo_transitions
 from todos.models import PRIORITY_DEFAULT, State, Todo, TodoEvent
 
 # What the living status shows of the agent's words and of the whole (the forges' cap; a
@@ -106,7 +107,7 @@ def safe_result_url(value) -> str:
 
 
 # Why a todo was cancelled when its source ended the thread (docs/work-control.md#threads).
-SOURCE_CLOSED = "source_closed"
+SOURCE_CLOSED = todo_transitions.SOURCE_CLOSED
 
 
 def thread_subject(source: str, kind: str, payload) -> str:
@@ -143,6 +144,19 @@ def stopped_words(todo: Todo) -> str:
     subject = thread_subject(todo.source, todo.kind, todo.payload)
     return (_STOPPED_BY.get(subject) or _STOPPED_BY_SOURCE.get(todo.source)
             or f"the {subject} was closed")
+
+
+def source_stopped(todo: Todo, cancel_reason) -> bool:
+    """Whether the cancelled ``todo`` was stopped by its source: cancelled with reason
+    ``source_closed``, or ended without a reason of its own (by its holder, or a lapse) after
+    its source asked its holder to stop."""
+    if cancel_reason == SOURCE_CLOSED:
+        return True
+    if cancel_reason or todo.cancel_requested_at is None:
+        return False
+    asked = (TodoEvent.objects.filter(todo_id=todo.pk, action="cancel_request")
+             .order_by("-id").values_list("detail", flat=True).first())
+    return isinstance(asked, dict) and asked.get("reason") == SOURCE_CLOSED
 
 
 def _when(moment) -> str:
@@ -247,7 +261,8 @@ def _render(todo: Todo, *, markup, max_chars: int) -> tuple[str, str]:
     agent = todo.endpoint.slug  # a slug: nothing in it is markup, even outside the code span
     headline = _state_headline(todo, markup)
     decision = _operator_decision(todo, markup)
-    if decision is not None and todo.state == State.CANCELLED and decision[1] == SOURCE_CLOSED:
+    if (decision is not None and todo.state == State.CANCELLED
+            and source_stopped(todo, decision[1])):
         headline, decision = f"🛑 Stopped: {stopped_words(todo)}", None
     elif decision is not None:
         headline += decision[0]

@@ -20,13 +20,11 @@ THREAD = "octo/app#12"
 
 
 def fold_followups(todo, *items):
-    """Follow-ups as ingest folds them in (its own function is tested there): rows in seq
-    order, and the todo's count."""
-    now = timezone.now()
-    for seq, (title, payload) in enumerate(items, start=todo.followup_count + 1):
-        FollowUp.objects.create(todo=todo, seq=seq, kind="issue_comment.created", title=title,
-                                actor="reviewer", trust=Trust.SIGNED, payload=payload, at=now)
-    Todo.objects.filter(pk=todo.pk).update(followup_count=todo.followup_count + len(items))
+    """Follow-ups as ingest folds them in (``transitions.add_followup``), in seq order."""
+    for title, payload in items:
+        assert transitions.add_followup(
+            todo.pk, delivery_event=None, kind="issue_comment.created", title=title,
+            actor="reviewer", trust=Trust.SIGNED, payload=payload, now=timezone.now())
     return Todo.objects.get(pk=todo.pk)
 
 

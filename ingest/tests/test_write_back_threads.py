@@ -6,7 +6,6 @@ that the source stopped the work. Against the stand-ins, the worker driven by ha
 import copy
 
 import pytest
-from django.db import transaction
 from django.utils import timezone
 
 from ingest import connections, status_text
@@ -17,22 +16,18 @@ from ingest.tests import test_write_back_slack as sl
 from ingest.tests.test_write_back_forges import forge  # noqa: F401 — a fixture
 from ingest.tests.github_standin import webhook_example
 from todos import transitions as todo_transitions
-from todos.models import FollowUp, OutboxEntry, Todo, Trust
+from todos.models import OutboxEntry, Todo, Trust
 
 pytestmark = pytest.mark.django_db
 public_url = gh.public_url  # an autouse fixture
 
 
 def fold_followup(todo, kind: str, payload: dict) -> Todo:
-    """A follow-up as ingest folds it in: its row, the todo's count and the outbox entry of a
-    todo that writes back, in one transaction."""
-    with transaction.atomic():
-        seq = Todo.objects.get(pk=todo.pk).followup_count + 1
-        FollowUp.objects.create(todo_id=todo.pk, seq=seq, kind=kind, title=f"follow-up {seq}",
-                                actor="reviewer", trust=Trust.SIGNED, payload=payload,
-                                at=timezone.now())
-        Todo.objects.filter(pk=todo.pk).update(followup_count=seq)
-        OutboxEntry.objects.create(todo_id=todo.pk, action="followup", at=timezone.now())
+    """A follow-up as ingest folds it in (``add_followup``: its row, the todo's count and the
+    outbox entry of a todo that writes back, in one statement)."""
+    assert todo_transitions.add_followup(
+        todo.pk, delivery_event=None, kind=kind, title="a follow-up", actor="reviewer",
+        trust=Trust.SIGNED, payload=payload, now=timezone.now())
     return Todo.objects.get(pk=todo.pk)
 
 
@@ -101,28 +96,44 @@ def test_the_status_counts_follow_ups_and_a_cancel_request(hooked, github, agent
     (edited,) = github.requests_to("issues/update-comment")
     assert "Follow-ups folded in: 1 later event on this thread passed to the agent." in (
         edited.body["body"])
-    Todo.objects.filter(pk=todo.pk).update(cancel_requested_at=timezone.now())
-    update = status_text.status_update(Todo.objects.select_related("endpoint").get(pk=todo.pk),
-                                       now=timezone.now())
-    assert update.headline.endswith("· cancel requested")
-    assert "A cancel was requested at" in update.text and "asked to stop" in update.text
+    todo_transitions.request_cancel(todo.pk, actor="alice", endpoint=todo.endpoint)
+    gh.send()
+    edited = github.requests_to("issues/update-comment")[-1].body["body"]
+    assert "Being worked on · cancel requested" in edited
+    assert "A cancel was requested at" in edited and "asked to stop" in edited
 
 
 @pytest.mark.parametrize("event, action, words", [
     ("pull_request", "opened", "Stopped: the PR was closed"),
     ("issues", "opened", "Stopped: the issue was closed"),
 ])
-def test_a_todo_the_source_stopped_says_so_in_its_status(hooked, github, agent, event, action,
-                                                         words):
+def test_a_todo_the_source_stopped_says_so_in_its_status(hooked, github, event, action, words):
     todo = gh.deliver(event, webhook_example(event, action=action))
-    todo_transitions.claim_todo(agent, todo.pk)
-    gh.send()
-    sender = todo_transitions.Caller.operator(todo.endpoint, "octocat")
-    todo_transitions.cancel_todo(sender, todo.pk, reason=status_text.SOURCE_CLOSED)
+    Todo.objects.filter(pk=todo.pk).update(thread="octo/app#12")
+    assert todo_transitions.stop_thread(todo.endpoint_id, "octo/app#12", webhook_id=hooked.pk,
+                                        actor="octocat") == [str(todo.pk)]
     gh.send()
     (comment,) = github.status_comments()
     assert f"🛑 {words}" in comment["body"]
     assert "Reason:" not in comment["body"] and "source\\_closed" not in comment["body"]
+
+
+def test_a_held_todo_the_source_stopped_says_so_once_it_ends(hooked, github, agent):
+    todo = gh.deliver("pull_request", webhook_example("pull_request", action="opened"))
+    Todo.objects.filter(pk=todo.pk).update(thread="octo/app#12")
+    todo_transitions.claim_todo(agent, todo.pk)
+    todo_transitions.stop_thread(todo.endpoint_id, "octo/app#12", webhook_id=hooked.pk,
+                                 actor="octocat")
+    gh.send()
+    (comment,) = github.status_comments()
+    assert "Being worked on · cancel requested" in comment["body"]
+    # Its holder ends it (the operator's cancel stands in for the agent's own here).
+    todo_transitions.cancel_todo(todo_transitions.Caller.operator(todo.endpoint, "x"), todo.pk)
+    gh.send()
+    (comment,) = github.status_comments()
+    assert "🛑 Stopped: the PR was closed" in comment["body"]
+    (run,) = (found["answer"] for found in github.check_runs.values())
+    assert run["conclusion"] == "cancelled" and run["output"]["title"].startswith("🛑 Stopped")
 
 
 def test_an_operators_cancel_still_names_them_and_their_reason(hooked, github, agent):
