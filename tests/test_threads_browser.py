@@ -1,5 +1,5 @@
 """Threads on the console in a real browser (Debian's chromium through Playwright) against
-daphne: a row's thread link opens the thread view, "request cancel" asks the holder to stop
+daphne: a follow-up marks its row live, a row's thread link opens the thread view, "request cancel" asks the holder to stop
 (the lease stays its own), and the board, the thread view and a todo page with follow-ups and
 a cancel request fit a phone and follow the dark scheme. Screenshots land in the test's tmp
 dir, and in $CONSOLE_SCREENSHOTS_DIR too when it is set (how docs/images/ is made)."""
@@ -96,6 +96,13 @@ def test_the_thread_link_and_request_cancel_in_the_browser(live_daphne, tmp_path
             assert page.locator(f"#todo-{todos['other'].pk} button[name=request_cancel]").count()
             assert "+2 follow-ups" in row.inner_text()
             assert page.locator(f"#todo-{todos['plain'].pk} .thread-link").count() == 0
+            # Live: a follow-up folded in meanwhile marks its row without a reload.
+            in_thread(transitions.add_followup, todos["other"].pk, delivery_event=None,
+                      kind="issue_comment.created", title="acme/widgets#13: one more typo",
+                      actor="reviewer", trust=Trust.SIGNED,
+                      payload=comment(13, 9003, "line 40 too"), now=timezone.now())
+            page.wait_for_selector(f"#todo-{todos['other'].pk} .followups")
+            assert "+1 follow-up" in page.locator(f"#todo-{todos['other'].pk}").inner_text()
             row.locator(".thread-link").click()
             page.wait_for_url("**/todos/?thread=acme/widgets%2312")
             page.wait_for_selector("#thread-view")
