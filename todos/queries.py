@@ -652,9 +652,6 @@ def may_ring(todo_id) -> bool:
         return cursor.fetchone() is not None
 
 
-# -- a todo's end, for what dies with it ----------------------------------------------------------
-
-
 def parse_todo_id(value) -> int | None:
     """The todo id ``value`` names (as a client gave it: ASCII decimal text or an int), or None
     when it names none. ``int()`` alone would also take " 4", "٤" or "²"."""
@@ -692,6 +689,9 @@ def find_traced_todo(caller, todo_id) -> dict | None:
         return None
     return {"id": str(number), "traceparent": row["traceparent"], "queue": row["queue"],
             "attempts": row["attempts"]}
+
+
+# -- a todo's end, for what dies with it ----------------------------------------------------------
 
 
 def find_todo_state(todo_id) -> str | None:
