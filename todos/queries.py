@@ -15,6 +15,8 @@ from switchboard.db import sql as dialect
 from . import usage
 from .models import LIVE_FOR_IDEMPOTENCY, THREAD_MAX_CHARS, State, Todo, TodoEvent, Trust
 
+# The largest todo id: the primary key is a bigint.
+MAX_TODO_ID = 2**63 - 1
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
 
@@ -658,16 +660,46 @@ def may_ring(todo_id) -> bool:
         return cursor.fetchone() is not None
 
 
-# -- a todo's end, for what dies with it ----------------------------------------------------------
-
-
-def find_traceparent(endpoint, todo_id) -> str | None:
-    """The traceparent of ``endpoint``'s todo ``todo_id`` (an id as an agent gave it); None
-    when it has none, or there is no such todo of that endpoint."""
-    if not isinstance(todo_id, str) or not todo_id.isdigit() or len(todo_id) > 18:
+def parse_todo_id(value) -> int | None:
+    """The todo id ``value`` names (as a client gave it: ASCII decimal text or an int), or None
+    when it names none. ``int()`` alone would also take " 4", "٤" or "²"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 20:
+        number = int(value)
+    else:
         return None
-    return (Todo.objects.filter(pk=int(todo_id), endpoint=endpoint)
-            .values_list("traceparent", flat=True).first())
+    return number if 0 < number <= MAX_TODO_ID else None
+
+
+def visible_to(caller, *, queue: str, trust: str, lease_owner: str | None,
+               claiming: bool = False) -> bool:
+    """Whether ``caller`` may see a todo of its endpoint in ``queue``: in its scope, and not an
+    unverified one hidden from it (``accept_unverified`` off) — for every verb, not only claim,
+    since a fenced verb's "lease_lost … is pending" would tell it exists. Its holder (a claim
+    from before the setting changed) still sees its own lease, unless ``claiming``."""
+    hidden = (caller.hides_unverified and trust == Trust.UNVERIFIED
+              and (claiming or lease_owner != caller.actor))
+    return caller.covers(queue) and not hidden
+
+
+def find_traced_todo(caller, todo_id) -> dict | None:
+    """What a tool call's span names of todo ``todo_id`` (an id as an agent gave it): its
+    ``id``, ``traceparent``, ``queue`` and ``attempts``; None unless it is a todo ``caller`` may
+    see (``visible_to``), so no text of the agent's and nothing of another's todo is named."""
+    number = parse_todo_id(todo_id)
+    if number is None:
+        return None
+    row = (Todo.objects.filter(pk=number, endpoint_id=caller.endpoint.pk)
+           .values("traceparent", "queue", "attempts", "trust", "lease_owner").first())
+    if row is None or not visible_to(caller, queue=row["queue"], trust=row["trust"],
+                                     lease_owner=row["lease_owner"]):
+        return None
+    return {"id": str(number), "traceparent": row["traceparent"], "queue": row["queue"],
+            "attempts": row["attempts"]}
+
+
+# -- a todo's end, for what dies with it ----------------------------------------------------------
 
 
 def find_todo_state(todo_id) -> str | None:
