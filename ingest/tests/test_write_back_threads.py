@@ -46,7 +46,7 @@ def comment_on(issue_payload: dict, comment_id: int) -> dict:
     return payload
 
 
-def test_a_follow_up_gets_eyes_on_its_own_comment(hooked, github, agent):
+def test_a_follow_up_gets_eyes_on_its_own_comment(hooked, github, agent, client, operator):
     issue = gh.issue_opened()
     todo = gh.deliver("issues", issue)
     gh.send()
@@ -62,6 +62,31 @@ def test_a_follow_up_gets_eyes_on_its_own_comment(hooked, github, agent):
     assert len(github.requests_to("reactions/create-for-issue")) == 1  # the todo's own, once
     assert "status" not in gh.rows(todo)  # a follow-up makes no status before a transition
     assert gh.send() == 0  # each follow-up is acked once
+    client.force_login(operator)
+    page = client.get(f"/todos/{todo.pk}/").content.decode()
+    assert "eyes reaction on follow-up 1" in page and "eyes reaction on follow-up 2" in page
+
+
+def test_an_ack_route_acks_a_follow_up_and_writes_no_status(hooked, github, agent):
+    hooked.routes.update(write_back="ack")
+    issue = gh.issue_opened()
+    todo = gh.deliver("issues", issue)
+    todo_transitions.claim_todo(agent, todo.pk)
+    fold_followup(todo, "issue_comment.created", comment_on(issue, 9005))
+    assert OutboxEntry.objects.count() == 2  # the create and the follow-up
+    gh.send()
+    assert len(github.requests_to("reactions/create-for-issue-comment")) == 1
+    assert not github.requests_to("issues/create-comment")
+
+
+def test_a_todo_that_writes_nothing_back_acks_no_follow_up(hooked, github, agent):
+    hooked.routes.update(write_back="off")
+    issue = gh.issue_opened()
+    todo = gh.deliver("issues", issue)
+    fold_followup(todo, "issue_comment.created", comment_on(issue, 9006))
+    assert not OutboxEntry.objects.exists()
+    gh.send()
+    assert not github.seen and not WriteBack.objects.exists()
 
 
 def test_a_follow_up_about_the_todos_own_object_adds_no_reaction(hooked, github):
