@@ -86,7 +86,8 @@ def test_a_todo_that_writes_nothing_back_acks_no_follow_up(hooked, github, agent
     fold_followup(todo, "issue_comment.created", comment_on(issue, 9006))
     assert not OutboxEntry.objects.exists()
     gh.send()
-    assert not github.seen and not WriteBack.objects.exists()
+    assert not github.requests_to("reactions/create-for-issue-comment")
+    assert not WriteBack.objects.exists()
 
 
 def test_a_follow_up_about_the_todos_own_object_adds_no_reaction(hooked, github):
