@@ -38,6 +38,7 @@ from endpoints import queries as endpoint_queries
 from endpoints import transitions as endpoint_transitions
 from endpoints.models import MAX_CLAIM_CAP
 from ingest import queries as ingest_queries
+from ingest import status_text
 from switchboard import json_input
 from switchboard.commands import validation_text
 
@@ -241,7 +242,16 @@ def todo_detail(request, todo_id):
         details = {key: value for key, value in (event.detail or {}).items() if value is not None}
         event.detail_json = json.dumps(details, sort_keys=True) if details else ""
         event.actor_label = labels.get(event.actor, event.actor)
+    followups = list(todo.followups.order_by("seq"))
+    for followup in followups:
+        followup.payload_json = json.dumps(followup.payload, indent=2, sort_keys=True)
     return render(request, "console/detail.html", {
+        "followups": followups,
+        "cancel_request": _cancel_request(todo, events),
+        # Cancelled because its source ended the thread: said in the source's own words.
+        "stopped_by_source": (status_text.stopped_words(todo)
+                              if todo.state == State.CANCELLED and status_text.source_stopped(
+                                  todo, _cancel_reason(events)) else None),
         "todo": todo,
         "holder": labels.get(todo.lease_owner) if todo.lease_owner else None,
         "events": events,
@@ -255,6 +265,26 @@ def todo_detail(request, todo_id):
         # What switchboard wrote, or is to write, back to the todo's source.
         "write_backs": ingest_queries.write_backs_of_todos([todo.pk]).get(todo.pk, []),
     })
+
+
+# The event that records a cancel requested of a held todo (by an operator or by its source).
+CANCEL_REQUEST_ACTION = "cancel_request"
+
+
+def _cancel_request(todo, events) -> dict | None:
+    """When and by whom a cancel of ``todo`` was requested (its latest request event), or
+    None when none stands."""
+    if todo.cancel_requested_at is None:
+        return None
+    asked = next((event for event in reversed(events)
+                  if event.action == CANCEL_REQUEST_ACTION), None)
+    return {"at": todo.cancel_requested_at, "by": asked.actor_label if asked else "",
+            "reason": (asked.detail or {}).get("reason") if asked else None}
+
+
+def _cancel_reason(events):
+    cancel = next((event for event in reversed(events) if event.action == "cancel"), None)
+    return (cancel.detail or {}).get("reason") if cancel is not None else None
 
 
 def _parse_result(text: str):
@@ -314,7 +344,15 @@ ACTIONS = {
         caller, todo.pk, reason=post.get("reason") or None),
     "cancel": lambda caller, todo, post, overriding: transitions.cancel_todo(
         caller, todo.pk, reason=post.get("reason") or None),
+    # Asks the holder to stop instead of overriding its lease (docs/work-control.md#threads).
+    "request_cancel": lambda caller, todo, post, overriding: transitions.request_cancel(
+        todo.pk, actor=caller.actor, reason=post.get("reason") or None,
+        endpoint=caller.endpoint),
 }
+# What a button's message says where the transitions' own words do not cover it.
+CONSOLE_DONE = {"request_cancel": "asked its agent to stop and cancel"}
+
+
 @board_login_required
 @operator_may(CHANGE_TODO)
 @require_POST
@@ -335,7 +373,7 @@ def todo_act(request, todo_id, action):
     except transitions.Refusal as refusal:
         messages.error(request, f"#{todo.pk}: {refusal.message} ({refusal.code})")
     else:
-        done = f"{transitions.ACTION_DONE[action]} #{todo.pk}"
+        done = f"{CONSOLE_DONE.get(action) or transitions.ACTION_DONE[action]} #{todo.pk}"
         if overriding is not None:
             done += " (override: the agent's lease " + (
                 "was extended; the agent keeps it)" if action == "extend" else "ended)")

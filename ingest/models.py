@@ -198,11 +198,13 @@ class WriteBackAction(models.TextChoices):
     ACK = "ack"  # the reaction on what made the todo
     STATUS = "status"  # the living status, edited in place
     CHECK = "check"  # a GitHub App's check run on a pull request's head commit
+    FOLLOWUP = "followup"  # the ack's reaction on what a follow-up came from
 
 
 class WriteBack(models.Model):
     """One thing switchboard writes back about a todo (docs/write-back.md#the-outbox): its
-    ``ack``, its living ``status`` or its ``check`` run, at most one of each per todo. Made
+    ``ack``, its living ``status`` or its ``check`` run, at most one of each per todo, and a
+    ``followup`` ack per follow-up folded into it (``followup_seq``, 0 for the others). Made
     from the todo's outbox entries (``write_back.absorb_outbox_entries``); ``wanted`` counts
     the changes asked for and ``sent`` the count the last successful send covered, so changes
     that arrive while one is sent collapse into the next send, which shows the todo as it is
@@ -216,6 +218,7 @@ class WriteBack(models.Model):
     connection = models.ForeignKey(Connection, on_delete=models.CASCADE,
                                    related_name="write_backs")
     action = models.CharField(max_length=8, choices=WriteBackAction.choices)
+    followup_seq = models.PositiveIntegerField(default=0, db_default=0)
     # Where, as the sender's client reads it from the payload (owner, repository, number,
     # comment, installation) and as people read it ("octo/hello#12").
     target = models.JSONField(default=dict)
@@ -247,7 +250,8 @@ class WriteBack(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["todo", "action"], name="writeback_todo_action"),
+            models.UniqueConstraint(fields=["todo", "action", "followup_seq"],
+                                    name="writeback_todo_action"),
         ]
         indexes = [
             # write_back.claim_due_write_back (the sender and its sweep): pending rows by when

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from todos import transitions as todo_transitions
 from todos.models import PRIORITY_DEFAULT, State, Todo, TodoEvent
 
 # What the living status shows of the agent's words and of the whole (the forges' cap; a
@@ -103,6 +104,59 @@ def safe_result_url(value) -> str:
             or any(ch.isspace() or ch in "<>\"'`|" or not ch.isprintable() for ch in value)):
         return ""
     return value
+
+
+# Why a todo was cancelled when its source ended the thread (docs/work-control.md#threads).
+SOURCE_CLOSED = todo_transitions.SOURCE_CLOSED
+
+
+def thread_subject(source: str, kind: str, payload) -> str:
+    """What a todo's thread is about, as people call it: "PR", "MR", "issue", "agent session",
+    "thread", from its source, kind and payload (a delivery on a thread is about one object
+    throughout, so the todo's first delivery says it)."""
+    payload = payload if isinstance(payload, dict) else {}
+    event = (kind or "").partition(".")[0]
+    if source in ("github", "gitea"):
+        issue = payload.get("issue")
+        on_pull = isinstance(issue, dict) and bool(issue.get("pull_request"))
+        return "PR" if event.startswith("pull_request") or on_pull else "issue"
+    if source == "gitlab":
+        attributes = payload.get("object_attributes")
+        noteable = attributes.get("noteable_type") if isinstance(attributes, dict) else None
+        return "MR" if event == "merge_request" or noteable == "MergeRequest" else "issue"
+    if source == "linear":
+        return "agent session" if event == "AgentSessionEvent" else "issue"
+    if source == "slack":
+        return "thread"
+    return "issue"
+
+
+# What the source did to end the thread, by what the thread is about.
+_STOPPED_BY = {"agent session": "the agent session was stopped",
+               "thread": "the Slack thread asked it to stop"}
+_STOPPED_BY_SOURCE = {"linear": "the issue was completed or cancelled",
+                      "sentry": "the issue was resolved or ignored"}
+
+
+def stopped_words(todo: Todo) -> str:
+    """``"the PR was closed"``: why the source stopped ``todo`` (cancelled with reason
+    ``source_closed``), in the words of what its thread is about."""
+    subject = thread_subject(todo.source, todo.kind, todo.payload)
+    return (_STOPPED_BY.get(subject) or _STOPPED_BY_SOURCE.get(todo.source)
+            or f"the {subject} was closed")
+
+
+def source_stopped(todo: Todo, cancel_reason) -> bool:
+    """Whether the cancelled ``todo`` was stopped by its source: cancelled with reason
+    ``source_closed``, or ended without a reason of its own (by its holder, or a lapse) after
+    its source asked its holder to stop."""
+    if cancel_reason == SOURCE_CLOSED:
+        return True
+    if cancel_reason or todo.cancel_requested_at is None:
+        return False
+    asked = (TodoEvent.objects.filter(todo_id=todo.pk, action="cancel_request")
+             .order_by("-id").values_list("detail", flat=True).first())
+    return isinstance(asked, dict) and asked.get("reason") == SOURCE_CLOSED
 
 
 def _when(moment) -> str:
@@ -194,9 +248,10 @@ def _state_headline(todo: Todo, markup) -> str:
 
 def render_status(todo: Todo, *, now, markup=MARKDOWN, max_chars: int = MAX_STATUS_CHARS) -> str:
     """The living status of ``todo``: it names the todo's state (and the operator's decision
-    that put it there), its agent (the endpoint), its times and a link to its page; while
-    claimed, the agent's latest ``post_update`` line; when done, the result's ``summary`` and
-    ``https`` ``url``; when failed, the error."""
+    that put it there, or the source's stop), its agent (the endpoint), its times and a link to
+    its page; a cancel requested and how many follow-ups were folded in; while claimed, the
+    agent's latest ``post_update`` line; when done, the result's ``summary`` and ``https``
+    ``url``; when failed, the error."""
     return _render(todo, markup=markup, max_chars=max_chars)[1]
 
 
@@ -206,8 +261,14 @@ def _render(todo: Todo, *, markup, max_chars: int) -> tuple[str, str]:
     agent = todo.endpoint.slug  # a slug: nothing in it is markup, even outside the code span
     headline = _state_headline(todo, markup)
     decision = _operator_decision(todo, markup)
-    if decision is not None:
+    if (decision is not None and todo.state == State.CANCELLED
+            and source_stopped(todo, decision[1])):
+        headline, decision = f"🛑 Stopped: {stopped_words(todo)}", None
+    elif decision is not None:
         headline += decision[0]
+    stopping = todo.state == State.CLAIMED and todo.cancel_requested_at is not None
+    if stopping:
+        headline += " · cancel requested"
     lines = [
         f"{markup.bold(headline)} · agent {markup.code(agent)} · "
         f"{markup.link(page, f'todo {todo.pk} on switchboard')}",
@@ -219,6 +280,14 @@ def _render(todo: Todo, *, markup, max_chars: int) -> tuple[str, str]:
     ]
     if decision is not None and decision[1]:
         lines += ["", "Reason: " + markup.text(decision[1], MAX_ERROR_CHARS)]
+    if stopping:
+        lines += ["", f"A cancel was requested at {_when(todo.cancel_requested_at)}: the agent"
+                      " is asked to stop."]
+    if todo.followup_count:
+        lines += ["", f"Follow-ups folded in: {todo.followup_count} later event"
+                      f"{'s' if todo.followup_count != 1 else ''} on this thread"
+                      + (" passed to the agent" if todo.state == State.CLAIMED else "")
+                      + "."]
     if todo.state == State.CLAIMED and todo.progress:
         lines += ["", "Latest from the agent: " + markup.text(todo.progress, MAX_SUMMARY_CHARS)]
     result = todo.result if isinstance(todo.result, dict) else {}

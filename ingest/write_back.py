@@ -9,7 +9,8 @@ left behind (a crash between commit and send). The worker:
 
 1. takes entries into ``WriteBack`` rows in one transaction (``absorb_outbox_entries``): one
    ``ack`` per todo and one living ``status`` (and, where the source has them, one ``check``
-   run), whose ``wanted`` counts the changes asked for;
+   run), whose ``wanted`` counts the changes asked for, and one ``followup`` ack per follow-up
+   folded into the todo;
 2. claims one due row at a time with a guarded statement (``claim_due_write_back``): never a
    todo's status or check before its ack, never two sends of one todo at once, nothing of a
    connection the source asked to wait (a rate limit's ``Retry-After``: ``hold_connection``);
@@ -42,7 +43,7 @@ from switchboard import schedule, tracing
 from switchboard.db import sql as dialect
 from switchboard.db import statements as db_statements
 from todos import transitions as todo_transitions
-from todos.models import SILENT_TO_SOURCE, Todo, WriteBack as WriteBackLevel
+from todos.models import SILENT_TO_SOURCE, FollowUp, Todo, WriteBack as WriteBackLevel
 
 from . import connections, outbound, senders, status_text
 from .models import Connection, WriteBack, WriteBackAction, WriteBackState, WriteBackTally
@@ -87,7 +88,7 @@ def on_todo_change(todo, change: dict) -> None:
     it committed, wake the sender. Nothing for the others, which is nearly every todo."""
     level, action = getattr(todo, "write_back", WriteBackLevel.OFF), change["action"]
     if (level == WriteBackLevel.STATUS and action not in SILENT_TO_SOURCE) or (
-            level == WriteBackLevel.ACK and action == "create"):
+            level == WriteBackLevel.ACK and action in ("create", WriteBackAction.FOLLOWUP)):
         dispatch_send()
 
 
@@ -141,13 +142,13 @@ _task_kicker = _TaskKicker()
 
 _TABLE = WriteBack._meta.db_table
 _CONNECTIONS = Connection._meta.db_table
-_INSERT_COLUMNS = ("todo_id, connection_id, action, target, target_label, state, wanted, sent,"
-                   " attempts, next_attempt_at, last_error, external_id, created_at")
+_INSERT_COLUMNS = ("todo_id, connection_id, action, followup_seq, target, target_label, state,"
+                   " wanted, sent, attempts, next_attempt_at, last_error, external_id, created_at")
 # Due now, or when its connection's hold ends (hold_connection): a row made during a hold
 # waits with the others rather than being walked past by every claim until then.
 _DUE_FROM = (f"COALESCE((SELECT c.held_until FROM {_CONNECTIONS} c"
              " WHERE c.id = %(connection_id)s AND c.held_until > %(now)s), %(now)s)")
-_INSERT_VALUES = (f"%(todo_id)s, %(connection_id)s, %(action)s, {dialect.jsonb('target')},"
+_INSERT_VALUES = (f"%(todo_id)s, %(connection_id)s, %(action)s, %(seq)s, {dialect.jsonb('target')},"
                   f" %(label)s, 'pending', %(wanted)s, 0, 0, {_DUE_FROM}, '', '', %(now)s")
 # A change to a status already sent (or given up on after a long outage) makes it due again,
 # with a fresh retry budget; one waiting or being sent just counts the change; one the source
@@ -155,7 +156,7 @@ _INSERT_VALUES = (f"%(todo_id)s, %(connection_id)s, %(action)s, {dialect.jsonb('
 _REARM = f"{_TABLE}.state IN ('sent', 'abandoned')"
 _UPSERT_STATUS_SQL = (
     f"INSERT INTO {_TABLE} ({_INSERT_COLUMNS}) VALUES ({_INSERT_VALUES})"
-    " ON CONFLICT (todo_id, action) DO UPDATE SET"
+    " ON CONFLICT (todo_id, action, followup_seq) DO UPDATE SET"
     f" wanted = {_TABLE}.wanted + EXCLUDED.wanted,"
     f" state = CASE WHEN {_REARM} THEN 'pending' ELSE {_TABLE}.state END,"
     f" next_attempt_at = CASE WHEN {_REARM} THEN EXCLUDED.next_attempt_at"
@@ -164,23 +165,38 @@ _UPSERT_STATUS_SQL = (
     f" failing_since = CASE WHEN {_REARM} THEN NULL ELSE {_TABLE}.failing_since END"
 )
 _INSERT_ACK_SQL = (f"INSERT INTO {_TABLE} ({_INSERT_COLUMNS}) VALUES ({_INSERT_VALUES})"
-                   " ON CONFLICT (todo_id, action) DO NOTHING")
+                   " ON CONFLICT (todo_id, action, followup_seq) DO NOTHING")
+# A follow-up's news for a status already made: counted as a change, never a status of its
+# own before the todo's first transition (which makes it).
+_BUMP_STATUS_SQL = (
+    f"UPDATE {_TABLE} SET wanted = wanted + %(wanted)s,"
+    f" state = CASE WHEN {_REARM} THEN 'pending' ELSE state END,"
+    f" next_attempt_at = CASE WHEN {_REARM} THEN {_DUE_FROM} ELSE next_attempt_at END,"
+    f" attempts = CASE WHEN {_REARM} THEN 0 ELSE attempts END,"
+    f" failing_since = CASE WHEN {_REARM} THEN NULL ELSE failing_since END"
+    " WHERE todo_id = %(todo_id)s AND action IN ('status', 'check')"
+)
 
 
 def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
     """Take up to ``limit`` outbox entries into write-backs, in one transaction: a ``create``
     makes the todo's ``ack``, every later change counts toward its ``status`` and, where the
     client writes one for this connection and target (a GitHub App on a pull request), its
-    ``check`` run. A todo whose webhook has no connection now, or whose delivery has nothing
-    to write back on (a push), is dropped. Returns how many entries were taken."""
+    ``check`` run. A ``followup`` makes the ack of each follow-up not acked yet (``_absorb_
+    followups``) and counts toward a status already made. A todo whose webhook has no
+    connection now, or whose delivery has nothing to write back on (a push), is dropped.
+    Returns how many entries were taken."""
     with transaction.atomic():
         entries = todo_transitions.take_outbox_entries(limit=limit)
         if not entries:
             return 0
-        changes, transitions_seen = {}, set()
+        changes, transitions_seen, followed = {}, set(), {}
         for todo_id, action in entries:
             counts = changes.setdefault(todo_id, {WriteBackAction.ACK: 0,
                                                   WriteBackAction.STATUS: 0})
+            if action == WriteBackAction.FOLLOWUP:
+                followed[todo_id] = followed.get(todo_id, 0) + 1
+                continue
             counts[WriteBackAction.ACK if action == "create" else WriteBackAction.STATUS] += 1
             if action != "progress":
                 transitions_seen.add(todo_id)
@@ -206,11 +222,47 @@ def absorb_outbox_entries(*, now, limit: int = ABSORB_BATCH) -> int:
                             _INSERT_ACK_SQL if action == WriteBackAction.ACK
                             else _UPSERT_STATUS_SQL,
                             {"todo_id": todo.pk, "connection_id": webhook.connection.pk,
-                             "action": action, "target": json.dumps(target), "label": label[:300],
-                             "wanted": count, "now": dialect.db_time(now)})
+                             "action": action, "seq": 0, "target": json.dumps(target),
+                             "label": label[:300], "wanted": count, "now": dialect.db_time(now)})
                 if changes[todo.pk][WriteBackAction.STATUS] and todo.pk not in transitions_seen:
                     _space_progress_edits(todo.pk)
+                if todo.pk in followed:
+                    _absorb_followups(cursor, todo, client, webhook.connection, target,
+                                      followed[todo.pk], now=now)
     return len(entries)
+
+
+# Target fields that say where a reaction goes no more than the rest do: two targets equal
+# without them are one object.
+_NOT_THE_OBJECT = ("head_sha", "installation")
+
+
+def _same_object(one: dict, other: dict) -> bool:
+    return ({key: value for key, value in one.items() if key not in _NOT_THE_OBJECT}
+            == {key: value for key, value in other.items() if key not in _NOT_THE_OBJECT})
+
+
+def _absorb_followups(cursor, todo, client, connection, todo_target, entries: int, *, now):
+    """The ``followup`` ack of each of ``todo``'s follow-ups that has none yet (the comment,
+    note, message or prompt it came from, as the client's ``find_target`` reads the
+    follow-up's own payload), and ``entries`` changes for its status and check run, if made.
+    A follow-up about the todo's own object (an edit of the issue, a push to the pull request,
+    a review, which GitHub gives no reactions) gets none: that object has the todo's ack."""
+    done = WriteBack.objects.filter(todo_id=todo.pk, action=WriteBackAction.FOLLOWUP)
+    last = max(done.values_list("followup_seq", flat=True), default=0)
+    for followup in (FollowUp.objects.filter(todo_id=todo.pk, seq__gt=last).order_by("seq")
+                     .only("seq", "kind", "payload")):
+        found = client.find_target(followup.kind, followup.payload)
+        if found is None or _same_object(found[0], todo_target):
+            continue
+        cursor.execute(_INSERT_ACK_SQL, {
+            "todo_id": todo.pk, "connection_id": connection.pk,
+            "action": WriteBackAction.FOLLOWUP, "seq": followup.seq,
+            "target": json.dumps(found[0]), "label": found[1][:300], "wanted": 1,
+            "now": dialect.db_time(now)})
+    if todo.write_back == WriteBackLevel.STATUS:
+        cursor.execute(_BUMP_STATUS_SQL, {"todo_id": todo.pk, "connection_id": connection.pk,
+                                          "wanted": entries, "now": dialect.db_time(now)})
 
 
 def _space_progress_edits(todo_id) -> None:
@@ -298,13 +350,17 @@ def _send_write_back(row: WriteBack, todo, *, now) -> str:
     client = senders.get_sender(senders.CONNECTION_SOURCE[row.connection.kind]).write_back
     send = None if client is None else {WriteBackAction.STATUS: client.status,
                                         WriteBackAction.CHECK: client.check_run}.get(row.action)
-    if todo is None or client is None or (row.action != WriteBackAction.ACK and send is None):
+    acks = (WriteBackAction.ACK, WriteBackAction.FOLLOWUP)
+    if todo is None or client is None or (row.action not in acks and send is None):
         return finish_write_back(row, now=now, error=outbound.SourceError(
             "the todo is gone (pruned)" if todo is None else "the source writes nothing back"))
     started = time.monotonic()
     try:
         if row.action == WriteBackAction.ACK:
             external_id = client.ack(row.connection, {**row.target, "todo_id": row.todo_id}, now)
+        elif row.action == WriteBackAction.FOLLOWUP:
+            external_id = client.ack(row.connection, {**row.target, "todo_id": row.todo_id,
+                                                      "followup": row.followup_seq}, now)
         else:
             # The first send has nothing to look for; a later one without an id may follow a
             # worker that died after the source took it, since the row was made.

@@ -32,7 +32,7 @@ from switchboard.http import client_address, daphne_tuning, plain  # noqa: E402
 daphne_tuning.skip_form_parsing()
 # Exports only when OTEL_EXPORTER_OTLP_ENDPOINT is set (docs/operating.md#traces); the
 # embedded default (manage.py serve) is this process, its sweeps included.
-tracing.configure("web")
+tracing.start("web")
 
 http_routes = [
     # MCP Streamable HTTP (docs/reference.md#sessions-and-streams), /mcp/<endpoint_slug>; never

@@ -24,12 +24,12 @@ app.conf.beat_schedule = schedule.beat_schedule()
 # pool process by the SDK itself; what a process still holds is flushed as it stops.
 @signals.worker_init.connect
 def _trace_worker(**_):
-    tracing.configure("worker")
+    tracing.start("worker")
 
 
 @signals.beat_init.connect
 def _trace_beat(**_):
-    tracing.configure("beat")
+    tracing.start("beat")
 
 
 @signals.worker_process_shutdown.connect

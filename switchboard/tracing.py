@@ -5,18 +5,24 @@ One trace per piece of work: the delivery (or the hand-over) starts it, or conti
 (``work_traceparent`` while the delivery runs), and every later span about the todo (a tool
 call, a doorbell, a write-back) names that as its parent, in whichever process it runs.
 
-Unset (no ``OTEL_EXPORTER_OTLP_ENDPOINT``), nothing of OpenTelemetry is imported and every
-call here is a check of one module variable: ``span`` hands back one shared no-op. Only ids,
-names, states, sizes and codes go into attributes, never a bearer, secret, payload, title or
-result text (a test walks every exported attribute).
+The OpenTelemetry API is installed whatever we choose: the mcp SDK imports it itself (its
+client and server spans). So only the SDK and the OTLP/HTTP exporter are our dependencies, and
+they are imported only when an endpoint is configured. Unset (no ``OTEL_EXPORTER_OTLP_ENDPOINT``),
+every call here is a check of one module variable: ``span`` hands back one shared no-op. Only
+ids, names, states, sizes and codes go into attributes, never a bearer, secret, payload, title
+or result text (a test walks every exported attribute).
 """
 
 import contextvars
+import logging
 import os
 import re
 import time
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+
+log = logging.getLogger("switchboard.tracing")
 
 # version-traceid-parentid-flags, lower-case hex (W3C Trace Context, level 1). Version ff is
 # invalid; an all-zero trace or parent id is invalid.
@@ -24,6 +30,8 @@ _TRACEPARENT_RE = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-
 DEFAULT_SERVICE_NAME = "switchboard"
 # The only protocol the exporter shipped speaks (opentelemetry-exporter-otlp-proto-http).
 SUPPORTED_PROTOCOL = "http/protobuf"
+# OTLP path of the trace signal under OTEL_EXPORTER_OTLP_ENDPOINT, as the exporter appends it.
+TRACES_PATH = "/v1/traces"
 
 _tracer = None
 _provider = None
@@ -50,35 +58,62 @@ def enabled() -> bool:
     return _tracer is not None
 
 
-def _environment_value(*names: str) -> str:
+def _environment_variable(*names: str) -> tuple[str, str]:
+    """The first of ``names`` set to a non-blank value, and that value; ("", "") if none is."""
     for name in names:
         value = os.environ.get(name, "").strip()
         if value:
-            return value
-    return ""
+            return name, value
+    return "", ""
+
+
+def exporter_endpoint() -> tuple[str | None, str]:
+    """``(the URL spans are sent to, "")`` when the environment turns traces on, else ``(None,
+    why they are off)``. Raises ImproperlyConfigured, naming the variable and what it may be,
+    for a value the shipped exporter cannot honour."""
+    if _environment_variable("OTEL_SDK_DISABLED")[1].lower() == "true":
+        return None, "OTEL_SDK_DISABLED=true"
+    exporters = _environment_variable("OTEL_TRACES_EXPORTER")[1].lower()
+    if exporters == "none":
+        return None, "OTEL_TRACES_EXPORTER=none"
+    name, endpoint = _environment_variable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                                           "OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint:
+        return None, "OTEL_EXPORTER_OTLP_ENDPOINT is not set"
+    if {item.strip() for item in exporters.split(",")} - {"", "otlp"}:
+        raise ImproperlyConfigured(
+            f"OTEL_TRACES_EXPORTER={exporters!r} is not supported: switchboard exports traces "
+            "with 'otlp' only (or 'none': no traces)")
+    protocol_name, protocol = _environment_variable("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                                                    "OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol != SUPPORTED_PROTOCOL:
+        raise ImproperlyConfigured(
+            f"{protocol_name}={protocol!r} is not supported: switchboard exports traces over "
+            f"{SUPPORTED_PROTOCOL!r} only (set {protocol_name}={SUPPORTED_PROTOCOL} or unset it)")
+    if name == "OTEL_EXPORTER_OTLP_ENDPOINT":
+        endpoint = endpoint.removesuffix("/") + TRACES_PATH
+    return endpoint, ""
+
+
+def shown_endpoint(url: str) -> str:
+    """``url`` fit for a log line: scheme, host, port and path, no user:password or query."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
 def configure(process: str) -> bool:
     """Start exporting when the environment names an OTLP endpoint (``process``: web, worker
-    or beat, the resource attribute "switchboard.process" of every span it exports).
-    Returns whether traces are on. Raises ImproperlyConfigured, naming the variable, for a
-    protocol the shipped exporter cannot speak. Idempotent: a second call keeps the first
-    provider."""
+    or beat, the resource attribute "switchboard.process" of every span it exports), and log
+    one line saying whether traces are on (and where they go) or off (and why).
+    Returns whether traces are on. Raises ImproperlyConfigured (``exporter_endpoint``).
+    Idempotent: a second call keeps the first provider."""
     global _tracer, _provider, _api, _context_api, _KINDS
     if _tracer is not None:
         return True
-    if not _environment_value("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+    endpoint, why_off = exporter_endpoint()
+    if endpoint is None:
+        log.info("traces off", extra={"role": process, "reason": why_off})
         return False
-    if _environment_value("OTEL_SDK_DISABLED").lower() == "true":
-        return False
-    if _environment_value("OTEL_TRACES_EXPORTER") == "none":
-        return False
-    protocol = _environment_value("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                                  "OTEL_EXPORTER_OTLP_PROTOCOL") or SUPPORTED_PROTOCOL
-    if protocol != SUPPORTED_PROTOCOL:
-        raise ImproperlyConfigured(
-            f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not supported; switchboard exports "
-            f"traces over {SUPPORTED_PROTOCOL!r} only")
     from opentelemetry import context, trace
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -92,13 +127,24 @@ def configure(process: str) -> bool:
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
     provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     _api, _context_api = trace, context
     _KINDS = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT,
               "internal": trace.SpanKind.INTERNAL}
     _provider = provider
     _tracer = provider.get_tracer("switchboard")
+    log.info("traces on", extra={"role": process, "endpoint": shown_endpoint(endpoint),
+                                 "service": resource.attributes.get(SERVICE_NAME)})
     return True
+
+
+def start(process: str) -> bool:
+    """``configure`` at a process's start: a configuration it refuses ends the process with
+    that one-line message (exit status 1), not a traceback."""
+    try:
+        return configure(process)
+    except ImproperlyConfigured as error:
+        raise SystemExit(f"switchboard: {error}") from None
 
 
 def shutdown() -> None:

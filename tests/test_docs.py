@@ -6,7 +6,8 @@
   (GitHub's anchor rules), so a page can move without leaving dead links behind; so does every
   ``docs/<page>.md#anchor`` the code cites.
 * docs/configuration.md lists exactly the environment variables the settings modules read
-  (found by parsing them, not by importing them), each with the default the code uses.
+  (found by parsing them, not by importing them), each with the default the code uses, and
+  under "Traces" every ``OTEL_*`` variable the server's and the runner's tracing read.
 * docs/commands.md documents every management command of ours with exactly the options its
   argparse parser accepts (what ``--help`` prints), and every choice an option offers.
 * docs/operating.md lists every periodic sweep of switchboard/schedule.py at its cadence.
@@ -251,6 +252,18 @@ def test_configuration_documents_every_variable_the_settings_read():
              for name, defaults in reads.items() for default in defaults
              if f"`{_written(default)}`" not in documented[name]]
     assert not wrong, wrong
+
+
+def test_configuration_lists_every_otel_variable_the_tracing_code_reads():
+    text = (DOCS / "configuration.md").read_text()
+    section = text[text.index("\n## Traces\n"):]
+    section = section[:section.index("\n## ", 1)]
+    listed = set(re.findall(r"`(OTEL_[A-Z_]+)`", section))
+    sources = [ROOT / "switchboard" / "tracing.py",
+               ROOT / "runner" / "src" / "switchboard_runner" / "traces.py"]
+    read = {name for source in sources
+            for name in re.findall(r'"(OTEL_[A-Z_]+)', source.read_text())}
+    assert read and read <= listed, sorted(read - listed)
 
 
 # -- commands --------------------------------------------------------------------------------

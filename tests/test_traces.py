@@ -27,6 +27,7 @@ from ingest.tests.conftest import (SECRETS, app_connection, github, hooked,  # n
                                    make_webhook)
 from ingest.tests.github_standin import webhook_example
 from switchboard import tracing
+from tests.factories import EndpointFactory
 from tests.mcp_clients import sdk_client
 from tests.otlp_receiver import OtlpReceiver
 from tests.servers import REPO_ROOT
@@ -183,6 +184,59 @@ def test_a_refused_call_is_a_span_in_its_todos_trace_with_its_code(traced, endpo
     assert listed.links == [(arrival.trace_id, arrival.span_id)]
 
 
+def call(endpoint, name, **arguments):
+    return tools.call_tool(endpoint=endpoint, session_id="session-a",
+                           params={"name": name, "arguments": arguments})
+
+
+@pytest.mark.django_db
+def test_a_refused_call_records_no_client_text_as_its_todo_id(traced, endpoint):
+    """Only the id of a todo the caller may see is recorded: not the text an agent passed,
+    nor an id of a todo that is missing, of another endpoint or outside the caller's scope."""
+    elsewhere, _ = todo_transitions.create_todo(endpoint=EndpointFactory(), queue="inbox",
+                                                title="t", actor="x")
+    endpoint.scope = ["inbox"]
+    endpoint.save()
+    out_of_scope, _ = todo_transitions.create_todo(endpoint=endpoint, queue="other", title="t",
+                                                   actor="x")
+    leaked = "ghp_pasted-by-mistake-0123456789"
+    passed = [leaked, "٤٢", "²", "1" * 40, str(elsewhere.pk), str(out_of_scope.pk),
+              "9" * 18, -3, 2**70, True]
+    for todo_id in passed:
+        assert call(endpoint, "heartbeat", todo_id=todo_id).is_error, todo_id
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: len(got) >= len(passed))
+    refused = by_name(spans, "tools/call heartbeat")
+    assert len(refused) == len(passed)
+    for span in refused:
+        assert "switchboard.todo_id" not in span.attributes, span.attributes
+        assert span.attributes["switchboard.refusal"] in ("not_found", "invalid_argument")
+    walk_attributes(spans, [leaked, "٤٢", "1" * 40])
+
+
+@pytest.mark.django_db
+def test_a_refused_call_by_integer_id_joins_its_todos_trace_with_queue_and_attempt(
+        traced, endpoint, agent):
+    sender = new_traceparent()
+    with tracing.delivery("test arrival", sender):
+        todo, _ = todo_transitions.create_todo(endpoint=endpoint, queue="inbox", title="t",
+                                               actor="x")
+    todo_transitions.claim_todo(agent, todo.pk)
+    assert call(endpoint, "complete", todo_id=todo.pk, lease_id="not-the-lease").is_error
+    assert call(endpoint, "claim", todo_id=todo.pk).is_error
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: len(got) >= 3)
+    (arrival,) = by_name(spans, "test arrival")
+    for name, code in (("tools/call complete", "lease_lost"),
+                       ("tools/call claim", "not_claimable")):
+        (refused,) = by_name(spans, name)
+        assert (refused.trace_id, refused.parent_span_id) == (arrival.trace_id, arrival.span_id)
+        assert refused.attributes["switchboard.refusal"] == code
+        assert refused.attributes["switchboard.todo_id"] == str(todo.pk)
+        assert refused.attributes["switchboard.queue"] == "inbox"
+        assert refused.attributes["switchboard.attempt"] == 1
+
+
 @pytest.mark.django_db
 def test_a_hand_over_continues_its_requests_traceparent(traced, endpoint, operator):
     token = ingest_transitions.mint_operator_token(user=operator, name="laptop")[1]
@@ -238,12 +292,76 @@ def test_traces_off_a_delivery_still_keeps_the_senders_valid_traceparent(hooked)
         assert Todo.objects.get(pk=answer.json()["todos"][0]["id"]).traceparent == kept, header
 
 
-def test_an_unsupported_protocol_is_refused_naming_the_variable(monkeypatch):
+@pytest.mark.parametrize("variable, value", [
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"), ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json"), ("OTEL_TRACES_EXPORTER", "console")])
+def test_an_unsupported_setting_is_refused_in_one_line_naming_its_variable(
+        monkeypatch, variable, value):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-    with pytest.raises(ImproperlyConfigured, match="OTEL_EXPORTER_OTLP_PROTOCOL"):
-        tracing.configure("web")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as refused:
+        tracing.start("web")
+    said = str(refused.value.code)
+    assert said.startswith(f"switchboard: {variable}={value!r} is not supported")
+    assert ("'http/protobuf'" if "PROTOCOL" in variable else "'otlp'") in said
+    assert "\n" not in said
     assert not tracing.enabled()
+
+
+def test_a_web_process_with_an_unsupported_protocol_stops_with_one_line():
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env.update(DJANGO_SETTINGS_MODULE="switchboard.settings_test",
+               OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:4318",
+               OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="grpc")
+    done = subprocess.run([sys.executable, "-m", "daphne", "--port", "0",
+                           "switchboard.asgi:application"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "switchboard: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL='grpc' is not supported: switchboard "
+        "exports traces over 'http/protobuf' only (set "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf or unset it)"]
+
+
+@pytest.mark.parametrize("environment, reason", [
+    ({}, "OTEL_EXPORTER_OTLP_ENDPOINT is not set"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_SDK_DISABLED": "TRUE"},
+     "OTEL_SDK_DISABLED=true"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_TRACES_EXPORTER": "none"},
+     "OTEL_TRACES_EXPORTER=none")])
+def test_a_process_says_at_start_that_traces_are_off_and_why(
+        monkeypatch, caplog, environment, reason):
+    for name in [name for name in os.environ if name.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level("INFO", logger="switchboard.tracing"):
+        assert not tracing.start("worker")
+    (said,) = caplog.records
+    assert (said.getMessage(), said.role, said.reason) == ("traces off", "worker", reason)
+
+
+@pytest.mark.parametrize("variable, value, shown", [
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://user:pass-word@{host}/", "http://{host}/v1/traces"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://k3y@{host}/v1/traces",
+     "http://{host}/v1/traces")])
+def test_a_process_says_at_start_where_traces_go(receiver, monkeypatch, caplog, variable,
+                                                   value, shown):
+    host = receiver.url.removeprefix("http://")
+    monkeypatch.setenv(variable, value.format(host=host))
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "sb-test")
+    with caplog.at_level("INFO", logger="switchboard.tracing"):
+        try:
+            assert tracing.start("beat")
+            with tracing.span("hello"):
+                pass
+        finally:
+            tracing.shutdown()
+    (said,) = [record for record in caplog.records if record.name == "switchboard.tracing"]
+    assert (said.getMessage(), said.role, said.endpoint, said.service) == (
+        "traces on", "beat", shown.format(host=host), "sb-test")
+    assert "pass-word" not in said.endpoint and "k3y" not in said.endpoint
+    assert [span.name for span in receiver.wait_for(lambda got: got)] == ["hello"]
 
 
 def test_unset_nothing_of_the_sdk_or_the_exporter_is_imported():

@@ -73,6 +73,7 @@ TODO_FOR_ACTION = {
     "claim": "pending", "complete": "claimed", "fail": "claimed", "extend": "claimed",
     "release": "claimed", "retry": "failed", "promote": "unverified", "priority": "pending",
     "run_now": "scheduled", "approve": "gated", "reject": "gated", "cancel": "pending",
+    "request_cancel": "claimed",
 }
 BULK_FOR_ACTION = {"retry": "failed", "approve": "gated", "reject": "gated",
                    "promote": "unverified_gated", "cancel": "pending"}

@@ -13,8 +13,11 @@ from django.utils import timezone
 from switchboard.db import sql as dialect
 
 from . import usage
-from .models import LIVE_FOR_IDEMPOTENCY, FollowUp, State, Todo, TodoEvent, Trust
+from .models import (LIVE_FOR_IDEMPOTENCY, THREAD_MAX_CHARS, FollowUp, State, Todo, TodoEvent,
+                     Trust)
 
+# The largest todo id: the primary key is a bigint.
+MAX_TODO_ID = 2**63 - 1
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 200
 
@@ -51,13 +54,6 @@ def given_followups(todo: Todo) -> list[FollowUp]:
         return []
     return list(FollowUp.objects.filter(todo_id=todo.pk, seq__lte=todo.followups_given)
                 .order_by("seq"))
-
-
-def all_followups(todo: Todo) -> list[FollowUp]:
-    """Every follow-up of ``todo``, in order; no query for a todo without any."""
-    if not todo.followup_count:
-        return []
-    return list(FollowUp.objects.filter(todo_id=todo.pk).order_by("seq"))
 
 
 def todo_as_dict(todo: Todo, *, holder: str | None = None, followups=None) -> dict:
@@ -272,10 +268,11 @@ def board_state_choices() -> list[str]:
 
 
 def _search_q(search: str) -> Q:
-    """By id (``42`` or ``#42``), else by title or kind (case-insensitive substring)."""
+    """By id (``42`` or ``#42``), else by title, kind or thread key (case-insensitive
+    substring)."""
     text = search.strip()
     number = text[1:] if text.startswith("#") else text
-    found = Q(title__icontains=text) | Q(kind__icontains=text)
+    found = Q(title__icontains=text) | Q(kind__icontains=text) | Q(thread__icontains=text)
     if number.isdigit() and len(number) <= 18:
         found |= Q(pk=int(number))
     return found
@@ -286,7 +283,8 @@ def _search_matches(todo, search: str) -> bool:
     number = text[1:] if text.startswith("#") else text
     if number.isdigit() and len(number) <= 18 and todo.pk == int(number):
         return True
-    return text.lower() in (todo.title or "").lower() or text.lower() in (todo.kind or "").lower()
+    return any(text.lower() in (value or "").lower()
+               for value in (todo.title, todo.kind, todo.thread))
 
 
 def board_todos(endpoints, *, limit=BOARD_LIMIT, **filters):
@@ -297,9 +295,12 @@ def board_todos(endpoints, *, limit=BOARD_LIMIT, **filters):
 
 
 def filter_board_todos(endpoints, *, endpoint_slug=None, queue=None, state=None, search=None,
-                       before=None):
-    """The todos of ``endpoints`` that the board's filters select (a queryset)."""
+                       before=None, thread=None):
+    """The todos of ``endpoints`` that the board's filters select (a queryset); ``thread``:
+    exactly that thread key's (index todo_by_thread)."""
     todos = Todo.objects.filter(endpoint__in=endpoints).select_related("endpoint")
+    if thread:
+        todos = todos.filter(thread=thread)
     if endpoint_slug:
         todos = todos.filter(endpoint__slug=endpoint_slug)
     if queue:
@@ -321,7 +322,7 @@ def count_awaiting_approval(endpoints) -> int:
 
 
 def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None, search=None,
-                          before=None) -> bool:
+                          before=None, thread=None) -> bool:
     """``board_todos``'s filters, on a row already read (the stream's)."""
     if state:
         sub = _board_sub_states().get(state)
@@ -334,6 +335,7 @@ def matches_board_filters(todo, *, endpoint_slug=None, queue=None, state=None, s
         and (not queue or todo.queue == queue)
         and (not search or _search_matches(todo, search))
         and (not before or todo.pk < before)
+        and (not thread or todo.thread == thread)
     )
 
 
@@ -357,8 +359,10 @@ def board_filters_from(params) -> dict:
         "state": state if state in board_state_choices() else None,
         "search": (params.get("q") or "").strip()[:MAX_SEARCH_CHARS] or None,
         "before": int(before) if before.isdigit() and len(before) <= 18 else None,
+        "thread": (params.get("thread") or "").strip()[:THREAD_MAX_CHARS] or None,
     }
-    for name, key in (("endpoint", "endpoint_slug"), ("queue", "queue"), ("q", "search")):
+    for name, key in (("endpoint", "endpoint_slug"), ("queue", "queue"), ("q", "search"),
+                      ("thread", "thread")):
         if filters[key] and "\x00" in filters[key]:
             raise BadFilter(f"the {name} filter contains a NUL character")
     return filters
@@ -710,16 +714,46 @@ def may_ring(todo_id) -> bool:
         return cursor.fetchone() is not None
 
 
-# -- a todo's end, for what dies with it ----------------------------------------------------------
-
-
-def find_traceparent(endpoint, todo_id) -> str | None:
-    """The traceparent of ``endpoint``'s todo ``todo_id`` (an id as an agent gave it); None
-    when it has none, or there is no such todo of that endpoint."""
-    if not isinstance(todo_id, str) or not todo_id.isdigit() or len(todo_id) > 18:
+def parse_todo_id(value) -> int | None:
+    """The todo id ``value`` names (as a client gave it: ASCII decimal text or an int), or None
+    when it names none. ``int()`` alone would also take " 4", "٤" or "²"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 20:
+        number = int(value)
+    else:
         return None
-    return (Todo.objects.filter(pk=int(todo_id), endpoint=endpoint)
-            .values_list("traceparent", flat=True).first())
+    return number if 0 < number <= MAX_TODO_ID else None
+
+
+def visible_to(caller, *, queue: str, trust: str, lease_owner: str | None,
+               claiming: bool = False) -> bool:
+    """Whether ``caller`` may see a todo of its endpoint in ``queue``: in its scope, and not an
+    unverified one hidden from it (``accept_unverified`` off) — for every verb, not only claim,
+    since a fenced verb's "lease_lost … is pending" would tell it exists. Its holder (a claim
+    from before the setting changed) still sees its own lease, unless ``claiming``."""
+    hidden = (caller.hides_unverified and trust == Trust.UNVERIFIED
+              and (claiming or lease_owner != caller.actor))
+    return caller.covers(queue) and not hidden
+
+
+def find_traced_todo(caller, todo_id) -> dict | None:
+    """What a tool call's span names of todo ``todo_id`` (an id as an agent gave it): its
+    ``id``, ``traceparent``, ``queue`` and ``attempts``; None unless it is a todo ``caller`` may
+    see (``visible_to``), so no text of the agent's and nothing of another's todo is named."""
+    number = parse_todo_id(todo_id)
+    if number is None:
+        return None
+    row = (Todo.objects.filter(pk=number, endpoint_id=caller.endpoint.pk)
+           .values("traceparent", "queue", "attempts", "trust", "lease_owner").first())
+    if row is None or not visible_to(caller, queue=row["queue"], trust=row["trust"],
+                                     lease_owner=row["lease_owner"]):
+        return None
+    return {"id": str(number), "traceparent": row["traceparent"], "queue": row["queue"],
+            "attempts": row["attempts"]}
+
+
+# -- a todo's end, for what dies with it ----------------------------------------------------------
 
 
 def find_todo_state(todo_id) -> str | None:

@@ -151,15 +151,10 @@ def _check_storable(**values) -> None:
 
 
 def _todo_id(todo_id) -> int:
-    # Ids are ASCII decimal strings (or ints): int() alone would also take " 4" or "٤".
-    if isinstance(todo_id, int) and not isinstance(todo_id, bool):
-        value = todo_id
-    elif isinstance(todo_id, str) and todo_id.isascii() and todo_id.isdigit() and len(todo_id) < 20:
-        value = int(todo_id)
-    else:
-        raise Refusal("not_found", f"no todo {str(todo_id)[:40]!r}")
-    if not 0 < value < 2**63:
-        raise Refusal("not_found", f"no todo {todo_id!r}")
+    value = queries.parse_todo_id(todo_id)
+    if value is None:
+        shown = todo_id if type(todo_id) is int else str(todo_id)[:40]
+        raise Refusal("not_found", f"no todo {shown!r}")
     return value
 
 
@@ -167,12 +162,8 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
                      completing=False, overriding=None) -> Refusal:
     """After a guard missed: read the row once and say why. Invisible looks like missing."""
     todo = Todo.objects.filter(pk=todo_id, endpoint_id=caller.endpoint.pk).first()
-    # An unverified todo hidden from this agent (accept_unverified off) is missing for every
-    # verb, not only claim: a fenced verb's "lease_lost … is pending" told it exists.
-    # Its holder (a claim from before the setting changed) still hears about its own lease.
-    hidden = (caller.hides_unverified and todo is not None and todo.trust == Trust.UNVERIFIED
-              and (claiming or todo.lease_owner != caller.actor))
-    if todo is None or not caller.covers(todo.queue) or hidden:
+    if todo is None or not queries.visible_to(caller, queue=todo.queue, trust=todo.trust,
+                                              lease_owner=todo.lease_owner, claiming=claiming):
         return Refusal("not_found", f"no todo {todo_id}")
     if claiming and todo.state == State.AWAITING_APPROVAL:
         return Refusal("awaiting_approval", f"todo {todo_id} waits for its operator's approval; "

@@ -298,7 +298,7 @@ def call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallTo
         return _call_tool(endpoint=endpoint, session_id=session_id, params=params)
     started_ns = tracing.now_ns()
     result = _call_tool(endpoint=endpoint, session_id=session_id, params=params)
-    _trace_call(endpoint, params or {}, result, started_ns)
+    _trace_call(endpoint, session_id, params or {}, result, started_ns)
     return result
 
 
@@ -312,11 +312,13 @@ def _queue_wait_seconds(todo: dict) -> float | None:
     return round(waited.total_seconds(), 6)
 
 
-def _trace_call(endpoint, params: dict, result: types.CallToolResult, started_ns: int) -> None:
+def _trace_call(endpoint, session_id: str, params: dict, result: types.CallToolResult,
+                started_ns: int) -> None:
     """The call's span, recorded once its todo is known (a claim_next learns it at the end):
     a child of the todo's traceparent, linked to the one the client put in ``_meta``; a call on
     no todo continues the client's trace, and a listing links to each todo it shows. Ids,
-    names, states and codes only: never arguments, results or text."""
+    names, states and codes only: never arguments, results or text. A refused call names its
+    todo only when the caller may see it: the ``todo_id`` it passed is the agent's text."""
     name = params.get("name")
     arguments = params.get("arguments") if isinstance(params.get("arguments"), dict) else {}
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
@@ -324,23 +326,24 @@ def _trace_call(endpoint, params: dict, result: types.CallToolResult, started_ns
     structured = result.structured_content if isinstance(result.structured_content, dict) else {}
     todo = structured.get("todo") if isinstance(structured.get("todo"), dict) else None
     error = structured.get("error") if isinstance(structured.get("error"), dict) else {}
-    todo_id = todo["id"] if todo else arguments.get("todo_id")
-    parent = todo.get("traceparent") if todo else (
-        todo_queries.find_traceparent(endpoint, todo_id) if todo_id is not None else None)
+    if todo is None and "todo_id" in arguments:
+        todo = todo_queries.find_traced_todo(transitions.Caller.agent(endpoint, session_id),
+                                             arguments["todo_id"])
+    parent = todo.get("traceparent") if todo else None
     listed = structured.get("todos") if isinstance(structured.get("todos"), list) else []
     links = [row.get("traceparent") for row in listed if isinstance(row, dict)]
     # Few attributes, each one a reader filters on: the SDK's per-attribute checks are much of
     # a span's cost, and this span is on every call (bench/mcp.py).
     attributes = {
         "gen_ai.tool.name": name, "switchboard.endpoint": endpoint.slug,
-        "switchboard.todo_id": str(todo_id) if isinstance(todo_id, (str, int)) else None,
+        "switchboard.todo_id": str(todo["id"]) if todo else None,
         "switchboard.queue": todo["queue"] if todo else None,
         "switchboard.attempt": todo["attempts"] if todo else None,
         "switchboard.refusal": error.get("code"),
         "switchboard.todos_listed": len(listed) if "todos" in structured else None,
         "switchboard.empty": True if structured.get("empty") else None,
     }
-    if todo and name in ("claim", "claim_next"):
+    if todo and name in ("claim", "claim_next") and not error:
         attributes["switchboard.queue_wait_seconds"] = _queue_wait_seconds(todo)
     tracing.record(f"tools/call {name}", start_ns=started_ns, parent=parent or client_parent,
                    kind="server", links=[client_parent, *links] if parent else links,

@@ -294,15 +294,19 @@ def _todo_page(todo_id) -> str:
 
 
 def send_ack(connection, target, now) -> str:
-    """An agent session: a ``thought`` activity saying the work is queued, with the todo's
-    page (what Linear waits 10 s for). An issue or comment: an ``eyes`` reaction on it."""
+    """An agent session: a ``thought`` activity saying the work is queued (for a follow-up's
+    prompt: passed to the todo's agent), with the todo's page (what Linear waits 10 s for). An
+    issue or comment: an ``eyes`` reaction on it."""
     if target.get("session"):
         activity_id = stable_id(connection.pk, "ack", target["session"], target.get("prompt"),
                                 target["todo_id"])
         page = status_text.MARKDOWN.link(_todo_page(target["todo_id"]),
                                          f"todo {target['todo_id']} on switchboard")
-        content = {"type": "thought",
-                   "body": f"Queued for an agent: {page}. Progress shows here as it is made."}
+        # A follow-up (a prompt in the session of a live todo) goes to the todo's agent.
+        body = (f"Passed to the agent working on {page}: it hears of this prompt while it works."
+                if target.get("followup") else
+                f"Queued for an agent: {page}. Progress shows here as it is made.")
+        content = {"type": "thought", "body": body}
         _create_once(connection, ACTIVITY_CREATE, ACTIVITY_FIND, {"input": {
             "id": activity_id, "agentSessionId": _linear_id(target["session"]),
             "content": content}},

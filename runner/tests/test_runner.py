@@ -222,6 +222,8 @@ def test_the_agent_sees_traceparent_in_its_todos_trace_and_the_runner_exports_it
         assert runner.wait() == 0, runner.log_text()
         spans = receiver.wait_for(lambda got: {"claim", "run", "settle"} <= {s.name for s in got})
         assert receiver.problems == []
+    assert (f"traces_on endpoint={receiver.url}/v1/traces service=runner-under-test"
+            in runner.log_text())
     got = json.loads(seen.read_text())
     # Given with --pass-env; OTEL_SERVICE_NAME was not, so the agent does not get it.
     assert got["OTEL_EXPORTER_OTLP_ENDPOINT"] == receiver.url and got["OTEL_SERVICE_NAME"] is None
@@ -257,6 +259,59 @@ def test_without_an_exporter_the_agent_gets_the_todos_own_traceparent(setup, run
     runner = runners(url, credential, "--once", command=command)
     assert runner.wait() == 0, runner.log_text()
     assert seen.read_text() == delivery
+
+
+@pytest.mark.parametrize("switch", [{"OTEL_TRACES_EXPORTER": "none"},
+                                    {"OTEL_SDK_DISABLED": "true"}])
+def test_traces_switched_off_export_nothing_and_say_so_at_start(setup, runners, tmp_path,
+                                                                 switch):
+    from tests.otlp_receiver import OtlpReceiver
+
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    delivery = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    Todo.objects.filter(pk=todo.pk).update(traceparent=delivery)
+    seen = tmp_path / "seen"
+    command = agent(tmp_path, "env", f"""
+        import os
+        open({str(seen)!r}, "w").write(os.environ.get("TRACEPARENT", "(none)"))
+    """)
+    with OtlpReceiver() as receiver:
+        runner = runners(url, credential, "--once", command=command,
+                         env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **switch})
+        assert runner.wait() == 0, runner.log_text()
+        assert receiver.requests == 0  # the runner exported at exit, if ever
+    ((name, value),) = switch.items()
+    assert f'traces_off reason="{name}={value}"' in runner.log_text()
+    assert seen.read_text() == delivery
+
+
+@pytest.mark.parametrize("variable, value, supported", [
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", "'http/protobuf'"),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json", "'http/protobuf'"),
+    ("OTEL_TRACES_EXPORTER", "zipkin", "'otlp'")])
+def test_an_unsupported_trace_setting_stops_the_runner_with_one_line(tmp_path, variable, value,
+                                                                     supported):
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env.update({TOKEN_ENV: "sbk_x", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+                variable: value})
+    done = subprocess.run([sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x",
+                           "--token-env", TOKEN_ENV, "--", "true"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=DEADLINE_SECONDS)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"switchboard-runner: error: {variable}={value!r} is not supported")
+    assert supported in line
+
+
+def test_the_runner_says_why_traces_are_off_without_an_endpoint(monkeypatch, caplog):
+    traces = load_runner_module("traces")
+    for name in [name for name in os.environ if name.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")  # moot: nothing is exported
+    with caplog.at_level("INFO", logger="switchboard.runner"):
+        assert not traces.configure()
+    assert caplog.messages == ['traces_off reason="OTEL_EXPORTER_OTLP_ENDPOINT is not set"']
 
 
 def test_non_zero_exit_fails_with_the_exit_code_and_the_stderr_tail(setup, runners, tmp_path):

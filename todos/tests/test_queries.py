@@ -59,3 +59,10 @@ def test_a_cursor_continues_only_its_own_listing(agent, make_todo):
             queries.list_todos(agent, cursor=bad)
     with pytest.raises(ValueError):
         queries.list_todos(agent, state=State.PENDING, cursor=cursor)
+
+
+def test_parse_todo_id_takes_ascii_decimal_text_or_an_int_within_a_bigint():
+    for given, expected in (("42", 42), (42, 42), (str(2**63 - 1), 2**63 - 1)):
+        assert queries.parse_todo_id(given) == expected
+    for given in ("٤٢", "²", " 4", "4 ", "-4", "0", 0, -3, 2**63, "9" * 20, True, 4.0, None, ""):
+        assert queries.parse_todo_id(given) is None, given

@@ -188,7 +188,12 @@ def main(argv=None) -> int:
     if args.dry_run:
         return asyncio.run(dry_run(args, token))
     # Its own spans only where its environment configures an exporter (docs/runner.md#traces).
-    traces.configure()
+    try:
+        traces.configure()
+    except traces.Unsupported as error:
+        # argparse's prefix and status, without its usage: no argument was wrong.
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(Runner(args, token).run())
     finally:

@@ -1,10 +1,12 @@
 """The runner's own spans — claim, run, settle — in each todo's trace (docs/runner.md#traces).
 
 They are exported only when the runner's environment names an OTLP endpoint
-(``OTEL_EXPORTER_OTLP_ENDPOINT``, the standard variables as the server reads them) and the
-optional ``traces`` extra (the OpenTelemetry SDK and its OTLP/HTTP exporter) is installed.
-Otherwise nothing is imported and every span is a no-op; the agent still gets the todo's
-``TRACEPARENT``, so a CLI that exports joins the trace on its own.
+(``OTEL_EXPORTER_OTLP_ENDPOINT``, the standard variables read as the server reads them:
+``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none`` turn them off, and a protocol or
+exporter other than OTLP over http/protobuf is refused at start) and the optional ``traces``
+extra (the OpenTelemetry SDK and its OTLP/HTTP exporter) is installed. Otherwise nothing is
+imported and every span is a no-op; the agent still gets the todo's ``TRACEPARENT``, so a CLI
+that exports joins the trace on its own. The start says which, in one line.
 
 With the exporter on, the SDK's provider is made the global one, so the mcp SDK's own client
 spans nest under these and its requests carry their ``traceparent`` in ``_meta``.
@@ -13,14 +15,22 @@ spans nest under these and its requests carry their ``traceparent`` in ``_meta``
 import os
 import re
 import time
+from urllib.parse import urlsplit
 
 from .session import log_event
 
 # version-traceid-parentid-flags (W3C Trace Context), as the server sends it.
 _TRACEPARENT_RE = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 DEFAULT_SERVICE_NAME = "switchboard-runner"
+# What the exporter of the ``traces`` extra (opentelemetry-exporter-otlp-proto-http) speaks.
+SUPPORTED_PROTOCOL = "http/protobuf"
+TRACES_PATH = "/v1/traces"
 
 _tracer = None
+
+
+class Unsupported(ValueError):
+    """An OpenTelemetry variable set to what the runner cannot honour (the message names it)."""
 
 
 def valid_traceparent(value) -> str | None:
@@ -30,16 +40,56 @@ def valid_traceparent(value) -> str | None:
     return value
 
 
+def _environment_variable(*names: str) -> tuple[str, str]:
+    for name in names:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return name, value
+    return "", ""
+
+
+def exporter_endpoint() -> tuple[str | None, str]:
+    """``(the URL spans are sent to, "")`` when the environment turns spans on, else ``(None,
+    why they are off)``. Raises Unsupported for a protocol or exporter it cannot use."""
+    if _environment_variable("OTEL_SDK_DISABLED")[1].lower() == "true":
+        return None, "OTEL_SDK_DISABLED=true"
+    exporters = _environment_variable("OTEL_TRACES_EXPORTER")[1].lower()
+    if exporters == "none":
+        return None, "OTEL_TRACES_EXPORTER=none"
+    name, endpoint = _environment_variable("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                                           "OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not endpoint:
+        return None, "OTEL_EXPORTER_OTLP_ENDPOINT is not set"
+    if {item.strip() for item in exporters.split(",")} - {"", "otlp"}:
+        raise Unsupported(f"OTEL_TRACES_EXPORTER={exporters!r} is not supported: the runner "
+                          "exports traces with 'otlp' only (or 'none': no traces)")
+    protocol_name, protocol = _environment_variable("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                                                    "OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol != SUPPORTED_PROTOCOL:
+        raise Unsupported(
+            f"{protocol_name}={protocol!r} is not supported: the runner exports traces over "
+            f"{SUPPORTED_PROTOCOL!r} only (set {protocol_name}={SUPPORTED_PROTOCOL} or unset it)")
+    if name == "OTEL_EXPORTER_OTLP_ENDPOINT":
+        endpoint = endpoint.removesuffix("/") + TRACES_PATH
+    return endpoint, ""
+
+
+def _shown(url: str) -> str:
+    # No user:password or query (an API key) in a log line.
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
+
+
 def configure() -> bool:
     """Export when the environment names an OTLP endpoint and the SDK is installed; returns
-    whether spans are on. A configured endpoint without the extra is said once, not fatal."""
+    whether spans are on, having logged one line that says so (``traces_on endpoint=…``) or
+    why not (``traces_off reason=…``). Raises Unsupported (``exporter_endpoint``)."""
     global _tracer
     if _tracer is not None:
         return True
-    if not (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")):
-        return False
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    endpoint, why_off = exporter_endpoint()
+    if endpoint is None:
+        log_event("traces_off", reason=why_off)
         return False
     try:
         from opentelemetry import trace
@@ -55,9 +105,10 @@ def configure() -> bool:
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
     provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     trace.set_tracer_provider(provider)
     _tracer = provider.get_tracer("switchboard-runner")
+    log_event("traces_on", endpoint=_shown(endpoint), service=resource.attributes[SERVICE_NAME])
     return True
 
 
