@@ -108,3 +108,18 @@ def test_watch_prints_a_line_per_new_follow_up_and_one_for_a_stop(setup, watcher
     transitions.request_cancel(todo.pk, actor="octocat", reason="source_closed")
     _, line = watch.next_line()
     assert line == f"{todo.pk}\tinbox\tcancel_requested\tsigned\tjob 0 of 1"
+
+
+def test_a_todo_claimed_already_asked_to_stop_is_cancelled_without_starting_the_agent(
+        setup, runners, tmp_path):
+    endpoint, credential, url = setup
+    [todo] = make_todos(endpoint, 1)
+    earlier = transitions.Caller.agent(endpoint, "an-earlier-holder")
+    transitions.claim_todo(earlier, todo.pk)
+    transitions.request_cancel(todo.pk, actor="octocat", reason="source_closed")
+    transitions.release_todo(earlier, todo.pk)  # handed back, still asked to stop
+    started = tmp_path / "started"
+    runner = runners(url, credential, "--once", command=["touch", str(started)])
+    assert runner.wait() == 0, runner.log_text()
+    todo.refresh_from_db()
+    assert todo.state == "cancelled" and not started.exists(), runner.log_text()

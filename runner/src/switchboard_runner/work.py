@@ -4,7 +4,9 @@ the agent command for each, heartbeat its lease, settle the todo when the agent 
 * Per claimed todo: the agent command runs in its own process group with the todo JSON on
   stdin and in a private file, a scrubbed environment, and the placeholders substituted in
   its arguments. The runner heartbeats the lease (fenced by ``lease_id``) every third of its
-  length and stops the agent if the lease is lost.
+  length, at most FOLLOWUP_HEARTBEAT_SECONDS apart and at once on a holder's doorbell, and
+  stops the agent if the lease is lost. Follow-ups go to the file ``SWITCHBOARD_FOLLOWUPS``
+  names; asked to stop (``cancel_requested``), it stops the agent and cancels the todo.
 * A todo the command cannot even start with (exec failure, arguments over the system's limit)
   is failed with the reason, so backoff and the dead letter apply: given back, it would be
   claimed again at once, forever.
@@ -379,6 +381,11 @@ class Runner:
                         token=self.token if self.args.pass_token else None,
                         usage_file=usage_file, traceparent=traceparent,
                         followups_file=followups_file)
+        if todo.get("cancel_requested") is True:
+            # Asked to stop before it started (released by a holder that had been asked).
+            log_event("cancel_requested", todo_id=todo_id, started=False)
+            await self._settle_call(todo, "cancel", {"reason": "asked to stop before it started"})
+            return
         if self.cannot_start:
             # Claimed beside the todo that found the command broken (or by a claim already in
             # flight): every start would fail the same way, and this todo is not at fault.
