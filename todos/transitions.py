@@ -1141,8 +1141,9 @@ def release_due_scheduled(*, now, limit: int) -> list[Todo]:
 def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
     """claimed with ``lease_expires_at <= now`` -> pending, or -> failed as a dead letter when its
     attempts are spent, or -> cancelled (a ``cancel`` event, reason ``cancel_requested``,
-    never retried) when a cancel was requested. At most ``limit`` rows; rows another sweep holds are skipped, so two
-    overlapping reapers split the work instead of waiting on each other."""
+    never retried) when a cancel was requested. At most ``limit`` rows; rows another sweep
+    holds are skipped, so two overlapping reapers split the work instead of waiting on each
+    other."""
     # A todo asked to stop (docs/work-control.md#threads) is cancelled instead: its source is
     # closed, or its operator wants it ended, so no one should take it up again.
     stop = "cancel_requested_at IS NOT NULL"
@@ -1160,10 +1161,12 @@ def return_lapsed_leases(*, now, limit: int) -> list[Todo]:
             "lease_ttl = NULL, retry_at = NULL"
         ),
         where_sql=f"id IN ({statements.lapsed_leases_sql()}) AND state = 'claimed' AND lease_expires_at <= %(now)s",
-        params=params, action_sql="CASE WHEN t.state = 'cancelled' THEN 'cancel' ELSE 'lease_lapsed' END",
+        params=params,
+        action_sql="CASE WHEN t.state = 'cancelled' THEN 'cancel' ELSE 'lease_lapsed' END",
         from_state_sql="'claimed'", actor="reaper", now=now,
-        detail_sql_over_t=(f"CASE WHEN t.state = 'cancelled' THEN {dialect.jsonb('stopped_detail')}"
-                           f" ELSE {dialect.jsonb('no_detail')} END"),
+        detail_sql_over_t=("CASE WHEN t.state = 'cancelled' THEN "
+                           f"{dialect.jsonb('stopped_detail')} ELSE {dialect.jsonb('no_detail')}"
+                           " END"),
     )
     for todo in todos:
         publish.publish_on_commit(todo, "cancel" if todo.state == State.CANCELLED

@@ -70,8 +70,8 @@ def render_text(payload: dict, text: str) -> str:
     if isinstance(brief.get("todos"), list):
         brief["todos"] = [_without_bulk(todo) for todo in brief["todos"]]
     brief["summary"] = (f"a {len(text)}-character result, summarised here: payload, result, "
-                        "followups and null fields are left out; structuredContent carries the whole result (or call "
-                        "again with a lower limit)")
+                        "followups and null fields are left out; structuredContent carries the "
+                        "whole result (or call again with a lower limit)")
     summary = json.dumps(brief, ensure_ascii=False)
     if len(summary) > TEXT_RENDERING_MAX_CHARS and isinstance(brief.get("todos"), list):
         brief["todos"] = [todo.get("id") for todo in brief["todos"]]
