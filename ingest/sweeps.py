@@ -28,11 +28,12 @@ from channels_push.sessions import queries as session_queries
 from channels_push.sessions import transitions as session_transitions
 from todos import queries as todo_queries
 from todos import sweeps as todo_sweeps
+from todos import transitions as todo_transitions
 
 from switchboard import ratelimit
 from switchboard.db import sql as dialect
 
-from . import transitions
+from . import repo_tokens, transitions
 from .models import (DeliveryDrops, DeliveryEvent, DeliveryRecord, OperatorSecret,
                      ReplayLedgerEntry, Webhook, WriteBack)
 
@@ -248,3 +249,14 @@ def fold_dropped_delivery_counts() -> int:
                                       unique_fields=["webhook", "minute"],
                                       update_fields=["dropped"])
     return len(drops)
+
+
+def revoke_ended_agent_tokens() -> dict:
+    """What an agent held for a lease that has ended: todo tokens (they stopped working with
+    the lease; this records it and ends their sessions) and repository tokens (revoked at
+    GitHub). One bounded batch of each (``todos.transitions.ENDED_TOKENS_BATCH``,
+    ``repo_tokens.REVOKE_BATCH``); safe when two runs overlap."""
+    now = timezone.now()
+    todo_tokens = todo_transitions.record_ended_todo_tokens(now=now)
+    return {"todo_tokens": len(todo_tokens),
+            "repo_tokens": repo_tokens.revoke_ended_repo_tokens(now=now)}
