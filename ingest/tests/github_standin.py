@@ -293,6 +293,9 @@ class GitHubStandIn(StandIn):
             self.installation_tokens[token] = (int(values["installation_id"]), expires)
             answer = response_example(operation, "201")
             answer.update(token=token, expires_at=expires.isoformat().replace("+00:00", "Z"))
+            # GitHub grants what was asked (within the App's own permissions).
+            if isinstance(body, dict) and "permissions" in body:
+                answer["permissions"] = body["permissions"]
             return 201, answer
         if operation.id == "apps/revoke-installation-access-token":
             token = headers.get("authorization", "").removeprefix("Bearer ")
