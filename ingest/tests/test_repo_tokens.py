@@ -196,3 +196,21 @@ def test_add_webhook_route_takes_agent_permissions(make_webhook, endpoint):
         call_command("add_webhook_route", "gl", endpoint.slug, "--queue", "more",
                      "--agent-permissions", "contents:read")
     assert not Route.objects.filter(queue="more").exists()
+
+
+def test_an_agent_with_only_its_todo_token_gets_the_repository_token(granted, github, endpoint):
+    from channels_push.tests.conftest import McpDriver
+    from endpoints import transitions as endpoint_transitions
+
+    runner = McpDriver(endpoint.slug, endpoint_transitions._issue_credential(endpoint))
+    runner.initialize()
+    todo = deliver("issues", issue_opened())
+    claimed = runner.call("claim", {"todo_id": str(todo.pk)})["result"]["structuredContent"]
+    agent = McpDriver(endpoint.slug, claimed["todo_token"])
+    agent.initialize()
+    answer = agent.call("repo_token", {"todo_id": str(todo.pk)})["result"]
+    assert answer["isError"] is False
+    assert answer["structuredContent"]["permissions"] == GRANT
+    assert agent.call("complete", {"todo_id": str(todo.pk)})["result"]["isError"] is False
+    assert sweeps.revoke_ended_agent_tokens() == {"todo_tokens": 1, "repo_tokens": 1}
+    assert github.revoked_tokens == [answer["structuredContent"]["token"]]
