@@ -289,3 +289,27 @@ def write_back_trouble(webhook, *, limit: int) -> dict:
     for row in latest:
         row.url = write_back_url(row)
     return {**counts, "latest_failing": latest}
+
+
+def repo_tokens_of(todo_id) -> list[dict]:
+    """The repository tokens minted for ``todo_id``'s agents, oldest first, for its page:
+    when, for which repository and permissions, revoked when; never the token."""
+    from .models import RepoToken
+
+    return list(RepoToken.objects.filter(todo_id=todo_id).order_by("issued_at", "id").values(
+        "id", "lease_id", "repository", "permissions", "issued_at", "expires_at", "revoked_at",
+        "revoke_error"))
+
+
+def count_agent_credentials() -> list[tuple]:
+    """For /metrics: ``(kind, issued, revoked)`` of todo tokens and repository tokens over the
+    kept history (their rows go with their todo at the retention prune)."""
+    from todos.models import TodoToken
+
+    from .models import RepoToken
+
+    rows = []
+    for kind, model in (("todo_token", TodoToken), ("repo_token", RepoToken)):
+        counted = model.objects.aggregate(issued=Count("pk"), revoked=Count("revoked_at"))
+        rows.append((kind, counted["issued"], counted["revoked"]))
+    return rows

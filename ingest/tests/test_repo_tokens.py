@@ -214,3 +214,20 @@ def test_an_agent_with_only_its_todo_token_gets_the_repository_token(granted, gi
     assert agent.call("complete", {"todo_id": str(todo.pk)})["result"]["isError"] is False
     assert sweeps.revoke_ended_agent_tokens() == {"todo_tokens": 1, "repo_tokens": 1}
     assert github.revoked_tokens == [answer["structuredContent"]["token"]]
+
+
+def test_the_todo_page_shows_both_tokens_issued_and_revoked_never_their_values(
+        granted, github, agent, client, operator):
+    todo = claimed_issue(agent)
+    todo_token = todo_transitions.issue_todo_token(todo)
+    token = repo_tokens.get_repo_token(agent, todo.pk)["token"]
+    _complete(agent, todo)
+    sweeps.revoke_ended_agent_tokens()
+    client.force_login(operator)
+    html = client.get(f"/todos/{todo.pk}/").content.decode()
+    history = html.split('id="history"')[1]
+    for action in ("todo token issued", "todo token revoked", "repository token issued",
+                   "repository token revoked"):
+        assert f"<td>{action}</td>" in history, action
+    assert "pull_requests" in history and todo.payload["repository"]["full_name"] in history
+    assert token not in html and todo_token not in html and todo_token[4:20] not in html
