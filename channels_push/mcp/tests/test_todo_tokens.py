@@ -201,3 +201,11 @@ def test_a_todo_token_is_no_credential_of_another_endpoint(mcp, vend):
     other, _ = vend(slug="elsewhere")
     assert McpDriver(other.slug, token).rpc("initialize", {
         "protocolVersion": "2025-11-25", "capabilities": {}}).status == 401
+
+
+def test_a_todo_token_sessions_instructions_name_its_todo_and_no_claiming(mcp):
+    mcp.initialize()
+    todo = make_ready_todo(mcp.endpoint)
+    _, token = claim(mcp, todo)
+    text = McpDriver(mcp.slug, token).initialize().json["result"]["instructions"]
+    assert f"todo token of todo {todo.pk}" in text and "claim_next" not in text
