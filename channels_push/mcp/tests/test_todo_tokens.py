@@ -2,9 +2,11 @@
 lease, over the real MCP transport."""
 
 import hashlib
+import logging
 from datetime import timedelta
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 from channels_push.models import McpSession
@@ -209,3 +211,33 @@ def test_a_todo_token_sessions_instructions_name_its_todo_and_no_claiming(mcp):
     _, token = claim(mcp, todo)
     text = McpDriver(mcp.slug, token).initialize().json["result"]["instructions"]
     assert f"todo token of todo {todo.pk}" in text and "claim_next" not in text
+
+
+def issued_token(endpoint, todo) -> str:
+    agent = transitions.Caller.agent(endpoint, "runner-session")
+    return transitions.issue_todo_token(transitions.claim_todo(agent, todo.pk))
+
+
+@override_settings(SWITCHBOARD_MCP_RATE_PER_MINUTE=3)
+def test_todo_tokens_spend_one_budget_per_endpoint(mcp, vend):
+    first = issued_token(mcp.endpoint, make_ready_todo(mcp.endpoint))
+    second = issued_token(mcp.endpoint, make_ready_todo(mcp.endpoint))
+    token_session(mcp, first)  # initialize and its notification: two requests
+    assert token_session(mcp, second).rpc("ping").status == 429  # the third passed, not these
+    other, _ = vend(slug="other-agent")
+    elsewhere = issued_token(other, make_ready_todo(other))
+    assert token_session(McpDriver(other.slug, ""), elsewhere).rpc("ping").status == 200
+
+
+def test_no_log_line_carries_a_todo_token(mcp, caplog):
+    caplog.set_level(logging.DEBUG)
+    mcp.initialize()
+    todo = make_ready_todo(mcp.endpoint)
+    _, token = claim(mcp, todo)
+    agent = token_session(mcp, token)
+    agent.call("heartbeat", {"todo_id": str(todo.pk)})
+    agent.call("list_todos")
+    agent.call("complete", {"todo_id": str(todo.pk)})
+    McpDriver(mcp.slug, token).rpc("ping")  # refused now
+    logged = "\n".join(f"{record.getMessage()} {record.__dict__}" for record in caplog.records)
+    assert logged and token not in logged and token[4:] not in logged
