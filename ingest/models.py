@@ -540,7 +540,10 @@ class RepoToken(models.Model):
     Sealed at rest, handed again to the same lease while it has time left, and revoked at
     GitHub once the lease ends (``revoked_at``; ``ingest.sweeps.revoke_ended_agent_tokens``)."""
 
-    todo = models.ForeignKey("todos.Todo", on_delete=models.CASCADE, related_name="repo_tokens")
+    # No database constraint: the retention prune deletes these before their todo
+    # (ingest.sweeps.prune_history), so the todos' prune touches todos' tables only.
+    todo = models.ForeignKey("todos.Todo", on_delete=models.DO_NOTHING, db_constraint=False,
+                             related_name="repo_tokens")
     lease_id = models.CharField(max_length=64)
     connection = models.ForeignKey(Connection, on_delete=models.CASCADE, related_name="+")
     repository = models.CharField(max_length=200)

@@ -34,7 +34,7 @@ from switchboard import ratelimit
 from switchboard.db import sql as dialect
 
 from . import repo_tokens, transitions
-from .models import (DeliveryDrops, DeliveryEvent, DeliveryRecord, OperatorSecret,
+from .models import (DeliveryDrops, DeliveryEvent, DeliveryRecord, OperatorSecret, RepoToken,
                      ReplayLedgerEntry, Webhook, WriteBack)
 
 # Rows per statement: large enough that a backlog of a million rows clears in a few minutes,
@@ -85,6 +85,8 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
     # doomed todo and the todos' prune touches todos' tables only.
     while delete_secrets_of_ended_todos() == ENDED_SECRETS_BATCH:
         time.sleep(pause_seconds)
+    RepoToken.objects.exclude(todo_id__in=todo_sweeps.todos_kept_by_retention(
+        done_before=cutoffs.done_before, dead_before=cutoffs.dead_before)).delete()
     pruned.update(todo_sweeps.prune_settled_todos(
         done_before=cutoffs.done_before, dead_before=cutoffs.dead_before, batch=batch,
         pause_seconds=pause_seconds))

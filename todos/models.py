@@ -448,7 +448,10 @@ class TodoToken(models.Model):
     lapse, an operator's override) ends the token with no write of its own. ``revoked_at``
     records for the history when the revocation sweep saw the lease gone."""
 
-    todo = models.ForeignKey(Todo, on_delete=models.CASCADE, related_name="tokens")
+    # No database constraint, as the todo's events: the retention prune deletes the tokens in
+    # the statement that deletes their todo (todos.sweeps).
+    todo = models.ForeignKey(Todo, on_delete=models.DO_NOTHING, related_name="tokens",
+                             db_constraint=False)
     endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE,
                                  related_name="todo_tokens")
     lease_id = models.CharField(max_length=64)

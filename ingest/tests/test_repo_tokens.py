@@ -231,3 +231,21 @@ def test_the_todo_page_shows_both_tokens_issued_and_revoked_never_their_values(
         assert f"<td>{action}</td>" in history, action
     assert "pull_requests" in history and todo.payload["repository"]["full_name"] in history
     assert token not in html and todo_token not in html and todo_token[4:20] not in html
+
+
+def test_the_retention_prune_takes_the_tokens_with_their_todo(granted, github, agent, endpoint):
+    from channels_push.models import McpSession
+    from todos.models import TodoToken
+
+    todo = claimed_issue(agent)
+    todo_transitions.issue_todo_token(todo)
+    repo_tokens.get_repo_token(agent, todo.pk)
+    McpSession.objects.create(endpoint=endpoint, todo_token=TodoToken.objects.get(),
+                              protocol_version="2025-11-25", created_at=timezone.now(),
+                              last_seen_at=timezone.now())
+    _complete(agent, todo)
+    sweeps.revoke_ended_agent_tokens()
+    pruned = sweeps.prune_history(now=timezone.now() + timedelta(days=400), pause_seconds=0)
+    assert pruned["done_todos"] == 1 and pruned["mcp_sessions"] == 1
+    assert not Todo.objects.exists()
+    assert not TodoToken.objects.exists() and not RepoToken.objects.exists()
