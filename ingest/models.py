@@ -547,7 +547,10 @@ class RepoToken(models.Model):
     lease_id = models.CharField(max_length=64)
     connection = models.ForeignKey(Connection, on_delete=models.CASCADE, related_name="+")
     repository = models.CharField(max_length=200)
+    # What GitHub granted (the answer's), and what the route asked for when it was minted: a
+    # route whose grant changed since gets a new token, not this one.
     permissions = models.JSONField(default=dict)
+    requested_permissions = models.JSONField(default=dict)
     token = SealedSecretField(blank=True, default="")
     issued_at = models.DateTimeField()
     expires_at = models.DateTimeField()

@@ -94,7 +94,7 @@ def get_repo_token(caller, todo_id, *, lease_id=None, now=None) -> dict:
                                          revoked_at__isnull=True,
                                          expires_at__gt=now + REUSE_MARGIN)
                 .order_by("-expires_at").first())
-    if reusable is not None and reusable.permissions == permissions and reusable.token:
+    if reusable is not None and reusable.requested_permissions == permissions and reusable.token:
         return _answer(reusable)
     try:
         token, expires_at, granted = github.mint_repository_token(
@@ -104,7 +104,8 @@ def get_repo_token(caller, todo_id, *, lease_id=None, now=None) -> dict:
         raise Refusal("verb_not_allowed", "GitHub did not mint a repository token "
                                           f"({failed.message[:200]})") from None
     row = RepoToken.objects.create(todo=todo, lease_id=todo.lease_id, connection=connection,
-                                   repository=f"{owner}/{name}", permissions=granted, token=token,
+                                   repository=f"{owner}/{name}", permissions=granted,
+                                   requested_permissions=permissions, token=token,
                                    issued_at=now, expires_at=expires_at)
     log.info("repository token issued", extra={"todo_id": todo.pk, "token_id": row.pk})
     return _answer(row)

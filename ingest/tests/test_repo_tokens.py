@@ -249,3 +249,12 @@ def test_the_retention_prune_takes_the_tokens_with_their_todo(granted, github, a
     assert pruned["done_todos"] == 1 and pruned["mcp_sessions"] == 1
     assert not Todo.objects.exists()
     assert not TodoToken.objects.exists() and not RepoToken.objects.exists()
+
+
+def test_a_route_whose_grant_changed_gets_a_new_token(granted, github, agent):
+    todo = claimed_issue(agent)
+    first = repo_tokens.get_repo_token(agent, todo.pk)
+    Route.objects.update(agent_permissions={"contents": "read"})
+    narrower = repo_tokens.get_repo_token(agent, todo.pk)
+    assert narrower["token"] != first["token"] and narrower["permissions"] == {"contents": "read"}
+    assert mint_requests(github)[-1].body["permissions"] == {"contents": "read"}
