@@ -14,9 +14,9 @@ from django.utils import timezone
 from channels_push.sessions import transitions as session_transitions
 from endpoints.models import hash_credential
 from switchboard import ratelimit
+from switchboard.http import origins, plain
 from todos import queries as todo_queries
 from todos.models import TODO_TOKEN_PREFIX
-from switchboard.http import origins, plain
 
 from .framing import fault
 
