@@ -29,6 +29,14 @@ class McpSession(models.Model):
         "endpoints.Credential", on_delete=models.CASCADE, null=True, blank=True,
         related_name="mcp_sessions",
     )
+    # A session opened with a todo's own token (docs/security.md#the-todo-token) instead of a
+    # credential: it may act on that todo only, and is never rung.
+    # No database constraint: an ended session may outlive its token's todo until the
+    # session prune takes it.
+    todo_token = models.ForeignKey(
+        "todos.TodoToken", on_delete=models.DO_NOTHING, null=True, blank=True,
+        related_name="mcp_sessions", db_constraint=False,
+    )
     protocol_version = models.CharField(max_length=32)
     # The client's own ``clientInfo`` from initialize (sanitised and capped at
     # CLIENT_INFO_MAX_CHARS), so operators see which agent holds a lease instead of a token.

@@ -204,5 +204,28 @@ class WriteBackCollector:
         yield latency
 
 
+class AgentCredentialCollector:
+    """Todo tokens and repository tokens issued to agents and revoked since
+    (docs/security.md#agent-credentials), counted from their rows on every scrape."""
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        issued = CounterMetricFamily(
+            "switchboard_agent_credentials_issued",
+            "Credentials given to agents: todo tokens (one per claim) and repository tokens, "
+            "over the kept history.", labels=["kind"])
+        revoked = CounterMetricFamily(
+            "switchboard_agent_credentials_revoked",
+            "Of those, the ones revoked once their lease ended.", labels=["kind"])
+        for kind, issued_count, revoked_count in ingest_queries.count_agent_credentials():
+            issued.add_metric([kind], issued_count)
+            revoked.add_metric([kind], revoked_count)
+        yield issued
+        yield revoked
+
+
 REGISTRY.register(QueueCollector())
+REGISTRY.register(AgentCredentialCollector())
 REGISTRY.register(WriteBackCollector())

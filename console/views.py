@@ -254,7 +254,7 @@ def todo_detail(request, todo_id):
                                   todo, _cancel_reason(events)) else None),
         "todo": todo,
         "holder": labels.get(todo.lease_owner) if todo.lease_owner else None,
-        "events": events,
+        "events": sorted(events + _credential_events(todo), key=lambda event: event.at),
         "payload_json": json.dumps(todo.payload, indent=2, sort_keys=True),
         "result_json": json.dumps(todo.result, indent=2, sort_keys=True) if todo.result is not None else None,
         "next_url": request.get_full_path(),
@@ -285,6 +285,40 @@ def _cancel_request(todo, events) -> dict | None:
 def _cancel_reason(events):
     cancel = next((event for event in reversed(events) if event.action == "cancel"), None)
     return (cancel.detail or {}).get("reason") if cancel is not None else None
+
+
+@dataclass
+class _CredentialEvent:
+    """A history row for an agent credential of the todo: issued or revoked, never its value."""
+
+    at: object
+    action: str
+    detail_json: str = ""
+    from_state: str = ""
+    to_state: str = "—"
+    actor_label: str = "switchboard"
+
+
+def _credential_events(todo) -> list:
+    """The todo tokens and repository tokens its agents were given, as history rows."""
+    rows = []
+    for token in queries.todo_tokens_of(todo.pk):
+        lease = json.dumps({"lease": token["lease_id"][:8]})
+        rows.append(_CredentialEvent(token["issued_at"], "todo token issued", lease))
+        if token["revoked_at"]:
+            rows.append(_CredentialEvent(token["revoked_at"], "todo token revoked", lease))
+    for token in ingest_queries.repo_tokens_of(todo.pk):
+        detail = json.dumps({"repository": token["repository"],
+                             "permissions": token["permissions"],
+                             "expires_at": token["expires_at"].isoformat()}, sort_keys=True)
+        rows.append(_CredentialEvent(token["issued_at"], "repository token issued", detail))
+        if token["revoked_at"]:
+            rows.append(_CredentialEvent(token["revoked_at"], "repository token revoked",
+                                         json.dumps({"repository": token["repository"]})))
+        elif token["revoke_error"]:
+            rows.append(_CredentialEvent(token["issued_at"], "repository token revocation failing",
+                                         json.dumps({"error": token["revoke_error"]})))
+    return rows
 
 
 def _parse_result(text: str):

@@ -71,7 +71,7 @@ class RouteInline(admin.TabularInline):
     formfield_overrides = json_input.ADMIN_FORMFIELD_OVERRIDES
     extra = 1
     fields = ("endpoint", "queue", "kinds", "priority", "delay_seconds", "actors",
-              "author_associations", "requires_approval")
+              "author_associations", "requires_approval", "agent_permissions")
     autocomplete_fields = ()
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
@@ -328,7 +328,7 @@ class RouteAdmin(admin.ModelAdmin):
     list_filter = (StrandedFilter,)
     list_select_related = ("webhook__owner", "endpoint__owner")
     fields = ("webhook", "endpoint", "queue", "kinds", "priority", "delay_seconds", "actors",
-              "author_associations", "requires_approval")
+              "author_associations", "requires_approval", "agent_permissions")
     readonly_fields = fields
 
     def get_queryset(self, request):

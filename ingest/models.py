@@ -9,7 +9,7 @@ import secrets
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -176,6 +176,9 @@ class Route(models.Model):
     thread_key = models.CharField(max_length=300, blank=True, default="")
     stop_kinds = models.JSONField(default=list, blank=True)
     stop = models.BooleanField(default=True)
+    # What a repository token minted for this route's todos may do (GitHub App permission ->
+    # level; docs/write-back.md#repository-tokens-for-agents). Empty: the agent gets none.
+    agent_permissions = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [
@@ -184,6 +187,22 @@ class Route(models.Model):
 
     def __str__(self):
         return f"{self.webhook.slug} -> {self.endpoint.slug}/{self.queue}"
+
+    def clean(self):
+        if not self.agent_permissions:
+            return
+        from .senders import github
+
+        if self.webhook_id and self.webhook.source != Source.GITHUB:
+            raise ValidationError({"agent_permissions": "only a GitHub webhook's todos can "
+                                                        "have a repository token"})
+        if not isinstance(self.agent_permissions, dict):
+            raise ValidationError({"agent_permissions": 'an object, e.g. {"contents": "write"}'})
+        try:
+            github.parse_agent_permissions(",".join(
+                f"{name}:{level}" for name, level in self.agent_permissions.items()))
+        except ValueError as bad:
+            raise ValidationError({"agent_permissions": str(bad)}) from None
 
 
 class WriteBackState(models.TextChoices):
@@ -517,3 +536,40 @@ class OperatorToken(models.Model):
 
     def matches(self, token: str) -> bool:
         return hmac.compare_digest(self.digest, self.hash(token))
+
+
+class RepoToken(models.Model):
+    """A GitHub installation token minted for the agent holding one todo's lease
+    (docs/write-back.md#repository-tokens-for-agents): one repository, the route's permissions.
+    Sealed at rest, handed again to the same lease while it has time left, and revoked at
+    GitHub once the lease ends (``revoked_at``; ``ingest.sweeps.revoke_ended_agent_tokens``)."""
+
+    # No database constraint: the retention prune deletes these before their todo
+    # (ingest.sweeps.prune_history), so the todos' prune touches todos' tables only.
+    todo = models.ForeignKey("todos.Todo", on_delete=models.DO_NOTHING, db_constraint=False,
+                             related_name="repo_tokens")
+    lease_id = models.CharField(max_length=64)
+    connection = models.ForeignKey(Connection, on_delete=models.CASCADE, related_name="+")
+    repository = models.CharField(max_length=200)
+    # What GitHub granted (the answer's), and what the route asked for when it was minted: a
+    # route whose grant changed since gets a new token, not this one.
+    permissions = models.JSONField(default=dict)
+    requested_permissions = models.JSONField(default=dict)
+    token = SealedSecretField(blank=True, default="")
+    issued_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    # The last revocation GitHub refused (retried by the next pass until the token expires).
+    revoke_error = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            # ingest.sweeps.revoke_ended_agent_tokens: the tokens not yet revoked.
+            models.Index(fields=["issued_at"], name="repotoken_unrevoked",
+                         condition=models.Q(revoked_at__isnull=True)),
+            # repo_tokens.get_repo_token: the one a lease already has.
+            models.Index(fields=["todo", "lease_id"], name="repotoken_by_lease"),
+        ]
+
+    def __str__(self):
+        return f"repository token for {self.repository} (todo {self.todo_id})"

@@ -117,13 +117,14 @@ def find_operator_for_token(token: str):
     return row.user
 
 
-def read_secret(caller, ref) -> dict:
+def read_secret(caller, ref, *, todo_id=None) -> dict:
     """The ``read_secret`` agent verb: ``{"ref", "value"}`` for a secret ref found in a todo's
     payload, decrypted.
 
     ``caller`` is a ``todos.transitions.Caller``: the secret must belong to a todo of
     ``caller.endpoint`` in a queue the caller can see, which the caller holds under an
-    unexpired lease (``lease_lost`` otherwise). Refuses ``invalid_argument`` for a
+    unexpired lease (``lease_lost`` otherwise); with ``todo_id`` (a todo token's call), of
+    that todo only. Refuses ``invalid_argument`` for a
     malformed ref and ``not_found`` otherwise — a secret of a todo outside the caller's endpoint
     or scope is indistinguishable from a missing one. Never logs the value.
     """
@@ -133,7 +134,7 @@ def read_secret(caller, ref) -> dict:
         OperatorSecret.objects.filter(ref=ref, todo__endpoint_id=caller.endpoint.pk)
         .only("ref", "ciphertext", "todo_id").first()
     )
-    if secret is None:
+    if secret is None or (todo_id is not None and secret.todo_id != todo_id):
         raise Refusal("not_found", f"no secret {ref}")
     todo = (Todo.objects.filter(pk=secret.todo_id)
             .only("queue", "state", "lease_owner", "lease_expires_at").first())
@@ -288,3 +289,27 @@ def write_back_trouble(webhook, *, limit: int) -> dict:
     for row in latest:
         row.url = write_back_url(row)
     return {**counts, "latest_failing": latest}
+
+
+def repo_tokens_of(todo_id) -> list[dict]:
+    """The repository tokens minted for ``todo_id``'s agents, oldest first, for its page:
+    when, for which repository and permissions, revoked when; never the token."""
+    from .models import RepoToken
+
+    return list(RepoToken.objects.filter(todo_id=todo_id).order_by("issued_at", "id").values(
+        "id", "lease_id", "repository", "permissions", "issued_at", "expires_at", "revoked_at",
+        "revoke_error"))
+
+
+def count_agent_credentials() -> list[tuple]:
+    """For /metrics: ``(kind, issued, revoked)`` of todo tokens and repository tokens over the
+    kept history (their rows go with their todo at the retention prune)."""
+    from todos.models import TodoToken
+
+    from .models import RepoToken
+
+    rows = []
+    for kind, model in (("todo_token", TodoToken), ("repo_token", RepoToken)):
+        counted = model.objects.aggregate(issued=Count("pk"), revoked=Count("revoked_at"))
+        rows.append((kind, counted["issued"], counted["revoked"]))
+    return rows

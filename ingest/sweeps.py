@@ -28,12 +28,13 @@ from channels_push.sessions import queries as session_queries
 from channels_push.sessions import transitions as session_transitions
 from todos import queries as todo_queries
 from todos import sweeps as todo_sweeps
+from todos import transitions as todo_transitions
 
 from switchboard import ratelimit
 from switchboard.db import sql as dialect
 
-from . import transitions
-from .models import (DeliveryDrops, DeliveryEvent, DeliveryRecord, OperatorSecret,
+from . import repo_tokens, transitions
+from .models import (DeliveryDrops, DeliveryEvent, DeliveryRecord, OperatorSecret, RepoToken,
                      ReplayLedgerEntry, Webhook, WriteBack)
 
 # Rows per statement: large enough that a backlog of a million rows clears in a few minutes,
@@ -84,6 +85,8 @@ def prune_history(*, now=None, dry_run=False, pause_seconds=PAUSE_BETWEEN_BATCHE
     # doomed todo and the todos' prune touches todos' tables only.
     while delete_secrets_of_ended_todos() == ENDED_SECRETS_BATCH:
         time.sleep(pause_seconds)
+    RepoToken.objects.exclude(todo_id__in=todo_sweeps.todos_kept_by_retention(
+        done_before=cutoffs.done_before, dead_before=cutoffs.dead_before)).delete()
     pruned.update(todo_sweeps.prune_settled_todos(
         done_before=cutoffs.done_before, dead_before=cutoffs.dead_before, batch=batch,
         pause_seconds=pause_seconds))
@@ -248,3 +251,14 @@ def fold_dropped_delivery_counts() -> int:
                                       unique_fields=["webhook", "minute"],
                                       update_fields=["dropped"])
     return len(drops)
+
+
+def revoke_ended_agent_tokens() -> dict:
+    """What an agent held for a lease that has ended: todo tokens (they stopped working with
+    the lease; this records it and ends their sessions) and repository tokens (revoked at
+    GitHub). One bounded batch of each (``todos.transitions.ENDED_TOKENS_BATCH``,
+    ``repo_tokens.REVOKE_BATCH``); safe when two runs overlap."""
+    now = timezone.now()
+    todo_tokens = todo_transitions.record_ended_todo_tokens(now=now)
+    return {"todo_tokens": len(todo_tokens),
+            "repo_tokens": repo_tokens.revoke_ended_repo_tokens(now=now)}

@@ -25,6 +25,11 @@ def delete_secrets_of_ended_todos():
     return sweeps.delete_secrets_of_ended_todos()
 
 
+@shared_task(name="ingest.tasks.revoke_ended_agent_tokens")
+def revoke_ended_agent_tokens():
+    return sweeps.revoke_ended_agent_tokens()
+
+
 @shared_task(name="ingest.tasks.send_write_backs")
 def send_write_backs():
     return write_back.send_due_write_backs()

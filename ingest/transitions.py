@@ -137,13 +137,15 @@ def check_route_target(*, webhook: Webhook, endpoint, queue: str) -> None:
 def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
                       priority: int = 0, delay_seconds: int = 0, actors_allowed=None,
                       author_associations=None, requires_approval: bool = False,
-                      write_back: str = WriteBackLevel.STATUS) -> Route:
+                      write_back: str = WriteBackLevel.STATUS,
+                      agent_permissions: dict | None = None) -> Route:
     """Route ``webhook``'s deliveries to ``endpoint``/``queue``, for every kind or ``kinds``,
     from anyone or only from the ``actors_allowed`` logins and ``author_associations`` roles
     (ingest/actors.py); its todos start with ``priority`` and become ready ``delay_seconds``
     after they arrive (docs/work-control.md); with ``requires_approval`` they are created
     awaiting approval; ``write_back`` is what their source hears of them when the webhook has a
-    connection (docs/write-back.md). Raises ValidationError naming the field when the target
+    connection (docs/write-back.md); ``agent_permissions`` what a repository token for its
+    todos may do (docs/write-back.md#repository-tokens-for-agents). Raises ValidationError naming the field when the target
     is not allowed (``check_route_target``), a value is out of range or the actor rules cannot
     apply to the webhook's source, before anything is written."""
     queue_name_validator(queue)
@@ -161,7 +163,8 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
         route = Route(webhook=webhook, endpoint=endpoint, queue=queue, kinds=list(kinds or []),
                       priority=priority, delay_seconds=delay_seconds,
                       actors=logins, author_associations=roles,
-                      requires_approval=requires_approval, write_back=write_back)
+                      requires_approval=requires_approval, write_back=write_back,
+                      agent_permissions=dict(agent_permissions or {}))
         route.full_clean()
         route.save()
     return route

@@ -89,6 +89,13 @@ SWEEPS = (
     # minute's lag keeps a handed-over value at rest no longer than that after its todo ends.
     PeriodicSweep("delete-secrets-of-ended-todos", "ingest.sweeps.delete_secrets_of_ended_todos",
                   "ingest.tasks.delete_secrets_of_ended_todos", timedelta(seconds=60)),
+    # Agent credentials die with their lease (docs/security.md#agent-credentials): todo
+    # tokens already fail at their next use, this ends their sessions; repository tokens are
+    # revoked at GitHub. 10 s keeps a token alive at most that long after its lease, at one
+    # indexed read per pass when nothing ended.
+    PeriodicSweep("revoke-ended-agent-tokens", "ingest.sweeps.revoke_ended_agent_tokens",
+                  "ingest.tasks.revoke_ended_agent_tokens", timedelta(seconds=10),
+                  waits_on_network=True),
     # Write-backs to the sources (docs/write-back.md#the-outbox): each commit that has one
     # wakes this at once (the embedded scheduler) or enqueues its task (Celery); every 5 s
     # sends what a lost wake-up, a crash or a retry's wait left due.

@@ -48,7 +48,8 @@ def test_initialize_and_tools_list_with_the_sdk(daphne_server):
     assert capabilities.experimental == {"claude/channel": {}}
     assert "420 seconds" in instructions and len(instructions) <= 2048
     assert tools == ["list_todos", "claim", "claim_next", "heartbeat", "complete", "fail",
-                     "cancel", "release", "post_update", "read_secret", "clock_in", "clock_out"]
+                     "cancel", "release", "post_update", "repo_token", "read_secret", "clock_in",
+                     "clock_out"]
 
 
 def test_worker_loop_claim_next_heartbeat_complete_and_fail_then_retry(daphne_server):

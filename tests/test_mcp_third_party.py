@@ -68,8 +68,9 @@ def test_mcp_inspector_strict_schema_check_finds_nothing(daphne_server):
     assert "schemaFindings" not in envelope, envelope.get("schemaFindings")
     assert "Warning:" not in result.stderr and "Error:" not in result.stderr, result.stderr
     tools = envelope["result"]["tools"]
-    # A freshly vended endpoint grants every agent verb: each is a tool, none else.
-    assert sorted(tool["name"] for tool in tools) == sorted(AGENT_VERBS)
+    # A freshly vended endpoint grants every agent verb: each is a tool, and repo_token (each
+    # route grants it; docs/write-back.md#repository-tokens-for-agents), none else.
+    assert sorted(tool["name"] for tool in tools) == sorted([*AGENT_VERBS, "repo_token"])
     assert all("outputSchema" in tool and tool["annotations"] for tool in tools)
 
 

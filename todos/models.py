@@ -436,3 +436,35 @@ class DailySpend(models.Model):
     def __str__(self):
         return (f"{self.endpoint_id} {self.day}: {self.cost_microusd / 1_000_000} USD,"
                 f" {self.tokens} tokens")
+
+
+TODO_TOKEN_PREFIX = "sbt_"
+
+
+class TodoToken(models.Model):
+    """A bearer for one todo under one lease (docs/security.md#the-todo-token), stored as its
+    SHA-256 digest only. It is good only while its todo is claimed under ``lease_id``: that is
+    checked against the todo row at every use, so whatever ends the lease (settle, release,
+    lapse, an operator's override) ends the token with no write of its own. ``revoked_at``
+    records for the history when the revocation sweep saw the lease gone."""
+
+    # No database constraint, as the todo's events: the retention prune deletes the tokens in
+    # the statement that deletes their todo (todos.sweeps).
+    todo = models.ForeignKey(Todo, on_delete=models.DO_NOTHING, related_name="tokens",
+                             db_constraint=False)
+    endpoint = models.ForeignKey("endpoints.Endpoint", on_delete=models.CASCADE,
+                                 related_name="todo_tokens")
+    lease_id = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64, unique=True)
+    issued_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # ingest.sweeps.revoke_ended_agent_tokens: the tokens not yet recorded as revoked.
+            models.Index(fields=["issued_at"], name="todotoken_unrevoked",
+                         condition=Q(revoked_at__isnull=True)),
+        ]
+
+    def __str__(self):
+        return f"todo token of {self.todo_id} ({'revoked' if self.revoked_at else 'live'})"

@@ -2,7 +2,9 @@
 
 import base64
 import hashlib
+import hmac
 import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
@@ -13,8 +15,8 @@ from django.utils import timezone
 from switchboard.db import sql as dialect
 
 from . import usage
-from .models import (LIVE_FOR_IDEMPOTENCY, THREAD_MAX_CHARS, FollowUp, State, Todo, TodoEvent,
-                     Trust)
+from .models import (LIVE_FOR_IDEMPOTENCY, THREAD_MAX_CHARS, TODO_TOKEN_PREFIX, FollowUp, State,
+                     Todo, TodoEvent, Trust)
 
 # The largest todo id: the primary key is a bigint.
 MAX_TODO_ID = 2**63 - 1
@@ -797,3 +799,71 @@ def ended(todo_ref) -> Exists:
     """``has_ended`` as a filter over ``todo_ref`` (an ``OuterRef`` to a todo id): for another
     app's rows that die with their todo."""
     return Exists(_ending_events().filter(todo_id=todo_ref))
+
+
+# -- todo tokens (docs/security.md#the-todo-token) ---------------------------------------------
+
+
+def todo_token_live_sql(token: str, todo: str, *, now_param: str) -> str:
+    """SQL over a todo token row ``token`` and its todo's row ``todo``: the token still gives
+    its rights, that is, its todo is claimed under the very lease it was issued for and that
+    lease has not lapsed. The one spelling of "a todo token dies with its lease"."""
+    return (f"({todo}.id = {token}.todo_id AND {todo}.endpoint_id = {token}.endpoint_id"
+            f" AND {todo}.state = 'claimed' AND {todo}.lease_id = {token}.lease_id"
+            f" AND {todo}.lease_expires_at > %({now_param})s AND {token}.revoked_at IS NULL)")
+
+
+@dataclass(frozen=True)
+class TodoGrant:
+    """What a todo token lets its bearer act on: one todo, under one lease, as that lease's
+    holder (``lease_owner``: the session that claimed it)."""
+
+    token_id: int
+    todo_id: int
+    lease_id: str
+    lease_owner: str
+
+
+def find_endpoint_for_todo_token(slug: str, token: str, *, now=None, join_sql: str = "",
+                                 join_columns=None, join_params=None):
+    """The active endpoint ``slug`` (of an active owner) whose todo ``token`` names, while that
+    token still gives its rights (``todo_token_live_sql``), else None. ``endpoint.todo_grant``
+    is the ``TodoGrant``; ``endpoint.credential_id`` is None. ``join_sql`` and friends: as
+    ``endpoints.queries.find_endpoint_for_credential`` (aliases ``e``, ``k`` the token, ``t``
+    the todo). Looked up by digest, compared again in constant time."""
+    from endpoints import queries as endpoint_queries
+    from endpoints.models import Endpoint, hash_credential
+    from switchboard.db import statements
+
+    if not token or not token.startswith(TODO_TOKEN_PREFIX):
+        return None
+    now = now or timezone.now()
+    select, names, _, _ = statements.model_columns(Endpoint, "e")
+    extra = dict(join_columns or {})
+    joins, _ = endpoint_queries.credential_rights_sql("k", "e", "u")
+    params = {**(join_params or {}), "slug": slug, "digest": hash_credential(token),
+              "now": connection.ops.adapt_datetimefield_value(now)}
+    columns = "".join(f", {expression}" for expression in extra.values())
+    sql = (f"SELECT {select}, k.digest, k.id, t.id, t.lease_id, t.lease_owner{columns}"
+           f" FROM todos_todotoken k{joins} JOIN todos_todo t ON t.id = k.todo_id{join_sql}"
+           f" WHERE k.digest = %(digest)s AND e.slug = %(slug)s"
+           f" AND {todo_token_live_sql('k', 't', now_param='now')} LIMIT 1")
+    row = next(iter(statements.fetch_all(sql, params)), None)
+    width = len(names)
+    if row is None or not hmac.compare_digest(row[width], params["digest"]):
+        return None
+    endpoint = statements.instance_from_fetched(Endpoint, "e", row[:width])
+    endpoint.credential_id = None
+    endpoint.todo_grant = TodoGrant(token_id=row[width + 1], todo_id=row[width + 2],
+                                    lease_id=row[width + 3], lease_owner=row[width + 4])
+    for attribute, value in zip(extra, row[width + 5:]):
+        setattr(endpoint, attribute, value)
+    return endpoint
+
+
+def todo_tokens_of(todo_id) -> list:
+    """The todo tokens issued for ``todo_id``, oldest first, for its page (never the token)."""
+    from .models import TodoToken
+
+    return list(TodoToken.objects.filter(todo_id=todo_id).order_by("issued_at", "id")
+                .values("id", "lease_id", "issued_at", "revoked_at"))

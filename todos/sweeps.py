@@ -14,7 +14,7 @@ from switchboard import tracing
 from switchboard.db import sql as dialect
 
 from . import queries, transitions
-from .models import PrunedEventTally, State, Todo, TodoEvent
+from .models import PrunedEventTally, State, Todo, TodoEvent, TodoToken
 
 # One reaper pass returns at most this many leases. Large enough that a crashed pool of
 # agents (hundreds of leases) is cleared in a few 5 s passes, small enough that one pass holds
@@ -253,6 +253,8 @@ def _delete_todo_batch_postgres(doomed: DoomedTodos, batch: int) -> tuple[int, i
             SELECT action, to_state, count(*) FROM gone_events GROUP BY action, to_state
             ON CONFLICT (action, to_state)
             DO UPDATE SET count = todos_prunedeventtally.count + EXCLUDED.count
+        ), gone_tokens AS (
+            DELETE FROM todos_todotoken k USING doomed d WHERE k.todo_id = d.id
         ), gone_todos AS (
             DELETE FROM todos_todo t USING doomed d WHERE t.id = d.id RETURNING t.id
         )
@@ -282,5 +284,6 @@ def _delete_todo_batch_sqlite(doomed: DoomedTodos, batch: int) -> tuple[int, int
                 PrunedEventTally.objects.filter(pk=tally.pk).update(count=F("count") + n)
             folded += n
         events._raw_delete(events.db)
+        TodoToken.objects.filter(todo_id__in=ids)._raw_delete(events.db)
         deleted = Todo.objects.filter(id__in=ids)._raw_delete(events.db)
     return deleted, folded

@@ -19,6 +19,7 @@ date arithmetic), so both backends share the SQL and tests drive the clock with 
 """
 
 import json
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +28,8 @@ from django.db import IntegrityError, connection, models, transaction
 from django.utils import timezone
 
 from channels_push.bus import publish
+from channels_push.sessions import transitions as session_transitions
+from endpoints.models import hash_credential
 from switchboard import json_input, tracing
 from switchboard.db import sql as dialect
 from switchboard.db.sql import is_postgres as _is_postgres
@@ -34,7 +37,8 @@ from switchboard.db.sql import is_postgres as _is_postgres
 from . import queries, statements, usage
 from .models import (LIVE_FOR_IDEMPOTENCY, MAX_PROGRESS_CHARS, MAX_SCHEDULE_AHEAD,
                      NOT_BEFORE_PAST_TOLERANCE, PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN,
-                     SILENT_TO_SOURCE, FollowUp, State, Todo, Trust, WriteBack)
+                     SILENT_TO_SOURCE, TODO_TOKEN_PREFIX, FollowUp, State, Todo, Trust,
+                     WriteBack)
 
 # A todo's title is folded to one line and cut to its column's width.
 MAX_TITLE_CHARS = Todo._meta.get_field("title").max_length
@@ -1219,3 +1223,47 @@ def refuses_unverified(endpoint) -> bool:
     return not endpoint.accept_unverified
 
 
+
+
+# -- todo tokens (docs/security.md#the-todo-token) ---------------------------------------------
+
+# A sweep pass records at most this many ended tokens: far more than leases end in its interval
+# on any fleet, and one short statement.
+ENDED_TOKENS_BATCH = 500
+
+
+def issue_todo_token(todo: Todo, *, now=None) -> str:
+    """Mint a todo token for ``todo``'s current lease and store its digest. One guarded INSERT
+    that copies the lease from the todo row, so a token is never issued for a lease that ended
+    in the meantime: then nothing is stored and the answer is "" (the claim's answer says the
+    lease is gone on its next call anyway)."""
+    now = now or timezone.now()
+    token = TODO_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO todos_todotoken (todo_id, endpoint_id, lease_id, digest, issued_at)"
+            " SELECT id, endpoint_id, lease_id, %s, %s FROM todos_todo"
+            " WHERE id = %s AND state = 'claimed' AND lease_id = %s RETURNING id",
+            [hash_credential(token), now, todo.pk, todo.lease_id])
+        issued = cursor.fetchone()
+    return token if issued else ""
+
+
+def record_ended_todo_tokens(*, now=None, limit: int = ENDED_TOKENS_BATCH) -> list[int]:
+    """Stamp ``revoked_at`` on at most ``limit`` todo tokens whose lease has ended (the token
+    already stopped working then: ``queries.todo_token_live_sql`` is checked at every use) and
+    end the MCP sessions they opened. Rows another run holds are skipped, so overlapping runs
+    split the work. Returns the ids of the tokens it stamped."""
+    now = now or timezone.now()
+    live = queries.todo_token_live_sql("k2", "t", now_param="now")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE todos_todotoken SET revoked_at = %(now)s WHERE revoked_at IS NULL AND id IN ("
+            " SELECT k2.id FROM todos_todotoken k2 WHERE k2.revoked_at IS NULL"
+            f" AND NOT EXISTS (SELECT 1 FROM todos_todo t WHERE {live})"
+            f" ORDER BY k2.issued_at LIMIT %(limit)s{dialect.skip_locked('k2')}) RETURNING id",
+            {"now": now, "limit": limit})
+        ended = [row[0] for row in cursor.fetchall()]
+    if ended:
+        session_transitions.end_todo_token_sessions(token_ids=ended, now=now)
+    return ended

@@ -29,6 +29,10 @@ def _granted_list(verbs, *names) -> list:
 
 
 def _intro(endpoint, verbs) -> str:
+    grant = getattr(endpoint, "todo_grant", None)
+    if grant is not None:
+        return (f"This session holds the todo token of todo {grant.todo_id} of endpoint "
+                f"'{endpoint.slug}': work that todo only, while its lease lasts.")
     return (f"switchboard is the durable todo queue of endpoint '{endpoint.slug}'. Todos arrive "
             "as <channel> doorbells (notifications/claude/channel), but the queue is the "
             "record: doorbells may be missed or repeated: act through the tools, "
@@ -143,7 +147,7 @@ INSTRUCTION_PARTS = (_intro, _doorbells, _listing, _presence, _leases, _refusals
 
 
 def build_instructions(endpoint) -> str:
-    verbs = [verb for verb in schemas.TOOL_SCHEMAS if endpoint.allows(verb)]
+    verbs = [verb for verb in schemas.TOOL_SCHEMAS if schemas.offers(endpoint, verb)]
     text = " ".join(part for part in (make(endpoint, verbs) for make in INSTRUCTION_PARTS) if part)
     return text[:INSTRUCTIONS_MAX_CHARS]
 

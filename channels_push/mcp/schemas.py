@@ -173,6 +173,14 @@ TOOL_SCHEMAS = {
                           "description": "One progress update, plain text (no markup)."}},
                 ["todo_id", "text"]),
     ),
+    "repo_token": (
+        "Get a GitHub token for the repository a claimed todo came from, with only the "
+        "permissions the operator granted its route, valid while you hold the lease (about an "
+        'hour at most). Returns {"token", "expires_at", "repository", "permissions"}; call '
+        "again for a fresh one when it is about to expire. verb_not_allowed: this todo's route "
+        "grants no repository token.",
+        _schema({"todo_id": _TODO_ID, "lease_id": _LEASE_ID}, ["todo_id"]),
+    ),
     "read_secret": (
         "Fetch an operator-supplied secret by the ref found in a todo's payload. Never echo "
         "the value into results, logs or messages.",
@@ -275,6 +283,11 @@ def _output_schema(properties: dict, *alternatives) -> dict:
 
 
 _TODO_RESULT = _output_schema({"todo": _TODO_OUTPUT}, ["todo"])
+_TODO_TOKEN_OUTPUT = {
+    "type": "string",
+    "description": "A bearer for this MCP URL good for this todo and this lease only "
+                   "(heartbeat, complete, fail, release, post_update, read_secret, repo_token): "
+                   "give it, not your own credential, to whatever does the work."}
 _PRESENCE_RESULT = _output_schema({
     "presence": {"type": "string", "enum": ["in", "out"]},
     "override_until": {"type": "string", "description": "Present while an operator override "
@@ -286,9 +299,9 @@ OUTPUT_SCHEMAS = {
         "next_cursor": {**_NULLABLE_STRING, "description": "Pass as cursor for the next page."},
         "has_more": {"type": "boolean"},
     }, ["todos", "next_cursor", "has_more"]),
-    "claim": _TODO_RESULT,
+    "claim": _output_schema({"todo": _TODO_OUTPUT, "todo_token": _TODO_TOKEN_OUTPUT}, ["todo"]),
     "claim_next": _output_schema({
-        "todo": _TODO_OUTPUT, "empty": {"type": "boolean"},
+        "todo": _TODO_OUTPUT, "todo_token": _TODO_TOKEN_OUTPUT, "empty": {"type": "boolean"},
         "paused": {"type": "array", "items": {"type": "string"},
                    "description": 'With empty: every queue asked for is paused ("*": all).'},
         "at_capacity": {"type": "boolean",
@@ -310,6 +323,11 @@ OUTPUT_SCHEMAS = {
     "fail": _TODO_RESULT,
     "release": _TODO_RESULT,
     "post_update": _TODO_RESULT,
+    "repo_token": _output_schema({
+        "token": {"type": "string"}, "expires_at": {"type": "string"},
+        "repository": {"type": "string", "description": "owner/name"},
+        "permissions": {"type": "object", "additionalProperties": {"type": "string"}},
+    }, ["token", "expires_at", "repository", "permissions"]),
     "read_secret": _output_schema({"ref": {"type": "string"}, "value": {"type": "string"}},
                                   ["ref", "value"]),
     "clock_in": _PRESENCE_RESULT,
@@ -330,6 +348,7 @@ _TOOL_TRAITS = {
     "cancel": ("Cancel a held todo", False, True),
     "release": ("Release a todo", False, True),
     "post_update": ("Post a progress update", False, False),
+    "repo_token": ("Get a repository token", False, True),
     "read_secret": ("Read a secret", True, True),
     "clock_in": ("Clock in", False, True),
     "clock_out": ("Clock out", False, True),
@@ -344,6 +363,21 @@ def tool_annotations(name: str) -> types.ToolAnnotations:
                                  idempotent_hint=idempotent, open_world_hint=False)
 
 
+# What a session opened with a todo token may call, on its one todo
+# (docs/security.md#the-todo-token). ``cancel`` is named before it is a tool of every server.
+TODO_TOKEN_VERBS = frozenset({"heartbeat", "complete", "fail", "release", "cancel",
+                              "post_update", "read_secret", "repo_token"})
+
+
+def offers(endpoint, name: str) -> bool:
+    """Whether a session of ``endpoint`` may call tool ``name``: its verb allowlist, narrowed
+    to TODO_TOKEN_VERBS for a todo token's session. ``repo_token`` is no endpoint verb: each
+    route grants it (``--agent-permissions``), to any endpoint that may work a lease."""
+    if getattr(endpoint, "todo_grant", None) is not None and name not in TODO_TOKEN_VERBS:
+        return False
+    return endpoint.allows("heartbeat" if name == "repo_token" else name)
+
+
 def tools_for(endpoint) -> list[types.Tool]:
     """The tools this endpoint's verb allowlist grants, in a stable order."""
     return [
@@ -351,7 +385,7 @@ def tools_for(endpoint) -> list[types.Tool]:
                    input_schema=schema, output_schema=OUTPUT_SCHEMAS[name],
                    annotations=tool_annotations(name))
         for name, (description, schema) in TOOL_SCHEMAS.items()
-        if endpoint.allows(name)
+        if offers(endpoint, name)
     ]
 
 

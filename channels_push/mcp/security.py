@@ -9,11 +9,14 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
+from django.utils import timezone
 
 from channels_push.sessions import transitions as session_transitions
 from endpoints.models import hash_credential
 from switchboard import ratelimit
 from switchboard.http import origins, plain
+from todos import queries as todo_queries
+from todos.models import TODO_TOKEN_PREFIX
 
 from .framing import fault
 
@@ -79,9 +82,7 @@ def authorize(request: plain.Request, *, rate_limited: bool = True):
     if not refused.allowed and not _recently_accepted(digest):
         return None, fault(429, "Too Many Requests",
                            headers={"Retry-After": str(refused.retry_after_seconds)})
-    endpoint = session_transitions.find_endpoint_with_session(
-        slug=request.slug, credential=credential or "", session_id=_session_id_of(request),
-        fresh_within=SESSION_TOUCH_INTERVAL)
+    endpoint = _find_endpoint(request, credential or "")
     if endpoint is None:
         refused = ratelimit.charge_client_failure(
             "mcp-auth", request.client, per_minute=settings.SWITCHBOARD_UNKNOWN_CLIENT_PER_MINUTE)
@@ -94,13 +95,35 @@ def authorize(request: plain.Request, *, rate_limited: bool = True):
     _note_accepted(digest)
     if not rate_limited:
         return endpoint, None
-    decision = ratelimit.take_token("mcp", digest,
+    # A todo token spends its endpoint's budget: every todo token of one endpoint shares one,
+    # so claiming more todos buys an agent no more requests.
+    bucket = digest if endpoint.todo_grant is None else f"todo-tokens:{endpoint.pk}"
+    decision = ratelimit.take_token("mcp", bucket,
                                       per_minute=settings.SWITCHBOARD_MCP_RATE_PER_MINUTE)
     if not decision.allowed:
         log.info("mcp rate limited", extra={"endpoint": endpoint.slug})
         return None, fault(429, "Too Many Requests",
                            headers={"Retry-After": str(decision.retry_after_seconds)})
     return endpoint, None
+
+
+def _find_endpoint(request: plain.Request, credential: str):
+    """The endpoint the bearer opens, with its session's state read in the same statement: an
+    endpoint credential (``todo_grant`` None), or a todo token (``todo_grant`` says which todo
+    and lease it may act on; docs/security.md#the-todo-token)."""
+    session_id = _session_id_of(request)
+    if not credential.startswith(TODO_TOKEN_PREFIX):
+        endpoint = session_transitions.find_endpoint_with_session(
+            slug=request.slug, credential=credential, session_id=session_id,
+            fresh_within=SESSION_TOUCH_INTERVAL)
+        if endpoint is not None:
+            endpoint.todo_grant = None
+        return endpoint
+    now = timezone.now()
+    return todo_queries.find_endpoint_for_todo_token(
+        request.slug, credential, now=now,
+        **session_transitions.session_join(session_id=session_id, bound_to="s.todo_token_id = k.id",
+                                           fresh_within=SESSION_TOUCH_INTERVAL, now=now))
 
 
 def _session_id_of(request: plain.Request) -> str | None:

@@ -168,6 +168,11 @@ def open_stream(request: plain.Request, heartbeat: StreamHeartbeat | None = None
     endpoint, refusal = security.authorize(request)
     if refusal:
         return refusal
+    if endpoint.todo_grant is not None:
+        # Nothing is ever pushed to a todo token's session (no doorbells): no stream to offer,
+        # which the transport lets a server say with 405.
+        return fault(405, "Method Not Allowed: a todo token's session has no notification "
+                          "stream", headers={"Allow": "POST, DELETE"})
     if not accepts(request.header("accept"), "text/event-stream"):
         return fault(406, "Not Acceptable: Accept must include text/event-stream")
     version = request.header("mcp-protocol-version")

@@ -26,11 +26,12 @@ from django.conf import settings
 
 from endpoints import transitions as endpoint_transitions
 from ingest import queries as ingest_queries
+from ingest import repo_tokens
 from switchboard import json_input, tracing
 from todos import queries as todo_queries
 from todos import transitions
 
-from . import framing
+from . import framing, schemas
 from .schemas import ANY_JSON_TYPES, TOOL_SCHEMAS
 
 log = logging.getLogger("switchboard.mcp")
@@ -214,8 +215,28 @@ def _heartbeat(caller, args):
             "cancel_requested": todo.cancel_requested_at is not None}
 
 
+def _claimed(todo) -> dict:
+    """A claim's answer: the todo and its todo token (docs/security.md#the-todo-token)."""
+    return {**_todo(todo), "todo_token": transitions.issue_todo_token(todo)}
+
+
 def _read_secret(caller, args):
     return ingest_queries.read_secret(caller, args["ref"])
+
+
+def _check_grant(grant, name: str, arguments: dict) -> dict:
+    """A todo token's call, on its own todo and lease only: ``arguments`` with the lease filled
+    in (a todo token's session is not the one that claimed, so its fenced verbs go by lease),
+    or ``not_found`` for any other todo, as one outside the endpoint would be."""
+    if name == "read_secret":
+        return arguments
+    if str(arguments.get("todo_id")) != str(grant.todo_id):
+        raise transitions.Refusal("not_found", f"todo {arguments.get('todo_id')} not found")
+    return {**arguments, "lease_id": arguments.get("lease_id") or grant.lease_id}
+
+
+def _repo_token(caller, args):
+    return repo_tokens.get_repo_token(caller, args["todo_id"], lease_id=args.get("lease_id"))
 
 
 def _list_todos(caller, args):
@@ -282,6 +303,7 @@ _VERBS = {
         caller, a["todo_id"], lease_id=a.get("lease_id"))),
     "post_update": lambda caller, a: _todo(transitions.post_update_todo(
         caller, a["todo_id"], lease_id=a.get("lease_id"), text=a["text"])),
+    "repo_token": _repo_token,
     "read_secret": _read_secret,
     "clock_in": lambda caller, a: _clock(caller, "in"),
     "clock_out": lambda caller, a: _clock(caller, "out"),
@@ -362,11 +384,22 @@ def _call_tool(*, endpoint, session_id: str, params: dict | None) -> types.CallT
                                    "Invalid params: arguments must be an object")
     if IGNORED_ARGUMENTS.intersection(arguments):
         arguments = {k: v for k, v in arguments.items() if k not in IGNORED_ARGUMENTS}
-    if not endpoint.allows(name):
-        return refusal_result("verb_not_allowed", f"this endpoint may not use {name}")
-    caller = transitions.Caller.agent(endpoint, session_id)
+    grant = getattr(endpoint, "todo_grant", None)
+    if not schemas.offers(endpoint, name):
+        return refusal_result("verb_not_allowed", (
+            f"a todo token may not use {name}: it acts only on its own todo "
+            f"({', '.join(sorted(schemas.TODO_TOKEN_VERBS))})") if grant is not None
+            else f"this endpoint may not use {name}")
+    # A todo token acts as its lease's holder (the claiming session), on that lease only.
+    caller = transitions.Caller.agent(endpoint, grant.lease_owner if grant else session_id)
     try:
         _check_arguments(name, arguments)
+        if grant is None:
+            return _structured(_VERBS[name](caller, arguments))
+        arguments = _check_grant(grant, name, arguments)
+        if name == "read_secret":
+            return _structured(ingest_queries.read_secret(caller, arguments["ref"],
+                                                          todo_id=grant.todo_id))
         return _structured(_VERBS[name](caller, arguments))
     except transitions.Refusal as refusal:
         return refusal_result(refusal.code, refusal.message, refusal.data)

@@ -67,7 +67,9 @@ def attached_sql(alias: str, params: dict, now) -> str:
     credential lost its rights is no receiver even while its stream waits for the keep-alive
     that closes it. Adds its parameters to ``params`` (named style)."""
     params["attach_since"] = sql_time(now - settings.SWITCHBOARD_ATTACH_WINDOW)
-    return (f"({alias}.terminated_at IS NULL AND ({stream_open_sql(alias, params, now)}"
+    # A todo token's session is never a receiver (docs/security.md#the-todo-token).
+    return (f"({alias}.terminated_at IS NULL AND {alias}.todo_token_id IS NULL"
+            f" AND ({stream_open_sql(alias, params, now)}"
             f" OR {alias}.last_seen_at >= %(attach_since)s)"
             f" AND {session_rights_sql(alias, params, now)})")
 

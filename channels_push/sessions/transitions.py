@@ -28,30 +28,40 @@ def open_session(*, endpoint, protocol_version: str, client_name: str = "",
                  max_sessions: int | None = None) -> McpSession:
     """Mint a session of ``endpoint`` (the answer to ``initialize``), bound to the credential
     the request presented (``credential_id``, else ``endpoint.credential_id`` as the bearer
-    check sets it), and end that credential's sessions beyond ``max_sessions`` (default: the
-    setting). The ids of the sessions it ended are ``session.evicted_ids``: the caller closes
-    their streams."""
+    check sets it, or the todo token of ``endpoint.todo_grant``), and end that credential's
+    sessions beyond ``max_sessions`` (default: the setting). The ids of the sessions it ended
+    are ``session.evicted_ids``: the caller closes their streams."""
     now = now or timezone.now()
     credential_id = credential_id or endpoint.credential_id
+    token_id = _todo_token_id(endpoint)
     session = McpSession.objects.create(
-        endpoint=endpoint, credential_id=credential_id, protocol_version=protocol_version,
+        endpoint=endpoint, credential_id=credential_id, todo_token_id=token_id,
+        protocol_version=protocol_version,
         client_name=holders.clean_client_field(client_name),
         client_version=holders.clean_client_field(client_version),
         created_at=now, last_seen_at=now,
     )
     session.evicted_ids = evict_sessions_over_cap(
-        credential_id=credential_id, keep=session.pk, now=now,
+        credential_id=credential_id, todo_token_id=token_id, keep=session.pk, now=now,
         cap=max_sessions or settings.SWITCHBOARD_MAX_SESSIONS_PER_CREDENTIAL)
     return session
 
 
-def evict_sessions_over_cap(*, credential_id: int, keep: str, cap: int, now=None) -> list[str]:
-    """End the live sessions of ``credential_id`` beyond the ``cap`` it may hold:
+def _todo_token_id(endpoint) -> int | None:
+    grant = getattr(endpoint, "todo_grant", None)
+    return grant.token_id if grant is not None else None
+
+
+def evict_sessions_over_cap(*, credential_id: int | None, keep: str, cap: int, now=None,
+                            todo_token_id: int | None = None) -> list[str]:
+    """End the live sessions of ``credential_id`` (or of the todo token ``todo_token_id``)
+    beyond the ``cap`` it may hold:
     ``keep`` (the one just minted) stays, then sessions with an open stream, then the
     most recently seen; the oldest idle go first. One guarded UPDATE; concurrent initializes
     may each leave up to ``cap`` as they saw it, and the next initialize trims again."""
     now = now or timezone.now()
-    ranked = (McpSession.objects.filter(credential_id=credential_id, terminated_at__isnull=True)
+    ranked = (McpSession.objects.filter(credential_id=credential_id, todo_token_id=todo_token_id,
+                                        terminated_at__isnull=True)
               .order_by(Case(When(pk=keep, then=0), default=1), F("open_streams").desc(),
                         F("last_seen_at").desc(), F("created_at").desc())
               .values_list("pk", flat=True))
@@ -65,7 +75,8 @@ def evict_sessions_over_cap(*, credential_id: int, keep: str, cap: int, now=None
 def _live(endpoint, session_id: str):
     """A live session of ``endpoint`` opened with the credential the request presented."""
     return McpSession.objects.filter(pk=session_id, endpoint=endpoint, terminated_at__isnull=True,
-                                     credential_id=endpoint.credential_id)
+                                     credential_id=endpoint.credential_id,
+                                     todo_token_id=_todo_token_id(endpoint))
 
 
 def find_endpoint_with_session(*, slug: str, credential: str, session_id: str | None,
@@ -80,13 +91,23 @@ def find_endpoint_with_session(*, slug: str, credential: str, session_id: str | 
     now = now or timezone.now()
     return endpoint_queries.find_endpoint_for_credential(
         slug, credential, now=now,
-        join_sql=" LEFT JOIN channels_push_mcpsession s ON s.id = %(session_id)s"
-                 " AND s.endpoint_id = e.id AND s.credential_id = c.id"
-                 " AND s.terminated_at IS NULL",
-        join_columns={"session_live": "s.id IS NOT NULL",
-                      "session_fresh": "COALESCE(s.last_seen_at >= %(fresh_since)s, FALSE)"},
-        join_params={"session_id": session_id, "fresh_since": queries.sql_time(now - fresh_within)},
-    )
+        **session_join(session_id=session_id, bound_to="s.credential_id = c.id",
+                       fresh_within=fresh_within, now=now))
+
+
+def session_join(*, session_id: str | None, bound_to: str, fresh_within: timedelta, now) -> dict:
+    """The LEFT JOIN a bearer lookup carries to read the request's session in the same
+    statement (``join_sql``, ``join_columns``, ``join_params``): the live session
+    ``session_id`` of ``e`` (the endpoint row) whose binding is ``bound_to`` (SQL over ``s``
+    and the bearer's row: its credential, or its todo token)."""
+    return {
+        "join_sql": " LEFT JOIN channels_push_mcpsession s ON s.id = %(session_id)s"
+                    f" AND s.endpoint_id = e.id AND {bound_to} AND s.terminated_at IS NULL",
+        "join_columns": {"session_live": "s.id IS NOT NULL",
+                         "session_fresh": "COALESCE(s.last_seen_at >= %(fresh_since)s, FALSE)"},
+        "join_params": {"session_id": session_id,
+                        "fresh_since": queries.sql_time(now - fresh_within)},
+    }
 
 
 def touch_session(*, endpoint, session_id: str, now=None, fresh: bool = False) -> bool:
@@ -216,13 +237,26 @@ def end_sessions_without_rights(*, limit: int, now=None) -> int:
     params = {"limit": limit}
     rights = _session_rights_sql(params, now)
     with connection.cursor() as cursor:
+        # A todo token's sessions end with its lease (end_todo_token_sessions), not here.
         cursor.execute("SELECT s.id FROM channels_push_mcpsession s WHERE s.terminated_at IS NULL"
-                       f" AND NOT {rights} LIMIT %(limit)s", params)
+                       f" AND s.todo_token_id IS NULL AND NOT {rights} LIMIT %(limit)s", params)
         ids = [row[0] for row in cursor.fetchall()]
     if not ids:
         return 0
     return McpSession.objects.filter(pk__in=ids, terminated_at__isnull=True).update(
         terminated_at=now)
+
+
+def end_todo_token_sessions(*, token_ids, now=None) -> list[str]:
+    """End the live sessions opened with the todo tokens ``token_ids`` (their lease ended).
+    Returns their ids, so the caller can close their streams."""
+    now = now or timezone.now()
+    live = McpSession.objects.filter(todo_token_id__in=list(token_ids), terminated_at__isnull=True)
+    ended = list(live.values_list("pk", flat=True))
+    if ended:
+        McpSession.objects.filter(pk__in=ended, terminated_at__isnull=True).update(
+            terminated_at=now)
+    return ended
 
 
 def expire_idle_sessions(*, idle_before, limit: int, now=None) -> int:

@@ -90,6 +90,9 @@ class McpDriver:
         self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return reply
 
+    def call_status(self, tool, arguments=None) -> int:
+        return self.rpc("tools/call", {"name": tool, "arguments": arguments or {}}).status
+
     def call(self, tool, arguments=None) -> dict:
         reply = self.rpc("tools/call", {"name": tool, "arguments": arguments or {}})
         assert reply.status == 200, reply.body

@@ -109,8 +109,8 @@ def test_scrape_cost_does_not_grow_with_endpoints_or_todos(client, operator,
         transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="t")
     # backlog (one statement), scheduled (one), then the event tally: pruned tally, settled
     # id, (increment), recent range; the paused gauge, the spend counters; the write-back
-    # tally (a few rows per source, never per todo)
-    with django_assert_max_num_queries(8):
+    # tally (a few rows per source, never per todo); agent credentials (one per kind)
+    with django_assert_max_num_queries(10):
         scrape(client)
 
 
@@ -264,3 +264,23 @@ def test_agent_spend_counters_by_endpoint_never_go_down_when_history_is_pruned(c
     after = scrape(client)
     assert value(after, "switchboard_agent_cost_usd_total", endpoint="spender") == 0.75
     assert value(after, "switchboard_agent_tokens_total", endpoint="spender") == 220
+
+
+def test_agent_credentials_issued_and_revoked_are_counted(client, operator):
+    from ingest import sweeps as ingest_sweeps
+
+    endpoint = EndpointFactory(slug="creds", owner=operator)
+    todo, _ = transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="t")
+    agent = transitions.Caller.agent(endpoint, "session-a")
+    before = scrape(client)
+    token = transitions.issue_todo_token(transitions.claim_todo(agent, todo.pk))
+    after = scrape(client)
+    assert token and token not in str(after)
+    issued = "switchboard_agent_credentials_issued_total"
+    revoked = "switchboard_agent_credentials_revoked_total"
+    assert value(after, issued, kind="todo_token") - value(before, issued, kind="todo_token") == 1
+    transitions.complete_todo(agent, todo.pk)
+    ingest_sweeps.revoke_ended_agent_tokens()
+    after = scrape(client)
+    assert value(after, revoked, kind="todo_token") - value(before, revoked, kind="todo_token") == 1
+    assert (issued, (("kind", "repo_token"),)) in after

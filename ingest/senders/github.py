@@ -431,3 +431,120 @@ SENDER = Sender(
                                target_url=target_url, check_run=send_check_run,
                                wants_check_run=wants_check_run),
     is_own_write_back=is_own_write_back)
+
+
+# -- repository tokens for agents (docs/write-back.md#repository-tokens-for-agents) ----------
+
+# The permissions an installation token may be asked for, with their levels: GitHub's own
+# list (the access-token request's ``permissions`` in GitHub's OpenAPI description; a test
+# compares the two).
+APP_PERMISSION_LEVELS = {
+    "actions": ("read", "write"),
+    "administration": ("read", "write"),
+    "artifact_metadata": ("read", "write"),
+    "attestations": ("read", "write"),
+    "checks": ("read", "write"),
+    "code_quality": ("read", "write"),
+    "codespaces": ("read", "write"),
+    "contents": ("read", "write"),
+    "dependabot_secrets": ("read", "write"),
+    "deployments": ("read", "write"),
+    "discussions": ("read", "write"),
+    "environments": ("read", "write"),
+    "issues": ("read", "write"),
+    "merge_queues": ("read", "write"),
+    "metadata": ("read", "write"),
+    "packages": ("read", "write"),
+    "pages": ("read", "write"),
+    "pull_requests": ("read", "write"),
+    "repository_custom_properties": ("read", "write"),
+    "repository_hooks": ("read", "write"),
+    "repository_projects": ("read", "write", "admin"),
+    "secret_scanning_alerts": ("read", "write"),
+    "secrets": ("read", "write"),
+    "security_events": ("read", "write"),
+    "single_file": ("read", "write"),
+    "statuses": ("read", "write"),
+    "vulnerability_alerts": ("read", "write"),
+    "workflows": ("write",),
+    "custom_properties_for_organizations": ("read", "write"),
+    "members": ("read", "write"),
+    "organization_administration": ("read", "write"),
+    "organization_custom_roles": ("read", "write"),
+    "organization_custom_org_roles": ("read", "write"),
+    "organization_custom_properties": ("read", "write", "admin"),
+    "organization_copilot_seat_management": ("read", "write"),
+    "organization_copilot_agent_settings": ("read", "write"),
+    "organization_announcement_banners": ("read", "write"),
+    "organization_events": ("read",),
+    "organization_hooks": ("read", "write"),
+    "organization_personal_access_tokens": ("read", "write"),
+    "organization_personal_access_token_requests": ("read", "write"),
+    "organization_plan": ("read",),
+    "organization_projects": ("read", "write", "admin"),
+    "organization_packages": ("read", "write"),
+    "organization_secrets": ("read", "write"),
+    "organization_self_hosted_runners": ("read", "write"),
+    "organization_user_blocking": ("read", "write"),
+    "email_addresses": ("read", "write"),
+    "followers": ("read", "write"),
+    "git_ssh_keys": ("read", "write"),
+    "gpg_keys": ("read", "write"),
+    "interaction_limits": ("read", "write"),
+    "profile": ("write",),
+    "starring": ("read", "write"),
+    "enterprise_custom_properties_for_organizations": ("read", "write", "admin"),
+}
+
+
+
+def parse_agent_permissions(text: str) -> dict:
+    """``contents:write,pull_requests:write`` as ``{"contents": "write", …}``; ValueError
+    naming the first name or level GitHub does not know. "" is no permissions ({})."""
+    permissions = {}
+    for item in (part.strip() for part in (text or "").split(",")):
+        if not item:
+            continue
+        name, _, level = item.partition(":")
+        name, level = name.strip(), level.strip()
+        if name not in APP_PERMISSION_LEVELS:
+            raise ValueError(f"{name!r} is not a GitHub App permission (e.g. contents, "
+                             "pull_requests, issues, checks)")
+        if level not in APP_PERMISSION_LEVELS[name]:
+            raise ValueError(f"{name} takes {' or '.join(APP_PERMISSION_LEVELS[name])}, "
+                             f"not {level or 'no level'!r} (write it as {name}:LEVEL)")
+        if name in permissions:
+            raise ValueError(f"{name} is named twice")
+        permissions[name] = level
+    return permissions
+
+
+def mint_repository_token(connection, installation_id, repository: str, permissions: dict,
+                          now: datetime) -> tuple[str, datetime, dict]:
+    """A new installation token for ``repository`` (a name in the installation's account)
+    alone, with exactly ``permissions``: ``(token, expires_at, permissions GitHub granted)``.
+    Never cached: it is the agent's, and is revoked when its lease ends."""
+    installation = outbound.number_segment(installation_id)
+    answer = outbound.send(
+        connection.api_url, "POST", f"/app/installations/{installation}/access_tokens",
+        headers=_headers(), json={"repositories": [outbound.name_segment(repository)],
+                                  "permissions": dict(permissions)},
+        token=app_jwt(connection.app_id, connection.secret, now), now=now)
+    body = answer.body if isinstance(answer.body, dict) else {}
+    try:
+        token, expires_at = str(body["token"]), datetime.fromisoformat(body["expires_at"])
+    except (KeyError, TypeError, ValueError):
+        raise outbound.SourceError("the installation token answer had no token or expires_at")
+    granted = body.get("permissions")
+    return token, expires_at, granted if isinstance(granted, dict) else dict(permissions)
+
+
+def revoke_installation_token(connection, token: str, now: datetime) -> None:
+    """Revoke an installation token with itself (``DELETE /installation/token``). A token
+    GitHub no longer knows (401: expired or revoked already) counts as revoked."""
+    try:
+        outbound.send(connection.api_url, "DELETE", "/installation/token", headers=_headers(),
+                      token=token, now=now)
+    except outbound.SourceError as failed:
+        if failed.status != 401:
+            raise

@@ -247,6 +247,7 @@ class GitHubStandIn(StandIn):
         self.token = "ghp_standin0123456789abcdefghijklmnopqrs"
         self.user_login = "octo-operator"
         self.installation_tokens = {}  # token -> (installation id, expires_at)
+        self.revoked_tokens = []  # tokens revoked with DELETE /installation/token
         self.comments = {}  # id -> {"issue": (owner, repo, number), "body": …}
         self.reactions = []  # (target, content)
         self.check_runs = {}  # id -> {"repo": (owner, repo), "answer": …}
@@ -292,7 +293,15 @@ class GitHubStandIn(StandIn):
             self.installation_tokens[token] = (int(values["installation_id"]), expires)
             answer = response_example(operation, "201")
             answer.update(token=token, expires_at=expires.isoformat().replace("+00:00", "Z"))
+            # GitHub grants what was asked (within the App's own permissions).
+            if isinstance(body, dict) and "permissions" in body:
+                answer["permissions"] = body["permissions"]
             return 201, answer
+        if operation.id == "apps/revoke-installation-access-token":
+            token = headers.get("authorization", "").removeprefix("Bearer ")
+            self.installation_tokens.pop(token, None)
+            self.revoked_tokens.append(token)
+            return 204, None
         author = self._author(headers.get("authorization", ""))
         repo = (values.get("owner"), values.get("repo"))
         if operation.id.startswith("reactions/create-for-"):

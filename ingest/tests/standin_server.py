@@ -242,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status, answer, seen, headers=None):
         seen.status, seen.answer = status, answer
-        data = json.dumps(answer, default=str).encode()
+        data = b"" if status == 204 else json.dumps(answer, default=str).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))

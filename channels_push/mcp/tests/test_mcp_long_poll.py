@@ -203,6 +203,8 @@ def test_a_todo_that_becomes_ready_during_the_wait_is_claimed(agent, readiness):
     assert claimed_id(call.result()) == str(todo.pk)
     assert todo.state == State.CLAIMED and todo.lease_owner == agent.session_id
     assert latency < 30  # woken by the change, not by the 60 s deadline
+    # The woken claim answers its todo token too (docs/security.md#the-todo-token).
+    assert call.result()["result"]["structuredContent"]["todo_token"].startswith("sbt_")
 
 
 def test_keep_alives_and_progress_notifications_while_waiting(agent, settings):

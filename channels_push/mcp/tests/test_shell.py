@@ -74,7 +74,8 @@ def test_ping_and_tools_list(mcp):
     tools = mcp.rpc("tools/list").json["result"]["tools"]
     names = [tool["name"] for tool in tools]
     assert names == ["list_todos", "claim", "claim_next", "heartbeat", "complete", "fail",
-                     "cancel", "release", "post_update", "read_secret", "clock_in", "clock_out"]
+                     "cancel", "release", "post_update", "repo_token", "read_secret", "clock_in",
+                     "clock_out"]
     assert all(tool["inputSchema"]["type"] == "object" and tool["description"] for tool in tools)
 
 

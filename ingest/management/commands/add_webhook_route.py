@@ -4,6 +4,7 @@ from django.core.management.base import CommandError
 from endpoints.models import Endpoint
 from ingest import transitions
 from ingest.models import Webhook
+from ingest.senders import github
 from todos.models import WriteBack as WriteBackLevel
 from switchboard.commands import JsonCommand, csv_list
 
@@ -43,8 +44,16 @@ class Command(JsonCommand):
                                  "has a connection: off, ack (a reaction) or status (the "
                                  "reaction and one living status comment; the default)")
 
+        parser.add_argument("--agent-permissions",
+                            help="a repository token for the agent holding one of this route's "
+                                 "todos (GitHub App connections only): comma-separated "
+                                 "permission:level, e.g. contents:write,pull_requests:write "
+                                 "(GitHub's App permission names; levels read, write, admin "
+                                 "where GitHub has it); default: none, repo_token is refused")
+
     def handle(self, *args, webhook, endpoint, queue, kinds, priority, delay_seconds, actors,
-               author_association, requires_approval, write_back, **options):
+               author_association, requires_approval, write_back, agent_permissions=None,
+               **options):
         try:
             hook = Webhook.objects.get(slug=webhook)
         except Webhook.DoesNotExist:
@@ -59,20 +68,29 @@ class Command(JsonCommand):
                 raise CommandError(f"{flag} is empty: name at least one, or leave the flag out "
                                    "for a route that takes every sender")
         try:
+            permissions = github.parse_agent_permissions(agent_permissions or "")
+        except ValueError as bad:
+            raise CommandError(f"--agent-permissions: {bad}") from None
+        if agent_permissions is not None and not permissions:
+            raise CommandError("--agent-permissions is empty: name at least one permission, "
+                               "or leave the flag out")
+        try:
             route = transitions.add_webhook_route(
                 webhook=hook, endpoint=target, queue=queue,
                 kinds=csv_list(kinds) if kinds else None,
                 priority=priority, delay_seconds=delay_seconds,
                 actors_allowed=csv_list(actors) if actors else None,
                 author_associations=csv_list(author_association) if author_association else None,
-                requires_approval=requires_approval, write_back=write_back)
+                requires_approval=requires_approval, write_back=write_back,
+                agent_permissions=permissions)
         except ValidationError as exc:
             raise CommandError("; ".join(_field_messages(exc))) from None
         self.emit(
             options, {"webhook": hook.slug, "endpoint": target.slug, "queue": route.queue,
                       "priority": route.priority, "delay_seconds": route.delay_seconds,
                       "requires_approval": route.requires_approval,
-                      "write_back": route.write_back},
+                      "write_back": route.write_back,
+                      "agent_permissions": route.agent_permissions},
             f"route {hook.slug} -> {target.slug}/{route.queue}"
             + (f" (kinds: {', '.join(route.kinds)})" if route.kinds else " (all kinds)")
             + (f", priority {route.priority}" if route.priority else "")
@@ -81,7 +99,10 @@ class Command(JsonCommand):
                if route.actors or route.author_associations else "")
             + (" (each todo awaits approval)" if route.requires_approval else "")
             + ("" if route.write_back == WriteBackLevel.STATUS
-               else f", write-back {route.write_back}"),
+               else f", write-back {route.write_back}")
+            + (", agents get a repository token: " + ",".join(
+                f"{name}:{level}" for name, level in route.agent_permissions.items())
+               if route.agent_permissions else ""),
         )
 
 
