@@ -174,6 +174,9 @@ class _NoSpan:
     def set(self, **attributes) -> None:
         pass
 
+    def link(self, *traceparents) -> None:
+        pass
+
 
 NO_SPAN = _NoSpan()
 
@@ -192,8 +195,10 @@ def _context_of(traceparent: str | None):
 
 
 def _links_of(traceparents):
+    # An unsampled one names a span nobody recorded (a runner's dropped "MCP send" span).
     found = (_span_context(value) for value in dict.fromkeys(traceparents))
-    return [_api.Link(context) for context in found if context is not None]
+    return [_api.Link(context) for context in found
+            if context is not None and context.trace_flags.sampled]
 
 
 def _start(name, parent, links, kind, attributes, start_ns):
@@ -218,6 +223,11 @@ class _Span:
     def set(self, **attributes) -> None:
         self._span.set_attributes(
             {key: value for key, value in attributes.items() if value is not None})
+
+    def link(self, *traceparents) -> None:
+        """Link to each valid traceparent, learnt after the span began (a repeat's todo)."""
+        for found in _links_of(traceparents):
+            self._span.add_link(found.context)
 
     def __enter__(self):
         self._token = _context_api.attach(_api.set_span_in_context(self._span))
@@ -295,14 +305,16 @@ class _Kept:
         return False
 
 
-def delivery(name: str, header: str | None, **attributes):
-    """The span of one piece of work's arrival (a webhook delivery, a hand-over), continuing
-    the request's ``traceparent`` header when it is valid. Traces off, the header (when valid)
-    is still what the todos store, so an agent's own exporter can join its sender's trace."""
+def delivery(name: str, header: str | None, *, links=(), **attributes):
+    """The span of one piece of work's arrival (a webhook delivery, a hand-over, a
+    redelivery), continuing the request's ``traceparent`` header when it is valid, linked to
+    each of ``links``. Traces off, the header (when valid) is still what the todos store, so an
+    agent's own exporter can join its sender's trace."""
     traceparent = valid_traceparent(header) if header else None
     if _tracer is None:
         return _Kept(traceparent)
-    return _Delivery(span(name, parent=traceparent, kind="server", **attributes), traceparent)
+    return _Delivery(span(name, parent=traceparent, links=links, kind="server", **attributes),
+                     traceparent)
 
 
 def work_traceparent() -> str | None:

@@ -380,3 +380,70 @@ def test_unset_nothing_of_the_sdk_or_the_exporter_is_imported():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.django_db
+def test_a_todo_from_the_consoles_form_starts_its_own_trace(traced, endpoint, operator):
+    browser = Client()
+    browser.force_login(operator)
+    answer = browser.post("/todos/new", {"endpoint": endpoint.slug, "queue": "inbox",
+                                         "title": "rotate the keys", "idempotency_key": "k-1"})
+    assert answer.status_code == 302, answer.content
+    todo = Todo.objects.get()
+    assert browser.post("/todos/new", {"endpoint": endpoint.slug, "queue": "inbox",
+                                       "title": "rotate the keys",
+                                       "idempotency_key": "k-1"}).status_code == 302
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: len(got) >= 2)
+    first, repeat = by_name(spans, "POST /todos/new")
+    assert first.parent_span_id == "" and first.kind == 2  # a server span starting a trace
+    assert todo.traceparent.startswith(f"00-{first.trace_id}-{first.span_id}-")
+    assert first.attributes["switchboard.todo_id"] == str(todo.pk)
+    assert first.attributes["http.response.status_code"] == 302
+    assert repeat.attributes["switchboard.duplicate"] is True
+    assert repeat.links == [(first.trace_id, first.span_id)]
+    walk_attributes(spans, ["rotate the keys"])
+
+
+@pytest.mark.django_db
+def test_a_repeated_hand_over_links_to_the_trace_of_the_todo_it_found(traced, endpoint,
+                                                                       operator):
+    token = ingest_transitions.mint_operator_token(user=operator, name="laptop")[1]
+    answers = [Client().post(f"/api/v1/endpoints/{endpoint.slug}/todos",
+                             content_type="application/json",
+                             data={"queue": "inbox", "title": "t", "idempotency_key": "same"},
+                             HTTP_AUTHORIZATION=f"Bearer {token}") for _ in range(2)]
+    assert [answer.status_code for answer in answers] == [201, 200]
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: len(got) >= 2)
+    first, repeat = by_name(spans, "POST /api/v1/endpoints/{slug}/todos")
+    assert answers[1].json()["todo"]["traceparent"].startswith(
+        f"00-{first.trace_id}-{first.span_id}-")
+    assert repeat.attributes["switchboard.duplicate"] is True
+    assert repeat.links == [(first.trace_id, first.span_id)]
+
+
+@pytest.mark.django_db
+def test_a_redelivery_starts_its_own_trace_linked_to_the_originals(traced, hooked):
+    from ingest import queries as ingest_queries
+    from ingest.models import DeliveryRecord, Outcome
+
+    sender = new_traceparent()
+    body = signing.body_of(webhook_example("issues", action="opened"))
+    answer = hook_client.post("gh", body, HTTP_TRACEPARENT=sender,
+                              **signing.github(SECRETS["github"], body))
+    assert answer.status_code == 202, answer.content
+    original = Todo.objects.get(pk=answer.json()["todos"][0]["id"])
+    Todo.objects.filter(pk=original.pk).update(state="done")  # no live todo holds its work
+    record = DeliveryRecord.objects.get(outcome=Outcome.ACCEPTED)
+    webhook, routes = ingest_queries.find_webhook_with_routes("gh")
+    arrival = ingest_transitions.redeliver(record, operator=webhook.owner, routes=routes)
+    (again, created), = arrival.todos
+    assert created and again.traceparent != original.traceparent
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: "redeliver" in {span.name for span in got})
+    (redelivery,) = by_name(spans, "redeliver")
+    assert redelivery.parent_span_id == "" and redelivery.trace_id != sender.split("-")[1]
+    assert redelivery.links == [tuple(original.traceparent.split("-")[1:3])]
+    assert again.traceparent.startswith(f"00-{redelivery.trace_id}-{redelivery.span_id}-")
+    assert redelivery.attributes["switchboard.todo_ids"] == [str(again.pk)]
