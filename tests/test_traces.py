@@ -447,3 +447,24 @@ def test_a_redelivery_starts_its_own_trace_linked_to_the_originals(traced, hooke
     assert redelivery.links == [tuple(original.traceparent.split("-")[1:3])]
     assert again.traceparent.startswith(f"00-{redelivery.trace_id}-{redelivery.span_id}-")
     assert redelivery.attributes["switchboard.todo_ids"] == [str(again.pk)]
+
+
+@pytest.mark.django_db
+def test_an_unsampled_meta_traceparent_is_neither_linked_nor_a_root(traced, endpoint):
+    """An unsampled one names a span nobody exported (a runner drops the mcp SDK's spans of
+    calls made outside its own spans, docs/runner.md#traces): a claim links to no such span,
+    and an idle poll follows its caller's decision and exports nothing."""
+    unsampled = new_traceparent()[:-2] + "00"
+    with tracing.delivery("test arrival", new_traceparent()):
+        todo_transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="x")
+    for _ in range(2):  # the todo, then an empty queue
+        tools.call_tool(endpoint=endpoint, session_id="session-a",
+                        params={"name": "claim_next", "arguments": {},
+                                "_meta": {"traceparent": unsampled}})
+    with tracing.span("marker"):
+        pass
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: "marker" in {span.name for span in got})
+    (arrival,) = by_name(spans, "test arrival")
+    (claim,) = by_name(spans, "tools/call claim_next")
+    assert (claim.parent_span_id, claim.links) == (arrival.span_id, [])

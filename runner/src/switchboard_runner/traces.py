@@ -104,12 +104,41 @@ def configure() -> bool:
     resource = Resource.create({})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
-    provider = TracerProvider(resource=resource)
+    # The SDK's sampler as OTEL_TRACES_SAMPLER names it, minus the mcp SDK's parentless roots.
+    provider = TracerProvider(resource=resource, sampler=_without_mcp_roots(
+        TracerProvider(shutdown_on_exit=False).sampler))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     trace.set_tracer_provider(provider)
     _tracer = provider.get_tracer("switchboard-runner")
     log_event("traces_on", endpoint=_shown(endpoint), service=resource.attributes[SERVICE_NAME])
     return True
+
+
+# The name of every span the mcp SDK makes for a request it sends.
+MCP_CLIENT_SPAN_PREFIX = "MCP send "
+
+
+def _without_mcp_roots(sampler):
+    """``sampler``, except that an mcp SDK client span with no parent is dropped: a call the
+    runner makes outside any span of its own (initialize, tools/list, each idle claim_next
+    poll) would otherwise start a one-span trace. Dropped, its ``_meta`` traceparent says
+    "not sampled", and the server links to no such span."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class WithoutMcpRoots(Sampler):
+        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None,
+                          links=None, trace_state=None):
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if name.startswith(MCP_CLIENT_SPAN_PREFIX) and not parent.is_valid:
+                return SamplingResult(Decision.DROP)
+            return sampler.should_sample(parent_context, trace_id, name, kind, attributes,
+                                         links, trace_state)
+
+        def get_description(self):
+            return f"WithoutMcpRoots{{{sampler.get_description()}}}"
+
+    return WithoutMcpRoots()
 
 
 def shutdown() -> None:
