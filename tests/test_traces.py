@@ -468,3 +468,27 @@ def test_an_unsampled_meta_traceparent_is_neither_linked_nor_a_root(traced, endp
     (arrival,) = by_name(spans, "test arrival")
     (claim,) = by_name(spans, "tools/call claim_next")
     assert (claim.parent_span_id, claim.links) == (arrival.span_id, [])
+
+
+def test_the_exporters_failures_are_logged_without_the_urls_query_or_userinfo(
+        monkeypatch, caplog):
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: the export is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                       f"http://user:pass-word@127.0.0.1:{port}/v1/traces?api_key=SECRET-KEY")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    with caplog.at_level("WARNING"):
+        try:
+            assert tracing.configure("worker")
+            with tracing.span("hello"):
+                pass
+            tracing.force_flush()
+        finally:
+            tracing.shutdown()
+    exported = [record for record in caplog.records if record.name.startswith("opentelemetry")]
+    assert exported, caplog.text
+    assert "SECRET-KEY" not in caplog.text and "pass-word" not in caplog.text
+    assert "/v1/traces" in caplog.text

@@ -317,6 +317,33 @@ def test_the_runner_says_why_traces_are_off_without_an_endpoint(monkeypatch, cap
     assert caplog.messages == ['traces_off reason="OTEL_EXPORTER_OTLP_ENDPOINT is not set"']
 
 
+def test_the_exporters_failures_are_logged_without_the_urls_query_or_userinfo(tmp_path):
+    """In its own process: the runner makes its provider the global one."""
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: the export is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    script = textwrap.dedent(f"""
+        import logging, sys
+        sys.path.insert(0, {str(RUNNER_PACKAGE.parent)!r})
+        logging.basicConfig(level=logging.WARNING)
+        from switchboard_runner import traces
+        assert traces.configure()
+        with traces.span("hello", {{"id": 1, "queue": "inbox"}}):
+            pass
+        traces.shutdown()
+    """)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env.update(OTEL_EXPORTER_OTLP_TIMEOUT="1", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=(
+        f"http://user:pass-word@127.0.0.1:{port}/v1/traces?api_key=SECRET-KEY"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=DEADLINE_SECONDS)
+    assert done.returncode == 0, done.stderr
+    assert "opentelemetry.exporter" in done.stderr and "/v1/traces" in done.stderr
+    assert "SECRET-KEY" not in done.stderr and "pass-word" not in done.stderr
+
+
 def test_non_zero_exit_fails_with_the_exit_code_and_the_stderr_tail(setup, runners, tmp_path):
     endpoint, credential, url = setup
     [todo] = make_todos(endpoint, 1)

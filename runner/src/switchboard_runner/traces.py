@@ -12,6 +12,7 @@ With the exporter on, the SDK's provider is made the global one, so the mcp SDK'
 spans nest under these and its requests carry their ``traceparent`` in ``_meta``.
 """
 
+import logging
 import os
 import re
 import time
@@ -74,6 +75,33 @@ def exporter_endpoint() -> tuple[str | None, str]:
     return endpoint, ""
 
 
+# Where the exporter's failures are logged (the exporter, its HTTP client, the batch
+# processor, urllib3's pool): their text may quote the export URL.
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                    "opentelemetry.exporter.otlp.common.http",
+                    "opentelemetry.exporter.otlp.proto.http._common",
+                    "opentelemetry.sdk._shared_internal", "urllib3.connectionpool")
+_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@'\"]*@")
+_QUERY_RE = re.compile(r"\?[^\s'\"<>()]*=[^\s'\"<>()]*")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` without any URL's user:password@ or query (an ingest key: ``?api_key=…``)."""
+    return _QUERY_RE.sub("", _USERINFO_RE.sub(r"\1", text))
+
+
+class RedactUrls(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact_urls(record.getMessage()), ()
+        if record.exc_info:
+            record.exc_text = redact_urls(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
+
+
+_REDACT_URLS = RedactUrls()
+
+
 def _shown(url: str) -> str:
     # No user:password or query (an API key) in a log line.
     parts = urlsplit(url)
@@ -101,6 +129,9 @@ def configure() -> bool:
         log_event("traces_off", reason="OTEL_EXPORTER_OTLP_ENDPOINT is set but the traces extra "
                   "is not installed (pip install 'switchboard-runner[traces]')")
         return False
+    for name in EXPORTER_LOGGERS:
+        if _REDACT_URLS not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_REDACT_URLS)
     resource = Resource.create({})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
