@@ -492,3 +492,40 @@ def test_the_exporters_failures_are_logged_without_the_urls_query_or_userinfo(
     assert exported, caplog.text
     assert "SECRET-KEY" not in caplog.text and "pass-word" not in caplog.text
     assert "/v1/traces" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_celery_worker_process_puts_its_write_back_in_the_deliverys_trace(
+        receiver, start_daphne, hooked, github, endpoint, tmp_path):
+    """The web process and a real ``celery worker`` both export: the ack the worker sends to the
+    GitHub stand-in is a span of that worker's, child of the delivery's span."""
+    exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **EXPORT_DELAY}
+    server = start_daphne(**exporting)
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "switchboard", "worker", "--pool", "solo",
+         "--without-gossip", "--without-mingle", "--loglevel", "INFO"], cwd=REPO_ROOT,
+        env={**server.env, **exporting, "DJANGO_SETTINGS_MODULE": "switchboard.settings_test"},
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        sender = new_traceparent()
+        payload = webhook_example("issues", action="opened")
+        payload.setdefault("installation", {"id": 4242, "node_id": "MDIzOkludGVncmF0aW9u"})
+        body = signing.body_of(payload)
+        headers = {hook_client._header_name(key): value
+                   for key, value in signing.github(SECRETS["github"], body).items()}
+        answer = httpx.post(f"{server.url}/hooks/gh", content=body,
+                            headers={**headers, "Content-Type": "application/json",
+                                     "traceparent": sender})
+        assert answer.status_code == 202, answer.text
+        spans = receiver.wait_for(lambda got: "write_back ack" in {s.name for s in got})
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        log.close()
+    (delivery,) = by_name(spans, "POST /hooks/{slug}")
+    (ack,) = by_name(spans, "write_back ack")
+    assert (ack.trace_id, ack.parent_span_id) == (sender.split("-")[1], delivery.span_id)
+    assert ack.resource["switchboard.process"] == "worker"
+    assert ack.attributes["switchboard.write_back.state"] == "sent"
+    assert delivery.resource["switchboard.process"] == "web"
