@@ -335,7 +335,7 @@ def test_the_exporters_failures_are_logged_without_the_urls_query_or_userinfo(tm
         traces.shutdown()
     """)
     env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
-    env.update(OTEL_EXPORTER_OTLP_TIMEOUT="1", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=(
+    env.update(OTEL_EXPORTER_OTLP_TIMEOUT="5", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=(
         f"http://user:pass-word@127.0.0.1:{port}/v1/traces?api_key=SECRET-KEY"))
     done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=DEADLINE_SECONDS)
