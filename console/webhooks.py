@@ -12,11 +12,13 @@ from django.views.decorators.http import require_POST
 from django.utils import timezone
 
 from ingest import connections, queries, sender_setup, senders, transitions, write_back
+from ingest import api as hand_over_api
 from ingest.api import HAND_OVER_FIELDS, hand_over_arguments
 from ingest.models import DeliveryRecord, Outcome, Webhook, WriteBack
 from ingest.problems import Problem
 from switchboard import json_input
 from switchboard import metrics as push_metrics
+from switchboard import tracing
 from todos import transitions as todo_transitions
 from todos.models import Todo
 
@@ -231,6 +233,9 @@ NEW_TODO_FIELDS = (
 )
 
 
+NEW_TODO_ROUTE = "/todos/new"
+
+
 def new_todo_fields():
     return [field for field in NEW_TODO_FIELDS if field[0] in HAND_OVER_FIELDS]
 
@@ -286,6 +291,15 @@ def board_new_todo(request):
         return render(request, "console/new_todo.html", context)
     if request.method != "POST":
         return JsonResponse({"error": "GET or POST"}, status=405)
+    # A traced hand-over, as the API's: its span starts the todo's trace.
+    with tracing.delivery(f"POST {NEW_TODO_ROUTE}", request.headers.get("traceparent"),
+                          **{"http.request.method": "POST", "http.route": NEW_TODO_ROUTE}) as span:
+        response = _hand_over_from_form(request, endpoints, context, span)
+        span.set(**{"http.response.status_code": response.status_code})
+    return response
+
+
+def _hand_over_from_form(request, endpoints, context, span):
     endpoint = next((e for e in endpoints if e.slug == request.POST.get("endpoint")), None)
     try:
         if endpoint is None:
@@ -301,6 +315,7 @@ def board_new_todo(request):
         context["error"] = f"{refusal.message} ({refusal.code})"
         return render(request, "console/new_todo.html", context, status=400)
     push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
+    hand_over_api.note_hand_over(span, endpoint, todo, created)
     if created:
         messages.success(request, f"handed over #{todo.pk} to {endpoint.slug}/{todo.queue}")
     else:

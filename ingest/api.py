@@ -212,6 +212,14 @@ def hand_over(request, endpoint_slug):
     return response
 
 
+def note_hand_over(span, endpoint, todo, created: bool) -> None:
+    """The hand-over span's attributes; a repeat links to the trace of the todo it found."""
+    span.set(**{"switchboard.todo_id": str(todo.pk), "switchboard.endpoint": endpoint.slug,
+                "switchboard.queue": todo.queue, "switchboard.duplicate": not created})
+    if not created:
+        span.link(todo.traceparent)
+
+
 def _hand_over(request, endpoint_slug, span):
     try:
         if request.method != "POST":
@@ -245,8 +253,7 @@ def _hand_over(request, endpoint_slug, span):
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
         return plain.django_response(storage_unavailable(exc, endpoint=endpoint_slug))
     push_metrics.INGEST_ACCEPTED.labels(source="operator").inc()
-    span.set(**{"switchboard.todo_id": str(todo.pk), "switchboard.endpoint": endpoint.slug,
-                "switchboard.queue": todo.queue, "switchboard.duplicate": not created})
+    note_hand_over(span, endpoint, todo, created)
     log.info("operator hand-over", extra={
         "endpoint": endpoint.slug, "operator": operator.get_username(), "todo_id": todo.pk,
         "duplicate": not created,

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from channels_push.bus import publish
 from endpoints.models import queue_name_validator
-from switchboard import json_input, ratelimit
+from switchboard import json_input, ratelimit, tracing
 from switchboard.db import statements
 from todos import statements as todo_statements
 from todos import transitions as todo_transitions
@@ -781,6 +781,9 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     return Arrival(delivery_event=None, todos=results, outcome=Outcome.DUPLICATE, record=record)
 
 
+REDELIVERY_SPAN_NAME = "redeliver"
+
+
 def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
     """An operator sends an accepted delivery through the webhook's routes again: the payload
     its todos were created with (the body itself is never stored), as a new delivery attributed
@@ -797,12 +800,22 @@ def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
         raise ValueError("only an accepted delivery can be redelivered")
     original = DeliveryEvent.objects.filter(pk=record.delivery_event_id).only("trust").first()
     todo = (Todo.objects.filter(delivery_event_id=record.delivery_event_id).order_by("id")
-            .only("payload", "kind").first())
+            .only("payload", "kind", "traceparent").first())
     if todo is None or original is None:
         raise ValueError("the delivery's todos are gone (pruned); nothing to re-send")
     webhook = record.webhook
     kind = todo.kind
-    payload = todo.payload
+    # Its own trace (the operator's act), linked to the original's.
+    with tracing.delivery(REDELIVERY_SPAN_NAME, None, links=[todo.traceparent],
+                          **{"switchboard.webhook_id": webhook.pk,
+                             "switchboard.source": webhook.source,
+                             "switchboard.kind": kind}) as span:
+        arrival = _redeliver(record, webhook, routes, original, kind, todo.payload, operator, now)
+        span.set(**{"switchboard.todo_ids": [str(made.pk) for made, _ in arrival.todos]})
+    return arrival
+
+
+def _redeliver(record, webhook, routes, original, kind, payload, operator, now) -> Arrival:
     return ingest_delivery(
         webhook=webhook, routes=routes, trust=original.trust, delivery_id="", kind=kind,
         title=senders.derive_title(webhook.source, kind, payload, webhook_slug=webhook.slug),

@@ -101,6 +101,42 @@ def shown_endpoint(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"
 
 
+# The loggers the exporter's failures reach: the exporter and its HTTP client (retries and
+# errors quote the URL, or the connection error that does), the batch processor, urllib3's pool.
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                    "opentelemetry.exporter.otlp.common.http",
+                    "opentelemetry.exporter.otlp.proto.http._common",
+                    "opentelemetry.sdk._shared_internal", "urllib3.connectionpool")
+# A URL's user:password@, and any query (an ingest key: ``?api_key=…``), where a URL or a
+# path appears in a log line.
+_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@'\"]*@")
+_QUERY_RE = re.compile(r"\?[^\s'\"<>()]*=[^\s'\"<>()]*")
+
+
+def redact_urls(text: str) -> str:
+    return _QUERY_RE.sub("", _USERINFO_RE.sub(r"\1", text))
+
+
+class RedactUrls(logging.Filter):
+    """Rewrites a record's message (and its traceback) without URL userinfo or queries."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact_urls(record.getMessage()), ()
+        if record.exc_info:
+            record.exc_text = redact_urls(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
+
+
+_REDACT_URLS = RedactUrls()
+
+
+def redact_exporter_logs() -> None:
+    for name in EXPORTER_LOGGERS:
+        if _REDACT_URLS not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_REDACT_URLS)
+
+
 def configure(process: str) -> bool:
     """Start exporting when the environment names an OTLP endpoint (``process``: web, worker
     or beat, the resource attribute "switchboard.process" of every span it exports), and log
@@ -126,6 +162,7 @@ def configure(process: str) -> bool:
     resource = Resource.create({"switchboard.process": process})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    redact_exporter_logs()
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     _api, _context_api = trace, context
@@ -174,6 +211,9 @@ class _NoSpan:
     def set(self, **attributes) -> None:
         pass
 
+    def link(self, *traceparents) -> None:
+        pass
+
 
 NO_SPAN = _NoSpan()
 
@@ -192,8 +232,10 @@ def _context_of(traceparent: str | None):
 
 
 def _links_of(traceparents):
+    # An unsampled one names a span nobody recorded (a runner's dropped "MCP send" span).
     found = (_span_context(value) for value in dict.fromkeys(traceparents))
-    return [_api.Link(context) for context in found if context is not None]
+    return [_api.Link(context) for context in found
+            if context is not None and context.trace_flags.sampled]
 
 
 def _start(name, parent, links, kind, attributes, start_ns):
@@ -218,6 +260,11 @@ class _Span:
     def set(self, **attributes) -> None:
         self._span.set_attributes(
             {key: value for key, value in attributes.items() if value is not None})
+
+    def link(self, *traceparents) -> None:
+        """Link to each valid traceparent, learnt after the span began (a repeat's todo)."""
+        for found in _links_of(traceparents):
+            self._span.add_link(found.context)
 
     def __enter__(self):
         self._token = _context_api.attach(_api.set_span_in_context(self._span))
@@ -295,14 +342,16 @@ class _Kept:
         return False
 
 
-def delivery(name: str, header: str | None, **attributes):
-    """The span of one piece of work's arrival (a webhook delivery, a hand-over), continuing
-    the request's ``traceparent`` header when it is valid. Traces off, the header (when valid)
-    is still what the todos store, so an agent's own exporter can join its sender's trace."""
+def delivery(name: str, header: str | None, *, links=(), **attributes):
+    """The span of one piece of work's arrival (a webhook delivery, a hand-over, a
+    redelivery), continuing the request's ``traceparent`` header when it is valid, linked to
+    each of ``links``. Traces off, the header (when valid) is still what the todos store, so an
+    agent's own exporter can join its sender's trace."""
     traceparent = valid_traceparent(header) if header else None
     if _tracer is None:
         return _Kept(traceparent)
-    return _Delivery(span(name, parent=traceparent, kind="server", **attributes), traceparent)
+    return _Delivery(span(name, parent=traceparent, links=links, kind="server", **attributes),
+                     traceparent)
 
 
 def work_traceparent() -> str | None:

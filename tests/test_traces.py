@@ -380,3 +380,152 @@ def test_unset_nothing_of_the_sdk_or_the_exporter_is_imported():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.django_db
+def test_a_todo_from_the_consoles_form_starts_its_own_trace(traced, endpoint, operator):
+    browser = Client()
+    browser.force_login(operator)
+    answer = browser.post("/todos/new", {"endpoint": endpoint.slug, "queue": "inbox",
+                                         "title": "rotate the keys", "idempotency_key": "k-1"})
+    assert answer.status_code == 302, answer.content
+    todo = Todo.objects.get()
+    assert browser.post("/todos/new", {"endpoint": endpoint.slug, "queue": "inbox",
+                                       "title": "rotate the keys",
+                                       "idempotency_key": "k-1"}).status_code == 302
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: len(got) >= 2)
+    first, repeat = by_name(spans, "POST /todos/new")
+    assert first.parent_span_id == "" and first.kind == 2  # a server span starting a trace
+    assert todo.traceparent.startswith(f"00-{first.trace_id}-{first.span_id}-")
+    assert first.attributes["switchboard.todo_id"] == str(todo.pk)
+    assert first.attributes["http.response.status_code"] == 302
+    assert repeat.attributes["switchboard.duplicate"] is True
+    assert repeat.links == [(first.trace_id, first.span_id)]
+    walk_attributes(spans, ["rotate the keys"])
+
+
+@pytest.mark.django_db
+def test_a_repeated_hand_over_links_to_the_trace_of_the_todo_it_found(traced, endpoint,
+                                                                       operator):
+    token = ingest_transitions.mint_operator_token(user=operator, name="laptop")[1]
+    answers = [Client().post(f"/api/v1/endpoints/{endpoint.slug}/todos",
+                             content_type="application/json",
+                             data={"queue": "inbox", "title": "t", "idempotency_key": "same"},
+                             HTTP_AUTHORIZATION=f"Bearer {token}") for _ in range(2)]
+    assert [answer.status_code for answer in answers] == [201, 200]
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: len(got) >= 2)
+    first, repeat = by_name(spans, "POST /api/v1/endpoints/{slug}/todos")
+    assert answers[1].json()["todo"]["traceparent"].startswith(
+        f"00-{first.trace_id}-{first.span_id}-")
+    assert repeat.attributes["switchboard.duplicate"] is True
+    assert repeat.links == [(first.trace_id, first.span_id)]
+
+
+@pytest.mark.django_db
+def test_a_redelivery_starts_its_own_trace_linked_to_the_originals(traced, hooked):
+    from ingest import queries as ingest_queries
+    from ingest.models import DeliveryRecord, Outcome
+
+    sender = new_traceparent()
+    body = signing.body_of(webhook_example("issues", action="opened"))
+    answer = hook_client.post("gh", body, HTTP_TRACEPARENT=sender,
+                              **signing.github(SECRETS["github"], body))
+    assert answer.status_code == 202, answer.content
+    original = Todo.objects.get(pk=answer.json()["todos"][0]["id"])
+    Todo.objects.filter(pk=original.pk).update(state="done")  # no live todo holds its work
+    record = DeliveryRecord.objects.get(outcome=Outcome.ACCEPTED)
+    webhook, routes = ingest_queries.find_webhook_with_routes("gh")
+    arrival = ingest_transitions.redeliver(record, operator=webhook.owner, routes=routes)
+    (again, created), = arrival.todos
+    assert created and again.traceparent != original.traceparent
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: "redeliver" in {span.name for span in got})
+    (redelivery,) = by_name(spans, "redeliver")
+    assert redelivery.parent_span_id == "" and redelivery.trace_id != sender.split("-")[1]
+    assert redelivery.links == [tuple(original.traceparent.split("-")[1:3])]
+    assert again.traceparent.startswith(f"00-{redelivery.trace_id}-{redelivery.span_id}-")
+    assert redelivery.attributes["switchboard.todo_ids"] == [str(again.pk)]
+
+
+@pytest.mark.django_db
+def test_an_unsampled_meta_traceparent_is_neither_linked_nor_a_root(traced, endpoint):
+    """An unsampled one names a span nobody exported (a runner drops the mcp SDK's spans of
+    calls made outside its own spans, docs/runner.md#traces): a claim links to no such span,
+    and an idle poll follows its caller's decision and exports nothing."""
+    unsampled = new_traceparent()[:-2] + "00"
+    with tracing.delivery("test arrival", new_traceparent()):
+        todo_transitions.create_todo(endpoint=endpoint, queue="inbox", title="t", actor="x")
+    for _ in range(2):  # the todo, then an empty queue
+        tools.call_tool(endpoint=endpoint, session_id="session-a",
+                        params={"name": "claim_next", "arguments": {},
+                                "_meta": {"traceparent": unsampled}})
+    with tracing.span("marker"):
+        pass
+    tracing.force_flush()
+    spans = traced.wait_for(lambda got: "marker" in {span.name for span in got})
+    (arrival,) = by_name(spans, "test arrival")
+    (claim,) = by_name(spans, "tools/call claim_next")
+    assert (claim.parent_span_id, claim.links) == (arrival.span_id, [])
+
+
+def test_the_exporters_failures_are_logged_without_the_urls_query_or_userinfo(
+        monkeypatch, caplog):
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: the export is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                       f"http://user:pass-word@127.0.0.1:{port}/v1/traces?api_key=SECRET-KEY")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "5")  # room for one retry
+    with caplog.at_level("WARNING"):
+        try:
+            assert tracing.configure("worker")
+            with tracing.span("hello"):
+                pass
+            tracing.force_flush()
+        finally:
+            tracing.shutdown()
+    exported = [record for record in caplog.records if record.name.startswith("opentelemetry")]
+    assert exported, caplog.text
+    assert "SECRET-KEY" not in caplog.text and "pass-word" not in caplog.text
+    assert "/v1/traces" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_celery_worker_process_puts_its_write_back_in_the_deliverys_trace(
+        receiver, start_daphne, hooked, github, endpoint, tmp_path):
+    """The web process and a real ``celery worker`` both export: the ack the worker sends to the
+    GitHub stand-in is a span of that worker's, child of the delivery's span."""
+    exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, **EXPORT_DELAY}
+    server = start_daphne(**exporting)
+    log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "switchboard", "worker", "--pool", "solo",
+         "--without-gossip", "--without-mingle", "--loglevel", "INFO"], cwd=REPO_ROOT,
+        env={**server.env, **exporting, "DJANGO_SETTINGS_MODULE": "switchboard.settings_test"},
+        stdout=log, stderr=subprocess.STDOUT)
+    try:
+        sender = new_traceparent()
+        payload = webhook_example("issues", action="opened")
+        payload.setdefault("installation", {"id": 4242, "node_id": "MDIzOkludGVncmF0aW9u"})
+        body = signing.body_of(payload)
+        headers = {hook_client._header_name(key): value
+                   for key, value in signing.github(SECRETS["github"], body).items()}
+        answer = httpx.post(f"{server.url}/hooks/gh", content=body,
+                            headers={**headers, "Content-Type": "application/json",
+                                     "traceparent": sender})
+        assert answer.status_code == 202, answer.text
+        spans = receiver.wait_for(lambda got: "write_back ack" in {s.name for s in got})
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        log.close()
+    (delivery,) = by_name(spans, "POST /hooks/{slug}")
+    (ack,) = by_name(spans, "write_back ack")
+    assert (ack.trace_id, ack.parent_span_id) == (sender.split("-")[1], delivery.span_id)
+    assert ack.resource["switchboard.process"] == "worker"
+    assert ack.attributes["switchboard.write_back.state"] == "sent"
+    assert delivery.resource["switchboard.process"] == "web"

@@ -229,7 +229,10 @@ def test_the_agent_sees_traceparent_in_its_todos_trace_and_the_runner_exports_it
     assert got["OTEL_EXPORTER_OTLP_ENDPOINT"] == receiver.url and got["OTEL_SERVICE_NAME"] is None
     named = {span.name: span for span in spans if span.name in ("claim", "run", "settle")}
     trace_id, delivery_span = delivery.split("-")[1:3]
-    assert {span.trace_id for span in named.values()} == {trace_id}
+    # Every span the runner exported is in the delivery's trace: the mcp SDK's spans of the
+    # initialize, tools/list and claim_next calls, made outside any runner span, are dropped.
+    assert {span.trace_id for span in spans} == {trace_id}, [(s.name, s.trace_id) for s in spans]
+    assert "MCP send initialize" not in {span.name for span in spans}
     assert {span.parent_span_id for span in named.values()} == {delivery_span}
     # The mcp SDK's own client span of the complete nests under settle (and its request
     # carried that span's traceparent in _meta, which the server links to).
@@ -312,6 +315,33 @@ def test_the_runner_says_why_traces_are_off_without_an_endpoint(monkeypatch, cap
     with caplog.at_level("INFO", logger="switchboard.runner"):
         assert not traces.configure()
     assert caplog.messages == ['traces_off reason="OTEL_EXPORTER_OTLP_ENDPOINT is not set"']
+
+
+def test_the_exporters_failures_are_logged_without_the_urls_query_or_userinfo(tmp_path):
+    """In its own process: the runner makes its provider the global one."""
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on: the export is refused
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    script = textwrap.dedent(f"""
+        import logging, sys
+        sys.path.insert(0, {str(RUNNER_PACKAGE.parent)!r})
+        logging.basicConfig(level=logging.WARNING)
+        from switchboard_runner import traces
+        assert traces.configure()
+        with traces.span("hello", {{"id": 1, "queue": "inbox"}}):
+            pass
+        traces.shutdown()
+    """)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("OTEL_")}
+    env.update(OTEL_EXPORTER_OTLP_TIMEOUT="5", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=(
+        f"http://user:pass-word@127.0.0.1:{port}/v1/traces?api_key=SECRET-KEY"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=DEADLINE_SECONDS)
+    assert done.returncode == 0, done.stderr
+    assert "opentelemetry.exporter" in done.stderr and "/v1/traces" in done.stderr
+    assert "SECRET-KEY" not in done.stderr and "pass-word" not in done.stderr
 
 
 def test_non_zero_exit_fails_with_the_exit_code_and_the_stderr_tail(setup, runners, tmp_path):

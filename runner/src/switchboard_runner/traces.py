@@ -12,6 +12,7 @@ With the exporter on, the SDK's provider is made the global one, so the mcp SDK'
 spans nest under these and its requests carry their ``traceparent`` in ``_meta``.
 """
 
+import logging
 import os
 import re
 import time
@@ -74,6 +75,33 @@ def exporter_endpoint() -> tuple[str | None, str]:
     return endpoint, ""
 
 
+# Where the exporter's failures are logged (the exporter, its HTTP client, the batch
+# processor, urllib3's pool): their text may quote the export URL.
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                    "opentelemetry.exporter.otlp.common.http",
+                    "opentelemetry.exporter.otlp.proto.http._common",
+                    "opentelemetry.sdk._shared_internal", "urllib3.connectionpool")
+_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/@'\"]*@")
+_QUERY_RE = re.compile(r"\?[^\s'\"<>()]*=[^\s'\"<>()]*")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` without any URL's user:password@ or query (an ingest key: ``?api_key=…``)."""
+    return _QUERY_RE.sub("", _USERINFO_RE.sub(r"\1", text))
+
+
+class RedactUrls(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact_urls(record.getMessage()), ()
+        if record.exc_info:
+            record.exc_text = redact_urls(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        return True
+
+
+_REDACT_URLS = RedactUrls()
+
+
 def _shown(url: str) -> str:
     # No user:password or query (an API key) in a log line.
     parts = urlsplit(url)
@@ -101,15 +129,47 @@ def configure() -> bool:
         log_event("traces_off", reason="OTEL_EXPORTER_OTLP_ENDPOINT is set but the traces extra "
                   "is not installed (pip install 'switchboard-runner[traces]')")
         return False
+    for name in EXPORTER_LOGGERS:
+        if _REDACT_URLS not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_REDACT_URLS)
     resource = Resource.create({})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
-    provider = TracerProvider(resource=resource)
+    # The SDK's sampler as OTEL_TRACES_SAMPLER names it, minus the mcp SDK's parentless roots.
+    provider = TracerProvider(resource=resource, sampler=_without_mcp_roots(
+        TracerProvider(shutdown_on_exit=False).sampler))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     trace.set_tracer_provider(provider)
     _tracer = provider.get_tracer("switchboard-runner")
     log_event("traces_on", endpoint=_shown(endpoint), service=resource.attributes[SERVICE_NAME])
     return True
+
+
+# The name of every span the mcp SDK makes for a request it sends.
+MCP_CLIENT_SPAN_PREFIX = "MCP send "
+
+
+def _without_mcp_roots(sampler):
+    """``sampler``, except that an mcp SDK client span with no parent is dropped: a call the
+    runner makes outside any span of its own (initialize, tools/list, each idle claim_next
+    poll) would otherwise start a one-span trace. Dropped, its ``_meta`` traceparent says
+    "not sampled", and the server links to no such span."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class WithoutMcpRoots(Sampler):
+        def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None,
+                          links=None, trace_state=None):
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if name.startswith(MCP_CLIENT_SPAN_PREFIX) and not parent.is_valid:
+                return SamplingResult(Decision.DROP)
+            return sampler.should_sample(parent_context, trace_id, name, kind, attributes,
+                                         links, trace_state)
+
+        def get_description(self):
+            return f"WithoutMcpRoots{{{sampler.get_description()}}}"
+
+    return WithoutMcpRoots()
 
 
 def shutdown() -> None:
