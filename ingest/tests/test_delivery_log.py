@@ -21,7 +21,7 @@ from todos.models import Todo
 
 from . import hook_client, signing
 from .conftest import SECRETS
-from .test_views import ISSUE, post_hook
+from .test_views import ISSUE, numbered_issue, post_hook
 
 pytestmark = pytest.mark.django_db
 
@@ -123,7 +123,7 @@ def test_unsupported_type_is_415(make_webhook):
 def test_rate_limited_is_429(make_webhook):
     webhook = make_webhook("github")
     for n in range(2):
-        body, meta = signed("github", {**ISSUE, "n": n})
+        body, meta = signed("github", numbered_issue(n))
         status = post_hook(webhook.slug, body, meta).status_code
     assert status == 429
     record = DeliveryRecord.objects.get(outcome="rate_limited")
