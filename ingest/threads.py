@@ -98,7 +98,9 @@ def ends_thread(route, source: str, kind: str, payload) -> bool:
     return ends is not None and isinstance(payload, dict) and bool(ends(kind, payload))
 
 
-def live_key(webhook_id: int, thread: str) -> str:
+def live_key(webhook_id: int, thread: str, route_id=None) -> str:
     """The key a coalescing todo holds its thread by: one live todo per webhook and thread
-    on an endpoint (index todo_live_thread)."""
-    return f"{webhook_id}:{thread}"
+    on an endpoint (index todo_live_thread). A further route of the webhook into the same
+    endpoint (another queue) names itself, so each route keeps its own todo per thread, as
+    its idempotency keys do."""
+    return f"{webhook_id}:{thread}" if route_id is None else f"{webhook_id}r{route_id}:{thread}"

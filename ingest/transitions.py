@@ -277,14 +277,18 @@ class ThreadPlan:
     stops: bool = False
 
 
-def plan_thread(webhook: Webhook, route: Route, kind: str, payload) -> ThreadPlan:
+def plan_thread(webhook: Webhook, route: Route, kind: str, payload,
+                first_routes: dict) -> ThreadPlan:
+    """``first_routes``: ``first_route_per_endpoint`` of the webhook's routes."""
     thread = threads.thread_of(route, webhook.source, kind, payload)
     if thread is None:
         return ThreadPlan()
     policy = threads.follow_up_policy(route, webhook.source)
+    further = None if first_routes.get(route.endpoint_id) == route.pk else route.pk
     return ThreadPlan(
         thread=thread, policy=policy,
-        live_key=threads.live_key(webhook.pk, thread) if policy != FollowUps.NEW else None,
+        live_key=threads.live_key(webhook.pk, thread, further)
+        if policy != FollowUps.NEW else None,
         stops=threads.ends_thread(route, webhook.source, kind, payload))
 
 
@@ -739,7 +743,8 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
                     payload_storable: bool = False,
                     fingerprint: str = "", timestamped: bool = False, status: int = 202,
                     attributed_to_id=None, idempotency_key: str | None = None,
-                    redelivered_from_id=None, note: str = "", now=None) -> Arrival:
+                    redelivered_from_id=None, note: str = "", now=None,
+                    joins_threads: bool = True) -> Arrival:
     """Record one verified webhook delivery and create one todo per matching route, in one
     transaction: all of them or none (an exception rolls the whole delivery back).
 
@@ -757,6 +762,11 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     (``senders.Sender.redelivers_under_its_id``, not ``timestamped``) and the first made
     todos — with nothing written. The log record of a duplicate is written after the rollback
     (``record_refused``).
+
+    Threads (docs/work-control.md#threads): per route, a delivery on a thread whose todo is
+    live becomes its follow-up (``coalesce``) or is dropped (``skip``), and one that ends its
+    thread stops its todos instead of making one; ``joins_threads`` False (an operator's
+    redelivery) makes every route's todo anew, keeping only the thread key.
     """
     now = now or timezone.now()
     observed = observed or Observed(body_sha256=body_sha256, delivery_id=delivery_id, kind=kind)
@@ -797,7 +807,9 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         if reason is not None:
             raise todo_transitions.Refusal("invalid_argument", f"payload {reason}")
         payload_storable = True
-    plans = [plan_thread(webhook, route, kind, payload) for route in matching]
+    plans = [plan_thread(webhook, route, kind, payload, first_routes) for route in matching]
+    if not joins_threads:
+        plans = [ThreadPlan(thread=plan.thread) for plan in plans]
     if len(matching) == 1 and statements.is_postgres() and not plans[0].stops:
         route = matching[0]
         arrival = _deliver_in_one_statement(
@@ -861,7 +873,7 @@ class _ThreadResults:
     _stops_done: set = field(default_factory=set)
 
     def any(self) -> bool:
-        return bool(self.followups or self.stopped or self.coalesced)
+        return bool(self.followups or self._stops_done or self.coalesced)
 
     def stop(self, webhook: Webhook, route: Route, plan: ThreadPlan, now) -> None:
         # One stop per endpoint and thread, however many of its routes the delivery matched.
@@ -938,7 +950,8 @@ def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
 
     The new delivery keeps the original's trust: re-sending is not vouching for it, so an
     ``unverified`` original stays unverified (hidden from endpoints that refuse it, never
-    rung), and only an explicit promote raises it. Raises ValueError when there is nothing to
+    rung), and only an explicit promote raises it. Its todos are new even on a live thread
+    (no follow-ups: the operator asked for the work again). Raises ValueError when there is nothing to
     re-send."""
     from todos.models import Todo
 
@@ -962,6 +975,7 @@ def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
         attributed_to_id=operator.pk,
         idempotency_key=f"{OPERATOR_KEY_PREFIX}redelivery:{uuid.uuid4().hex}",
         redelivered_from_id=record.pk, note=f"redelivered from #{record.pk}", now=now,
+        joins_threads=False,
     )
 
 

@@ -149,6 +149,28 @@ def test_filtered_is_202_without_todos(make_webhook, endpoint):
     assert "someone-else" in only_record(webhook).reason
 
 
+def test_coalesced_is_202_naming_the_live_todo(make_webhook, endpoint):
+    webhook = make_webhook("github", routes=[])
+    transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="inbox",
+                                  follow_ups="skip")
+    assert post_hook(webhook.slug, *signed("github", ISSUE)).status_code == 202
+    answer = post_hook(webhook.slug, *signed("github", {**ISSUE, "action": "edited"}))
+    assert answer.status_code == 202 and answer.json()["todos"] == []
+    record = DeliveryRecord.objects.filter(webhook=webhook).latest("id")
+    todo = Todo.objects.get()
+    assert (record.outcome, record.status, record.todo_ids) == ("coalesced", 202, [str(todo.pk)])
+
+
+def test_stopped_names_the_todos_it_stopped(make_webhook):
+    webhook = make_webhook("github")
+    assert post_hook(webhook.slug, *signed("github", ISSUE)).status_code == 202
+    answer = post_hook(webhook.slug, *signed("github", {**ISSUE, "action": "closed"}))
+    todo = Todo.objects.get()
+    assert answer.status_code == 202 and answer.json()["stopped"] == [str(todo.pk)]
+    record = DeliveryRecord.objects.filter(webhook=webhook).latest("id")
+    assert (record.outcome, record.todo_ids) == ("stopped", [str(todo.pk)])
+
+
 def test_every_outcome_has_a_test_here():
     names = {name.removeprefix("test_").split("_is_")[0].split("_records")[0]
              .split("_names")[0] for name in globals() if name.startswith("test_")}

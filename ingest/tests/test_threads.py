@@ -192,6 +192,13 @@ def test_no_stop_and_extra_stop_kinds(hook):
     assert gh(labeled, "issues", "labeled")["stopped"]
 
 
+def test_a_stop_with_nothing_live_is_logged_stopped_and_makes_nothing(hook):
+    webhook = hook("github")
+    answer = gh(webhook, "issues", "closed")
+    assert (answer["todos"], answer["stopped"]) == ([], [])
+    assert not Todo.objects.exists() and last_record(webhook).outcome == "stopped"
+
+
 def test_a_stop_reaches_only_that_webhooks_todos(hook):
     first, second = hook("github", slug="one"), hook("github", slug="two")
     gh(first, "issues", "opened")
