@@ -8,6 +8,7 @@ checks that it catches up. Screenshots land in the test's tmp dir."""
 import hashlib
 import hmac
 import json
+import zlib
 import os
 import threading
 import uuid
@@ -98,8 +99,10 @@ def sign_in(page, base_url, username="alice"):
 
 
 def deliver_github_issue(base_url, webhook_slug, secret, title):
-    """POST a signed GitHub ``issues.opened`` delivery, as GitHub would; returns the todo id."""
-    body = json.dumps({"action": "opened", "issue": {"number": 7, "title": title},
+    """POST a signed GitHub ``issues.opened`` delivery, as GitHub would; returns the todo id.
+    Each title is its own issue (its own thread), so each delivery makes its own todo."""
+    number = 1 + zlib.crc32(title.encode()) % 100_000
+    body = json.dumps({"action": "opened", "issue": {"number": number, "title": title},
                        "repository": {"full_name": "acme/widgets"}}).encode()
     signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     response = httpx.post(f"{base_url}/hooks/{webhook_slug}", content=body, timeout=30, headers={

@@ -62,7 +62,8 @@ def test_add_webhook_route(operator, endpoint):
     data = run("add_webhook_route", "gh", endpoint.slug, "--queue", "reviews",
                "--kinds", "pull_request, issues.opened")
     assert data == {"webhook": "gh", "endpoint": endpoint.slug, "queue": "reviews", "priority": 0,
-                    "delay_seconds": 0, "requires_approval": False, "write_back": "status"}
+                    "delay_seconds": 0, "requires_approval": False, "write_back": "status", "follow_ups": "coalesce",
+                          "thread_key": "", "stop": ["issues.closed", "pull_request.closed"]}
     assert Route.objects.get().kinds == ["pull_request", "issues.opened"]
     # A route that exists already: said plainly (no flag is to blame, so none is named).
     with pytest.raises(CommandError) as twice:
