@@ -8,10 +8,10 @@ checks that it catches up. Screenshots land in the test's tmp dir."""
 import hashlib
 import hmac
 import json
-import zlib
 import os
 import threading
 import uuid
+import zlib
 from pathlib import Path
 
 import httpx
