@@ -63,6 +63,12 @@ class RouteFormSet(BaseInlineFormSet):
                 form.add_error(None, str(bad))
             else:
                 form.instance.actors, form.instance.author_associations = logins, roles
+            try:
+                form.instance.stop_kinds = transitions.check_thread_options(
+                    data.get("follow_ups") or "", data.get("thread_key") or "",
+                    data.get("stop_kinds"))
+            except ValidationError as exc:
+                form.add_error(None, exc)
 
 
 class RouteInline(admin.TabularInline):
@@ -71,7 +77,8 @@ class RouteInline(admin.TabularInline):
     formfield_overrides = json_input.ADMIN_FORMFIELD_OVERRIDES
     extra = 1
     fields = ("endpoint", "queue", "kinds", "priority", "delay_seconds", "actors",
-              "author_associations", "requires_approval", "agent_permissions")
+              "author_associations", "requires_approval", "follow_ups", "thread_key",
+              "stop_kinds", "stop", "agent_permissions")
     autocomplete_fields = ()
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
@@ -328,7 +335,8 @@ class RouteAdmin(admin.ModelAdmin):
     list_filter = (StrandedFilter,)
     list_select_related = ("webhook__owner", "endpoint__owner")
     fields = ("webhook", "endpoint", "queue", "kinds", "priority", "delay_seconds", "actors",
-              "author_associations", "requires_approval", "agent_permissions")
+              "author_associations", "requires_approval", "follow_ups", "thread_key",
+              "stop_kinds", "stop", "agent_permissions")
     readonly_fields = fields
 
     def get_queryset(self, request):

@@ -25,9 +25,9 @@ from switchboard.http import plain
 from todos import queries as todo_queries
 from todos import transitions as todo_transitions
 from todos import usage as todo_usage
-from todos.models import Todo
+from todos.models import THREAD_MAX_CHARS, Todo
 
-from . import queries, transitions, write_back
+from . import queries, threads, transitions, write_back
 from .models import OperatorSecret, WriteBack
 from .problems import (MAX_ECHOED_SLUG_CHARS, Problem, check_declared_length, check_rate,
                        decode_utf8, is_json_type, media_type_of, one_line, parse_json_document,
@@ -108,7 +108,7 @@ def _optional_str(data: dict, name: str, limit: int) -> str:
 
 HAND_OVER_FIELDS = ("queue", "title", "payload", "kind", "idempotency_key", "secrets",
                     "priority", "not_before", "delay_seconds", "requires_approval",
-                    "max_cost_usd")
+                    "max_cost_usd", "thread")
 
 
 def hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = False) -> dict:
@@ -170,8 +170,17 @@ def hand_over_arguments(endpoint, data: dict, *, now, plainly_storable: bool = F
         except ValidationError as error:
             raise Problem(400, "invalid_argument", "max_cost_usd: " + " ".join(
                 error.message_dict["max_cost_usd"])) from None
+    thread = data.get("thread")
+    if thread is not None:
+        # A thread key of the operator's choosing (docs/work-control.md#threads): shown and
+        # searchable with the todo; a hand-over never coalesces.
+        if not isinstance(thread, str) or not thread.strip() or len(thread) > THREAD_MAX_CHARS:
+            raise Problem(400, "invalid_argument",
+                          f"thread must be a non-empty string of at most {THREAD_MAX_CHARS} "
+                          "characters")
+        thread = threads.clean(thread)
     return {
-        "requires_approval": requires_approval, "max_cost_usd": max_cost_usd,
+        "requires_approval": requires_approval, "max_cost_usd": max_cost_usd, "thread": thread,
         "queue": queue, "title": title, "payload": payload,
         "kind": kind,
         "idempotency_key": key or None, "secret_values": secret_values or None,

@@ -101,14 +101,23 @@ def _arrival_answer(arrival) -> dict:
     event_id = arrival.delivery_event.pk if arrival.delivery_event else None
     if event_id is None and arrival.todos:
         event_id = arrival.todos[0][0].delivery_event_id
-    return {
+    answer = {
         "delivery": str(event_id) if event_id is not None else None,
-        "todos": [
-            {"id": str(todo.pk), "endpoint": todo.endpoint.slug, "queue": todo.queue,
-             "duplicate": not created}
-            for todo, created in arrival.todos
-        ],
+        "todos": [_todo_answer(todo, created, arrival.followups) for todo, created in arrival.todos],
     }
+    if arrival.stopped or arrival.outcome == Outcome.STOPPED:
+        answer["stopped"] = list(arrival.stopped)
+    return answer
+
+
+def _todo_answer(todo, created: bool, followups) -> dict:
+    # A follow-up names the thread's live todo it joined (docs/work-control.md#threads).
+    followup = str(todo.pk) in followups
+    answer = {"id": str(todo.pk), "endpoint": todo.endpoint.slug, "queue": todo.queue,
+              "duplicate": not created and not followup}
+    if followup:
+        answer["followup"] = True
+    return answer
 
 
 def _could_be_slug(value: str) -> bool:
@@ -414,7 +423,7 @@ def _answer_delivery(request: plain.Request, span) -> plain.Answer:
     except DatabaseError as exc:
         push_metrics.INGEST_REJECTED.labels(reason="storage_unavailable").inc()
         return storage_unavailable(exc, webhook=webhook_slug)
-    if arrival.todos and not any(created for _, created in arrival.todos):
+    if arrival.outcome == Outcome.DUPLICATE:
         # A redelivery of a live delivery: a duplicate, charged as a repeat, yet still a 202
         # past the repeat budget, as its work is recorded (docs/reference.md#idempotency).
         try:

@@ -27,10 +27,11 @@ _WEBHOOK_FIELDS = ["id", "slug", "owner_id", "source", "secret", "previous_secre
 # In the model's field order: Model.from_db reads a partial row's values in that order.
 _ROUTE_FIELDS = ["id", "webhook_id", "endpoint_id", "queue", "kinds", "actors",
                  "author_associations", "priority", "delay_seconds", "requires_approval",
-                 "write_back"]
+                 "write_back", "follow_ups", "thread_key", "stop_kinds", "stop"]
 _ROUTE_JSON_COLUMNS = [_ROUTE_FIELDS.index(name) for name in ("kinds", "actors",
-                                                               "author_associations")]
-_ROUTE_BOOL_COLUMN = _ROUTE_FIELDS.index("requires_approval")
+                                                               "author_associations",
+                                                               "stop_kinds")]
+_ROUTE_BOOL_COLUMNS = [_ROUTE_FIELDS.index(name) for name in ("requires_approval", "stop")]
 _ENDPOINT_FIELDS = ["id", "slug", "owner_id", "scope", "max_attempts", "active"]
 # What the loop guard compares a delivery's actor with (senders.is_own_write_back).
 _CONNECTION_FIELDS = ["id", "kind", "app_id", "identity", "identity_id"]
@@ -84,7 +85,8 @@ def find_webhook_with_routes(slug: str) -> tuple[Webhook | None, list[Route]]:
         for column in _ROUTE_JSON_COLUMNS:
             route_values[column] = _json_value(route_values[column])
         # SQLite hands booleans over as 0/1.
-        route_values[_ROUTE_BOOL_COLUMN] = bool(route_values[_ROUTE_BOOL_COLUMN])
+        for column in _ROUTE_BOOL_COLUMNS:
+            route_values[column] = bool(route_values[column])
         endpoint_values[3] = _json_value(endpoint_values[3])
         route = Route.from_db(db, _ROUTE_FIELDS, route_values)
         route.webhook = webhook

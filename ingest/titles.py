@@ -61,3 +61,13 @@ def kind_with_action(event, payload) -> str:
     if kind and isinstance(action, str) and action:
         kind = f"{kind}.{action}"
     return kind
+
+
+def whole_number(value) -> str:
+    """A whole number (an int, or a string of digits) as text; "" for anything else: what a
+    thread key takes from a payload's ``number`` or ``iid``."""
+    if isinstance(value, bool):
+        return ""
+    if isinstance(value, int):
+        return str(value)
+    return value if isinstance(value, str) and value.isascii() and value.isdigit() else ""

@@ -27,13 +27,14 @@ from channels_push.bus import publish
 from endpoints.models import queue_name_validator
 from switchboard import json_input, ratelimit, tracing
 from switchboard.db import statements
+from todos import queries as todo_queries
 from todos import statements as todo_statements
 from todos import transitions as todo_transitions
 from todos.models import WriteBack as WriteBackLevel
 
-from . import actors, connections, senders
-from .models import (DeliveryEvent, DeliveryRecord, OperatorSecret, OperatorToken, Outcome,
-                     ReplayLedgerEntry, Route, Source, TrustMode, Webhook)
+from . import actors, connections, senders, threads
+from .models import (DeliveryEvent, DeliveryRecord, FollowUps, OperatorSecret, OperatorToken,
+                     Outcome, ReplayLedgerEntry, Route, Source, TrustMode, Webhook)
 
 log = logging.getLogger("switchboard.ingest")
 
@@ -138,17 +139,23 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
                       priority: int = 0, delay_seconds: int = 0, actors_allowed=None,
                       author_associations=None, requires_approval: bool = False,
                       write_back: str = WriteBackLevel.STATUS,
-                      agent_permissions: dict | None = None) -> Route:
+                      agent_permissions: dict | None = None, follow_ups: str = "",
+                      thread_key: str = "", stop_kinds=None, stop: bool = True) -> Route:
     """Route ``webhook``'s deliveries to ``endpoint``/``queue``, for every kind or ``kinds``,
     from anyone or only from the ``actors_allowed`` logins and ``author_associations`` roles
     (ingest/actors.py); its todos start with ``priority`` and become ready ``delay_seconds``
     after they arrive (docs/work-control.md); with ``requires_approval`` they are created
     awaiting approval; ``write_back`` is what their source hears of them when the webhook has a
     connection (docs/write-back.md); ``agent_permissions`` what a repository token for its
-    todos may do (docs/write-back.md#repository-tokens-for-agents). Raises ValidationError naming the field when the target
+    todos may do (docs/write-back.md#repository-tokens-for-agents). Threads
+    (docs/work-control.md#threads): ``follow_ups`` (``coalesce``, ``new``, ``skip``; "" the
+    sender's default), ``thread_key`` (a template, "" the sender's key), ``stop_kinds`` (kinds
+    that also end a thread), ``stop`` (False: no delivery ends one). Raises ValidationError
+    naming the field when the target
     is not allowed (``check_route_target``), a value is out of range or the actor rules cannot
     apply to the webhook's source, before anything is written."""
     queue_name_validator(queue)
+    stop_kinds = check_thread_options(follow_ups, thread_key, stop_kinds)
     try:
         logins, roles = senders.normalized_actor_rules(webhook.source, actors_allowed,
                                                        author_associations)
@@ -164,10 +171,31 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
                       priority=priority, delay_seconds=delay_seconds,
                       actors=logins, author_associations=roles,
                       requires_approval=requires_approval, write_back=write_back,
-                      agent_permissions=dict(agent_permissions or {}))
+                      agent_permissions=dict(agent_permissions or {}),
+                      follow_ups=follow_ups, thread_key=thread_key, stop_kinds=stop_kinds,
+                      stop=stop)
         route.full_clean()
         route.save()
     return route
+
+
+def check_thread_options(follow_ups: str, thread_key: str, stop_kinds) -> list:
+    """A route's thread options, or ValidationError naming the field; the stop kinds as
+    stored (stripped, each once)."""
+    if follow_ups and follow_ups not in FollowUps.values:
+        raise ValidationError({"follow_ups": f"one of {', '.join(FollowUps.values)}"})
+    if thread_key:
+        try:
+            threads.check_template(thread_key)
+        except ValueError as bad:
+            raise ValidationError({"thread_key": str(bad).partition(": ")[2]}) from None
+    if stop_kinds is not None and (isinstance(stop_kinds, str) or not all(
+            isinstance(kind, str) for kind in stop_kinds)):
+        raise ValidationError({"stop_kinds": "a list of kinds"})
+    kinds = list(dict.fromkeys(kind.strip() for kind in stop_kinds or [] if kind.strip()))
+    if any(len(kind) > 200 or not kind.isprintable() for kind in kinds):
+        raise ValidationError({"stop_kinds": "kinds are printable, at most 200 characters"})
+    return kinds
 
 
 def route_work_control(route: Route, now) -> dict:
@@ -234,6 +262,38 @@ class Arrival:
     todos: list = field(default_factory=list)
     outcome: str = Outcome.ACCEPTED
     record: DeliveryRecord | None = None
+    # Threads (docs/work-control.md#threads): ids of the todos in ``todos`` this delivery
+    # became a follow-up of, of those it stopped, and of those it was dropped for (``skip``).
+    followups: frozenset = frozenset()
+    stopped: list = field(default_factory=list)
+    coalesced: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """What a route does with a delivery on a thread: its key (None: no thread), the key it
+    holds the thread by (only when it coalesces or skips), its policy, and whether the
+    delivery ends the thread instead of making work."""
+
+    thread: str | None = None
+    live_key: str | None = None
+    policy: str = FollowUps.NEW
+    stops: bool = False
+
+
+def plan_thread(webhook: Webhook, route: Route, kind: str, payload,
+                first_routes: dict) -> ThreadPlan:
+    """``first_routes``: ``first_route_per_endpoint`` of the webhook's routes."""
+    thread = threads.thread_of(route, webhook.source, kind, payload)
+    if thread is None:
+        return ThreadPlan()
+    policy = threads.follow_up_policy(route, webhook.source)
+    further = None if first_routes.get(route.endpoint_id) == route.pk else route.pk
+    return ThreadPlan(
+        thread=thread, policy=policy,
+        live_key=threads.live_key(webhook.pk, thread, further)
+        if policy != FollowUps.NEW else None,
+        stops=threads.ends_thread(route, webhook.source, kind, payload))
 
 
 @dataclass(frozen=True)
@@ -413,7 +473,8 @@ def _arrival_sql_postgres(with_ledger: bool) -> str:
 
 
 @functools.cache
-def _single_route_sql_postgres(with_ledger: bool, writes_back: bool) -> str:
+def _single_route_sql_postgres(with_ledger: bool, writes_back: bool,
+                               holds_thread: bool = False) -> str:
     """The whole of a one-route delivery in ONE statement: the arrival's rows (as
     ``_arrival_sql_postgres``) and the todo with its create event and, when it ``writes_back``,
     its outbox entry (``todos.transitions``' own statement pieces), the todo only when the
@@ -431,12 +492,17 @@ def _single_route_sql_postgres(with_ledger: bool, writes_back: bool) -> str:
     bytes, ``MAX_CACHED_STATEMENT_PARAMS`` parameters): past either, psycopg splits the text
     again on every delivery, which cost more daphne CPU than anything else write-back added
     (docs/decisions/one-statement-delivery.md). Hence ``t.*``, the columns ``t`` RETURNs in
-    their order, rather than naming each again."""
+    their order, rather than naming each again.
+
+    ``holds_thread``: the todo is to hold its thread (a coalescing route); a live todo that
+    holds it already is one more reason to write nothing, and the transaction path makes the
+    follow-up."""
     todo = todo_statements.create_todo_ctes(
         delivery_event_sql="event.id", source_sql="FROM event", where_sql=_ledger_gate(with_ledger),
         writes_back=writes_back)
     creates_nothing = todo_statements.LIVE_KEY_HELD_SQL + (
-        f" OR {_LEDGER_REFUSES_SQL}" if with_ledger else "")
+        f" OR {_LEDGER_REFUSES_SQL}" if with_ledger else "") + (
+        f" OR {todo_statements.LIVE_THREAD_HELD_SQL}" if holds_thread else "")
     arrival = _arrival_ctes_postgres(with_ledger, only_if_sql=f"NOT ({creates_nothing})")
     return (f"{arrival}, {todo}"
             " SELECT t.*, (SELECT id FROM record), 1 / (t.id IS NOT NULL)::int"
@@ -608,7 +674,7 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
                               title: str, payload: dict, payload_storable: bool, kind: str,
                               trust: str, now,
                               event_values: dict, record_values: dict, ledger: dict | None,
-                              outcome: str) -> Arrival | None:
+                              outcome: str, plan: ThreadPlan = ThreadPlan()) -> Arrival | None:
     """PostgreSQL, exactly one matching route (the common delivery): the delivery event, ledger
     entry, log record, todo and todo event as ONE autocommit statement
     (``_single_route_sql_postgres``) instead of a transaction of four round trips; what that
@@ -627,11 +693,16 @@ def _deliver_in_one_statement(*, webhook: Webhook, route: Route, idempotency_key
         endpoint=route.endpoint, queue=route.queue, title=title, actor=f"webhook:{webhook.slug}",
         payload=payload, kind=kind, source=webhook.source, idempotency_key=idempotency_key,
         trust=trust, now=now, payload_storable=payload_storable,
-        requires_approval=route.requires_approval, **route_work_control(route, now)))
+        requires_approval=route.requires_approval, thread=plan.thread,
+        thread_live_key=plan.live_key, **route_work_control(route, now)))
+    # Not in this statement (the event's id and detail come from its own rows): fewer
+    # parameters for psycopg to cache the statement with.
+    del params["detail"], params["delivery_event_id"]
     try:
         with _statement_scope():
             rows = statements.fetch_rows(_single_route_sql_postgres(
-                ledger is not None, params["write_back"] != WriteBackLevel.OFF), params)
+                ledger is not None, params["write_back"] != WriteBackLevel.OFF,
+                plan.live_key is not None), params)
     except DataError as exc:
         if isinstance(exc.__cause__, psycopg.errors.DivisionByZero):
             return None  # the statement's own guard (a race): no todo, nothing kept
@@ -676,7 +747,8 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
                     payload_storable: bool = False,
                     fingerprint: str = "", timestamped: bool = False, status: int = 202,
                     attributed_to_id=None, idempotency_key: str | None = None,
-                    redelivered_from_id=None, note: str = "", now=None) -> Arrival:
+                    redelivered_from_id=None, note: str = "", now=None,
+                    joins_threads: bool = True) -> Arrival:
     """Record one verified webhook delivery and create one todo per matching route, in one
     transaction: all of them or none (an exception rolls the whole delivery back).
 
@@ -694,6 +766,11 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
     (``senders.Sender.redelivers_under_its_id``, not ``timestamped``) and the first made
     todos — with nothing written. The log record of a duplicate is written after the rollback
     (``record_refused``).
+
+    Threads (docs/work-control.md#threads): per route, a delivery on a thread whose todo is
+    live becomes its follow-up (``coalesce``) or is dropped (``skip``), and one that ends its
+    thread stops its todos instead of making one; ``joins_threads`` False (an operator's
+    redelivery) makes every route's todo anew, keeping only the thread key.
     """
     now = now or timezone.now()
     observed = observed or Observed(body_sha256=body_sha256, delivery_id=delivery_id, kind=kind)
@@ -734,14 +811,17 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         if reason is not None:
             raise todo_transitions.Refusal("invalid_argument", f"payload {reason}")
         payload_storable = True
-    if len(matching) == 1 and statements.is_postgres():
+    plans = [plan_thread(webhook, route, kind, payload, first_routes) for route in matching]
+    if not joins_threads:
+        plans = [ThreadPlan(thread=plan.thread) for plan in plans]
+    if len(matching) == 1 and statements.is_postgres() and not plans[0].stops:
         route = matching[0]
         arrival = _deliver_in_one_statement(
             webhook=webhook, route=route, title=title, payload=payload, kind=kind, trust=trust,
             payload_storable=payload_storable,
             idempotency_key=route_idempotency_key(route, key, first_routes), now=now,
             event_values=event_values, record_values=record_values, ledger=ledger,
-            outcome=outcome)
+            outcome=outcome, plan=plans[0])
         if arrival is not None:
             return arrival
     refused = None
@@ -754,24 +834,29 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
         else:
             event = DeliveryEvent.from_db(connection.alias, ("id", *_DELIVERY_EVENT_FIELDS),
                                           [event_id, *event_values.values()])
-            results = [
-                todo_transitions.create_todo(
-                    endpoint=route.endpoint, queue=route.queue, title=title,
-                    actor=f"webhook:{webhook.slug}", payload=payload, kind=kind,
-                    source=webhook.source,
-                    idempotency_key=route_idempotency_key(route, key, first_routes),
-                    delivery_event=event, trust=trust, now=now, payload_storable=True,
-                    **route_work_control(route, now),
-                    requires_approval=route.requires_approval,
-                )
-                for route in matching
-            ]
-            if results and not any(created for _, created in results):
+            threaded = _ThreadResults()
+            results = []
+            for route, plan in zip(matching, plans):
+                if plan.stops:
+                    threaded.stop(webhook, route, plan, now)
+                    continue
+                made = _create_or_follow_up(
+                    webhook=webhook, route=route, plan=plan, event=event, threaded=threaded,
+                    title=title, payload=payload, kind=kind, trust=trust, now=now,
+                    idempotency_key=route_idempotency_key(route, key, first_routes))
+                if made is not None:
+                    results.append(made)
+            if results and not any(created for _, created in results) and not threaded.any():
                 transaction.set_rollback(True)
             else:
+                outcome = threaded.outcome(outcome, results)
+                if threaded.any():
+                    _note_threads_in_record(record_id, outcome, threaded, note)
                 announce_record(webhook.pk, record_id, outcome)
                 record = DeliveryRecord.from_db(connection.alias, ("id",), [record_id])
-                return Arrival(delivery_event=event, todos=results, outcome=outcome, record=record)
+                return Arrival(delivery_event=event, todos=results, outcome=outcome,
+                               record=record, followups=frozenset(threaded.followups),
+                               stopped=threaded.stopped, coalesced=threaded.coalesced)
     if refused:
         raise _ledger_verdict(webhook, fingerprint, delivery_id, kind)
     # Every todo was a live duplicate: nothing of this arrival was kept but its log line.
@@ -784,6 +869,86 @@ def ingest_delivery(*, webhook: Webhook, routes, trust: str, delivery_id: str, k
 REDELIVERY_SPAN_NAME = "redeliver"
 
 
+@dataclass
+class _ThreadResults:
+    """What a delivery's routes did on its thread besides making todos: the todos it became a
+    follow-up of, stopped, or was dropped for."""
+
+    followups: list = field(default_factory=list)
+    stopped: list = field(default_factory=list)
+    coalesced: list = field(default_factory=list)
+    _stops_done: set = field(default_factory=set)
+
+    def any(self) -> bool:
+        return bool(self.followups or self._stops_done or self.coalesced)
+
+    def stop(self, webhook: Webhook, route: Route, plan: ThreadPlan, now) -> None:
+        # One stop per endpoint and thread, however many of its routes the delivery matched.
+        if (route.endpoint_id, plan.thread) in self._stops_done:
+            return
+        self._stops_done.add((route.endpoint_id, plan.thread))
+        self.stopped += todo_transitions.stop_thread(
+            route.endpoint_id, plan.thread, webhook_id=webhook.pk,
+            actor=f"webhook:{webhook.slug}", now=now)
+
+    def outcome(self, outcome: str, results) -> str:
+        """Accepted when the delivery made or joined work; else ``stopped`` when it ended a
+        thread, ``coalesced`` when it was dropped for a live todo."""
+        if any(created for _, created in results) or self.followups:
+            return outcome
+        if self._stops_done:
+            return Outcome.STOPPED
+        return Outcome.COALESCED if self.coalesced else outcome
+
+
+def _create_or_follow_up(*, webhook: Webhook, route: Route, plan: ThreadPlan, event, threaded,
+                         title: str, payload, kind: str, trust: str, idempotency_key: str, now):
+    """The route's todo, ``(todo, created)``; or, when its thread's live todo holds the thread,
+    that todo as ``(todo, False)`` with this delivery as its follow-up (``coalesce``), or None
+    (``skip``). A todo that ends between the create's conflict and the follow-up frees its
+    thread, so the create is tried again."""
+    for _ in range(3):
+        try:
+            return todo_transitions.create_todo(
+                endpoint=route.endpoint, queue=route.queue, title=title,
+                actor=f"webhook:{webhook.slug}", payload=payload, kind=kind,
+                source=webhook.source, idempotency_key=idempotency_key, delivery_event=event,
+                trust=trust, now=now, payload_storable=True, **route_work_control(route, now),
+                requires_approval=route.requires_approval, thread=plan.thread,
+                thread_live_key=plan.live_key)
+        except todo_transitions.ThreadHeld as held:
+            if todo_queries.has_followup_of_delivery(
+                    held.todo.pk, webhook_id=webhook.pk, delivery_id=event.delivery_id,
+                    body_sha256=event.body_sha256):
+                return held.todo, False  # a redelivery of a follow-up: a duplicate
+            if plan.policy == FollowUps.SKIP:
+                threaded.coalesced.append(str(held.todo.pk))
+                return None
+            followup = todo_transitions.add_followup(
+                held.todo.pk, delivery_event=event, kind=kind, title=title,
+                actor=senders.event_actor(webhook.source, kind, payload).login, trust=trust,
+                payload=payload, now=now, event_actor=f"webhook:{webhook.slug}",
+                payload_storable=True)
+            if followup is not None:
+                threaded.followups.append(str(held.todo.pk))
+                followup.todo.endpoint = route.endpoint
+                return followup.todo, False
+    raise RuntimeError(f"thread {plan.thread!r} kept changing hands")
+
+
+def _note_threads_in_record(record_id: int, outcome: str, threaded: _ThreadResults,
+                            note: str) -> None:
+    """The delivery log names the todos a delivery joined, stopped or was dropped for."""
+    said = [f"follow-up of #{', #'.join(threaded.followups)}" if threaded.followups else "",
+            f"stopped #{', #'.join(threaded.stopped)}" if threaded.stopped else "",
+            f"dropped: #{', #'.join(threaded.coalesced)} is live on its thread"
+            if threaded.coalesced else ""]
+    reason = _printable("; ".join(filter(None, [note, *said])), _RECORD_WIDTH["reason"])
+    todo_ids = list(dict.fromkeys(threaded.followups + threaded.stopped + threaded.coalesced))
+    DeliveryRecord.objects.filter(pk=record_id).update(
+        outcome=outcome, reason=reason, todo_ids=todo_ids)
+
+
 def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
     """An operator sends an accepted delivery through the webhook's routes again: the payload
     its todos were created with (the body itself is never stored), as a new delivery attributed
@@ -792,7 +957,8 @@ def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
 
     The new delivery keeps the original's trust: re-sending is not vouching for it, so an
     ``unverified`` original stays unverified (hidden from endpoints that refuse it, never
-    rung), and only an explicit promote raises it. Raises ValueError when there is nothing to
+    rung), and only an explicit promote raises it. Its todos are new even on a live thread
+    (no follow-ups: the operator asked for the work again). Raises ValueError when there is nothing to
     re-send."""
     from todos.models import Todo
 
@@ -826,6 +992,7 @@ def _redeliver(record, webhook, routes, original, kind, payload, operator, now) 
         attributed_to_id=operator.pk,
         idempotency_key=f"{OPERATOR_KEY_PREFIX}redelivery:{uuid.uuid4().hex}",
         redelivered_from_id=record.pk, note=f"redelivered from #{record.pk}", now=now,
+        joins_threads=False,
     )
 
 
@@ -849,11 +1016,12 @@ def _with_secret_refs(payload: dict, secret_values: dict) -> tuple[dict, list[Op
 def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, kind: str = "",
                    idempotency_key: str | None = None, secret_values=None, body_sha256: str = "",
                    priority: int = 0, not_before=None, requires_approval: bool = False,
-                   max_cost_usd=None, now=None):
+                   max_cost_usd=None, thread=None, now=None):
     """An operator hands ``endpoint`` a todo: a delivery event of trust ``operator`` naming the
     human, the todo (rung exactly like a verified webhook's), and its secrets encrypted apart.
     ``requires_approval``: created awaiting approval (rung once approved); ``max_cost_usd``:
-    its own cost limit, over the endpoint's (docs/reference.md#usage-and-budgets).
+    its own cost limit, over the endpoint's (docs/reference.md#usage-and-budgets); ``thread``:
+    its thread key, shown with it (it takes no follow-ups: docs/work-control.md#threads).
 
     Returns ``(todo, created)``. A live todo holding the same idempotency key is returned
     instead, and nothing of this call is kept (no event, no secrets, no ring). The caller has
@@ -874,7 +1042,7 @@ def hand_over_todo(*, endpoint, operator, queue: str, title: str, payload=None, 
             payload=payload, kind=kind, source=OPERATOR_SOURCE, idempotency_key=key,
             delivery_event=event, trust=TrustMode.OPERATOR, now=now, priority=priority,
             not_before=not_before, requires_approval=requires_approval,
-            max_cost_usd=max_cost_usd,
+            max_cost_usd=max_cost_usd, thread=thread,
         )
         if not created:
             transaction.set_rollback(True)

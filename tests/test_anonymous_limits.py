@@ -8,6 +8,7 @@ import hmac
 import json
 import time
 import uuid
+import zlib
 
 import httpx
 import pytest
@@ -26,7 +27,9 @@ SECRET = "gh-secret-for-anonymous-limits-0123"
 
 
 def signed_issue(title: str, *, secret=SECRET):
-    body = json.dumps({"action": "opened", "issue": {"number": 1, "title": title},
+    # Each title its own issue (its own thread), so each delivery makes its own todo.
+    number = 1 + zlib.crc32(title.encode()) % 100_000
+    body = json.dumps({"action": "opened", "issue": {"number": number, "title": title},
                        "repository": {"full_name": "acme/widgets"}}).encode()
     signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return body, {"Content-Type": "application/json", "X-GitHub-Event": "issues",
@@ -124,7 +127,7 @@ def captured_and_genuine(case: str, n: int):
         return handshake, signed_slack(SECRET, {
             "type": "event_callback", "event_id": f"Ev{uuid.uuid4().hex[:10]}",
             "event": {"type": "app_mention", "user": "U1", "channel": "C1",
-                      "text": f"real work {n}", "ts": "1.2"}})
+                      "text": f"real work {n}", "ts": f"{n}.2"}})
     genuine_body, genuine_headers = signed_issue(f"real work {n}")
     genuine_body = json.dumps({**json.loads(genuine_body), "sender": {"login": "alice"}}).encode()
     genuine_headers["X-Hub-Signature-256"] = "sha256=" + hmac.new(

@@ -97,9 +97,10 @@ def sign_in(page, base_url, username="alice"):
     page.wait_for_selector("#board[data-synced]")  # first re-sync done: subscribed
 
 
-def deliver_github_issue(base_url, webhook_slug, secret, title):
-    """POST a signed GitHub ``issues.opened`` delivery, as GitHub would; returns the todo id."""
-    body = json.dumps({"action": "opened", "issue": {"number": 7, "title": title},
+def deliver_github_issue(base_url, webhook_slug, secret, title, number=7):
+    """POST a signed GitHub ``issues.opened`` delivery about issue ``number``, as GitHub would;
+    returns the todo id. Another number is another thread: its own todo, not a follow-up."""
+    body = json.dumps({"action": "opened", "issue": {"number": number, "title": title},
                        "repository": {"full_name": "acme/widgets"}}).encode()
     signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     response = httpx.post(f"{base_url}/hooks/{webhook_slug}", content=body, timeout=30, headers={
@@ -229,7 +230,8 @@ def test_approvals_banner_updates_live_and_bulk_approve_is_confirmed_first(live_
             sign_in(page, live_daphne.url)
             assert page.locator("#approvals").is_hidden()
             first = deliver_github_issue(live_daphne.url, "widgets", secret, "Deploy prod")
-            second = deliver_github_issue(live_daphne.url, "widgets", secret, "Migrate the db")
+            second = deliver_github_issue(live_daphne.url, "widgets", secret, "Migrate the db",
+                                          number=8)
             page.wait_for_selector(f"#todo-{second} .badge.state.state-awaiting_approval")
             banner = page.locator("#approvals")
             page.wait_for_selector("#approvals:has-text('2 todos awaiting your approval')")

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import uuid
+import zlib
 from pathlib import Path
 
 import httpx
@@ -78,7 +79,9 @@ def mcp_initialize(base_url, slug, credential, name, version) -> str:
 
 
 def deliver(base_url, slug, secret, title, *, payload=None, **extra_headers) -> httpx.Response:
-    body = json.dumps(payload or {"action": "opened", "issue": {"number": 7, "title": title},
+    # Each title its own issue (its own thread), so each delivery makes its own todo.
+    number = 1 + zlib.crc32(title.encode()) % 100_000
+    body = json.dumps(payload or {"action": "opened", "issue": {"number": number, "title": title},
                                   "repository": {"full_name": "acme/widgets"}}).encode()
     signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return httpx.post(f"{base_url}/hooks/{slug}", content=body, timeout=30, headers={

@@ -15,8 +15,8 @@ from django.utils import timezone
 from switchboard.db import sql as dialect
 
 from . import usage
-from .models import (LIVE_FOR_IDEMPOTENCY, THREAD_MAX_CHARS, TODO_TOKEN_PREFIX, FollowUp, State,
-                     Todo, TodoEvent, Trust)
+from .models import (LIVE_FOR_IDEMPOTENCY, LIVE_FOR_THREAD, THREAD_MAX_CHARS, TODO_TOKEN_PREFIX,
+                     FollowUp, State, Todo, TodoEvent, Trust)
 
 # The largest todo id: the primary key is a bigint.
 MAX_TODO_ID = 2**63 - 1
@@ -473,6 +473,22 @@ def live_todo_holding_key(endpoint, idempotency_key) -> Todo | None:
     and waiting to retry), if any: the row the partial unique index collapses creates onto."""
     return Todo.objects.filter(LIVE_FOR_IDEMPOTENCY, endpoint=endpoint,
                                idempotency_key=idempotency_key).first()
+
+
+def live_todo_holding_thread(endpoint, thread_live_key) -> Todo | None:
+    """The endpoint's todo live for ``thread_live_key`` right now (``LIVE_FOR_THREAD``), if
+    any: the row the partial unique index todo_live_thread collapses a thread's creates onto."""
+    return Todo.objects.filter(LIVE_FOR_THREAD, endpoint=endpoint,
+                               thread_live_key=thread_live_key).first()
+
+
+def has_followup_of_delivery(todo_id, *, webhook_id, delivery_id: str, body_sha256: str) -> bool:
+    """Whether ``todo_id`` already has a follow-up from that webhook's delivery (by its
+    delivery id, else its body's digest): a redelivery of a follow-up is a duplicate."""
+    same = ({"delivery_event__delivery_id": delivery_id} if delivery_id
+            else {"delivery_event__body_sha256": body_sha256})
+    return FollowUp.objects.filter(todo_id=todo_id, delivery_event__webhook_id=webhook_id,
+                                   **same).exists()
 
 
 def endpoint_queue_counts(endpoint, *, now=None) -> list[dict]:

@@ -257,7 +257,7 @@ def lease_set(params: dict, caller, ttl: timedelta, now) -> str:
 _CREATE_COLUMNS = (
     "endpoint_id, queue, state, title, kind, source, payload, idempotency_key, delivery_event_id,"
     " trust, attempts, max_attempts, created_at, updated_at, ring_attempts, priority, not_before,"
-    " write_back, max_cost_usd, traceparent"
+    " write_back, max_cost_usd, traceparent, thread, thread_live_key"
 )
 # A created todo's outbox entry, for any source that hears of it (its ack).
 _CREATE_OUTBOX = (f"INSERT INTO todos_outboxentry ({_OUTBOX_COLUMNS})"
@@ -274,8 +274,10 @@ _LIVE_KEY_PREDICATE = (
 )
 
 
-_LIVE_KEY_CONFLICT = (
-    f"ON CONFLICT (endpoint_id, idempotency_key) WHERE ({_LIVE_KEY_PREDICATE}) DO NOTHING")
+# No conflict target: a live todo holding the key (todo_live_idempotency_key) or the thread
+# (todo_live_thread) both make the create insert nothing; the caller then finds which. Also
+# shorter, which the one-statement delivery's text needs (docs/decisions/one-statement-delivery.md).
+_LIVE_KEY_CONFLICT = "ON CONFLICT DO NOTHING"
 
 
 # SQL over ``create_todo_params``: true when a live todo of the endpoint already holds the key,
@@ -287,6 +289,15 @@ LIVE_KEY_HELD_SQL = (
 )
 
 
+# SQL over ``create_todo_params``: true when a live todo of the endpoint holds the thread
+# (todo_live_thread), as LIVE_KEY_HELD_SQL is for the key.
+LIVE_THREAD_HELD_SQL = (
+    "EXISTS (SELECT 1 FROM todos_todo WHERE endpoint_id = %(endpoint_id)s"
+    " AND thread_live_key = %(thread_live_key)s AND cancel_requested_at IS NULL"
+    f" AND {_LIVE_KEY_PREDICATE.partition(' AND ')[2]})"
+)
+
+
 _CREATE_EVENT_COLUMNS = "todo_id, action, from_state, to_state, actor, at, detail"
 
 
@@ -294,7 +305,7 @@ def _create_values(delivery_event_sql: str) -> str:
     return (f"%(endpoint_id)s, %(queue)s, %(state)s, %(title)s, %(kind)s, %(source)s, "
             f"{dialect.jsonb('payload')}, %(key)s, {delivery_event_sql}, %(trust)s, 0, %(max_attempts)s, "
             "%(now)s, %(now)s, 0, %(priority)s, %(not_before)s, %(write_back)s, %(max_cost_usd)s,"
-            " %(traceparent)s")
+            " %(traceparent)s, %(thread)s, %(thread_live_key)s")
 
 
 def insert_todo_sql() -> str:

@@ -228,7 +228,8 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
                        delivery_event_id=None, trust: str = Trust.UNVERIFIED, now,
                        payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
                        not_before=None, requires_approval: bool = False,
-                       write_back: str = WriteBack.OFF, max_cost_usd=None) -> dict:
+                       write_back: str = WriteBack.OFF, max_cost_usd=None, thread=None,
+                       thread_live_key=None) -> dict:
     """The parameters of a create statement (``create_todo``, ``statements.create_todo_ctes``): the title
     folded to one line of at most ``MAX_TITLE_CHARS``. Refuses ``invalid_argument`` for a value no
     database can store; ``payload_storable`` says the caller already knows the payload is
@@ -237,7 +238,8 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
     time, or None for ready at once) are the work-control settings it starts with;
     ``requires_approval``: the todo is created ``awaiting_approval`` instead of ``pending``;
     ``write_back``: what its source hears of it (``WriteBack``; ingest decides, from the
-    route)."""
+    route); ``thread`` its thread key, ``thread_live_key`` set only when the todo takes its
+    thread's follow-ups (docs/work-control.md#threads)."""
     title = " ".join(str(title).split())[:MAX_TITLE_CHARS] or "(untitled)"
     check_priority(priority)
     _check_storable(title=title, kind=kind or "", queue=queue,
@@ -263,6 +265,8 @@ def create_todo_params(*, endpoint, queue: str, title: str, actor: str, payload=
         "detail": json.dumps({"delivery_event": delivery_event_id}),
         "write_back": WriteBack(write_back),
         "traceparent": tracing.work_traceparent(),
+        "thread": thread,
+        "thread_live_key": thread_live_key,
     }
 
 
@@ -279,7 +283,8 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
                 trust: str = Trust.UNVERIFIED, now=None,
                 payload_storable: bool = False, priority: int = PRIORITY_DEFAULT,
                 not_before=None, requires_approval: bool = False,
-                write_back: str = WriteBack.OFF, max_cost_usd=None) -> tuple[Todo, bool]:
+                write_back: str = WriteBack.OFF, max_cost_usd=None, thread=None,
+                thread_live_key=None) -> tuple[Todo, bool]:
     """Create a pending todo (``awaiting_approval`` with ``requires_approval``: not claimable,
     never rung until approved), or return the live todo that already holds ``idempotency_key``.
     ``payload_storable``: the caller has checked the payload (``create_todo_params``).
@@ -288,6 +293,11 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
     index ``todo_live_idempotency_key``: the loser's INSERT … ON CONFLICT DO NOTHING waits for the
     winner to commit, inserts nothing, and we return the winner's row. Only ``create`` is
     announced; a duplicate announces nothing.
+
+    With ``thread_live_key``, a live todo holding that thread (index ``todo_live_thread``)
+    makes the create insert nothing in the same way: ``ThreadHeld`` is raised naming it (the
+    key is checked first: a redelivery is a duplicate, not a follow-up). ``thread``: the key
+    shown (docs/work-control.md#threads).
     """
     now = now or timezone.now()
     params = create_todo_params(
@@ -295,7 +305,8 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
         source=source, idempotency_key=idempotency_key, trust=trust, now=now,
         delivery_event_id=getattr(delivery_event, "pk", delivery_event),
         payload_storable=payload_storable, priority=priority, not_before=not_before,
-        requires_approval=requires_approval, write_back=write_back, max_cost_usd=max_cost_usd)
+        requires_approval=requires_approval, write_back=write_back, max_cost_usd=max_cost_usd,
+        thread=thread, thread_live_key=thread_live_key)
     # A duplicate whose holder finishes between our conflict and our read frees the key; the
     # next INSERT then succeeds. Three rounds is more than that race can need.
     for _ in range(3):
@@ -319,7 +330,19 @@ def create_todo(*, endpoint, queue: str, title: str, actor: str, payload=None, k
         if existing is not None:
             existing.endpoint = endpoint
             return existing, False
+        holder = thread_live_key and queries.live_todo_holding_thread(endpoint, thread_live_key)
+        if holder:
+            holder.endpoint = endpoint
+            raise ThreadHeld(holder)
     raise RuntimeError(f"idempotency key {idempotency_key!r} kept conflicting")
+
+
+class ThreadHeld(Exception):
+    """``create_todo`` made nothing: ``todo`` is live for the thread it was to start."""
+
+    def __init__(self, todo: Todo):
+        super().__init__(f"todo {todo.pk} holds the thread")
+        self.todo = todo
 
 
 # -- agent (and operator) verbs -----------------------------------------------------------------

@@ -230,7 +230,7 @@ def section(page: str, element_id: str) -> str:
 def test_the_webhook_page_shows_its_connection_and_failing_write_backs(refused_status, hooked,
                                                                        github, owner_client,
                                                                        app_connection):
-    retrying = deliver("issue_comment", "created")
+    retrying = deliver("issue_comment", "created", issue=2)  # its own thread
     github.fail(503, times=1)
     write_back.send_due_write_backs()
     assert rows(retrying)["ack"].failing_since is not None
@@ -252,7 +252,7 @@ def test_the_webhook_page_lists_the_latest_failing_and_says_where_the_rest_are(
     from console import webhooks as console_webhooks
 
     monkeypatch.setattr(console_webhooks, "WEBHOOK_PAGE_FAILING_WRITE_BACKS", 1)
-    newer = deliver("issue_comment", "created")
+    newer = deliver("issue_comment", "created", issue=2)  # its own thread
     github.fail(404, message="Not Found", times=1)
     write_back.send_due_write_backs()
     assert rows(newer)["ack"].state == "failed"

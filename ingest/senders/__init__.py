@@ -179,6 +179,12 @@ class Sender:
     # (connection, kind, payload) -> True when the connection itself caused the delivery (its
     # own comment): the loop guard. None: its deliveries are never its own.
     is_own_write_back: Callable | None = None
+    # Threads (docs/work-control.md#threads): (kind, payload) -> the thread key, "" for none;
+    # None: a source without threads. ends_thread: (kind, payload) -> True for a delivery
+    # that ends its thread; stop_kinds names those for people.
+    thread_key: Callable | None = None
+    ends_thread: Callable | None = None
+    stop_kinds: tuple = ()
 
 
 from . import github, gitea, gitlab, stripe, standard, linear, slack, sentry, unsigned  # noqa: E402

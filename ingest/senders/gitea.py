@@ -11,7 +11,7 @@ from . import (ConnectionSpec, Identity, Sender, WriteBackClient, checked_page, 
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
-from ..titles import dig, first, kind_with_action
+from ..titles import dig, first, kind_with_action, text, whole_number
 from ..verification import (Envelope, VerificationFailed, accepted_secrets, as_bytes, hmac_hex,
                             matches_any)
 
@@ -170,6 +170,19 @@ def is_own_write_back(connection, kind: str, payload: dict) -> bool:
 
 
 # Gitea mirrors GitHub's payload shapes, so its titles are GitHub's.
+def thread_key(kind: str, payload: dict) -> str:
+    """``<owner>/<repo>#<number>`` for the issue and pull request events and their comments
+    and reviews (Gitea names more of them than GitHub: ``pull_request_approved`` …)."""
+    event = kind.partition(".")[0]
+    if not event.startswith(("issue", "pull_request")):
+        return ""
+    number = (whole_number(dig(payload, "issue", "number"))
+              or whole_number(dig(payload, "pull_request", "number"))
+              or whole_number(payload.get("number")))
+    repo = text(dig(payload, "repository", "full_name"))
+    return f"{repo}#{number}" if repo and number else ""
+
+
 SENDER = Sender(
     source=Source.GITEA, verify=verify, derive_kind=kind_with_action,
     derive_title=github.derive_title, setup_steps=setup_steps, read_actor=read_actor,
@@ -182,4 +195,5 @@ SENDER = Sender(
                                 check_secret=github.check_token),),
     write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status,
                                target_url=target_url),
-    is_own_write_back=is_own_write_back)
+    is_own_write_back=is_own_write_back, thread_key=thread_key,
+    ends_thread=github.ends_thread, stop_kinds=github.STOP_KINDS)

@@ -18,7 +18,7 @@ from . import (ConnectionSpec, Identity, Sender, WriteBackClient, checked_page, 
 from .. import outbound, status_text
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
-from ..titles import branch, commits, dig, first, kind_with_action, text
+from ..titles import branch, commits, dig, first, kind_with_action, text, whole_number
 from ..verification import (Envelope, VerificationFailed, accepted_secrets, as_bytes, hmac_hex,
                             matches_any, require_header)
 
@@ -415,6 +415,37 @@ def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     return False
 
 
+# Threads (docs/work-control.md#threads): the events about one issue or pull request, and
+# where their payload keeps it.
+THREAD_SUBJECTS = {"issues": "issue", "issue_comment": "issue", "pull_request": "pull_request",
+                   "pull_request_review": "pull_request",
+                   "pull_request_review_comment": "pull_request",
+                   "pull_request_review_thread": "pull_request"}
+STOP_KINDS = ("issues.closed", "pull_request.closed")
+
+
+def thread_key(kind: str, payload: dict) -> str:
+    """``<owner>/<repo>#<number>`` of the issue or pull request the event is about; a check
+    run or suite only when it names exactly one pull request; "" otherwise."""
+    event = kind.partition(".")[0]
+    if event in THREAD_SUBJECTS:
+        number = whole_number(dig(payload, THREAD_SUBJECTS[event], "number")) or whole_number(
+            payload.get("number"))
+    elif event in ("check_run", "check_suite"):
+        pulls = dig(payload, event, "pull_requests")
+        one = pulls[0] if isinstance(pulls, list) and len(pulls) == 1 else None
+        number = whole_number(dig(one, "number"))
+    else:
+        return ""
+    repo = text(dig(payload, "repository", "full_name"))
+    return f"{repo}#{number}" if repo and number else ""
+
+
+def ends_thread(kind: str, payload: dict) -> bool:
+    """An issue or pull request closed (a pull request merged or not)."""
+    return kind in STOP_KINDS
+
+
 SENDER = Sender(
     source=Source.GITHUB, verify=verify, derive_kind=kind_with_action, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, reads_roles=True, takes_forms=True,
@@ -430,7 +461,8 @@ SENDER = Sender(
     write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status,
                                target_url=target_url, check_run=send_check_run,
                                wants_check_run=wants_check_run),
-    is_own_write_back=is_own_write_back)
+    is_own_write_back=is_own_write_back, thread_key=thread_key, ends_thread=ends_thread,
+    stop_kinds=STOP_KINDS)
 
 
 # -- repository tokens for agents (docs/write-back.md#repository-tokens-for-agents) ----------

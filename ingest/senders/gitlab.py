@@ -8,7 +8,7 @@ from . import (ConnectionSpec, Identity, Sender, WriteBackClient, checked_page, 
 from .. import outbound
 from ..actors import Actor, dict_of, text_of
 from ..models import Source, TrustMode
-from ..titles import branch, commits, dig, first, text
+from ..titles import branch, commits, dig, first, text, whole_number
 from ..verification import (Envelope, VerificationFailed, accepted_secrets, as_bytes,
                             matches_any, require_header)
 
@@ -199,6 +199,33 @@ def is_own_write_back(connection, kind: str, payload: dict) -> bool:
         first(user.get("id"), payload.get("user_id")))
 
 
+# What ends a thread (docs/work-control.md#threads): an issue closed, a merge request closed
+# or merged (GitLab's object_attributes.action).
+STOP_KINDS = ("issue.close", "confidential_issue.close", "merge_request.close",
+              "merge_request.merge")
+
+
+def thread_key(kind: str, payload: dict) -> str:
+    """``<project path>#<iid>`` of an issue, ``<project path>!<iid>`` of a merge request, for
+    their events and the notes on them; "" otherwise."""
+    event = kind.partition(".")[0]
+    attributes = dict_of(payload.get("object_attributes"))
+    if event in _NOUNS:
+        noun, iid = _NOUNS[event], attributes.get("iid")
+    elif event in ("note", "confidential_note") and attributes.get("noteable_type") in _NOTEABLES:
+        noun, subject = _NOTEABLES[attributes["noteable_type"]]
+        iid = dig(payload, subject, "iid")
+    else:
+        return ""
+    path, iid = text(dig(payload, "project", "path_with_namespace")), whole_number(iid)
+    sign = "!" if noun == "merge_requests" else "#"
+    return f"{path}{sign}{iid}" if path and iid else ""
+
+
+def ends_thread(kind: str, payload: dict) -> bool:
+    return kind in STOP_KINDS
+
+
 SENDER = Sender(
     source=Source.GITLAB, verify=verify, derive_kind=derive_kind, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, redelivers_under_its_id=True,
@@ -208,4 +235,5 @@ SENDER = Sender(
                                 check_secret=github.check_token),),
     write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status,
                                target_url=target_url),
-    is_own_write_back=is_own_write_back)
+    is_own_write_back=is_own_write_back, thread_key=thread_key, ends_thread=ends_thread,
+    stop_kinds=STOP_KINDS)

@@ -409,6 +409,34 @@ def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     return own in authors
 
 
+# What ends a thread (docs/work-control.md#threads): an agent session's stop signal (an
+# AgentActivity's ``signal``, @linear/sdk's AgentActivitySignal), or an issue moved to a
+# workflow state of one of these types.
+STOP_SIGNAL = "stop"
+CLOSED_STATE_TYPES = ("completed", "canceled")
+STOP_KINDS = ("AgentSessionEvent.prompted (signal stop)",
+              "Issue.update (state completed or canceled)")
+
+
+def thread_key(kind: str, payload: dict) -> str:
+    """The agent session's id for an ``AgentSessionEvent``, else the issue's identifier
+    (``ENG-123``) for an issue or a comment on one."""
+    kind_type = kind.partition(".")[0]
+    if kind_type == "AgentSessionEvent":
+        return text(dig(payload, "agentSession", "id"))
+    if kind_type == "Issue":
+        return text(dig(payload, "data", "identifier"))
+    if kind_type == "Comment":
+        return text(dig(payload, "data", "issue", "identifier"))
+    return ""
+
+
+def ends_thread(kind: str, payload: dict) -> bool:
+    if kind == "AgentSessionEvent.prompted":
+        return dig(payload, "agentActivity", "signal") == STOP_SIGNAL
+    return kind == "Issue.update" and dig(payload, "data", "state", "type") in CLOSED_STATE_TYPES
+
+
 SENDER = Sender(
     source=Source.LINEAR, verify=verify, derive_kind=derive_kind, derive_title=derive_title,
     setup_steps=setup_steps, mints_own_secret=True, check_payload=check_payload,
@@ -419,4 +447,5 @@ SENDER = Sender(
                                 identify=identify, check_secret=check_secret),),
     write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status,
                                target_url=target_url, max_status_chars=2000),
-    is_own_write_back=is_own_write_back)
+    is_own_write_back=is_own_write_back, thread_key=thread_key, ends_thread=ends_thread,
+    stop_kinds=STOP_KINDS)

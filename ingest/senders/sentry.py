@@ -38,9 +38,26 @@ def setup_steps(hook_url: str, slug: str) -> list[str]:
     ]
 
 
+# What ends a thread (docs/work-control.md#threads): its issue resolved or ignored.
+STOP_KINDS = ("issue.resolved", "issue.ignored")
+
+
+def thread_key(kind: str, payload: dict) -> str:
+    """The id of the Sentry issue the delivery is about (an issue, or an error or alert
+    event of one)."""
+    data = payload.get("data") if isinstance(payload.get("data"), dict) else {}
+    return first(dig(data, "issue", "id"), dig(data, "event", "issue_id"),
+                 dig(data, "error", "issue_id"))
+
+
+def ends_thread(kind: str, payload: dict) -> bool:
+    return kind in STOP_KINDS
+
+
 # Sentry-Hook-Resource (issue, event_alert, metric_alert, …) plus the payload's action.
 SENDER = Sender(
     source=Source.SENTRY, verify=verify, derive_kind=kind_with_action, derive_title=derive_title,
     setup_steps=setup_steps, mints_own_secret=True,
     kind_origin="the Sentry-Hook-Resource header, then the payload's action",
-    event_headers=("sentry-hook-resource",), delivery_headers=("request-id",))
+    event_headers=("sentry-hook-resource",), delivery_headers=("request-id",),
+    thread_key=thread_key, ends_thread=ends_thread, stop_kinds=STOP_KINDS)

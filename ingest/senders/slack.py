@@ -388,6 +388,17 @@ def is_own_write_back(connection, kind: str, payload: dict) -> bool:
     return False
 
 
+def thread_key(kind: str, payload: dict) -> str:
+    """``<channel>:<thread_ts or ts>``: the thread a message is in, or the message that may
+    start one (an edit's or a deletion's message; a reaction's item)."""
+    event = dict_of(payload.get("event"))
+    message, item = _message(event), dict_of(event.get("item"))
+    channel = first(event.get("channel"), message.get("channel"), item.get("channel"))
+    ts = first(message.get("thread_ts"), event.get("thread_ts"), message.get("ts"),
+               item.get("ts"))
+    return f"{channel}:{ts}" if channel and ts else ""
+
+
 SENDER = Sender(
     source=Source.SLACK, verify=verify, derive_kind=derive_kind, derive_title=derive_title,
     setup_steps=setup_steps, read_actor=read_actor, reads_every_actor=True,
@@ -399,4 +410,4 @@ SENDER = Sender(
                                 check_secret=check_bot_token),),
     write_back=WriteBackClient(find_target=find_target, ack=send_ack, status=send_status,
                                markup="slack", target_url=target_url, max_status_chars=3000),
-    is_own_write_back=is_own_write_back)
+    is_own_write_back=is_own_write_back, thread_key=thread_key)

@@ -63,7 +63,8 @@ def test_add_webhook_route(operator, endpoint):
                "--kinds", "pull_request, issues.opened")
     assert data == {"webhook": "gh", "endpoint": endpoint.slug, "queue": "reviews", "priority": 0,
                     "delay_seconds": 0, "requires_approval": False, "write_back": "status",
-                    "agent_permissions": {}}
+                    "agent_permissions": {}, "follow_ups": "coalesce", "thread_key": "",
+                    "stop": ["issues.closed", "pull_request.closed"]}
     assert Route.objects.get().kinds == ["pull_request", "issues.opened"]
     # A route that exists already: said plainly (no flag is to blame, so none is named).
     with pytest.raises(CommandError) as twice:

@@ -21,7 +21,7 @@ from todos.models import Todo
 
 from . import hook_client, signing
 from .conftest import SECRETS
-from .test_views import ISSUE, post_hook
+from .test_views import ISSUE, numbered_issue, post_hook
 
 pytestmark = pytest.mark.django_db
 
@@ -123,7 +123,7 @@ def test_unsupported_type_is_415(make_webhook):
 def test_rate_limited_is_429(make_webhook):
     webhook = make_webhook("github")
     for n in range(2):
-        body, meta = signed("github", {**ISSUE, "n": n})
+        body, meta = signed("github", numbered_issue(n))
         status = post_hook(webhook.slug, body, meta).status_code
     assert status == 429
     record = DeliveryRecord.objects.get(outcome="rate_limited")
@@ -147,6 +147,28 @@ def test_filtered_is_202_without_todos(make_webhook, endpoint):
     assert answer.status_code == 202 and answer.json()["todos"] == []
     assert (only_record(webhook).outcome, only_record(webhook).status) == ("filtered", 202)
     assert "someone-else" in only_record(webhook).reason
+
+
+def test_coalesced_is_202_naming_the_live_todo(make_webhook, endpoint):
+    webhook = make_webhook("github", routes=[])
+    transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="inbox",
+                                  follow_ups="skip")
+    assert post_hook(webhook.slug, *signed("github", ISSUE)).status_code == 202
+    answer = post_hook(webhook.slug, *signed("github", {**ISSUE, "action": "edited"}))
+    assert answer.status_code == 202 and answer.json()["todos"] == []
+    record = DeliveryRecord.objects.filter(webhook=webhook).latest("id")
+    todo = Todo.objects.get()
+    assert (record.outcome, record.status, record.todo_ids) == ("coalesced", 202, [str(todo.pk)])
+
+
+def test_stopped_names_the_todos_it_stopped(make_webhook):
+    webhook = make_webhook("github")
+    assert post_hook(webhook.slug, *signed("github", ISSUE)).status_code == 202
+    answer = post_hook(webhook.slug, *signed("github", {**ISSUE, "action": "closed"}))
+    todo = Todo.objects.get()
+    assert answer.status_code == 202 and answer.json()["stopped"] == [str(todo.pk)]
+    record = DeliveryRecord.objects.filter(webhook=webhook).latest("id")
+    assert (record.outcome, record.todo_ids) == ("stopped", [str(todo.pk)])
 
 
 def test_every_outcome_has_a_test_here():

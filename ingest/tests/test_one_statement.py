@@ -29,7 +29,7 @@ from todos.models import Todo, TodoEvent
 
 from . import signing
 from .conftest import SECRETS
-from .test_views import ISSUE, deliver, post_hook
+from .test_views import ISSUE, numbered_issue, deliver, post_hook
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -77,7 +77,7 @@ def run_threads(count, target):
 def test_one_route_delivery_is_two_statements_in_autocommit(make_webhook):
     webhook = make_webhook("github")
     assert github_post(webhook, signing.body_of(ISSUE), "warm-up").status_code == 202
-    body = signing.body_of({**ISSUE, "n": 2})
+    body = signing.body_of(numbered_issue(2))
     with CaptureQueriesContext(connection) as captured:
         answer = github_post(webhook, body, "d-2")
     assert answer.status_code == 202 and answer.json()["todos"][0]["duplicate"] is False
@@ -338,7 +338,7 @@ def test_concurrent_replays_of_one_body_make_one_todo_and_are_refused(make_webho
 def test_concurrent_distinct_deliveries_each_make_their_todo(make_webhook):
     webhook = make_webhook("github")
     answers = run_threads(THREADS, lambda i: github_post(
-        webhook, signing.body_of({**ISSUE, "n": i}), f"delivery-{i}"))
+        webhook, signing.body_of(numbered_issue(i)), f"delivery-{i}"))
     assert [answer.status_code for answer in answers] == [202] * THREADS
     assert Todo.objects.count() == THREADS and DeliveryEvent.objects.count() == THREADS
     assert DeliveryRecord.objects.filter(outcome="accepted").count() == THREADS

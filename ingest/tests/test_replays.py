@@ -19,7 +19,7 @@ from todos.models import Todo
 
 from . import signing
 from .conftest import SECRETS
-from .test_views import ISSUE, post_hook
+from .test_views import ISSUE, numbered_issue, post_hook
 
 pytestmark = pytest.mark.django_db
 
@@ -192,7 +192,7 @@ def test_the_delivery_event_ledger_entry_and_log_record_are_one_statement_on_pos
 
     webhook = make_webhook("github")
     github_post(webhook, signing.body_of(ISSUE))  # warm up
-    body = signing.body_of({**ISSUE, "n": 2})
+    body = signing.body_of(numbered_issue(2))
     # The lookup and the savepoint pair (the test's transaction is open) around ONE statement
     # that writes the arrival and its todo (with its event). SQLite has no data-modifying
     # CTEs, so there they are statements of their own (and the todo's too).

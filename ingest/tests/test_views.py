@@ -26,6 +26,11 @@ ISSUE = {
 }
 
 
+def numbered_issue(n) -> dict:
+    """ISSUE about issue ``n``: its own thread, so it makes its own todo (not a follow-up)."""
+    return {**ISSUE, "issue": {**ISSUE["issue"], "number": n}, "n": n}
+
+
 def post_hook(slug, body: bytes, meta: dict, content_type="application/json", **options):
     return hook_client.post(slug, body, content_type=content_type, **options, **meta)
 
@@ -373,9 +378,9 @@ def test_the_asgi_routing_serves_hooks_with_answer_hook():
 @override_settings(SWITCHBOARD_INGEST_RATE_PER_MINUTE=3)
 def test_rate_limit_is_429_with_retry_after(make_webhook):
     webhook = make_webhook("github")
-    statuses = [deliver(webhook, {**ISSUE, "n": n}).status_code for n in range(4)]
+    statuses = [deliver(webhook, numbered_issue(n)).status_code for n in range(4)]
     assert statuses == [202, 202, 202, 429]
-    answer = deliver(webhook, {**ISSUE, "n": 4})
+    answer = deliver(webhook, numbered_issue(4))
     assert answer.status_code == 429
     assert 1 <= int(answer["Retry-After"]) <= 60
     assert answer.json()["error"]["code"] == "rate_limited"
@@ -711,8 +716,8 @@ def test_a_blocked_address_still_reaches_a_webhook_this_process_has_served(make_
     # A sender's shared egress address (a CI fleet, GitHub itself) may be spent by someone
     # else's typos: the webhooks it really delivers to keep working, as bearers do on /mcp.
     webhook = make_webhook("github")
-    assert deliver(webhook, {**ISSUE, "n": 1}).status_code == 202
+    assert deliver(webhook, numbered_issue(1)).status_code == 202
     for n in range(4):
         post_hook(f"nope-{n}", b"{}", {})
     assert post_hook("nope-again", b"{}", {}).status_code == 429
-    assert deliver(webhook, {**ISSUE, "n": 2}).status_code == 202
+    assert deliver(webhook, numbered_issue(2)).status_code == 202

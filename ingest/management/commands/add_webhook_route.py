@@ -2,8 +2,8 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.management.base import CommandError
 
 from endpoints.models import Endpoint
-from ingest import transitions
-from ingest.models import Webhook
+from ingest import threads, transitions
+from ingest.models import FollowUps, Webhook
 from ingest.senders import github
 from todos.models import WriteBack as WriteBackLevel
 from switchboard.commands import JsonCommand, csv_list
@@ -43,6 +43,20 @@ class Command(JsonCommand):
                             help="what the source hears of this route's todos when the webhook "
                                  "has a connection: off, ack (a reaction) or status (the "
                                  "reaction and one living status comment; the default)")
+        parser.add_argument("--follow-ups", choices=FollowUps.values,
+                            help="a delivery on a thread whose todo is still live: coalesce "
+                                 "(a follow-up of that todo), new (a todo of its own) or skip "
+                                 "(dropped); default coalesce for a source with threads, new "
+                                 "for the others")
+        parser.add_argument("--thread-key", default="",
+                            help="the thread key from payload fields, e.g. "
+                                 "'{repository.full_name}#{issue.number}'; default: the "
+                                 "sender's own")
+        parser.add_argument("--stop-kinds",
+                            help="comma-separated kinds that also end a thread (as --kinds "
+                                 "matches), besides the sender's own (an issue closed …)")
+        parser.add_argument("--no-stop", action="store_true",
+                            help="no delivery ends a thread on this route")
 
         parser.add_argument("--agent-permissions",
                             help="a repository token for the agent holding one of this route's "
@@ -52,8 +66,8 @@ class Command(JsonCommand):
                                  "where GitHub has it); default: none, repo_token is refused")
 
     def handle(self, *args, webhook, endpoint, queue, kinds, priority, delay_seconds, actors,
-               author_association, requires_approval, write_back, agent_permissions=None,
-               **options):
+               author_association, requires_approval, write_back, follow_ups, thread_key,
+               stop_kinds, no_stop, agent_permissions=None, **options):
         try:
             hook = Webhook.objects.get(slug=webhook)
         except Webhook.DoesNotExist:
@@ -82,7 +96,9 @@ class Command(JsonCommand):
                 actors_allowed=csv_list(actors) if actors else None,
                 author_associations=csv_list(author_association) if author_association else None,
                 requires_approval=requires_approval, write_back=write_back,
-                agent_permissions=permissions)
+                agent_permissions=permissions,
+                follow_ups=follow_ups or "", thread_key=thread_key,
+                stop_kinds=csv_list(stop_kinds) if stop_kinds else None, stop=not no_stop)
         except ValidationError as exc:
             raise CommandError("; ".join(_field_messages(exc))) from None
         self.emit(
@@ -90,7 +106,10 @@ class Command(JsonCommand):
                       "priority": route.priority, "delay_seconds": route.delay_seconds,
                       "requires_approval": route.requires_approval,
                       "write_back": route.write_back,
-                      "agent_permissions": route.agent_permissions},
+                      "agent_permissions": route.agent_permissions,
+                      "follow_ups": threads.follow_up_policy(route, hook.source),
+                      "thread_key": route.thread_key,
+                      "stop": threads.stop_kinds(route, hook.source)},
             f"route {hook.slug} -> {target.slug}/{route.queue}"
             + (f" (kinds: {', '.join(route.kinds)})" if route.kinds else " (all kinds)")
             + (f", priority {route.priority}" if route.priority else "")
@@ -102,7 +121,10 @@ class Command(JsonCommand):
                else f", write-back {route.write_back}")
             + (", agents get a repository token: " + ",".join(
                 f"{name}:{level}" for name, level in route.agent_permissions.items())
-               if route.agent_permissions else ""),
+               if route.agent_permissions else "")
+            + f", follow-ups {threads.follow_up_policy(route, hook.source)}"
+            + (f", thread key {route.thread_key}" if route.thread_key else "")
+            + ("" if route.stop else ", never stopped by its source"),
         )
 
 

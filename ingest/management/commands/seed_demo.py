@@ -125,8 +125,10 @@ class Command(JsonCommand):
             hook = self.find_or_create_webhook(webhook, user)
             if not Route.objects.filter(webhook=hook, endpoint=agent_endpoint,
                                         queue=DEMO_QUEUE).exists():
+                # Every paste of the sample is about issue #1: "new" makes each its own
+                # todo, as the README's first five minutes promise, not a follow-up.
                 transitions.add_webhook_route(webhook=hook, endpoint=agent_endpoint,
-                                              queue=DEMO_QUEUE)
+                                              queue=DEMO_QUEUE, follow_ups="new")
         base = settings.SWITCHBOARD_PUBLIC_URL
         mcp_url = f"{base}/mcp/{agent_endpoint.slug}"
         hook_url = f"{base}/hooks/{hook.slug}"
