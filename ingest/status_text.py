@@ -148,11 +148,11 @@ def stopped_words(todo: Todo) -> str:
 
 def source_stopped(todo: Todo, cancel_reason) -> bool:
     """Whether the cancelled ``todo`` was stopped by its source: cancelled with reason
-    ``source_closed``, or ended without a reason of its own (by its holder, or a lapse) after
-    its source asked its holder to stop."""
+    ``source_closed``, or ended (by its holder, whatever reason it gave, or a lapse) after its
+    source asked its holder to stop."""
     if cancel_reason == SOURCE_CLOSED:
         return True
-    if cancel_reason or todo.cancel_requested_at is None:
+    if todo.cancel_requested_at is None:
         return False
     asked = (TodoEvent.objects.filter(todo_id=todo.pk, action="cancel_request")
              .order_by("-id").values_list("detail", flat=True).first())
@@ -195,9 +195,10 @@ def _operator_decision(todo: Todo, markup):
              .order_by("-at", "-id").only("action", "actor", "detail").first())
     if event is None:
         return None
-    system = _SYSTEM_ACTORS.get(event.actor)
-    actor = system or markup.text(event.actor, 100)
     detail = event.detail if isinstance(event.detail, dict) else {}
+    # An agent's actor is its session id, a handle of its session: never shown at the source.
+    system = "its agent" if detail.get("by_holder") else _SYSTEM_ACTORS.get(event.actor)
+    actor = system or markup.text(event.actor, 100)
     reason = detail.get("reason") if not system else ""
     return (_DECISIONS[event.action][1].format(actor=actor),
             reason if isinstance(reason, str) else "")

@@ -36,7 +36,8 @@ async def run_every(sweep, interval_seconds: float, entry: schedule.PeriodicSwee
     while True:
         try:
             moved = await sync_to_async(_run_sweep, thread_sensitive=not own_thread)(sweep)
-            if moved:
+            # A sweep of several kinds answers a dict of counts: all zero is no work either.
+            if moved and (not isinstance(moved, dict) or any(moved.values())):
                 log.info("sweep did work", extra={"sweep": name, "moved": moved})
         except asyncio.CancelledError:
             raise

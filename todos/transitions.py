@@ -941,8 +941,10 @@ def _wrong_state(caller: Caller, todo_id: int, wanted: str) -> Refusal:
 
 
 def _requested_detail(params: dict) -> str:
-    """A cancel's event detail over the updated row ``t``: whether a cancel was requested."""
-    params.update(requested_detail=json.dumps({"cancel_requested": True}), no_detail="{}")
+    """The holder's cancel's event detail over the updated row ``t``: that its holder ended it
+    (the living status names no session id) and whether a cancel was requested."""
+    params.update(requested_detail=json.dumps({"by_holder": True, "cancel_requested": True}),
+                  no_detail=json.dumps({"by_holder": True}))
     return (f"CASE WHEN t.cancel_requested_at IS NOT NULL THEN {dialect.jsonb('requested_detail')}"
             f" ELSE {dialect.jsonb('no_detail')} END")
 

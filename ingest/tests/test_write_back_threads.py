@@ -162,6 +162,30 @@ def test_a_held_todo_the_source_stopped_says_so_once_it_ends(hooked, github, age
     assert run["conclusion"] == "cancelled" and run["output"]["title"].startswith("🛑 Stopped")
 
 
+def test_a_holder_that_ends_a_stopped_todo_with_a_reason_of_its_own_still_reads_stopped(
+        hooked, github, agent):
+    # The runner cancels with its own words ("the runner stopped the agent"); the source asked.
+    todo = gh.deliver("issues", gh.issue_opened())
+    Todo.objects.filter(pk=todo.pk).update(thread="octo/app#12")
+    todo_transitions.claim_todo(agent, todo.pk)
+    todo_transitions.stop_thread(todo.endpoint_id, "octo/app#12", webhook_id=hooked.pk,
+                                 actor="octocat")
+    todo_transitions.cancel_held_todo(agent, todo.pk, reason="the runner stopped the agent")
+    gh.send()
+    (comment,) = github.status_comments()
+    assert "🛑 Stopped: the issue was closed" in comment["body"]
+
+
+def test_an_agents_own_cancel_names_no_session_id_at_the_source(hooked, github, agent):
+    todo = gh.deliver("issues", gh.issue_opened())
+    todo_transitions.claim_todo(agent, todo.pk)
+    todo_transitions.cancel_held_todo(agent, todo.pk, reason="not mine to do")
+    gh.send()
+    (comment,) = github.status_comments()
+    assert "Cancelled by its agent" in comment["body"]
+    assert agent.actor not in comment["body"] and "not mine to do" not in comment["body"]
+
+
 def test_an_operators_cancel_still_names_them_and_their_reason(hooked, github, agent):
     todo = gh.deliver("issues", gh.issue_opened())
     todo_transitions.claim_todo(agent, todo.pk)

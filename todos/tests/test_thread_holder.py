@@ -105,10 +105,11 @@ def test_the_holder_cancels_its_todo_with_a_reason_whether_or_not_it_was_asked(a
     assert done.state == State.CANCELLED and done.cancelled_at and done.lease_id is None
     event = TodoEvent.objects.get(todo_id=asked.pk, action="cancel")
     assert (event.from_state, event.to_state, event.actor) == ("claimed", "cancelled", "session-a")
-    assert event.detail == {"reason": "the PR was closed", "cancel_requested": True}
+    assert event.detail == {"reason": "the PR was closed", "cancel_requested": True,
+                            "by_holder": True}
     unasked = transitions.claim_todo(agent, make_todo().pk)
     transitions.cancel_held_todo(agent, unasked.pk)
-    assert TodoEvent.objects.get(todo_id=unasked.pk, action="cancel").detail == {}
+    assert TodoEvent.objects.get(todo_id=unasked.pk, action="cancel").detail == {"by_holder": True}
     with pytest.raises(transitions.Refusal) as again:
         transitions.cancel_held_todo(agent, unasked.pk)
     assert again.value.code == "lease_lost"
