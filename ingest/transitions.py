@@ -958,25 +958,31 @@ def redeliver(record: DeliveryRecord, *, operator, routes, now=None) -> Arrival:
     The new delivery keeps the original's trust: re-sending is not vouching for it, so an
     ``unverified`` original stays unverified (hidden from endpoints that refuse it, never
     rung), and only an explicit promote raises it. Its todos are new even on a live thread
-    (no follow-ups: the operator asked for the work again). Raises ValueError when there is nothing to
-    re-send."""
-    from todos.models import Todo
+    (no follow-ups: the operator asked for the work again); a delivery that became a follow-up
+    is re-sent from the follow-up's payload. Raises ValueError when there is nothing to
+    re-send (its todos and follow-ups were pruned)."""
+    from todos.models import FollowUp, Todo
 
     if record.outcome != Outcome.ACCEPTED or record.delivery_event_id is None:
         raise ValueError("only an accepted delivery can be redelivered")
     original = DeliveryEvent.objects.filter(pk=record.delivery_event_id).only("trust").first()
-    todo = (Todo.objects.filter(delivery_event_id=record.delivery_event_id).order_by("id")
+    kept = (Todo.objects.filter(delivery_event_id=record.delivery_event_id).order_by("id")
             .only("payload", "kind", "traceparent").first())
-    if todo is None or original is None:
+    if kept is None:
+        # A delivery folded into a live todo kept its payload on the follow-up row.
+        kept = (FollowUp.objects.filter(delivery_event_id=record.delivery_event_id)
+                .order_by("id").only("payload", "kind").first())
+    if kept is None or original is None:
         raise ValueError("the delivery's todos are gone (pruned); nothing to re-send")
     webhook = record.webhook
-    kind = todo.kind
+    kind = kept.kind
+    traceparent = getattr(kept, "traceparent", "")
     # Its own trace (the operator's act), linked to the original's.
-    with tracing.delivery(REDELIVERY_SPAN_NAME, None, links=[todo.traceparent],
+    with tracing.delivery(REDELIVERY_SPAN_NAME, None, links=[traceparent] if traceparent else [],
                           **{"switchboard.webhook_id": webhook.pk,
                              "switchboard.source": webhook.source,
                              "switchboard.kind": kind}) as span:
-        arrival = _redeliver(record, webhook, routes, original, kind, todo.payload, operator, now)
+        arrival = _redeliver(record, webhook, routes, original, kind, kept.payload, operator, now)
         span.set(**{"switchboard.todo_ids": [str(made.pk) for made, _ in arrival.todos]})
     return arrival
 

@@ -551,7 +551,7 @@ def _fenced(caller: Caller, todo_id, lease_id, *, set_sql, params, action_sql, a
                 lease_id is not None and overriding is None
                 and _add_usage_to_settled_attempt(caller, todo_id, lease_id, report, now))
         raise refusal
-    _announce([todo], action)
+    _announce([todo], "cancel" if todo.state == State.CANCELLED else action)
     return todo
 
 
@@ -743,15 +743,26 @@ def fail_todo(caller: Caller, todo_id, *, lease_id=None, error=None, result=None
 
 def release_todo(caller: Caller, todo_id, *, lease_id=None, now=None,
                  overriding: HeldLease | None = None) -> Todo:
-    """claimed -> pending at once, refunding the attempt the claim counted. Fenced; with
-    ``overriding``, an operator frees an agent's (possibly stuck) lease."""
+    """claimed -> pending at once, refunding the attempt the claim counted; or, when a cancel
+    was requested, claimed -> cancelled (``cancelled_at = now``, a ``cancel`` event with reason
+    ``cancel_requested``), in the same guarded statement. Fenced; with ``overriding``, an
+    operator frees an agent's (possibly stuck) lease."""
     now = now or timezone.now()
+    # A todo asked to stop is not handed to the next agent (docs/work-control.md#threads).
+    stop = "cancel_requested_at IS NOT NULL"
     set_sql = (
-        "state = 'pending', lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL, "
+        f"state = CASE WHEN {stop} THEN 'cancelled' ELSE 'pending' END, "
+        f"cancelled_at = CASE WHEN {stop} THEN %(now)s ELSE cancelled_at END, "
+        "lease_id = NULL, lease_owner = NULL, lease_expires_at = NULL, "
         "lease_ttl = NULL, attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END"
     )
-    return _fenced(caller, todo_id, lease_id, set_sql=set_sql, params={}, now=now,
-                   action_sql="'release'", action="release", overriding=overriding)
+    params = {"stopped_detail": json.dumps({"reason": "cancel_requested"}), "no_detail": "{}"}
+    return _fenced(caller, todo_id, lease_id, set_sql=set_sql, params=params, now=now,
+                   action_sql="CASE WHEN t.state = 'cancelled' THEN 'cancel' ELSE 'release' END",
+                   action="release", overriding=overriding,
+                   detail_sql_over_t=("CASE WHEN t.state = 'cancelled' THEN "
+                                      f"{dialect.jsonb('stopped_detail')} "
+                                      f"ELSE {dialect.jsonb('no_detail')} END"))
 
 
 # -- humans --------------------------------------------------------------------------------------

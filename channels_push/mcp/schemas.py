@@ -160,7 +160,8 @@ TOOL_SCHEMAS = {
                 ["todo_id"]),
     ),
     "release": (
-        "Hand a claimed todo back untouched: pending again at once, attempt refunded.",
+        "Hand a claimed todo back untouched: pending again at once, attempt refunded (one asked "
+        "to stop is cancelled instead).",
         _schema({"todo_id": _TODO_ID, "lease_id": _LEASE_ID}, ["todo_id"]),
     ),
     "post_update": (

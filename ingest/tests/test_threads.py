@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections
 
-from ingest import transitions
+from ingest import queries, transitions
 from ingest.models import DeliveryRecord
 from tests.processes import DEADLINE_SECONDS
 from todos import transitions as todo_transitions
@@ -104,6 +104,26 @@ def test_a_redelivery_of_a_follow_up_is_a_duplicate_not_a_second_follow_up(hook)
     again = gh(webhook, "issue_comment", "created", delivery="comment-1")
     assert FollowUp.objects.count() == 1
     assert again["todos"] == [] or not any(t.get("followup") for t in again["todos"])
+
+
+def test_a_delivery_that_became_a_follow_up_is_redelivered_from_the_follow_up(hook):
+    webhook = hook("github")
+    gh(webhook, "issues", "opened")
+    gh(webhook, "issue_comment", "created", delivery="comment-1")
+    record = last_record(webhook)
+    [followup] = FollowUp.objects.all()
+    _, routes = queries.find_webhook_with_routes(webhook.slug)
+    arrival = transitions.redeliver(record, operator=webhook.owner, routes=routes)
+    # A redelivery makes its own todo even on a live thread.
+    [(todo, created)] = arrival.todos
+    assert created and (todo.kind, todo.payload, todo.trust) == (
+        "issue_comment.created", followup.payload, "signed")
+    assert todo.thread == "Codertocat/Hello-World#1"
+    assert arrival.record.redelivered_from_id == record.pk
+    # Pruned (no todo, no follow-up of it left): the message stays.
+    FollowUp.objects.filter(pk=followup.pk).delete()
+    with pytest.raises(ValueError, match="pruned"):
+        transitions.redeliver(record, operator=webhook.owner, routes=routes)
 
 
 def test_reviews_and_review_comments_join_their_pull_request(hook):

@@ -5,9 +5,14 @@ runner as its own process, an agent script that waits."""
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from django.utils import timezone
 
+from ingest import transitions as ingest_transitions
+from ingest.tests import signing
+from ingest.tests.conftest import SECRETS
+from ingest.tests.github_standin import webhook_example
 from test_runner import agent, load_runner_module, make_todos, runners, setup  # noqa: F401
 from test_runner_product import watcher  # noqa: F401
 from tests.processes import DEADLINE_SECONDS, poll
@@ -77,6 +82,53 @@ def test_follow_ups_reach_the_agents_file_and_a_stop_ends_the_agent_and_cancels_
     assert Todo.objects.get(pk=todo.pk).attempts == 1  # never retried
 
 
+def post_github(base_url, slug, event, action):
+    """A signed delivery of @octokit/webhooks-examples' ``event`` payload to the live server
+    (GitHub publishes no ``issues`` ``closed`` example: its ``opened`` one, closed)."""
+    try:
+        payload = webhook_example(event, action=action)
+    except LookupError:
+        payload = {**webhook_example(event, action="opened"), "action": action}
+    body = signing.body_of(payload)
+    meta = signing.github(SECRETS["github"], body, event=event)
+    headers = {name.removeprefix("HTTP_").replace("_", "-"): value
+               for name, value in meta.items()}
+    answer = httpx.post(f"{base_url}/hooks/{slug}", content=body, timeout=DEADLINE_SECONDS,
+                        headers={**headers, "Content-Type": "application/json"})
+    assert answer.status_code == 202, answer.text
+    return answer.json()
+
+
+def test_a_webhooks_follow_up_reaches_the_agent_and_closing_the_issue_cancels_its_todo(
+        setup, runners, tmp_path, daphne_server):
+    endpoint, credential, url = setup
+    webhook, _ = ingest_transitions.create_webhook(
+        slug=f"gh-{endpoint.slug}", owner=endpoint.owner, source="github",
+        secret=SECRETS["github"])
+    ingest_transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="inbox")
+    opened = post_github(daphne_server.url, webhook.slug, "issues", "opened")
+    [made] = opened["todos"]
+    seen = tmp_path / "seen.jsonl"
+    runner = runners(url, credential, "--once", "--grace-seconds", "5",
+                     command=[*agent(tmp_path, "waits", WAITING_AGENT), str(seen)])
+    assert poll(lambda: Todo.objects.filter(pk=made["id"], state="claimed").exists()
+                and seen.exists(), DEADLINE_SECONDS), runner.log_text()
+    comment = post_github(daphne_server.url, webhook.slug, "issue_comment", "created")
+    assert comment["todos"][0]["followup"] is True
+    assert poll(lambda: len(lines(seen)) == 1, FOLLOWUP_LATENCY_SECONDS), runner.log_text()
+    [heard] = lines(seen)
+    assert heard["id"] == f"{made['id']}.1" and heard["trust"] == "signed"
+    assert heard["payload"]["comment"]["body"]
+
+    closed = post_github(daphne_server.url, webhook.slug, "issues", "closed")
+    assert closed["stopped"] == [made["id"]] and closed["todos"] == []
+    assert runner.wait() == 0, runner.log_text()
+    todo = Todo.objects.get(pk=made["id"])
+    assert todo.state == "cancelled", (todo.state, runner.log_text())
+    assert (tmp_path / "terminated").read_text() == "yes"
+    assert TodoEvent.objects.get(todo=todo, action="cancel").detail["cancel_requested"] is True
+
+
 def test_the_follow_ups_file_takes_whole_json_lines(tmp_path):
     agent_module = load_runner_module("agent")
     path = agent_module.create_followups_file(str(tmp_path), None)
@@ -117,7 +169,9 @@ def test_a_todo_claimed_already_asked_to_stop_is_cancelled_without_starting_the_
     earlier = transitions.Caller.agent(endpoint, "an-earlier-holder")
     transitions.claim_todo(earlier, todo.pk)
     transitions.request_cancel(todo.pk, actor="octocat", reason="source_closed")
-    transitions.release_todo(earlier, todo.pk)  # handed back, still asked to stop
+    transitions.release_todo(earlier, todo.pk)
+    # A release now cancels it; a row handed back still marked (before that) must not run.
+    Todo.objects.filter(pk=todo.pk).update(state="pending", cancelled_at=None)
     started = tmp_path / "started"
     runner = runners(url, credential, "--once", command=["touch", str(started)])
     assert runner.wait() == 0, runner.log_text()

@@ -151,6 +151,36 @@ def test_a_lapsed_lease_asked_to_stop_is_cancelled_never_retried(agent, endpoint
     assert TodoEvent.objects.get(todo_id=plain.pk, action="lease_lapsed").detail == {}
 
 
+@pytest.mark.parametrize("by", ["holder", "operator"])
+def test_releasing_a_todo_asked_to_stop_cancels_it(agent, endpoint, make_todo, published,
+                                                   django_capture_on_commit_callbacks, by):
+    held = transitions.claim_todo(agent, make_todo().pk)
+    transitions.request_cancel(held.pk, actor="alice")
+    operator = transitions.Caller.operator(endpoint, "alice")
+    with django_capture_on_commit_callbacks(execute=True):
+        if by == "holder":
+            released = transitions.release_todo(agent, held.pk, lease_id=held.lease_id)
+        else:
+            released = transitions.release_todo(operator, held.pk,
+                                                overriding=transitions.HeldLease.of(held))
+    assert released.state == State.CANCELLED and released.cancelled_at is not None
+    assert released.lease_id is None
+    event = TodoEvent.objects.filter(todo_id=held.pk).latest("id")
+    assert (event.action, event.from_state, event.to_state, event.detail["reason"]) == (
+        "cancel", "claimed", "cancelled", "cancel_requested")
+    assert published[-1]["action"] == "cancel"
+    # Nobody takes it up again.
+    with pytest.raises(transitions.Refusal):
+        transitions.claim_todo(agent, held.pk)
+
+
+def test_releasing_a_todo_not_asked_to_stop_still_returns_it(agent, make_todo):
+    held = transitions.claim_todo(agent, make_todo().pk)
+    released = transitions.release_todo(agent, held.pk, lease_id=held.lease_id)
+    assert released.state == State.PENDING and released.cancelled_at is None
+    assert TodoEvent.objects.filter(todo_id=held.pk).latest("id").detail == {}
+
+
 def test_list_todos_filters_by_thread(agent, make_todo):
     ours = [on_thread(make_todo(), "octo/repo#12") for _ in range(3)]
     on_thread(make_todo(), "octo/repo#13")

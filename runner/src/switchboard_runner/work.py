@@ -382,7 +382,7 @@ class Runner:
                         usage_file=usage_file, traceparent=traceparent,
                         followups_file=followups_file)
         if todo.get("cancel_requested") is True:
-            # Asked to stop before it started (released by a holder that had been asked).
+            # Asked to stop before it started (an older server handed such a todo on).
             log_event("cancel_requested", todo_id=todo_id, started=False)
             await self._settle_call(todo, "cancel", {"reason": "asked to stop before it started"})
             return
