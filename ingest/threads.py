@@ -21,6 +21,10 @@ def check_template(template: str) -> None:
         raise ValueError("thread_key: printable text with {field.path} placeholders")
     if len(template) > TEMPLATE_MAX_CHARS:
         raise ValueError(f"thread_key: at most {TEMPLATE_MAX_CHARS} characters")
+    for braced in re.findall(r"\{[^{}]*\}", template):
+        if not _PLACEHOLDER_RE.fullmatch(braced):
+            raise ValueError(f"thread_key: {braced} is not a placeholder: payload field names "
+                             "joined by dots, as {issue.number}")
     if not _PLACEHOLDER_RE.search(template):
         raise ValueError("thread_key: name at least one payload field, as {issue.number}")
     if "{" in _PLACEHOLDER_RE.sub("", template) or "}" in _PLACEHOLDER_RE.sub("", template):

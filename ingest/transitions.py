@@ -156,6 +156,9 @@ def add_webhook_route(*, webhook: Webhook, endpoint, queue: str, kinds=None,
     apply to the webhook's source, before anything is written."""
     queue_name_validator(queue)
     stop_kinds = check_thread_options(follow_ups, thread_key, stop_kinds)
+    if stop_kinds and not stop:
+        raise ValidationError({"stop_kinds": "kinds that end a thread on a route that no "
+                                             "delivery may stop (--no-stop): choose one"})
     try:
         logins, roles = senders.normalized_actor_rules(webhook.source, actors_allowed,
                                                        author_associations)

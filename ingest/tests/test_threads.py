@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.db import connection, connections
 
 from ingest import queries, transitions
-from ingest.models import DeliveryRecord
+from ingest.models import DeliveryRecord, Route
 from tests.processes import DEADLINE_SECONDS
 from todos import transitions as todo_transitions
 from todos.models import FollowUp, Todo, TodoEvent
@@ -368,6 +368,16 @@ def test_a_bad_thread_key_template_is_refused_naming_the_flag(make_webhook, endp
     with pytest.raises(CommandError, match="--thread-key"):
         call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "inbox",
                      "--thread-key", "{a}}")
+
+
+def test_stop_kinds_on_a_route_that_never_stops_are_refused(make_webhook, endpoint):
+    from django.core.management.base import CommandError
+
+    make_webhook("github", slug="gh", routes=[])
+    with pytest.raises(CommandError, match="--stop-kinds.*--no-stop"):
+        call_command("add_webhook_route", "gh", endpoint.slug, "--queue", "inbox",
+                     "--no-stop", "--stop-kinds", "issues.labeled")
+    assert not Route.objects.exists()
 
 
 # -- exact under concurrency (PostgreSQL) -------------------------------------------------------

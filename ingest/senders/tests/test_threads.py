@@ -135,9 +135,10 @@ def test_sources_without_threads_have_no_key(source):
 @pytest.mark.parametrize("template, problem", [
     ("{repository.full_name}#{issue.number}", None),
     ("static", "name at least one"),
-    ("{a.}", "name at least one"),
+    ("{a.}", r"\{a\.\} is not a placeholder"),
+    ("{issue..number}", r"\{issue\.\.number\} is not a placeholder"),
     ("{a}}", "brace"),
-    ("x{a b}", "name at least one"),
+    ("x{a b}", "is not a placeholder"),
     ("{a}{", "brace"),
     ("{a}\n", "printable"),
 ])
