@@ -59,8 +59,9 @@ def test_the_route_command_sets_requires_approval_and_says_so(make_webhook, endp
     printed = json.loads(capsys.readouterr().out)
     assert printed == {"webhook": webhook.slug, "endpoint": endpoint.slug, "queue": "gated",
                        "priority": 0, "delay_seconds": 0, "requires_approval": True,
-                       "write_back": "status", "follow_ups": "coalesce",
-                          "thread_key": "", "stop": ["issues.closed", "pull_request.closed"]}
+                       "write_back": "status", "agent_permissions": {},
+                       "follow_ups": "coalesce", "thread_key": "",
+                       "stop": ["issues.closed", "pull_request.closed"]}
     assert Route.objects.get(queue="gated").requires_approval is True
 
 

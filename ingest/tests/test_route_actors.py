@@ -155,8 +155,9 @@ def test_add_webhook_route_command_takes_actors_and_roles(capsys, make_webhook, 
     assert run.code == 0, run.err
     assert run.json() == {"webhook": webhook.slug, "endpoint": endpoint.slug, "queue": "inbox",
                           "priority": 0, "delay_seconds": 0, "requires_approval": False,
-                          "write_back": "status", "follow_ups": "coalesce",
-                          "thread_key": "", "stop": ["issues.closed", "pull_request.closed"]}
+                          "write_back": "status", "agent_permissions": {},
+                          "follow_ups": "coalesce", "thread_key": "",
+                          "stop": ["issues.closed", "pull_request.closed"]}
     route = Route.objects.get(webhook=webhook)
     assert (route.actors, route.author_associations) == (["alice", "bob"], ["MEMBER", "OWNER"])
     run = run_manage(capsys, "add_webhook_route", webhook.slug, endpoint.slug, "--queue", "other",
