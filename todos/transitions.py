@@ -202,8 +202,9 @@ def _explain_refusal(caller: Caller, todo_id: int, lease_id=None, *, claiming=Fa
                                      f"{todo.lease_expires_at.isoformat()}; the todo goes back to "
                                      "the queue: stop working on it")
     if todo.state == State.CANCELLED:
-        return Refusal("lease_lost", f"todo {todo_id} was cancelled by its operator: stop "
-                                     "working on it; nothing was changed")
+        # Its operator, its source (a closed thread) or its holder's own cancel ended it.
+        return Refusal("lease_lost", f"todo {todo_id} was cancelled: stop working on it; "
+                                     "nothing was changed")
     if todo.state == State.PENDING:
         return Refusal("lease_lost", f"todo {todo_id} is pending and not held by {holder}; "
                                      "claim it again to work on it")
