@@ -200,3 +200,13 @@ def read_usage_file(path: str) -> tuple[dict | None, str | None]:
     if unknown:
         return None, f"unknown keys {unknown} (known: {', '.join(USAGE_KEYS)})"
     return {key: value for key, value in usage.items() if value is not None}, None
+
+
+# The agent CLIs that settle their own todo and exit 0 when switchboard refused or could not be
+# reached: under the runner they need --require-settled.
+SETTLING_CLIS = {"claude": "Claude Code", "codex": "Codex", "gemini": "Gemini CLI"}
+
+
+def settling_cli(command: list[str]) -> str | None:
+    """The product name when ``command`` runs one of SETTLING_CLIS, else None."""
+    return SETTLING_CLIS.get(_name(command[0])) if command else None
