@@ -10,6 +10,9 @@ users under ``setpriv`` (the tests run as root; without it they are skipped sayi
 * The separate-user recipe: the runner as ``nobody`` with ``--token-file``, the agent started
   through ``setpriv`` as another user: the file is out of its reach too.
 * ``--token-file`` works; an empty one is refused (exit 2).
+* ``--repo-token-env``: the agent gets a repository token (the GitHub stand-in mints it for the
+  todo's repository with the route's permissions) and a 0600 file the runner rewrites with a
+  fresh one before it runs out; without a grant, one log line and the agent runs without.
 """
 
 import json
@@ -20,14 +23,18 @@ import sys
 import sysconfig
 import tempfile
 import textwrap
+from datetime import datetime, timedelta, timezone as dt_timezone
 from pathlib import Path
 
 import pytest
 
+from endpoints import transitions as endpoint_transitions
+from ingest.tests.conftest import SECRETS, forget_found_slugs, github  # noqa: F401
+from tests.factories import UserFactory
 from tests.processes import DEADLINE_SECONDS
-from test_runner import (RUNNER, TOKEN_ENV, agent, make_todos, runners,  # noqa: F401
+from tests.servers import start_daphne  # noqa: F401
+from test_runner import (RUNNER, agent, load_runner_module, make_todos, runners,  # noqa: F401
                          setup)
-from todos.models import Todo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -265,3 +272,110 @@ def test_the_runner_warns_when_an_agent_cli_runs_without_require_settled(tmp_pat
         text=True, timeout=DEADLINE_SECONDS, cwd=tmp_path,
         env={**os.environ, "SWITCHBOARD_TOKEN": "sbk_x"})
     assert "--require-settled" not in quiet.stderr, quiet.stderr
+
+
+# -- --repo-token-env, against the GitHub stand-in ----------------------------------------------
+
+GRANT = {"contents": "write", "pull_requests": "write"}
+
+# Prints what it was given, then waits (up to a deadline) for the token file to change when
+# asked to, and prints what it then holds: ``env-token file-token mode [fresh-token]``.
+REPO_TOKEN_AGENT = """
+    import os, stat, sys, time
+    path = os.environ.get("SWITCHBOARD_REPO_TOKEN_FILE")
+    given = os.environ.get("GH_TOKEN", "-")
+    if path is None:
+        print(given, "-", "-")
+        raise SystemExit(0)
+    first = open(path).read().strip()
+    mode = oct(stat.S_IMODE(os.stat(path).st_mode))
+    fresh = "-"
+    deadline = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < deadline:
+        now = open(path).read().strip()
+        if now != first:
+            fresh = now
+            break
+        time.sleep(0.2)
+    print(given, first, mode, fresh)
+"""
+
+
+@pytest.fixture
+def github_setup(start_daphne):
+    """``setup`` on a server that may reach the GitHub stand-in over plain http on loopback."""
+    server = start_daphne(DJANGO_SETTINGS_MODULE="tests.system.write_back_settings")
+    owner = UserFactory(username="runner-github-owner")
+    endpoint, credential = endpoint_transitions.vend_endpoint(slug="runner-github", owner=owner)
+    return endpoint, credential, f"{server.url}/mcp/{endpoint.slug}"
+
+
+def github_todo(setup, github, agent_permissions):
+    """A GitHub App webhook routed to ``setup``'s endpoint, and one issue delivered to it."""
+    from ingest import connections, transitions as ingest_transitions
+    from ingest.tests.test_write_back import deliver, issue_opened
+
+    endpoint, credential, url = setup
+    operator = endpoint.owner
+    connection, test = connections.create_connection(
+        name="gh-app", owner=operator, kind="github_app", secret=github.app_pem,
+        app_id=str(github.app_id), api_url=github.api_url)
+    assert test.ok, test.error
+    webhook, _ = ingest_transitions.create_webhook(slug="gh", owner=operator, source="github",
+                                                   secret=SECRETS["github"])
+    ingest_transitions.add_webhook_route(webhook=webhook, endpoint=endpoint, queue="inbox",
+                                         agent_permissions=agent_permissions)
+    connections.set_webhook_connection(webhook, connection)
+    return deliver("issues", issue_opened(), slug="gh")
+
+
+def test_repo_token_env_gives_the_agent_a_repository_token_and_refreshes_its_file(
+        github_setup, runners, tmp_path, github):
+    # Just over the 5 minutes the server reuses a token for: the runner asks again within
+    # seconds, gets a new one, and rewrites the file.
+    github.token_lifetime = timedelta(minutes=5, seconds=3)
+    setup = github_setup
+    todo = github_todo(setup, github, GRANT)
+    endpoint, credential, url = setup
+    runner = runners(url, credential, "--once", "--repo-token-env", "GH_TOKEN",
+                     command=[*agent(tmp_path, "gh", REPO_TOKEN_AGENT), "60"])
+    assert runner.wait(timeout=120) == 0, runner.log_text()
+    todo.refresh_from_db()
+    assert todo.state == "done", (todo.last_error, runner.log_text())
+    seen = todo.result["stdout_tail"].split()
+    assert len(seen) == 4, (seen, runner.log_text())
+    given, first, mode, fresh = seen
+    assert given == first and given.startswith("ghs_"), todo.result
+    assert mode == "0o600"
+    assert fresh.startswith("ghs_") and fresh != first, (todo.result, runner.log_text())
+    minted = github.requests_to("apps/create-installation-access-token")
+    assert len(minted) == 2
+    assert all(request.body == {"repositories": [todo.payload["repository"]["name"]],
+                                "permissions": GRANT} for request in minted)
+    assert "repo_token_refreshed" in runner.log_text()
+    assert first not in runner.log_text() and fresh not in runner.log_text()
+
+
+def test_repo_token_env_without_a_grant_says_so_once_and_runs_the_agent_without(
+        github_setup, runners, tmp_path, github):
+    setup = github_setup
+    todo = github_todo(setup, github, None)
+    endpoint, credential, url = setup
+    runner = runners(url, credential, "--once", "--repo-token-env", "GH_TOKEN",
+                     command=[*agent(tmp_path, "gh", REPO_TOKEN_AGENT), "0"])
+    assert runner.wait() == 0, runner.log_text()
+    todo.refresh_from_db()
+    assert todo.state == "done", (todo.last_error, runner.log_text())
+    assert todo.result["stdout_tail"].split() == ["-", "-", "-"]
+    refused = [line for line in runner.log_text().splitlines() if "repo_token_refused" in line]
+    assert len(refused) == 1 and "verb_not_allowed" in refused[0], runner.log_text()
+    assert not github.requests_to("apps/create-installation-access-token")
+
+
+def test_the_repository_token_is_due_5_minutes_before_it_expires():
+    work = load_runner_module("work")
+    now = datetime(2026, 1, 1, 12, 0, tzinfo=dt_timezone.utc)
+    assert work.repo_token_wait_seconds("2026-01-01T13:00:00Z", now) == 55 * 60
+    assert work.repo_token_wait_seconds("2026-01-01T12:04:00Z", now) == \
+        work.REPO_TOKEN_MIN_WAIT_SECONDS
+    assert work.repo_token_wait_seconds("not a time", now) == work.REPO_TOKEN_RETRY_SECONDS

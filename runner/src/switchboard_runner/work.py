@@ -128,20 +128,22 @@ SETUP_RETRY_MAX_SECONDS = 300.0
 # The server hands the same repository token back while it has more than this left, and a
 # new one after: the runner asks again then (docs/write-back.md#repository-tokens-for-agents).
 REPO_TOKEN_REFRESH = timedelta(minutes=5)
-# After a refused or failed refresh, or for a token already inside the margin.
+# After a refused or failed refresh.
 REPO_TOKEN_RETRY_SECONDS = 30.0
+# At least this long between two asks, for a token already inside the margin.
+REPO_TOKEN_MIN_WAIT_SECONDS = 5.0
 REPO_TOKEN_FILE_VARIABLE = "SWITCHBOARD_REPO_TOKEN_FILE"
 
 
 def repo_token_wait_seconds(expires_at, now: datetime | None = None) -> float:
     """How long until a repository token expiring at ``expires_at`` (ISO 8601) is due for a
-    refresh: REPO_TOKEN_REFRESH before it, at least REPO_TOKEN_RETRY_SECONDS."""
+    refresh: REPO_TOKEN_REFRESH before it, at least REPO_TOKEN_MIN_WAIT_SECONDS."""
     try:
         expires = datetime.fromisoformat(str(expires_at).replace("Z", "+00:00"))
         left = (expires - (now or datetime.now(timezone.utc))).total_seconds()
     except (TypeError, ValueError):
         return REPO_TOKEN_RETRY_SECONDS
-    return max(left - REPO_TOKEN_REFRESH.total_seconds(), REPO_TOKEN_RETRY_SECONDS)
+    return max(left - REPO_TOKEN_REFRESH.total_seconds(), REPO_TOKEN_MIN_WAIT_SECONDS)
 
 
 def write_secret_file(path: str, secret: str):
