@@ -842,8 +842,13 @@ def test_no_documented_recipe_puts_todo_text_in_an_instruction_position():
                 if "switchboard-runner" in line and any(
                         f" {cli} " in line for cli in ("claude", "codex", "gemini")):
                     assert "'{prompt}'" in line, (name, line)
+                    # An agent CLI exits 0 when switchboard refused it: only its own settle
+                    # counts. And it holds its todo's token, never the runner's credential.
+                    assert "--require-settled" in line and "--pass-token" not in line, \
+                        (name, line)
     line = connect_snippets.runner_line("https://switchboard.example/mcp/x")
     assert "{title}" not in line and "{todo_json}" not in line and "'{prompt}'" in line
+    assert "--require-settled" in line and "--pass-token" not in line
 
 
 def test_a_killed_runners_private_todo_directory_is_removed_by_the_next_runner(tmp_path):
