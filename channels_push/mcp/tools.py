@@ -197,11 +197,6 @@ def _todo(todo, followups=None) -> dict:
     return {"todo": todo_queries.todo_as_dict(todo, holder=todo.lease_owner, followups=followups)}
 
 
-def _claimed(todo) -> dict:
-    """A claim's answer: the todo with every follow-up (the claim handed them all over)."""
-    return _todo(todo, todo_queries.given_followups(todo))
-
-
 def _heartbeat(caller, args):
     """The todo with its follow-ups, the ones this lease had not been given yet
     (``heartbeat_todo`` moved the mark in its statement), and whether to stop."""
@@ -216,8 +211,10 @@ def _heartbeat(caller, args):
 
 
 def _claimed(todo) -> dict:
-    """A claim's answer: the todo and its todo token (docs/security.md#the-todo-token)."""
-    return {**_todo(todo), "todo_token": transitions.issue_todo_token(todo)}
+    """A claim's answer: the todo with every follow-up (the claim handed them all over) and
+    its todo token (docs/security.md#the-todo-token)."""
+    return {**_todo(todo, todo_queries.given_followups(todo)),
+            "todo_token": transitions.issue_todo_token(todo)}
 
 
 def _read_secret(caller, args):
