@@ -61,9 +61,10 @@ def runner_line(mcp_url: str) -> str:
     """The runner, for agents without MCP channels: it claims and runs a command per todo.
     The agent's environment is scrubbed, so the model's API key is passed by name (skipped
     when unset: a claude.ai sign-in needs none). With ``--output-format json`` Claude Code
-    reports the run, and the runner settles from that report with its cost."""
+    reports the run; the agent settles the todo itself with its todo's own token, which the
+    runner gives it as SWITCHBOARD_TOKEN (never the endpoint's credential)."""
     return (f"switchboard-runner --url {shlex.quote(mcp_url)} --token-env {TOKEN_VARIABLE} "
-            f"--pass-token --require-settled --pass-env ANTHROPIC_API_KEY -- "
+            f"--require-settled --pass-env ANTHROPIC_API_KEY -- "
             f"claude -p '{{prompt}}' --output-format json --mcp-config .mcp.json "
             f"--strict-mcp-config --allowedTools {RUNNER_AGENT_TOOLS}")
 

@@ -114,7 +114,8 @@ class Script:
         """``offered``: tool names in this request; ``prompt``: what the user side said (any
         JSON-able value); ``results``: ``(tool name, result)`` of the calls made so far."""
         claim_next, complete = find_tool(offered, "claim_next"), find_tool(offered, "complete")
-        if claim_next is None or complete is None:
+        # Under the runner the agent holds a todo token, whose tools have no claim_next.
+        if complete is None or (self.mode == "direct" and claim_next is None):
             return Action(text="OK")  # a side request, not the agent's turn
         if self.mode == "report":
             return Action(text=RESULT_SUMMARY)
@@ -257,13 +258,14 @@ class AnthropicStandin(Standin):
     def load_deferred(self, body, offered, results) -> Action | None:
         """Claude Code defers MCP tools: the request names them in a system message and offers
         ``ToolSearch`` to load their schemas. A model that needs them asks for them first."""
-        if find_tool(offered, "claim_next") or "ToolSearch" not in offered \
+        if find_tool(offered, "complete") or "ToolSearch" not in offered \
                 or "ToolSearch" in [name for name, _ in results]:
             return None
         text = json.dumps(body.get("messages")) + json.dumps(body.get("system"))
+        # A todo token's session has no claim_next: complete alone is enough.
         wanted = [match.group(0) for verb in ("claim_next", "complete")
                   if (match := re.search(rf"mcp__\w+?__{verb}\b", text))]
-        if len(wanted) != 2:
+        if not any(name.endswith("__complete") for name in wanted):
             return None
         action = Action(tool="ToolSearch", arguments={"query": "select:" + ",".join(wanted)})
         with self._lock:
@@ -382,7 +384,7 @@ class OpenAIResponsesStandin(Standin):
         number = len(self.requests)
         response_id = f"resp_standin_{number}"
         searched = any(item.get("type") == "tool_search_output" for item in items)
-        if find_tool(offered, "claim_next") is None and not searched and any(
+        if find_tool(offered, "complete") is None and not searched and any(
                 tool.get("type") == "tool_search" for tool in body.get("tools") or []):
             # Codex defers MCP tools behind a client-executed tool_search: ask for ours first.
             # A limit above the endpoint's tool count: every granted verb must come back (with

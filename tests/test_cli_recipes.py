@@ -7,7 +7,7 @@ scripts the model's turns, and to a live daphne over MCP with the endpoint's bea
 the environment, configured with the snippets vend_endpoint and seed_demo print
 (endpoints/connect_snippets.py) and the command lines docs/agents.md gives. For each CLI the tests show that it
 connects, sees the tools, drains a todo by itself (claim_next, then complete), drains one under
-the runner (``--pass-token --require-settled``, the CLI's JSON report and the built-in prompt)
+the runner (``--require-settled``, its todo's own token, the CLI's JSON report and the built-in prompt)
 with the usage the stand-in reported arriving on the attempt the agent settled, that the runner
 completes a todo from the CLI's report with the usage the stand-in reported,
 and that a model API failure ends the todo failed with a ``last_error`` that names it.
@@ -252,12 +252,13 @@ def workspace(tmp_path):
 
 def run_runner(recipe, cli_bin, workspace, standin, mcp_url, credential, require_settled=True):
     """The runner as the recipe starts it, once: the agent's environment is scrubbed, so the
-    model API's variables are passed by name and the bearer with --pass-token."""
+    model API's variables are passed by name; the agent's SWITCHBOARD_TOKEN is the todo
+    token the runner's claim got, never the endpoint's credential."""
     model_env = recipe.model_env(workspace.home, standin)
     pass_env = [arg for name in model_env for arg in ("--pass-env", name)]
     strict = ["--require-settled"] if require_settled else []
     return subprocess.run(
-        [sys.executable, str(RUNNER), "--url", mcp_url, "--once", "--pass-token",
+        [sys.executable, str(RUNNER), "--url", mcp_url, "--once",
          *strict, *pass_env, "--", *recipe.runner_argv(cli_bin)],
         env=clean_env(workspace.home, **model_env, **{TOKEN: credential}), cwd=workspace.project,
         input="", capture_output=True, text=True, timeout=CLI_TIMEOUT_SECONDS)
@@ -350,6 +351,9 @@ def test_each_cli_drains_a_todo_under_the_runner_with_the_built_in_prompt(
     assert_usage_arrived(recipe, ran, "complete")
     assert "usage_sent" in ran.completed.stderr, output
     assert ran.credential not in ran.completed.stderr
+    # The CLI connected with its todo's own token (the runner's session is the other one).
+    assert McpSession.objects.filter(endpoint=todo.endpoint,
+                                     todo_token__todo=todo).exists(), output
 
 
 def test_each_cli_under_the_runner_completes_from_its_report_with_the_usage_the_model_reported(
@@ -473,7 +477,7 @@ def test_gemini_cli_in_an_untrusted_folder_does_not_load_the_project_settings(
 
 def test_plain_script_recipe_drains_a_todo_under_the_runner(endpoint_for, workspace):
     """The plain-script recipe: the todo JSON on stdin, exit 0 → complete with the stdout
-    tail; the script needs no bearer, so the runner keeps it (no --pass-token)."""
+    tail; the script gets its todo's own token, never the endpoint's credential."""
     endpoint, credential, mcp_url = endpoint_for("plain-script")
     todo = make_todo(endpoint)
     script = workspace.project / "handle-todo"
@@ -482,7 +486,7 @@ def test_plain_script_recipe_drains_a_todo_under_the_runner(endpoint_for, worksp
         import json, os, sys
         todo = json.load(sys.stdin)
         print(f"handled todo {todo['id']} from queue {todo['queue']}",
-              "token visible" if os.environ.get("SWITCHBOARD_TOKEN") else "no token")
+              os.environ.get("SWITCHBOARD_TOKEN", "no token")[:4])
     """))
     script.chmod(0o755)
     completed = subprocess.run(
@@ -492,4 +496,4 @@ def test_plain_script_recipe_drains_a_todo_under_the_runner(endpoint_for, worksp
     assert completed.returncode == 0, completed.stderr
     todo.refresh_from_db()
     assert todo.state == "done", (todo.state, todo.last_error, completed.stderr)
-    assert todo.result["stdout_tail"] == f"handled todo {todo.pk} from queue inbox no token\n"
+    assert todo.result["stdout_tail"] == f"handled todo {todo.pk} from queue inbox sbt_\n"

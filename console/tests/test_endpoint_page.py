@@ -133,7 +133,7 @@ def test_snippets_say_what_each_client_needs():
     assert gemini["httpUrl"] == url and gemini["trust"] is True and gemini["headers"]
     runner = connect_snippets.runner_line(url)
     assert runner.startswith(f"switchboard-runner --url {url} --token-env SWITCHBOARD_TOKEN "
-                             "--pass-token --require-settled --pass-env ANTHROPIC_API_KEY -- "
+                             "--require-settled --pass-env ANTHROPIC_API_KEY -- "
                              "claude -p '{prompt}' ")
     assert "{title}" not in runner  # the sender's text never sits where the agent reads orders
 

@@ -56,7 +56,8 @@ class RunnerProcess:
         runner_env = {key: value for key, value in os.environ.items()
                       if key not in ("PYTHONPATH", "DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
         runner_env.update(env or {})
-        runner_env[TOKEN_ENV] = credential
+        if credential is not None:  # None: the flags say where it is (--token-file)
+            runner_env[TOKEN_ENV] = credential
         self._log = tempfile.NamedTemporaryFile(prefix="runner-", suffix=".log", delete=False)
         self.process = subprocess.Popen(
             [*program, "--url", url, "--token-env", TOKEN_ENV, *flags, "--", *command],
@@ -428,7 +429,7 @@ def test_agent_that_settles_the_todo_itself_is_left_alone(setup, runners, tmp_pa
     [todo] = make_todos(endpoint, 1)
     command = agent(tmp_path, "self", AGENT_COMPLETES_ITSELF.format(
         verb=verb, extra=extra, code=exit_code))
-    runner = runners(url, credential, "--once", "--pass-token", command=command)
+    runner = runners(url, credential, "--once", command=command)
     assert runner.wait() == 0, runner.log_text()
 
     todo.refresh_from_db()

@@ -11,7 +11,7 @@ of runner/tests/test_runner.py). What docs/runner.md promises:
   cannot start at all fails the first todo, then ``--once`` exits 1 naming why and a
   long-running runner claims nothing until the command can start.
 * The agent's environment is exactly PATH, HOME, LANG, TERM, the SWITCHBOARD_* coordinates, the
-  ``--pass-env`` variables, and the bearer only with ``--pass-token``.
+  ``--pass-env`` variables, and its todo's own token, never the runner's credential.
 * ``--require-settled`` fails a todo whose agent exited 0 without calling complete/fail.
 * ``watch`` prints one line per ready todo soon after a delivery.
 * ``last_error`` leads with the agent's own error line, not with an echo of the prompt.
@@ -367,7 +367,6 @@ def test_long_running_a_command_that_cannot_start_waits_claiming_nothing_until_i
 
 @pytest.mark.parametrize("flags, passed", [
     ((), {}),
-    (("--pass-token",), {"SWITCHBOARD_TOKEN": "<credential>"}),
     (("--pass-env", "EXTRA_ONE"), {"EXTRA_ONE": "one"}),
 ])
 def test_the_agent_environment_holds_only_what_the_runner_passes(setup, runners, flags, passed):
@@ -385,9 +384,11 @@ def test_the_agent_environment_holds_only_what_the_runner_passes(setup, runners,
                 "SWITCHBOARD_URL": url,
                 "SWITCHBOARD_USAGE_FILE": seen.get("SWITCHBOARD_USAGE_FILE"),
                 "SWITCHBOARD_FOLLOWUPS": seen.get("SWITCHBOARD_FOLLOWUPS"),
-                **{name: credential if value == "<credential>" else value
-                   for name, value in passed.items()}}
+                "SWITCHBOARD_TOKEN": seen.get("SWITCHBOARD_TOKEN"), **passed}
     assert seen == expected
+    # Its todo's own token, never the runner's credential (and now dead with the lease).
+    assert seen["SWITCHBOARD_TOKEN"].startswith("sbt_")
+    assert credential not in todo.result["stdout_tail"]
     assert seen["SWITCHBOARD_LEASE_ID"]  # the todo's lease, not empty
     # Where the agent may write its usage: the todo's private directory, beside its JSON.
     assert seen["SWITCHBOARD_USAGE_FILE"].endswith("/usage.json")
@@ -395,18 +396,28 @@ def test_the_agent_environment_holds_only_what_the_runner_passes(setup, runners,
     # Its follow-ups' file, beside them, removed with the directory once the todo is settled.
     assert Path(seen["SWITCHBOARD_FOLLOWUPS"]).parent == Path(seen["SWITCHBOARD_USAGE_FILE"]).parent
     assert not Path(seen["SWITCHBOARD_FOLLOWUPS"]).exists()
-    # The bearer travels only as SWITCHBOARD_TOKEN and only with --pass-token: never under the
-    # --token-env name the runner read it from.
     assert TOKEN_ENV not in seen
 
 
-def test_pass_env_cannot_smuggle_the_bearer_past_pass_token(tmp_path):
+def test_pass_env_cannot_smuggle_the_runners_credential_to_the_agent(tmp_path):
     refused = subprocess.run(
         [sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x", "--token-env",
          TOKEN_ENV, "--pass-env", TOKEN_ENV, "--", "true"],
         env={**os.environ, TOKEN_ENV: "sbk_x"}, capture_output=True, text=True,
         timeout=DEADLINE_SECONDS, cwd=tmp_path)
-    assert refused.returncode == 2 and "--pass-token" in refused.stderr
+    assert refused.returncode == 2 and "todo's own token" in refused.stderr
+    assert "sbk_x" not in refused.stderr
+
+
+def test_pass_token_is_refused_saying_the_agent_gets_its_todos_own_token(tmp_path):
+    refused = subprocess.run(
+        [sys.executable, str(RUNNER), "--url", "http://127.0.0.1:9/mcp/x", "--token-env",
+         TOKEN_ENV, "--pass-token", "--", "true"],
+        env={**os.environ, TOKEN_ENV: "sbk_x"}, capture_output=True, text=True,
+        timeout=DEADLINE_SECONDS, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert ("--pass-token is gone: the agent gets its todo's own token as SWITCHBOARD_TOKEN"
+            in refused.stderr), refused.stderr
 
 
 # -- --require-settled ------------------------------------------------------------------------
@@ -421,7 +432,7 @@ def test_require_settled_fails_a_todo_whose_agent_exited_0_without_settling_it(
     command = agent(tmp_path, "no-tools", """
         print("Error: no switchboard tools here, so I wrote a summary instead.")
     """)
-    runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
+    runner = runners(url, credential, "--once", "--require-settled",
                      command=command)
     assert runner.wait() == 0, runner.log_text()
     todo.refresh_from_db()
@@ -444,7 +455,7 @@ def test_require_settled_leaves_alone_a_todo_the_agent_settled_itself(setup, run
     [todo] = make_todos(endpoint, 1)
     command = agent(tmp_path, "self", AGENT_COMPLETES_ITSELF.format(verb=verb, extra=extra,
                                                                     code=0))
-    runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
+    runner = runners(url, credential, "--once", "--require-settled",
                      command=command)
     assert runner.wait() == 0, runner.log_text()
     todo.refresh_from_db()
@@ -481,7 +492,7 @@ def test_require_settled_is_not_satisfied_by_a_cli_report_that_says_it_succeeded
     script.write_text(f"#!{sys.executable}\n"
                       + textwrap.dedent(CLAUDE_REPORTING_SUCCESS.format(prompt_file=str(prompt_file))))
     script.chmod(0o755)
-    runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
+    runner = runners(url, credential, "--once", "--require-settled",
                      command=[str(script), "-p", "{prompt}", "--output-format", "json"])
     assert runner.wait() == 0, runner.log_text()
     todo.refresh_from_db()
@@ -507,7 +518,7 @@ def test_usage_of_an_agent_that_settled_its_todo_itself_is_recorded_on_that_atte
                    "with open(os.environ['SWITCHBOARD_USAGE_FILE'], 'w') as out:\n"
                    "    json.dump({'input_tokens': 5, 'output_tokens': 1, 'cost_usd': 0.002}, out)\n")
     command = agent(tmp_path, "self-with-usage", write_usage + textwrap.dedent(body))
-    runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
+    runner = runners(url, credential, "--once", "--require-settled",
                      command=command)
     assert runner.wait() == 0, runner.log_text()
     todo.refresh_from_db()
@@ -530,7 +541,7 @@ def test_usage_of_an_agent_that_reported_its_own_is_logged_unsent(setup, runners
                    "with open(os.environ['SWITCHBOARD_USAGE_FILE'], 'w') as out:\n"
                    "    json.dump({'input_tokens': 5}, out)\n")
     command = agent(tmp_path, "self-reporting", write_usage + textwrap.dedent(body))
-    runner = runners(url, credential, "--once", "--pass-token", "--require-settled",
+    runner = runners(url, credential, "--once", "--require-settled",
                      command=command)
     assert runner.wait() == 0, runner.log_text()
     todo.refresh_from_db()
@@ -831,8 +842,13 @@ def test_no_documented_recipe_puts_todo_text_in_an_instruction_position():
                 if "switchboard-runner" in line and any(
                         f" {cli} " in line for cli in ("claude", "codex", "gemini")):
                     assert "'{prompt}'" in line, (name, line)
+                    # An agent CLI exits 0 when switchboard refused it: only its own settle
+                    # counts. And it holds its todo's token, never the runner's credential.
+                    assert "--require-settled" in line and "--pass-token" not in line, \
+                        (name, line)
     line = connect_snippets.runner_line("https://switchboard.example/mcp/x")
     assert "{title}" not in line and "{todo_json}" not in line and "'{prompt}'" in line
+    assert "--require-settled" in line and "--pass-token" not in line
 
 
 def test_a_killed_runners_private_todo_directory_is_removed_by_the_next_runner(tmp_path):

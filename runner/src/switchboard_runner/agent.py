@@ -31,11 +31,11 @@ NOTABLE_LINE_CHARS = 2000
 # SIGTERM to the agent's process group first, SIGKILL if it is still there after this.
 KILL_GRACE_SECONDS = 5.0
 # The agent's environment: these from the runner's own (when set), the todo's coordinates,
-# what --pass-env names, and the bearer only with --pass-token. Everything else the runner
-# holds (cloud credentials, other tokens) stays out of reach of a prompt-injected agent.
+# what --pass-env names, and the todo's own token. Everything else the runner holds (its own
+# credential, cloud credentials, other tokens) stays out of reach of a prompt-injected agent.
 BASE_ENV = ("PATH", "HOME", "LANG", "TERM")
-# The name the bearer is passed under with --pass-token, whatever --token-env read it from:
-# the documented MCP configurations reference ${SWITCHBOARD_TOKEN}.
+# The name the todo token is passed under, whatever --token-env names: the documented MCP
+# configurations reference ${SWITCHBOARD_TOKEN}.
 TOKEN_VARIABLE = "SWITCHBOARD_TOKEN"
 # Where the agent reads its todo's follow-ups, one JSON line each
 # (docs/runner.md#follow-ups-and-stops).
@@ -265,7 +265,7 @@ def agent_env(todo: dict, url: str, *, pass_env=(), token=None, usage_file=None,
               traceparent=None, followups_file=None) -> dict:
     """The scrubbed environment: BASE_ENV and ``pass_env`` from the runner's own (when set),
     the todo's coordinates, where the agent may write its usage (``usage_file``) and read its
-    follow-ups (``followups_file``), the bearer as TOKEN_VARIABLE when ``token`` is given, and
+    follow-ups (``followups_file``), the todo token as TOKEN_VARIABLE when ``token`` is given, and
     TRACEPARENT (the W3C trace context an agent CLI that exports OpenTelemetry continues) when
     there is one."""
     env = {name: os.environ[name] for name in (*BASE_ENV, *pass_env) if name in os.environ}

@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__, traces
+from . import __version__, credentials, traces
 from .agent import (BASE_ENV, DEFAULT_PROMPT, REPORT_PROMPT, TOKEN_VARIABLE, command_problem,
                     misplaced_command_placeholder, misplaced_placeholder)
-from .usage import report_format
+from .usage import report_format, settling_cli
 from .work import MAX_WAIT, Runner, dry_run
 
 
@@ -39,6 +39,13 @@ def _variable_name(value: str) -> str:
     return value
 
 
+class _PassTokenRefused(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("--pass-token is gone: the agent gets its todo's own token as "
+                     f"{TOKEN_VARIABLE} (valid for that todo and lease only), never the "
+                     "runner's credential")
+
+
 def _connection_flags(parser):
     parser.add_argument("--version", action="version",
                         version=f"switchboard-runner {__version__}")
@@ -46,7 +53,11 @@ def _connection_flags(parser):
                         help="the endpoint's MCP URL, …/mcp/<slug> (default: $SWITCHBOARD_URL)")
     parser.add_argument("--token-env", default="SWITCHBOARD_TOKEN", metavar="NAME",
                         help="environment variable holding the bearer credential "
-                             "(default SWITCHBOARD_TOKEN)")
+                             "(default SWITCHBOARD_TOKEN); read once, then removed from the "
+                             "runner's environment")
+    parser.add_argument("--token-file", type=Path, metavar="PATH",
+                        help="read the bearer credential from this file instead (its first "
+                             "line; a pipe such as /dev/fd/3 works)")
     parser.add_argument("--queues", type=_queues, metavar="A,B",
                         help="only these queues (comma-separated)")
     parser.add_argument("--accept-unverified", action="store_true",
@@ -67,14 +78,19 @@ def worker_parser():
                f"{', '.join(BASE_ENV)}, SWITCHBOARD_TODO_ID, SWITCHBOARD_LEASE_ID, "
                f"SWITCHBOARD_URL, SWITCHBOARD_USAGE_FILE (where it may write its usage as "
                f"JSON), TRACEPARENT (the todo's trace, when it has one), the --pass-env "
-               f"variables (OTEL_* for an agent that exports its own spans), and "
-               f"{TOKEN_VARIABLE} with --pass-token. "
+               f"variables (OTEL_* for an agent that exports its own spans), "
+               f"{TOKEN_VARIABLE} (the todo's own token, never the runner's credential) "
+               f"and, with --repo-token-env, a repository token. "
                "A CLI's own report (claude/gemini --output-format json, codex exec --json) "
                "gives the run's outcome and usage, sent with the runner's complete or fail.")
     _connection_flags(parser)
-    parser.add_argument("--pass-token", action="store_true",
-                        help=f"give the agent the bearer (as {TOKEN_VARIABLE}) so it can call "
-                             "the switchboard tools itself")
+    parser.add_argument("--pass-token", nargs=0, action=_PassTokenRefused,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--repo-token-env", type=_variable_name, metavar="NAME",
+                        help="put a repository token for the todo (the repo_token tool: one "
+                             "repository, the route's permissions) in the agent's environment "
+                             "under NAME (e.g. GH_TOKEN), refreshed in the file "
+                             "SWITCHBOARD_REPO_TOKEN_FILE names")
     parser.add_argument("--pass-env", action="append", default=[], type=_variable_name,
                         metavar="NAME",
                         help="pass this variable of the runner's environment to the agent "
@@ -142,8 +158,10 @@ def parse_args(argv):
         if not args.command:
             parser.error("give the agent command after --")
         if args.token_env in args.pass_env:
-            parser.error(f"--pass-env {args.token_env} would hand the agent the bearer: "
-                         "use --pass-token")
+            parser.error(f"--pass-env {args.token_env} would hand the agent the runner's "
+                         f"credential: the agent gets its todo's own token as {TOKEN_VARIABLE}")
+        if args.repo_token_env in (*args.pass_env, TOKEN_VARIABLE):
+            parser.error(f"--repo-token-env {args.repo_token_env}: that name is taken")
         # A CLI that prints its own report (claude/gemini --output-format json, codex exec
         # --json): without --require-settled the runner completes the todo from it, so the
         # agent is not asked to; with it, only the agent's own complete or fail counts.
@@ -176,9 +194,15 @@ def main(argv=None) -> int:
     logging.getLogger("mcp").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
-    token = os.environ.get(args.token_env)
+    token = credentials.read_credential(args.token_env, args.token_file)
     if not token:
-        parser.error(f"the environment variable {args.token_env} (--token-env) is empty")
+        parser.error(f"--token-file {args.token_file}: empty or unreadable" if args.token_file
+                     else f"the environment variable {args.token_env} (--token-env) is empty")
+    credentials.make_undumpable()
+    if mode == "work" and not args.require_settled and settling_cli(args.command):
+        logging.warning("%s settles its own todo and exits 0 even when switchboard refused or "
+                        "could not reach it: give --require-settled (docs/runner.md)",
+                        settling_cli(args.command))
     if mode == "watch":
         from .watch import watch
         return asyncio.run(watch(args, token))

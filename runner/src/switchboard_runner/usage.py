@@ -30,6 +30,13 @@ def _name(argv0: str) -> str:
     return os.path.basename(argv0)
 
 
+def _unwrapped(command: list[str]) -> list[str]:
+    """The agent's own command behind ``setpriv … --`` (the separate-user recipe)."""
+    if command and _name(command[0]) == "setpriv" and "--" in command:
+        return command[command.index("--") + 1:]
+    return command
+
+
 def _option(args: list[str], *names: str) -> str | None:
     """The value of ``--name value`` or ``--name=value`` among ``args`` (the last one given)."""
     value = None
@@ -45,6 +52,7 @@ def _option(args: list[str], *names: str) -> str | None:
 def report_format(command: list[str]) -> str | None:
     """Which CLI report the agent command prints on stdout: ``claude``, ``codex``, ``gemini``,
     or None (no report the runner reads)."""
+    command = _unwrapped(command)
     if not command:
         return None
     name, args = _name(command[0]), command[1:]
@@ -200,3 +208,14 @@ def read_usage_file(path: str) -> tuple[dict | None, str | None]:
     if unknown:
         return None, f"unknown keys {unknown} (known: {', '.join(USAGE_KEYS)})"
     return {key: value for key, value in usage.items() if value is not None}, None
+
+
+# The agent CLIs that settle their own todo and exit 0 when switchboard refused or could not be
+# reached: under the runner they need --require-settled.
+SETTLING_CLIS = {"claude": "Claude Code", "codex": "Codex", "gemini": "Gemini CLI"}
+
+
+def settling_cli(command: list[str]) -> str | None:
+    """The product name when ``command`` runs one of SETTLING_CLIS, else None."""
+    command = _unwrapped(command)
+    return SETTLING_CLIS.get(_name(command[0])) if command else None

@@ -40,7 +40,7 @@ import signal
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 
 from mcp.shared.exceptions import MCPError
 
@@ -125,6 +125,34 @@ SETUP_EXIT_CODES = {126: "found but not executable", 127: "not found"}
 # doubling up to the most. Looking costs nothing (no todo is claimed for it).
 SETUP_RETRY_FIRST_SECONDS = 5.0
 SETUP_RETRY_MAX_SECONDS = 300.0
+# The server hands the same repository token back while it has more than this left, and a
+# new one after: the runner asks again then (docs/write-back.md#repository-tokens-for-agents).
+REPO_TOKEN_REFRESH = timedelta(minutes=5)
+# After a refused or failed refresh.
+REPO_TOKEN_RETRY_SECONDS = 30.0
+# At least this long between two asks, for a token already inside the margin.
+REPO_TOKEN_MIN_WAIT_SECONDS = 5.0
+REPO_TOKEN_FILE_VARIABLE = "SWITCHBOARD_REPO_TOKEN_FILE"
+
+
+def repo_token_wait_seconds(expires_at, now: datetime | None = None) -> float:
+    """How long until a repository token expiring at ``expires_at`` (ISO 8601) is due for a
+    refresh: REPO_TOKEN_REFRESH before it, at least REPO_TOKEN_MIN_WAIT_SECONDS."""
+    try:
+        expires = datetime.fromisoformat(str(expires_at).replace("Z", "+00:00"))
+        left = (expires - (now or datetime.now(timezone.utc))).total_seconds()
+    except (TypeError, ValueError):
+        return REPO_TOKEN_RETRY_SECONDS
+    return max(left - REPO_TOKEN_REFRESH.total_seconds(), REPO_TOKEN_MIN_WAIT_SECONDS)
+
+
+def write_secret_file(path: str, secret: str):
+    """``secret`` into ``path``, created 0600 and swapped in whole: a reader never sees half."""
+    partial = f"{path}.partial"
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write(secret + "\n")
+    os.replace(partial, path)
 
 
 def lease_seconds(todo: dict) -> float:
@@ -161,6 +189,8 @@ class Runner:
         self.setup_retry_seconds = SETUP_RETRY_FIRST_SECONDS
         # Per running todo id: set by a holder's doorbell to heartbeat at once.
         self.beat_now: dict[str, asyncio.Event] = {}
+        # Per claimed todo id: its todo token, the only switchboard credential its agent gets.
+        self.todo_tokens: dict[str, str | None] = {}
 
     # -- notifications
 
@@ -241,6 +271,9 @@ class Runner:
             log_event("claim_error", error=str(error))
             return "error", None
         todo = answer.get("todo")
+        if todo is not None:
+            # The agent's credential for this todo alone; it dies with the lease.
+            self.todo_tokens[todo["id"]] = answer.get("todo_token")
         if todo is None:
             # What held work back, when something did: the endpoint's daily budget is spent or
             # a cap is reached (docs/reference.md#usage-and-budgets), not an empty queue.
@@ -378,7 +411,7 @@ class Runner:
         # Beside the todo file, in the todo's private directory (removed afterwards).
         usage_file = os.path.join(os.path.dirname(todo_file), "usage.json")
         env = agent_env(todo, self.args.url, pass_env=self.args.pass_env,
-                        token=self.token if self.args.pass_token else None,
+                        token=self.todo_tokens.pop(todo_id, None),
                         usage_file=usage_file, traceparent=traceparent,
                         followups_file=followups_file)
         if todo.get("cancel_requested") is True:
@@ -391,6 +424,8 @@ class Runner:
             # flight): every start would fail the same way, and this todo is not at fault.
             await self.release(todo, reason="the agent command cannot start")
             return
+        repo_token_file = os.path.join(os.path.dirname(todo_file), "repo-token")
+        repo_token = await self.fetch_repo_token(todo, env, repo_token_file)
         reason = oversized_argument(argv)
         proc, setup_failure = None, False
         if reason is None:
@@ -431,6 +466,9 @@ class Runner:
         self.beat_now[todo_id] = asyncio.Event()
         beats = asyncio.create_task(self.heartbeat(todo, lease_lost, followups_file,
                                                    cancel_requested))
+        refresher = (asyncio.create_task(self.refresh_repo_token(todo, repo_token,
+                                                                 repo_token_file))
+                     if repo_token else None)
         exited = asyncio.create_task(proc.wait())
         deadline = started + self.args.max_runtime
         stopped_for = None
@@ -452,6 +490,8 @@ class Runner:
         finally:
             beats.cancel()
             feeder.cancel()
+            if refresher is not None:
+                refresher.cancel()
             self.beat_now.pop(todo_id, None)
         await wait_first(asyncio.gather(*readers), timeout=2.0)
         for reader in readers:
@@ -545,6 +585,51 @@ class Runner:
                 log_event("cancel_requested", todo_id=todo["id"])
                 cancel_requested.set()
                 return
+
+    async def fetch_repo_token(self, todo: dict, env: dict, path: str) -> dict | None:
+        """With --repo-token-env: the todo's repository token (``repo_token``) in ``env`` under
+        that name and in the 0600 file ``path`` (SWITCHBOARD_REPO_TOKEN_FILE), or None (logged
+        once: no grant, or the call failed) and the agent runs without."""
+        if not self.args.repo_token_env:
+            return None
+        answer = await self._call_repo_token(todo)
+        if answer is None:
+            return None
+        env[self.args.repo_token_env] = answer["token"]
+        env[REPO_TOKEN_FILE_VARIABLE] = path
+        write_secret_file(path, answer["token"])
+        log_event("repo_token", todo_id=todo["id"], repository=answer.get("repository"),
+                  expires_at=answer.get("expires_at"))
+        return answer
+
+    async def _call_repo_token(self, todo: dict) -> dict | None:
+        try:
+            answer = await self.sb.call("repo_token", {"todo_id": todo["id"],
+                                                       "lease_id": todo["lease_id"]})
+        except Refused as refused:
+            log_event("repo_token_refused", todo_id=todo["id"], code=refused.code,
+                      message=refused.message)
+            return None
+        except (Unreachable, MCPError) as error:
+            log_event("repo_token_error", todo_id=todo["id"], error=str(error))
+            return None
+        return answer if isinstance(answer, dict) and answer.get("token") else None
+
+    async def refresh_repo_token(self, todo: dict, answer: dict, path: str):
+        """While the agent runs: ask again when the token has less than REPO_TOKEN_REFRESH
+        left (the server reuses or mints one) and rewrite ``path``; an environment cannot be
+        changed from outside, so a long-running agent reads the file."""
+        while True:
+            await asyncio.sleep(repo_token_wait_seconds(answer.get("expires_at")))
+            fresh = await self._call_repo_token(todo)
+            if fresh is None:
+                await asyncio.sleep(REPO_TOKEN_RETRY_SECONDS)
+                continue
+            if fresh["token"] != answer["token"]:
+                write_secret_file(path, fresh["token"])
+                log_event("repo_token_refreshed", todo_id=todo["id"],
+                          expires_at=fresh.get("expires_at"))
+            answer = fresh
 
     async def live_state(self, todo: dict):
         """``pending`` or ``claimed`` when the todo is live in its queue (within one page of
