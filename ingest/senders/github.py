@@ -530,6 +530,13 @@ APP_PERMISSION_LEVELS = {
 
 
 
+# Those of them that act on a repository: GitHub's organization, account and enterprise
+# permissions are not narrowed by ``repositories``, so a token for one repository never gets
+# them (docs/write-back.md#repository-tokens-for-agents).
+REPOSITORY_PERMISSIONS = frozenset(list(APP_PERMISSION_LEVELS)[
+    :list(APP_PERMISSION_LEVELS).index("workflows") + 1])
+
+
 def parse_agent_permissions(text: str) -> dict:
     """``contents:write,pull_requests:write`` as ``{"contents": "write", …}``; ValueError
     naming the first name or level GitHub does not know. "" is no permissions ({})."""
@@ -542,9 +549,16 @@ def parse_agent_permissions(text: str) -> dict:
         if name not in APP_PERMISSION_LEVELS:
             raise ValueError(f"{name!r} is not a GitHub App permission (e.g. contents, "
                              "pull_requests, issues, checks)")
+        if name not in REPOSITORY_PERMISSIONS:
+            raise ValueError(f"{name} is an organization, account or enterprise permission, "
+                             "which naming one repository does not narrow: a repository token "
+                             "takes repository permissions only (e.g. contents, pull_requests)")
+        if not level:
+            raise ValueError(f"{name} needs a level: write it as {name}:"
+                             f"{'|'.join(APP_PERMISSION_LEVELS[name])}")
         if level not in APP_PERMISSION_LEVELS[name]:
             raise ValueError(f"{name} takes {' or '.join(APP_PERMISSION_LEVELS[name])}, "
-                             f"not {level or 'no level'!r} (write it as {name}:LEVEL)")
+                             f"not {level!r} (write it as {name}:LEVEL)")
         if name in permissions:
             raise ValueError(f"{name} is named twice")
         permissions[name] = level

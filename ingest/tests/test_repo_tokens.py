@@ -171,9 +171,14 @@ def test_the_permission_names_and_levels_are_githubs():
 
 @pytest.mark.parametrize("text, problem", [
     ("contents:push", "contents takes read or write"), ("repo:write", "not a GitHub App permission"),
-    ("contents", "no level"), ("workflows:read", "workflows takes write"),
+    ("contents", r"contents needs a level: write it as contents:read\|write"),
+    ("workflows:read", "workflows takes write"),
+    ("organization_administration:write", "organization, account or enterprise permission"),
+    ("members:read", "repository permissions only"), ("profile:write", "repository permissions"),
+    ("enterprise_custom_properties_for_organizations:read", "repository permissions only"),
     ("contents:read,contents:write", "named twice")])
 def test_bad_agent_permissions_are_named(text, problem):
+    # Organization and account permissions are refused: one repository does not narrow them.
     with pytest.raises(ValueError, match=problem):
         github_sender.parse_agent_permissions(text)
 

@@ -308,8 +308,8 @@ def _describe(error: BaseException) -> str:
 
 # What an operator should check when the server turns the runner away.
 AUTH_HINTS = {
-    401: "the server refused the credential (check the variable --token-env names; it may "
-         "have been rotated)",
+    401: "the server refused the credential (check what --token-env or --token-file gives; "
+         "it may have been rotated)",
     403: "the credential may not use this endpoint (check --url)",
     404: "no such endpoint at this URL (check --url)",
 }
