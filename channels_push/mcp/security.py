@@ -89,9 +89,12 @@ def authorize(request: plain.Request, *, rate_limited: bool = True):
         if not refused.allowed:
             return None, fault(429, "Too Many Requests",
                                headers={"Retry-After": str(refused.retry_after_seconds)})
-        # Same answer for a missing, wrong, expired or other endpoint's credential.
-        return None, fault(401, "Unauthorized: a valid bearer credential for this endpoint "
-                                "is required", headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
+        # Same answer for a missing, wrong, expired or other endpoint's credential; a todo
+        # token's (its prefix is the caller's own) says when such tokens work, not why.
+        message = ("Unauthorized: a todo token works only for its own todo while that lease "
+                   "lasts" if credential and credential.startswith(TODO_TOKEN_PREFIX)
+                   else "Unauthorized: a valid bearer credential for this endpoint is required")
+        return None, fault(401, message, headers={"WWW-Authenticate": 'Bearer realm="switchboard"'})
     _note_accepted(digest)
     if not rate_limited:
         return endpoint, None

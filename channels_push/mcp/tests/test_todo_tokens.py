@@ -171,8 +171,10 @@ def test_a_todo_token_dies_with_its_lease_and_its_session_ends(mcp, end_lease):
 
 
 def token_session_refused(mcp, token) -> bool:
-    return McpDriver(mcp.slug, token).rpc("initialize", {
-        "protocolVersion": "2025-11-25", "capabilities": {}}).status == 401
+    answer = McpDriver(mcp.slug, token).rpc("initialize", {
+        "protocolVersion": "2025-11-25", "capabilities": {}})
+    return answer.status == 401 and "works only for its own todo while that lease lasts" in (
+        answer.body.decode())
 
 
 def test_a_new_lease_gets_a_new_token_and_the_old_one_stays_dead(mcp):
